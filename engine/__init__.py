@@ -1,0 +1,1 @@
+"""Engine: executes a plan (tiered expert store, prefetch, decode loop). Built on the plan and format schemas."""

@@ -1,0 +1,1 @@
+"""Planner: model specs, routing statistics, cost model and placement search."""

@@ -1,0 +1,1 @@
+"""Profiler: measures a machine and writes its hardware profile."""

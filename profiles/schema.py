@@ -1,0 +1,258 @@
+"""The hardware profile: a versioned, documented schema with a strict loader.
+
+Every measured or quoted number is a `Figure` (or a `Curve` / `Surface` of them) that says where it came
+from: `measured` (with the date), `datasheet` or `estimate`, and a source. GB = 1e9 bytes throughout.
+The planner reads bandwidths at the transfer size it moves (`Curve.at`), so profiles carry curves over
+transfer size rather than one headline number. SCHEMA.md beside this file documents every field.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from strata_plan.errors import UserError
+from strata_plan.schema import bounded, parse, to_data
+from strata_plan.yamlio import atomic_write_yaml, read_yaml
+
+SCHEMA_NAME = "strata-plan/hardware-profile"
+SCHEMA_VERSION = 1
+PROFILES_DIR = Path(__file__).parent
+Provenance = Literal["measured", "datasheet", "estimate"]
+
+
+def _check_provenance(obj, what: str) -> None:
+    if obj.provenance == "measured" and not obj.date:
+        raise ValueError(f"{what} is marked measured but has no date (add `date: YYYY-MM-DD`)")
+    if not obj.source:
+        raise ValueError(f"{what} has an empty source (say where the figure comes from)")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number with its provenance."""
+
+    value: float = bounded(0.0, 1e7)
+    provenance: Provenance = "estimate"
+    source: str = ""
+    date: str = ""
+
+    def __post_init__(self) -> None:
+        _check_provenance(self, "figure")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """GB/s over transfer size in bytes; read with `at(size)` (log-size interpolation, clamped ends)."""
+
+    points: tuple[tuple[int, float], ...]
+    provenance: Provenance = "estimate"
+    source: str = ""
+    date: str = ""
+
+    def __post_init__(self) -> None:
+        _check_provenance(self, "curve")
+        if not self.points:
+            raise ValueError("curve has no points (give [[bytes, GB/s], ...])")
+        sizes = [p[0] for p in self.points]
+        if sizes != sorted(set(sizes)):
+            raise ValueError("curve sizes must be strictly increasing")
+        for s, v in self.points:
+            if s <= 0 or s > 2**40 or not (0 < v < 1e6):
+                raise ValueError(f"curve point [{s}, {v}] out of range (size 1 B..1 TiB, 0 < GB/s < 1e6)")
+
+    def at(self, size: int | float) -> float:
+        sizes = [p[0] for p in self.points]
+        vals = [p[1] for p in self.points]
+        if size <= sizes[0]:
+            return vals[0] * (size / sizes[0]) if size > 0 else 0.0   # latency-bound below the first point
+        if size >= sizes[-1]:
+            return vals[-1]
+        i = bisect.bisect_right(sizes, size)
+        x0, x1 = math.log(sizes[i - 1]), math.log(sizes[i])
+        t = (math.log(size) - x0) / (x1 - x0)
+        return vals[i - 1] + t * (vals[i] - vals[i - 1])
+
+    def scaled(self, factor: float) -> "Curve":
+        return dataclasses.replace(self, points=tuple((s, v * factor) for s, v in self.points))
+
+
+@dataclass(frozen=True)
+class Surface:
+    """GB/s over (block size in bytes, queue depth): NVMe reads. `at` picks the nearest measured queue
+    depth not above the one asked for and interpolates over block size."""
+
+    points: tuple[tuple[int, int, float], ...]
+    provenance: Provenance = "estimate"
+    source: str = ""
+    date: str = ""
+
+    def __post_init__(self) -> None:
+        _check_provenance(self, "surface")
+        if not self.points:
+            raise ValueError("surface has no points (give [[block_bytes, queue_depth, GB/s], ...])")
+        for b, q, v in self.points:
+            if b <= 0 or b > 2**34 or q < 1 or q > 4096 or not (0 < v < 1e5):
+                raise ValueError(f"surface point [{b}, {q}, {v}] out of range")
+
+    @property
+    def queue_depths(self) -> tuple[int, ...]:
+        return tuple(sorted({q for _, q, _ in self.points}))
+
+    def curve(self, queue_depth: int) -> Curve:
+        qds = self.queue_depths
+        below = [q for q in qds if q <= queue_depth]
+        q = below[-1] if below else qds[0]
+        pts = sorted((b, v) for b, qq, v in self.points if qq == q)
+        return Curve(tuple(pts), self.provenance, self.source, self.date)
+
+    def at(self, block: int, queue_depth: int) -> float:
+        return self.curve(queue_depth).at(block)
+
+    def best(self, block: int) -> tuple[float, int]:
+        """(GB/s, queue depth) of the best measured queue depth at this block size."""
+        return max((self.at(block, q), q) for q in self.queue_depths)
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    vram_gb: Figure
+    hbm_gbps: Figure
+    bf16_tflops: Figure
+    pcie_gen: Figure
+    pcie_width: Figure
+    h2d_pinned: Curve
+    h2d_pageable: Curve
+    d2h_pinned: Curve
+    d2h_pageable: Curve | None = None
+    h2d_during_kernel: Curve | None = None     # pinned H2D while a kernel runs on another stream
+    device_copy_gbps: Figure | None = None     # device-to-device copy, read + write counted
+    p2p_gbps: Figure | None = None             # to a peer GPU, if any
+    kernel_gbps: dict[str, Figure] = field(default_factory=dict)  # fused-GEMV bytes/s per packed format
+    driver: str = ""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.vram_gb.value <= 4096):
+            raise ValueError("vram_gb must be between 0 and 4096 GB")
+        if self.pcie_gen.value not in (1, 2, 3, 4, 5, 6, 7):
+            raise ValueError("pcie_gen must be a PCIe generation 1..7")
+        if self.pcie_width.value not in (1, 2, 4, 8, 16, 32):
+            raise ValueError("pcie_width must be 1, 2, 4, 8, 16 or 32 lanes")
+
+    @property
+    def vram_bytes(self) -> int:
+        return int(self.vram_gb.value * 1e9)
+
+
+@dataclass(frozen=True)
+class Host:
+    ram_gb: Figure
+    ram_gbps: Figure                      # multi-threaded memcpy, read + write counted
+    pinnable_gb: Figure                   # how much can be page-locked
+    available_gb: Figure | None = None
+    pin_rate_gbps: Figure | None = None   # how fast memory can be pinned
+
+    def __post_init__(self) -> None:
+        if not (0 < self.ram_gb.value <= 65536):
+            raise ValueError("ram_gb must be between 0 and 65536 GB")
+        if self.pinnable_gb.value > self.ram_gb.value:
+            raise ValueError("pinnable_gb exceeds ram_gb")
+
+
+@dataclass(frozen=True)
+class NVMe:
+    name: str
+    capacity_gb: Figure
+    rand_read: Surface                    # O_DIRECT random reads: the planner's cold-miss path
+    seq_read: Surface | None = None
+    path: str = ""                        # where it was measured
+    direct_io: bool = True                # False: filesystem refused O_DIRECT (posix_fadvise fallback)
+
+
+@dataclass(frozen=True)
+class CPU:
+    model: str
+    cores: Figure
+    threads: Figure | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants of the cost model that measured runs refine (FlexGen's lesson: fit, don't guess).
+    Until the engine measures them they are estimates, and say so."""
+
+    hbm_efficiency: Figure        # fraction of hbm_gbps that fused expert kernels reach
+    compute_efficiency: Figure    # fraction of bf16_tflops that prefill GEMMs reach
+    layer_overhead_us: Figure     # fixed cost per layer per token (launches, router, sync)
+    copy_overlap: Figure          # fraction of H2D bandwidth kept while kernels run
+    dense_stream_efficiency: Figure   # fraction of pinned H2D reached when streaming dense weights
+
+
+def default_calibration() -> Calibration:
+    src = "strata-plan default; refine with measured runs"
+    e = lambda v: Figure(v, "estimate", src)  # noqa: E731
+    return Calibration(hbm_efficiency=e(0.7), compute_efficiency=e(0.5), layer_overhead_us=e(30.0),
+                       copy_overlap=e(0.9), dense_stream_efficiency=e(0.9))
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    schema: str
+    version: int
+    name: str
+    gpus: tuple[GPU, ...]
+    host: Host
+    nvme: tuple[NVMe, ...]
+    cpu: CPU
+    calibration: Calibration = field(default_factory=default_calibration)
+    description: str = ""
+    created: str = ""
+    strata_plan_version: str = ""
+
+    def __post_init__(self) -> None:
+        if self.schema != SCHEMA_NAME:
+            raise ValueError(f"schema must be {SCHEMA_NAME!r}")
+        if self.version != SCHEMA_VERSION:
+            raise ValueError(f"version {self.version} is not supported (this strata-plan reads version {SCHEMA_VERSION})")
+
+    @property
+    def gpu(self) -> GPU | None:
+        """The GPU plans use (the first); None for a host-only profile."""
+        return self.gpus[0] if self.gpus else None
+
+    def with_gpu(self, gpu: GPU, name: str | None = None) -> "HardwareProfile":
+        """This host with another GPU (e.g. a measured laptop host plus a shipped card)."""
+        return dataclasses.replace(self, gpus=(gpu,), name=name or f"{self.name}+{gpu.name}")
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """A shipped profile by name (`rtx-4090`) or a path to a profile YAML."""
+    p = Path(name_or_path)
+    if not p.exists():
+        shipped = PROFILES_DIR / f"{name_or_path}.yaml"
+        if shipped.exists():
+            p = shipped
+        elif p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+            raise UserError(name_or_path, "", "file not found", "check the path, or use a shipped profile name")
+        else:
+            raise UserError("--profile", name_or_path, "unknown profile name",
+                            f"use one of {', '.join(shipped_profiles())} or a path to a profile YAML")
+    data = read_yaml(p)
+    if not isinstance(data, dict):
+        raise UserError(str(p), "", "is not a mapping of profile fields", "start from a shipped profile in profiles/")
+    if data.get("schema") != SCHEMA_NAME:
+        raise UserError(str(p), "schema", f"got {data.get('schema')!r}", f"a hardware profile starts with `schema: {SCHEMA_NAME}`")
+    return parse(HardwareProfile, data, str(p))
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def save_profile(profile: HardwareProfile, path: str | Path) -> Path:
+    header = f"strata-plan hardware profile ({SCHEMA_NAME} v{SCHEMA_VERSION}); GB = 1e9 bytes. See profiles/SCHEMA.md."
+    return atomic_write_yaml(path, to_data(profile), header)
