@@ -1,0 +1,30 @@
+"""Shared test fixtures: paths to the repository, the shared data folder beside it, and a CLI runner."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    d = SHARED / "data"
+    if not d.is_dir():
+        pytest.skip(f"{d} not present (the shared data folder lies beside the checkout)")
+    return d
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `strata-plan ARGS` in a fresh interpreter, as a user would."""
+    return subprocess.run([sys.executable, "-m", "strata_plan.cli", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
