@@ -63,3 +63,11 @@ def test_unreachable_targets_are_refused():
         F.tier_mix(1.0)
     with pytest.raises(KeyError):
         F.get_format("q3_nope")
+
+
+def test_package_installs_under_one_namespace():
+    import tomllib
+    from conftest import ROOT
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert all(p == "strata_plan" or p.startswith("strata_plan.") for p in cfg["packages"])
+    assert all(k.startswith("strata_plan") for k in cfg["package-dir"])
