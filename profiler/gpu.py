@@ -1,0 +1,396 @@
+"""GPU: identity and PCIe link (NVML), HBM and copy bandwidths, bf16 matmul rate, host<->GPU copy curves.
+
+Method (nvbandwidth's, through PyTorch): warm-up first; copies that the GPU times itself are bracketed by
+CUDA events and held back by a spin kernel (`torch.cuda._sleep`) until all of them are enqueued, so the
+cost of enqueuing from Python never shows up as idle time inside the timed window. Pageable copies are
+timed on the host clock between two synchronizations instead, because the driver stages them through
+its own pinned buffer on the CPU, and that CPU work is part of their cost. Each host<->GPU copy of size
+s cycles through the whole 1 GiB buffer (s-sized slots), so small copies are not served from a CPU cache.
+Device copy bandwidth counts bytes read plus bytes written (nvbandwidth's device_local_copy does too);
+HBM read bandwidth counts the bytes a reduction reads. The PCIe generation and width are read while a
+copy is running: idle links drop to Gen1.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .host import PinProbe, probe_pinnable
+from .timing import GB, GiB, MiB, Stats, interleaved
+
+HOLD_SECONDS_PER_OP = 30e-6     # enqueue time one copy or kernel launch may take from Python
+HOLD_CLOCK_HZ = 2.0e9           # spin-kernel cycles are counted at the boost clock (longer when slower)
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    sizes: tuple[int, ...]              # host<->GPU transfer sizes (bytes)
+    during_sizes: tuple[int, ...]       # sizes for H2D while a kernel runs
+    repeats: int
+    target_bytes: int                   # bytes moved per timed sample (at least one copy)
+    max_iters: int                      # copies per timed sample at most
+    hbm_bytes: int                      # reduction / device-copy buffer size
+    matmul_n: int                       # n of the n x n x n bf16 matmul
+    gemv_shape: tuple[int, int]         # (n, k) for the packed-format GEMV throughput
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    total_bytes: int
+    free_bytes: int
+    driver: str
+    pcie_gen: int
+    pcie_width: int
+    idle_gen: int
+    max_gen: int
+    max_width: int
+    source: str
+
+
+@dataclass(frozen=True)
+class GpuResult:
+    identity: Identity
+    hbm_read: Stats
+    device_copy: Stats
+    bf16_tflops: Stats
+    curves: dict[str, dict[int, Stats]]     # h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, h2d_during_kernel
+    pin: PinProbe | None
+    kernel_gbps: dict[str, Stats]
+    notes: tuple[str, ...] = field(default=())
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _event_seconds(enqueue: Callable[[], None], ops: int, stream: torch.cuda.Stream | None = None) -> float:
+    """GPU seconds of the work `enqueue` puts on `stream`, with the stream held until all is enqueued."""
+    stream = stream or torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int((ops * HOLD_SECONDS_PER_OP + 1e-3) * HOLD_CLOCK_HZ))
+        start.record(stream)
+        enqueue()
+        end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _host_seconds(enqueue: Callable[[], None]) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    enqueue()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- identity and link
+
+
+def _nvml_handle(pynvml, index: int):
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except pynvml.NVMLError:
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def identity(index: int, load: Callable[[Callable[[], None]], None]) -> Identity:
+    """Name, memory, driver and PCIe link from NVML (sysfs if NVML is unusable); the link is sampled
+    while `load` runs copies."""
+    import pynvml
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        return _identity_sysfs(index, load, f"NVML unusable ({e})")
+    try:
+        h = _nvml_handle(pynvml, index)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        idle_gen = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)
+        seen: list[tuple[int, int]] = []
+        load(lambda: seen.append((pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+                                  pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))))
+        gen, width = max(seen) if seen else (idle_gen, pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))
+        return Identity(_text(pynvml.nvmlDeviceGetName(h)), int(mem.total), int(mem.free),
+                        _text(pynvml.nvmlSystemGetDriverVersion()), int(gen), int(width), int(idle_gen),
+                        int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+                        int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)), "NVML")
+    finally:
+        pynvml.nvmlShutdown()
+
+
+GT_PER_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
+
+
+def _identity_sysfs(index: int, load: Callable[[Callable[[], None]], None], why: str) -> Identity:
+    p = torch.cuda.get_device_properties(index)
+    dev = Path(f"/sys/bus/pci/devices/{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
+
+    def link(kind: str) -> tuple[int, int]:
+        speed = float((dev / f"{kind}_link_speed").read_text().split()[0])
+        return GT_PER_GEN.get(speed, 1), int((dev / f"{kind}_link_width").read_text())
+    try:
+        idle = link("current")
+        seen: list[tuple[int, int]] = []
+        load(lambda: seen.append(link("current")))
+        gen, width = max(seen) if seen else idle
+        top = link("max")
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"{why}, and the PCIe link is not readable from {dev}: {e}") from None
+    free, total = torch.cuda.mem_get_info(index)
+    return Identity(torch.cuda.get_device_name(index), int(total), int(free), "", gen, width, idle[0], top[0], top[1],
+                    f"torch and {dev} ({why})")
+
+
+def _copy_load(host: torch.Tensor, dev: torch.Tensor, sample: Callable[[], None], seconds: float = 0.25) -> None:
+    """Keep H2D copies running on a side stream for about `seconds` and call `sample` meanwhile."""
+    side = torch.cuda.Stream()
+    n = min(host.numel(), dev.numel(), 256 * MiB)
+    with torch.cuda.stream(side):
+        for _ in range(max(1, int(seconds * 50 * GB / n))):
+            dev[:n].copy_(host[:n], non_blocking=True)
+    deadline = time.perf_counter() + seconds
+    time.sleep(0.02)
+    while not side.query() and time.perf_counter() < deadline:
+        sample()
+        time.sleep(0.01)
+    side.synchronize()
+
+
+# ---------------------------------------------------------------- bandwidths
+
+
+def _slots(buf: torch.Tensor, size: int, i: int) -> torch.Tensor:
+    k = buf.numel() // size
+    j = i % k
+    return buf[j * size:(j + 1) * size]
+
+
+def _iters(size: int, s: GpuSettings) -> int:
+    return max(1, min(s.max_iters, s.target_bytes // size))
+
+
+def copy_curves(s: GpuSettings, pinned: torch.Tensor, pageable: torch.Tensor, dev: torch.Tensor,
+                tick: Callable[[], None] | None = None) -> dict[str, dict[int, Stats]]:
+    """Pinned and pageable H2D and D2H over `s.sizes`, interleaved."""
+    def h2d_pinned(size: int) -> float:
+        it = _iters(size, s)
+
+        def go() -> None:
+            for i in range(it):
+                _slots(dev, size, i).copy_(_slots(pinned, size, i), non_blocking=True)
+        return size * it / _event_seconds(go, it) / GB
+
+    def d2h_pinned(size: int) -> float:
+        it = _iters(size, s)
+
+        def go() -> None:
+            for i in range(it):
+                _slots(pinned, size, i).copy_(_slots(dev, size, i), non_blocking=True)
+        return size * it / _event_seconds(go, it) / GB
+
+    def h2d_pageable(size: int) -> float:
+        it = _iters(size, s)
+        return size * it / _host_seconds(lambda: [_slots(dev, size, i).copy_(_slots(pageable, size, i))
+                                                  for i in range(it)]) / GB
+
+    def d2h_pageable(size: int) -> float:
+        it = _iters(size, s)
+        return size * it / _host_seconds(lambda: [_slots(pageable, size, i).copy_(_slots(dev, size, i))
+                                                  for i in range(it)]) / GB
+
+    modes = {"h2d_pinned": h2d_pinned, "h2d_pageable": h2d_pageable, "d2h_pinned": d2h_pinned,
+             "d2h_pageable": d2h_pageable}
+    for fn in modes.values():                              # warm-up: contexts, staging buffers, clocks
+        fn(s.sizes[-1])
+    stats = interleaved([(m, z) for m in modes for z in s.sizes], lambda k: modes[k[0]](k[1]), s.repeats, tick)
+    return {m: {z: stats[(m, z)] for z in s.sizes} for m in modes}
+
+
+def h2d_during_kernel(s: GpuSettings, pinned: torch.Tensor, dev: torch.Tensor, work: torch.Tensor,
+                      h2d: dict[int, Stats], tick: Callable[[], None] | None = None) -> dict[int, Stats]:
+    """Pinned H2D while a memory-bound kernel (an elementwise pass over `work`) runs on another stream.
+    The kernels are released together with the copies and outlast them by half again."""
+    half = work.numel() // 2
+    a, b = work[:half], work[half:2 * half]
+    side, copy = torch.cuda.Stream(), torch.cuda.Stream()
+    kernel = lambda: torch.mul(a, 1.0001, out=b)  # noqa: E731
+    k_seconds = _event_seconds(lambda: [kernel() for _ in range(10)], 10) / 10
+
+    def one(size: int) -> float:
+        it = _iters(size, s)
+        n_kernels = min(5000, math.ceil(1.5 * size * it / (h2d[size].median * GB) / k_seconds) + 2)
+        start, end, released = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                                torch.cuda.Event())
+        torch.cuda.synchronize()
+        with torch.cuda.stream(copy):
+            torch.cuda._sleep(int(((it + n_kernels) * HOLD_SECONDS_PER_OP + 1e-3) * HOLD_CLOCK_HZ))
+            released.record(copy)
+        side.wait_event(released)
+        with torch.cuda.stream(side):
+            for _ in range(n_kernels):
+                kernel()
+        with torch.cuda.stream(copy):
+            start.record(copy)
+            for i in range(it):
+                _slots(dev, size, i).copy_(_slots(pinned, size, i), non_blocking=True)
+            end.record(copy)
+        torch.cuda.synchronize()
+        return size * it / (start.elapsed_time(end) / 1e3) / GB
+
+    one(s.during_sizes[-1])
+    return interleaved(s.during_sizes, one, s.repeats, tick)
+
+
+def hbm_and_copy(s: GpuSettings, tick: Callable[[], None] | None = None) -> tuple[Stats, Stats]:
+    """(HBM read GB/s of a sum reduction, device copy GB/s with read + write counted)."""
+    n = s.hbm_bytes // 4
+    x = torch.rand(n, device="cuda")
+    y = torch.empty_like(x)
+    it = 10
+
+    def read() -> float:
+        return x.numel() * 4 * it / _event_seconds(lambda: [x.sum() for _ in range(it)], it) / GB
+
+    def copy() -> float:
+        return 2 * x.numel() * 4 * it / _event_seconds(lambda: [y.copy_(x) for _ in range(it)], it) / GB
+
+    read(), copy()
+    st = interleaved(["read", "copy"], lambda k: read() if k == "read" else copy(), s.repeats, tick)
+    if not torch.equal(x[:: max(1, n // 4096)], y[:: max(1, n // 4096)]):
+        raise RuntimeError("device copy check failed: destination differs from source")
+    del x, y
+    return st["read"], st["copy"]
+
+
+def bf16_tflops(s: GpuSettings, tick: Callable[[], None] | None = None) -> Stats:
+    n = s.matmul_n
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)    # random data: zeros run faster
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    it = 5
+    (a @ b)
+    st = interleaved([0], lambda _: 2 * n**3 * it / _event_seconds(lambda: [a @ b for _ in range(it)], it) / 1e12,
+                     s.repeats, tick)[0]
+    return st
+
+
+# ---------------------------------------------------------------- pinning
+
+
+def pin_chunk(nbytes: int) -> Callable[[], None]:
+    """Page-lock `nbytes` of fresh anonymous memory with cudaHostRegister; returns the release function."""
+    buf = mmap.mmap(-1, nbytes)
+    view = (ctypes.c_char * nbytes).from_buffer(buf)
+    cudart = torch.cuda.cudart()
+    try:
+        torch.cuda.check_error(cudart.cudaHostRegister(ctypes.addressof(view), nbytes, 0))
+    except BaseException:
+        del view
+        buf.close()
+        raise
+
+    def release() -> None:
+        nonlocal view
+        torch.cuda.check_error(cudart.cudaHostUnregister(ctypes.addressof(view)))
+        del view
+        buf.close()
+    return release
+
+
+# ---------------------------------------------------------------- packed-format kernels
+
+
+def kernel_throughput(n: int, k: int, repeats: int, notes: list[str]) -> dict[str, Stats]:
+    """Fused-GEMV GB/s of each packed tier format, if the kernels package provides its benchmark."""
+    try:
+        from strata_plan.kernels.bench import measure_gemv_gbps
+        from strata_plan.kernels.formats import TIER_FORMATS
+    except ImportError as e:
+        notes.append(f"packed-format GEMV throughput skipped: {e}")
+        return {}
+    out: dict[str, Stats] = {}
+    for fmt in TIER_FORMATS:
+        try:
+            out[fmt] = Stats(tuple(float(measure_gemv_gbps(fmt, n, k, device="cuda")) for _ in range(repeats)))
+        except Exception as e:  # noqa: BLE001 -- a kernel failure must not lose the whole profile
+            notes.append(f"GEMV throughput of {fmt} skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+    return out
+
+
+PHASES = ("GPU identity and PCIe link under load", "host<->GPU copies, pinned and pageable",
+          "H2D while a kernel runs on another stream", "HBM read and device copy", "bf16 matmul",
+          "pinnable memory", "packed-format GEMV kernels")
+
+
+def phase_plan(s: GpuSettings, pin_cap_bytes: int) -> list[tuple[str, float, int]]:
+    """(phase, estimated seconds on a fast machine, ticks) of `measure_gpu`, for the progress bar's ETA."""
+    copies = 4 * len(s.sizes) * s.repeats
+    return list(zip(PHASES, (1.0, 0.06 * copies + 2, 0.05 * len(s.during_sizes) * s.repeats + 1,
+                             0.05 * 2 * s.repeats + 2, 0.05 * s.repeats + 1, pin_cap_bytes / (4 * GB) + 0.5, 6.0),
+                    (1, copies, len(s.during_sizes) * s.repeats, 2 * s.repeats, s.repeats, 1, 1)))
+
+
+# ---------------------------------------------------------------- all of it
+
+
+def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callable[[], None]],
+                index: int = 0) -> GpuResult:
+    """Everything about GPU `index`; `step(description)` announces a phase and returns its tick."""
+    notes: list[str] = []
+    torch.cuda.set_device(index)
+    big = max(s.sizes)
+    pinned = torch.empty(big, dtype=torch.uint8, pin_memory=True)
+    pinned.copy_(torch.randint(0, 256, (big,), dtype=torch.uint8))
+    pageable = pinned.clone()                       # touched pages: no first-touch faults while timing
+    dev = torch.empty(big, dtype=torch.uint8, device="cuda")
+
+    step(PHASES[0])
+    ident = identity(index, lambda sample: _copy_load(pinned, dev, sample))
+    if ident.pcie_gen < ident.max_gen or ident.pcie_width < ident.max_width:
+        notes.append(f"PCIe link ran at Gen{ident.pcie_gen} x{ident.pcie_width} under load, "
+                     f"below its maximum Gen{ident.max_gen} x{ident.max_width}")
+
+    curves = copy_curves(s, pinned, pageable, dev, step(PHASES[1]))
+    dev.copy_(pinned)
+    if not torch.equal(dev[:MiB].cpu(), pinned[:MiB]):
+        raise RuntimeError("H2D check failed: device bytes differ from host bytes")
+    work = torch.empty(s.hbm_bytes // 4, device="cuda")
+    work.uniform_()
+    curves["h2d_during_kernel"] = h2d_during_kernel(s, pinned, dev, work, curves["h2d_pinned"],
+                                                    step(PHASES[2]))
+    del work, dev
+    hbm, dcopy = hbm_and_copy(s, step(PHASES[3]))
+    tflops = bf16_tflops(s, step(PHASES[4]))
+    torch.cuda.empty_cache()
+
+    tick = step(PHASES[5])
+    try:
+        pin = probe_pinnable(pin_chunk, pin_cap_bytes, min(GiB, pin_cap_bytes)) if pin_cap_bytes > 0 else None
+    except AttributeError as e:                     # a torch without cudaHostRegister bindings
+        pin = None
+        notes.append(f"pin probe skipped: {e}")
+    tick()
+    if pin and pin.error:
+        notes.append(f"pinning stopped at {pin.pinned_gb:.1f} GB: {pin.error}")
+
+    step(PHASES[6])
+    kernels = kernel_throughput(*s.gemv_shape, repeats=s.repeats, notes=notes)
+    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes))

@@ -1,0 +1,272 @@
+"""One profiling run: measure host RAM, the disk under --nvme-dir, the CPU and (if there is one) the GPU,
+with a progress bar and an ETA, and assemble the hardware profile from the measurements.
+
+Without a GPU the run still measures RAM and disk and returns a host-only profile (`gpus: []`), which
+`plan --gpu-preset NAME` combines with a shipped GPU (`HardwareProfile.with_gpu`).
+"""
+from __future__ import annotations
+
+import platform
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from strata_plan import __version__
+from strata_plan.profiles.schema import (
+    CPU, GPU, NVMe, SCHEMA_NAME, SCHEMA_VERSION, Calibration, Figure, HardwareProfile, Host, default_calibration,
+)
+
+from . import cpu as cpu_mod
+from . import host as host_mod
+from . import nvme as nvme_mod
+from .timing import GB, GiB, KiB, MiB, Stats, measured, measured_curve, measured_surface, today
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    ram_copy_bytes: int
+    ram_repeats: int
+    file_gib: float             # default --max-gib
+    pin_cap_gib: float          # default --pin-cap-gib
+    disk: nvme_mod.DiskSettings
+    gpu_sizes: tuple[int, ...]
+    during_sizes: tuple[int, ...]
+    gpu_repeats: int
+    target_bytes: int
+    max_iters: int
+    hbm_bytes: int
+
+
+QUICK = Preset("quick", 256 * MiB, 3, 1.0, 4.0,
+               nvme_mod.DiskSettings((MiB, 4 * MiB, 16 * MiB), (1, 8, 32), (16 * MiB,), (1, 8), 0.25, 2),
+               (256 * KiB, MiB, 16 * MiB, 256 * MiB, GiB), (16 * MiB, 256 * MiB), 3, 256 * MiB, 100, GiB)
+FULL = Preset("full", GiB, 5, 4.0, 32.0,
+              nvme_mod.DiskSettings((MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 32 * MiB), (1, 4, 8, 16, 32),
+                                    (MiB, 16 * MiB), (1, 8, 32), 0.4, 3),
+              (256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB), (MiB, 16 * MiB, 256 * MiB), 5, GiB, 400,
+              2 * GiB)
+GEMV_SHAPE = (16384, 7168)      # (n, k): large enough that the packed weights do not fit in the L2 of an H200
+HEADLINE_SIZE = 16 * MiB        # the transfer size the summary and copy_overlap are read at
+
+
+@dataclass(frozen=True)
+class Options:
+    quick: bool = False
+    nvme_dir: Path = Path(".")
+    max_gib: float | None = None
+    pin_cap_gib: float | None = None
+    name: str = ""
+
+    @property
+    def preset(self) -> Preset:
+        return QUICK if self.quick else FULL
+
+    @property
+    def file_bytes(self) -> int:
+        return int((self.max_gib if self.max_gib is not None else self.preset.file_gib) * GiB)
+
+    @property
+    def pin_cap_bytes(self) -> int:
+        return int((self.pin_cap_gib if self.pin_cap_gib is not None else self.preset.pin_cap_gib) * GiB)
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    profile: HardwareProfile
+    stats: dict[str, Stats]          # every headline measurement with its repeats
+    notes: tuple[str, ...]
+    seconds: float
+    gpu_found: bool
+    extra: dict = field(default_factory=dict)
+
+
+class _Steps:
+    """A progress bar over phases weighted by their estimated seconds, so the ETA means seconds."""
+
+    def __init__(self, progress: Progress | None, plan: list[tuple[str, float, int]]):
+        self.progress, self.plan = progress, {n: (est, ticks) for n, est, ticks in plan}
+        starts, t = {}, 0.0
+        for n, est, _ in plan:
+            starts[n], t = t, t + est
+        self.starts = starts
+        self.task = progress.add_task("starting", total=t) if progress else None
+
+    def __call__(self, name: str) -> Callable[[], None]:
+        if not self.progress:
+            return lambda: None
+        self.progress.update(self.task, completed=self.starts[name], description=name)
+        est, ticks = self.plan[name]
+        return lambda: self.progress.advance(self.task, est / max(ticks, 1))
+
+    def finish(self) -> None:
+        if self.progress:
+            self.progress.update(self.task, completed=self.progress.tasks[0].total, description="done")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "machine"
+
+
+def _gpu_available() -> bool:
+    try:
+        from . import gpu as gpu_mod
+    except ImportError:
+        return False
+    return gpu_mod.cuda_available()
+
+
+def profile_machine(opts: Options, console: Console | None = None, show_progress: bool = True) -> ProfileRun:
+    """Measure this machine; `console` (stderr) gets the progress bar and the warnings."""
+    console = console or Console(stderr=True)
+    folder = nvme_mod.check_dir(opts.nvme_dir)
+    p = opts.preset
+    file_bytes, warning = nvme_mod.clamp_size(opts.file_bytes, folder, 2 * p.disk.largest_block)
+    notes: list[str] = [warning] if warning else []
+    ram = host_mod.ram_info()
+    has_gpu = _gpu_available()
+    if not has_gpu:
+        notes.append("no GPU found (torch.cuda.is_available() is False): host-only profile (gpus: []); "
+                     "combine it with a shipped GPU via `plan --gpu-preset NAME`")
+    pin_cap = min(opts.pin_cap_bytes, int(0.8 * ram.available_bytes) - 4 * GiB)
+    if has_gpu and pin_cap < opts.pin_cap_bytes:
+        notes.append(f"pin probe capped at {max(pin_cap, 0) / GiB:.1f} GiB (80% of available RAM less 4 GiB of "
+                     f"buffers), below the asked {opts.pin_cap_bytes / GiB:g} GiB")
+    early = list(notes)
+    for n in early:
+        console.print(f"[yellow]note:[/] {n}")
+
+    threads = host_mod.copy_threads()
+    gpu_settings = None
+    plan = [("host RAM copy", 0.4 * p.ram_repeats * p.ram_copy_bytes / GiB + 1, p.ram_repeats),
+            *nvme_mod.phase_plan(p.disk, file_bytes)]
+    if has_gpu:
+        from . import gpu as gpu_mod
+        gpu_settings = gpu_mod.GpuSettings(p.gpu_sizes, p.during_sizes, p.gpu_repeats, p.target_bytes, p.max_iters,
+                                           p.hbm_bytes, 8192, GEMV_SHAPE)
+        plan += gpu_mod.phase_plan(gpu_settings, max(pin_cap, 0))
+
+    t0 = time.perf_counter()
+    columns = (TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=not show_progress, transient=False) as progress:
+        steps = _Steps(progress, plan)
+        ram_copy = host_mod.memcpy_bandwidth(p.ram_copy_bytes, threads, p.ram_repeats, steps("host RAM copy"))
+        disk = nvme_mod.measure_disk(folder, file_bytes, p.disk, steps)
+        gpu = None
+        if has_gpu:
+            gpu = gpu_mod.measure_gpu(gpu_settings, max(pin_cap, 0), steps)
+        steps.finish()
+    notes += disk.notes + (gpu.notes if gpu else ())
+    cpu = cpu_mod.cpu_info()
+    profile = build_profile(opts, ram, ram_copy, threads, disk, cpu, gpu, has_gpu)
+    stats = collect_stats(ram_copy, disk, gpu)
+    return ProfileRun(profile, stats, tuple(notes), time.perf_counter() - t0, has_gpu,
+                      {"test_file_bytes": file_bytes, "pin_cap_bytes": max(pin_cap, 0) if has_gpu else 0,
+                       "notes_shown": len(early)})
+
+
+def collect_stats(ram_copy: Stats, disk: nvme_mod.DiskResult, gpu) -> dict[str, Stats]:
+    def size(b: int) -> str:
+        return f"{b // GiB}GiB" if b >= GiB else f"{b // MiB}MiB" if b >= MiB else f"{b // KiB}KiB"
+    out = {"ram_copy_gbps": ram_copy}
+    out.update({f"disk_rand_{size(b)}_qd{q}_gbps": st for (b, q), st in disk.rand.items()})
+    out.update({f"disk_seq_{size(b)}_qd{q}_gbps": st for (b, q), st in disk.seq.items()})
+    if gpu:
+        out.update({"hbm_read_gbps": gpu.hbm_read, "device_copy_gbps": gpu.device_copy, "bf16_tflops": gpu.bf16_tflops})
+        for mode, curve in gpu.curves.items():
+            out.update({f"{mode}_{size(z)}_gbps": st for z, st in curve.items()})
+        out.update({f"gemv_{f}_gbps": st for f, st in gpu.kernel_gbps.items()})
+    return out
+
+
+def build_profile(opts: Options, ram: host_mod.RamInfo, ram_copy: Stats, threads: int, disk: nvme_mod.DiskResult,
+                  cpu: cpu_mod.CpuInfo, gpu, has_gpu: bool) -> HardwareProfile:
+    mode = "quick" if opts.quick else "full"
+    host = Host(
+        ram_gb=measured(ram.total_gb, "psutil.virtual_memory().total"),
+        ram_gbps=measured(ram_copy.median, f"{threads}-thread numpy copy of {ram_copy_label(opts)}, read + write counted",
+                          ram_copy),
+        pinnable_gb=_pinnable(gpu, ram),
+        available_gb=measured(ram.available_gb, "psutil.virtual_memory().available at the start of the run"),
+        pin_rate_gbps=(measured(gpu.pin.rate_gbps, "cudaHostRegister of fresh 1 GiB mmap chunks (page faults included)")
+                       if gpu and gpu.pin and gpu.pin.pinned_bytes else None))
+    how = "O_DIRECT" if disk.direct_io else "page cache + posix_fadvise(DONTNEED) between passes (O_DIRECT refused)"
+    nvme = NVMe(
+        name=disk.info.name,
+        capacity_gb=measured(disk.info.capacity_bytes / GB, disk.info.source),
+        rand_read=measured_surface(disk.rand, f"{how} random reads, queue depth = threads, "
+                                              f"{disk.file_bytes / GiB:.2f} GiB test file"),
+        seq_read=measured_surface(disk.seq, f"{how} sequential reads, queue depth = threads"),
+        path=disk.folder, direct_io=disk.direct_io)
+    cpu_fig = CPU(cpu.model, measured(cpu.cores, cpu.source), measured(cpu.threads, cpu.source))
+    gpus: tuple[GPU, ...] = ()
+    calibration = default_calibration()
+    if gpu:
+        gpus = (_gpu_entry(gpu),)
+        calibration = _calibration(gpu, calibration)
+    host_name = platform.node() or "host"
+    gpu_name = gpus[0].name if gpus else ""
+    name = opts.name or (_slug(gpu_name.replace("NVIDIA ", "")) if gpu_name else f"host-{_slug(host_name)}")
+    what = f"{gpu_name} + " if gpu_name else "no GPU (host-only) + "
+    desc = (f"measured by `strata-plan profile{' --quick' if opts.quick else ''}` ({mode}) on {host_name}: {what}"
+            f"{ram.total_gb:.0f} GB RAM + {disk.info.name}; {cpu.model}")
+    return HardwareProfile(SCHEMA_NAME, SCHEMA_VERSION, name, gpus, host, (nvme,), cpu_fig, calibration, desc,
+                           today(), __version__)
+
+
+def ram_copy_label(opts: Options) -> str:
+    return f"{opts.preset.ram_copy_bytes / GiB:g} GiB"
+
+
+def _pinnable(gpu, ram: host_mod.RamInfo) -> Figure:
+    if gpu is None:
+        return Figure(round(0.9 * ram.available_gb, 1), "estimate",
+                      "no GPU to page-lock memory with: 90% of the RAM available at profiling time (estimate)")
+    pin = gpu.pin
+    if pin is None or (pin.pinned_bytes == 0 and not pin.error):
+        return Figure(round(0.9 * ram.available_gb, 1), "estimate",
+                      "pin probe not run: 90% of the RAM available at profiling time (estimate)")
+    if pin.hit_cap:
+        how = (f"pinned {pin.pinned_gb:.1f} GB with cudaHostRegister without a failure and stopped at the cap "
+               "(--pin-cap-gib); more may be pinnable")
+    else:
+        how = f"pinned {pin.pinned_gb:.1f} GB with cudaHostRegister before it failed ({pin.error})"
+    return measured(pin.pinned_gb, how)
+
+
+def _gpu_entry(g) -> GPU:
+    i = g.identity
+    c = g.curves
+    link = f"{i.source} current link read under an H2D load (idle Gen{i.idle_gen}, max Gen{i.max_gen} x{i.max_width})"
+    return GPU(
+        name=i.name,
+        vram_gb=measured(i.total_bytes / GB, f"{i.source} memory total (free at start {i.free_bytes / GB:.1f} GB)"),
+        hbm_gbps=measured(g.hbm_read.median, "torch sum of a 2 GiB fp32 tensor, bytes read, CUDA events", g.hbm_read),
+        bf16_tflops=measured(g.bf16_tflops.median, "torch 8192^3 bf16 matmul on random data, CUDA events", g.bf16_tflops),
+        pcie_gen=measured(i.pcie_gen, link),
+        pcie_width=measured(i.pcie_width, link),
+        h2d_pinned=measured_curve(c["h2d_pinned"], "pinned H2D, torch copy_ (cudaMemcpyAsync), CUDA events"),
+        h2d_pageable=measured_curve(c["h2d_pageable"], "pageable H2D, torch copy_, host clock between synchronizations"),
+        d2h_pinned=measured_curve(c["d2h_pinned"], "pinned D2H, torch copy_ (cudaMemcpyAsync), CUDA events"),
+        d2h_pageable=measured_curve(c["d2h_pageable"], "pageable D2H, torch copy_, host clock between synchronizations"),
+        h2d_during_kernel=measured_curve(c["h2d_during_kernel"],
+                                         "pinned H2D while an HBM-bound elementwise kernel runs on another stream"),
+        device_copy_gbps=measured(g.device_copy.median, "torch copy_ of a 2 GiB fp32 tensor on the device, read + "
+                                                        "write counted, CUDA events", g.device_copy),
+        kernel_gbps={f: measured(st.median, f"strata_plan.kernels.bench.measure_gemv_gbps({f!r}, n={GEMV_SHAPE[0]}, "
+                                            f"k={GEMV_SHAPE[1]})", st) for f, st in g.kernel_gbps.items()},
+        driver=i.driver)
+
+
+def _calibration(g, base: Calibration) -> Calibration:
+    during, alone = g.curves["h2d_during_kernel"], g.curves["h2d_pinned"]
+    size = min(during, key=lambda z: abs(z - HEADLINE_SIZE))
+    ratio = min(1.0, during[size].median / alone[size].median)
+    return replace(base, copy_overlap=measured(
+        round(ratio, 3), f"pinned H2D at {size // MiB} MiB while a kernel runs / without one", during[size]))
