@@ -15,6 +15,9 @@ import yaml
 from .errors import UserError
 
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # same safe constructors; large files load ~4x faster
+
+
 def read_yaml(path: str | os.PathLike) -> Any:
     """Parse a YAML file with `yaml.safe_load`; unreadable or malformed files raise `UserError`."""
     path = Path(path)
@@ -25,7 +28,7 @@ def read_yaml(path: str | os.PathLike) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(str(path), "", f"cannot read file ({e.__class__.__name__})", "pass a readable UTF-8 YAML file") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)   # safe_load, with libyaml's C parser when installed
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
