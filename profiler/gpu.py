@@ -17,7 +17,7 @@ import math
 import mmap
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -114,8 +114,8 @@ def _text(v) -> str:
 
 
 def identity(index: int, load: Callable[[Callable[[], None]], None]) -> Identity:
-    """Name, memory, driver and PCIe link from NVML (sysfs if NVML is unusable); the link is sampled
-    while `load` runs copies."""
+    """Name, memory, driver and PCIe link from NVML (the link from sysfs if NVML cannot read it); the link
+    is sampled while `load` runs copies."""
     import pynvml
     try:
         pynvml.nvmlInit()
@@ -124,15 +124,22 @@ def identity(index: int, load: Callable[[Callable[[], None]], None]) -> Identity
     try:
         h = _nvml_handle(pynvml, index)
         mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        idle_gen = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)
+        name, driver = _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlSystemGetDriverVersion())
+        try:
+            idle = (pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h), pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))
+        except pynvml.NVMLError as e:
+            return replace(_identity_sysfs(index, load, f"NVML cannot read the PCIe link ({e})"),
+                           name=name, total_bytes=int(mem.total), free_bytes=int(mem.free), driver=driver)
         seen: list[tuple[int, int]] = []
         load(lambda: seen.append((pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
                                   pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))))
-        gen, width = max(seen) if seen else (idle_gen, pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))
-        return Identity(_text(pynvml.nvmlDeviceGetName(h)), int(mem.total), int(mem.free),
-                        _text(pynvml.nvmlSystemGetDriverVersion()), int(gen), int(width), int(idle_gen),
-                        int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                        int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)), "NVML")
+        gen, width = max(seen) if seen else idle
+        try:
+            top = (pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h), pynvml.nvmlDeviceGetMaxPcieLinkWidth(h))
+        except pynvml.NVMLError:
+            top = (gen, width)
+        return Identity(name, int(mem.total), int(mem.free), driver, int(gen), int(width), int(idle[0]),
+                        int(top[0]), int(top[1]), "NVML")
     finally:
         pynvml.nvmlShutdown()
 
@@ -142,18 +149,19 @@ GT_PER_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
 
 def _identity_sysfs(index: int, load: Callable[[Callable[[], None]], None], why: str) -> Identity:
     p = torch.cuda.get_device_properties(index)
-    dev = Path(f"/sys/bus/pci/devices/{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
+    dev = Path("/sys/bus/pci/devices")
 
     def link(kind: str) -> tuple[int, int]:
         speed = float((dev / f"{kind}_link_speed").read_text().split()[0])
         return GT_PER_GEN.get(speed, 1), int((dev / f"{kind}_link_width").read_text())
     try:
+        dev = dev / f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
         idle = link("current")
         seen: list[tuple[int, int]] = []
         load(lambda: seen.append(link("current")))
         gen, width = max(seen) if seen else idle
         top = link("max")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, AttributeError) as e:
         raise RuntimeError(f"{why}, and the PCIe link is not readable from {dev}: {e}") from None
     free, total = torch.cuda.mem_get_info(index)
     return Identity(torch.cuda.get_device_name(index), int(total), int(free), "", gen, width, idle[0], top[0], top[1],
@@ -318,18 +326,19 @@ def pin_chunk(nbytes: int) -> Callable[[], None]:
 # ---------------------------------------------------------------- packed-format kernels
 
 
-def kernel_throughput(n: int, k: int, repeats: int, notes: list[str]) -> dict[str, Stats]:
-    """Fused-GEMV GB/s of each packed tier format, if the kernels package provides its benchmark."""
+def kernel_throughput(n: int, k: int, notes: list[str]) -> dict[str, Stats]:
+    """Fused-GEMV GB/s of each packed tier format, if the kernels package provides its benchmark
+    (`measure_gemv_gbps` takes its own median of repeats; one call per format here)."""
     try:
         from strata_plan.kernels.bench import measure_gemv_gbps
         from strata_plan.kernels.formats import TIER_FORMATS
-    except ImportError as e:
-        notes.append(f"packed-format GEMV throughput skipped: {e}")
+    except Exception as e:  # noqa: BLE001 -- missing, or triton unusable here: skip with a note
+        notes.append(f"packed-format GEMV throughput skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
         return {}
     out: dict[str, Stats] = {}
     for fmt in TIER_FORMATS:
         try:
-            out[fmt] = Stats(tuple(float(measure_gemv_gbps(fmt, n, k, device="cuda")) for _ in range(repeats)))
+            out[fmt] = Stats((float(measure_gemv_gbps(fmt, n, k, device="cuda")),))
         except Exception as e:  # noqa: BLE001 -- a kernel failure must not lose the whole profile
             notes.append(f"GEMV throughput of {fmt} skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     return out
@@ -358,8 +367,11 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     torch.cuda.set_device(index)
     big = max(s.sizes)
     pinned = torch.empty(big, dtype=torch.uint8, pin_memory=True)
-    pinned.copy_(torch.randint(0, 256, (big,), dtype=torch.uint8))
-    pageable = pinned.clone()                       # touched pages: no first-touch faults while timing
+    pinned.view(torch.int32).copy_(torch.arange(big // 4, dtype=torch.int32))   # distinct words, not zeros
+    pageable = torch.empty(big, dtype=torch.uint8)
+    pageable.copy_(pinned)                          # touched pages: no first-touch faults while timing
+    if pageable.is_pinned() or not pinned.is_pinned():
+        raise RuntimeError("pinned/pageable buffers are not what they should be")
     dev = torch.empty(big, dtype=torch.uint8, device="cuda")
 
     step(PHASES[0])
@@ -392,5 +404,5 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
         notes.append(f"pinning stopped at {pin.pinned_gb:.1f} GB: {pin.error}")
 
     step(PHASES[6])
-    kernels = kernel_throughput(*s.gemv_shape, repeats=s.repeats, notes=notes)
+    kernels = kernel_throughput(*s.gemv_shape, notes=notes)
     return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes))

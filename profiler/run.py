@@ -51,6 +51,7 @@ FULL = Preset("full", GiB, 5, 4.0, 32.0,
                                     (MiB, 16 * MiB), (1, 8, 32), 0.4, 3),
               (256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB), (MiB, 16 * MiB, 256 * MiB), 5, GiB, 400,
               2 * GiB)
+MATMUL_N = 8192
 GEMV_SHAPE = (16384, 7168)      # (n, k): large enough that the packed weights do not fit in the L2 of an H200
 HEADLINE_SIZE = 16 * MiB        # the transfer size the summary and copy_overlap are read at
 
@@ -148,7 +149,7 @@ def profile_machine(opts: Options, console: Console | None = None, show_progress
     if has_gpu:
         from . import gpu as gpu_mod
         gpu_settings = gpu_mod.GpuSettings(p.gpu_sizes, p.during_sizes, p.gpu_repeats, p.target_bytes, p.max_iters,
-                                           p.hbm_bytes, 8192, GEMV_SHAPE)
+                                           p.hbm_bytes, MATMUL_N, GEMV_SHAPE)
         plan += gpu_mod.phase_plan(gpu_settings, max(pin_cap, 0))
 
     t0 = time.perf_counter()
@@ -208,7 +209,7 @@ def build_profile(opts: Options, ram: host_mod.RamInfo, ram_copy: Stats, threads
     gpus: tuple[GPU, ...] = ()
     calibration = default_calibration()
     if gpu:
-        gpus = (_gpu_entry(gpu),)
+        gpus = (_gpu_entry(gpu, opts.preset),)
         calibration = _calibration(gpu, calibration)
     host_name = platform.node() or "host"
     gpu_name = gpus[0].name if gpus else ""
@@ -240,15 +241,15 @@ def _pinnable(gpu, ram: host_mod.RamInfo) -> Figure:
     return measured(pin.pinned_gb, how)
 
 
-def _gpu_entry(g) -> GPU:
+def _gpu_entry(g, p: Preset) -> GPU:
     i = g.identity
     c = g.curves
     link = f"{i.source} current link read under an H2D load (idle Gen{i.idle_gen}, max Gen{i.max_gen} x{i.max_width})"
     return GPU(
         name=i.name,
         vram_gb=measured(i.total_bytes / GB, f"{i.source} memory total (free at start {i.free_bytes / GB:.1f} GB)"),
-        hbm_gbps=measured(g.hbm_read.median, "torch sum of a 2 GiB fp32 tensor, bytes read, CUDA events", g.hbm_read),
-        bf16_tflops=measured(g.bf16_tflops.median, "torch 8192^3 bf16 matmul on random data, CUDA events", g.bf16_tflops),
+        hbm_gbps=measured(g.hbm_read.median, f"torch sum of a {p.hbm_bytes / GiB:g} GiB fp32 tensor, bytes read, CUDA events", g.hbm_read),
+        bf16_tflops=measured(g.bf16_tflops.median, f"torch {MATMUL_N}^3 bf16 matmul on random data, CUDA events", g.bf16_tflops),
         pcie_gen=measured(i.pcie_gen, link),
         pcie_width=measured(i.pcie_width, link),
         h2d_pinned=measured_curve(c["h2d_pinned"], "pinned H2D, torch copy_ (cudaMemcpyAsync), CUDA events"),
@@ -257,10 +258,11 @@ def _gpu_entry(g) -> GPU:
         d2h_pageable=measured_curve(c["d2h_pageable"], "pageable D2H, torch copy_, host clock between synchronizations"),
         h2d_during_kernel=measured_curve(c["h2d_during_kernel"],
                                          "pinned H2D while an HBM-bound elementwise kernel runs on another stream"),
-        device_copy_gbps=measured(g.device_copy.median, "torch copy_ of a 2 GiB fp32 tensor on the device, read + "
-                                                        "write counted, CUDA events", g.device_copy),
+        device_copy_gbps=measured(g.device_copy.median, f"torch copy_ of a {p.hbm_bytes / GiB:g} GiB fp32 tensor on the "
+                                                        "device, read + write counted, CUDA events", g.device_copy),
         kernel_gbps={f: measured(st.median, f"strata_plan.kernels.bench.measure_gemv_gbps({f!r}, n={GEMV_SHAPE[0]}, "
-                                            f"k={GEMV_SHAPE[1]})", st) for f, st in g.kernel_gbps.items()},
+                                            f"k={GEMV_SHAPE[1]}), its own median of repeats")
+                     for f, st in g.kernel_gbps.items()},
         driver=i.driver)
 
 

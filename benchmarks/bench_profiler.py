@@ -1,0 +1,145 @@
+"""Profiler vs independent references, in one run on one machine.
+
+Runs the full profile (and, with --quick-too, the quick one, timed), then the references of
+benchmarks/profiler_reference.py, and compares the headline figures: pinned H2D at 16 and 256 MiB,
+pageable H2D at 256 MiB, device (HBM) copy, and O_DIRECT reads at 16 MiB (sequential at one read in
+flight against `dd iflag=direct`; random at one read in flight against a plain Python loop). A figure
+agrees when the medians differ by at most 5%; where either side's spread of repeats exceeds 5% (a virtual
+disk, say), the result says so instead of claiming agreement.
+
+    python benchmarks/bench_profiler.py --nvme-dir DIR --max-gib 6 --pin-cap-gib 32 --name h200 --out-dir OUT
+
+Writes OUT/<name>.yaml (the profile) and the result JSON (benchmarks/_result.py) in OUT.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import profiler_reference as ref  # noqa: E402
+from _result import write_result  # noqa: E402
+
+from strata_plan.profiler import nvme, run  # noqa: E402
+from strata_plan.profiler.timing import GiB, MiB, Stats  # noqa: E402
+from strata_plan.profiles.schema import load_profile, save_profile  # noqa: E402
+
+TOLERANCE = 0.05
+REPEATS = 5
+
+
+def compare(name: str, prof: Stats | None, reference: list[float] | None) -> dict:
+    row = {"figure": name}
+    if prof is None or not reference:
+        return {**row, "verdict": "not measured"}
+    r = Stats(tuple(reference))
+    diff = prof.median / r.median - 1
+    noisy = max(prof.spread, r.spread) > TOLERANCE
+    verdict = ("spread exceeds 5%: no agreement claimed" if noisy else
+               "agrees within 5%" if abs(diff) <= TOLERANCE else "DISAGREES by more than 5%")
+    return {**row, "profiler": round(prof.median, 3), "profiler_spread": round(prof.spread, 4),
+            "reference": round(r.median, 3), "reference_spread": round(r.spread, 4), "diff": round(diff, 4),
+            "verdict": verdict}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nvme-dir", default=".")
+    ap.add_argument("--max-gib", type=float, default=6.0)
+    ap.add_argument("--pin-cap-gib", type=float, default=32.0)
+    ap.add_argument("--name", default="")
+    ap.add_argument("--quick-too", action="store_true", help="also time a --quick profile")
+    ap.add_argument("--out-dir", default=str(HERE / "results"))
+    args = ap.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    metrics: dict = {}
+
+    t0 = time.perf_counter()
+    full = run.profile_machine(run.Options(False, Path(args.nvme_dir), args.max_gib, args.pin_cap_gib, args.name))
+    metrics["profile_full_seconds"] = round(time.perf_counter() - t0, 1)
+    path = save_profile(full.profile, out / f"{full.profile.name}.yaml")
+    load_profile(str(path))
+    notes += full.notes
+    print(f"full profile: {metrics['profile_full_seconds']} s -> {path}", flush=True)
+
+    if args.quick_too:
+        t0 = time.perf_counter()
+        run.profile_machine(run.Options(True, Path(args.nvme_dir), 1.0, 4.0, args.name), show_progress=False)
+        metrics["profile_quick_seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"quick profile: {metrics['profile_quick_seconds']} s", flush=True)
+
+    st = full.stats
+    refs: dict[str, list[float]] = {}
+    if full.gpu_found:
+        try:
+            refs.update(ref.cupy_copies({"16MiB": 16 * MiB, "256MiB": 256 * MiB}, REPEATS,
+                                        hbm_bytes=run.FULL.hbm_bytes))
+        except Exception as e:  # noqa: BLE001 -- report what could not be run, keep the rest
+            notes.append(f"cupy reference failed: {type(e).__name__}: {e}")
+            traceback.print_exc()
+    file_bytes = full.extra["test_file_bytes"]
+    try:
+        with nvme.TestFile(Path(args.nvme_dir), file_bytes) as tf:
+            count = int(min(file_bytes // 2, GiB) // (16 * MiB))
+            refs["dd_seq_16MiB_qd1"] = ref.dd_direct(tf.path, 16 * MiB, count, REPEATS)
+            refs["py_rand_16MiB_qd1"] = ref.python_direct_random(tf.path, 16 * MiB, count, REPEATS)
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"disk reference failed: {type(e).__name__}: {e}")
+        traceback.print_exc()
+
+    rows = [
+        compare("pinned H2D 16 MiB (GB/s)", st.get("h2d_pinned_16MiB_gbps"), refs.get("h2d_pinned@16MiB")),
+        compare("pinned H2D 256 MiB (GB/s)", st.get("h2d_pinned_256MiB_gbps"), refs.get("h2d_pinned@256MiB")),
+        compare("pageable H2D 256 MiB (GB/s)", st.get("h2d_pageable_256MiB_gbps"), refs.get("h2d_pageable@256MiB")),
+        compare("pageable H2D 16 MiB (GB/s)", st.get("h2d_pageable_16MiB_gbps"), refs.get("h2d_pageable@16MiB")),
+        compare("pinned D2H 256 MiB (GB/s)", st.get("d2h_pinned_256MiB_gbps"), refs.get("d2h_pinned@256MiB")),
+        compare("HBM device copy, read+write (GB/s)", st.get("device_copy_gbps"), refs.get("device_copy")),
+        compare("O_DIRECT seq read 16 MiB QD1 vs dd (GB/s)", st.get("disk_seq_16MiB_qd1_gbps"),
+                refs.get("dd_seq_16MiB_qd1")),
+        compare("O_DIRECT rand read 16 MiB QD1 vs Python loop (GB/s)", st.get("disk_rand_16MiB_qd1_gbps"),
+                refs.get("py_rand_16MiB_qd1")),
+    ]
+    for r in rows:
+        key = r["figure"].split(" (")[0].replace(" ", "_").replace(",", "").replace("+", "_").lower()
+        for field in ("profiler", "profiler_spread", "reference", "reference_spread", "diff", "verdict"):
+            if field in r:
+                metrics[f"{key}.{field}"] = r[field]
+    for key in ("hbm_read_gbps", "bf16_tflops", "ram_copy_gbps", "disk_rand_16MiB_qd8_gbps",
+                "disk_rand_16MiB_qd32_gbps", "h2d_during_kernel_16MiB_gbps"):
+        if key in st:
+            metrics[key] = round(st[key].median, 3)
+    g = full.profile.gpu
+    if g:
+        metrics["pcie"] = f"Gen{g.pcie_gen.value:.0f} x{g.pcie_width.value:.0f}"
+    metrics["pinnable_gb"] = full.profile.host.pinnable_gb.value
+    notes_text = ("Headline figures of `strata-plan profile` (full) against references by other mechanisms "
+                  "(CuPy cudaMemcpy/cudaMemcpyAsync + CUDA events; dd iflag=direct; Python O_DIRECT loop), "
+                  "same run. diff = profiler/reference - 1; spreads are (max-min)/median of the repeats. "
+                  + " | ".join(notes))
+    command = " ".join(["python", "benchmarks/bench_profiler.py", *sys.argv[1:]])
+    res = write_result("profiler", metrics, command=command, notes=notes_text, out_dir=out,
+                       extra={"comparisons": rows, "profiler_stats": {k: s.to_dict() for k, s in st.items()},
+                              "reference_samples": refs, "profile_file": path.name})
+    print(f"{'figure':<52} {'profiler':>9} {'spread':>7} {'reference':>9} {'spread':>7} {'diff':>7}  verdict")
+    for r in rows:
+        if "profiler" in r:
+            print(f"{r['figure']:<52} {r['profiler']:>9.2f} {r['profiler_spread']:>7.1%} {r['reference']:>9.2f} "
+                  f"{r['reference_spread']:>7.1%} {r['diff']:>+7.1%}  {r['verdict']}")
+        else:
+            print(f"{r['figure']:<52} {r['verdict']}")
+    print(f"wrote {res}")
+    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str) or k == "pcie"}, indent=None)[:2000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
