@@ -1,5 +1,159 @@
-"""Subcommands of this package (being written; registers nothing yet)."""
+"""`strata-plan plan` and `strata-plan compare-tables`.
+
+Thin wrappers: argument parsing and rich (or JSON) output around `make.make_plan` and
+`compare.compare_tables`, which the TUI calls directly.
+"""
+from __future__ import annotations
+
+import json
+
+from strata_plan.errors import UserError
 
 
 def register(sub) -> None:
-    pass
+    p = sub.add_parser("plan", help="search the fastest placement of a model on a machine and write a plan YAML")
+    p.add_argument("--profile", required=True, help="hardware profile: a shipped name (rtx-4090, ...) or a YAML path")
+    p.add_argument("--gpu-preset", help="use this shipped profile's GPU with the host of --profile")
+    p.add_argument("--model", required=True, help="shipped model name (kimi-k3.1-pro, ...) or a config.json path")
+    p.add_argument("--stats", help="routing statistics YAML (strata-plan stats) or a routing trace .npz")
+    p.add_argument("--prior", help="named routing prior (default: uniform) or a prior YAML path")
+    p.add_argument("--context", type=int, default=8192, help="tokens of KV cache to hold (default 8192)")
+    p.add_argument("--chunk", type=int, default=2048, help="prefill chunk length in tokens (default 2048)")
+    p.add_argument("--trials", type=int, default=200, help="Optuna trials (default 200)")
+    p.add_argument("--objective", choices=("decode", "prefill", "mix"), default="decode",
+                   help="maximise decode tok/s (default), prefill tok/s, or decode^w x prefill^(1-w)")
+    p.add_argument("--mix-weight", type=float, help="w of --objective mix (default 0.5)")
+    p.add_argument("--vram-gb", type=float, help="VRAM budget in GB (default: the whole card)")
+    p.add_argument("--ram-gb", type=float, help="pinned RAM budget in GB (default: the profile's pinnable RAM)")
+    p.add_argument("--nvme-gb", type=float, help="NVMe budget in GB (default: the drive's capacity)")
+    p.add_argument("--study-db", help="SQLite file (or sqlite:///PATH) to keep the Optuna study in; resumes")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same plan)")
+    p.add_argument("--out", required=True, help="plan YAML to write")
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    p.set_defaults(func=cmd_plan)
+
+    c = sub.add_parser("compare-tables", help="the seed's published tok/s beside our predictions and bounds")
+    c.add_argument("--profiles", nargs="+", help="profiles to compare (default: the seed's single-GPU rows)")
+    c.add_argument("--model", default="kimi-k3.1-pro", help="model (default kimi-k3.1-pro, the seed's)")
+    c.add_argument("--trials", type=int, default=60, help="Optuna trials per search (default 60)")
+    c.add_argument("--seed", type=int, default=0, help="sampler seed")
+    c.add_argument("--tokens", type=int, help="tokens sampled per prior (default: the routing package's)")
+    c.add_argument("--out", help="write the markdown table here")
+    c.add_argument("--json", action="store_true", help="machine-readable rows")
+    c.set_defaults(func=cmd_compare_tables)
+
+
+def _check_args(args) -> None:
+    if args.mix_weight is not None and args.objective != "mix":
+        raise UserError("--mix-weight", str(args.mix_weight), f"only applies to --objective mix (got {args.objective})",
+                        "drop --mix-weight or pass --objective mix")
+    if args.stats and args.prior:
+        raise UserError("--stats/--prior", f"{args.stats} / {args.prior}", "both given",
+                        "pass one: measured statistics or a prior")
+    if args.trials < 1:
+        raise UserError("--trials", str(args.trials), "must be at least 1", "pass e.g. --trials 200")
+    for flag, v in (("--context", args.context), ("--chunk", args.chunk)):
+        if v < 1:
+            raise UserError(flag, str(v), "must be a positive number of tokens", f"pass e.g. {flag} 2048")
+
+
+def cmd_plan(args) -> int:
+    from strata_plan.planner.make import make_plan
+    from strata_plan.planner.plan import save_plan
+    _check_args(args)
+    plan = _run_with_progress(args, make_plan)
+    path = save_plan(plan, args.out)
+    summary = plan_summary(plan, str(path))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_plan(plan, str(path))
+    return 0
+
+
+def _run_with_progress(args, make_plan):
+    kw = dict(stats=args.stats, prior=args.prior, gpu_preset=args.gpu_preset, context=args.context, chunk=args.chunk,
+              trials=args.trials, objective=args.objective, mix_weight=0.5 if args.mix_weight is None else args.mix_weight,
+              vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb, study_db=args.study_db, seed=args.seed)
+    if args.json:
+        return make_plan(args.profile, args.model, **kw)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    best = [0.0]
+    with Progress(TextColumn("searching placements"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[best]}"), console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("search", total=args.trials, best="")
+
+        def on_trial(number: int, value: float) -> None:
+            best[0] = max(best[0], value)
+            progress.update(task, advance=1, best=f"best {best[0]:.3g}")
+        return make_plan(args.profile, args.model, on_trial=on_trial, **kw)
+
+
+def plan_summary(plan, path: str = "") -> dict:
+    pr = plan.predicted
+    return {"plan": path, "model": plan.model, "profile": plan.sources.profile.name,
+            "statistics": plan.sources.statistics.name, "label": pr.label,
+            "decode_tok_s": pr.decode_tok_s, "decode_binding": pr.decode_binding,
+            "bound_decode_tok_s": pr.bound_decode_tok_s, "bound_decode_binding": pr.bound_decode_binding,
+            "prefill_tok_s": pr.prefill_tok_s, "prefill_binding": pr.prefill_binding,
+            "bound_prefill_tok_s": pr.bound_prefill_tok_s, "bound_prefill_binding": pr.bound_prefill_binding,
+            "bytes_per_token": pr.bytes_per_token, "vram_hit_rate": pr.vram_hit_rate, "ram_share": pr.ram_share,
+            "nvme_share": pr.nvme_share, "greedy_decode_tok_s": plan.search.greedy_decode_tok_s,
+            "prefetch_depth": plan.prefetch_depth, "cache_slots": plan.cache.total_slots,
+            "memory_gb": {"vram": plan.memory.vram_total / 1e9, "ram": plan.memory.ram_total / 1e9,
+                          "nvme": plan.memory.nvme_total / 1e9},
+            "trials": plan.search.trials, "knobs": plan.search.knobs}
+
+
+def _print_plan(plan, path: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    pr, mem = plan.predicted, plan.memory
+    t = Table("", "predicted tok/s", "binding", "physical bound", "bound binding",
+              title=f"{plan.model} on {plan.sources.profile.name} ({plan.sources.statistics.name})")
+    t.add_row("decode (batch 1)", f"{pr.decode_tok_s:.3g}", pr.decode_binding, f"{pr.bound_decode_tok_s:.3g}",
+              pr.bound_decode_binding)
+    t.add_row(f"prefill (chunk {plan.prefill_chunk})", f"{pr.prefill_tok_s:.3g}", pr.prefill_binding,
+              f"{pr.bound_prefill_tok_s:.3g}", pr.bound_prefill_binding)
+    b = Table("decode bytes per token", "GB", title="where a token's bytes come from (predicted)")
+    for k, v in (pr.bytes_per_token or {}).items():
+        b.add_row(k, f"{v / 1e9:.3f}")
+    h = Table("routed-expert accesses", "share")
+    h.add_row("served from VRAM (static + cache)", f"{pr.vram_hit_rate:.1%}")
+    h.add_row("from pinned RAM", f"{pr.ram_share:.1%}")
+    h.add_row("from NVMe", f"{pr.nvme_share:.1%}")
+    m = Table("tier", "used GB", "budget GB")
+    m.add_row("VRAM", f"{mem.vram_total / 1e9:.2f}", f"{mem.budgets.vram_bytes / 1e9:.2f}")
+    m.add_row("pinned RAM", f"{mem.ram_total / 1e9:.2f}", f"{mem.budgets.ram_bytes / 1e9:.2f}")
+    m.add_row("NVMe", f"{mem.nvme_total / 1e9:.2f}", f"{mem.budgets.nvme_bytes / 1e9:.2f}")
+    con = Console()
+    for table in (t, b, h, m):
+        con.print(table)
+    s = plan.search
+    con.print(f"search: {s.trials} trials ({s.sampler}, seed {s.seed}), greedy plan {s.greedy_decode_tok_s:.3g} tok/s "
+              f"decode; prefetch depth {plan.prefetch_depth}, {plan.cache.total_slots} LRU cache slots, "
+              f"{len(plan.dense.resident_layers)}/{len(plan.dense.resident_layers) + len(plan.dense.streamed_layers)} "
+              f"dense layers resident, lm_head in {plan.dense.lm_head}")
+    con.print(f"wrote {path}")
+
+
+def cmd_compare_tables(args) -> int:
+    from strata_plan.planner.compare import compare_tables, to_markdown
+    if args.trials < 1:
+        raise UserError("--trials", str(args.trials), "must be at least 1", "pass e.g. --trials 60")
+    result = compare_tables(profiles=args.profiles, model=args.model, trials=args.trials, seed=args.seed,
+                            tokens=args.tokens)
+    md = to_markdown(result)
+    if args.out:
+        from strata_plan.yamlio import atomic_write_text
+        atomic_write_text(args.out, md)
+    if args.json:
+        print(json.dumps(result.as_data(), indent=2))
+    else:
+        from rich.console import Console
+        from rich.markdown import Markdown
+        Console().print(Markdown(md))
+        if args.out:
+            Console().print(f"wrote {args.out}")
+    return 0

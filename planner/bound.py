@@ -1,0 +1,88 @@
+"""The physical bound: no placement can beat bytes per token over each link's peak bandwidth.
+
+Written apart from the cost model on purpose (plain loops over expert ids, no shared tables): for each link
+it counts the fewest bytes a token (or a prefill chunk) must move, divides by the link's best measured or
+quoted bandwidth, and assumes every link and the GPU overlap perfectly with no fixed overheads:
+
+    decode   T >= max( HBM bytes / HBM peak,  FLOPs / BF16 peak,  PCIe bytes / best H2D,  NVMe bytes / best NVMe )
+    prefill  T_chunk >= the same per chunk of C tokens;   tok/s <= C / T_chunk
+
+Bytes are the optimistic reading of the routing statistics: an LRU cache of c slots removes at most
+cache_hit(s, c) - static_hit(s) of a layer's accesses, and the bound lets it remove the largest experts
+first and NVMe accesses first. A prefill chunk touches expert e with probability at least
+1 - exp(-C k p_e). The cost model must never predict more than this; tests hold it to that.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LINKS = ("hbm", "compute", "pcie", "nvme")
+
+
+@dataclass(frozen=True)
+class Bound:
+    decode_tok_s: float
+    prefill_tok_s: float
+    decode_binding: str
+    prefill_binding: str
+    decode_bytes: dict          # per token per link (hbm, pcie, nvme) and FLOPs under "compute"
+    prefill_bytes: dict         # per chunk
+
+
+def link_peaks(profile) -> dict:
+    """Best bandwidth of each link (bytes/s; FLOP/s for compute): the highest point of every curve."""
+    gpu = profile.gpu
+    h2d = [v for _, v in gpu.h2d_pinned.points]
+    if gpu.h2d_during_kernel is not None:
+        h2d += [v for _, v in gpu.h2d_during_kernel.points]
+    nvme = [v for d in profile.nvme for surf in (d.rand_read, d.seq_read) if surf is not None for *_, v in surf.points]
+    return {"hbm": gpu.hbm_gbps.value * 1e9, "compute": gpu.bf16_tflops.value * 1e12,
+            "pcie": max(h2d) * 1e9, "nvme": max(nvme, default=0.0) * 1e9}
+
+
+def _expert_sizes(problem) -> list[dict[int, int]]:
+    """Per MoE layer: expert id -> packed bytes (format by the tier mix over the layer's popularity order)."""
+    spec, mix = problem.spec, problem.mix
+    sizes = {f: spec.routed_expert_bytes(f) for f in mix.formats}
+    return [{e: sizes[f] for e, f in mix.assign(list(layer.order)).items()} for layer in problem.stats.layers]
+
+
+def _time(amount: dict, peaks: dict) -> tuple[float, str]:
+    times = {k: (amount[k] / peaks[k] if amount[k] > 0 else 0.0) if peaks[k] > 0 else (math.inf if amount[k] > 0 else 0.0)
+             for k in LINKS}
+    worst = max(LINKS, key=lambda k: times[k])
+    return times[worst], worst
+
+
+def physical_bound(problem, placement) -> Bound:
+    spec, stats, C = problem.spec, problem.stats, problem.prefill_chunk
+    k, ctx = spec.top_k, problem.context
+    units = problem.dense_units
+    streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
+    dec = {"hbm": float(sum(units) + spec.kv_cache_bytes(ctx)), "compute": float(spec.flops_per_token(ctx)),
+           "pcie": float(streamed) + 2 * spec.hidden, "nvme": 0.0}
+    head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))  # logits: once per chunk
+    pre = {"hbm": float(sum(units)), "pcie": float(streamed), "nvme": 0.0,
+           "compute": float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head)}
+    for l, (layer, size) in enumerate(zip(stats.layers, _expert_sizes(problem))):
+        order = list(layer.order)
+        s, m = placement.vram[l], placement.ram[l]
+        static, nvme = set(order[:s]), set(order[s + m:])
+        removed = k * max(0.0, stats.cache_hit(l, s, placement.cache[l]) - stats.static_hit(l, s))
+        nonstatic = [e for e in order if e not in static]
+        big = max((size[e] for e in nonstatic), default=0)
+        big_nvme = max((size[e] for e in nvme), default=0)
+        miss = k * sum(layer.popularity[e] * size[e] for e in nonstatic)
+        cold = k * sum(layer.popularity[e] * size[e] for e in nvme)
+        dec["hbm"] += k * sum(layer.popularity[e] * size[e] for e in order)
+        dec["pcie"] += max(0.0, miss - removed * big)
+        dec["nvme"] += max(0.0, cold - removed * big_nvme)
+        touch = {e: 1.0 - math.exp(-C * k * layer.popularity[e]) for e in order}
+        pre["hbm"] += sum(touch[e] * size[e] for e in order)
+        pre["pcie"] += sum(touch[e] * size[e] for e in nonstatic)
+        pre["nvme"] += sum(touch[e] * size[e] for e in nvme)
+    peaks = link_peaks(problem.profile)
+    t_dec, b_dec = _time(dec, peaks)
+    t_pre, b_pre = _time(pre, peaks)
+    return Bound(1.0 / t_dec if t_dec > 0 else math.inf, C / t_pre if t_pre > 0 else math.inf, b_dec, b_pre, dec, pre)

@@ -1,0 +1,118 @@
+"""Capacity: the budgets of the three memory tiers and what a placement puts in each.
+
+VRAM holds a runtime reserve, the KV cache at the chosen context, a prefill workspace, landing slots for
+in-flight experts (staging), double buffers for streamed dense weights, the resident dense weights, the
+static experts and the dynamic cache slots. Pinned RAM holds the embeddings, the streamed dense weights,
+the RAM-tier experts and the NVMe bounce buffers. NVMe holds the remaining experts. Every byte count
+comes from `ModelSpec` and the format registry; this module only adds them up. GB = 1e9 bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata_plan.errors import UserError
+
+RUNTIME_RESERVE = 1_000_000_000
+"""VRAM held back for the CUDA context, cuBLAS/Triton workspaces and allocator slack (an estimate: a CUDA
+context alone takes 0.3-0.6 GB on current drivers); `--vram-gb` budgets include it."""
+
+ACTIVATION_COPIES = 4
+"""Live [chunk, hidden] BF16 activations during a prefill chunk (residual, normed input, attention output,
+MoE output); the expert intermediate [chunk * top_k, 2 * moe_intermediate] comes on top."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes each tier may use. `vram` is the whole card (or --vram-gb); the reserve is part of it."""
+
+    vram: int
+    ram: int
+    nvme: int
+    reserve: int = RUNTIME_RESERVE
+
+    @classmethod
+    def from_profile(cls, profile, vram_gb: float | None = None, ram_gb: float | None = None,
+                     nvme_gb: float | None = None, reserve: int = RUNTIME_RESERVE) -> "Budget":
+        gpu = profile.gpu
+        if gpu is None:
+            raise UserError(f"profile {profile.name}", "gpus", "has no GPU to plan for",
+                            "pass --gpu-preset NAME (a shipped profile's GPU) or profile a machine with a GPU")
+        for flag, v in (("--vram-gb", vram_gb), ("--ram-gb", ram_gb), ("--nvme-gb", nvme_gb)):
+            if v is not None and not (0 < v < 1e6):
+                raise UserError(flag, str(v), "must be a positive number of GB", f"pass e.g. {flag} 24")
+        vram = gpu.vram_gb.value if vram_gb is None else vram_gb
+        ram = profile.host.pinnable_gb.value if ram_gb is None else ram_gb
+        nvme = (profile.nvme[0].capacity_gb.value if profile.nvme else 0.0) if nvme_gb is None else nvme_gb
+        return cls(int(vram * 1e9), int(ram * 1e9), int(nvme * 1e9), reserve)
+
+    def scaled(self, factor: float) -> "Budget":
+        return Budget(int(self.vram * factor), int(self.ram * factor), int(self.nvme * factor), self.reserve)
+
+
+def workspace_bytes(spec, chunk: int) -> int:
+    """Peak activation memory of one prefill chunk (decode needs far less)."""
+    hidden = ACTIVATION_COPIES * chunk * spec.hidden
+    expert = chunk * spec.top_k * 2 * spec.moe_intermediate
+    return 2 * (hidden + expert)
+
+
+def staging_slots(spec, depth: int) -> int:
+    """Experts in flight at once: the current layer's top-k and `depth` layers of prefetch."""
+    return (depth + 1) * spec.top_k
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one placement puts in each tier, in bytes."""
+
+    reserve: int
+    kv_cache: int
+    workspace: int
+    staging: int            # VRAM landing slots for in-flight experts
+    dense_buffers: int      # VRAM double buffer for streamed dense weights
+    dense_resident: int
+    static_experts: int
+    cache_slots: int
+    embeddings: int         # pinned RAM
+    dense_streamed: int     # pinned RAM
+    ram_experts: int
+    host_staging: int       # pinned bounce buffers for NVMe reads
+    nvme_experts: int
+
+    @property
+    def vram(self) -> int:
+        return (self.reserve + self.kv_cache + self.workspace + self.staging + self.dense_buffers
+                + self.dense_resident + self.static_experts + self.cache_slots)
+
+    @property
+    def ram(self) -> int:
+        return self.embeddings + self.dense_streamed + self.ram_experts + self.host_staging
+
+    @property
+    def nvme(self) -> int:
+        return self.nvme_experts
+
+    def overflow(self, budget: Budget) -> tuple[int, int, int]:
+        """Bytes over budget per tier (VRAM, RAM, NVMe); all <= 0 means the placement fits."""
+        return self.vram - budget.vram, self.ram - budget.ram, self.nvme - budget.nvme
+
+    def fits(self, budget: Budget) -> bool:
+        return max(self.overflow(budget)) <= 0
+
+
+def check_working_set(spec, budget: Budget, context: int, chunk: int, slot_bytes: int) -> None:
+    """Refuse a VRAM budget that cannot hold the working set: reserve, KV cache, workspace, the top-k
+    staging slots and one layer's dense weights."""
+    layer = max(spec.dense_layer_bytes(i) for i in range(spec.n_layers))
+    need = (budget.reserve + spec.kv_cache_bytes(context) + workspace_bytes(spec, chunk)
+            + staging_slots(spec, 0) * slot_bytes + max(layer, spec.lm_head_bytes))
+    if need > budget.vram:
+        raise UserError("--vram-gb", f"{budget.vram / 1e9:.2f} GB",
+                        f"below the working set of {need / 1e9:.2f} GB (runtime reserve "
+                        f"{budget.reserve / 1e9:.2f}, KV cache at context {context} "
+                        f"{spec.kv_cache_bytes(context) / 1e9:.2f}, prefill workspace, staging and one layer)",
+                        "raise --vram-gb, lower --context or lower --chunk")
+    if spec.embedding_bytes > budget.ram:
+        raise UserError("--ram-gb", f"{budget.ram / 1e9:.2f} GB",
+                        f"below the {spec.embedding_bytes / 1e9:.2f} GB of embeddings kept in pinned RAM",
+                        "raise --ram-gb")

@@ -1,0 +1,249 @@
+"""compare-tables: the seed post's throughput table beside our predictions, bounds and needed hit rates.
+
+For each single-GPU row of the seed's table (a shipped profile), the best plan found for kimi-k3.1-pro is
+predicted under uniform routing and under the named skewed prior, with the physical bound of each plan,
+and the hit rates the published figure would need. While building the table it checks what must hold:
+no prediction above its bound; for a fixed plan, more bandwidth on any link never predicts fewer tok/s;
+and a search with twice the pinned RAM, started from the smaller budget's plan, never predicts less.
+Every violated check is listed in `Comparison.failures` (the test requires none).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from strata_plan.planner.bound import link_peaks, physical_bound
+from strata_plan.planner.cost import CostModel
+from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, Problem
+
+SEED_MODEL = "kimi-k3.1-pro"
+DEFAULT_PROFILES = ("rtx-4090", "rtx-5090", "a100-80g", "h100-80g", "rtx-pro-6000")
+RAM_FACTOR = 2.0                 # the larger budget of the searched-monotonicity check
+BANDWIDTH_FACTOR = 1.5           # the faster link of the fixed-plan monotonicity check
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One row of the seed post's table (one author's claims, not measurements we reproduced)."""
+
+    row: str
+    decode: tuple[float, float]      # tok/s range (low, high)
+    prefill: tuple[float, float]
+
+    @staticmethod
+    def fmt(r: tuple[float, float]) -> str:
+        return f"{r[0]:g}" if r[0] == r[1] else f"{r[0]:g}-{r[1]:g}"
+
+
+_SMALL = Claim("1x RTX 4090 / 5090 (24-32 GB) + 128 GB DDR5 + Gen4 NVMe", (4.0, 5.5), (11.0, 14.0))
+_BIG = Claim("1x A100 / H100 (80 GB) + 160 GB RAM + Gen4 NVMe", (9.0, 10.0), (27.0, 31.0))
+SEED_CLAIMS = {"rtx-4090": _SMALL, "rtx-5090": _SMALL, "a100-80g": _BIG, "h100-80g": _BIG,
+               "rtx-pro-6000": Claim("TESTED: 1x RTX PRO 6000 Blackwell (96 GB) + 176 GB RAM", (10.8, 10.8), (36.8, 36.8))}
+
+
+@dataclass(frozen=True)
+class Case:
+    """The best plan found for one routing assumption on one machine."""
+
+    routing: str
+    decode_tok_s: float
+    prefill_tok_s: float
+    decode_binding: str
+    prefill_binding: str
+    bound_decode_tok_s: float
+    bound_prefill_tok_s: float
+    bound_decode_binding: str
+    bound_prefill_binding: str
+    vram_hit: float              # share of routed-expert accesses served from VRAM
+    off_nvme: float              # share not read from NVMe
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Hit rates a published figure needs, from link peaks alone (None: unreachable whatever the hit rate).
+    vram_hit: share of routed-expert bytes that must come from VRAM if every miss came from pinned RAM at
+    the best H2D rate (after the dense weights the plan streams); off_nvme: share that must avoid NVMe at the
+    drive's best rate."""
+
+    decode_vram_hit: float | None
+    decode_off_nvme: float | None
+    prefill_vram_hit: float | None
+    prefill_off_nvme: float | None
+
+
+@dataclass(frozen=True)
+class Row:
+    profile: str
+    gpu: str
+    vram_gb: float
+    ram_gb: float
+    claim: Claim
+    uniform: Case
+    skewed: Case
+    more_ram: Case               # skewed routing, RAM_FACTOR x pinned RAM, search started from `skewed`'s plan
+    needs: Needs
+
+
+@dataclass(frozen=True)
+class Comparison:
+    model: str
+    skewed_prior: str
+    trials: int
+    seed: int
+    context: int
+    chunk: int
+    rows: tuple[Row, ...]
+    failures: tuple[str, ...]
+
+    def as_data(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def scale_links(profile, pcie: float = 1.0, nvme: float = 1.0, hbm: float = 1.0, compute: float = 1.0):
+    """The same machine with faster (or slower) links: every curve and figure of a link times its factor."""
+    g = profile.gpu
+    fig = lambda f, x: dataclasses.replace(f, value=f.value * x)  # noqa: E731
+    surf = lambda s, x: None if s is None else dataclasses.replace(s, points=tuple((b, q, v * x) for b, q, v in s.points))  # noqa: E731
+    gpu = dataclasses.replace(
+        g, h2d_pinned=g.h2d_pinned.scaled(pcie),
+        h2d_during_kernel=g.h2d_during_kernel.scaled(pcie) if g.h2d_during_kernel else None,
+        hbm_gbps=fig(g.hbm_gbps, hbm), bf16_tflops=fig(g.bf16_tflops, compute),
+        kernel_gbps={k: fig(v, hbm) for k, v in g.kernel_gbps.items()})
+    drives = tuple(dataclasses.replace(d, rand_read=surf(d.rand_read, nvme), seq_read=surf(d.seq_read, nvme))
+                   for d in profile.nvme)
+    return dataclasses.replace(profile, gpus=(gpu,) + tuple(profile.gpus[1:]), nvme=drives)
+
+
+def _case(routing: str, problem: Problem, result) -> Case:
+    p = result.best.prediction
+    b = physical_bound(problem, result.best.placement)
+    return Case(routing, p.decode_tok_s, p.prefill_tok_s, p.decode_binding, p.prefill_binding, b.decode_tok_s,
+                b.prefill_tok_s, b.decode_binding, b.prefill_binding, p.hit_rate, 1.0 - p.nvme_share)
+
+
+def needed_hit_rates(problem: Problem, claim: Claim, streamed_dense: float) -> Needs:
+    """See `Needs`. Uses the claim's low end (the most lenient) and mean expert bytes of the tier mix."""
+    spec, mix, C = problem.spec, problem.mix, problem.prefill_chunk
+    peaks = link_peaks(problem.profile)
+    counts = mix.counts(spec.n_routed)
+    per_layer = sum(c * spec.routed_expert_bytes(f) for f, c in zip(mix.formats, counts))   # all experts, bytes
+    routed_token = spec.n_moe_layers * spec.top_k * per_layer / spec.n_routed
+    touched_chunk = spec.n_moe_layers * per_layer * (1.0 - (1.0 - spec.top_k / spec.n_routed) ** C)
+
+    def need(allowed: float, total: float) -> float | None:
+        if allowed <= 0:
+            return None
+        return max(0.0, 1.0 - allowed / total)
+    d, pf = claim.decode[0], claim.prefill[0]
+    return Needs(need(peaks["pcie"] / d - streamed_dense, routed_token), need(peaks["nvme"] / d, routed_token),
+                 need(peaks["pcie"] * C / pf - streamed_dense, touched_chunk), need(peaks["nvme"] * C / pf, touched_chunk))
+
+
+def _check_bound(where: str, case: Case, out: list[str]) -> None:
+    if case.decode_tok_s > case.bound_decode_tok_s * (1 + 1e-9):
+        out.append(f"{where}: decode {case.decode_tok_s:.4g} exceeds its bound {case.bound_decode_tok_s:.4g}")
+    if case.prefill_tok_s > case.bound_prefill_tok_s * (1 + 1e-9):
+        out.append(f"{where}: prefill {case.prefill_tok_s:.4g} exceeds its bound {case.bound_prefill_tok_s:.4g}")
+
+
+def check_bandwidth_monotone(problem: Problem, placement, where: str, out: list[str]) -> None:
+    """A fixed plan on a machine with one link (or all) BANDWIDTH_FACTOR faster must not predict less."""
+    base = CostModel(problem).predict(placement)
+    f = BANDWIDTH_FACTOR
+    for link, kw in (("pcie", {"pcie": f}), ("nvme", {"nvme": f}), ("hbm", {"hbm": f}), ("compute", {"compute": f}),
+                     ("all", {"pcie": f, "nvme": f, "hbm": f, "compute": f})):
+        fast = CostModel(problem.replace(profile=scale_links(problem.profile, **kw))).predict(placement)
+        for what in ("decode_tok_s", "prefill_tok_s"):
+            if getattr(fast, what) < getattr(base, what) * (1 - 1e-12):
+                out.append(f"{where}: {link} x{f} predicts {what} {getattr(fast, what):.4g} < {getattr(base, what):.4g}")
+
+
+def compare_tables(profiles=None, model: str = SEED_MODEL, trials: int = 60, seed: int = 0, tokens: int | None = None,
+                   context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK) -> Comparison:
+    from strata_plan.planner.capacity import Budget
+    from strata_plan.planner.make import load_machine, load_routing
+    from strata_plan.planner.routing import SKEWED_PRIOR
+    from strata_plan.planner.search import search
+    from strata_plan.planner.spec import load_spec
+    spec = load_spec(model)
+    routings = {"uniform": load_routing(spec, prior="uniform", tokens=tokens),
+                SKEWED_PRIOR: load_routing(spec, prior=SKEWED_PRIOR, tokens=tokens)}
+    rows, failures = [], []
+    for name in profiles or DEFAULT_PROFILES:
+        prof = load_machine(name)
+        budget = Budget.from_profile(prof)
+        cases, skewed = {}, None
+        for routing, stats in routings.items():
+            problem = Problem(spec, prof, stats, budget, context, chunk)
+            result = search(problem, trials=trials, seed=seed)
+            cases[routing] = _case(routing, problem, result)
+            _check_bound(f"{name}/{routing}", cases[routing], failures)
+            check_bandwidth_monotone(problem, result.best.placement, f"{name}/{routing}", failures)
+            if routing == SKEWED_PRIOR:
+                skewed = (problem, result)
+        problem, result = skewed
+        bigger = problem.replace(budget=dataclasses.replace(budget, ram=int(budget.ram * RAM_FACTOR)))
+        more = search(bigger, trials=trials, seed=seed, start=result.best.placement, start_knobs=result.best.knobs)
+        more_case = _case(f"{SKEWED_PRIOR}, {RAM_FACTOR:g}x RAM", bigger, more)
+        _check_bound(f"{name}/{SKEWED_PRIOR}/{RAM_FACTOR:g}x RAM", more_case, failures)
+        if more_case.decode_tok_s < cases[SKEWED_PRIOR].decode_tok_s * (1 - 1e-12):
+            failures.append(f"{name}: {RAM_FACTOR:g}x RAM search predicts decode {more_case.decode_tok_s:.4g} < "
+                            f"{cases[SKEWED_PRIOR].decode_tok_s:.4g} with less RAM")
+        streamed = result.best.footprint.dense_streamed
+        claim = SEED_CLAIMS.get(name, Claim("(not in the seed's table)", (0.0, 0.0), (0.0, 0.0)))
+        needs = needed_hit_rates(problem, claim, streamed) if claim.decode[0] > 0 else Needs(None, None, None, None)
+        rows.append(Row(name, prof.gpu.name, prof.gpu.vram_gb.value, budget.ram / 1e9, claim, cases["uniform"],
+                        cases[SKEWED_PRIOR], more_case, needs))
+    return Comparison(spec.name, SKEWED_PRIOR, trials, seed, context, chunk, tuple(rows), tuple(failures))
+
+
+# ------------------------------------------------------------------------------------------------
+# Markdown
+# ------------------------------------------------------------------------------------------------
+def _pct(x: float | None) -> str:
+    return "unreachable" if x is None else f"{x:.1%}"
+
+
+def _tok(v: float, binding: str) -> str:
+    return f"{v:.3g} ({binding})"
+
+
+def to_markdown(c: Comparison) -> str:
+    sk = c.skewed_prior
+    out = [f"# {c.model}: the seed's throughput table beside strata-plan's predictions", "",
+           f"Seed figures are one author's published claims. Predicted figures come from strata-plan's cost model "
+           f"for the best plan an Optuna search found ({c.trials} trials, seed {c.seed}) on each shipped profile, "
+           f"context {c.context}, prefill chunk {c.chunk}; they are predictions, not measurements. Bounds are "
+           f"physical: bytes per token over each link's peak bandwidth, everything overlapped, no overheads. "
+           f"Routing: `uniform` and the skewed prior `{sk}`.", "",
+           "## Decode (batch 1), tok/s", "",
+           f"| profile | GPU | seed claim | predicted, uniform | predicted, {sk} | bound (binding), uniform / {sk} "
+           f"| claim needs: VRAM hit / traffic off NVMe | {sk} plan has: VRAM hit / off NVMe "
+           f"| predicted, {sk}, {RAM_FACTOR:g}x pinned RAM |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in c.rows:
+        u, s, n = r.uniform, r.skewed, r.needs
+        out.append(f"| {r.profile} | {r.gpu} ({r.vram_gb:g} GB, {r.ram_gb:g} GB pinned) | {Claim.fmt(r.claim.decode)} "
+                   f"| {_tok(u.decode_tok_s, u.decode_binding)} | {_tok(s.decode_tok_s, s.decode_binding)} "
+                   f"| {_tok(u.bound_decode_tok_s, u.bound_decode_binding)} / {_tok(s.bound_decode_tok_s, s.bound_decode_binding)} "
+                   f"| {_pct(n.decode_vram_hit)} / {_pct(n.decode_off_nvme)} | {s.vram_hit:.1%} / {s.off_nvme:.1%} "
+                   f"| {_tok(r.more_ram.decode_tok_s, r.more_ram.decode_binding)} |")
+    out += ["", f"## Prefill (chunks of {c.chunk} tokens), tok/s", "",
+            f"| profile | seed claim | predicted, uniform | predicted, {sk} | bound (binding), uniform / {sk} "
+            f"| claim needs: VRAM share of touched experts / off NVMe |",
+            "|---|---|---|---|---|---|"]
+    for r in c.rows:
+        u, s, n = r.uniform, r.skewed, r.needs
+        out.append(f"| {r.profile} | {Claim.fmt(r.claim.prefill)} | {_tok(u.prefill_tok_s, u.prefill_binding)} "
+                   f"| {_tok(s.prefill_tok_s, s.prefill_binding)} "
+                   f"| {_tok(u.bound_prefill_tok_s, u.bound_prefill_binding)} / {_tok(s.bound_prefill_tok_s, s.bound_prefill_binding)} "
+                   f"| {_pct(n.prefill_vram_hit)} / {_pct(n.prefill_off_nvme)} |")
+    out += ["", "How to read the needed hit rates: *VRAM hit* is the share of routed-expert bytes that must already "
+            "be in VRAM if every miss came from pinned RAM at the profile's best H2D rate, after the dense weights "
+            "the plan must stream (`unreachable`: the streamed dense weights alone exceed the time budget); "
+            "*off NVMe* is the share that must not be read from NVMe at the drive's best rate. Both use the claim's "
+            "low end and the seed's 1.92-bpw tier mix, and both are necessary, not sufficient.", "",
+            "Checks: " + ("all predictions within their bounds; fixed plans never slower with a faster link; "
+                          f"the {RAM_FACTOR:g}x-RAM search never slower than its smaller budget." if not c.failures
+                          else "FAILED: " + "; ".join(c.failures)), ""]
+    return "\n".join(out)

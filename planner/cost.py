@@ -1,0 +1,335 @@
+"""The cost model: predicted decode and prefill tok/s of a placement, with the binding resource.
+
+Decode (batch 1) walks the decoder layers in order, keeping a GPU clock t. For MoE layer j with s static
+experts, m in RAM, c cache slots, k routed per token, rank popularity p_r and expert bytes b_r:
+
+    h  = cache_hit(j, s, c)                           hit rate of static set + LRU cache (routing stats)
+    q  = (h - S(s)) / (1 - S(s))                      cache hits among non-static accesses, S = static_hit
+    warm bytes = k (1-q) sum_{s<=r<s+m} p_r b_r        from pinned RAM over PCIe
+    cold bytes = k (1-q) sum_{r>=s+m}   p_r b_r        NVMe read, then PCIe
+    link time of a byte: b_r / H2D(b_r) (the pinned curve at that transfer size; while kernels run the
+    h2d_during_kernel curve, else H2D x copy_overlap), b_r / NVMe(b_r, queue depth)
+
+With lookahead depth d (recall R, precision P from the routing statistics; layers j < d have no source layer
+and get R = 0) a share R of the misses is issued when MoE layer j-d finishes and must be ready before
+layer j's experts run; the engine also fetches R (1-P)/P wasted bytes per miss byte. The rest (1-R) is
+fetched on demand after the router: stall = max(PCIe time, NVMe time) + one expert's copy (pipeline fill).
+
+    t += overhead + max((dense_i + kv_i) / (HBM x hbm_eff), FLOPs_i / (TFLOPS x compute_eff))   each layer
+    t += demand stall;  t = max(t, prefetch ready);  t += k sum_r p_r b_r / kernel_GBps(format_r)   MoE layers
+    streamed dense weights: double buffered, serial on the link, must land before their layer starts
+    T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
+
+Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with probability
+1 - (1 - min(1, k p_r))^C and every touched non-resident expert streams once per chunk:
+    T_chunk = sum_i [overhead + max(GPU_i, PCIe_i + dense stream_i, NVMe_i)],  prefill tok/s = C / T_chunk
+with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff)).
+
+The constants that measured runs refine come from the profile's `Calibration`. PLANNER.md has the long
+form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from strata_plan.planner.capacity import staging_slots
+
+RESOURCES = ("pcie", "nvme", "hbm", "compute", "overhead")
+_TINY_BW = 1.0        # bytes/s standing in for a tier the machine lacks (an NVMe-less profile)
+NVME_SPLITS = (1, 2, 4, 8, 16)   # sub-reads per expert the engine may issue to deepen the NVMe queue
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted throughput of one placement (all figures are predictions, not measurements)."""
+
+    decode_tok_s: float
+    prefill_tok_s: float
+    decode_binding: str
+    prefill_binding: str
+    decode_seconds: dict        # per token: critical-path seconds per resource, plus link busy totals
+    prefill_seconds: dict       # per chunk, the same
+    bytes_per_token: dict       # decode bytes per token by source tier (vram, ram, nvme), wasted, pcie
+    bytes_per_chunk: dict       # prefill bytes per chunk by source tier
+    hit_rate: float             # share of routed-expert accesses served from VRAM (static + cache)
+    ram_share: float            # ... from pinned RAM
+    nvme_share: float           # ... from NVMe
+
+
+def _cumrows(x: np.ndarray) -> np.ndarray:
+    """[L, E] -> [L, E+1] prefix sums along ranks, starting at 0."""
+    out = np.zeros((x.shape[0], x.shape[1] + 1))
+    np.cumsum(x, axis=1, out=out[:, 1:])
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    problem: object     # planner.problem.Problem
+
+    # ---- machine rates (bytes/s, FLOP/s, s) ------------------------------------------------------
+    @cached_property
+    def _cal(self):
+        return self.problem.profile.calibration
+
+    @property
+    def gpu(self):
+        return self.problem.profile.gpu
+
+    @cached_property
+    def hbm_rate(self) -> float:
+        return self.gpu.hbm_gbps.value * 1e9 * self._cal.hbm_efficiency.value
+
+    @cached_property
+    def flop_rate(self) -> float:
+        return self.gpu.bf16_tflops.value * 1e12 * self._cal.compute_efficiency.value
+
+    @cached_property
+    def overhead(self) -> float:
+        return self._cal.layer_overhead_us.value * 1e-6
+
+    def h2d(self, size: float) -> float:
+        """Pinned H2D bytes/s at this transfer size with nothing else running (demand fetches)."""
+        return self.gpu.h2d_pinned.at(size) * 1e9
+
+    def h2d_background(self, size: float) -> float:
+        """Pinned H2D bytes/s while kernels run (prefetches, dense streaming, prefill)."""
+        if self.gpu.h2d_during_kernel is not None:
+            return self.gpu.h2d_during_kernel.at(size) * 1e9
+        return self.h2d(size) * self._cal.copy_overlap.value
+
+    def nvme(self, size: float, queue_depth: int) -> float:
+        """O_DIRECT random-read bytes/s at this block size and queue depth (the first NVMe of the profile)."""
+        nv = self.problem.profile.nvme
+        return nv[0].rand_read.at(size, queue_depth) * 1e9 if nv else _TINY_BW
+
+    def kernel_rate(self, fmt: str) -> float:
+        """Bytes/s the fused expert kernel streams a packed format from VRAM (measured, never above HBM)."""
+        fig = self.gpu.kernel_gbps.get(fmt)
+        if fig is None:
+            return self.hbm_rate
+        return min(fig.value, self.gpu.hbm_gbps.value) * 1e9
+
+    def nvme_reads(self, in_flight: int) -> dict[str, tuple[int, int, float]]:
+        """Per format: (sub-reads per expert, queue depth, bytes/s). With `in_flight` experts outstanding the
+        engine may split each expert read into `split` requests, reaching queue depth in_flight x split at a
+        block of bytes / split; the split with the best measured rate wins."""
+        key = ("nvme_reads", in_flight)
+        if key not in self.__dict__:
+            out = {}
+            for f in self.problem.mix.formats:
+                size = self.problem.spec.routed_expert_bytes(f)
+                best = None
+                for split in NVME_SPLITS:
+                    block = -(-size // split // 4096) * 4096
+                    rate = self.nvme(block, in_flight * split)
+                    if best is None or rate > best[2]:
+                        best = (split, in_flight * split, rate)
+                out[f] = best
+            self.__dict__[key] = out
+        return self.__dict__[key]
+
+    # ---- per-layer model quantities ---------------------------------------------------------------
+    @cached_property
+    def _layers(self) -> dict:
+        spec, ctx = self.problem.spec, self.problem.context
+        att, w = spec.attention, spec.attention.sliding_window
+        kv_dec, fl_dec, fl_pre = [], [], []
+        ctx_pre = max(1, ctx // 2)       # a prompt of `context` tokens attends on average to half of it
+        for i in range(spec.n_layers):
+            sliding = bool(spec.sliding_layers) and spec.sliding_layers[i] and w > 0
+            c_dec, c_pre = (min(ctx, w), min(ctx_pre, w)) if sliding else (ctx, ctx_pre)
+            kv_dec.append(att.kv_bytes_per_token_layer * c_dec)
+            base = 2 * spec.dense_layer_params(i)
+            fl_dec.append(base + att.score_flops(c_dec))
+            fl_pre.append(base + att.score_flops(c_pre))
+        return {"kv": np.array(kv_dec, float), "flops_dec": np.array(fl_dec, float),
+                "flops_pre": np.array(fl_pre, float), "dense": np.array(self.problem.dense_units[:-1], float)}
+
+    @cached_property
+    def _rank_times(self) -> dict:
+        """Seconds per byte-weighted access of each rank over each path, [E] arrays."""
+        p = self.problem
+        rb, fmts = p.rank_bytes, p.rank_formats
+        size = {f: float(b) for f, b in zip(fmts, rb)}
+        fg = {f: size[f] / self.h2d(size[f]) for f in size}
+        bg = {f: size[f] / self.h2d_background(size[f]) for f in size}
+        kern = {f: size[f] / self.kernel_rate(f) for f in size}
+        arr = lambda d: np.array([d[f] for f in fmts])  # noqa: E731
+        return {"fg": arr(fg), "bg": arr(bg), "kern": arr(kern)}
+
+    def _nvme_table(self, weights: str, in_flight: int) -> np.ndarray:
+        """[L, E+1] prefix sums of `weights` ("pop" or "touch") x NVMe seconds of each rank's expert."""
+        key = ("nvme_table", weights, in_flight)
+        if key not in self.__dict__:
+            reads = self.nvme_reads(in_flight)
+            t = np.array([self.problem.spec.routed_expert_bytes(f) / reads[f][2] for f in self.problem.rank_formats])
+            self.__dict__[key] = _cumrows(self._tables[weights] * t)
+        return self.__dict__[key]
+
+    def decode_in_flight(self, n_cold_per_layer: float, depth: int) -> int:
+        """Expert reads outstanding during decode: a layer's cold misses, times the layers prefetched at once."""
+        return max(1, int(round(n_cold_per_layer * (depth + 1))))
+
+    @cached_property
+    def _tables(self) -> dict:
+        """Popularity-weighted prefix sums over ranks, [L, E+1] each."""
+        cur, rb, rt = self.problem.curves, self.problem.rank_bytes, self._rank_times
+        pop = cur.pop
+        k = cur.top_k
+        C = self.problem.prefill_chunk
+        touch = 1.0 - (1.0 - np.minimum(1.0, k * pop)) ** C      # P(expert touched by a prefill chunk)
+        return {
+            "pop": pop, "touch": touch,
+            "bytes": _cumrows(pop * rb), "fg": _cumrows(pop * rt["fg"]), "bg": _cumrows(pop * rt["bg"]),
+            "kern": (pop * rt["kern"]).sum(axis=1),
+            "t_bytes": _cumrows(touch * rb), "t_bg": _cumrows(touch * rt["bg"]),
+        }
+
+    def _stream_time(self, nbytes: float) -> float:
+        return nbytes / (self.h2d_background(nbytes) * self._cal.dense_stream_efficiency.value) if nbytes else 0.0
+
+    # ---- prediction ---------------------------------------------------------------------------------
+    def predict(self, placement) -> Prediction:
+        p, cur, tb = self.problem, self.problem.curves, self._tables
+        spec, k, E = p.spec, cur.top_k, cur.n_experts
+        s, m, c = placement.arrays
+        b = s + m
+        rows = np.arange(cur.n_layers)
+        h = cur.hits(s, c)
+        hs = cur.cum[rows, s]
+        rest = 1.0 - hs
+        q = np.where(rest > 1e-12, (h - hs) / np.where(rest > 1e-12, rest, 1.0), 0.0)
+        mu = k * (1.0 - q)                                         # misses per token per unit access share
+        rng = lambda t, lo, hi: t[rows, hi] - t[rows, lo]  # noqa: E731
+        warm_b, cold_b = mu * rng(tb["bytes"], s, b), mu * (tb["bytes"][:, E] - tb["bytes"][rows, b])
+        n_cold = mu * (1.0 - cur.cum[rows, b])
+        fg_w, fg_c = mu * rng(tb["fg"], s, b), mu * (tb["fg"][:, E] - tb["fg"][rows, b])
+        bg_w, bg_c = mu * rng(tb["bg"], s, b), mu * (tb["bg"][:, E] - tb["bg"][rows, b])
+        depth = placement.prefetch_depth
+        tn = self._nvme_table("pop", self.decode_in_flight(float(n_cold.mean()), depth))
+        nv_c = mu * (tn[:, E] - tn[rows, b])
+
+        recall, precision = cur.lookahead(depth)
+        R = np.where(rows >= depth, recall, 0.0)
+        waste = (1.0 - precision) / precision
+        dem_p, dem_n = (1 - R) * (fg_w + fg_c), (1 - R) * nv_c
+        fill = (1 - R) * np.where(n_cold >= 1.0, fg_c / np.maximum(n_cold, 1.0), fg_c)
+        pre_p, pre_n = R * (1 + waste) * (bg_w + bg_c), R * (1 + waste) * nv_c
+        t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
+
+        dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp)
+        streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
+        row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
+        link_p = float(np.sum(dem_p + pre_p)) + sum(self._stream_time(u) for u in streamed) + row / self.h2d(row)
+        link_n = float(np.sum(dem_n + pre_n))
+        T = max(t, link_p, link_n)
+        dec_seconds.update(pcie_link=link_p, nvme_link=link_n, token=T)
+        if T > t:
+            dec_binding = "pcie" if link_p >= link_n else "nvme"
+        else:
+            dec_binding = max(RESOURCES, key=lambda r: dec_seconds[r])
+
+        routed = k * tb["bytes"][:, E]
+        dense_res = sum(u for u, res in zip(p.dense_units, placement.dense_resident) if res)
+        ram_b = float(warm_b.sum()) + sum(streamed) + 2 * spec.hidden
+        wasted = float(np.sum(R * waste * (warm_b + cold_b)))
+        bpt = {"vram": float(np.sum(routed - warm_b - cold_b)) + dense_res + float(self._layers["kv"].sum()),
+               "ram": ram_b, "nvme": float(cold_b.sum()), "wasted": wasted,
+               "pcie": ram_b + float(cold_b.sum()) + wasted}
+
+        pre_tok_s, pre_binding, pre_seconds, bpc = self._prefill(placement, s, b)
+        ram_share = float(np.mean((1 - q) * (cur.cum[rows, b] - hs)))
+        nvme_share = float(np.mean((1 - q) * (1.0 - cur.cum[rows, b])))
+        plain = lambda d: {k: float(v) for k, v in d.items()}  # noqa: E731
+        return Prediction(float(1.0 / T), float(pre_tok_s), dec_binding, pre_binding, plain(dec_seconds),
+                          plain(pre_seconds), plain(bpt), plain(bpc), float(np.mean(h)), ram_share, nvme_share)
+
+    def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp) -> tuple[dict, float]:
+        """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource."""
+        spec, lay = self.problem.spec, self._layers
+        t_hbm = (lay["dense"] + lay["kv"]) / self.hbm_rate
+        t_fl = lay["flops_dec"] / self.flop_rate
+        t_fl_exp = 2.0 * spec.top_k * spec.expert_params / self.flop_rate
+        sec = dict.fromkeys(RESOURCES, 0.0)
+        depth = placement.prefetch_depth
+        units = self.problem.dense_units
+        t, link_free = 0.0, 0.0
+        finish: list[float] = []          # per decoder layer
+        moe_done: list[float] = []        # per MoE layer: when its output (the lookahead source) exists
+        moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
+        for i in range(spec.n_layers):
+            if not placement.dense_resident[i]:        # double buffer: the slot frees when layer i-2 ends
+                start = max(link_free, finish[i - 2] if i >= 2 else 0.0)
+                link_free = start + self._stream_time(units[i])
+                if link_free > t:
+                    sec["pcie"] += link_free - t
+                    t = link_free
+            sec["overhead"] += self.overhead
+            sec["hbm" if t_hbm[i] >= t_fl[i] else "compute"] += max(t_hbm[i], t_fl[i])
+            t += self.overhead + max(t_hbm[i], t_fl[i])
+            j = moe_index.get(i)
+            if j is not None:
+                stall = max(dem_p[j], dem_n[j]) + fill[j]
+                sec["pcie" if dem_p[j] >= dem_n[j] else "nvme"] += max(dem_p[j], dem_n[j])
+                sec["pcie"] += fill[j]
+                t += stall
+                if depth and j >= depth:
+                    ready = moe_done[j - depth] + max(pre_p[j], pre_n[j])
+                    if ready > t:
+                        sec["pcie" if pre_p[j] >= pre_n[j] else "nvme"] += ready - t
+                        t = ready
+                sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
+                t += t_exp[j]
+                moe_done.append(t)
+            finish.append(t)
+        if not placement.dense_resident[-1]:            # lm_head
+            start = max(link_free, finish[-2] if len(finish) >= 2 else 0.0)
+            link_free = start + self._stream_time(units[-1])
+            if link_free > t:
+                sec["pcie"] += link_free - t
+                t = link_free
+        t_lm_hbm, t_lm_fl = units[-1] / self.hbm_rate, 2.0 * self.problem.head_params / self.flop_rate
+        sec["hbm" if t_lm_hbm >= t_lm_fl else "compute"] += max(t_lm_hbm, t_lm_fl)
+        return sec, t + max(t_lm_hbm, t_lm_fl)
+
+    def _prefill(self, placement, s: np.ndarray, b: np.ndarray) -> tuple[float, str, dict, dict]:
+        p, tb, lay = self.problem, self._tables, self._layers
+        spec, E, C = p.spec, p.curves.n_experts, p.prefill_chunk
+        rows = np.arange(p.curves.n_layers)
+        k = spec.top_k
+        touched = tb["t_bytes"][:, E]
+        warm = tb["t_bytes"][rows, b] - tb["t_bytes"][rows, s]
+        cold = touched - tb["t_bytes"][rows, b]
+        pcie = tb["t_bg"][:, E] - tb["t_bg"][rows, s]
+        tn = self._nvme_table("touch", staging_slots(spec, placement.prefetch_depth))
+        nvme = tn[:, E] - tn[rows, b]
+        sec = dict.fromkeys(RESOURCES, 0.0)
+        moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
+        units = p.dense_units
+        T = 0.0
+        for i in range(spec.n_layers):
+            j = moe_index.get(i)
+            w_bytes = lay["dense"][i] + (touched[j] if j is not None else 0.0)
+            flops = C * (lay["flops_pre"][i] + (2 * k * spec.expert_params if j is not None else 0.0))
+            parts = {"compute": flops / self.flop_rate, "hbm": w_bytes / self.hbm_rate,
+                     "pcie": (pcie[j] if j is not None else 0.0)
+                     + (0.0 if placement.dense_resident[i] else self._stream_time(units[i])),
+                     "nvme": nvme[j] if j is not None else 0.0}
+            worst = max(parts, key=parts.get)
+            sec[worst] += parts[worst]
+            sec["overhead"] += self.overhead
+            T += parts[worst] + self.overhead
+        lm = max(units[-1] / self.hbm_rate, 2.0 * p.head_params / self.flop_rate,
+                 0.0 if placement.dense_resident[-1] else self._stream_time(units[-1]))
+        sec["pcie" if not placement.dense_resident[-1] else "hbm"] += lm
+        T += lm
+        sec["chunk"] = T
+        streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
+        bpc = {"vram": float(np.sum(touched - warm - cold)), "ram": float(warm.sum()) + streamed,
+               "nvme": float(cold.sum())}
+        binding = max(RESOURCES, key=lambda r: sec[r])
+        return C / T, binding, sec, bpc

@@ -1,0 +1,331 @@
+"""The plan file: everything the engine needs to run a model on one machine, and what we predict it does.
+
+A plan (schema `strata-plan/plan`, version 1) lists, per MoE layer, which expert ids live in VRAM, pinned
+RAM and NVMe and which packed format each expert has; which dense units stay in VRAM; the LRU cache slots,
+staging buffers, NVMe read shape, prefetch depth and prefill chunk; the predicted tok/s (labelled
+predicted) with the physical bound and binding resource; bytes per token per tier; and the model, profile
+and statistics it came from with their sha256. It is parsed as strictly as a hardware profile
+(`strata_plan.schema.parse`) and written atomically. PLANNER.md documents every field.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from strata_plan import __version__
+from strata_plan.errors import UserError
+from strata_plan.kernels.formats import FORMATS
+from strata_plan.planner.cost import RESOURCES
+from strata_plan.planner.placement import Placement
+from strata_plan.schema import bounded, parse, to_data
+from strata_plan.yamlio import atomic_write_yaml, read_yaml
+
+SCHEMA_NAME = "strata-plan/plan"
+SCHEMA_VERSION = 1
+Resource = Literal["pcie", "nvme", "hbm", "compute", "overhead"]
+assert set(RESOURCES) == {"pcie", "nvme", "hbm", "compute", "overhead"}
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """One input of the plan: its name, where it was read from, and a sha256 of its content."""
+
+    name: str
+    sha256: str
+    path: str = ""
+    kind: str = ""              # statistics: "trace" or "prior"
+
+
+@dataclass(frozen=True)
+class Sources:
+    model: SourceRef            # sha256 of the model's config.json (ModelSpec.config_sha256)
+    profile: SourceRef          # sha256 of the profile's canonical JSON (after --gpu-preset)
+    statistics: SourceRef       # sha256 of the statistics' canonical JSON
+    statistics_source_sha256: str = ""   # the trace or prior the statistics were computed from
+    gpu_preset: str = ""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    vram_bytes: int = bounded(0, None)
+    ram_bytes: int = bounded(0, None)
+    nvme_bytes: int = bounded(0, None)
+    vram_reserve_bytes: int = bounded(0, None)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One MoE layer. Expert ids are listed most used first; each id appears in exactly one tier and in
+    exactly one format."""
+
+    layer: int = bounded(0, None)           # decoder layer index (ModelSpec.moe_layers[i])
+    vram: tuple[int, ...] = ()
+    ram: tuple[int, ...] = ()
+    nvme: tuple[int, ...] = ()
+    cache_slots: int = bounded(0, None, default=0)
+    formats: dict[str, tuple[int, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        ids = self.vram + self.ram + self.nvme
+        E = len(ids)
+        if sorted(ids) != list(range(E)):
+            raise ValueError(f"layer {self.layer}: vram, ram and nvme must list every expert id 0..{E - 1} exactly once")
+        fmt_ids = sorted(e for v in (self.formats or {}).values() for e in v)
+        if fmt_ids != list(range(E)):
+            raise ValueError(f"layer {self.layer}: formats must give every expert id 0..{E - 1} exactly one format")
+        unknown = [f for f in (self.formats or {}) if f not in FORMATS]
+        if unknown:
+            raise ValueError(f"layer {self.layer}: unknown format {unknown[0]!r} (known: {', '.join(FORMATS)})")
+        if self.cache_slots > E - len(self.vram):
+            raise ValueError(f"layer {self.layer}: {self.cache_slots} cache slots for {E - len(self.vram)} non-static experts")
+
+    @property
+    def n_experts(self) -> int:
+        return len(self.vram) + len(self.ram) + len(self.nvme)
+
+    def format_of(self, expert: int) -> str:
+        for f, ids in (self.formats or {}).items():
+            if expert in ids:
+                return f
+        raise KeyError(expert)
+
+
+@dataclass(frozen=True)
+class DensePlan:
+    resident_layers: tuple[int, ...]        # decoder layers whose non-routed weights stay in VRAM
+    streamed_layers: tuple[int, ...]        # ... streamed from pinned RAM every token (double buffered)
+    lm_head: Literal["vram", "ram"]
+    embeddings: Literal["ram"] = "ram"      # one row per token is copied from pinned RAM
+
+    def __post_init__(self) -> None:
+        if set(self.resident_layers) & set(self.streamed_layers):
+            raise ValueError("a dense layer is both resident and streamed")
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    policy: Literal["lru"] = "lru"
+    slot_bytes: int = bounded(1, None, default=1)    # a slot holds any expert: the largest format
+    total_slots: int = bounded(0, None, default=0)
+
+
+@dataclass(frozen=True)
+class NvmeRead:
+    """How the engine reads one expert of this format: `split` requests of bytes/split (4 KiB aligned),
+    keeping `queue_depth` requests outstanding."""
+
+    split: int = bounded(1, 1024)
+    queue_depth: int = bounded(1, 4096)
+
+
+@dataclass(frozen=True)
+class StagingPlan:
+    vram_slots: int = bounded(0, None)       # landing slots for in-flight experts: (depth + 1) x top_k
+    host_slots: int = bounded(0, None)       # pinned bounce buffers for NVMe reads
+    slot_bytes: int = bounded(1, None)
+    dense_buffers: int = bounded(0, 2)       # VRAM buffers for streamed dense weights
+    dense_buffer_bytes: int = bounded(0, None)
+    nvme_reads: dict[str, NvmeRead] | None = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes the plan puts in each tier (capacity.Footprint), and the budgets it was planned for."""
+
+    vram: dict[str, int]
+    ram: dict[str, int]
+    nvme: dict[str, int]
+    budgets: Budgets
+
+    @property
+    def vram_total(self) -> int:
+        return sum(self.vram.values())
+
+    @property
+    def ram_total(self) -> int:
+        return sum(self.ram.values())
+
+    @property
+    def nvme_total(self) -> int:
+        return sum(self.nvme.values())
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """Predictions of the cost model (never measurements), with the independent physical bound."""
+
+    label: Literal["predicted"]
+    decode_tok_s: float = bounded(0.0, None)
+    prefill_tok_s: float = bounded(0.0, None)
+    decode_binding: Resource = "pcie"
+    prefill_binding: Resource = "pcie"
+    bound_decode_tok_s: float = bounded(0.0, None, default=0.0)
+    bound_prefill_tok_s: float = bounded(0.0, None, default=0.0)
+    bound_decode_binding: Literal["pcie", "nvme", "hbm", "compute"] = "pcie"
+    bound_prefill_binding: Literal["pcie", "nvme", "hbm", "compute"] = "pcie"
+    bytes_per_token: dict[str, float] | None = None    # decode, by source tier: vram, ram, nvme; wasted; pcie
+    bytes_per_chunk: dict[str, float] | None = None    # prefill, by source tier
+    seconds_per_token: dict[str, float] | None = None  # critical path per resource, link busy times
+    vram_hit_rate: float = bounded(0.0, 1.0, default=0.0)
+    ram_share: float = bounded(0.0, 1.0, default=0.0)
+    nvme_share: float = bounded(0.0, 1.0, default=0.0)
+
+    def __post_init__(self) -> None:
+        if self.decode_tok_s > self.bound_decode_tok_s * (1 + 1e-9) or self.prefill_tok_s > self.bound_prefill_tok_s * (1 + 1e-9):
+            raise ValueError("a prediction exceeds its physical bound")
+
+
+@dataclass(frozen=True)
+class SearchInfo:
+    objective: Literal["decode", "prefill", "mix"]
+    mix_weight: float = bounded(0.0, 1.0, default=0.5)
+    sampler: str = "optuna TPE (multivariate)"
+    trials: int = bounded(0, None, default=0)
+    seed: int = 0
+    knobs: dict[str, float] | None = None      # empty when the plan is a caller's starting placement
+    greedy_decode_tok_s: float = bounded(0.0, None, default=0.0)
+    greedy_prefill_tok_s: float = bounded(0.0, None, default=0.0)
+    study: str = ""
+    storage: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    schema: str
+    version: int
+    model: str
+    n_experts: int = bounded(1, None)
+    top_k: int = bounded(1, None)
+    context: int = bounded(1, None)
+    prefill_chunk: int = bounded(1, None)
+    prefetch_depth: int = bounded(0, 4)
+    sources: Sources | None = None
+    dense: DensePlan | None = None
+    cache: CachePlan | None = None
+    staging: StagingPlan | None = None
+    layers: tuple[LayerPlan, ...] = ()
+    memory: Memory | None = None
+    predicted: Predicted | None = None
+    search: SearchInfo | None = None
+    created: str = ""
+    strata_plan_version: str = ""
+
+    def __post_init__(self) -> None:
+        if self.schema != SCHEMA_NAME:
+            raise ValueError(f"schema must be {SCHEMA_NAME!r}")
+        if self.version != SCHEMA_VERSION:
+            raise ValueError(f"version {self.version} is not supported (this strata-plan reads version {SCHEMA_VERSION})")
+        for name in ("sources", "dense", "cache", "staging", "memory", "predicted", "search"):
+            if getattr(self, name) is None:
+                raise ValueError(f"missing section `{name}`")
+        if not self.layers:
+            raise ValueError("layers is empty (one entry per MoE layer)")
+        if any(l.n_experts != self.n_experts for l in self.layers):
+            raise ValueError(f"every layer must place all {self.n_experts} experts")
+        idx = [l.layer for l in self.layers]
+        if idx != sorted(set(idx)):
+            raise ValueError("layers must be listed once each, in increasing layer order")
+        if self.cache.total_slots != sum(l.cache_slots for l in self.layers):
+            raise ValueError("cache.total_slots must equal the sum of the layers' cache_slots")
+
+    @property
+    def placement(self) -> Placement:
+        """The plan in rank space (valid against the statistics it was made from: ids most used first)."""
+        n_layers = max(self.dense.resident_layers + self.dense.streamed_layers, default=-1) + 1
+        resident = set(self.dense.resident_layers)
+        return Placement(tuple(len(l.vram) for l in self.layers), tuple(len(l.ram) for l in self.layers),
+                         tuple(l.cache_slots for l in self.layers),
+                         tuple(i in resident for i in range(n_layers)) + (self.dense.lm_head == "vram",),
+                         self.prefetch_depth)
+
+
+# ------------------------------------------------------------------------------------------------
+# Building, saving and loading
+# ------------------------------------------------------------------------------------------------
+def sha256_of(data) -> str:
+    """sha256 of a YAML-able object's canonical JSON."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def build_plan(problem, result, bound, sources: Sources, cost) -> Plan:
+    """A Plan from a search result (`search.SearchResult`), its bound and the cost model used."""
+    spec, cur, best = problem.spec, problem.curves, result.best
+    p, fp, pred = best.placement, best.footprint, best.prediction
+    E = cur.n_experts
+    layers = []
+    for j, layer in enumerate(spec.moe_layers):
+        order = [int(e) for e in cur.order[j]]
+        s, m = p.vram[j], p.ram[j]
+        fmts: dict[str, list[int]] = {f: [] for f in problem.mix.formats}
+        for e, f in zip(order, problem.rank_formats):
+            fmts[f].append(e)
+        layers.append(LayerPlan(layer, tuple(order[:s]), tuple(order[s:s + m]), tuple(order[s + m:]), p.cache[j],
+                                {f: tuple(v) for f, v in fmts.items() if v}))
+    streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
+    n_cold = pred.nvme_share * spec.top_k
+    reads = cost.nvme_reads(cost.decode_in_flight(n_cold, p.prefetch_depth))
+    slots = (p.prefetch_depth + 1) * spec.top_k
+    staging = StagingPlan(vram_slots=slots, host_slots=slots if fp.host_staging else 0, slot_bytes=problem.slot_bytes,
+                          dense_buffers=2 if fp.dense_buffers else 0, dense_buffer_bytes=fp.dense_buffers // 2,
+                          nvme_reads={f: NvmeRead(split, qd) for f, (split, qd, _) in reads.items()})
+    b = problem.budget
+    memory = Memory(
+        vram={"reserve": fp.reserve, "kv_cache": fp.kv_cache, "workspace": fp.workspace, "staging": fp.staging,
+              "dense_buffers": fp.dense_buffers, "dense_resident": fp.dense_resident,
+              "static_experts": fp.static_experts, "cache_slots": fp.cache_slots},
+        ram={"embeddings": fp.embeddings, "dense_streamed": fp.dense_streamed, "ram_experts": fp.ram_experts,
+             "host_staging": fp.host_staging},
+        nvme={"nvme_experts": fp.nvme_experts}, budgets=Budgets(b.vram, b.ram, b.nvme, b.reserve))
+    predicted = Predicted(
+        "predicted", pred.decode_tok_s, pred.prefill_tok_s, pred.decode_binding, pred.prefill_binding,
+        bound.decode_tok_s, bound.prefill_tok_s, bound.decode_binding, bound.prefill_binding,
+        dict(pred.bytes_per_token), dict(pred.bytes_per_chunk),
+        {k: float(v) for k, v in pred.decode_seconds.items()}, min(pred.hit_rate, 1.0),
+        min(max(pred.ram_share, 0.0), 1.0), min(max(pred.nvme_share, 0.0), 1.0))
+    search = SearchInfo(result.objective, result.mix_weight, trials=result.trials, seed=result.seed,
+                        knobs=best.knobs.as_params() if best.knobs else {},
+                        greedy_decode_tok_s=result.greedy.prediction.decode_tok_s,
+                        greedy_prefill_tok_s=result.greedy.prediction.prefill_tok_s,
+                        study=result.study_name, storage=result.storage)
+    return Plan(SCHEMA_NAME, SCHEMA_VERSION, spec.name, E, spec.top_k, problem.context, problem.prefill_chunk,
+                p.prefetch_depth, sources, DensePlan(tuple(i for i in range(spec.n_layers) if p.dense_resident[i]),
+                                                     tuple(streamed), "vram" if p.dense_resident[-1] else "ram"),
+                CachePlan("lru", problem.slot_bytes, sum(p.cache)), staging, tuple(layers), memory, predicted, search,
+                _dt.date.today().isoformat(), __version__)
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    header = (f"strata-plan plan ({SCHEMA_NAME} v{SCHEMA_VERSION}) for {plan.model}. Throughputs under `predicted`\n"
+              f"are predictions of the cost model, not measurements. See planner/PLANNER.md for every field.")
+    return atomic_write_yaml(path, to_data(plan), header)
+
+
+def load_plan(path: str | Path, spec=None) -> Plan:
+    """Read a plan strictly; with `spec`, also check that it places that model's experts and layers."""
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise UserError(str(path), "", "is not a mapping of plan fields", "write it with `strata-plan plan --out`")
+    if data.get("schema") != SCHEMA_NAME:
+        raise UserError(str(path), "schema", f"got {data.get('schema')!r}",
+                        f"a plan starts with `schema: {SCHEMA_NAME}` (make one with `strata-plan plan`)")
+    plan = parse(Plan, data, str(path))
+    if spec is not None:
+        check_plan_model(plan, spec, str(path))
+    return plan
+
+
+def check_plan_model(plan: Plan, spec, where: str) -> None:
+    if plan.n_experts != spec.n_routed or plan.top_k != spec.top_k:
+        raise UserError(where, "n_experts", f"plan is for {plan.n_experts} experts top-{plan.top_k}, "
+                        f"{spec.name} has {spec.n_routed} top-{spec.top_k}", f"plan again for {spec.name}")
+    if tuple(l.layer for l in plan.layers) != spec.moe_layers:
+        raise UserError(where, "layers", f"plan places layers that are not {spec.name}'s MoE layers",
+                        f"plan again for {spec.name}")
+    dense = set(plan.dense.resident_layers) | set(plan.dense.streamed_layers)
+    if dense != set(range(spec.n_layers)):
+        raise UserError(where, "dense", f"must place each of {spec.name}'s {spec.n_layers} decoder layers once",
+                        f"plan again for {spec.name}")

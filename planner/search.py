@@ -1,0 +1,168 @@
+"""The placement search: an Optuna TPE study over four global knobs, scored by the cost model.
+
+Each trial picks dense_share, cache_share, skew_weight and prefetch_depth; `placement.allocate` water-fills
+them into per-layer counts (so a 92-layer x 384-expert model is a 4-dimensional search), and the cost
+model predicts tok/s. Capacity goes through Optuna's `constraints_func` (bytes over budget per tier, <= 0
+feasible). The greedy popularity plan is enqueued first, then a caller's starting plan (a smaller budget's
+best), so the result is never worse than either. Studies can live in SQLite (`sqlite:///plan.db`): the same
+problem resumes under the same study name and optuna-dashboard opens the file. Optuna is imported here,
+lazily, and nowhere else in the planner.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+from strata_plan.errors import UserError
+from strata_plan.planner.capacity import Footprint
+from strata_plan.planner.cost import CostModel, Prediction
+from strata_plan.planner.placement import Knobs, Placement, allocate, footprint, greedy_knobs
+
+OBJECTIVES = ("decode", "prefill", "mix")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    knobs: Knobs | None         # None for a caller's fixed starting placement
+    placement: Placement
+    footprint: Footprint
+    prediction: Prediction
+    score: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Candidate
+    greedy: Candidate
+    objective: str
+    mix_weight: float
+    trials: int                 # completed trials in the study (a resumed study counts earlier ones)
+    seed: int
+    study_name: str
+    storage: str                # "" for an in-memory study
+
+    @property
+    def gain_over_greedy(self) -> float:
+        return self.best.score / self.greedy.score - 1.0 if self.greedy.score > 0 else 0.0
+
+
+def score(pred: Prediction, objective: str, mix_weight: float = 0.5) -> float:
+    """What the study maximises: decode tok/s, prefill tok/s, or decode^w x prefill^(1-w)."""
+    if objective == "decode":
+        return pred.decode_tok_s
+    if objective == "prefill":
+        return pred.prefill_tok_s
+    return pred.decode_tok_s ** mix_weight * pred.prefill_tok_s ** (1.0 - mix_weight)
+
+
+def evaluate(problem, cost: CostModel, knobs: Knobs, objective: str, mix_weight: float) -> Candidate:
+    a = allocate(problem, knobs)
+    pred = cost.predict(a.placement)
+    return Candidate(knobs, a.placement, a.footprint, pred, score(pred, objective, mix_weight))
+
+
+def study_name(problem, objective: str, mix_weight: float, seed: int) -> str:
+    """Names the problem, so a study in a shared SQLite file resumes only the same problem."""
+    from strata_plan.schema import to_data
+    b = problem.budget
+    ident = {"model": problem.spec.config_sha256, "profile": to_data(problem.profile),
+             "stats": getattr(problem.stats, "source_sha256", ""), "budget": [b.vram, b.ram, b.nvme, b.reserve],
+             "context": problem.context, "chunk": problem.prefill_chunk, "mix": list(problem.mix.fractions),
+             "objective": objective, "w": mix_weight, "seed": seed}
+    h = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{problem.spec.name}-{problem.profile.name}-{objective}-{h}"
+
+
+def _feasible(c: Candidate, budget) -> bool:
+    return c.footprint.fits(budget)
+
+
+def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
+           study_db: str | None = None, start: Placement | None = None, start_knobs: Knobs | None = None,
+           cost: CostModel | None = None, on_trial: Callable[[int, float], None] | None = None) -> SearchResult:
+    """Best placement found by `trials` TPE trials (a resumed study runs only the missing ones)."""
+    if objective not in OBJECTIVES:
+        raise UserError("--objective", objective, "unknown objective", f"use one of {', '.join(OBJECTIVES)}")
+    if trials < 1:
+        raise UserError("--trials", str(trials), "must be at least 1", "pass --trials 200 (or more)")
+    if not 0.0 <= mix_weight <= 1.0:
+        raise UserError("--mix-weight", str(mix_weight), "must lie in [0, 1]", "pass e.g. --mix-weight 0.5")
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    cost = cost or CostModel(problem)
+    budget, max_depth = problem.budget, problem.curves.max_depth
+    greedy = evaluate(problem, cost, greedy_knobs(problem), objective, mix_weight)
+    seen: dict[int, Candidate] = {}
+
+    def objective_fn(trial) -> float:
+        kn = Knobs(trial.suggest_float("dense_share", 0.0, 1.0), trial.suggest_float("cache_share", 0.0, 1.0),
+                   trial.suggest_float("skew_weight", 0.0, 1.0), trial.suggest_int("prefetch_depth", 0, max_depth))
+        c = evaluate(problem, cost, kn, objective, mix_weight)
+        over = [o / 1e9 for o in c.footprint.overflow(budget)]
+        trial.set_user_attr("overflow_gb", over)
+        if hasattr(trial, "set_constraint"):                    # Optuna >= 5: constraints live on the trial
+            for tier, v in zip(("vram_over_gb", "ram_over_gb", "nvme_over_gb"), over):
+                trial.set_constraint(tier, v)
+        seen[trial.number] = c
+        if on_trial is not None:
+            on_trial(trial.number, c.score)
+        return c.score
+
+    storage = _storage(study_db)
+    name = study_name(problem, objective, mix_weight, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        kw = {} if hasattr(optuna.trial.Trial, "set_constraint") else {
+            "constraints_func": lambda ft: ft.user_attrs.get("overflow_gb", [1.0, 1.0, 1.0])}   # Optuna 4.x
+        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=min(10, max(2, trials // 4)), **kw)
+        study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage, study_name=name,
+                                    load_if_exists=True)
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if not study.trials:
+            study.enqueue_trial(greedy.knobs.as_params())
+            if start_knobs is not None:
+                study.enqueue_trial(_clip(start_knobs, max_depth).as_params())
+        if trials > len(done):
+            study.optimize(objective_fn, n_trials=trials - len(done), gc_after_trial=False)
+    best = greedy if _feasible(greedy, budget) else None
+    for t in study.trials:
+        if t.state != optuna.trial.TrialState.COMPLETE or max(t.user_attrs.get("overflow_gb", [1.0])) > 0:
+            continue
+        c = seen.get(t.number) or evaluate(problem, cost, Knobs(**t.params), objective, mix_weight)
+        if best is None or c.score > best.score:
+            best = c
+    if start is not None and footprint(problem, start).fits(budget):
+        pred = cost.predict(start)
+        c = Candidate(None, start, footprint(problem, start), pred, score(pred, objective, mix_weight))
+        if best is None or c.score > best.score:
+            best = c
+    if best is None:
+        over = greedy.footprint.overflow(budget)
+        tier = ("VRAM", "pinned RAM", "NVMe")[max(range(3), key=lambda i: over[i])]
+        raise UserError(f"--{tier.split()[-1].lower()}-gb", f"{tier} budget",
+                        f"no placement of {problem.spec.name} fits ({max(over) / 1e9:.1f} GB over in {tier})",
+                        f"raise the {tier} budget, lower --context, or use a smaller model")
+    n_done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    return SearchResult(best, greedy, objective, mix_weight, n_done, seed, name, storage or "")
+
+
+def _clip(k: Knobs, max_depth: int) -> Knobs:
+    clamp = lambda v: min(max(float(v), 0.0), 1.0)  # noqa: E731
+    return Knobs(clamp(k.dense_share), clamp(k.cache_share), clamp(k.skew_weight), min(max(k.prefetch_depth, 0), max_depth))
+
+
+def _storage(study_db: str | None) -> str | None:
+    if not study_db:
+        return None
+    if "://" in study_db:
+        if not study_db.startswith("sqlite:///"):
+            raise UserError("--study-db", study_db, "only SQLite storage is supported", "pass a path or sqlite:///PATH")
+        return study_db
+    from pathlib import Path
+    folder = Path(study_db).resolve().parent
+    if not folder.is_dir():
+        raise UserError("--study-db", study_db, f"folder {folder} does not exist", "create it or pass another path")
+    return f"sqlite:///{Path(study_db).resolve()}"
