@@ -205,9 +205,12 @@ def load_trace(path: str | os.PathLike, spec: "ModelSpec | None" = None) -> Trac
     for key, got in (("n_layers", e.shape[1] if e.ndim == 3 else None), ("top_k", e.shape[2] if e.ndim == 3 else None)):
         if got is not None and meta[key] != got:
             _fail(where, f"meta.{key}", f"says {meta[key]}, but the experts array has {got}", "make meta agree with the arrays")
-    trace = Trace(experts=e, weights=arrays["weights"], sequence=arrays["sequence"], model=meta["model"],
-                  n_experts=meta["n_experts"], phase=meta["phase"], source=meta["source"] or where,
-                  lookahead_experts=arrays.get("lookahead_experts"), lookahead_scores=arrays.get("lookahead_scores"))
+    try:
+        trace = Trace(experts=e, weights=arrays["weights"], sequence=arrays["sequence"], model=meta["model"],
+                      n_experts=meta["n_experts"], phase=meta["phase"], source=meta["source"] or where,
+                      lookahead_experts=arrays.get("lookahead_experts"), lookahead_scores=arrays.get("lookahead_scores"))
+    except UserError as err:                                     # name the file, not the trace's source text
+        raise UserError(where, err.field, err.problem, err.fix) from None
     if spec is not None:
         trace.check_model(spec, where)
     return trace
