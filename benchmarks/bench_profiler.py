@@ -10,6 +10,10 @@ disk, say), the result says so instead of claiming agreement.
     python benchmarks/bench_profiler.py --nvme-dir DIR --max-gib 6 --pin-cap-gib 32 --name h200 --out-dir OUT
 
 Writes OUT/<name>.yaml (the profile) and the result JSON (benchmarks/_result.py) in OUT.
+
+`--paired N --skip-profile` instead alternates the profiler's own measuring functions with the references
+N times on the same buffers and the same test file (benchmark `profiler_paired`): on a noisy machine
+the ratio of each pair, taken moments apart, separates a bias of the method from drift of the machine.
 """
 from __future__ import annotations
 
@@ -49,6 +53,95 @@ def compare(name: str, prof: Stats | None, reference: list[float] | None) -> dic
             "verdict": verdict}
 
 
+def paired_rows(prof: dict[str, list[float]], refs: dict[str, list[float]]) -> list[dict]:
+    rows = []
+    for name in prof:
+        ratios = Stats(tuple(p / r for p, r in zip(prof[name], refs[name])))
+        p, r = Stats(tuple(prof[name])), Stats(tuple(refs[name]))
+        rows.append({"figure": name, "pairs": ratios.repeats, "profiler": round(p.median, 3),
+                     "profiler_spread": round(p.spread, 4), "reference": round(r.median, 3),
+                     "reference_spread": round(r.spread, 4), "median_ratio": round(ratios.median, 4),
+                     "ratio_spread": round(ratios.spread, 4),
+                     "verdict": "pair ratios spread over 5%: no agreement claimed" if ratios.spread > TOLERANCE
+                     else "methods agree within 5% (paired)" if abs(ratios.median - 1) <= TOLERANCE
+                     else "methods DIFFER by more than 5% (paired)"})
+    return rows
+
+
+def paired_gpu(n: int) -> tuple[dict, dict]:
+    from strata_plan.profiler import gpu
+    s = gpu.GpuSettings((16 * MiB, 256 * MiB), (16 * MiB,), 1, run.FULL.target_bytes, run.FULL.max_iters,
+                        run.FULL.hbm_bytes, run.MATMUL_N, run.GEMV_SHAPE)
+    pinned, pageable, dev = gpu.copy_buffers(GiB)
+    c = ref.CupyCopies({"16MiB": 16 * MiB, "256MiB": 256 * MiB})
+    keys = {f"{m}@{lab}": (m, z) for m in ("h2d_pinned", "h2d_pageable") for lab, z in
+            (("16MiB", 16 * MiB), ("256MiB", 256 * MiB))}
+    prof = {k: [] for k in keys}
+    refs = {k: [] for k in keys}
+    for _ in range(n):
+        curves = gpu.copy_curves(s, pinned, pageable, dev)
+        for k, (m, z) in keys.items():
+            prof[k].append(curves[m][z].median)
+            refs[k].append(c.sample(k))
+    c.close()
+    return prof, refs
+
+
+def paired_disk(folder: Path, size: int, n: int) -> tuple[dict, dict]:
+    import os
+    import random
+    prof = {"O_DIRECT rand 16MiB QD1 vs Python loop": [], "O_DIRECT seq 16MiB QD1 vs dd": []}
+    refs = {k: [] for k in prof}
+    rng = random.Random(3)
+    count = int(min(size // 2, GiB // 2) // (16 * MiB))
+    with nvme.TestFile(folder, size) as tf:
+        fd, direct = nvme.open_reader(tf.path)
+        try:
+            for i in range(n):
+                k1, k2 = prof
+                prof[k1].append(nvme.read_pass(fd, size, 16 * MiB, 1, 0.4, False, rng))
+                refs[k1].append(ref.python_direct_random(tf.path, 16 * MiB, count, 1, seed=i)[0])
+                prof[k2].append(nvme.read_pass(fd, size, 16 * MiB, 1, 0.4, True, rng))
+                refs[k2].append(ref.dd_direct(tf.path, 16 * MiB, count, 1, seed=i)[0])
+        finally:
+            os.close(fd)
+    return prof, refs
+
+
+def main_paired(args, out: Path) -> int:
+    import torch
+    prof, refs, notes = {}, {}, []
+    if torch.cuda.is_available():
+        p, r = paired_gpu(args.paired)
+        prof.update(p)
+        refs.update(r)
+    else:
+        notes.append("no GPU: PCIe pairs not run")
+    p, r = paired_disk(Path(args.nvme_dir), int(args.max_gib * GiB), args.paired)
+    prof.update(p)
+    refs.update(r)
+    rows = paired_rows(prof, refs)
+    metrics = {}
+    for row in rows:
+        key = row["figure"].replace(" ", "_").replace("@", "_").lower()
+        for f in ("median_ratio", "ratio_spread", "profiler_spread", "reference_spread", "verdict"):
+            metrics[f"{key}.{f}"] = row[f]
+    command = " ".join(["python", "benchmarks/bench_profiler.py", *sys.argv[1:]])
+    res = write_result("profiler_paired", metrics, command=command, out_dir=out, notes=(
+        "The profiler's own functions (copy_curves; nvme.read_pass) alternated with the references (CuPy "
+        "cudaMemcpy[Async] + CUDA events; Python O_DIRECT loop; dd iflag=direct) on the same buffers and file; "
+        "median_ratio = median over pairs of profiler/reference. " + " | ".join(notes)),
+        extra={"pairs": rows, "profiler_samples": prof, "reference_samples": refs})
+    print(f"{'figure':<42} {'pairs':>5} {'profiler':>9} {'spread':>7} {'reference':>9} {'spread':>7} {'ratio':>7} "
+          f"{'r.spread':>8}  verdict")
+    for row in rows:
+        print(f"{row['figure']:<42} {row['pairs']:>5} {row['profiler']:>9.2f} {row['profiler_spread']:>7.1%} "
+              f"{row['reference']:>9.2f} {row['reference_spread']:>7.1%} {row['median_ratio']:>7.3f} "
+              f"{row['ratio_spread']:>8.1%}  {row['verdict']}")
+    print(f"wrote {res}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nvme-dir", default=".")
@@ -57,9 +150,13 @@ def main() -> int:
     ap.add_argument("--name", default="")
     ap.add_argument("--quick-too", action="store_true", help="also time a --quick profile")
     ap.add_argument("--out-dir", default=str(HERE / "results"))
+    ap.add_argument("--paired", type=int, default=0, metavar="N", help="also alternate methods N times")
+    ap.add_argument("--skip-profile", action="store_true", help="with --paired: only the paired comparison")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.skip_profile:
+        return main_paired(args, out)
     notes: list[str] = []
     metrics: dict = {}
 
@@ -138,7 +235,7 @@ def main() -> int:
             print(f"{r['figure']:<52} {r['verdict']}")
     print(f"wrote {res}")
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str) or k == "pcie"}, indent=None)[:2000])
-    return 0
+    return main_paired(args, out) if args.paired else 0
 
 
 if __name__ == "__main__":

@@ -26,80 +26,93 @@ def _rotate(i: int, size: int, span: int) -> int:
     return (i % (span // size)) * size
 
 
-def cupy_copies(sizes: dict[str, int], repeats: int, span: int = 1 << 30, target: int = 1 << 30,
-                hbm_bytes: int = 2 << 30) -> dict[str, list[float]]:
-    """GB/s samples for keys 'h2d_pinned@S', 'd2h_pinned@S', 'h2d_pageable@S' (S in `sizes`) and
-    'device_copy' (read + write counted), interleaved over `repeats` rounds."""
-    import cupy as cp
-    import numpy as np
+class CupyCopies:
+    """Buffers allocated once; `sample(key)` returns one GB/s sample for keys 'h2d_pinned@S',
+    'd2h_pinned@S', 'h2d_pageable@S' (S in `sizes`) and 'device_copy' (read + write counted)."""
 
-    rt = cp.cuda.runtime
-    h2d, d2h, d2d = rt.memcpyHostToDevice, rt.memcpyDeviceToHost, rt.memcpyDeviceToDevice
-    pinned_mem = cp.cuda.alloc_pinned_memory(span)
-    pinned = np.frombuffer(pinned_mem, dtype=np.uint8, count=span)
-    pinned[:] = 7
-    pageable = np.full(span, 7, dtype=np.uint8)
-    dev = cp.empty(span, dtype=cp.uint8)
-    src, dst = cp.empty(hbm_bytes, dtype=cp.uint8), cp.empty(hbm_bytes, dtype=cp.uint8)
-    src.fill(3)
-    stream = cp.cuda.Stream(non_blocking=True)
+    def __init__(self, sizes: dict[str, int], span: int = 1 << 30, target: int = 1 << 30, hbm_bytes: int = 2 << 30):
+        import cupy as cp
+        import numpy as np
 
-    def timed_async(kind: int, size: int, host_ptr: int) -> float:
-        n = max(1, target // size)
+        self.cp, self.rt, self.span, self.target, self.hbm_bytes = cp, cp.cuda.runtime, span, target, hbm_bytes
+        self.pinned_mem = cp.cuda.alloc_pinned_memory(span)
+        self.pinned = np.frombuffer(self.pinned_mem, dtype=np.uint8, count=span)
+        self.pinned[:] = 7
+        self.pageable = np.full(span, 7, dtype=np.uint8)
+        self.dev = cp.empty(span, dtype=cp.uint8)
+        self.src, self.dst = cp.empty(hbm_bytes, dtype=cp.uint8), cp.empty(hbm_bytes, dtype=cp.uint8)
+        self.src.fill(3)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        rt = self.rt
+        self.jobs = {}
+        for label, size in sizes.items():
+            self.jobs[f"h2d_pinned@{label}"] = lambda z=size: self._async(rt.memcpyHostToDevice, z)
+            self.jobs[f"d2h_pinned@{label}"] = lambda z=size: self._async(rt.memcpyDeviceToHost, z)
+            self.jobs[f"h2d_pageable@{label}"] = lambda z=size: self._pageable(z)
+        self.jobs["device_copy"] = self._d2d
+        for fn in self.jobs.values():          # warm-up
+            fn()
+
+    def sample(self, key: str) -> float:
+        return self.jobs[key]()
+
+    def _timed(self, stream, enqueue) -> float:
+        cp = self.cp
         start, end = cp.cuda.Event(), cp.cuda.Event()
         stream.synchronize()
         start.record(stream)
-        for i in range(n):
-            off = _rotate(i, size, span)
-            if kind == h2d:
-                rt.memcpyAsync(dev.data.ptr + off, host_ptr + off, size, kind, stream.ptr)
-            else:
-                rt.memcpyAsync(host_ptr + off, dev.data.ptr + off, size, kind, stream.ptr)
+        enqueue()
         end.record(stream)
         end.synchronize()
-        return size * n / (cp.cuda.get_elapsed_time(start, end) / 1e3) / GB
+        return cp.cuda.get_elapsed_time(start, end) / 1e3
 
-    def timed_pageable(size: int) -> float:
-        n = max(1, target // size)
-        null = cp.cuda.Stream.null
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        null.synchronize()
-        start.record(null)
-        for i in range(n):
-            off = _rotate(i, size, span)
-            rt.memcpy(dev.data.ptr + off, pageable.ctypes.data + off, size, h2d)   # synchronous cudaMemcpy
-        end.record(null)
-        end.synchronize()
-        return size * n / (cp.cuda.get_elapsed_time(start, end) / 1e3) / GB
+    def _async(self, kind: int, size: int) -> float:
+        n = max(1, self.target // size)
+        host, dev = self.pinned.ctypes.data, self.dev.data.ptr
+        h2d = kind == self.rt.memcpyHostToDevice
 
-    def timed_d2d() -> float:
+        def go() -> None:
+            for i in range(n):
+                off = _rotate(i, size, self.span)
+                dst, src = (dev + off, host + off) if h2d else (host + off, dev + off)
+                self.rt.memcpyAsync(dst, src, size, kind, self.stream.ptr)
+        return size * n / self._timed(self.stream, go) / GB
+
+    def _pageable(self, size: int) -> float:
+        n = max(1, self.target // size)
+        host, dev = self.pageable.ctypes.data, self.dev.data.ptr
+
+        def go() -> None:                       # synchronous cudaMemcpy on the legacy default stream
+            for i in range(n):
+                off = _rotate(i, size, self.span)
+                self.rt.memcpy(dev + off, host + off, size, self.rt.memcpyHostToDevice)
+        return size * n / self._timed(self.cp.cuda.Stream.null, go) / GB
+
+    def _d2d(self) -> float:
         n = 10
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        stream.synchronize()
-        start.record(stream)
-        for _ in range(n):
-            rt.memcpyAsync(dst.data.ptr, src.data.ptr, hbm_bytes, d2d, stream.ptr)
-        end.record(stream)
-        end.synchronize()
-        return 2 * hbm_bytes * n / (cp.cuda.get_elapsed_time(start, end) / 1e3) / GB
 
-    jobs = {}
-    for label, size in sizes.items():
-        jobs[f"h2d_pinned@{label}"] = lambda s=size: timed_async(h2d, s, pinned.ctypes.data)
-        jobs[f"d2h_pinned@{label}"] = lambda s=size: timed_async(d2h, s, pinned.ctypes.data)
-        jobs[f"h2d_pageable@{label}"] = lambda s=size: timed_pageable(s)
-    jobs["device_copy"] = timed_d2d
-    for fn in jobs.values():                     # warm-up
-        fn()
-    out: dict[str, list[float]] = {k: [] for k in jobs}
+        def go() -> None:
+            for _ in range(n):
+                self.rt.memcpyAsync(self.dst.data.ptr, self.src.data.ptr, self.hbm_bytes,
+                                    self.rt.memcpyDeviceToDevice, self.stream.ptr)
+        return 2 * self.hbm_bytes * n / self._timed(self.stream, go) / GB
+
+    def close(self) -> None:
+        if not bool((self.dst[:: 1 << 20] == 3).all()) or int(self.dev[:: 1 << 20].min()) != 7:
+            raise RuntimeError("reference copies did not move the data")
+        del self.dev, self.src, self.dst, self.pinned, self.pinned_mem
+        self.cp.get_default_memory_pool().free_all_blocks()
+        self.cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def cupy_copies(sizes: dict[str, int], repeats: int, hbm_bytes: int = 2 << 30) -> dict[str, list[float]]:
+    """Every CupyCopies key, `repeats` interleaved rounds: {key: [GB/s, ...]}."""
+    c = CupyCopies(sizes, hbm_bytes=hbm_bytes)
+    out: dict[str, list[float]] = {k: [] for k in c.jobs}
     for _ in range(repeats):
-        for k, fn in jobs.items():
-            out[k].append(fn())
-    if not bool((dst[:: 1 << 20] == 3).all()) or int(dev[:: 1 << 20].min()) != 7:
-        raise RuntimeError("reference copies did not move the data")
-    del dev, src, dst, pinned, pinned_mem
-    cp.get_default_memory_pool().free_all_blocks()
-    cp.get_default_pinned_memory_pool().free_all_blocks()
+        for k in c.jobs:
+            out[k].append(c.sample(k))
+    c.close()
     return out
 
 

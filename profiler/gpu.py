@@ -196,6 +196,17 @@ def _iters(size: int, s: GpuSettings) -> int:
     return max(1, min(s.max_iters, s.target_bytes // size))
 
 
+def copy_buffers(nbytes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pinned host, pageable host, device) byte buffers for the copy curves, filled and touched."""
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    pinned.view(torch.int32).copy_(torch.arange(nbytes // 4, dtype=torch.int32))   # distinct words, not zeros
+    pageable = torch.empty(nbytes, dtype=torch.uint8)
+    pageable.copy_(pinned)                          # touched pages: no first-touch faults while timing
+    if pageable.is_pinned() or not pinned.is_pinned():
+        raise RuntimeError("pinned/pageable buffers are not what they should be")
+    return pinned, pageable, torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+
+
 def copy_curves(s: GpuSettings, pinned: torch.Tensor, pageable: torch.Tensor, dev: torch.Tensor,
                 tick: Callable[[], None] | None = None) -> dict[str, dict[int, Stats]]:
     """Pinned and pageable H2D and D2H over `s.sizes`, interleaved."""
@@ -365,14 +376,7 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     """Everything about GPU `index`; `step(description)` announces a phase and returns its tick."""
     notes: list[str] = []
     torch.cuda.set_device(index)
-    big = max(s.sizes)
-    pinned = torch.empty(big, dtype=torch.uint8, pin_memory=True)
-    pinned.view(torch.int32).copy_(torch.arange(big // 4, dtype=torch.int32))   # distinct words, not zeros
-    pageable = torch.empty(big, dtype=torch.uint8)
-    pageable.copy_(pinned)                          # touched pages: no first-touch faults while timing
-    if pageable.is_pinned() or not pinned.is_pinned():
-        raise RuntimeError("pinned/pageable buffers are not what they should be")
-    dev = torch.empty(big, dtype=torch.uint8, device="cuda")
+    pinned, pageable, dev = copy_buffers(max(s.sizes))
 
     step(PHASES[0])
     ident = identity(index, lambda sample: _copy_load(pinned, dev, sample))

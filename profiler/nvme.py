@@ -157,6 +157,7 @@ def read_pass(fd: int, size: int, block: int, qd: int, seconds: float, sequentia
     """GB/s of `qd` threads reading `block`-byte pieces of the first `size` bytes for about `seconds`."""
     offsets = _offsets(size, block, sequential, rng)
     lock, go, stop = threading.Lock(), threading.Event(), threading.Event()
+    ready = threading.Barrier(qd + 1)
     done = [0] * qd
     errors: list[BaseException] = []
     deadline = [0.0]
@@ -164,6 +165,8 @@ def read_pass(fd: int, size: int, block: int, qd: int, seconds: float, sequentia
     def worker(i: int) -> None:
         buf = mmap.mmap(-1, block)          # page-aligned, as O_DIRECT requires
         try:
+            buf.write(bytes(block))          # fault the pages in now, not inside the timed window
+            ready.wait()
             go.wait()
             while not stop.is_set() and time.perf_counter() < deadline[0]:
                 with lock:
@@ -172,9 +175,12 @@ def read_pass(fd: int, size: int, block: int, qd: int, seconds: float, sequentia
                 if n != block:
                     raise OSError(errno.EIO, f"short read: {n} of {block} bytes at offset {off}")
                 done[i] += n
+        except threading.BrokenBarrierError:
+            pass
         except BaseException as e:           # Ctrl-C raised in a worker reaches the caller too
             errors.append(e)
             stop.set()
+            ready.abort()
         finally:
             buf.close()
 
@@ -182,6 +188,10 @@ def read_pass(fd: int, size: int, block: int, qd: int, seconds: float, sequentia
     for t in threads:
         t.start()
     try:
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:
+            pass                             # a worker failed while preparing: its error is raised below
         t0 = time.perf_counter()
         deadline[0] = t0 + seconds
         go.set()
@@ -190,6 +200,7 @@ def read_pass(fd: int, size: int, block: int, qd: int, seconds: float, sequentia
         elapsed = time.perf_counter() - t0
     except BaseException:
         stop.set()
+        ready.abort()
         go.set()
         for t in threads:
             t.join()
