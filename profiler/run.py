@@ -165,7 +165,7 @@ def profile_machine(opts: Options, console: Console | None = None, show_progress
         steps.finish()
     notes += disk.notes + (gpu.notes if gpu else ())
     cpu = cpu_mod.cpu_info()
-    profile = build_profile(opts, ram, ram_copy, threads, disk, cpu, gpu, has_gpu)
+    profile = build_profile(opts, ram, ram_copy, threads, disk, cpu, gpu)
     stats = collect_stats(ram_copy, disk, gpu)
     return ProfileRun(profile, stats, tuple(notes), time.perf_counter() - t0, has_gpu,
                       {"test_file_bytes": file_bytes, "pin_cap_bytes": max(pin_cap, 0) if has_gpu else 0,
@@ -187,7 +187,7 @@ def collect_stats(ram_copy: Stats, disk: nvme_mod.DiskResult, gpu) -> dict[str, 
 
 
 def build_profile(opts: Options, ram: host_mod.RamInfo, ram_copy: Stats, threads: int, disk: nvme_mod.DiskResult,
-                  cpu: cpu_mod.CpuInfo, gpu, has_gpu: bool) -> HardwareProfile:
+                  cpu: cpu_mod.CpuInfo, gpu) -> HardwareProfile:
     mode = "quick" if opts.quick else "full"
     host = Host(
         ram_gb=measured(ram.total_gb, "psutil.virtual_memory().total"),
