@@ -38,14 +38,19 @@ def read_yaml(path: str | os.PathLike) -> Any:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write `text` to `path` atomically (temp file in the same folder, fsync, rename)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` atomically (temp file in the same folder, fsync, rename)."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise UserError(str(path), "", f"folder {folder} does not exist", "create the folder or choose another --out")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

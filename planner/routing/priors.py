@@ -20,7 +20,7 @@ from strata_plan.yamlio import atomic_write_yaml, read_yaml
 
 from .compute import pooled_layer_stats
 from .sample import sample_experts
-from .stats import SCHEMA_NAME as STATS_SCHEMA, SCHEMA_VERSION as STATS_VERSION, LookaheadStats, RoutingStats
+from .stats import SCHEMA_NAME as STATS_SCHEMA, SCHEMA_VERSION as STATS_VERSION, LookaheadStats, RoutingStats, check_schema
 
 SCHEMA_NAME = "strata-plan/routing-prior"
 SCHEMA_VERSION = 1
@@ -79,10 +79,7 @@ class Prior:
     fit: PriorFit | None = None
 
     def __post_init__(self) -> None:
-        if self.schema != SCHEMA_NAME:
-            raise ValueError(f"schema must be {SCHEMA_NAME!r}")
-        if self.version != SCHEMA_VERSION:
-            raise ValueError(f"version {self.version} is not supported (this strata-plan reads version {SCHEMA_VERSION})")
+        check_schema(self, SCHEMA_NAME, SCHEMA_VERSION)
         if tuple(la.depth for la in self.lookahead) != (1, 2, 3, 4):
             raise ValueError("lookahead must list depths 1, 2, 3, 4 in order")
         if any(la.provenance != "prior" or not la.source for la in self.lookahead):

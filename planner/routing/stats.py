@@ -103,6 +103,14 @@ class LayerStats:
         return min(1.0, max(v, self.static_at(s)))
 
 
+def check_schema(obj, name: str, version: int) -> None:
+    """The `schema` and `version` fields of a versioned file's top-level dataclass."""
+    if obj.schema != name:
+        raise ValueError(f"schema must be {name!r}")
+    if obj.version != version:
+        raise ValueError(f"version {obj.version} is not supported (this strata-plan reads version {version})")
+
+
 def _cell(grid: tuple[int, ...], x: float) -> tuple[int, float]:
     """Index i and weight a with x = (1-a) grid[i] + a grid[i+1], clamped to the grid's ends."""
     if len(grid) == 1 or x <= grid[0]:
@@ -132,10 +140,7 @@ class RoutingStats:
     created: str = ""
 
     def __post_init__(self) -> None:
-        if self.schema != SCHEMA_NAME:
-            raise ValueError(f"schema must be {SCHEMA_NAME!r}")
-        if self.version != SCHEMA_VERSION:
-            raise ValueError(f"version {self.version} is not supported (this strata-plan reads version {SCHEMA_VERSION})")
+        check_schema(self, SCHEMA_NAME, SCHEMA_VERSION)
         if not self.layers:
             raise ValueError("layers is empty (one entry per MoE layer)")
         if any(l.n_experts != self.n_experts for l in self.layers):

@@ -7,9 +7,9 @@ MoE layers, arrays that disagree in shape or a truncated file are refused with o
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from strata_plan.errors import UserError
+from strata_plan.yamlio import atomic_write_bytes
 
 if TYPE_CHECKING:
     from strata_plan.planner.spec import ModelSpec
@@ -254,23 +255,11 @@ def _parse_meta(m: np.ndarray, where: str) -> dict:
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
     """Write `trace` as a compressed `.npz` atomically (temporary file beside it, fsync, rename)."""
-    path = Path(path)
     arrays = {"experts": trace.experts.astype(np.int32), "weights": trace.weights.astype(np.float32),
               "sequence": trace.sequence.astype(np.int32), "meta": np.array(json.dumps(trace.meta))}
     if trace.lookahead_experts is not None:
         arrays["lookahead_experts"] = trace.lookahead_experts.astype(np.int32)
         arrays["lookahead_scores"] = trace.lookahead_scores.astype(np.float32)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise UserError(str(path), "", f"folder {folder} does not exist", "create the folder or choose another path")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return atomic_write_bytes(path, buf.getvalue())
