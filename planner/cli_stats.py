@@ -2,6 +2,8 @@
 planner reads (`strata-plan plan --stats`)."""
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 from pathlib import Path
 
@@ -108,7 +110,7 @@ def cmd_stats(args) -> int:
     if args.save_trace and trace is None:
         raise UserError("--save-trace", args.save_trace, "a statistics file holds no trace", "pass a trace or a prior")
     out = Path(args.out) if args.out else Path(f"stats-{spec.name}-{Path(args.source[0]).stem}.yaml")
-    save_stats(stats, out)
+    save_stats(dataclasses.replace(stats, created=stats.created or datetime.date.today().isoformat()), out)
     saved = str(save_trace(trace, args.save_trace)) if args.save_trace else ""
     cols, rows = summary_rows(stats)
     look = [{"depth": la.depth, "precision": la.precision, "recall": la.recall, "provenance": la.provenance,

@@ -5,7 +5,6 @@ quantities the slow way and the tests hold the two equal.
 """
 from __future__ import annotations
 
-import datetime as _dt
 from typing import Sequence
 
 import numpy as np
@@ -138,4 +137,4 @@ def compute_stats(trace: Trace, *, warmup: int = 0, lookahead_prior: Sequence[Lo
                         top_k=trace.top_k, source=source if source is not None else trace.source,
                         source_sha256=source_sha256 or trace.sha256, kind=kind, layers=layers,
                         lookahead=lookahead_stats(trace, lookahead_prior), tokens=trace.n_tokens - warmup,
-                        phase=trace.phase, created=_dt.date.today().isoformat())
+                        phase=trace.phase)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 COLD = np.iinfo(np.int32).max   # stack distance of a first touch: a miss at every cache size
+CHUNK = 1 << 23                 # accesses x experts compared at once (32 MiB of float32)
 
 
 def stack_distances(experts: np.ndarray, rank: np.ndarray, static_sizes: np.ndarray, first: int = 0) -> np.ndarray:
@@ -33,9 +34,12 @@ def stack_distances(experts: np.ndarray, rank: np.ndarray, static_sizes: np.ndar
     last = np.maximum.accumulate(touched, axis=0)[first:T]        # [T', E] last touch of x before token t
     mine = experts[first:]                                        # [T', k]
     prev = np.take_along_axis(last, mine, axis=1)                 # [T', k] this expert's last touch
-    newer = (last[:, None, :] > prev[:, :, None]).astype(np.float32)   # [T', k, E] touched since
     nonstatic = (rank[:, None] >= static_sizes[None, :]).astype(np.float32)   # [E, S]
-    d = np.rint(newer @ nonstatic).astype(np.int32)               # [T', k, S] exact: sums of 0/1 below 2^24
+    d = np.empty((len(mine), k, len(static_sizes)), dtype=np.int32)
+    step = max(1, CHUNK // (k * E))                               # tokens per chunk: bounded memory
+    for a in range(0, len(mine), step):
+        newer = (last[a:a + step, None, :] > prev[a:a + step, :, None]).astype(np.float32)  # [t, k, E] touched since
+        d[a:a + step] = np.rint(newer @ nonstatic)                # [t, k, S] exact: sums of 0/1 below 2^24
     d[prev < 0] = COLD
     d[rank[mine] [:, :, None] < static_sizes[None, None, :]] = -1
     return d
