@@ -41,9 +41,14 @@ def layer_stats(experts: np.ndarray, sequence: np.ndarray, n_experts: int, first
     S = np.asarray(static_sizes if static_sizes is not None else size_grid(n_experts, k))
     C = np.asarray(cache_sizes if cache_sizes is not None else size_grid(n_experts, k))
     grid = hit_grid(stack_distances(experts, rank, S, first), C)
-    return LayerStats(popularity=tuple((counts / n).tolist()), static_hit=tuple(static_hit.tolist()),
-                      prev_reuse=prev_reuse(experts, sequence, first), lru_static=tuple(int(s) for s in S),
-                      lru_cache=tuple(int(c) for c in C), lru_hit=tuple(tuple(r) for r in grid.tolist()), accesses=n)
+    return _layer(counts / n, static_hit, prev_reuse(experts, sequence, first), S, C, grid, n)
+
+
+def _layer(pop: np.ndarray, static_hit: np.ndarray, reuse: float, S: np.ndarray, C: np.ndarray, grid: np.ndarray,
+           n: int) -> LayerStats:
+    return LayerStats(popularity=tuple(pop.tolist()), static_hit=tuple(static_hit.tolist()), prev_reuse=reuse,
+                      lru_static=tuple(int(s) for s in S), lru_cache=tuple(int(c) for c in C),
+                      lru_hit=tuple(tuple(r) for r in grid.tolist()), accesses=n)
 
 
 def pooled_layer_stats(experts: np.ndarray, sequence: np.ndarray, n_experts: int, first: int,
@@ -52,7 +57,7 @@ def pooled_layer_stats(experts: np.ndarray, sequence: np.ndarray, n_experts: int
     expert id = popularity rank). Pooling keeps the noise of a sampled prior low: popularity is the
     pooled share per id made non-increasing (exactly 1/E when `uniform`); static hit rates follow from it;
     an LRU's share of the non-static accesses is pooled over chains and added on top."""
-    T, L, k = experts.shape
+    _, L, k = experts.shape
     E = n_experts
     if uniform:
         pop = np.full(E, 1.0 / E)
@@ -71,9 +76,7 @@ def pooled_layer_stats(experts: np.ndarray, sequence: np.ndarray, n_experts: int
     dyn = np.divide(lru, (n - static)[:, None], out=np.zeros(lru.shape), where=(n - static)[:, None] > 0)
     grid = static_hit[S][:, None] + (1 - static_hit[S][:, None]) * dyn     # [S, C]
     grid = np.minimum(np.maximum.accumulate(grid, axis=0), 1.0)           # sampling noise must not break monotonicity
-    return LayerStats(popularity=tuple(pop.tolist()), static_hit=tuple(static_hit.tolist()),
-                      prev_reuse=prev_reuse(experts, sequence, first), lru_static=tuple(int(s) for s in S),
-                      lru_cache=tuple(int(c) for c in C), lru_hit=tuple(tuple(r) for r in grid.tolist()), accesses=n)
+    return _layer(pop, static_hit, prev_reuse(experts, sequence, first), S, C, grid, n)
 
 
 def non_increasing(y: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Static set + LRU cache hit rates of one layer's access stream, from stack distances (the fast path).
 
-The cache model (the brute-force twin is `reference.simulate_lru`): the `s` most popular experts of a
+The cache model (the brute-force twin is `reference.simulate_cache`): the `s` most popular experts of a
 layer are resident for good (the static set); the others go through one LRU cache of `c` experts. Tokens
 are processed in order; a token's k experts are looked up against the cache as it stood after the
 previous token, then touched in slot order (highest gate weight first). So the cache after a token holds
@@ -41,7 +41,7 @@ def stack_distances(experts: np.ndarray, rank: np.ndarray, static_sizes: np.ndar
         newer = (last[a:a + step, None, :] > prev[a:a + step, :, None]).astype(np.float32)  # [t, k, E] touched since
         d[a:a + step] = np.rint(newer @ nonstatic)                # [t, k, S] exact: sums of 0/1 below 2^24
     d[prev < 0] = COLD
-    d[rank[mine] [:, :, None] < static_sizes[None, None, :]] = -1
+    d[rank[mine][:, :, None] < static_sizes[None, None, :]] = -1
     return d
 
 

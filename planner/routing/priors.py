@@ -26,7 +26,7 @@ SCHEMA_NAME = "strata-plan/routing-prior"
 SCHEMA_VERSION = 1
 PRIORS_DIR = Path(__file__).resolve().parent.parent / "priors"
 SKEWED_PRIOR = "olmoe-like"      # the skewed prior compare-tables and the benchmarks use
-CHAINS = 16                      # independent layers sampled for a prior's statistics (pooled)
+CHAINS = 16                      # independent layers sampled and pooled for a prior's statistics
 
 _DEPTH1 = ("Eliseev & Mazur 2023 (mixtral-offloading, arXiv 2312.17238): Mixtral-8x7B's next-layer gate applied "
            "to the current hidden state guesses that layer's experts with recall about 80-90% (secondary summaries, "
@@ -136,7 +136,7 @@ def _stats_from_prior(prior: Prior, n_layers: int, n_experts: int, top_k: int, s
         raise UserError(f"prior {prior.name}", "geometry", f"{n_layers} layers, {n_experts} experts, top-{top_k}, "
                         f"{tokens} tokens", "use at least one layer and token, and 1 <= top_k <= n_experts")
     warmup = max(1, tokens // 4)
-    experts, _, sequence = sample_experts(prior.zipf_s, prior.locality, min(CHAINS, n_layers), n_experts, top_k,
+    experts, _, sequence = sample_experts(prior.zipf_s, prior.locality, CHAINS, n_experts, top_k,
                                           warmup + tokens, seed, permute=False)
     layer = pooled_layer_stats(experts, sequence, n_experts, warmup, uniform=prior.zipf_s == 0)
     return RoutingStats(schema=STATS_SCHEMA, version=STATS_VERSION, model=model or f"{n_layers}x{n_experts} top-{top_k}",

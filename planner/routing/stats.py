@@ -112,8 +112,9 @@ def check_schema(obj, name: str, version: int) -> None:
 
 
 def _cell(grid: tuple[int, ...], x: float) -> tuple[int, float]:
-    """Index i and weight a with x = (1-a) grid[i] + a grid[i+1], clamped to the grid's ends."""
-    if len(grid) == 1 or x <= grid[0]:
+    """Index i and weight a with x = (1-a) grid[i] + a grid[i+1], clamped to the grid's ends (grids have
+    at least two sizes: 0 and E)."""
+    if x <= grid[0]:
         return 0, 0.0
     if x >= grid[-1]:
         return len(grid) - 2, 1.0
