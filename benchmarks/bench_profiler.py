@@ -111,17 +111,20 @@ def paired_disk(folder: Path, size: int, n: int) -> tuple[dict, dict]:
 def main_paired(args, out: Path) -> int:
     import torch
     prof, refs, notes = {}, {}, []
+    gemv = {}
     if torch.cuda.is_available():
         p, r = paired_gpu(args.paired)
         prof.update(p)
         refs.update(r)
+        from strata_plan.profiler import gpu
+        gemv = {f: round(st.median, 1) for f, st in gpu.kernel_throughput(*run.GEMV_SHAPE, notes).items()}
     else:
         notes.append("no GPU: PCIe pairs not run")
     p, r = paired_disk(Path(args.nvme_dir), int(args.max_gib * GiB), args.paired)
     prof.update(p)
     refs.update(r)
     rows = paired_rows(prof, refs)
-    metrics = {}
+    metrics = {f"gemv_{f}_gbps": v for f, v in gemv.items()}
     for row in rows:
         key = row["figure"].replace(" ", "_").replace("@", "_").lower()
         for f in ("median_ratio", "ratio_spread", "profiler_spread", "reference_spread", "verdict"):
@@ -138,6 +141,7 @@ def main_paired(args, out: Path) -> int:
         print(f"{row['figure']:<42} {row['pairs']:>5} {row['profiler']:>9.2f} {row['profiler_spread']:>7.1%} "
               f"{row['reference']:>9.2f} {row['reference_spread']:>7.1%} {row['median_ratio']:>7.3f} "
               f"{row['ratio_spread']:>8.1%}  {row['verdict']}")
+    print(f"packed-format GEMV GB/s: {gemv or 'none'}; notes: {notes}")
     print(f"wrote {res}")
     return 0
 
