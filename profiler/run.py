@@ -90,8 +90,10 @@ class ProfileRun:
 class _Steps:
     """A progress bar over phases weighted by their estimated seconds, so the ETA means seconds."""
 
-    def __init__(self, progress: Progress | None, plan: list[tuple[str, float, int]]):
+    def __init__(self, progress: Progress | None, plan: list[tuple[str, float, int]],
+                 report: Callable[[str, float], None] | None = None):
         self.progress, self.plan = progress, {n: (est, ticks) for n, est, ticks in plan}
+        self.report = report        # report(phase, fraction done): the TUI's progress bar
         starts, t = {}, 0.0
         for n, est, _ in plan:
             starts[n], t = t, t + est
@@ -102,12 +104,23 @@ class _Steps:
         if not self.progress:
             return lambda: None
         self.progress.update(self.task, completed=self.starts[name], description=name)
+        self._report()
         est, ticks = self.plan[name]
-        return lambda: self.progress.advance(self.task, est / max(ticks, 1))
+
+        def tick() -> None:
+            self.progress.advance(self.task, est / max(ticks, 1))
+            self._report()
+        return tick
+
+    def _report(self) -> None:
+        if self.report:
+            t = self.progress.tasks[0]
+            self.report(t.description, min(t.completed / t.total, 1.0) if t.total else 0.0)
 
     def finish(self) -> None:
         if self.progress:
             self.progress.update(self.task, completed=self.progress.tasks[0].total, description="done")
+            self._report()
 
 
 def _slug(text: str) -> str:
@@ -122,8 +135,10 @@ def _gpu_available() -> bool:
     return gpu_mod.cuda_available()
 
 
-def profile_machine(opts: Options, console: Console | None = None, show_progress: bool = True) -> ProfileRun:
-    """Measure this machine; `console` (stderr) gets the progress bar and the warnings."""
+def profile_machine(opts: Options, console: Console | None = None, show_progress: bool = True,
+                    on_progress: Callable[[str, float], None] | None = None) -> ProfileRun:
+    """Measure this machine; `console` (stderr) gets the progress bar and the warnings; `on_progress(phase,
+    fraction)` is called as the run advances (the TUI runs this in a worker thread)."""
     console = console or Console(stderr=True)
     folder = nvme_mod.check_dir(opts.nvme_dir)
     p = opts.preset
@@ -156,7 +171,7 @@ def profile_machine(opts: Options, console: Console | None = None, show_progress
     columns = (TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not show_progress, transient=False) as progress:
-        steps = _Steps(progress, plan)
+        steps = _Steps(progress, plan, on_progress)
         ram_copy = host_mod.memcpy_bandwidth(p.ram_copy_bytes, threads, p.ram_repeats, steps("host RAM copy"))
         disk = nvme_mod.measure_disk(folder, file_bytes, p.disk, steps)
         gpu = None
