@@ -20,6 +20,10 @@ from dataclasses import dataclass
 LINKS = ("hbm", "compute", "pcie", "nvme")
 
 
+class BoundViolation(AssertionError):
+    """A prediction above its physical bound: always a cost-model bug, never the user's mistake."""
+
+
 @dataclass(frozen=True)
 class Bound:
     decode_tok_s: float
@@ -86,3 +90,12 @@ def physical_bound(problem, placement) -> Bound:
     t_dec, b_dec = _time(dec, peaks)
     t_pre, b_pre = _time(pre, peaks)
     return Bound(1.0 / t_dec if t_dec > 0 else math.inf, C / t_pre if t_pre > 0 else math.inf, b_dec, b_pre, dec, pre)
+
+
+def check_within(prediction, bound: Bound, where: str = "") -> None:
+    """Raise BoundViolation when a cost-model prediction exceeds its physical bound (decode or prefill)."""
+    for what in ("decode", "prefill"):
+        p, b = getattr(prediction, f"{what}_tok_s"), getattr(bound, f"{what}_tok_s")
+        if p > b * (1 + 1e-9):
+            raise BoundViolation(f"{where + ': ' if where else ''}predicted {what} {p:.4g} tok/s exceeds the physical "
+                                 f"bound {b:.4g} tok/s ({getattr(bound, what + '_binding')}): a cost-model bug")

@@ -170,9 +170,13 @@ class CostModel:
             self.__dict__[key] = _cumrows(self._tables[weights] * t)
         return self.__dict__[key]
 
-    def decode_in_flight(self, n_cold_per_layer: float, depth: int) -> int:
-        """Expert reads outstanding during decode: a layer's cold misses, times the layers prefetched at once."""
-        return max(1, int(round(n_cold_per_layer * (depth + 1))))
+    DECODE_IN_FLIGHT = 1
+    """Experts the decode model assumes in flight on NVMe: one at a time, split into sub-reads for queue
+    depth. Conservative, and independent of the placement, so fewer misses never predict a slower drive."""
+
+    def prefill_in_flight(self, depth: int) -> int:
+        """Experts in flight while prefill streams a layer: every staging slot."""
+        return staging_slots(self.problem.spec, depth)
 
     @cached_property
     def _tables(self) -> dict:
@@ -193,6 +197,25 @@ class CostModel:
         return nbytes / (self.h2d_background(nbytes) * self._cal.dense_stream_efficiency.value) if nbytes else 0.0
 
     # ---- prediction ---------------------------------------------------------------------------------
+    def _effective_static(self, hit: np.ndarray) -> np.ndarray:
+        """[L] fractional rank s' with static_hit(s') = hit: the static set plus the LRU cache serve what
+        the s' most used experts would (the cache keeps the hottest non-static experts best)."""
+        cum, pop = self.problem.curves.cum, self.problem.curves.pop
+        E = pop.shape[1]
+        i = np.minimum((cum[:, 1:] <= hit[:, None] + 1e-12).sum(axis=1), E)       # ranks fully covered
+        rows = np.arange(len(hit))
+        part = pop[rows, np.minimum(i, E - 1)]
+        frac = np.where((i < E) & (part > 0), (hit - cum[rows, i]) / np.where(part > 0, part, 1.0), 0.0)
+        return i + np.clip(frac, 0.0, 1.0)
+
+    @staticmethod
+    def _at(table: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """[L] rank-prefix table [L, E+1] read at fractional ranks x [L] (linear within a rank)."""
+        rows = np.arange(table.shape[0])
+        i = np.minimum(np.floor(x).astype(np.int64), table.shape[1] - 1)
+        j = np.minimum(i + 1, table.shape[1] - 1)
+        return table[rows, i] + (x - i) * (table[rows, j] - table[rows, i])
+
     def predict(self, placement) -> Prediction:
         p, cur, tb = self.problem, self.problem.curves, self._tables
         spec, k, E = p.spec, cur.top_k, cur.n_experts
@@ -200,18 +223,15 @@ class CostModel:
         b = s + m
         rows = np.arange(cur.n_layers)
         h = cur.hits(s, c)
-        hs = cur.cum[rows, s]
-        rest = 1.0 - hs
-        q = np.where(rest > 1e-12, (h - hs) / np.where(rest > 1e-12, rest, 1.0), 0.0)
-        mu = k * (1.0 - q)                                         # misses per token per unit access share
-        rng = lambda t, lo, hi: t[rows, hi] - t[rows, lo]  # noqa: E731
-        warm_b, cold_b = mu * rng(tb["bytes"], s, b), mu * (tb["bytes"][:, E] - tb["bytes"][rows, b])
-        n_cold = mu * (1.0 - cur.cum[rows, b])
-        fg_w, fg_c = mu * rng(tb["fg"], s, b), mu * (tb["fg"][:, E] - tb["fg"][rows, b])
-        bg_w, bg_c = mu * rng(tb["bg"], s, b), mu * (tb["bg"][:, E] - tb["bg"][rows, b])
+        lo, hi = self._effective_static(h), np.maximum(self._effective_static(h), b)   # [L] fractional ranks
+        at = lambda t, x: self._at(t, x)  # noqa: E731
+        warm_b, cold_b = k * (at(tb["bytes"], hi) - at(tb["bytes"], lo)), k * (tb["bytes"][:, E] - at(tb["bytes"], hi))
+        n_cold = k * (1.0 - at(cur.cum, hi))
+        fg_w, fg_c = k * (at(tb["fg"], hi) - at(tb["fg"], lo)), k * (tb["fg"][:, E] - at(tb["fg"], hi))
+        bg_w, bg_c = k * (at(tb["bg"], hi) - at(tb["bg"], lo)), k * (tb["bg"][:, E] - at(tb["bg"], hi))
         depth = placement.prefetch_depth
-        tn = self._nvme_table("pop", self.decode_in_flight(float(n_cold.mean()), depth))
-        nv_c = mu * (tn[:, E] - tn[rows, b])
+        tn = self._nvme_table("pop", self.DECODE_IN_FLIGHT)
+        nv_c = k * (tn[:, E] - at(tn, hi))
 
         recall, precision = cur.lookahead(depth)
         R = np.where(rows >= depth, recall, 0.0)
@@ -242,8 +262,8 @@ class CostModel:
                "pcie": ram_b + float(cold_b.sum()) + wasted}
 
         pre_tok_s, pre_binding, pre_seconds, bpc = self._prefill(placement, s, b)
-        ram_share = float(np.mean((1 - q) * (cur.cum[rows, b] - hs)))
-        nvme_share = float(np.mean((1 - q) * (1.0 - cur.cum[rows, b])))
+        ram_share = float(np.mean(at(cur.cum, hi) - at(cur.cum, lo)))
+        nvme_share = float(np.mean(1.0 - at(cur.cum, hi)))
         plain = lambda d: {k: float(v) for k, v in d.items()}  # noqa: E731
         return Prediction(float(1.0 / T), float(pre_tok_s), dec_binding, pre_binding, plain(dec_seconds),
                           plain(pre_seconds), plain(bpt), plain(bpc), float(np.mean(h)), ram_share, nvme_share)
@@ -305,7 +325,7 @@ class CostModel:
         warm = tb["t_bytes"][rows, b] - tb["t_bytes"][rows, s]
         cold = touched - tb["t_bytes"][rows, b]
         pcie = tb["t_bg"][:, E] - tb["t_bg"][rows, s]
-        tn = self._nvme_table("touch", staging_slots(spec, placement.prefetch_depth))
+        tn = self._nvme_table("touch", self.prefill_in_flight(placement.prefetch_depth))
         nvme = tn[:, E] - tn[rows, b]
         sec = dict.fromkeys(RESOURCES, 0.0)
         moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}

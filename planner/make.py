@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from strata_plan.errors import UserError
-from strata_plan.planner.bound import physical_bound
+from strata_plan.planner.bound import check_within, physical_bound
 from strata_plan.planner.capacity import Budget
 from strata_plan.planner.cost import CostModel
 from strata_plan.planner.plan import Plan, SourceRef, Sources, build_plan, sha256_of
@@ -75,10 +75,7 @@ def make_problem(profile: str, model: str, stats: str | None = None, prior: str 
 
 def plan_from_result(problem: Problem, result: SearchResult, sources: Sources, cost: CostModel) -> Plan:
     bound = physical_bound(problem, result.best.placement)
-    pred = result.best.prediction
-    if pred.decode_tok_s > bound.decode_tok_s * (1 + 1e-9) or pred.prefill_tok_s > bound.prefill_tok_s * (1 + 1e-9):
-        raise AssertionError(f"cost model predicts {pred.decode_tok_s:.4g}/{pred.prefill_tok_s:.4g} tok/s, above the "
-                             f"physical bound {bound.decode_tok_s:.4g}/{bound.prefill_tok_s:.4g}: a cost-model bug")
+    check_within(result.best.prediction, bound, f"{problem.spec.name} on {problem.profile.name}")
     return build_plan(problem, result, bound, sources, cost)
 
 

@@ -6,16 +6,18 @@ units (each decoder layer's non-routed weights, and the lm_head) stay in VRAM an
 lookahead prefetches.
 
 The search does not choose 92 x 3 counts directly. It chooses four knobs, and `allocate` water-fills:
-  * dense_share   -> the smallest dense units first stay resident (every unit is read once per token,
-                     so only their total matters for decode; small first gives the knob fine steps);
-  * cache_share   -> that share of the VRAM left for experts becomes cache slots, the rest static experts;
-  * skew_weight w -> every (layer, rank) gets key = w * E * pop[l, r] + (1 - w) * (1 - r / E); static VRAM
-                     and then pinned RAM take the highest keys across all layers until their bytes run out.
-                     w = 0 gives every layer the same count (the greedy baseline); w = 1 ranks by measured
-                     popularity, which is what a per-byte marginal-gain argument asks for when layers differ
-                     in skew (the static-hit curves are concave, so the water level is one threshold);
-  * cache slots go to the layers with the largest marginal bytes saved per slot (LRU hit curves from the
-    routing statistics, made concave by a running minimum of the per-slot gain).
+  * dense_share    -> the smallest dense units first stay resident (every unit is read once per token,
+                      so only their total matters for decode; small first gives the knob fine steps);
+  * VRAM left for experts is water-filled jointly over static experts and LRU cache slots of every layer:
+    the move saving the most transfer bytes per VRAM byte goes first (`_vram_fill`); the hit-rate curves
+    are concave, so this is the marginal-gain optimum of the linear part of the cost;
+  * cache_bias     -> scales the cache moves' gains (0 = no cache) where the cost's non-linear parts
+                      (stalls, link sharing) favour or disfavour caching;
+  * skew_weight w  -> tempers static gains to gain^w x (1/E)^(1-w): w = 0 gives every layer the same count
+                      (the greedy baseline); w = 1 follows measured popularity, which matters when layers
+                      differ in skew. Pinned RAM then takes, per layer from its static count on, the experts
+                      with the highest key w * E * pop[l, r] + (1 - w) * (1 - r / E) until its bytes run out;
+  * prefetch_depth -> lookahead depth (staging slots grow with it).
 Keys fall strictly with rank inside a layer, so each tier is a contiguous rank range of every layer.
 """
 from __future__ import annotations
@@ -34,13 +36,23 @@ class Knobs:
     """The global choices the search makes (see the module docstring)."""
 
     dense_share: float
-    cache_share: float
+    cache_bias: float
     skew_weight: float
     prefetch_depth: int
 
     def as_params(self) -> dict:
-        return {"dense_share": self.dense_share, "cache_share": self.cache_share,
+        return {"dense_share": self.dense_share, "cache_bias": self.cache_bias,
                 "skew_weight": self.skew_weight, "prefetch_depth": self.prefetch_depth}
+
+
+CACHE_BIAS_MAX = 0.95
+
+
+def cache_weight(bias: float) -> float:
+    """The multiplier on cache gains for a cache_bias knob in [0, CACHE_BIAS_MAX]: odds bias / (1 - bias),
+    so 0 turns the cache off, 0.5 weighs it as the marginal-gain argument says, 0.95 favours it 19x."""
+    b = min(max(bias, 0.0), CACHE_BIAS_MAX)
+    return b / (1.0 - b)
 
 
 @dataclass(frozen=True)
@@ -103,60 +115,90 @@ def dense_choice(problem, share: float) -> tuple[bool, ...]:
     return tuple(i in keep for i in range(len(units)))
 
 
-def _rank_order(curves, skew_weight: float) -> tuple[np.ndarray, np.ndarray]:
-    """(layer, rank) of every expert slot, best key first."""
+def _rank_order(curves, skew_weight: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(layer, rank) of every expert, best key first, and the [L, E] key matrix."""
     L, E = curves.pop.shape
     ranks = np.broadcast_to(np.arange(E), (L, E))
     key = skew_weight * E * curves.pop + (1.0 - skew_weight) * (1.0 - ranks / E)
     layers = np.broadcast_to(np.arange(L)[:, None], (L, E))
     order = np.lexsort((layers.ravel(), ranks.ravel(), -key.ravel()))
-    return layers.ravel()[order], ranks.ravel()[order]
+    return layers.ravel()[order], ranks.ravel()[order], key
 
 
-def _fill(layer: np.ndarray, rank: np.ndarray, rank_bytes: np.ndarray, start: int, budget: float, L: int) -> tuple[np.ndarray, int]:
-    """Counts per layer of the longest run of `order[start:]` whose bytes fit in `budget`."""
-    cum = np.cumsum(rank_bytes[rank[start:]])
+def _fill(order: tuple[np.ndarray, np.ndarray, np.ndarray], rank_bytes: np.ndarray, start: np.ndarray,
+          budget: float) -> np.ndarray:
+    """Per-layer counts after taking, in key order, the experts ranked at or after `start` [L] whose bytes
+    fit in `budget`: the longest fitting run first, then the leftover bytes go to whichever layer's next
+    expert has the best key and still fits (smaller formats can use what a large expert left)."""
+    layer, rank, key = order
+    L, E = key.shape
+    mask = rank >= start[layer]
+    lay, rk = layer[mask], rank[mask]
+    cum = np.cumsum(rank_bytes[rk])
     n = int(np.searchsorted(cum, max(budget, 0.0), side="right"))
-    return np.bincount(layer[start:start + n], minlength=L), n
+    counts = start + np.bincount(lay[:n], minlength=L)
+    left = max(budget, 0.0) - (cum[n - 1] if n else 0.0)
+    while True:
+        nxt = np.minimum(counts, E - 1)
+        fits = (counts < E) & (rank_bytes[nxt] <= left)
+        if not fits.any():
+            return counts
+        l = int(np.argmax(np.where(fits, key[np.arange(L), nxt], -np.inf)))
+        left -= rank_bytes[counts[l]]
+        counts[l] += 1
 
 
-def _cache_slots(problem, static: np.ndarray, slots: int) -> np.ndarray:
-    """Water-fill `slots` LRU slots over layers by marginal bytes saved per slot."""
-    cur = problem.curves
+def _vram_fill(problem, budget: float, skew_weight: float, cache_weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """Static experts and LRU cache slots per layer for `budget` bytes of VRAM, by joint water-filling.
+
+    Each layer offers two moves: one more static expert (costs its bytes; gains the hit rate it adds, in
+    the cache's presence) and cache slots up to the next grid size (cost slots x slot bytes; gains the hit
+    rate they add times the mean bytes of a non-static access, per byte). The move with the most transfer
+    bytes saved per VRAM byte goes first, until nothing fits. Static gains are tempered to
+    gain^w x (1/E)^(1-w): w = 0 makes every static move equal, so layers fill round-robin (equal counts);
+    cache gains are scaled by `cache_weight` (0: no cache)."""
+    import heapq
+    cur, rb, slot = problem.curves, problem.rank_bytes, float(problem.slot_bytes)
     L, E = cur.pop.shape
-    out = np.zeros(L, dtype=np.int64)
-    if slots <= 0:
-        return out
-    pb = np.concatenate([np.zeros((L, 1)), np.cumsum(cur.pop * problem.rank_bytes, axis=1)], axis=1)
-    seg_layer, seg_from, seg_len, seg_gain = [], [], [], []
+    pb = np.concatenate([np.zeros((L, 1)), np.cumsum(cur.pop * rb, axis=1)], axis=1)
+    s, c = np.zeros(L, dtype=np.int64), np.zeros(L, dtype=np.int64)
+    version = [0] * L
+    heap: list = []
+
+    def push(l: int) -> None:
+        sl, cl, h = int(s[l]), int(c[l]), cur.cache_hit(l, int(s[l]), int(c[l]))
+        if sl + cl < E:
+            g = max(cur.cache_hit(l, sl + 1, cl) - h, 0.0)
+            v = g ** skew_weight * (1.0 / E) ** (1.0 - skew_weight) if g > 0 else 0.0
+            heapq.heappush(heap, (-v, sl, l, version[l], "static", 1, float(rb[sl])))
+        if cache_weight > 0 and sl + cl < E:
+            nxt = min(next((g for g in CACHE_GRID if g > cl), E), E - sl)
+            rest = 1.0 - cur.cum[l, sl]
+            mean = (pb[l, E] - pb[l, sl]) / rest if rest > 1e-12 else 0.0
+            g = max(cur.cache_hit(l, sl, nxt) - h, 0.0)
+            v = cache_weight * g * mean / ((nxt - cl) * slot)
+            heapq.heappush(heap, (-v, sl, l, version[l], "cache", nxt - cl, (nxt - cl) * slot))
+
     for l in range(L):
-        s = int(static[l])
-        room = E - s
-        if room <= 0:
+        push(l)
+    left = max(float(budget), 0.0)
+    while heap:
+        negv, _, l, ver, kind, n, cost = heapq.heappop(heap)
+        if ver != version[l] or negv >= 0:
             continue
-        rest = 1.0 - cur.cum[l, s]
-        miss_bytes = (pb[l, E] - pb[l, s]) / rest if rest > 1e-12 else 0.0   # mean bytes of a non-static access
-        grid = [c for c in CACHE_GRID if c < room] + [room]
-        hits = [cur.cache_hit(l, s, c) for c in grid]
-        best = np.inf
-        for a, b, ha, hb in zip(grid, grid[1:], hits, hits[1:]):
-            best = min(best, max(hb - ha, 0.0) / (b - a) * miss_bytes)    # running minimum: concave
-            seg_layer.append(l)
-            seg_from.append(a)
-            seg_len.append(b - a)
-            seg_gain.append(best)
-    if not seg_layer:
-        return out
-    seg_gain_a = np.array(seg_gain)
-    order = np.lexsort((np.array(seg_from), np.array(seg_layer), -seg_gain_a))
-    left = slots
-    for i in order:
-        if left <= 0 or seg_gain_a[i] <= 0:
-            break
-        take = min(seg_len[i], left)
-        out[seg_layer[i]] += take
-        left -= take
-    return out
+        if cost > left:
+            if kind == "cache" and left >= slot:          # take what fits of this cache step
+                n, cost = int(left // slot), int(left // slot) * slot
+            else:
+                continue
+        left -= cost
+        if kind == "static":
+            s[l] += 1
+        else:
+            c[l] += n
+        version[l] += 1
+        push(l)
+    return s, c
 
 
 def allocate(problem, knobs: Knobs) -> Allocation:
@@ -169,15 +211,12 @@ def allocate(problem, knobs: Knobs) -> Allocation:
     empty = Placement((0,) * L, (0,) * L, (0,) * L, resident, depth)
     base = footprint(problem, empty)                      # everything fixed, all experts on NVMe
     expert_vram = budget.vram - (base.vram - base.static_experts - base.cache_slots)
-    n_slots = int(max(expert_vram, 0) * min(max(knobs.cache_share, 0.0), 1.0) // problem.slot_bytes)
-    static_budget = max(expert_vram, 0) - n_slots * problem.slot_bytes
-    host_staging = staging_slots(spec, depth) * problem.slot_bytes
-    ram_budget = budget.ram - base.embeddings - base.dense_streamed - host_staging
-
-    layer, rank = _rank_order(cur, float(knobs.skew_weight))
-    vram, n_v = _fill(layer, rank, problem.rank_bytes, 0, static_budget, L)
-    ram, _ = _fill(layer, rank, problem.rank_bytes, n_v, ram_budget, L)
-    cache = _cache_slots(problem, vram, n_slots)
+    ram_budget = budget.ram - base.embeddings - base.dense_streamed
+    vram, cache = _vram_fill(problem, expert_vram, float(knobs.skew_weight), cache_weight(knobs.cache_bias))
+    order = _rank_order(cur, float(knobs.skew_weight))
+    ram = _fill(order, problem.rank_bytes, vram, ram_budget) - vram
+    if np.any(vram + ram < E):      # experts remain on NVMe: its bounce buffers take pinned RAM too
+        ram = _fill(order, problem.rank_bytes, vram, ram_budget - staging_slots(spec, depth) * problem.slot_bytes) - vram
     p = Placement(tuple(int(x) for x in vram), tuple(int(x) for x in ram), tuple(int(x) for x in cache), resident, depth)
     return Allocation(p, footprint(problem, p))
 

@@ -129,7 +129,8 @@ class StagingPlan:
     slot_bytes: int = bounded(1, None)
     dense_buffers: int = bounded(0, 2)       # VRAM buffers for streamed dense weights
     dense_buffer_bytes: int = bounded(0, None)
-    nvme_reads: dict[str, NvmeRead] | None = None
+    nvme_reads: dict[str, NvmeRead] | None = None           # decode: one expert in flight, split for depth
+    nvme_reads_prefill: dict[str, NvmeRead] | None = None   # prefill: every staging slot in flight
 
 
 @dataclass(frozen=True)
@@ -266,12 +267,12 @@ def build_plan(problem, result, bound, sources: Sources, cost) -> Plan:
         layers.append(LayerPlan(layer, tuple(order[:s]), tuple(order[s:s + m]), tuple(order[s + m:]), p.cache[j],
                                 {f: tuple(v) for f, v in fmts.items() if v}))
     streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
-    n_cold = pred.nvme_share * spec.top_k
-    reads = cost.nvme_reads(cost.decode_in_flight(n_cold, p.prefetch_depth))
+    reads = lambda n: {f: NvmeRead(split, qd) for f, (split, qd, _) in cost.nvme_reads(n).items()}  # noqa: E731
     slots = (p.prefetch_depth + 1) * spec.top_k
     staging = StagingPlan(vram_slots=slots, host_slots=slots if fp.host_staging else 0, slot_bytes=problem.slot_bytes,
                           dense_buffers=2 if fp.dense_buffers else 0, dense_buffer_bytes=fp.dense_buffers // 2,
-                          nvme_reads={f: NvmeRead(split, qd) for f, (split, qd, _) in reads.items()})
+                          nvme_reads=reads(cost.DECODE_IN_FLIGHT),
+                          nvme_reads_prefill=reads(cost.prefill_in_flight(p.prefetch_depth)))
     b = problem.budget
     memory = Memory(
         vram={"reserve": fp.reserve, "kv_cache": fp.kv_cache, "workspace": fp.workspace, "staging": fp.staging,

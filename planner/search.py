@@ -1,6 +1,6 @@
 """The placement search: an Optuna TPE study over four global knobs, scored by the cost model.
 
-Each trial picks dense_share, cache_share, skew_weight and prefetch_depth; `placement.allocate` water-fills
+Each trial picks dense_share, cache_bias, skew_weight and prefetch_depth; `placement.allocate` water-fills
 them into per-layer counts (so a 92-layer x 384-expert model is a 4-dimensional search), and the cost
 model predicts tok/s. Capacity goes through Optuna's `constraints_func` (bytes over budget per tier, <= 0
 feasible). The greedy popularity plan is enqueued first, then a caller's starting plan (a smaller budget's
@@ -19,7 +19,8 @@ from typing import Callable
 from strata_plan.errors import UserError
 from strata_plan.planner.capacity import Footprint
 from strata_plan.planner.cost import CostModel, Prediction
-from strata_plan.planner.placement import Knobs, Placement, allocate, footprint, greedy_knobs
+from strata_plan.planner.polish import polish
+from strata_plan.planner.placement import CACHE_BIAS_MAX, Knobs, Placement, allocate, footprint, greedy_knobs
 
 OBJECTIVES = ("decode", "prefill", "mix")
 
@@ -43,6 +44,7 @@ class SearchResult:
     seed: int
     study_name: str
     storage: str                # "" for an in-memory study
+    polished: int = 0           # hill-climbing moves kept after the study (polish.py)
 
     @property
     def gain_over_greedy(self) -> float:
@@ -82,8 +84,10 @@ def _feasible(c: Candidate, budget) -> bool:
 
 def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
            study_db: str | None = None, start: Placement | None = None, start_knobs: Knobs | None = None,
-           cost: CostModel | None = None, on_trial: Callable[[int, float], None] | None = None) -> SearchResult:
-    """Best placement found by `trials` TPE trials (a resumed study runs only the missing ones)."""
+           cost: CostModel | None = None, on_trial: Callable[[int, float], None] | None = None,
+           polish_evals: int = 400) -> SearchResult:
+    """Best placement found by `trials` TPE trials (a resumed study runs only the missing ones), then
+    polished by hill-climbing on per-layer counts with at most `polish_evals` cost-model calls."""
     if objective not in OBJECTIVES:
         raise UserError("--objective", objective, "unknown objective", f"use one of {', '.join(OBJECTIVES)}")
     if trials < 1:
@@ -98,7 +102,7 @@ def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode",
     seen: dict[int, Candidate] = {}
 
     def objective_fn(trial) -> float:
-        kn = Knobs(trial.suggest_float("dense_share", 0.0, 1.0), trial.suggest_float("cache_share", 0.0, 1.0),
+        kn = Knobs(trial.suggest_float("dense_share", 0.0, 1.0), trial.suggest_float("cache_bias", 0.0, CACHE_BIAS_MAX),
                    trial.suggest_float("skew_weight", 0.0, 1.0), trial.suggest_int("prefetch_depth", 0, max_depth))
         c = evaluate(problem, cost, kn, objective, mix_weight)
         over = [o / 1e9 for o in c.footprint.overflow(budget)]
@@ -139,6 +143,13 @@ def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode",
         c = Candidate(None, start, footprint(problem, start), pred, score(pred, objective, mix_weight))
         if best is None or c.score > best.score:
             best = c
+    polished = 0
+    if best is not None and polish_evals > 0:
+        place, _, polished = polish(problem, best.placement, lambda p: score(cost.predict(p), objective, mix_weight),
+                                    polish_evals)
+        if polished:
+            pred = cost.predict(place)
+            best = Candidate(best.knobs, place, footprint(problem, place), pred, score(pred, objective, mix_weight))
     if best is None:
         over = greedy.footprint.overflow(budget)
         tier = ("VRAM", "pinned RAM", "NVMe")[max(range(3), key=lambda i: over[i])]
@@ -146,12 +157,13 @@ def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode",
                         f"no placement of {problem.spec.name} fits ({max(over) / 1e9:.1f} GB over in {tier})",
                         f"raise the {tier} budget, lower --context, or use a smaller model")
     n_done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    return SearchResult(best, greedy, objective, mix_weight, n_done, seed, name, storage or "")
+    return SearchResult(best, greedy, objective, mix_weight, n_done, seed, name, storage or "", polished)
 
 
 def _clip(k: Knobs, max_depth: int) -> Knobs:
-    clamp = lambda v: min(max(float(v), 0.0), 1.0)  # noqa: E731
-    return Knobs(clamp(k.dense_share), clamp(k.cache_share), clamp(k.skew_weight), min(max(k.prefetch_depth, 0), max_depth))
+    clamp = lambda v, hi=1.0: min(max(float(v), 0.0), hi)  # noqa: E731
+    return Knobs(clamp(k.dense_share), clamp(k.cache_bias, CACHE_BIAS_MAX), clamp(k.skew_weight),
+                 min(max(k.prefetch_depth, 0), max_depth))
 
 
 def _storage(study_db: str | None) -> str | None:

@@ -1,0 +1,76 @@
+"""Polish: hill-climbing on per-layer counts from the best plan the knob search found.
+
+The knobs reach a plan's basin; the allocator's water-filling is exact only for the linear part of the
+cost (stalls, link sharing and whether every expert fits off NVMe are not linear). Polish tries small
+moves on one layer at a time, scored by the real cost model, and keeps any that is feasible and better:
+
+    static <-> RAM (one expert), RAM <-> NVMe (one expert), cache slot +/- 1,
+    static -> cache slot (the expert goes to RAM) and back, prefetch depth +/- 1,
+    one more or one fewer dense unit resident,
+    and, for models of at most PAIR_LAYERS MoE layers, a static expert or a cache slot moved between layers.
+
+First improvement wins; it stops at a local optimum or after `max_evals` cost-model calls. Deterministic.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from strata_plan.planner.placement import Placement, dense_choice, footprint
+
+PAIR_LAYERS = 8
+_SINGLE = ((-1, +1, 0), (+1, -1, 0), (0, +1, 0), (0, -1, 0), (0, 0, +1), (0, 0, -1), (-1, +1, +1), (+1, -1, -1))
+
+
+def _valid(p: Placement, E: int) -> bool:
+    return all(s + m <= E and s + c <= E for s, m, c in zip(p.vram, p.ram, p.cache))
+
+
+def _shift(p: Placement, deltas: dict[int, tuple[int, int, int]]) -> Placement | None:
+    v, r, c = list(p.vram), list(p.ram), list(p.cache)
+    for l, (ds, dm, dc) in deltas.items():
+        v[l], r[l], c[l] = v[l] + ds, r[l] + dm, c[l] + dc
+        if min(v[l], r[l], c[l]) < 0:
+            return None
+    return dataclasses.replace(p, vram=tuple(v), ram=tuple(r), cache=tuple(c))
+
+
+def _moves(problem, L: int) -> list[tuple]:
+    """Move descriptors, applied to whatever the current placement is."""
+    out: list[tuple] = [("layer", {l: d}) for l in range(L) for d in _SINGLE]
+    if L <= PAIR_LAYERS:
+        out += [("layer", {a: d, b: (-d[0], -d[1], -d[2])}) for a in range(L) for b in range(L) if a != b
+                for d in ((-1, +1, 0), (0, 0, -1))]
+    out += [("depth", -1), ("depth", +1), ("dense", -1), ("dense", +1)]
+    return out
+
+
+def _apply(problem, p: Placement, move: tuple) -> Placement | None:
+    kind, arg = move
+    if kind == "layer":
+        return _shift(p, arg)
+    if kind == "depth":
+        d = p.prefetch_depth + arg
+        return dataclasses.replace(p, prefetch_depth=d) if 0 <= d <= problem.curves.max_depth else None
+    units = len(problem.dense_units)
+    k = sum(p.dense_resident) + arg
+    return dataclasses.replace(p, dense_resident=dense_choice(problem, k / units)) if 0 <= k <= units else None
+
+
+def polish(problem, start: Placement, score: Callable[[Placement], float], max_evals: int = 400) -> tuple[Placement, float, int]:
+    """(best placement, its score, moves kept) after hill-climbing from `start` (which must fit). Moves are
+    tried in a fixed cycle; it stops after a whole cycle without improvement or `max_evals` scorings."""
+    E, budget = problem.curves.n_experts, problem.budget
+    moves = _moves(problem, start.n_layers)
+    best, best_score = start, score(start)
+    evals = kept = since = i = 0
+    while since < len(moves) and evals < max_evals:
+        cand = _apply(problem, best, moves[i % len(moves)])
+        i, since = i + 1, since + 1
+        if cand is None or not _valid(cand, E) or not footprint(problem, cand).fits(budget):
+            continue
+        evals += 1
+        v = score(cand)
+        if v > best_score * (1 + 1e-9):
+            best, best_score, kept, since = cand, v, kept + 1, 0
+    return best, best_score, kept
