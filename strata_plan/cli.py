@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "strata_plan.planner.cli_plan",    # plan, compare-tables, export
     "strata_plan.profiler.cli",        # profile
     "strata_plan.kernels.cli",         # pack
+    "strata_plan.cli_export",          # export (llama.cpp), what-if
 )
 
 

@@ -1,0 +1,327 @@
+"""Plan export for llama.cpp: the closest `-ot/--override-tensor` arguments, and what they cost.
+
+llama.cpp keeps each MoE layer's routed experts as one merged tensor per projection
+(`blk.N.ffn_{gate,up,down}_exps`) and places whole tensors: `-ot REGEX=BUFFER` sends every tensor whose
+name matches to a buffer type (`CUDA0`, `CPU`). Experts held on the CPU are also computed there; the
+NVMe tier exists only as the memory map of the GGUF file (the page cache keeps what fits in RAM).
+So a plan, which places single experts in VRAM, pinned RAM or NVMe, exports layer by layer:
+
+  * a layer goes to the GPU when most of its experts (more than half) are static in VRAM, else to the CPU;
+  * with every dense weight on the GPU (`-ngl 999`), layers are moved back to the CPU, fewest VRAM experts
+    first, until the export fits the plan's VRAM budget (the footprint the planner counts);
+  * CPU layers' experts are split between RAM and NVMe by popularity, as a page cache would keep them.
+
+That layer-granular placement is predicted again with the cost model and reported beside the plan's own
+prediction. The cost model predicts strata-plan's engine running it (CPU-held experts copied to the GPU
+when used); llama.cpp computes them on the CPU instead, which the model does not capture, so the host-RAM
+bound of that CPU work is reported separately. Byte counts are those of strata-plan's packed formats, not
+of a GGUF quantization.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from strata_plan.errors import UserError
+from strata_plan.planner.capacity import staging_slots
+from strata_plan.planner.placement import Placement, footprint
+
+EXPERT_TENSORS = r"ffn_.*_exps\."
+"""The part of the regex that picks a layer's merged routed-expert tensors (gate, up, down, or gate_up)
+and none of its shared experts (`ffn_*_shexp`) or dense FFN tensors (`ffn_gate.weight`)."""
+GPU_BUFFER = "CUDA0"
+CPU_BUFFER = "CPU"
+FORMATS = ("llama.cpp",)
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """One MoE layer: the plan's expert counts per tier and where llama.cpp puts the merged tensors."""
+
+    layer: int                 # decoder layer index = llama.cpp's blk.N
+    vram: int                  # experts the plan keeps static in VRAM
+    ram: int
+    nvme: int
+    cache_slots: int
+    on_gpu: bool               # the export's choice
+
+    @property
+    def n_experts(self) -> int:
+        return self.vram + self.ram + self.nvme
+
+    @property
+    def majority_gpu(self) -> bool:
+        """More than half of the layer's experts are static in VRAM in the plan."""
+        return 2 * self.vram > self.n_experts
+
+    @property
+    def demoted(self) -> bool:
+        """The majority said GPU, but the VRAM budget did not allow it."""
+        return self.majority_gpu and not self.on_gpu
+
+    @property
+    def moved(self) -> int:
+        """Experts whose tier differs from the plan's: VRAM <-> off-VRAM."""
+        return self.ram + self.nvme if self.on_gpu else self.vram
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Predicted tok/s (cost model), with the physical bound."""
+
+    decode_tok_s: float
+    prefill_tok_s: float
+    decode_binding: str
+    prefill_binding: str
+    bound_decode_tok_s: float
+    bound_prefill_tok_s: float
+
+
+@dataclass(frozen=True)
+class LlamaCppExport:
+    model: str
+    plan: str                          # the plan file exported
+    gpu_buffer: str
+    context: int
+    layers: tuple[LayerChoice, ...]
+    vram_needed: int                   # bytes the layer-granular placement puts in VRAM (planner's footprint)
+    vram_budget: int
+    ram_experts: int                   # bytes of CPU-layer experts the page cache can keep in RAM ...
+    nvme_experts: int                  # ... and the rest, read from the GGUF file on NVMe when used
+    plan_predicted: Throughput         # the plan as planned (per expert, with cache and prefetch)
+    predicted: Throughput              # the layer-granular placement, predicted by the same cost model
+    cpu_bound_decode_tok_s: float | None   # llama.cpp computes CPU experts: host RAM bandwidth bounds decode
+    streamed_dense_bytes: int          # dense weights the plan streams from RAM; -ngl 999 keeps them in VRAM
+    notes: tuple[str, ...]             # what per-expert detail the export loses, and why
+
+    @property
+    def gpu_layers(self) -> tuple[int, ...]:
+        return tuple(c.layer for c in self.layers if c.on_gpu)
+
+    @property
+    def cpu_layers(self) -> tuple[int, ...]:
+        return tuple(c.layer for c in self.layers if not c.on_gpu)
+
+    @property
+    def fits_vram(self) -> bool:
+        return self.vram_needed <= self.vram_budget
+
+    @property
+    def override_args(self) -> tuple[str, ...]:
+        """`-ot REGEX=BUFFER` pairs naming every MoE layer exactly once (GPU layers first)."""
+        out: list[str] = []
+        for layers, buffer in ((self.gpu_layers, self.gpu_buffer), (self.cpu_layers, CPU_BUFFER)):
+            if layers:
+                out += ["-ot", f"{layer_regex(layers)}={buffer}"]
+        return tuple(out)
+
+    def command(self, gguf: str = "MODEL.gguf", binary: str = "llama-server") -> list[str]:
+        return [*self._base(gguf, binary), *self.override_args]
+
+    def _base(self, gguf: str, binary: str) -> list[str]:
+        return [binary, "-m", gguf, "-ngl", "999", "-c", str(self.context)]
+
+    def shell(self, gguf: str = "MODEL.gguf", binary: str = "llama-server") -> str:
+        """The command as a shell script with the export's explanation as comments."""
+        head = shlex.join(self._base(gguf, binary))
+        ot = self.override_args
+        pairs = [f"{ot[i]} {shlex.quote(ot[i + 1])}" for i in range(0, len(ot), 2)]
+        lines = [f"# llama.cpp placement for {self.model}, exported by strata-plan from {self.plan}",
+                 *(f"# {line}" for line in self.summary_lines()), head + "".join(f" \\\n  {p}" for p in pairs)]
+        return "\n".join(lines) + "\n"
+
+    def summary_lines(self) -> list[str]:
+        pp, p = self.plan_predicted, self.predicted
+        lines = [f"MoE layers: {len(self.gpu_layers)} with experts on the GPU ({self.gpu_buffer}), "
+                 f"{len(self.cpu_layers)} on the CPU; every dense weight on the GPU (-ngl 999).",
+                 f"VRAM: {self.vram_needed / 1e9:.2f} GB needed of the plan's {self.vram_budget / 1e9:.2f} GB budget"
+                 + ("" if self.fits_vram else " (DOES NOT FIT: even with every expert on the CPU)") + ".",
+                 f"CPU-layer experts: {self.ram_experts / 1e9:.2f} GB kept in RAM by the page cache, "
+                 f"{self.nvme_experts / 1e9:.2f} GB read from the GGUF on NVMe when used.",
+                 f"Predicted (cost model), the plan as planned: decode {pp.decode_tok_s:.3g} tok/s "
+                 f"({pp.decode_binding}), prefill {pp.prefill_tok_s:.3g} tok/s ({pp.prefill_binding}).",
+                 f"Predicted (cost model), this layer-granular placement{'' if self.fits_vram else ' (over budget)'}: "
+                 f"decode {p.decode_tok_s:.3g} tok/s "
+                 f"({p.decode_binding}), prefill {p.prefill_tok_s:.3g} tok/s ({p.prefill_binding}); physical bound "
+                 f"{p.bound_decode_tok_s:.3g} / {p.bound_prefill_tok_s:.3g} tok/s."]
+        if self.cpu_bound_decode_tok_s is not None:
+            lines.append(f"llama.cpp computes CPU-held experts on the CPU, which the cost model does not model "
+                         f"(it copies them to the GPU): reading them from host RAM alone bounds decode at "
+                         f"{self.cpu_bound_decode_tok_s:.3g} tok/s (bound, not a prediction).")
+        return lines + [f"Lost: {n}" for n in self.notes]
+
+    def as_data(self) -> dict:
+        import dataclasses
+        return {"format": "llama.cpp", "model": self.model, "plan": self.plan, "gpu_buffer": self.gpu_buffer,
+                "override_args": list(self.override_args), "command": self.command(),
+                "gpu_layers": list(self.gpu_layers), "cpu_layers": list(self.cpu_layers),
+                "demoted_layers": [c.layer for c in self.layers if c.demoted],
+                "vram_needed_bytes": self.vram_needed, "vram_budget_bytes": self.vram_budget,
+                "fits_vram": self.fits_vram, "ram_experts_bytes": self.ram_experts,
+                "nvme_experts_bytes": self.nvme_experts, "label": "predicted",
+                "plan_predicted": dataclasses.asdict(self.plan_predicted),
+                "predicted": dataclasses.asdict(self.predicted),
+                "cpu_bound_decode_tok_s": self.cpu_bound_decode_tok_s, "notes": list(self.notes),
+                "layers": [dataclasses.asdict(c) for c in self.layers]}
+
+
+def layer_regex(layers) -> str:
+    """`blk\\.(3|4|17)\\.ffn_.*_exps\\.`: matches the merged expert tensors of exactly these layers."""
+    return rf"blk\.({'|'.join(str(i) for i in sorted(layers))})\.{EXPERT_TENSORS}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The problem a saved plan was made for
+# ------------------------------------------------------------------------------------------------
+def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | None = None):
+    """Rebuild the planning problem of a saved plan from its sources (model, profile, statistics) and budgets,
+    refusing inputs whose sha256 differs from the ones the plan records. `profile`/`stats` override the
+    recorded names (a measured profile is recorded by name only: pass its YAML path)."""
+    from strata_plan.planner.capacity import Budget
+    from strata_plan.planner.make import make_problem
+    from strata_plan.planner.plan import check_plan_model, sha256_of
+    from strata_plan.schema import to_data
+    src = plan.sources
+    model = src.model.path if src.model.path and Path(src.model.path).is_file() else src.model.name
+    preset = src.gpu_preset or None
+    prof_name = src.profile.name
+    if preset and prof_name.endswith(f"+{preset}"):
+        prof_name = prof_name[: -len(preset) - 1]
+    st = src.statistics
+    stats_arg = stats or (st.path if st.kind != "prior" else None) or None
+    prior = st.name.removeprefix("prior ") if st.kind == "prior" and not stats else None
+    try:
+        problem = make_problem(profile or prof_name, model, stats_arg, prior, preset, plan.context, plan.prefill_chunk)
+    except UserError as e:
+        if profile is None and e.field == prof_name:
+            raise UserError(where, "sources.profile", f"profile {prof_name!r} is not a shipped profile",
+                            "pass --profile PATH, the profile YAML the plan was made with") from None
+        raise
+    if problem.spec.config_sha256 != src.model.sha256:
+        raise UserError(where, "sources.model", f"{model} is not the model config the plan was made for",
+                        "plan again, or restore the model's config.json")
+    if sha256_of(to_data(problem.profile)) != src.profile.sha256:
+        raise UserError(where, "sources.profile", f"profile {profile or prof_name} differs from the one the plan "
+                        "was made for", "pass --profile PATH, the profile YAML the plan was made with")
+    if sha256_of(to_data(problem.stats)) != st.sha256:
+        raise UserError(where, "sources.statistics", f"routing statistics {stats or st.name} differ from the ones "
+                        "the plan was made for", "pass --stats PATH, the statistics the plan was made with")
+    check_plan_model(plan, problem.spec, where)
+    b = plan.memory.budgets
+    return problem.replace(budget=Budget(b.vram_bytes, b.ram_bytes, b.nvme_bytes, b.vram_reserve_bytes))
+
+
+# ------------------------------------------------------------------------------------------------
+# Layer-granular placement
+# ------------------------------------------------------------------------------------------------
+def _page_cache(problem, on_gpu: np.ndarray, ram_bytes: float) -> np.ndarray:
+    """[L] experts of each CPU layer the page cache keeps in RAM: the most used first across CPU layers (ranks
+    of a layer stay a prefix), as long as their bytes fit in `ram_bytes`."""
+    pop, rb = problem.curves.pop, problem.rank_bytes
+    L, E = pop.shape
+    layer, rank = np.nonzero(~on_gpu[:, None] & np.ones((L, E), dtype=bool))
+    order = np.lexsort((rank, layer, -pop[layer, rank]))
+    n = int(np.searchsorted(np.cumsum(rb[rank[order]]), max(ram_bytes, 0.0), side="right"))
+    return np.bincount(layer[order[:n]], minlength=L)
+
+
+def layer_placement(problem, on_gpu) -> Placement:
+    """Whole layers of experts on the GPU or the CPU, every dense unit resident, no cache, no prefetch;
+    CPU layers' experts split between RAM and NVMe by `_page_cache` within the RAM budget."""
+    spec, budget = problem.spec, problem.budget
+    gpu = np.asarray(on_gpu, dtype=bool)
+    L, E = problem.curves.pop.shape
+    room = budget.ram - spec.embedding_bytes
+    ram = _page_cache(problem, gpu, room)
+    if int(ram.sum()) < int((~gpu).sum()) * E:          # experts left on NVMe: bounce buffers take RAM too
+        ram = _page_cache(problem, gpu, room - staging_slots(spec, 0) * problem.slot_bytes)
+    vram = np.where(gpu, E, 0)
+    return Placement(tuple(int(v) for v in vram), tuple(int(r) for r in ram), (0,) * L,
+                     (True,) * (spec.n_layers + 1), 0)
+
+
+def choose_layers(plan, problem) -> tuple[tuple[bool, ...], object]:
+    """Per-layer majority, then demote GPU layers (fewest VRAM experts first, later layers first on ties)
+    until the placement fits the VRAM budget; returns (on_gpu, placement)."""
+    gpu = [2 * len(l.vram) > l.n_experts for l in plan.layers]
+    order = sorted((i for i, g in enumerate(gpu) if g), key=lambda i: (len(plan.layers[i].vram), -i))
+    p = layer_placement(problem, gpu)
+    for i in order:
+        if footprint(problem, p).vram <= problem.budget.vram:
+            break
+        gpu[i] = False
+        p = layer_placement(problem, gpu)
+    return tuple(gpu), p
+
+
+def _throughput(pred, bound) -> Throughput:
+    return Throughput(pred.decode_tok_s, pred.prefill_tok_s, pred.decode_binding, pred.prefill_binding,
+                      bound.decode_tok_s, bound.prefill_tok_s)
+
+
+def cpu_expert_bound(problem, on_gpu) -> float | None:
+    """Decode tok/s bound when llama.cpp computes CPU layers' experts on the CPU: their routed bytes per token
+    (top-k x popularity-weighted expert bytes) read at the profile's host RAM bandwidth."""
+    gpu = np.asarray(on_gpu, dtype=bool)
+    if gpu.all():
+        return None
+    pop, rb = problem.curves.pop, problem.rank_bytes
+    per_token = problem.spec.top_k * float((pop[~gpu] * rb).sum())
+    return problem.profile.host.ram_gbps.value * 1e9 / per_token
+
+
+def _notes(plan, layers: tuple[LayerChoice, ...], problem, streamed: int, fits: bool) -> tuple[str, ...]:
+    E = plan.n_experts
+    moved = sum(c.moved for c in layers)
+    out = [f"{moved} of {E * len(layers)} experts change tier: llama.cpp places a layer's {E} experts as one "
+           f"merged tensor per projection, so a layer's experts all go to the GPU or all to the CPU."]
+    demoted = [c.layer for c in layers if c.demoted]
+    if demoted:
+        out.append(f"layers {', '.join(map(str, demoted))} have most experts in VRAM in the plan but go to the CPU "
+                   f"here: whole layers on the GPU (with every dense weight, -ngl 999) would exceed the "
+                   f"{problem.budget.vram / 1e9:.2f} GB VRAM budget.")
+    slots = sum(c.cache_slots for c in layers)
+    if slots:
+        out.append(f"the plan's LRU expert cache ({slots} slots in all): llama.cpp has no dynamic expert cache.")
+    if plan.prefetch_depth:
+        out.append(f"router lookahead prefetch (depth {plan.prefetch_depth}): llama.cpp does not prefetch experts.")
+    if any(c.nvme for c in layers) or any(c.ram for c in layers):
+        out.append("the pinned-RAM / NVMe split: CPU layers' experts are memory-mapped from the GGUF file and the "
+                   "page cache decides what stays in RAM (keep mmap on: no --no-mmap or --mlock).")
+    if len(plan.layers[0].formats or {}) > 1:
+        out.append(f"per-expert formats ({', '.join(plan.layers[0].formats)}): one merged tensor has one "
+                   f"quantization type in a GGUF, and its bytes differ from strata-plan's packed formats.")
+    if streamed:
+        out.append(f"the plan streams {streamed / 1e9:.2f} GB of dense weights from RAM; -ngl 999 keeps them all in "
+                   f"VRAM (llama.cpp does not stream weights), which the VRAM figure above includes.")
+    if not fits:
+        out.append("the dense weights, KV cache and buffers alone exceed the VRAM budget: lower -ngl or -c "
+                   "(llama.cpp then runs whole layers on the CPU, which this export does not model).")
+    return tuple(out)
+
+
+def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: str = GPU_BUFFER) -> LlamaCppExport:
+    """The layer-granular llama.cpp placement closest to `plan` (see the module docstring)."""
+    from strata_plan.planner.bound import physical_bound
+    from strata_plan.planner.cost import CostModel
+    if not gpu_buffer or "=" in gpu_buffer or " " in gpu_buffer:
+        raise UserError("--gpu-buffer", gpu_buffer, "is not a llama.cpp buffer type name",
+                        "pass e.g. CUDA0, Vulkan0 or Metal")
+    on_gpu, p = choose_layers(plan, problem)
+    fp = footprint(problem, p)
+    cost = CostModel(problem)
+    predicted = _throughput(cost.predict(p), physical_bound(problem, p))
+    pr = plan.predicted
+    planned = Throughput(pr.decode_tok_s, pr.prefill_tok_s, pr.decode_binding, pr.prefill_binding,
+                         pr.bound_decode_tok_s, pr.bound_prefill_tok_s)
+    layers = tuple(LayerChoice(l.layer, len(l.vram), len(l.ram), len(l.nvme), l.cache_slots, g)
+                   for l, g in zip(plan.layers, on_gpu))
+    streamed = sum(problem.dense_units[i] for i in plan.dense.streamed_layers) + (
+        problem.dense_units[-1] if plan.dense.lm_head == "ram" else 0)
+    fits = fp.vram <= problem.budget.vram
+    return LlamaCppExport(plan.model, plan_path, gpu_buffer, plan.context, layers, fp.vram, problem.budget.vram,
+                          fp.ram_experts, fp.nvme_experts, planned, predicted, cpu_expert_bound(problem, on_gpu),
+                          streamed, _notes(plan, layers, problem, streamed, fits))
