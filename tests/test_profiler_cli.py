@@ -106,3 +106,13 @@ def test_help_lists_the_flags(cli):
     assert r.returncode == 0
     for flag in ("--quick", "--nvme-dir", "--max-gib", "--pin-cap-gib", "--out", "--json"):
         assert flag in r.stdout
+
+
+def test_progress_reports_phases_in_order_up_to_done(tmp_path, tiny_host_only):
+    seen = []
+    run.profile_machine(run.Options(quick=True, nvme_dir=tmp_path), show_progress=False,
+                        on_progress=lambda phase, frac: seen.append((phase, frac)))
+    fractions = [f for _, f in seen]
+    assert fractions == sorted(fractions) and 0 <= fractions[0] and seen[-1] == ("done", 1.0)
+    phases = list(dict.fromkeys(p for p, _ in seen))
+    assert phases == ["host RAM copy", *nvme.PHASES, "done"]
