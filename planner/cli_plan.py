@@ -61,33 +61,34 @@ def cmd_plan(args) -> int:
     from strata_plan.planner.make import make_plan
     from strata_plan.planner.plan import save_plan
     _check_args(args)
-    plan = _run_with_progress(args, make_plan)
+    kw = dict(stats=args.stats, prior=args.prior, gpu_preset=args.gpu_preset, context=args.context, chunk=args.chunk,
+              trials=args.trials, objective=args.objective, mix_weight=0.5 if args.mix_weight is None else args.mix_weight,
+              vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb, study_db=args.study_db, seed=args.seed)
+    plan = _with_progress(args.trials, lambda on_trial: make_plan(args.profile, args.model, on_trial=on_trial, **kw))
     path = save_plan(plan, args.out)
-    summary = plan_summary(plan, str(path))
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(plan_summary(plan, str(path)), indent=2))
     else:
         _print_plan(plan, str(path))
     return 0
 
 
-def _run_with_progress(args, make_plan):
-    kw = dict(stats=args.stats, prior=args.prior, gpu_preset=args.gpu_preset, context=args.context, chunk=args.chunk,
-              trials=args.trials, objective=args.objective, mix_weight=0.5 if args.mix_weight is None else args.mix_weight,
-              vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb, study_db=args.study_db, seed=args.seed)
-    if args.json:
-        return make_plan(args.profile, args.model, **kw)
+def _with_progress(trials: int, run):
+    """Run `run(on_trial)` with a progress bar on stderr when it is a terminal."""
+    import sys
+    if not sys.stderr.isatty():
+        return run(None)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     best = [0.0]
     with Progress(TextColumn("searching placements"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[best]}"), console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("search", total=args.trials, best="")
+        task = progress.add_task("search", total=trials, best="")
 
         def on_trial(number: int, value: float) -> None:
             best[0] = max(best[0], value)
             progress.update(task, advance=1, best=f"best {best[0]:.3g}")
-        return make_plan(args.profile, args.model, on_trial=on_trial, **kw)
+        return run(on_trial)
 
 
 def plan_summary(plan, path: str = "") -> dict:

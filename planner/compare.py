@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from strata_plan.planner.bound import BoundViolation, check_within, link_peaks, physical_bound
 from strata_plan.planner.cost import CostModel
+from strata_plan.planner.placement import Placement, footprint
 from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, Problem
 
 SEED_MODEL = "kimi-k3.1-pro"
@@ -126,10 +127,19 @@ def _case(routing: str, problem: Problem, result, where: str, failures: list[str
                 b.prefill_tok_s, b.decode_binding, b.prefill_binding, p.hit_rate, 1.0 - p.nvme_share)
 
 
-def needed_hit_rates(problem: Problem, claim: Claim, streamed_dense: float) -> Needs:
-    """See `Needs`. Uses the claim's low end (the most lenient) and mean expert bytes of the tier mix."""
+def forced_dense_stream(problem: Problem) -> float:
+    """Dense bytes per token that must stream because they cannot all fit in VRAM beside the working set."""
+    L = problem.curves.n_layers
+    resident = Placement((0,) * L, (0,) * L, (0,) * L, (True,) * len(problem.dense_units), 0)
+    return float(max(0, footprint(problem, resident).vram - problem.budget.vram))
+
+
+def needed_hit_rates(problem: Problem, claim: Claim) -> Needs:
+    """See `Needs`. Uses the claim's low end (the most lenient), the mean expert bytes of the tier mix, and
+    only the dense bytes the card cannot hold (`forced_dense_stream`)."""
     spec, mix, C = problem.spec, problem.mix, problem.prefill_chunk
     peaks = link_peaks(problem.profile)
+    streamed = forced_dense_stream(problem)
     counts = mix.counts(spec.n_routed)
     per_layer = sum(c * spec.routed_expert_bytes(f) for f, c in zip(mix.formats, counts))   # all experts, bytes
     routed_token = spec.n_moe_layers * spec.top_k * per_layer / spec.n_routed
@@ -140,8 +150,8 @@ def needed_hit_rates(problem: Problem, claim: Claim, streamed_dense: float) -> N
             return None
         return max(0.0, 1.0 - allowed / total)
     d, pf = claim.decode[0], claim.prefill[0]
-    return Needs(need(peaks["pcie"] / d - streamed_dense, routed_token), need(peaks["nvme"] / d, routed_token),
-                 need(peaks["pcie"] * C / pf - streamed_dense, touched_chunk), need(peaks["nvme"] * C / pf, touched_chunk))
+    return Needs(need(peaks["pcie"] / d - streamed, routed_token), need(peaks["nvme"] / d, routed_token),
+                 need(peaks["pcie"] * C / pf - streamed, touched_chunk), need(peaks["nvme"] * C / pf, touched_chunk))
 
 
 def check_bandwidth_monotone(problem: Problem, placement, where: str, out: list[str]) -> None:
@@ -185,9 +195,8 @@ def compare_tables(profiles=None, model: str = SEED_MODEL, trials: int = 60, see
         if more_case.decode_tok_s < cases[SKEWED_PRIOR].decode_tok_s * (1 - 1e-12):
             failures.append(f"{name}: {RAM_FACTOR:g}x RAM search predicts decode {more_case.decode_tok_s:.4g} < "
                             f"{cases[SKEWED_PRIOR].decode_tok_s:.4g} with less RAM")
-        streamed = result.best.footprint.dense_streamed
         claim = SEED_CLAIMS.get(name, Claim("(not in the seed's table)", (0.0, 0.0), (0.0, 0.0)))
-        needs = needed_hit_rates(problem, claim, streamed) if claim.decode[0] > 0 else Needs(None, None, None, None)
+        needs = needed_hit_rates(problem, claim) if claim.decode[0] > 0 else Needs(None, None, None, None)
         rows.append(Row(name, prof.gpu.name, prof.gpu.vram_gb.value, budget.ram / 1e9, claim, cases["uniform"],
                         cases[SKEWED_PRIOR], more_case, needs))
     return Comparison(spec.name, SKEWED_PRIOR, trials, seed, context, chunk, tuple(rows), tuple(failures))
@@ -236,7 +245,7 @@ def to_markdown(c: Comparison) -> str:
                    f"| {_pct(n.prefill_vram_hit)} / {_pct(n.prefill_off_nvme)} |")
     out += ["", "How to read the needed hit rates: *VRAM hit* is the share of routed-expert bytes that must already "
             "be in VRAM if every miss came from pinned RAM at the profile's best H2D rate, after the dense weights "
-            "the plan must stream (`unreachable`: the streamed dense weights alone exceed the time budget); "
+            "that cannot fit in VRAM stream (`unreachable`: those dense weights alone exceed the time budget); "
             "*off NVMe* is the share that must not be read from NVMe at the drive's best rate. Both use the claim's "
             "low end and the seed's 1.92-bpw tier mix, and both are necessary, not sufficient.", "",
             "Checks: " + ("all predictions within their bounds; fixed plans never slower with a faster link; "

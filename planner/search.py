@@ -152,10 +152,12 @@ def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode",
             best = Candidate(best.knobs, place, footprint(problem, place), pred, score(pred, objective, mix_weight))
     if best is None:
         over = greedy.footprint.overflow(budget)
-        tier = ("VRAM", "pinned RAM", "NVMe")[max(range(3), key=lambda i: over[i])]
-        raise UserError(f"--{tier.split()[-1].lower()}-gb", f"{tier} budget",
-                        f"no placement of {problem.spec.name} fits ({max(over) / 1e9:.1f} GB over in {tier})",
-                        f"raise the {tier} budget, lower --context, or use a smaller model")
+        i = max(range(3), key=lambda t: over[t])
+        flag, tier, have = (("--vram-gb", "VRAM", budget.vram), ("--ram-gb", "pinned RAM", budget.ram),
+                            ("--nvme-gb", "NVMe", budget.nvme))[i]
+        raise UserError(flag, f"{have / 1e9:.2f} GB", f"no placement of {problem.spec.name} fits "
+                        f"({over[i] / 1e9:.1f} GB more needed in {tier})",
+                        f"raise {flag}, lower --context, or use a smaller model")
     n_done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     return SearchResult(best, greedy, objective, mix_weight, n_done, seed, name, storage or "", polished)
 
@@ -163,7 +165,7 @@ def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode",
 def _clip(k: Knobs, max_depth: int) -> Knobs:
     clamp = lambda v, hi=1.0: min(max(float(v), 0.0), hi)  # noqa: E731
     return Knobs(clamp(k.dense_share), clamp(k.cache_bias, CACHE_BIAS_MAX), clamp(k.skew_weight),
-                 min(max(k.prefetch_depth, 0), max_depth))
+                 min(max(int(k.prefetch_depth), 0), max_depth))
 
 
 def _storage(study_db: str | None) -> str | None:

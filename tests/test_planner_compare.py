@@ -1,0 +1,70 @@
+"""compare-tables: the seed's table beside our predictions. Fails when a prediction exceeds its bound or
+breaks monotonicity (a faster link for a fixed plan; a larger budget for a search started from the smaller
+budget's plan), and the checks themselves are shown to catch both."""
+from __future__ import annotations
+
+import pytest
+
+from strata_plan.planner import compare
+from strata_plan.planner.compare import SEED_CLAIMS, compare_tables, to_markdown
+
+TRIALS, TOKENS = 6, 512        # small and fixed: this test is part of the README's test command
+
+
+@pytest.fixture(scope="module")
+def table():
+    return compare_tables(trials=TRIALS, tokens=TOKENS)
+
+
+def test_every_prediction_within_bound_and_monotone(table):
+    assert table.failures == ()
+    assert [r.profile for r in table.rows] == ["rtx-4090", "rtx-5090", "a100-80g", "h100-80g", "rtx-pro-6000"]
+    for r in table.rows:
+        for case in (r.uniform, r.skewed, r.more_ram):
+            assert 0 < case.decode_tok_s <= case.bound_decode_tok_s
+            assert 0 < case.prefill_tok_s <= case.bound_prefill_tok_s
+        assert r.more_ram.decode_tok_s >= r.skewed.decode_tok_s
+        assert r.claim == SEED_CLAIMS[r.profile]
+
+
+def test_needed_hit_rates_follow_the_physics(table):
+    rows = {r.profile: r for r in table.rows}
+    # a 24 GB card must stream ~20 GB of dense weights per token over ~24 GB/s: 4 tok/s is out of reach
+    assert rows["rtx-4090"].needs.decode_vram_hit is None
+    # the seed's tested row claims 10.8 tok/s; its NVMe (2.6 GB/s) allows ~0.24 GB per token of ~13.6 GB
+    assert rows["rtx-pro-6000"].needs.decode_off_nvme > 0.95
+    for r in table.rows:
+        n = r.needs
+        assert all(v is None or 0.0 <= v <= 1.0 for v in (n.decode_vram_hit, n.decode_off_nvme,
+                                                           n.prefill_vram_hit, n.prefill_off_nvme))
+
+
+def test_markdown_table(table):
+    md = to_markdown(table)
+    assert md.count("\n| rtx-4090 |") == 2 and "| 10.8 |" in md and "| 36.8 |" in md and "| 4-5.5 |" in md
+    assert "olmoe-like" in md and "predictions, not measurements" in md and "FAILED" not in md
+
+
+def test_checks_catch_a_bound_violation_and_a_slower_fast_link(monkeypatch):
+    real_bound, real_scale = compare.physical_bound, compare.scale_links
+
+    def tight_bound(problem, placement):         # a bound 10x too low: every prediction "exceeds" it
+        import dataclasses
+        b = real_bound(problem, placement)
+        return dataclasses.replace(b, decode_tok_s=b.decode_tok_s / 10)
+
+    monkeypatch.setattr(compare, "physical_bound", tight_bound)
+    monkeypatch.setattr(compare, "scale_links", lambda profile, **kw: real_scale(profile, **{k: 1 / v for k, v in kw.items()}))
+    bad = compare_tables(profiles=["a100-80g"], trials=2, tokens=256)
+    assert any("exceeds the physical bound" in f for f in bad.failures)
+    assert any("predicts decode_tok_s" in f for f in bad.failures)
+    assert "FAILED" in to_markdown(bad)
+
+
+def test_cli_writes_the_table(cli, tmp_path):
+    out = tmp_path / "table.md"
+    r = cli("compare-tables", "--profiles", "rtx-5090", "--trials", "2", "--tokens", "256", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "| rtx-5090 |" in out.read_text() and "wrote" in r.stdout
+    bad = cli("compare-tables", "--profiles", "rtx-9999", "--trials", "2")
+    assert bad.returncode == 2 and "unknown profile name" in bad.stderr

@@ -1,0 +1,171 @@
+"""The plan file and `strata-plan plan`: complete, strict, reproducible; bad input is one line, exit 2, and
+no output file."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from strata_plan.errors import UserError
+from strata_plan.planner.make import make_plan
+from strata_plan.planner.plan import load_plan, save_plan
+from strata_plan.planner.spec import load_spec
+from strata_plan.planner.testing import skewed_trace, tiny_spec
+from strata_plan.profiles.schema import load_profile
+from strata_plan.schema import to_data
+
+TINY = dict(vram_gb=1.5, ram_gb=1.0, context=512, chunk=256)
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    """A tiny model's config.json, a routing trace of it, and a trace of another geometry."""
+    from strata_plan.planner.routing import save_trace
+    d = tmp_path_factory.mktemp("tiny")
+    spec = tiny_spec(n_layers=3, n_experts=8, top_k=2)
+    cfg = {"model_type": "mixtral", "hidden_size": spec.hidden, "intermediate_size": spec.moe_intermediate,
+           "num_hidden_layers": 3, "num_attention_heads": 16, "num_key_value_heads": 4, "num_local_experts": 8,
+           "num_experts_per_tok": 2, "vocab_size": spec.vocab}
+    (d / "config.json").write_text(json.dumps(cfg))
+    save_trace(skewed_trace((1.4, 0.4, 0.0), 8, 2, tokens=400, locality=0.3, model="tiny"), d / "trace.npz")
+    save_trace(skewed_trace((1.0, 0.0), 8, 2, tokens=100, model="other"), d / "two_layers.npz")
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tiny_files):
+    return make_plan("rtx-4090", str(tiny_files / "config.json"), stats=str(tiny_files / "trace.npz"), trials=20,
+                     seed=1, **TINY)
+
+
+def test_plan_is_complete(tiny_plan, tiny_files):
+    p = tiny_plan
+    spec = load_spec(str(tiny_files / "config.json"))
+    assert p.model == spec.name and p.n_experts == 8 and p.top_k == 2 and p.prefill_chunk == 256
+    assert [l.layer for l in p.layers] == list(spec.moe_layers)
+    for layer in p.layers:
+        assert sorted(layer.vram + layer.ram + layer.nvme) == list(range(8))
+        assert sum(len(v) for v in layer.formats.values()) == 8
+    pr = p.predicted
+    assert pr.label == "predicted" and 0 < pr.decode_tok_s <= pr.bound_decode_tok_s
+    assert 0 < pr.prefill_tok_s <= pr.bound_prefill_tok_s
+    assert set(pr.bytes_per_token) >= {"vram", "ram", "nvme"}
+    assert p.memory.vram_total <= p.memory.budgets.vram_bytes and p.memory.ram_total <= p.memory.budgets.ram_bytes
+    assert p.sources.model.sha256 == spec.config_sha256 and len(p.sources.profile.sha256) == 64
+    assert p.sources.statistics.kind == "trace" and p.sources.statistics_source_sha256
+    assert p.staging.vram_slots == (p.prefetch_depth + 1) * 2 and set(p.staging.nvme_reads) <= set(p.layers[0].formats)
+    assert p.search.trials == 20 and p.search.seed == 1 and p.search.objective == "decode"
+
+
+def test_the_hottest_experts_get_the_best_format(tiny_plan):
+    for layer in tiny_plan.layers:
+        ranked = layer.vram + layer.ram + layer.nvme          # listed most used first
+        assert layer.format_of(ranked[0]) == "q2_g16_s8m4" and layer.format_of(ranked[-1]) == "q1_g32_s8m4"
+
+
+def test_round_trip_and_same_seed_same_plan(tiny_plan, tiny_files, tmp_path):
+    path = save_plan(tiny_plan, tmp_path / "plan.yaml")
+    again = load_plan(path, load_spec(str(tiny_files / "config.json")))
+    assert again == tiny_plan
+    twin = make_plan("rtx-4090", str(tiny_files / "config.json"), stats=str(tiny_files / "trace.npz"), trials=20,
+                     seed=1, **TINY)
+    assert twin.layers == tiny_plan.layers and twin.predicted == tiny_plan.predicted
+
+
+def _mutated(tmp_path, plan, edit):
+    data = to_data(plan)
+    edit(data)
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.update(extra=1), "extra"),
+    (lambda d: d.update(version=2), "(top level)"),
+    (lambda d: d["layers"][0].update(vram=d["layers"][0]["vram"] + d["layers"][0]["vram"][:1]), "layers[0]"),
+    (lambda d: d["layers"][1].update(vram=[], ram=[], nvme=list(range(7))), "layers[1]"),
+    (lambda d: d["layers"][0]["formats"].update(q9_magic=[0]), "layers[0]"),
+    (lambda d: d["predicted"].update(decode_tok_s=d["predicted"]["bound_decode_tok_s"] * 2), "predicted"),
+    (lambda d: d["predicted"].update(decode_binding="vibes"), "predicted.decode_binding"),
+    (lambda d: d.update(prefetch_depth=9), "prefetch_depth"),
+    (lambda d: d["cache"].update(total_slots=d["cache"]["total_slots"] + 1), "(top level)"),
+    (lambda d: d.pop("dense"), "(top level)"),
+])
+def test_plan_loading_is_strict(tiny_plan, tmp_path, edit, field):
+    with pytest.raises(UserError) as e:
+        load_plan(_mutated(tmp_path, tiny_plan, edit))
+    assert e.value.field == field
+    assert "\n" not in e.value.line()
+
+
+def test_plan_for_another_model_is_refused(tiny_plan, tmp_path):
+    path = save_plan(tiny_plan, tmp_path / "plan.yaml")
+    with pytest.raises(UserError, match="kimi-k3.1-pro"):
+        load_plan(path, load_spec("kimi-k3.1-pro"))
+
+
+def test_kimi_plan_on_a_24_gb_card_streams_dense_weights(cli, tmp_path):
+    """The seed model on the smallest seed row: planned and bounded, not refused; rich output by default."""
+    out = tmp_path / "kimi.yaml"
+    r = cli("plan", "--profile", "rtx-4090", "--model", "kimi-k3.1-pro", "--prior", "olmoe-like", "--trials", "6",
+            "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "predicted tok/s" in r.stdout and "physical bound" in r.stdout and "wrote" in r.stdout
+    plan = load_plan(out, load_spec("kimi-k3.1-pro"))
+    assert len(plan.layers) == 92 and plan.dense.streamed_layers
+    assert plan.predicted.bytes_per_token["ram"] > 10e9          # streamed dense weights dominate
+    assert plan.predicted.decode_tok_s <= plan.predicted.bound_decode_tok_s
+
+
+def test_json_output_and_gpu_preset(cli, tiny_files, tmp_path):
+    host = to_data(load_profile("rtx-4090"))
+    host.update(gpus=[], name="laptop")
+    (tmp_path / "host.yaml").write_text(yaml.safe_dump(host))
+    out = tmp_path / "plan.yaml"
+    r = cli("plan", "--profile", str(tmp_path / "host.yaml"), "--gpu-preset", "a100-80g", "--model",
+            str(tiny_files / "config.json"), "--stats", str(tiny_files / "trace.npz"), "--trials", "5", "--vram-gb", "1.5",
+            "--ram-gb", "1", "--context", "512", "--chunk", "256", "--objective", "mix", "--mix-weight", "0.7",
+            "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["label"] == "predicted" and summary["decode_tok_s"] <= summary["bound_decode_tok_s"]
+    plan = load_plan(out)
+    assert plan.sources.gpu_preset == "a100-80g" and plan.sources.profile.name == "laptop+a100-80g"
+    assert plan.search.objective == "mix" and plan.search.mix_weight == 0.7
+
+
+def _bad(cli, tmp_path, *args):
+    out = tmp_path / "never.yaml"
+    r = cli("plan", *args, "--out", str(out))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and r.stderr.startswith("strata-plan: error:")
+    assert not out.exists() and not list(tmp_path.glob(".never.yaml*"))
+    return r.stderr
+
+
+def test_bad_input_is_one_line_exit_2_and_no_file(cli, tiny_files, tmp_path):
+    model, trace = str(tiny_files / "config.json"), str(tiny_files / "trace.npz")
+    small = ["--vram-gb", "1.5", "--ram-gb", "1", "--context", "512", "--chunk", "256", "--trials", "2"]
+    assert "unknown model name" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", "kimi-k9")
+    assert "unknown profile name" in _bad(cli, tmp_path, "--profile", "rtx-9090", "--model", model, *small)
+    assert "working set" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", "kimi-k3.1-pro", "--vram-gb", "1.2")
+    assert "MoE layers" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", model,
+                                "--stats", str(tiny_files / "two_layers.npz"), *small)
+    assert "both given" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", model, "--stats", trace,
+                                "--prior", "uniform", *small)
+    assert "--objective mix" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", model, "--mix-weight", "0.3")
+    assert "unknown prior" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", model, "--prior", "zipfy", *small)
+    assert "--trials" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", model, "--trials", "0")
+    assert "--context" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", model, "--context", "0")
+    host = to_data(load_profile("rtx-4090"))
+    host.update(gpus=[])
+    (tmp_path / "host.yaml").write_text(yaml.safe_dump(host))
+    assert "--gpu-preset" in _bad(cli, tmp_path, "--profile", str(tmp_path / "host.yaml"), "--model", model, *small)
+    assert "unknown profile" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--gpu-preset", "tpu-v9", "--model", model)
+    assert "file not found" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", model, "--stats",
+                                    str(tmp_path / "missing.yaml"), *small)
+    assert "--ram-gb" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", "kimi-k3.1-pro", "--ram-gb", "1")
+    assert "NVMe" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", "kimi-k3.1-pro", "--nvme-gb", "10",
+                          "--trials", "2")
