@@ -157,4 +157,8 @@ def cmd_compare_tables(args) -> int:
         Console().print(Markdown(md))
         if args.out:
             Console().print(f"wrote {args.out}")
+    if result.failures:           # a cost-model bug, not the user's mistake: exit 1 with every failed check
+        import sys
+        print("\n".join(f"strata-plan: check failed: {f}" for f in result.failures), file=sys.stderr)
+        return 1
     return 0

@@ -3,12 +3,15 @@
 Decode (batch 1) walks the decoder layers in order, keeping a GPU clock t. For MoE layer j with s static
 experts, m in RAM, c cache slots, k routed per token, rank popularity p_r and expert bytes b_r:
 
-    h  = cache_hit(j, s, c)                           hit rate of static set + LRU cache (routing stats)
-    q  = (h - S(s)) / (1 - S(s))                      cache hits among non-static accesses, S = static_hit
-    warm bytes = k (1-q) sum_{s<=r<s+m} p_r b_r        from pinned RAM over PCIe
-    cold bytes = k (1-q) sum_{r>=s+m}   p_r b_r        NVMe read, then PCIe
-    link time of a byte: b_r / H2D(b_r) (the pinned curve at that transfer size; while kernels run the
-    h2d_during_kernel curve, else H2D x copy_overlap), b_r / NVMe(b_r, queue depth)
+    h  = cache_hit(j, s, c)                      hit rate of static set + LRU cache (routing statistics)
+    s' = S^-1(h) >= s                            the cache serves what the s' most used experts would
+                                                 (S = static_hit, linear within a rank): LRU keeps hot
+                                                 experts best, so misses fall on the least used
+    warm bytes = k sum_{s' <= r < max(s', s+m)} p_r b_r   from pinned RAM over PCIe
+    cold bytes = k sum_{r >= max(s', s+m)}     p_r b_r   NVMe read, then PCIe
+    link time of an expert: b_r / H2D(b_r) (the pinned curve at that transfer size; while kernels run the
+    h2d_during_kernel curve, else H2D x copy_overlap), b_r / NVMe(b_r / n, n) for the best split n of
+    one expert into sub-reads (one expert in flight; queue depth n)
 
 With lookahead depth d (recall R, precision P from the routing statistics; layers j < d have no source layer
 and get R = 0) a share R of the misses is issued when MoE layer j-d finishes and must be ready before
