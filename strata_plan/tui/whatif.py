@@ -90,7 +90,8 @@ def replan(problem, plan, trials: int) -> object | None:
     from strata_plan.planner.placement import Knobs
     from strata_plan.planner.search import search
     s = plan.search
-    knobs = Knobs(**s.knobs) if s.knobs else None
+    names = {f.name for f in dataclasses.fields(Knobs)}
+    knobs = Knobs(**s.knobs) if s.knobs and set(s.knobs) == names else None   # None: a plan of older knobs
     try:
         result = search(problem, trials=trials, seed=s.seed, objective=s.objective, mix_weight=s.mix_weight,
                         start=plan.placement, start_knobs=knobs)

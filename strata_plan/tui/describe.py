@@ -1,0 +1,70 @@
+"""Short human summaries of a hardware profile, a model and a plan, as (label, value) rows for the wizard.
+No Textual here; every figure comes from the profile, `ModelSpec` or the plan, with its provenance."""
+from __future__ import annotations
+
+MiB = 1 << 20
+TIERS = {"vram": "VRAM", "ram": "RAM", "nvme": "NVMe"}     # keys of Predicted.bytes_per_token
+
+
+def _fig(f, unit: str, fmt: str = "{:g}") -> str:
+    return f"{fmt.format(f.value)} {unit} ({f.provenance})"
+
+
+def profile_rows(profile) -> list[tuple[str, str]]:
+    """GPU, link, RAM and disk figures the planner leans on most."""
+    rows = []
+    g = profile.gpu
+    if g is None:
+        rows.append(("GPU", "none (host-only profile): borrow a shipped GPU below"))
+    else:
+        rows += [("GPU", f"{g.name}, {_fig(g.vram_gb, 'GB')}"),
+                 ("HBM / BF16", f"{_fig(g.hbm_gbps, 'GB/s')}, {_fig(g.bf16_tflops, 'TFLOPS')}"),
+                 ("pinned H2D", f"{g.h2d_pinned.at(16 * MiB):.1f} GB/s at 16 MiB ({g.h2d_pinned.provenance})")]
+    h = profile.host
+    rows += [("RAM", f"{_fig(h.ram_gb, 'GB', '{:.0f}')}, pinnable {h.pinnable_gb.value:.0f} GB, "
+                     f"copy {h.ram_gbps.value:.1f} GB/s")]
+    if profile.nvme:
+        d = profile.nvme[0]
+        gbps, qd = d.rand_read.best(16 * MiB)
+        rows.append(("NVMe", f"{d.name}, {d.capacity_gb.value:.0f} GB; random 16 MiB reads {gbps:.2f} GB/s "
+                             f"at qd{qd} ({d.rand_read.provenance})"))
+    else:
+        rows.append(("NVMe", "none"))
+    return rows
+
+
+def model_rows(spec) -> list[tuple[str, str]]:
+    from strata_plan.kernels.formats import tier_mix
+    mix = tier_mix()
+    return [("layers", f"{spec.n_layers} ({spec.n_moe_layers} MoE)"),
+            ("experts", f"{spec.n_routed} routed, top-{spec.top_k} per token"),
+            ("parameters", f"{spec.total_params / 1e9:.1f} B total, {spec.active_params / 1e9:.1f} B active"),
+            ("packed size", f"{spec.packed_bytes(mix) / 1e9:.1f} GB in the tier mix "
+                            f"({', '.join(mix.formats)}), dense BF16 {spec.dense_bytes / 1e9:.1f} GB")]
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes in decimal units (GB = 1e9 bytes), three significant digits."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_tok(v: float) -> str:
+    """tok/s with three significant digits, without exponents."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def plan_rows(plan) -> list[tuple[str, str]]:
+    """Headline predictions of a plan: tok/s (labelled predicted) with the binding resource and the physical
+    bound, decode bytes per token by tier, and where routed-expert reads are served from."""
+    p = plan.predicted
+    bpt = p.bytes_per_token or {}
+    return [("decode", f"{fmt_tok(p.decode_tok_s)} tok/s predicted · binding: {p.decode_binding} · "
+                       f"bound {fmt_tok(p.bound_decode_tok_s)} ({p.bound_decode_binding})"),
+            ("prefill", f"{fmt_tok(p.prefill_tok_s)} tok/s predicted · binding: {p.prefill_binding} · "
+                        f"bound {fmt_tok(p.bound_prefill_tok_s)} ({p.bound_prefill_binding})"),
+            ("bytes/token", " · ".join(f"{name} {fmt_bytes(bpt.get(k, 0.0))}" for k, name in TIERS.items())
+             + f" · over PCIe {fmt_bytes(bpt.get('pcie', 0.0))}"),
+            ("expert reads", f"VRAM {p.vram_hit_rate:.1%} · RAM {p.ram_share:.1%} · NVMe {p.nvme_share:.1%}")]

@@ -1,0 +1,123 @@
+"""Step 3, Search: trials, seed and objective, then `make_plan` in a worker thread. Optuna's per-trial
+callback feeds the progress bar, the best score so far and its sparkline; the interface never waits."""
+from __future__ import annotations
+
+from textual import work
+from textual.app import ComposeResult
+from textual.widgets import Button, Input, Label, ProgressBar, RadioButton, RadioSet, Sparkline, Static
+from textual.worker import get_current_worker
+
+from strata_plan.errors import UserError
+from strata_plan.tui.base import StepScreen, field_row, rows_text
+from strata_plan.tui.describe import fmt_tok, plan_rows
+from strata_plan.tui.hardware import Cancelled
+from strata_plan.tui.state import DEFAULT_TRIALS, OBJECTIVES, parse_int
+
+LABELS = {"decode": "decode tok/s", "prefill": "prefill tok/s", "mix": "score √(decode × prefill)"}
+
+
+class SearchScreen(StepScreen):
+    STEP = 2
+
+    def body(self) -> ComposeResult:
+        ch = self.session.choices
+        yield field_row("trials", Input(str(ch.trials), id="trials", compact=True, classes="gb"),
+                        Label("seed", classes="label-s"), Input(str(ch.seed), id="seed", compact=True, classes="gb"))
+        buttons = [RadioButton(label, value=value == ch.objective, id=f"obj-{value}", compact=True)
+                   for label, value in OBJECTIVES.items()]
+        yield field_row("objective", RadioSet(*buttons, id="objective", compact=True))
+        yield field_row("", Button("Search", id="start", variant="success", compact=True),
+                        Button("Stop", id="stop", compact=True, disabled=True))
+        yield field_row("progress", ProgressBar(total=ch.trials, show_eta=False, id="search-bar"))
+        yield Label("", id="search-status")
+        yield Static("", id="search-result")
+        yield Label("best score so far (over-budget trials drop out only at the end)", classes="hint")
+        yield Sparkline([], id="best", summary_function=max)
+
+    def on_screen_resume(self) -> None:
+        s = self.session
+        if s.plan is not None and not s.plan_is_current:
+            self.query_one("#search-status", Label).update("the choices changed since the last search: search again")
+
+    # ---- inputs ------------------------------------------------------------------------------------
+    def read_inputs(self):
+        objective = next((b.id.removeprefix("obj-") for b in self.query(RadioButton) if b.value), "decode")
+        return self.session.choices.with_(
+            trials=parse_int(self.query_one("#trials", Input).value, "trials", DEFAULT_TRIALS),
+            seed=parse_int(self.query_one("#seed", Input).value, "seed", 0, lo=0), objective=objective)
+
+    def commit(self) -> None:
+        self.session.choices = self.read_inputs()
+        if self.searching:
+            raise UserError("Search", "search", "still running", "wait for it to finish, or press Stop")
+        if not self.session.plan_is_current:
+            raise UserError("Search", "plan", "no plan for these choices yet", "press Search and wait for it")
+
+    @property
+    def searching(self) -> bool:
+        return any(w.is_running for w in self.workers if w.group == "search")
+
+    # ---- running ---------------------------------------------------------------------------------
+    def pressed(self, button_id: str) -> None:
+        if button_id == "start":
+            try:
+                self.session.choices = self.read_inputs()
+            except UserError as e:
+                self.show_error(e.line())
+                return
+            self.show_error("")
+            self.start(self.session.choices)
+        elif button_id == "stop":
+            self.workers.cancel_group(self, "search")
+            self._stopped("stopped")
+
+    def start(self, choices) -> None:
+        self._best: list[float] = []
+        self._done = 0
+        self.query_one("#search-bar", ProgressBar).update(total=choices.trials, progress=0)
+        self.query_one("#best", Sparkline).data = []
+        self.query_one("#search-result", Static).update("")
+        self.query_one("#search-status", Label).update(f"searching: {choices.model} on {choices.profile}")
+        self.query_one("#start", Button).disabled = True
+        self.query_one("#stop", Button).disabled = False
+        self.run_search(choices)
+
+    @work(thread=True, exclusive=True, group="search")
+    def run_search(self, choices) -> None:
+        from strata_plan.planner.make import make_plan
+        worker = get_current_worker()
+
+        def on_trial(number: int, value: float) -> None:
+            if worker.is_cancelled:
+                raise Cancelled
+            self.app.call_from_thread(self._trial, value, choices)
+        try:
+            plan = make_plan(on_trial=on_trial, **choices.plan_call())
+        except Cancelled:
+            return
+        except UserError as e:
+            self.app.call_from_thread(self._stopped, e.line())
+            return
+        self.app.call_from_thread(self._finished, plan, choices)
+
+    def _trial(self, value: float, choices) -> None:
+        self._done += 1
+        self._best.append(max(value, self._best[-1]) if self._best else value)
+        self.query_one("#search-bar", ProgressBar).update(progress=self._done)
+        self.query_one("#best", Sparkline).data = list(self._best)
+        status = f"trial {self._done}/{choices.trials}: best {LABELS[choices.objective]} {fmt_tok(self._best[-1])}"
+        if self._done >= choices.trials:
+            status += " · polishing the best placement"
+        self.query_one("#search-status", Label).update(status)
+
+    def _stopped(self, message: str) -> None:
+        self.query_one("#start", Button).disabled = False
+        self.query_one("#stop", Button).disabled = True
+        self.query_one("#search-status", Label).update(message)
+
+    def _finished(self, plan, choices) -> None:
+        s = self.session
+        s.plan, s.plan_choices, s.problem, s.whatif = plan, choices, None, None
+        self._stopped(f"done: {plan.search.trials} trials (greedy start {fmt_tok(plan.search.greedy_decode_tok_s)} "
+                      f"tok/s decode); the plan, predicted:")
+        self.query_one("#search-result", Static).update(rows_text(plan_rows(plan)[:2]))
