@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 from strata_plan.planner.bound import BoundViolation, check_within, link_peaks, physical_bound
 from strata_plan.planner.cost import CostModel
@@ -213,36 +214,44 @@ def _tok(v: float, binding: str) -> str:
     return f"{v:.3g} ({binding})"
 
 
-def to_markdown(c: Comparison) -> str:
+def _columns(c: Comparison, phase: str) -> list[tuple[str, Callable[[Row], str]]]:
+    """(header, cell) of each column of the decode or prefill table."""
     sk = c.skewed_prior
+    tok = lambda case, what: _tok(getattr(case, f"{what}_tok_s"), getattr(case, f"{what}_binding"))  # noqa: E731
+    needs = lambda r: (_pct(getattr(r.needs, f"{phase}_vram_hit")) + " / "  # noqa: E731
+                       + _pct(getattr(r.needs, f"{phase}_off_nvme")))
+    cols = [("profile", lambda r: r.profile)]
+    if phase == "decode":
+        cols.append(("GPU", lambda r: f"{r.gpu} ({r.vram_gb:g} GB, {r.ram_gb:g} GB pinned)"))
+    cols += [("seed claim", lambda r: Claim.fmt(getattr(r.claim, phase))),
+             ("predicted, uniform", lambda r: tok(r.uniform, phase)),
+             (f"predicted, {sk}", lambda r: tok(r.skewed, phase)),
+             (f"bound (binding), uniform / {sk}",
+              lambda r: f"{tok(r.uniform, 'bound_' + phase)} / {tok(r.skewed, 'bound_' + phase)}")]
+    if phase == "decode":
+        cols += [("claim needs: VRAM hit / traffic off NVMe", needs),
+                 (f"{sk} plan has: VRAM hit / off NVMe", lambda r: f"{r.skewed.vram_hit:.1%} / {r.skewed.off_nvme:.1%}"),
+                 (f"predicted, {sk}, {RAM_FACTOR:g}x pinned RAM", lambda r: tok(r.more_ram, phase))]
+    else:
+        cols.append(("claim needs: VRAM share of touched experts / off NVMe", needs))
+    return cols
+
+
+def _table(c: Comparison, phase: str) -> list[str]:
+    cols = _columns(c, phase)
+    lines = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    return lines + ["| " + " | ".join(cell(r) for _, cell in cols) + " |" for r in c.rows]
+
+
+def to_markdown(c: Comparison) -> str:
     out = [f"# {c.model}: the seed's throughput table beside strata-plan's predictions", "",
            f"Seed figures are one author's published claims. Predicted figures come from strata-plan's cost model "
            f"for the best plan an Optuna search found ({c.trials} trials, seed {c.seed}) on each shipped profile, "
            f"context {c.context}, prefill chunk {c.chunk}; they are predictions, not measurements. Bounds are "
            f"physical: bytes per token over each link's peak bandwidth, everything overlapped, no overheads. "
-           f"Routing: `uniform` and the skewed prior `{sk}`.", "",
-           "## Decode (batch 1), tok/s", "",
-           f"| profile | GPU | seed claim | predicted, uniform | predicted, {sk} | bound (binding), uniform / {sk} "
-           f"| claim needs: VRAM hit / traffic off NVMe | {sk} plan has: VRAM hit / off NVMe "
-           f"| predicted, {sk}, {RAM_FACTOR:g}x pinned RAM |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in c.rows:
-        u, s, n = r.uniform, r.skewed, r.needs
-        out.append(f"| {r.profile} | {r.gpu} ({r.vram_gb:g} GB, {r.ram_gb:g} GB pinned) | {Claim.fmt(r.claim.decode)} "
-                   f"| {_tok(u.decode_tok_s, u.decode_binding)} | {_tok(s.decode_tok_s, s.decode_binding)} "
-                   f"| {_tok(u.bound_decode_tok_s, u.bound_decode_binding)} / {_tok(s.bound_decode_tok_s, s.bound_decode_binding)} "
-                   f"| {_pct(n.decode_vram_hit)} / {_pct(n.decode_off_nvme)} | {s.vram_hit:.1%} / {s.off_nvme:.1%} "
-                   f"| {_tok(r.more_ram.decode_tok_s, r.more_ram.decode_binding)} |")
-    out += ["", f"## Prefill (chunks of {c.chunk} tokens), tok/s", "",
-            f"| profile | seed claim | predicted, uniform | predicted, {sk} | bound (binding), uniform / {sk} "
-            f"| claim needs: VRAM share of touched experts / off NVMe |",
-            "|---|---|---|---|---|---|"]
-    for r in c.rows:
-        u, s, n = r.uniform, r.skewed, r.needs
-        out.append(f"| {r.profile} | {Claim.fmt(r.claim.prefill)} | {_tok(u.prefill_tok_s, u.prefill_binding)} "
-                   f"| {_tok(s.prefill_tok_s, s.prefill_binding)} "
-                   f"| {_tok(u.bound_prefill_tok_s, u.bound_prefill_binding)} / {_tok(s.bound_prefill_tok_s, s.bound_prefill_binding)} "
-                   f"| {_pct(n.prefill_vram_hit)} / {_pct(n.prefill_off_nvme)} |")
+           f"Routing: `uniform` and the skewed prior `{c.skewed_prior}`.", "",
+           "## Decode (batch 1), tok/s", "", *_table(c, "decode"),
+           "", f"## Prefill (chunks of {c.chunk} tokens), tok/s", "", *_table(c, "prefill")]
     out += ["", "How to read the needed hit rates: *VRAM hit* is the share of routed-expert bytes that must already "
             "be in VRAM if every miss came from pinned RAM at the profile's best H2D rate, after the dense weights "
             "that cannot fit in VRAM stream (`unreachable`: those dense weights alone exceed the time budget); "

@@ -33,11 +33,12 @@ form. This module knows nothing about Optuna or YAML; bound.py is the independen
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
+from strata_plan.kernels.formats import EXPERT_ALIGN
 from strata_plan.planner.capacity import staging_slots
 
 RESOURCES = ("pcie", "nvme", "hbm", "compute", "overhead")
@@ -72,6 +73,7 @@ def _cumrows(x: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class CostModel:
     problem: object     # planner.problem.Problem
+    _memo: dict = field(default_factory=dict, repr=False)    # NVMe read shapes and tables per in-flight count
 
     # ---- machine rates (bytes/s, FLOP/s, s) ------------------------------------------------------
     @cached_property
@@ -121,19 +123,19 @@ class CostModel:
         engine may split each expert read into `split` requests, reaching queue depth in_flight x split at a
         block of bytes / split; the split with the best measured rate wins."""
         key = ("nvme_reads", in_flight)
-        if key not in self.__dict__:
+        if key not in self._memo:
             out = {}
             for f in self.problem.mix.formats:
                 size = self.problem.spec.routed_expert_bytes(f)
                 best = None
                 for split in NVME_SPLITS:
-                    block = -(-size // split // 4096) * 4096
+                    block = -(-size // split // EXPERT_ALIGN) * EXPERT_ALIGN
                     rate = self.nvme(block, in_flight * split)
                     if best is None or rate > best[2]:
                         best = (split, in_flight * split, rate)
                 out[f] = best
-            self.__dict__[key] = out
-        return self.__dict__[key]
+            self._memo[key] = out
+        return self._memo[key]
 
     # ---- per-layer model quantities ---------------------------------------------------------------
     @cached_property
@@ -167,11 +169,11 @@ class CostModel:
     def _nvme_table(self, weights: str, in_flight: int) -> np.ndarray:
         """[L, E+1] prefix sums of `weights` ("pop" or "touch") x NVMe seconds of each rank's expert."""
         key = ("nvme_table", weights, in_flight)
-        if key not in self.__dict__:
+        if key not in self._memo:
             reads = self.nvme_reads(in_flight)
             t = np.array([self.problem.spec.routed_expert_bytes(f) / reads[f][2] for f in self.problem.rank_formats])
-            self.__dict__[key] = _cumrows(self._tables[weights] * t)
-        return self.__dict__[key]
+            self._memo[key] = _cumrows(self._tables[weights] * t)
+        return self._memo[key]
 
     DECODE_IN_FLIGHT = 1
     """Experts the decode model assumes in flight on NVMe: one at a time, split into sub-reads for queue
@@ -219,29 +221,33 @@ class CostModel:
         j = np.minimum(i + 1, table.shape[1] - 1)
         return table[rows, i] + (x - i) * (table[rows, j] - table[rows, i])
 
+    def _misses(self, placement) -> dict:
+        """Per-layer miss terms of one decode token, [L] arrays: bytes from RAM and NVMe, cold misses, and the
+        link seconds they take (demand 'fg' and background 'bg' H2D, NVMe)."""
+        cur, tb, k, E = self.problem.curves, self._tables, self.problem.curves.top_k, self.problem.curves.n_experts
+        s, m, c = placement.arrays
+        h = cur.hits(s, c)
+        lo = self._effective_static(h)                    # [L] fractional rank: static set + cache
+        hi = np.maximum(lo, s + m)                        # [L] where the NVMe tier starts being missed
+        between = lambda t: k * (self._at(t, hi) - self._at(t, lo))  # noqa: E731
+        beyond = lambda t: k * (t[:, E] - self._at(t, hi))  # noqa: E731
+        tn = self._nvme_table("pop", self.DECODE_IN_FLIGHT)
+        return {"hit": h, "warm_bytes": between(tb["bytes"]), "cold_bytes": beyond(tb["bytes"]),
+                "n_cold": beyond(cur.cum), "fg_warm": between(tb["fg"]), "fg_cold": beyond(tb["fg"]),
+                "bg_warm": between(tb["bg"]), "bg_cold": beyond(tb["bg"]), "nvme": beyond(tn),
+                "ram_share": between(cur.cum) / k, "nvme_share": beyond(cur.cum) / k}
+
     def predict(self, placement) -> Prediction:
         p, cur, tb = self.problem, self.problem.curves, self._tables
         spec, k, E = p.spec, cur.top_k, cur.n_experts
-        s, m, c = placement.arrays
-        b = s + m
-        rows = np.arange(cur.n_layers)
-        h = cur.hits(s, c)
-        lo, hi = self._effective_static(h), np.maximum(self._effective_static(h), b)   # [L] fractional ranks
-        at = lambda t, x: self._at(t, x)  # noqa: E731
-        warm_b, cold_b = k * (at(tb["bytes"], hi) - at(tb["bytes"], lo)), k * (tb["bytes"][:, E] - at(tb["bytes"], hi))
-        n_cold = k * (1.0 - at(cur.cum, hi))
-        fg_w, fg_c = k * (at(tb["fg"], hi) - at(tb["fg"], lo)), k * (tb["fg"][:, E] - at(tb["fg"], hi))
-        bg_w, bg_c = k * (at(tb["bg"], hi) - at(tb["bg"], lo)), k * (tb["bg"][:, E] - at(tb["bg"], hi))
+        x = self._misses(placement)
         depth = placement.prefetch_depth
-        tn = self._nvme_table("pop", self.DECODE_IN_FLIGHT)
-        nv_c = k * (tn[:, E] - at(tn, hi))
-
         recall, precision = cur.lookahead(depth)
-        R = np.where(rows >= depth, recall, 0.0)
+        R = np.where(np.arange(cur.n_layers) >= depth, recall, 0.0)   # layers j < d have no source layer
         waste = (1.0 - precision) / precision
-        dem_p, dem_n = (1 - R) * (fg_w + fg_c), (1 - R) * nv_c
-        fill = (1 - R) * np.where(n_cold >= 1.0, fg_c / np.maximum(n_cold, 1.0), fg_c)
-        pre_p, pre_n = R * (1 + waste) * (bg_w + bg_c), R * (1 + waste) * nv_c
+        dem_p, dem_n = (1 - R) * (x["fg_warm"] + x["fg_cold"]), (1 - R) * x["nvme"]
+        fill = (1 - R) * np.where(x["n_cold"] >= 1.0, x["fg_cold"] / np.maximum(x["n_cold"], 1.0), x["fg_cold"])
+        pre_p, pre_n = R * (1 + waste) * (x["bg_warm"] + x["bg_cold"]), R * (1 + waste) * x["nvme"]
         t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
 
         dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp)
@@ -256,20 +262,18 @@ class CostModel:
         else:
             dec_binding = max(RESOURCES, key=lambda r: dec_seconds[r])
 
-        routed = k * tb["bytes"][:, E]
+        warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
+        ram = warm + sum(streamed) + row
+        wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
         dense_res = sum(u for u, res in zip(p.dense_units, placement.dense_resident) if res)
-        ram_b = float(warm_b.sum()) + sum(streamed) + 2 * spec.hidden
-        wasted = float(np.sum(R * waste * (warm_b + cold_b)))
-        bpt = {"vram": float(np.sum(routed - warm_b - cold_b)) + dense_res + float(self._layers["kv"].sum()),
-               "ram": ram_b, "nvme": float(cold_b.sum()), "wasted": wasted,
-               "pcie": ram_b + float(cold_b.sum()) + wasted}
-
-        pre_tok_s, pre_binding, pre_seconds, bpc = self._prefill(placement, s, b)
-        ram_share = float(np.mean(at(cur.cum, hi) - at(cur.cum, lo)))
-        nvme_share = float(np.mean(1.0 - at(cur.cum, hi)))
-        plain = lambda d: {k: float(v) for k, v in d.items()}  # noqa: E731
+        bpt = {"vram": float(k * tb["bytes"][:, E].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
+               "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted}
+        s, m, _ = placement.arrays
+        pre_tok_s, pre_binding, pre_seconds, bpc = self._prefill(placement, s, s + m)
+        plain = lambda d: {key: float(v) for key, v in d.items()}  # noqa: E731
         return Prediction(float(1.0 / T), float(pre_tok_s), dec_binding, pre_binding, plain(dec_seconds),
-                          plain(pre_seconds), plain(bpt), plain(bpc), float(np.mean(h)), ram_share, nvme_share)
+                          plain(pre_seconds), plain(bpt), plain(bpc), float(np.mean(x["hit"])),
+                          float(np.mean(x["ram_share"])), float(np.mean(x["nvme_share"])))
 
     def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp) -> tuple[dict, float]:
         """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource."""

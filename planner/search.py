@@ -69,17 +69,13 @@ def evaluate(problem, cost: CostModel, knobs: Knobs, objective: str, mix_weight:
 def study_name(problem, objective: str, mix_weight: float, seed: int) -> str:
     """Names the problem, so a study in a shared SQLite file resumes only the same problem."""
     from strata_plan.schema import to_data
-    b = problem.budget
+    b, st = problem.budget, problem.stats
     ident = {"model": problem.spec.config_sha256, "profile": to_data(problem.profile),
-             "stats": getattr(problem.stats, "source_sha256", ""), "budget": [b.vram, b.ram, b.nvme, b.reserve],
-             "context": problem.context, "chunk": problem.prefill_chunk, "mix": list(problem.mix.fractions),
-             "objective": objective, "w": mix_weight, "seed": seed}
+             "stats": [st.source, st.source_sha256, st.kind, getattr(st, "tokens", 0)],
+             "budget": [b.vram, b.ram, b.nvme, b.reserve], "context": problem.context, "chunk": problem.prefill_chunk,
+             "mix": list(problem.mix.fractions), "objective": objective, "w": mix_weight, "seed": seed}
     h = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{problem.spec.name}-{problem.profile.name}-{objective}-{h}"
-
-
-def _feasible(c: Candidate, budget) -> bool:
-    return c.footprint.fits(budget)
 
 
 def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
@@ -88,17 +84,50 @@ def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode",
            polish_evals: int = 400) -> SearchResult:
     """Best placement found by `trials` TPE trials (a resumed study runs only the missing ones), then
     polished by hill-climbing on per-layer counts with at most `polish_evals` cost-model calls."""
+    _check(objective, trials, mix_weight)
+    cost = cost or CostModel(problem)
+    rate = lambda p: score(cost.predict(p), objective, mix_weight)  # noqa: E731
+    greedy = evaluate(problem, cost, greedy_knobs(problem), objective, mix_weight)
+    study, seen = _run_study(problem, cost, trials, seed, objective, mix_weight, study_db, greedy.knobs,
+                             start_knobs, on_trial)
+    candidates = [*seen.values(), greedy]
+    if start is not None:
+        candidates.append(_candidate(problem, cost, None, start, objective, mix_weight))
+    feasible = [c for c in candidates if c.footprint.fits(problem.budget)]
+    if not feasible:
+        _no_fit(problem, greedy)
+    best = max(feasible, key=lambda c: c.score)          # ties: the first (greedy before trials, trials in order)
+    polished = 0
+    if polish_evals > 0:
+        place, _, polished = polish(problem, best.placement, rate, polish_evals)
+        if polished:
+            best = _candidate(problem, cost, best.knobs, place, objective, mix_weight)
+    import optuna
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    return SearchResult(best, greedy, objective, mix_weight, done, seed, study.study_name,
+                        _storage(study_db) or "", polished)
+
+
+def _check(objective: str, trials: int, mix_weight: float) -> None:
     if objective not in OBJECTIVES:
         raise UserError("--objective", objective, "unknown objective", f"use one of {', '.join(OBJECTIVES)}")
     if trials < 1:
         raise UserError("--trials", str(trials), "must be at least 1", "pass --trials 200 (or more)")
     if not 0.0 <= mix_weight <= 1.0:
         raise UserError("--mix-weight", str(mix_weight), "must lie in [0, 1]", "pass e.g. --mix-weight 0.5")
+
+
+def _candidate(problem, cost, knobs, place: Placement, objective: str, mix_weight: float) -> Candidate:
+    pred = cost.predict(place)
+    return Candidate(knobs, place, footprint(problem, place), pred, score(pred, objective, mix_weight))
+
+
+def _run_study(problem, cost, trials, seed, objective, mix_weight, study_db, greedy_knobs_, start_knobs, on_trial):
+    """Create or resume the study, run the missing trials; returns it and every trial's candidate, in trial
+    order (trials of an earlier session are re-evaluated: the cost model is deterministic)."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    cost = cost or CostModel(problem)
     budget, max_depth = problem.budget, problem.curves.max_depth
-    greedy = evaluate(problem, cost, greedy_knobs(problem), objective, mix_weight)
     seen: dict[int, Candidate] = {}
 
     def objective_fn(trial) -> float:
@@ -115,51 +144,35 @@ def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode",
             on_trial(trial.number, c.score)
         return c.score
 
-    storage = _storage(study_db)
-    name = study_name(problem, objective, mix_weight, seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         kw = {} if hasattr(optuna.trial.Trial, "set_constraint") else {
             "constraints_func": lambda ft: ft.user_attrs.get("overflow_gb", [1.0, 1.0, 1.0])}   # Optuna 4.x
-        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=min(10, max(2, trials // 4)), **kw)
-        study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage, study_name=name,
-                                    load_if_exists=True)
-        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                             n_startup_trials=min(10, max(2, trials // 4)), **kw)
+        study = optuna.create_study(direction="maximize", sampler=sampler, storage=_storage(study_db),
+                                    study_name=study_name(problem, objective, mix_weight, seed), load_if_exists=True)
         if not study.trials:
-            study.enqueue_trial(greedy.knobs.as_params())
+            study.enqueue_trial(greedy_knobs_.as_params())
             if start_knobs is not None:
                 study.enqueue_trial(_clip(start_knobs, max_depth).as_params())
-        if trials > len(done):
-            study.optimize(objective_fn, n_trials=trials - len(done), gc_after_trial=False)
-    best = greedy if _feasible(greedy, budget) else None
+        done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+        if trials > done:
+            study.optimize(objective_fn, n_trials=trials - done, gc_after_trial=False)
     for t in study.trials:
-        if t.state != optuna.trial.TrialState.COMPLETE or max(t.user_attrs.get("overflow_gb", [1.0])) > 0:
-            continue
-        c = seen.get(t.number) or evaluate(problem, cost, Knobs(**t.params), objective, mix_weight)
-        if best is None or c.score > best.score:
-            best = c
-    if start is not None and footprint(problem, start).fits(budget):
-        pred = cost.predict(start)
-        c = Candidate(None, start, footprint(problem, start), pred, score(pred, objective, mix_weight))
-        if best is None or c.score > best.score:
-            best = c
-    polished = 0
-    if best is not None and polish_evals > 0:
-        place, _, polished = polish(problem, best.placement, lambda p: score(cost.predict(p), objective, mix_weight),
-                                    polish_evals)
-        if polished:
-            pred = cost.predict(place)
-            best = Candidate(best.knobs, place, footprint(problem, place), pred, score(pred, objective, mix_weight))
-    if best is None:
-        over = greedy.footprint.overflow(budget)
-        i = max(range(3), key=lambda t: over[t])
-        flag, tier, have = (("--vram-gb", "VRAM", budget.vram), ("--ram-gb", "pinned RAM", budget.ram),
-                            ("--nvme-gb", "NVMe", budget.nvme))[i]
-        raise UserError(flag, f"{have / 1e9:.2f} GB", f"no placement of {problem.spec.name} fits "
-                        f"({over[i] / 1e9:.1f} GB more needed in {tier})",
-                        f"raise {flag}, lower --context, or use a smaller model")
-    n_done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    return SearchResult(best, greedy, objective, mix_weight, n_done, seed, name, storage or "", polished)
+        if t.state == optuna.trial.TrialState.COMPLETE and t.number not in seen:
+            seen[t.number] = evaluate(problem, cost, Knobs(**t.params), objective, mix_weight)
+    return study, dict(sorted(seen.items()))
+
+
+def _no_fit(problem, greedy: Candidate):
+    budget = problem.budget
+    over = greedy.footprint.overflow(budget)
+    i = max(range(3), key=lambda t: over[t])
+    flag, tier, have = (("--vram-gb", "VRAM", budget.vram), ("--ram-gb", "pinned RAM", budget.ram),
+                        ("--nvme-gb", "NVMe", budget.nvme))[i]
+    raise UserError(flag, f"{have / 1e9:.2f} GB", f"no placement of {problem.spec.name} fits "
+                    f"({over[i] / 1e9:.1f} GB more needed in {tier})", f"raise {flag}, lower --context, or use a smaller model")
 
 
 def _clip(k: Knobs, max_depth: int) -> Knobs:
