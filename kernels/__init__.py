@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY = {"quantize": "quantize", "dequantize": "quantize", "packed_linear": "ops", "fused_moe": "ops"}
+# (the quantizer lives in `quantizer.py`: a submodule named `quantize` would shadow the function once imported)
+_LAZY = {"quantize": "quantizer", "dequantize": "quantizer", "packed_linear": "ops", "fused_moe": "ops",
+         "PackedMatrix": "quantizer", "pack_expert": "quantizer", "unpack_expert": "quantizer"}
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +19,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["quantize", "dequantize", "packed_linear", "fused_moe"]
+__all__ = ["quantize", "dequantize", "packed_linear", "fused_moe", "PackedMatrix", "pack_expert", "unpack_expert"]

@@ -1,0 +1,323 @@
+"""Public kernel entry points: check shapes, allocate, launch.
+
+    packed_linear(x [M, K], p: PackedMatrix) -> [M, N]
+        M <= 8: decode GEMV (int8 activations, DP4A; 2 launches); larger M: dequant + tensor-core GEMM.
+    fused_moe(x [M, H], topk_ids [M, k], topk_weights [M, k], arena, offsets, formats, hidden, intermediate)
+        -> [M, H]: every token's top-k experts (any mix of formats) in two launches (gate/up, down);
+        for M > MOE_DECODE_MAX_M the grouped GEMM path (tokens sorted by expert; see KERNELS.md).
+
+`backend`: "auto" runs Triton for CUDA tensors and the plain-torch reference (kernels/reference.py) for
+CPU tensors; "triton" forces the kernels (on CPU only where they are interpreted, TRITON_INTERPRET=1 or
+no GPU); "torch" forces the reference. Outputs have x's dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import torch
+
+from . import reference
+from .formats import FORMATS, expert_layout, get_format
+from .quantizer import PackedMatrix
+from .triton_common import BF16_CODE, FORMAT_CODES, INTERPRET, USE_ASM, format_constants, tile_words_limit, triton
+from . import triton_gemm, triton_gemv, triton_moe
+from .tuned import config_for
+
+GEMV_MAX_M = 8            # decode kernel up to this many rows; the tensor-core GEMM above
+MOE_DECODE_MAX_M = 16     # fused MoE decode kernels up to this many tokens; grouped GEMMs above
+_SEGS = ("codes", "scales", "mins", "d", "dmin")
+
+for _name, (_code, *_consts) in triton_moe.KERNEL_FORMATS.items():
+    _c = format_constants(FORMAT_CODES.index(_name))
+    assert _code == _c["CODE"] and (_name == "bf16" or tuple(_consts) == (
+        _c["BITS"], _c["GROUP"], _c["SCALE_BITS"], _c["MIN_BITS"], _c["SB"])), \
+        f"triton_moe.KERNEL_FORMATS[{_name!r}] disagrees with formats.FORMATS: add or fix its kernel branch"
+assert set(triton_moe.KERNEL_FORMATS) == set(FORMATS), "every registered format needs a branch in triton_moe"
+
+
+def _use_triton(t: torch.Tensor, backend: str) -> bool:
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "torch":
+        return False
+    if t.is_cuda:
+        return True
+    if backend == "triton":
+        if not INTERPRET:
+            raise ValueError("backend='triton' on CPU tensors needs the interpreter: set TRITON_INTERPRET=1 "
+                             "before importing strata_plan.kernels")
+        return True
+    return False
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _chunk(cfg: dict, k: int) -> int:
+    """Inputs packed per step of phase A: the config's CHUNK, or less for short rows (powers of two >= 32)."""
+    return min(cfg.get("CHUNK", 1024), max(32, triton.next_power_of_2(k)))
+
+
+def _dummy(device) -> torch.Tensor:
+    return torch.empty(1, dtype=torch.uint8, device=device)
+
+
+# ------------------------------------------------------------------------------------- packed_linear
+
+def _check_linear(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor | None) -> None:
+    if x.dim() != 2 or x.shape[1] != p.k or not x.is_floating_point():
+        raise ValueError(f"packed_linear: x must be a float tensor [M, {p.k}], got {tuple(x.shape)} {x.dtype}")
+    if x.device != p.device:
+        raise ValueError(f"packed_linear: x is on {x.device} but the weights are on {p.device}")
+    if out is not None and (tuple(out.shape) != (x.shape[0], p.n) or out.dtype != x.dtype
+                            or out.device != x.device or out.stride(1) != 1):
+        raise ValueError(f"packed_linear: out must be a {x.dtype} [{x.shape[0]}, {p.n}] tensor with unit column "
+                         f"stride on {x.device}")
+
+
+def packed_linear(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor | None = None,
+                  backend: str = "auto", config: dict | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T for a packed W [N, K]: [M, N] in x's dtype, written into `out` if given."""
+    _check_linear(x, p, out)
+    if out is None:
+        out = torch.empty(x.shape[0], p.n, dtype=x.dtype, device=x.device)
+    if x.shape[0] == 0:
+        return out
+    if not _use_triton(x, backend):
+        return out.copy_(reference.linear(x, p).to(x.dtype))
+    x = x if x.stride(1) == 1 else x.contiguous()
+    if x.shape[0] <= GEMV_MAX_M:
+        _gemv(x, p, out, config or config_for("gemv", p.fmt, x.shape[0], p.n, p.k, x.device))
+    else:
+        _gemm(x, p, out, config or config_for("gemm", p.fmt, x.shape[0], p.n, p.k, x.device))
+    return out
+
+
+def _matrix_args(p: PackedMatrix, words: bool) -> list[torch.Tensor]:
+    """codes (as int32 words for the GEMV, bytes for the GEMM), scales, mins, d, dmin; dummies where absent."""
+    if p.format.is_bf16:
+        d = _dummy(p.device)
+        return [p.weight, d, d, d, d]
+    segs = p.segments
+    codes = segs["codes"].view(torch.int32) if words else segs["codes"]
+    return [codes] + [segs.get(n, _dummy(p.device)) for n in _SEGS[1:]]
+
+
+def _gemv_split(n: int, row_words: int, bkw: int, cfg: dict) -> int:
+    """K splits of the GEMV: enough (rows x splits) threads to keep HBM busy, whole K steps per split."""
+    want = cfg.get("SPLIT") or max(1, min(8, _cdiv(cfg.get("THREADS", 32768), n)))
+    return max(1, min(want, row_words // bkw))
+
+
+def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
+    m, k = x.shape
+    code = FORMAT_CODES.index(p.fmt)
+    c = format_constants(code)
+    common = dict(BITS=c["BITS"], GROUP=c["GROUP"], SCALE_BITS=c["SCALE_BITS"], MIN_BITS=c["MIN_BITS"],
+                  SB=c["SB"], BN=cfg["BN"], USE_ASM=USE_ASM, num_warps=cfg["num_warps"])
+    if c["BITS"] == 16:
+        d = _dummy(x.device)
+        triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * m,)](
+            x, x.stride(0), *_matrix_args(p, True), d, d, d, out, out.stride(0), m, p.n, k, 0,
+            BKW=cfg["BKW"], SPLIT=1, **common)
+        return
+    bkw = min(cfg["BKW"], tile_words_limit(code))
+    kp, epw = p.kp, 32 // c["BITS"]
+    xq = torch.empty(m, kp // 4, dtype=torch.int32, device=x.device)
+    xdx = torch.empty(m, kp // 32, dtype=torch.float32, device=x.device)
+    xsum = torch.empty(m, kp // epw, dtype=torch.float32, device=x.device)
+    triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, BITS=c["BITS"],
+                                        CHUNK=_chunk(cfg, kp), num_warps=4)
+    row_words = kp // epw
+    split = _gemv_split(p.n, row_words, bkw, cfg)
+    wsplit = _cdiv(row_words // bkw, split) * bkw
+    split = _cdiv(row_words, wsplit)
+    dst = out if split == 1 else torch.empty(split, m, p.n, dtype=torch.float32, device=x.device)
+    triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * split * m,)](
+        x, x.stride(0), *_matrix_args(p, True), xq, xdx, xsum, dst, dst.stride(-2), m, p.n, k, wsplit,
+        BKW=bkw, SPLIT=split, **common)
+    if split > 1:
+        torch.sum(dst, dim=0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
+
+
+def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
+    m, k = x.shape
+    c = format_constants(FORMAT_CODES.index(p.fmt))
+    bk = _gemm_bk(p.fmt, cfg["BK"])
+    grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(p.n, cfg["BN"]),)
+    triton_gemm.gemm_kernel[grid](x, x.stride(0), *_matrix_args(p, False), out, out.stride(0), m, p.n, k,
+                                  BITS=c["BITS"], GROUP=c["GROUP"], SCALE_BITS=c["SCALE_BITS"],
+                                  MIN_BITS=c["MIN_BITS"], SB=c["SB"], BM=cfg["BM"], BN=cfg["BN"], BK=bk,
+                                  GROUP_M=cfg.get("GROUP_M", 8), EVEN_K=k % bk == 0, INTERP=INTERPRET,
+                                  num_warps=cfg["num_warps"],
+                                  num_stages=cfg["num_stages"])
+
+
+def _gemm_bk(fmt: str, bk: int) -> int:
+    """The GEMM's K tile must divide the format's scale unit (super-block or fp16 group)."""
+    f = get_format(fmt)
+    return bk if f.is_bf16 else min(bk, f.superblock or f.group)
+
+
+# ----------------------------------------------------------------------------------------- fused_moe
+
+@dataclass(frozen=True, eq=False)
+class ExpertFormats:
+    """Per-expert run-time format codes (int32 [E] on the arena's device) and the mask of codes present.
+
+    Build it once per layer (`ExpertFormats.from_names`) and pass it to every `fused_moe` call: a list
+    of names costs a host-to-device copy per call."""
+
+    codes: torch.Tensor
+    mask: int
+
+    @staticmethod
+    def from_names(names: Sequence[str], device) -> "ExpertFormats":
+        return _expert_formats(tuple(names), str(torch.device(device)))
+
+    @property
+    def names(self) -> list[str]:
+        present = [FORMAT_CODES[c] for c in range(len(FORMAT_CODES)) if self.mask >> c & 1]
+        return present
+
+
+@lru_cache(maxsize=64)
+def _expert_formats(names: tuple[str, ...], device: str) -> ExpertFormats:
+    for n in set(names):
+        get_format(n)
+    codes = [FORMAT_CODES.index(n) for n in names]
+    mask = 0
+    for c in set(codes):
+        mask |= 1 << c
+    return ExpertFormats(torch.tensor(codes, dtype=torch.int32, device=device), mask)
+
+
+def _resolve_formats(formats, n_experts: int, device) -> ExpertFormats:
+    if isinstance(formats, ExpertFormats):
+        if formats.codes.numel() != n_experts:
+            raise ValueError(f"fused_moe: {formats.codes.numel()} format codes for {n_experts} experts")
+        return formats
+    if isinstance(formats, str):
+        return ExpertFormats.from_names((formats,) * n_experts, device)
+    if isinstance(formats, torch.Tensor):
+        codes = formats.to(device=device, dtype=torch.int32)
+        mask = 0
+        for c in torch.unique(codes).tolist():     # one device sync: prefer ExpertFormats
+            mask |= 1 << int(c)
+        return ExpertFormats(codes, mask)
+    names = list(formats)
+    if len(names) != n_experts:
+        raise ValueError(f"fused_moe: {len(names)} formats for {n_experts} experts (offsets)")
+    return ExpertFormats.from_names(names, device)
+
+
+@lru_cache(maxsize=64)
+def _layout_table(hidden: int, intermediate: int, device: str) -> torch.Tensor:
+    """int64 [codes, 3 matrices, 5 segments]: byte offset of each segment inside an expert blob."""
+    t = torch.zeros(len(FORMAT_CODES), 3, 5, dtype=torch.int64)
+    for code, name in enumerate(FORMAT_CODES):
+        for s in expert_layout(name, hidden, intermediate).segments:
+            mi = ("gate", "up", "down").index(s.matrix)
+            si = 0 if s.name == "weight" else _SEGS.index(s.name)
+            t[code, mi, si] = s.offset
+    return t.to(device)
+
+
+def _check_moe(x, topk_ids, topk_weights, arena, offsets, hidden, intermediate, out):
+    if x.dim() != 2 or x.shape[1] != hidden or not x.is_floating_point():
+        raise ValueError(f"fused_moe: x must be a float tensor [M, hidden={hidden}], got {tuple(x.shape)} {x.dtype}")
+    m = x.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"fused_moe: topk_ids must be int32/int64 [M={m}, k], got {tuple(topk_ids.shape)} {topk_ids.dtype}")
+    if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
+        raise ValueError(f"fused_moe: topk_weights must be float {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}")
+    if arena.dtype != torch.uint8 or arena.dim() != 1:
+        raise ValueError(f"fused_moe: arena must be a 1-D uint8 tensor of expert blobs, got {arena.dtype} {tuple(arena.shape)}")
+    if offsets.dim() != 1 or offsets.dtype != torch.int64:
+        raise ValueError(f"fused_moe: offsets must be int64 [E] (byte offset of each expert blob), got {offsets.dtype}")
+    for t in (topk_ids, topk_weights, arena, offsets):
+        if t.device != x.device:
+            raise ValueError(f"fused_moe: every tensor must be on {x.device}; one is on {t.device}")
+    if out is not None and (tuple(out.shape) != (m, hidden) or out.dtype != x.dtype or out.stride(1) != 1):
+        raise ValueError(f"fused_moe: out must be {x.dtype} [{m}, {hidden}] with unit column stride")
+
+
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, arena: torch.Tensor,
+              offsets: torch.Tensor, formats, hidden: int, intermediate: int, out: torch.Tensor | None = None,
+              backend: str = "auto", config: dict | None = None) -> torch.Tensor:
+    """out[m] = sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m]), SwiGLU experts read packed.
+
+    arena: uint8 tensor holding expert blobs (`formats.expert_layout`); offsets: int64 [E], each a
+    multiple of 256 (blobs are placed at 4 KiB multiples); formats: one name for all experts, a name per
+    expert, or an `ExpertFormats`. Returns [M, hidden] in x's dtype."""
+    _check_moe(x, topk_ids, topk_weights, arena, offsets, hidden, intermediate, out)
+    fm = _resolve_formats(formats, offsets.numel(), x.device)
+    m, topk = topk_ids.shape
+    if out is None:
+        out = torch.empty(m, hidden, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if not _use_triton(x, backend):
+        return out.copy_(reference.moe(x, topk_ids, topk_weights, arena, offsets, fm.codes, hidden,
+                                       intermediate).to(x.dtype))
+    x = x if x.stride(1) == 1 else x.contiguous()
+    ids = topk_ids.contiguous()
+    wts = topk_weights.contiguous()
+    if m > MOE_DECODE_MAX_M:
+        cfg = config or config_for("moe_grouped", "mix", m, hidden, intermediate, x.device)
+        _moe_grouped(x, ids, wts, arena, offsets, fm, hidden, intermediate, out, cfg)
+    else:
+        cfg = config or config_for("moe", "mix", m, hidden, intermediate, x.device)
+        _moe_decode(x, ids, wts, arena, offsets, fm, hidden, intermediate, out, cfg)
+    return out
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counters(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters for the down kernel's last-program reduction, kept per device and stream
+    (the kernel leaves them at zero again). Calls on one stream are ordered, so they never overlap."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:
+    m, topk = ids.shape
+    dev = x.device
+    hp, ip = _cdiv(hidden, 512) * 512, _cdiv(inter, 512) * 512      # padded to every scale unit
+    p = m * topk
+    xq = torch.empty(m, 3, hp // 4, dtype=torch.int32, device=dev)
+    xdx = torch.empty(m, hp // 32, dtype=torch.float32, device=dev)
+    xsum = torch.empty(m, 3, hp // 8, dtype=torch.float32, device=dev)
+    hq = torch.empty(p, ip // 4, dtype=torch.int32, device=dev)
+    hdx = torch.empty(p, ip // 32, dtype=torch.float32, device=dev)
+    hsum = torch.empty(p, ip // 8, dtype=torch.float32, device=dev)
+    hf = torch.empty(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev)
+    table = _layout_table(hidden, inter, str(dev))
+    bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
+    assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
+    bkw2, bkw1 = min(cfg["BKW2"], 32), min(cfg["BKW1"], 16)
+    triton_moe.gate_up_kernel[(ip // bn1, m, _cdiv(topk, jchunk))](
+        x, x.stride(0), ids, fm.codes, offsets, arena, table, xq, xdx, xsum, hq, hdx, hsum, hf, hidden, inter,
+        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, BKW2=bkw2, BKW1=bkw1,
+        CHUNK=_chunk(cfg, hp), USE_ASM=USE_ASM, num_warps=cfg["warps1"])
+    nt = _cdiv(hidden, cfg["BN2"])
+    part = torch.empty(p, nt * cfg["BN2"], dtype=torch.float32, device=dev)
+    triton_moe.down_kernel[(nt, m, topk)](
+        ids, wts, fm.codes, offsets, arena, table, hq, hdx, hsum, hf, part, _counters(m * nt, dev), out,
+        out.stride(0), hidden, inter, TOPK=topk, FMASK=fm.mask, BN=cfg["BN2"], BKW2=bkw2, BKW1=bkw1,
+        USE_ASM=USE_ASM, num_warps=cfg["warps2"])
+
+
+def _moe_grouped(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:
+    triton_gemm.moe_grouped(x, ids, wts, arena, offsets, fm.codes, fm.mask, _layout_table(hidden, inter, str(x.device)),
+                            hidden, inter, out, cfg)

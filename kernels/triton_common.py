@@ -1,0 +1,373 @@
+"""Building blocks shared by the Triton kernels: format constants, the int8 activation grid, the
+packed-word dot product (DP4A), and the dequantized tile used by the tensor-core GEMM.
+
+Decode (a few tokens) is bound by instruction issue, not by bytes, if every code is unpacked and
+converted to float on its own: at 2 bits a byte holds 4 weights, and shift + mask + convert + FMA per
+weight is more work per byte than an H200's SMs can do at 4.8 TB/s. So the decode kernels keep the
+activations on an int8 grid (one scale per 32 inputs, `reference.quantize_activations`) and multiply
+packed codes by them four at a time with DP4A:
+
+    word      int32, EPW = 32 / BITS codes; byte j holds codes j*S .. j*S + S-1, S = 8 / BITS, low bits first
+    lanes_s = (word >> BITS*s) & LANEMASK           -> byte j = code j*S + s of the word, s = 0..S-1
+    X_s     = int8 activations at the same positions  (x8[w*EPW + j*S + s], j = 0..3, one byte each)
+    isum   += dp4a(lanes_s, X_s)                     -> sum over the word of q * x8, 2 ops per 4 weights
+
+and per group:  out += S * dx * isum - M * sum(x)   (w = S*q - M, x ~ dx * x8).
+
+The activations are packed into the X_s words once ("phase A": `pack_words`) and read by every row.
+Under TRITON_INTERPRET=1 (CPU tests) DP4A is emulated with plain integer ops; the arithmetic is the same.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+# The kernels are interpreted (TRITON_INTERPRET=1) where there is no GPU: the @triton.jit decorators in
+# the kernel modules read this variable when they run, so it is set before they are imported.
+# STRATA_TRITON_COMPILE_ONLY=1 keeps them compiled on a machine without a GPU (to build for sm_90 there).
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" or (
+    not torch.cuda.is_available() and os.environ.get("STRATA_TRITON_COMPILE_ONLY") != "1")
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .formats import FORMATS  # noqa: E402
+
+if INTERPRET:
+    # Compiled kernels wrap on int32 overflow (DP4A's emulation shifts bytes out on purpose); the
+    # interpreter would check every integer op for overflow instead, twice as slow and unlike the GPU.
+    from triton.runtime import interpreter as _interp
+    _interp.interpreter_builder.options = _interp.InterpreterOptions(sanitize_overflow=False)
+
+USE_ASM = not INTERPRET          # DP4A through inline PTX on the GPU, emulated in the interpreter
+XBLOCK = 32                      # activations: one int8 scale per 32 inputs
+FORMAT_CODES = tuple(FORMATS)    # run-time format code = index in this tuple (bf16 is the last)
+BF16_CODE = FORMAT_CODES.index("bf16")
+SEGS = ("codes", "scales", "mins", "d", "dmin")
+
+
+def format_constants(code: int) -> dict:
+    """Compile-time constants of the format with run-time code `code` (kernel keyword arguments)."""
+    f = FORMATS[FORMAT_CODES[code]]
+    if f.is_bf16:
+        return dict(CODE=code, BITS=16, GROUP=1, SCALE_BITS=0, MIN_BITS=0, SB=0)
+    return dict(CODE=code, BITS=f.bits, GROUP=f.group, SCALE_BITS=f.scale_bits, MIN_BITS=f.min_bits,
+                SB=f.superblock)
+
+
+def tile_words_limit(code: int) -> int:
+    """Largest K tile (in 32-bit code words) of the decode kernels: one scale unit, so a tile never
+    straddles two super-blocks (or two fp16 groups), and its d / dmin (S / M) are one value per row."""
+    f = FORMATS[FORMAT_CODES[code]]
+    epw = 32 // f.bits
+    return (f.superblock or f.group) // epw
+
+
+# ----------------------------------------------------------------------------------------- arithmetic
+
+@triton.jit
+def dp4a(a, b, c, USE_ASM: tl.constexpr):
+    """c + sum over the 4 bytes of a_j * b_j (signed bytes; a's bytes here are codes < 128)."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        acc = c
+        for j in tl.static_range(4):
+            acc += ((a >> (8 * j)) & 255) * ((b << (24 - 8 * j)) >> 24)
+        return acc
+
+
+@triton.jit
+def u2f(v):
+    """Small non-negative int32 (< 2^23) to float32 without the quarter-rate convert: 2^23 + v, minus 2^23."""
+    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def i2f(v):
+    """Small signed int32 (|v| < 2^22) to float32: bits of 1.5 * 2^23 + v, minus 1.5 * 2^23."""
+    return (v + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+
+
+@triton.jit
+def blob_segment(base, table_p, code, mat, seg, ELT: tl.constexpr):
+    """Typed pointer to segment `seg` (codes, scales, mins, d, dmin) of matrix `mat` (gate, up, down) of
+    the expert blob at `base` (uint8 pointer); table_p: int64 [codes, 3, 5] segment byte offsets.
+    ELT: 32 int32 words, 16 fp16, 17 bf16, else bytes."""
+    off = tl.load(table_p + (code * 3 + mat) * 5 + seg)
+    p = base + tl.multiple_of(off, 256)
+    if ELT == 32:
+        return p.to(tl.pointer_type(tl.int32))
+    elif ELT == 16:
+        return p.to(tl.pointer_type(tl.float16))
+    elif ELT == 17:
+        return p.to(tl.pointer_type(tl.bfloat16))
+    else:
+        return p
+
+
+@triton.jit
+def gpu_fence(v, USE_ASM: tl.constexpr):
+    """fence.acq_rel.gpu in every thread (the interpreter runs programs one at a time: nothing to do).
+    v: any int32 scalar; returned unchanged, so the fence can be ordered by data dependence."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+    else:
+        return v
+
+
+@triton.jit
+def mma(a, b, acc, INTERP: tl.constexpr):
+    """acc + a @ b with a, b rounded to bf16 (tensor cores, fp32 accumulate). The interpreter's bf16 dot
+    is wrong (it multiplies raw bits), so there the bf16 values are widened to fp32 first: exact."""
+    a = a.to(tl.bfloat16)
+    b = b.to(tl.bfloat16)
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+# ------------------------------------------------------------------------------ phase A: pack the x words
+
+@triton.jit
+def pack_words(x4, BITS: tl.constexpr):
+    """x4 float32 [NB, WPB, 4, S]: NB blocks of 32 activations, WPB words per block, element
+    (b, w, j, s) = x[b*32 + w*EPW + j*S + s]. Returns (X [NB, WPB, S] int32: X_s words; dx [NB];
+    xsum [NB, WPB]: the sum of x over each word)."""
+    S: tl.constexpr = 8 // BITS
+    amax = tl.max(tl.max(tl.max(tl.abs(x4), 3), 2), 1)                     # [NB]
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    v = x4 * inv[:, None, None, None]
+    x8 = tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int32)                   # round half away from zero
+    sh = (tl.arange(0, 4) * 8)[None, None, :, None]
+    X = tl.reduce((x8 & 255) << sh, 2, _or)                                 # [NB, WPB, S]
+    xsum = tl.sum(tl.sum(x4, 3), 2)                                         # [NB, WPB]
+    return X, amax / 127.0, xsum
+
+
+@triton.jit
+def store_words(X, dx, xsum, word0, nwords_total, xq_p, xdx_p, xsum_p, BITS: tl.constexpr):
+    """Store pack_words' output for words word0 .. word0 + NB*WPB: xq s-major [S, nwords_total]."""
+    S: tl.constexpr = 8 // BITS
+    EPW: tl.constexpr = 32 // BITS
+    WPB: tl.constexpr = 32 // EPW if EPW < 32 else 1
+    NB: tl.constexpr = X.shape[0]
+    w = word0 + tl.arange(0, NB)[:, None] * WPB + tl.arange(0, WPB)[None, :]        # [NB, WPB]
+    s = tl.arange(0, S)[None, None, :]
+    tl.store(xq_p + s * nwords_total + w[:, :, None], X)
+    tl.store(xsum_p + w, xsum)
+    tl.store(xdx_p + (word0 * EPW) // 32 + tl.arange(0, NB), dx)
+
+
+@triton.jit
+def quantize_x_row(x_p, K, KPAD, xq_p, xdx_p, xsum_p, BITS: tl.constexpr, CHUNK: tl.constexpr):
+    """Phase A for one activation row x[0:K]: int8 grid + X_s words for BITS-bit codes, written for
+    KPAD inputs (a multiple of 32; zeros past K), so the GEMV can read whole padded rows unmasked.
+
+    xq: s-major [S, KPAD/EPW] int32; xdx [KPAD/32]; xsum [KPAD/EPW]. CHUNK inputs per step."""
+    S: tl.constexpr = 8 // BITS
+    EPW: tl.constexpr = 32 // BITS
+    WPB: tl.constexpr = 32 // EPW if EPW < 32 else 1
+    NB: tl.constexpr = CHUNK // 32
+    nwords = KPAD // EPW
+    b = tl.arange(0, NB)[:, None, None, None]
+    w = tl.arange(0, WPB)[None, :, None, None]
+    j = tl.arange(0, 4)[None, None, :, None]
+    s = tl.arange(0, S)[None, None, None, :]
+    for c0 in range(0, KPAD, CHUNK):
+        offs = c0 + b * 32 + w * EPW + j * S + s                                  # [NB, WPB, 4, S]
+        x4 = tl.load(x_p + offs, mask=offs < K, other=0.0).to(tl.float32)
+        X, dx, xsum = pack_words(x4, BITS)
+        wi = c0 // EPW + tl.arange(0, NB)[:, None] * WPB + tl.arange(0, WPB)[None, :]    # [NB, WPB]
+        ok = wi < nwords                                                          # the last chunk may overhang
+        si = tl.arange(0, S)[None, None, :]
+        tl.store(xq_p + si * nwords + wi[:, :, None], X, mask=ok[:, :, None])
+        tl.store(xsum_p + wi, xsum, mask=ok)
+        bi = c0 // 32 + tl.arange(0, NB)
+        tl.store(xdx_p + bi, dx, mask=bi < KPAD // 32)
+
+
+# ------------------------------------------------------------------- phase B: one matrix, one row tile
+
+@triton.jit
+def _gemv_tile_loads(codes_p, scales_p, mins_p, d_p, dmin_p, r2, m2, t, ROWW, NG, NU,
+                     BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
+                     SB: tl.constexpr, BKW: tl.constexpr):
+    """The raw weight data of K step t (words t .. t+BKW of each row): codes [BN, BKW] int32, then
+    (super-block formats) sc [BN, BKW], mins bytes [BN, BKW], d [BN, 1], dmin [BN, 1], or (fp16
+    formats) S [BN, 1], M [BN, 1] and two unused zeros. Masked off past the rows (m2)."""
+    EPW: tl.constexpr = 32 // BITS
+    WPG: tl.constexpr = GROUP // EPW
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    WPU: tl.constexpr = UNIT // EPW
+    cols = t + tl.arange(0, BKW)
+    words = tl.load(codes_p + r2 * ROWW + cols[None, :], mask=m2, other=0)
+    u = t // WPU
+    if SCALE_BITS == 16:
+        a = tl.load(scales_p + r2 * NG + u, mask=m2, other=0.0)                     # [BN, 1]
+        b = tl.load(mins_p + r2 * NG + u, mask=m2, other=0.0)
+        return words, a, b, 0, 0
+    else:
+        g = cols // WPG
+        sc = tl.load(scales_p + r2 * NG + g[None, :], mask=m2, other=0)
+        if MIN_BITS == 4:
+            mb = tl.load(mins_p + r2 * (NG // 2) + (g // 2)[None, :], mask=m2, other=0)
+        else:
+            mb = tl.load(mins_p + r2 * NG + g[None, :], mask=m2, other=0)
+        d = tl.load(d_p + r2 * NU + u, mask=m2, other=0.0)                          # [BN, 1]
+        dmin = tl.load(dmin_p + r2 * NU + u, mask=m2, other=0.0)
+        return words, sc, mb, d, dmin
+
+
+@triton.jit
+def _gemv_fold(acc, isum, sc, mb, d, dmin, dxw, xsw, cols,
+               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr):
+    """acc [BN, BKW] += per word: S * dx * isum - M * sum(x), S and M from the tile's scales."""
+    EPW: tl.constexpr = 32 // BITS
+    WPG: tl.constexpr = GROUP // EPW
+    if SCALE_BITS == 16:
+        acc = tl.fma(sc.to(tl.float32), isum.to(tl.float32) * dxw, acc)
+        acc = tl.fma(-mb.to(tl.float32), xsw, acc)
+    else:
+        if MIN_BITS == 4:
+            mn = (mb.to(tl.int32) >> (((cols // WPG) & 1) * 4)[None, :]) & 15
+        else:
+            mn = mb.to(tl.int32)
+        # sc * isum stays an integer (< 2^24): one int->float convert per word for the scale term
+        a = (isum * sc.to(tl.int32)).to(tl.float32)
+        acc = tl.fma(d.to(tl.float32), a * dxw, acc)
+        acc = tl.fma(-dmin.to(tl.float32), mn.to(tl.float32) * xsw, acc)
+    return acc
+
+
+@triton.jit
+def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
+              K, rows, row_ok, xq_p, xdx_p, xsum_p, XW, w_lo, w_hi,
+              BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
+              SB: tl.constexpr, BKW: tl.constexpr, NMAT: tl.constexpr, USE_ASM: tl.constexpr):
+    """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
+    matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
+
+    Codes are int32 words [N, KP*BITS/32]; the activations were packed by phase A (xq: X_s words,
+    s-major [S, XW]; xsum [XW]; xdx [XW*EPW/32]) for at least KP inputs (zeros past K), so whole
+    padded rows are read without column masks. w_lo, w_hi: multiples of BKW (w_hi <= KP/EPW).
+    rows [BN] int32, row_ok [BN] mask. Returns (float32 [BN], float32 [BN]); b's is 0 for NMAT=1.
+    The next step's weights are loaded before this step's arithmetic (two tiles in flight per thread)."""
+    S: tl.constexpr = 8 // BITS
+    EPW: tl.constexpr = 32 // BITS
+    LANEMASK: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    KP = tl.cdiv(K, UNIT) * UNIT
+    ROWW = tl.multiple_of(KP // EPW, 16)                  # code words per row
+    NG = KP // GROUP                                      # groups per row
+    NU = KP // UNIT                                       # scale units per row
+    BN: tl.constexpr = rows.shape[0]
+    cols0 = tl.arange(0, BKW)
+    r2 = rows[:, None].to(tl.int64)
+    m2 = row_ok[:, None]
+    acc_a = tl.zeros([BN, BKW], tl.float32)
+    acc_b = tl.zeros([BN, BKW], tl.float32)
+    wa, sa, ma, da, dma = _gemv_tile_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r2, m2, w_lo, ROWW, NG, NU,
+                                           BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
+    wb, sb, mbb, db, dmb = 0, 0, 0, 0, 0
+    if NMAT == 2:
+        wb, sb, mbb, db, dmb = _gemv_tile_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r2, m2, w_lo, ROWW, NG, NU,
+                                                BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
+    for t in range(w_lo, w_hi, BKW):
+        mn2 = (row_ok & (tl.full([BN], t + BKW, tl.int32) < w_hi))[:, None]         # nothing past the range
+        wa_n, sa_n, ma_n, da_n, dma_n = _gemv_tile_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r2, mn2, t + BKW,
+                                                         ROWW, NG, NU, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
+        if NMAT == 2:
+            wb_n, sb_n, mb_n, db_n, dmb_n = _gemv_tile_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r2, mn2,
+                                                             t + BKW, ROWW, NG, NU, BITS, GROUP, SCALE_BITS,
+                                                             MIN_BITS, SB, BKW)
+        cols = t + cols0
+        isa = tl.zeros([BN, BKW], tl.int32)
+        isb = tl.zeros([BN, BKW], tl.int32)
+        for s in tl.static_range(S):
+            xs = tl.load(xq_p + s * XW + cols)[None, :]                                  # [1, BKW]
+            isa = dp4a((wa >> (BITS * s)) & LANEMASK, xs, isa, USE_ASM)
+            if NMAT == 2:
+                isb = dp4a((wb >> (BITS * s)) & LANEMASK, xs, isb, USE_ASM)
+        dxw = tl.load(xdx_p + (cols * EPW) // 32)[None, :]                              # [1, BKW]
+        xsw = tl.load(xsum_p + cols)[None, :]
+        acc_a = _gemv_fold(acc_a, isa, sa, ma, da, dma, dxw, xsw, cols, BITS, GROUP, SCALE_BITS, MIN_BITS)
+        wa, sa, ma, da, dma = wa_n, sa_n, ma_n, da_n, dma_n
+        if NMAT == 2:
+            acc_b = _gemv_fold(acc_b, isb, sb, mbb, db, dmb, dxw, xsw, cols, BITS, GROUP, SCALE_BITS, MIN_BITS)
+            wb, sb, mbb, db, dmb = wb_n, sb_n, mb_n, db_n, dmb_n
+    return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
+
+
+@triton.jit
+def gemv_rows_bf16(w_p, K, rows, row_ok, x_p, BK: tl.constexpr):
+    """sum_k w[rows, k] * x[k] for a plain bf16 [N, K] matrix and float activations x_p[0:K]."""
+    BN: tl.constexpr = rows.shape[0]
+    r2 = rows[:, None].to(tl.int64)
+    acc = tl.zeros([BN, BK], tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        kok = ks < K
+        w = tl.load(w_p + r2 * K + ks[None, :], mask=row_ok[:, None] & kok[None, :], other=0.0)
+        x = tl.load(x_p + ks, mask=kok, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    return tl.sum(acc, 1)
+
+
+# ----------------------------------------------------------------- the GEMM's dequantized [BK, BN] tile
+
+@triton.jit
+def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, cols, col_ok,
+                 BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
+                 SB: tl.constexpr, BK: tl.constexpr):
+    """W^T[k0:k0+BK, cols] = S * q - M as float32 [BK, BN] (cols [BN] output rows, col_ok their mask).
+
+    k0 is a multiple of BK, and BK divides the scale unit (super-block, or the fp16 group). Codes are
+    read once as bytes and spread over their EPB codes in registers; scales once per group."""
+    EPB: tl.constexpr = 8 // BITS
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    GT: tl.constexpr = BK // GROUP if BK > GROUP else 1          # groups in the tile
+    GS: tl.constexpr = BK // GT                                  # weights of one group in the tile
+    BN: tl.constexpr = cols.shape[0]
+    KP = tl.cdiv(K, UNIT) * UNIT
+    ROWB = KP // EPB
+    NG = KP // GROUP
+    c3 = cols[None, None, :].to(tl.int64)
+    ok3 = col_ok[None, None, :]
+    gi = tl.arange(0, GT)[:, None, None]
+    bi = k0 // EPB + gi * (GS // EPB) + tl.arange(0, GS // EPB)[None, :, None]          # [GT, GS/EPB, 1]
+    byts = tl.load(codes_p + c3 * ROWB + bi, mask=ok3, other=0).to(tl.int32)           # [GT, GS/EPB, BN]
+    sh = (tl.arange(0, EPB) * BITS)[None, None, :, None]
+    q = u2f((byts[:, :, None, :] >> sh) & ((1 << BITS) - 1))                           # [GT, GS/EPB, EPB, BN]
+    g2 = k0 // GROUP + tl.arange(0, GT)[:, None]                                        # [GT, 1]
+    c2 = cols[None, :].to(tl.int64)
+    ok2 = col_ok[None, :]
+    if SCALE_BITS == 16:
+        S = tl.load(scales_p + c2 * NG + g2, mask=ok2, other=0.0).to(tl.float32)          # [GT, BN]
+        M = tl.load(mins_p + c2 * NG + g2, mask=ok2, other=0.0).to(tl.float32)
+    else:
+        NU = KP // SB
+        u = k0 // SB
+        sc = u2f(tl.load(scales_p + c2 * NG + g2, mask=ok2, other=0).to(tl.int32))
+        if MIN_BITS == 4:
+            mb = tl.load(mins_p + c2 * (NG // 2) + g2 // 2, mask=ok2, other=0).to(tl.int32)
+            mn = u2f((mb >> ((g2 & 1) * 4)) & 15)
+        else:
+            mn = u2f(tl.load(mins_p + c2 * NG + g2, mask=ok2, other=0).to(tl.int32))
+        d = tl.load(d_p + cols * NU + u, mask=col_ok, other=0.0).to(tl.float32)
+        dmin = tl.load(dmin_p + cols * NU + u, mask=col_ok, other=0.0).to(tl.float32)
+        S = d[None, :] * sc
+        M = dmin[None, :] * mn
+    w = S[:, None, None, :] * q - M[:, None, None, :]
+    return tl.reshape(w, [BK, BN])
