@@ -31,6 +31,21 @@ def latest() -> dict[str, dict]:
     return out
 
 
+def flatten(metrics: dict, prefix: str = "") -> dict:
+    """Nested metric groups become dotted names (`rtx-4090.default_seconds`)."""
+    out = {}
+    for k, v in metrics.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, name + "."))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for i, x in enumerate(v):
+                out.update(flatten(x, f"{name}[{i}]."))
+        else:
+            out[name] = v
+    return out
+
+
 def fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -48,7 +63,7 @@ def render() -> str:
         if r.get("notes"):
             parts.append(f"- notes: {r['notes']}")
         parts.append("\n| metric | value |\n|---|---|")
-        for k, v in r.get("metrics", {}).items():
+        for k, v in flatten(r.get("metrics", {})).items():
             parts.append(f"| {k} | {fmt(v)} |")
         parts.append("")
     return "\n".join(parts) + "\n"
