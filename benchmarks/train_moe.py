@@ -24,13 +24,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # strata_plan, where it is not installed
 
 from strata_plan.errors import UserError  # noqa: E402
 
 from moe import corpus as C  # noqa: E402
 from moe.model import SHAPES, MoEShape, build_model, keep_router_bias_fp32  # noqa: E402
-from moe.trace import heldout_sequences, routing_trace, trace_meta, write_trace  # noqa: E402
+from moe.trace import heldout_sequences, routing_trace, write_trace  # noqa: E402
 from moe.train import TrainSettings, evaluate, fit, steps_for, windows  # noqa: E402
 
 DEFAULTS = {"fixture-moe": TrainSettings(lr=3e-3), "bench-moe": TrainSettings(lr=1e-3)}
@@ -121,7 +120,7 @@ def run(shape: MoEShape, corpus: C.Corpus, out: Path, args, device: str) -> dict
     arrays = routing_trace(ref, seqs, depth=4)
     source = (f"{shape.name} trained by benchmarks/train_moe.py (seed {args.seed}, {tlog.steps} steps) on Python "
               f"sources; teacher-forced on {len(seqs)} held-out files, float32 forward of the bf16 checkpoint")
-    write_trace(out / f"{shape.name}.trace.npz", arrays, trace_meta(ref, shape.name, source))
+    write_trace(out / f"{shape.name}.trace.npz", ref, shape.name, arrays, source)
     np.savez_compressed(out / "heldout_tokens.npz", tokens=np.concatenate(seqs), sequence=arrays["sequence"],
                         files=np.array(json.dumps(keys)))
     log(f"{shape.name}: trace of {len(arrays['sequence'])} tokens in {len(seqs)} sequences "

@@ -16,15 +16,12 @@ the model produced this text.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .model import GateTap, moe_blocks, moe_layer_indices
-
-FORMAT = "strata-plan/routing-trace"
 
 
 def _sorted(weights: torch.Tensor, ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -76,17 +73,14 @@ def routing_trace(model, sequences: list[np.ndarray], depth: int = 4) -> dict[st
     return out
 
 
-def trace_meta(model, name: str, source: str) -> dict:
-    cfg = model.config
-    return {"format": FORMAT, "version": 1, "model": name, "n_experts": int(cfg.n_routed_experts),
-            "top_k": int(cfg.num_experts_per_tok), "n_layers": len(moe_blocks(model)), "phase": "decode",
-            "source": source}
-
-
-def write_trace(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
-    """Write the .npz of the trace format v1."""
+def write_trace(path: Path, model, name: str, arrays: dict[str, np.ndarray], source: str) -> Path:
+    """Write the trace through the planner's writer (which checks it against the format)."""
+    from strata_plan.planner.routing import Trace, save_trace
+    trace = Trace(experts=arrays["experts"], weights=arrays["weights"], sequence=arrays["sequence"], model=name,
+                  n_experts=int(model.config.n_routed_experts), phase="decode", source=source,
+                  lookahead_experts=arrays["lookahead_experts"], lookahead_scores=arrays["lookahead_scores"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, **arrays, meta=np.array(json.dumps(meta)))
+    save_trace(trace, path)
     return path
 
 
