@@ -72,25 +72,34 @@ class SearchScreen(StepScreen):
             self._stopped("stopped")
 
     def start(self, choices) -> None:
-        self._best: list[float] = []
-        self._done = 0
+        self._best: list[float] = []          # best score after each trial; the search thread appends
+        self._shown = -1
+        self._choices = choices
         self.query_one("#search-bar", ProgressBar).update(total=choices.trials, progress=0)
         self.query_one("#best", Sparkline).data = []
         self.query_one("#search-result", Static).update("")
         self.query_one("#search-status", Label).update(f"searching: {choices.model} on {choices.profile}")
         self.query_one("#start", Button).disabled = True
         self.query_one("#stop", Button).disabled = False
-        self.run_search(choices)
+        self._timer = self.set_interval(0.1, self._show_progress)
+        self.run_search(choices, self._best)
+
+    @property
+    def trials_done(self) -> int:
+        return len(getattr(self, "_best", ()))
 
     @work(thread=True, exclusive=True, group="search")
-    def run_search(self, choices) -> None:
+    def run_search(self, choices, best: list[float]) -> None:
+        """`make_plan` with Optuna's per-trial callback recording the best score so far (a list append, safe
+        under the GIL); the interface reads it on a timer, so the search never waits for drawing."""
         from strata_plan.planner.make import make_plan
         worker = get_current_worker()
+        _quiet_optuna()
 
         def on_trial(number: int, value: float) -> None:
             if worker.is_cancelled:
                 raise Cancelled
-            self.app.call_from_thread(self._trial, value, choices)
+            best.append(max(value, best[-1]) if best else value)
         try:
             plan = make_plan(on_trial=on_trial, **choices.plan_call())
         except Cancelled:
@@ -98,19 +107,25 @@ class SearchScreen(StepScreen):
         except UserError as e:
             self.app.call_from_thread(self._stopped, e.line())
             return
-        self.app.call_from_thread(self._finished, plan, choices)
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self._finished, plan, choices)
 
-    def _trial(self, value: float, choices) -> None:
-        self._done += 1
-        self._best.append(max(value, self._best[-1]) if self._best else value)
-        self.query_one("#search-bar", ProgressBar).update(progress=self._done)
-        self.query_one("#best", Sparkline).data = list(self._best)
-        status = f"trial {self._done}/{choices.trials}: best {LABELS[choices.objective]} {fmt_tok(self._best[-1])}"
-        if self._done >= choices.trials:
+    def _show_progress(self) -> None:
+        done, ch = len(self._best), self._choices
+        if done == self._shown or not done:
+            return
+        self._shown = done
+        self.query_one("#search-bar", ProgressBar).update(progress=done)
+        self.query_one("#best", Sparkline).data = self._best[:done]
+        status = f"trial {done}/{ch.trials}: best {LABELS[ch.objective]} {fmt_tok(self._best[done - 1])}"
+        if done >= ch.trials:
             status += " · polishing the best placement"
         self.query_one("#search-status", Label).update(status)
 
     def _stopped(self, message: str) -> None:
+        if getattr(self, "_timer", None) is not None:
+            self._timer.stop()
+            self._show_progress()
         self.query_one("#start", Button).disabled = False
         self.query_one("#stop", Button).disabled = True
         self.query_one("#search-status", Label).update(message)
@@ -121,3 +136,15 @@ class SearchScreen(StepScreen):
         self._stopped(f"done: {plan.search.trials} trials (greedy start {fmt_tok(plan.search.greedy_decode_tok_s)} "
                       f"tok/s decode); the plan, predicted:")
         self.query_one("#search-result", Static).update(rows_text(plan_rows(plan)[:2]))
+
+
+def _quiet_optuna() -> None:
+    """Optuna logs a stopped trial as a warning on stderr, which would draw over the wizard: drop its
+    handler (and give its logger a silent one, or Python's last-resort handler prints warnings anyway)."""
+    import logging
+
+    import optuna
+    optuna.logging.disable_default_handler()
+    log = logging.getLogger("optuna")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())

@@ -58,6 +58,10 @@ class TierMap(Widget):
         super().__init__(**kw)
         self._layer_tiers: tuple[LayerTiers, ...] = ()
 
+    @property
+    def tiers(self) -> tuple[LayerTiers, ...]:
+        return self._layer_tiers
+
     def set_layers(self, layers) -> None:
         self._layer_tiers = tuple(layers)
         self.refresh(layout=True)
@@ -123,6 +127,10 @@ class BarPlot(Widget):
         super().__init__(**kw)
         self._rows = rows
         self._bars: tuple[Bar, ...] = ()
+
+    @property
+    def bars(self) -> tuple[Bar, ...]:
+        return self._bars
 
     def set_bars(self, bars) -> None:
         self._bars = tuple(bars)

@@ -1,0 +1,162 @@
+"""llama.cpp export: -ot arguments cover every MoE layer once, follow the plan's per-layer majority, fit the
+VRAM budget, and the command refuses plans whose inputs it cannot find or that changed."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from strata_plan.cli import main
+from strata_plan.planner.capacity import Budget
+from strata_plan.planner.export import LayerChoice, export_llama_cpp, layer_regex, problem_for_plan
+from strata_plan.planner.make import make_plan
+from strata_plan.planner.plan import load_plan, save_plan
+
+
+def _plan(tmp_path, name="p", model="mixtral-8x7b", **kw):
+    kw = {"vram_gb": 13, "ram_gb": 16, "prior": "olmoe-like", "trials": 12, **kw}
+    plan = make_plan(kw.pop("profile", "rtx-4090"), model, **kw)
+    path = save_plan(plan, tmp_path / f"{name}.yaml")
+    return load_plan(path), str(path)
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    """Mixtral on a 13 GB card: 5 of 8 experts in VRAM in some layers, 4 in the others."""
+    return _plan(tmp_path_factory.mktemp("mixtral"))
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory):
+    """Mixtral on a 14 GB card: 7 of 8 experts in VRAM in every layer, too many whole layers for the card."""
+    return _plan(tmp_path_factory.mktemp("tight"), vram_gb=14)
+
+
+def overrides(args) -> list[tuple[re.Pattern, str]]:
+    assert len(args) % 2 == 0 and all(a == "-ot" for a in args[::2])
+    out = []
+    for value in args[1::2]:
+        pattern, buffer = value.rsplit("=", 1)
+        out.append((re.compile(pattern), buffer))
+    return out
+
+
+def placement_of(args, spec) -> dict[int, str]:
+    """Decoder layer -> buffer, the way llama.cpp reads -ot (regex search on tensor names); every routed-expert
+    tensor of a MoE layer must match exactly one override and every other tensor none."""
+    ots = overrides(args)
+    where = {}
+    for i in range(spec.n_layers):
+        experts = [f"blk.{i}.ffn_{p}_exps.weight" for p in ("gate", "up", "down")]
+        others = [f"blk.{i}.ffn_gate_shexp.weight", f"blk.{i}.ffn_gate.weight", f"blk.{i}.attn_q.weight",
+                  f"blk.{i}.ffn_gate_inp.weight"]
+        for name in others:
+            assert not [b for p, b in ots if p.search(name)], name
+        hits = {name: [b for p, b in ots if p.search(name)] for name in experts}
+        if i in spec.moe_layers:
+            assert all(len(h) == 1 for h in hits.values()), hits
+            assert len({h[0] for h in hits.values()}) == 1
+            where[i] = hits[experts[0]][0]
+        else:
+            assert not any(hits.values()), hits
+    return where
+
+
+def test_arguments_cover_every_moe_layer_once_and_follow_the_majority(mixtral):
+    plan, path = mixtral
+    roomy = problem_for_plan(plan, path)
+    roomy = roomy.replace(budget=Budget(10**12, roomy.budget.ram, roomy.budget.nvme, roomy.budget.reserve))
+    ex = export_llama_cpp(plan, roomy, path)
+    where = placement_of(ex.override_args, roomy.spec)
+    assert sorted(where) == list(roomy.spec.moe_layers)
+    for layer in plan.layers:
+        majority = "CUDA0" if 2 * len(layer.vram) > plan.n_experts else "CPU"
+        assert where[layer.layer] == majority, layer.layer
+    assert not any(c.demoted for c in ex.layers)
+    assert {"CUDA0", "CPU"} <= set(where.values()), "the fixture should split layers between GPU and CPU"
+
+
+def test_layers_move_to_the_cpu_until_the_export_fits_the_vram_budget(tight):
+    plan, path = tight
+    problem = problem_for_plan(plan, path)
+    ex = export_llama_cpp(plan, problem, path)
+    assert ex.fits_vram and ex.vram_needed <= problem.budget.vram
+    where = placement_of(ex.override_args, problem.spec)
+    demoted = [c for c in ex.layers if c.demoted]
+    kept = [c for c in ex.layers if c.on_gpu]
+    assert demoted and kept, "14 GB holds some whole Mixtral layers, not all 32"
+    assert all(where[c.layer] == "CPU" for c in demoted)
+    assert max(c.vram for c in demoted) <= min(c.vram for c in kept)        # fewest VRAM experts go first
+    assert any(f"layers {demoted[0].layer}" in n for n in ex.notes)
+
+
+def test_the_layer_placement_is_predicted_again_within_its_bound(mixtral):
+    plan, path = mixtral
+    ex = export_llama_cpp(plan, problem_for_plan(plan, path), path)
+    p = ex.predicted
+    assert 0 < p.decode_tok_s <= p.bound_decode_tok_s * (1 + 1e-9)
+    assert 0 < p.prefill_tok_s <= p.bound_prefill_tok_s * (1 + 1e-9)
+    assert ex.plan_predicted.decode_tok_s == plan.predicted.decode_tok_s
+    # whole layers without cache or prefetch cannot beat the per-expert plan it came from
+    assert p.decode_tok_s <= plan.predicted.decode_tok_s * (1 + 1e-9)
+    assert ex.cpu_bound_decode_tok_s is not None and ex.cpu_bound_decode_tok_s > 0
+    assert sum(c.moved for c in ex.layers) > 0
+    text = ex.shell()
+    assert "bound, not a prediction" in text and "Lost:" in text and "-ngl 999" in text
+
+
+def test_dense_layers_and_shared_experts_are_never_matched(tmp_path):
+    plan, path = _plan(tmp_path, model="deepseek-v3", vram_gb=80, ram_gb=300, prior=None, trials=4)
+    problem = problem_for_plan(plan, path)
+    ex = export_llama_cpp(plan, problem, path)
+    where = placement_of(ex.override_args, problem.spec)
+    assert sorted(where) == list(problem.spec.moe_layers) and 0 not in where
+
+
+def test_layer_regex_matches_whole_layer_numbers_only():
+    pattern = re.compile(layer_regex([1, 13]))
+    assert pattern.search("blk.1.ffn_up_exps.weight") and pattern.search("blk.13.ffn_down_exps.weight")
+    for name in ("blk.113.ffn_up_exps.weight", "blk.131.ffn_up_exps.weight", "blk.3.ffn_up_exps.weight",
+                 "blk.11.ffn_gate_exps.weight", "blk.1.ffn_up_shexp.weight", "blk.1.ffn_up.weight"):
+        assert not pattern.search(name), name
+
+
+def test_a_tie_is_not_a_majority():
+    assert not LayerChoice(0, 4, 4, 0, 0, False).majority_gpu
+    assert LayerChoice(0, 5, 3, 0, 0, True).majority_gpu
+    assert LayerChoice(0, 5, 3, 0, 0, True).moved == 3 and LayerChoice(0, 5, 3, 0, 0, False).demoted
+
+
+def test_cli_writes_what_it_prints(mixtral, tmp_path, capsys):
+    _, path = mixtral
+    out = tmp_path / "run.sh"
+    assert main(["export", "--format", "llama.cpp", path, "--out", str(out), "--gguf", "mixtral.gguf"]) == 0
+    printed = capsys.readouterr().out
+    assert out.read_text() == printed
+    assert printed.count("-ot ") == 2 and "llama-server -m mixtral.gguf" in printed
+    assert main(["export", path, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["label"] == "predicted" and data["command"][-4:] == data["override_args"]
+
+
+def test_a_measured_profile_needs_its_path(tmp_path, capsys):
+    import dataclasses
+
+    from strata_plan.profiles.schema import load_profile, save_profile
+    mine = save_profile(dataclasses.replace(load_profile("rtx-4090"), name="my-box"), tmp_path / "my-box.yaml")
+    plan, path = _plan(tmp_path, profile=str(mine), trials=4)
+    assert main(["export", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--profile" in err and "my-box" in err
+    assert main(["export", path, "--profile", str(mine)]) == 0
+    capsys.readouterr()
+    other = save_profile(dataclasses.replace(load_profile("rtx-5090"), name="my-box"), tmp_path / "other.yaml")
+    assert main(["export", path, "--profile", str(other)]) == 2
+    assert "differs from the one the plan was made for" in capsys.readouterr().err
+
+
+def test_bad_gpu_buffer_is_refused(mixtral, capsys):
+    _, path = mixtral
+    assert main(["export", path, "--gpu-buffer", "CUDA0=x"]) == 2
+    assert "--gpu-buffer" in capsys.readouterr().err
