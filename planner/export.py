@@ -141,16 +141,16 @@ class LlamaCppExport:
                  + ("" if self.fits_vram else " (DOES NOT FIT: even with every expert on the CPU)") + ".",
                  f"CPU-layer experts: {self.ram_experts / 1e9:.2f} GB kept in RAM by the page cache, "
                  f"{self.nvme_experts / 1e9:.2f} GB read from the GGUF on NVMe when used.",
-                 f"Predicted (cost model), the plan as planned: decode {pp.decode_tok_s:.3g} tok/s "
-                 f"({pp.decode_binding}), prefill {pp.prefill_tok_s:.3g} tok/s ({pp.prefill_binding}).",
+                 f"Predicted (cost model), the plan as planned: decode {_tok(pp.decode_tok_s)} tok/s "
+                 f"({pp.decode_binding}), prefill {_tok(pp.prefill_tok_s)} tok/s ({pp.prefill_binding}).",
                  f"Predicted (cost model), this layer-granular placement{'' if self.fits_vram else ' (over budget)'}: "
-                 f"decode {p.decode_tok_s:.3g} tok/s "
-                 f"({p.decode_binding}), prefill {p.prefill_tok_s:.3g} tok/s ({p.prefill_binding}); physical bound "
-                 f"{p.bound_decode_tok_s:.3g} / {p.bound_prefill_tok_s:.3g} tok/s."]
+                 f"decode {_tok(p.decode_tok_s)} tok/s "
+                 f"({p.decode_binding}), prefill {_tok(p.prefill_tok_s)} tok/s ({p.prefill_binding}); physical bound "
+                 f"{_tok(p.bound_decode_tok_s)} / {_tok(p.bound_prefill_tok_s)} tok/s."]
         if self.cpu_bound_decode_tok_s is not None:
             lines.append(f"llama.cpp computes CPU-held experts on the CPU, which the cost model does not model "
                          f"(it copies them to the GPU): reading them from host RAM alone bounds decode at "
-                         f"{self.cpu_bound_decode_tok_s:.3g} tok/s (bound, not a prediction).")
+                         f"{_tok(self.cpu_bound_decode_tok_s)} tok/s (bound, not a prediction).")
         return lines + [f"Lost: {n}" for n in self.notes]
 
     def as_data(self) -> dict:
@@ -166,6 +166,10 @@ class LlamaCppExport:
                 "predicted": dataclasses.asdict(self.predicted),
                 "cpu_bound_decode_tok_s": self.cpu_bound_decode_tok_s, "notes": list(self.notes),
                 "layers": [dataclasses.asdict(c) for c in self.layers]}
+
+
+def _tok(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
 def layer_regex(layers) -> str:

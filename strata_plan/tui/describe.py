@@ -10,14 +10,15 @@ def _fig(f, unit: str, fmt: str = "{:g}") -> str:
     return f"{fmt.format(f.value)} {unit} ({f.provenance})"
 
 
-def profile_rows(profile) -> list[tuple[str, str]]:
-    """GPU, link, RAM and disk figures the planner leans on most."""
+def profile_rows(profile, borrowed: str = "") -> list[tuple[str, str]]:
+    """GPU, link, RAM and disk figures the planner leans on most; `borrowed` names the shipped profile a
+    host-only profile took its GPU from."""
     rows = []
     g = profile.gpu
     if g is None:
-        rows.append(("GPU", "none (host-only profile): borrow a shipped GPU below"))
+        rows.append(("GPU", "none (host-only profile): pick a shipped GPU to borrow"))
     else:
-        rows += [("GPU", f"{g.name}, {_fig(g.vram_gb, 'GB')}"),
+        rows += [("GPU", f"{g.name}, {_fig(g.vram_gb, 'GB')}" + (f", borrowed from {borrowed}" if borrowed else "")),
                  ("HBM / BF16", f"{_fig(g.hbm_gbps, 'GB/s')}, {_fig(g.bf16_tflops, 'TFLOPS')}"),
                  ("pinned H2D", f"{g.h2d_pinned.at(16 * MiB):.1f} GB/s at 16 MiB ({g.h2d_pinned.provenance})")]
     h = profile.host

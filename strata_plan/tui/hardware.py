@@ -50,7 +50,7 @@ class HardwareScreen(StepScreen):
                         Button("Measure", id="measure", compact=True), id="detect-row")
         yield field_row("", ProgressBar(total=1.0, show_eta=False, id="measure-bar"),
                         Label("", id="measure-phase"), id="progress-row")
-        yield field_row("GPU", Select([(n, n) for n in self._gpus], value=ch.gpu_preset or Select.NULL,
+        yield field_row("borrow GPU", Select([(n, n) for n in self._gpus], value=ch.gpu_preset or Select.NULL,
                                       prompt="host-only profile: borrow a shipped GPU", id="preset", compact=True),
                         id="preset-row")
         yield Static("", id="figures")
@@ -115,11 +115,12 @@ class HardwareScreen(StepScreen):
             return
         self.show_error("")
         self.query_one("#preset-row").display = prof.gpu is None
-        gpu = prof.gpu
+        gpu, shown = prof.gpu, prof
         if gpu is None and self.preset():
-            from strata_plan.profiles.schema import load_profile
-            gpu = load_profile(self.preset()).gpu
-        figures.update(rows_text(profile_rows(prof)))
+            from strata_plan.planner.make import load_machine
+            shown = load_machine(self.profile_arg(), self.preset())
+            gpu = shown.gpu
+        figures.update(rows_text(profile_rows(shown, borrowed=self.preset() if prof.gpu is None else "")))
         defaults = {"vram": f"{gpu.vram_gb.value:g}, the whole card" if gpu else "the borrowed GPU's VRAM",
                     "ram": f"{prof.host.pinnable_gb.value:g}, what the profile can pin",
                     "nvme": f"{prof.nvme[0].capacity_gb.value:g}, the drive" if prof.nvme else "0, no drive"}
@@ -133,6 +134,7 @@ class HardwareScreen(StepScreen):
             self.query_one("#progress-row").display = True
             self.query_one("#measure", Button).disabled = True
             self.query_one("#measure-bar", ProgressBar).update(progress=0.0)
+            self.query_one("#measure-bar", ProgressBar).display = True
             self.measure(self.session.nvme_dir)
 
     @work(thread=True, exclusive=True, group="profile")
@@ -163,7 +165,8 @@ class HardwareScreen(StepScreen):
             self.show_error(error)
             return
         self.session.keep_measured(run)
-        notes = f" ({len(run.notes)} notes)" if run.notes else ""
+        self.query_one("#measure-bar", ProgressBar).display = False
+        notes = f"; {run.notes[0]}" if run.notes else ""
         self.query_one("#measure-phase", Label).update(f"measured {run.profile.name} in {run.seconds:.0f} s{notes}")
         self.refresh_source()
 

@@ -37,6 +37,7 @@ class ModelScreen(StepScreen):
                                           allow_blank=False, id="routing", compact=True))
         yield field_row("statistics", Input(ch.stats, placeholder="path/to/stats.yaml or trace.npz", id="stats",
                                             compact=True), id="stats-row")
+        yield Static("", id="routing-figures")
         yield field_row("context", Input(str(ch.context), id="context", compact=True, classes="gb"),
                         Label("tokens of KV cache;  prefill chunk", classes="label-l"),
                         Input(str(ch.chunk), id="chunk", compact=True, classes="gb"))
@@ -80,6 +81,13 @@ class ModelScreen(StepScreen):
             figures.update(rows_text(model_rows(load_spec(self.model_arg()))))
         except UserError as e:
             figures.update(e.line() if self.query_one("#config", Input).value else "")
+        prior = self.query_one("#routing", Select).value
+        text = ""
+        if prior != FILE:
+            from strata_plan.planner.routing import load_prior
+            pr = load_prior(str(prior))
+            text = f"{pr.description} (Zipf s = {pr.zipf_s:g}, locality {pr.locality:g})"
+        self.query_one("#routing-figures", Static).update(text)
 
     def commit(self) -> None:
         from strata_plan.planner.make import make_problem

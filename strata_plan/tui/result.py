@@ -32,6 +32,7 @@ class ResultScreen(StepScreen):
         yield Static("", id="whatif")
         yield Label("Predicted decode tok/s against the VRAM budget (GB)", classes="section")
         yield BarPlot(rows=8, id="sweep")
+        yield Label("green: the plan's budget · ×: the working set alone does not fit", classes="hint")
 
     def on_screen_resume(self) -> None:
         s = self.session
@@ -90,10 +91,12 @@ class ResultScreen(StepScreen):
     def show_whatif(self, result) -> None:
         self.query_one("#whatif-bar", ProgressBar).display = False
         t = Table.grid(padding=(0, 2))
+        t.add_column(width=24, no_wrap=True)
+        t.add_column(min_width=11, justify="right", no_wrap=True)
         for i, c in enumerate(result.ranked):
+            after = f"→ {fmt_tok(c.decode_tok_s)} tok/s decode ({c.decode_binding})" if c.score else "nothing fits"
             t.add_row(Text(c.label, style="bold" if i == 0 else ""), c.gain_text(result.base, result.objective),
-                      Text(f"→ {fmt_tok(c.decode_tok_s)} tok/s decode ({c.decode_binding})" if c.score else "nothing fits",
-                           style="dim"))
+                      Text(after, style="dim"))
         best = result.best
         note = Text("")
         if best is None or best.score <= result.base.score * (1 + 1e-6):

@@ -31,7 +31,7 @@ class SearchScreen(StepScreen):
         yield field_row("progress", ProgressBar(total=ch.trials, show_eta=False, id="search-bar"))
         yield Label("", id="search-status")
         yield Static("", id="search-result")
-        yield Label("best score so far (over-budget trials drop out only at the end)", classes="hint")
+        yield Label("best score so far (over-budget trials drop out only at the end)", classes="hint", id="best-label")
         yield Sparkline([], id="best", summary_function=max)
 
     def on_screen_resume(self) -> None:
@@ -121,6 +121,9 @@ class SearchScreen(StepScreen):
         if done >= ch.trials:
             status += " · polishing the best placement"
         self.query_one("#search-status", Label).update(status)
+        self.query_one("#best-label", Label).update(
+            f"best score so far: {fmt_tok(self._best[0])} at trial 1 → {fmt_tok(self._best[done - 1])} at trial "
+            f"{done} (over-budget trials drop out only at the end)")
 
     def _stopped(self, message: str) -> None:
         if getattr(self, "_timer", None) is not None:

@@ -107,7 +107,8 @@ def parse_gb(text: str, what: str) -> float | None:
     except ValueError:
         v = -1.0
     if not 0 < v < 1e6:
-        raise UserError(what, text, "must be a positive number of GB", "type e.g. 24, or leave it blank for the default")
+        raise UserError(what, text, "must be a positive number of GB",
+                        "type e.g. 24, or leave it blank for the default")
     return v
 
 
