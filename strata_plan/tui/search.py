@@ -48,10 +48,11 @@ class SearchScreen(StepScreen):
 
     def commit(self) -> None:
         self.session.choices = self.read_inputs()
+        if self.session.plan_is_current:        # (its worker may still be winding down)
+            return
         if self.searching:
             raise UserError("Search", "search", "still running", "wait for it to finish, or press Stop")
-        if not self.session.plan_is_current:
-            raise UserError("Search", "plan", "no plan for these choices yet", "press Search and wait for it")
+        raise UserError("Search", "plan", "no plan for these choices yet", "press Search and wait for it")
 
     @property
     def searching(self) -> bool:
