@@ -97,7 +97,7 @@ def run(shape: MoEShape, corpus: C.Corpus, out: Path, args, device: str) -> dict
     if len(train_w) < settings.batch or len(held_w) == 0:
         raise UserError("--corpus-mb", str(args.corpus_mb), f"{len(train_w)} train / {len(held_w)} held-out windows of "
                         f"{settings.seq_len} tokens for a batch of {settings.batch}", "give the corpus more text")
-    steps = args.steps or steps_for(model, shape, train_w, settings, args.seconds, log=log)
+    steps, probe = (args.steps, None) if args.steps else steps_for(model, shape, train_w, settings, args.seconds, log=log)
     log(f"{shape.name}: training {steps} steps of {settings.batch} x {settings.seq_len} tokens")
     tlog = fit(model, shape, train_w, settings, steps, seconds_limit=args.seconds * 1.15 if args.seconds else None,
                log=log)
@@ -129,6 +129,7 @@ def run(shape: MoEShape, corpus: C.Corpus, out: Path, args, device: str) -> dict
               "torch": torch.__version__, "transformers": _version("transformers"),
               "tokenizers": _version("tokenizers"), "python": platform.python_version(),
               "corpus": corpus.summary(), "data": data_info, "train": tlog.to_dict(), "held_out": ev,
+              "repeat": _repeat(probe, tlog),
               "trace": {"tokens": int(len(arrays["sequence"])), "sequences": len(seqs), "files": keys},
               "balancing": "aux-loss-free bias (DeepSeek-V3): bias -/+ gamma per step for over/under-loaded "
                            "experts, plus the sequence-wise balance loss with alpha = seq_aux_alpha",
@@ -146,6 +147,15 @@ def run(shape: MoEShape, corpus: C.Corpus, out: Path, args, device: str) -> dict
                      notes=f"{shape.name} trained on {_device_name(device)}; held-out = 2% of .py files by content "
                            "hash; perplexity per token of this model's own tokenizer, bits/byte comparable")
     return record
+
+
+def _repeat(probe, tlog) -> dict | None:
+    """The probe's losses against the run's first steps (same seed, weights and batches)."""
+    if probe is None:
+        return None
+    n = min(probe.steps, tlog.steps)
+    diff = [abs(a - b) for a, b in zip(probe.loss[:n], tlog.loss[:n])]
+    return {"steps": n, "probe_loss": [round(x, 5) for x in probe.loss[:n]], "max_abs_diff": max(diff)}
 
 
 def _device_name(device: str) -> str:

@@ -168,17 +168,18 @@ def _blocks(model):
 
 
 def steps_for(model, shape: MoEShape, train_windows: np.ndarray, s: TrainSettings, seconds: float,
-              probe_steps: int = 8, log=print) -> int:
-    """How many steps fit in `seconds`: time `probe_steps` steps on a throw-away copy of the model."""
+              probe_steps: int = 8, log=print) -> tuple[int, TrainLog]:
+    """How many steps fit in `seconds`: time `probe_steps` steps on a throw-away copy of the model. The
+    probe starts from the same weights on the same batches, so its losses are also a repeat of the run's
+    first steps (the log compares them: the run-to-run noise of the GPU)."""
     probe = copy.deepcopy(model)
     plog = fit(probe, shape, train_windows, s, probe_steps, log=lambda *_: None)
     del probe
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    per = plog.step_seconds_median
-    steps = max(1, int(seconds / per))
-    log(f"  probe: {per * 1e3:.1f} ms/step -> {steps} steps in {seconds:.0f} s")
-    return steps
+    steps = max(1, int(seconds / plog.step_seconds_median))
+    log(f"  probe: {plog.step_seconds_median * 1e3:.1f} ms/step -> {steps} steps in {seconds:.0f} s")
+    return steps, plog
 
 
 @torch.no_grad()
