@@ -120,10 +120,14 @@ class HardwareScreen(StepScreen):
             from strata_plan.planner.make import load_machine
             shown = load_machine(self.profile_arg(), self.preset())
             gpu = shown.gpu
-        figures.update(rows_text(profile_rows(shown, borrowed=self.preset() if prof.gpu is None else "")))
-        defaults = {"vram": f"{gpu.vram_gb.value:g}, the whole card" if gpu else "the borrowed GPU's VRAM",
-                    "ram": f"{prof.host.pinnable_gb.value:g}, what the profile can pin",
-                    "nvme": f"{prof.nvme[0].capacity_gb.value:g}, the drive" if prof.nvme else "0, no drive"}
+        rows = profile_rows(shown, borrowed=self.preset() if prof.gpu is None else "")
+        run = self.session.measured
+        if src == DETECT and run is not None and run.notes:
+            rows.append(("notes", " ".join(run.notes)))
+        figures.update(rows_text(rows))
+        defaults = {"vram": f"{gpu.vram_gb.value:.4g}, the whole card" if gpu else "the borrowed GPU's VRAM",
+                    "ram": f"{prof.host.pinnable_gb.value:.4g}, what the profile can pin",
+                    "nvme": f"{prof.nvme[0].capacity_gb.value:.4g}, the drive" if prof.nvme else "0, no drive"}
         for key, text in defaults.items():
             self.query_one(f"#{key}-default", Label).update(f"blank: {text}")
 
@@ -135,6 +139,7 @@ class HardwareScreen(StepScreen):
             self.query_one("#measure", Button).disabled = True
             self.query_one("#measure-bar", ProgressBar).update(progress=0.0)
             self.query_one("#measure-bar", ProgressBar).display = True
+            self.query_one("#measure-phase", Label).update("starting")
             self.measure(self.session.nvme_dir)
 
     @work(thread=True, exclusive=True, group="profile")
@@ -166,8 +171,7 @@ class HardwareScreen(StepScreen):
             return
         self.session.keep_measured(run)
         self.query_one("#measure-bar", ProgressBar).display = False
-        notes = f"; {run.notes[0]}" if run.notes else ""
-        self.query_one("#measure-phase", Label).update(f"measured {run.profile.name} in {run.seconds:.0f} s{notes}")
+        self.query_one("#measure-phase", Label).update(f"measured {run.profile.name} in {run.seconds:.0f} s")
         self.refresh_source()
 
     # ---- leaving the step -----------------------------------------------------------------------
