@@ -17,6 +17,23 @@ from strata_plan.errors import UserError
 from strata_plan.tui.widgets import StepBar
 
 
+class Cancelled(Exception):
+    """Raised inside a worker's progress callback when the wizard quits or the work is stopped."""
+
+
+def reporter(app, report):
+    """A progress callback for the current worker thread: raises `Cancelled` once the worker is cancelled
+    (so the work stops at its next report), else hands `report(*args)` to the interface thread."""
+    from textual.worker import get_current_worker
+    worker = get_current_worker()
+
+    def callback(*args) -> None:
+        if worker.is_cancelled:
+            raise Cancelled
+        app.call_from_thread(report, *args)
+    return callback
+
+
 def rows_text(rows: list[tuple[str, str]], width: int = 13) -> Table:
     """(label, value) rows as a borderless two-column grid (long values wrap under themselves)."""
     t = Table.grid(padding=(0, 1))

@@ -8,18 +8,13 @@ from pathlib import Path
 from textual import work
 from textual.app import ComposeResult
 from textual.widgets import Button, Input, Label, ProgressBar, Select, Static
-from textual.worker import get_current_worker
 
 from strata_plan.errors import UserError
-from strata_plan.tui.base import StepScreen, field_row, rows_text
+from strata_plan.tui.base import Cancelled, StepScreen, field_row, reporter, rows_text
 from strata_plan.tui.describe import profile_rows
 from strata_plan.tui.state import parse_gb
 
 DETECT, FILE = "detect", "file"
-
-
-class Cancelled(Exception):
-    """Raised inside a worker's progress callback when the wizard quits or restarts the work."""
 
 
 def quick_profile(nvme_dir: str, on_progress):
@@ -144,14 +139,8 @@ class HardwareScreen(StepScreen):
 
     @work(thread=True, exclusive=True, group="profile")
     def measure(self, nvme_dir: str) -> None:
-        worker = get_current_worker()
-
-        def progress(phase: str, fraction: float) -> None:
-            if worker.is_cancelled:
-                raise Cancelled
-            self.app.call_from_thread(self._progress, phase, fraction)
         try:
-            run = self.app.profile_fn(nvme_dir, progress)
+            run = self.app.profile_fn(nvme_dir, reporter(self.app, self._progress))
         except Cancelled:
             return
         except UserError as e:

@@ -9,12 +9,10 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.widgets import Label, ProgressBar, Static
-from textual.worker import get_current_worker
 
 from strata_plan.errors import UserError
-from strata_plan.tui.base import StepScreen, rows_text
+from strata_plan.tui.base import Cancelled, StepScreen, reporter, rows_text
 from strata_plan.tui.describe import fmt_tok, plan_rows
-from strata_plan.tui.hardware import Cancelled
 from strata_plan.tui.widgets import Bar, BarPlot, LayerTiers, TierMap
 
 WHATIF_TRIALS = 16      # per change and per VRAM point: warm-started, so a few trials suffice
@@ -63,15 +61,9 @@ class ResultScreen(StepScreen):
     def analyse(self, plan, choices) -> None:
         from strata_plan.planner.export import problem_for_plan
         from strata_plan.tui.whatif import what_if
-        worker = get_current_worker()
-
-        def on_step(done: int, total: int) -> None:
-            if worker.is_cancelled:
-                raise Cancelled
-            self.app.call_from_thread(self._step, done, total)
         try:
             problem = problem_for_plan(plan, "the plan", choices.profile, choices.stats or None)
-            result = what_if(plan, problem, trials=WHATIF_TRIALS, on_step=on_step)
+            result = what_if(plan, problem, trials=WHATIF_TRIALS, on_step=reporter(self.app, self._step))
         except Cancelled:
             return
         except UserError as e:

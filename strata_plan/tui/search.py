@@ -8,9 +8,8 @@ from textual.widgets import Button, Input, Label, ProgressBar, RadioButton, Radi
 from textual.worker import get_current_worker
 
 from strata_plan.errors import UserError
-from strata_plan.tui.base import StepScreen, field_row, rows_text
+from strata_plan.tui.base import Cancelled, StepScreen, field_row, rows_text
 from strata_plan.tui.describe import fmt_tok, plan_rows
-from strata_plan.tui.hardware import Cancelled
 from strata_plan.tui.state import DEFAULT_TRIALS, OBJECTIVES, parse_int
 
 LABELS = {"decode": "decode tok/s", "prefill": "prefill tok/s", "mix": "score √(decode × prefill)"}
