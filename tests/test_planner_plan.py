@@ -169,3 +169,15 @@ def test_bad_input_is_one_line_exit_2_and_no_file(cli, tiny_files, tmp_path):
     assert "--ram-gb" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", "kimi-k3.1-pro", "--ram-gb", "1")
     assert "NVMe" in _bad(cli, tmp_path, "--profile", "rtx-4090", "--model", "kimi-k3.1-pro", "--nvme-gb", "10",
                           "--trials", "2")
+
+
+def test_statistics_of_another_geometry_are_refused():
+    from strata_plan.planner.capacity import Budget
+    from strata_plan.planner.problem import Problem
+    from strata_plan.planner.routing import stats_from_prior
+    kimi, prof = load_spec("kimi-k3.1-pro"), load_profile("a100-80g")
+    for layers, experts, k, field in ((3, 384, 8, "layers"), (92, 256, 8, "n_experts"), (92, 384, 6, "top_k")):
+        stats = stats_from_prior("uniform", layers, experts, k, tokens=64)
+        with pytest.raises(UserError) as e:
+            Problem(kimi, prof, stats, Budget.from_profile(prof))
+        assert e.value.field == field
