@@ -41,6 +41,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` atomically (temp file in the same folder, fsync, rename)."""
     path = Path(path)
@@ -53,6 +62,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)   # mkstemp makes 0600; a plan or profile is an ordinary file
         os.replace(tmp, path)
     except BaseException:  # Ctrl-C included: never leave the temporary file behind
         try:

@@ -15,6 +15,7 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     yamlio.atomic_write_yaml(p, {"a": [1, 2]}, header="hello")
     assert p.read_text().startswith("# hello\n") and yamlio.read_yaml(p) == {"a": [1, 2]}
     assert os.listdir(tmp_path) == ["x.yaml"]
+    assert p.stat().st_mode & 0o777 == 0o666 & ~yamlio._umask()   # not mkstemp's 0600
 
 
 def test_interrupted_write_leaves_no_temp_and_keeps_old(tmp_path, monkeypatch):
