@@ -160,3 +160,22 @@ def test_bad_gpu_buffer_is_refused(mixtral, capsys):
     _, path = mixtral
     assert main(["export", path, "--gpu-buffer", "CUDA0=x"]) == 2
     assert "--gpu-buffer" in capsys.readouterr().err
+
+
+def test_plans_from_measured_routing_export_and_changed_statistics_are_refused(tmp_path, capsys):
+    """Statistics from the real Mixtral routing slice, as a YAML and as a trace .npz: the export finds them by
+    the path the plan records, and refuses them once they no longer match the plan's sha256."""
+    from pathlib import Path
+    slice_ = str(Path(__file__).parent / "data" / "routing_mixtral_slice.jsonl")
+    stats, trace = tmp_path / "s.yaml", tmp_path / "t.npz"
+    assert main(["stats", slice_, "--model", "mixtral-8x7b", "--out", str(stats), "--save-trace", str(trace),
+                 "--json"]) == 0
+    for source in (stats, trace):
+        plan, path = _plan(tmp_path, name=source.suffix[1:], prior=None, stats=str(source), trials=4)
+        assert plan.sources.statistics.kind == "trace"
+        assert main(["export", path]) == 0
+    other = tmp_path / "other.yaml"
+    assert main(["stats", "mixtral-like", "--model", "mixtral-8x7b", "--out", str(other), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "yaml.yaml"), "--stats", str(other)]) == 2
+    assert "sources.statistics" in capsys.readouterr().err
