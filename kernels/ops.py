@@ -26,6 +26,8 @@ from . import triton_gemm, triton_gemv, triton_moe
 from .tuned import config_for
 
 GEMV_MAX_M = 8            # decode kernel up to this many rows; the tensor-core GEMM above
+POISON_SCRATCH = False    # tests: fill every scratch buffer with NaN / garbage, so a read of an unwritten
+                          # element shows in the result
 MOE_DECODE_MAX_M = 16     # fused MoE decode kernels up to this many tokens; grouped GEMMs above
 _SEGS = ("codes", "scales", "mins", "d", "dmin")
 
@@ -59,6 +61,14 @@ def _cdiv(a: int, b: int) -> int:
 def _chunk(cfg: dict, k: int) -> int:
     """Inputs packed per step of phase A: the config's CHUNK, or less for short rows (powers of two >= 32)."""
     return min(cfg.get("CHUNK", 1024), max(32, triton.next_power_of_2(k)))
+
+
+def scratch(*shape: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialized buffer the kernels fill; poisoned (NaN, or 0x7F7F7F7F) under POISON_SCRATCH."""
+    if POISON_SCRATCH:
+        fill = float("nan") if dtype.is_floating_point else 0x7F7F7F7F
+        return torch.full(shape, fill, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _dummy(device) -> torch.Tensor:
@@ -106,6 +116,19 @@ def _matrix_args(p: PackedMatrix, words: bool) -> list[torch.Tensor]:
     return [codes] + [segs.get(n, _dummy(p.device)) for n in _SEGS[1:]]
 
 
+def pack_activations(x: torch.Tensor, fmt: str, kp: int, cfg: dict | None = None):
+    """Phase A of the decode GEMV: x [M, K] on the int8 grid, packed as X_s words for `fmt`'s code width,
+    over kp >= K inputs (zeros past K). Returns xq int32 [M, kp/4], xdx f32 [M, kp/32], xsum f32 [M, kp/EPW]."""
+    bits = get_format(fmt).bits
+    m, k = x.shape
+    xq = scratch(m, kp // 4, dtype=torch.int32, device=x.device)
+    xdx = scratch(m, kp // 32, dtype=torch.float32, device=x.device)
+    xsum = scratch(m, kp // (32 // bits), dtype=torch.float32, device=x.device)
+    triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, BITS=bits,
+                                        CHUNK=_chunk(cfg or {}, kp), num_warps=4)
+    return xq, xdx, xsum
+
+
 def _gemv_split(n: int, row_words: int, bkw: int, cfg: dict) -> int:
     """K splits of the GEMV: enough (rows x splits) threads to keep HBM busy, whole K steps per split."""
     want = cfg.get("SPLIT") or max(1, min(8, _cdiv(cfg.get("THREADS", 32768), n)))
@@ -126,16 +149,12 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
         return
     bkw = min(cfg["BKW"], tile_words_limit(code))
     kp, epw = p.kp, 32 // c["BITS"]
-    xq = torch.empty(m, kp // 4, dtype=torch.int32, device=x.device)
-    xdx = torch.empty(m, kp // 32, dtype=torch.float32, device=x.device)
-    xsum = torch.empty(m, kp // epw, dtype=torch.float32, device=x.device)
-    triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, BITS=c["BITS"],
-                                        CHUNK=_chunk(cfg, kp), num_warps=4)
+    xq, xdx, xsum = pack_activations(x, p.fmt, kp, cfg)
     row_words = kp // epw
     split = _gemv_split(p.n, row_words, bkw, cfg)
     wsplit = _cdiv(row_words // bkw, split) * bkw
     split = _cdiv(row_words, wsplit)
-    dst = out if split == 1 else torch.empty(split, m, p.n, dtype=torch.float32, device=x.device)
+    dst = out if split == 1 else scratch(split, m, p.n, dtype=torch.float32, device=x.device)
     triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * split * m,)](
         x, x.stride(0), *_matrix_args(p, True), xq, xdx, xsum, dst, dst.stride(-2), m, p.n, k, wsplit,
         BKW=bkw, SPLIT=split, **common)
@@ -290,34 +309,63 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
     return buf
 
 
-def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:
+@dataclass(frozen=True, eq=False)
+class MoEScratch:
+    """What the gate/up launch leaves for the down launch (and for tests): the token activations on the
+    int8 grid (xq [M, 3 widths, HP/4], xdx, xsum) and each (token, expert) pair's h = silu(g) * u packed
+    for its expert's down matrix (hq [P, IP/4], hdx [P, IP/32], hsum [P, IP/8]; hf [P, IP] float32 for
+    bf16 experts). HP, IP: hidden and intermediate padded to 512."""
+
+    xq: torch.Tensor
+    xdx: torch.Tensor
+    xsum: torch.Tensor
+    hq: torch.Tensor
+    hdx: torch.Tensor
+    hsum: torch.Tensor
+    hf: torch.Tensor
+
+
+def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: int, cfg: dict) -> MoEScratch:
+    """Launch 1 of the decode MoE: phase A for x, then gate and up of every pair, h packed for down."""
     m, topk = ids.shape
     dev = x.device
     hp, ip = _cdiv(hidden, 512) * 512, _cdiv(inter, 512) * 512      # padded to every scale unit
     p = m * topk
-    xq = torch.empty(m, 3, hp // 4, dtype=torch.int32, device=dev)
-    xdx = torch.empty(m, hp // 32, dtype=torch.float32, device=dev)
-    xsum = torch.empty(m, 3, hp // 8, dtype=torch.float32, device=dev)
-    hq = torch.empty(p, ip // 4, dtype=torch.int32, device=dev)
-    hdx = torch.empty(p, ip // 32, dtype=torch.float32, device=dev)
-    hsum = torch.empty(p, ip // 8, dtype=torch.float32, device=dev)
-    hf = torch.empty(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev)
-    table = _layout_table(hidden, inter, str(dev))
+    sc = MoEScratch(xq=scratch(m, 3, hp // 4, dtype=torch.int32, device=dev),
+                    xdx=scratch(m, hp // 32, dtype=torch.float32, device=dev),
+                    xsum=scratch(m, 3, hp // 8, dtype=torch.float32, device=dev),
+                    hq=scratch(p, ip // 4, dtype=torch.int32, device=dev),
+                    hdx=scratch(p, ip // 32, dtype=torch.float32, device=dev),
+                    hsum=scratch(p, ip // 8, dtype=torch.float32, device=dev),
+                    hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev))
     bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
     assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
-    bkw2, bkw1 = min(cfg["BKW2"], 32), min(cfg["BKW1"], 16)
     triton_moe.gate_up_kernel[(ip // bn1, m, _cdiv(topk, jchunk))](
-        x, x.stride(0), ids, fm.codes, offsets, arena, table, xq, xdx, xsum, hq, hdx, hsum, hf, hidden, inter,
-        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, BKW2=bkw2, BKW1=bkw1,
+        x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
+        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, hidden, inter,
+        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, BKW2=min(cfg["BKW2"], 32), BKW1=min(cfg["BKW1"], 16),
         CHUNK=_chunk(cfg, hp), USE_ASM=USE_ASM, num_warps=cfg["warps1"])
+    return sc
+
+
+def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden: int, inter: int,
+             out: torch.Tensor, cfg: dict) -> None:
+    """Launch 2 of the decode MoE: every pair's down projection, weighted and summed into out [M, H]."""
+    m, topk = ids.shape
+    dev = out.device
     nt = _cdiv(hidden, cfg["BN2"])
-    part = torch.empty(p, nt * cfg["BN2"], dtype=torch.float32, device=dev)
+    part = scratch(m * topk, nt * cfg["BN2"], dtype=torch.float32, device=dev)
     triton_moe.down_kernel[(nt, m, topk)](
-        ids, wts, fm.codes, offsets, arena, table, hq, hdx, hsum, hf, part, _counters(m * nt, dev), out,
-        out.stride(0), hidden, inter, TOPK=topk, FMASK=fm.mask, BN=cfg["BN2"], BKW2=bkw2, BKW1=bkw1,
-        USE_ASM=USE_ASM, num_warps=cfg["warps2"])
+        ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
+        part, _counters(m * nt, dev), out, out.stride(0), hidden, inter, TOPK=topk, FMASK=fm.mask, BN=cfg["BN2"],
+        BKW2=min(cfg["BKW2"], 32), BKW1=min(cfg["BKW1"], 16), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
+
+
+def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:
+    moe_down(moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg), ids, wts, arena, offsets, fm,
+             hidden, inter, out, cfg)
 
 
 def _moe_grouped(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:
     triton_gemm.moe_grouped(x, ids, wts, arena, offsets, fm.codes, fm.mask, _layout_table(hidden, inter, str(x.device)),
-                            hidden, inter, out, cfg)
+                            hidden, inter, out, cfg, scratch)

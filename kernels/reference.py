@@ -70,16 +70,28 @@ def quantize_activations(x: torch.Tensor, kp: int) -> tuple[torch.Tensor, torch.
     return x8.view(m, kp), amax / 127.0
 
 
-def linear_q8(x: torch.Tensor, p: PackedMatrix) -> torch.Tensor:
+def unpack_activation_words(xq: torch.Tensor, bits: int, kp: int) -> torch.Tensor:
+    """The decode kernels' packed activations back to int8 values: xq int32 [M, kp/4], each row s-major
+    [S, kp/EPW] with byte j of X_s[w] = x8[w*EPW + j*S + s]. Returns float32 [M, kp]."""
+    m = xq.shape[0]
+    s_, epw = 8 // bits, 32 // bits
+    words = xq.view(m, s_, kp // epw)                                             # [M, S, W]
+    b = ((words.unsqueeze(-1) >> (torch.arange(4, device=xq.device) * 8)) & 255).to(torch.int32)
+    b = torch.where(b > 127, b - 256, b).float()                                  # [M, S, W, 4]: byte j
+    return b.permute(0, 2, 3, 1).reshape(m, kp)                                  # [M, W, j, s]
+
+
+def linear_q8(x: torch.Tensor, p: PackedMatrix, grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """What the GEMV kernel computes (float64): per group, S * dx * sum(q * x8) - M * sum(x).
 
-    The integer dot product uses activations on the int8 grid; the min term uses the exact x."""
+    The integer dot product uses activations on the int8 grid (`quantize_activations`, or `grid` =
+    (x8 [M, kp], dx [M, kp/32]) as a kernel produced it); the min term uses the exact x."""
     f = p.format
     if f.is_bf16:
         return x.double() @ p.weight.double().T
     kp = p.kp
-    x8, dx = quantize_activations(x, max(kp, XBLOCK))
-    x8, dx = x8[:, :kp].double(), dx.double()
+    x8, dx = grid if grid is not None else quantize_activations(x, max(kp, XBLOCK))
+    x8, dx = x8[:, :kp].double(), dx[:, :kp // XBLOCK].double()
     xf = torch.zeros(x.shape[0], kp, dtype=torch.float64, device=x.device)
     xf[:, :x.shape[1]] = x.double()
     q = unpack_bits(p.codes, f.bits).double()                    # [N, kp]

@@ -133,11 +133,6 @@ def mma(a, b, acc, INTERP: tl.constexpr):
         return tl.dot(a, b, acc)
 
 
-@triton.jit
-def _or(a, b):
-    return a | b
-
-
 # ------------------------------------------------------------------------------ phase A: pack the x words
 
 @triton.jit
@@ -151,7 +146,7 @@ def pack_words(x4, BITS: tl.constexpr):
     v = x4 * inv[:, None, None, None]
     x8 = tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int32)                   # round half away from zero
     sh = (tl.arange(0, 4) * 8)[None, None, :, None]
-    X = tl.reduce((x8 & 255) << sh, 2, _or)                                 # [NB, WPB, S]
+    X = tl.sum((x8 & 255) << sh, 2)          # [NB, WPB, S]: disjoint bytes, so the (wrapping) sum is an OR
     xsum = tl.sum(tl.sum(x4, 3), 2)                                         # [NB, WPB]
     return X, amax / 127.0, xsum
 

@@ -195,15 +195,18 @@ def _blocks(ids: torch.Tensor, n_experts: int, bm: int):
     return order, blk_e, start.to(torch.int32), cnt.to(torch.int32)
 
 
-def moe_grouped(x, ids, wts, arena, offsets, codes, fmask, table, hidden, inter, out, cfg) -> None:
-    """The MoE call for many tokens: grouped gate/up, grouped down, then the sum over each token's k."""
+def moe_grouped(x, ids, wts, arena, offsets, codes, fmask, table, hidden, inter, out, cfg, scratch) -> None:
+    """The MoE call for many tokens: grouped gate/up, grouped down, then the sum over each token's k.
+    `scratch(*shape, dtype=, device=)` allocates the intermediates (ops.scratch)."""
     m, topk = ids.shape
-    bm, bk = cfg["BM"], cfg["BK"]
+    # rows per block: about the pairs an expert gets on average (no host sync to count them exactly)
+    bm = max(16, min(cfg["BM"], triton.next_power_of_2(triton.cdiv(m * topk, offsets.numel()))))
+    bk = cfg["BK"]
     if fmask & 0b1111:
         bk = min(bk, 128)              # K tiles divide every packed format's scale unit
     order, blk_e, start, cnt = _blocks(ids, offsets.numel(), bm)
-    h = torch.empty(m * topk, inter, dtype=torch.bfloat16, device=x.device)
-    y = torch.empty(m * topk, hidden, dtype=torch.float32, device=x.device)
+    h = scratch(m * topk, inter, dtype=torch.bfloat16, device=x.device)
+    y = scratch(m * topk, hidden, dtype=torch.float32, device=x.device)
     nb = blk_e.numel()
     grouped_gate_up[(nb, triton.cdiv(inter, cfg["BN"]))](
         x, x.stride(0), order, blk_e, start, cnt, codes, offsets, arena, table, h, hidden, inter,
