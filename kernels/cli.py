@@ -1,5 +1,6 @@
-"""Subcommands of this package (being written; registers nothing yet)."""
+"""Subcommands of this package: `pack` (kernels/pack.py)."""
 
 
 def register(sub) -> None:
-    pass
+    from strata_plan.kernels import pack
+    pack.register(sub)

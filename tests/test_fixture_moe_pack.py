@@ -1,0 +1,147 @@
+"""`strata-plan pack` on the committed trained MoE: every routed expert becomes one 4 KiB-aligned blob of
+its planned format, the index says where, the dense weights are carried over unchanged."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from strata_plan.cli import main as cli_main  # noqa: E402
+from strata_plan.kernels import dequantize, pack_expert, unpack_expert  # noqa: E402
+from strata_plan.kernels.formats import EXPERT_ALIGN, tier_mix  # noqa: E402
+from strata_plan.kernels.pack import formats_from_mix, load_index  # noqa: E402
+from strata_plan.planner.spec import load_spec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
+TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)          # tiny experts: threads only add overhead on a busy 2-core runner
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def original():
+    return load_file(str(FIXTURE / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory, one_thread):
+    pytest.importorskip("optuna")
+    d = tmp_path_factory.mktemp("pack")
+    plan = d / "plan.yaml"
+    assert cli_main(["plan", "--profile", "rtx-4090", "--model", str(FIXTURE), "--stats", str(TRACE), "--trials", "5",
+                     "--out", str(plan), "--json"]) == 0
+    assert cli_main(["pack", str(FIXTURE), "--out", str(d / "packed"), "--plan", str(plan), "--json"]) == 0
+    return plan, d / "packed"
+
+
+def _expert(original, layer, e):
+    base = f"model.layers.{layer}.mlp.experts.{e}"
+    return tuple(original[f"{base}.{m}.weight"] for m in ("gate_proj", "up_proj", "down_proj"))
+
+
+def test_pack_with_a_plan_lays_out_every_expert(planned, original):
+    plan_path, out = planned
+    from strata_plan.planner.plan import load_plan
+    spec = load_spec(str(FIXTURE))
+    plan = load_plan(plan_path, spec)
+    index = load_index(out)
+    assert len(index.entries) == spec.n_moe_layers * spec.n_routed
+    for lp in plan.layers:
+        rows = [e for e in index.entries if e.layer == lp.layer]
+        assert [e.expert for e in rows] == list(range(spec.n_routed))
+        offset = 0
+        for r in rows:
+            assert r.format == lp.format_of(r.expert)
+            assert r.offset == offset and r.offset % EXPERT_ALIGN == 0
+            assert r.nbytes == spec.routed_expert_bytes(r.format)
+            offset += r.nbytes
+        assert (out / rows[0].file).stat().st_size == offset
+    assert len({e.format for e in index.entries}) == 3        # the plan's tier mix
+
+
+def test_blobs_are_what_pack_expert_makes_of_the_checkpoint(planned, original):
+    _, out = planned
+    index = load_index(out)
+    for r in index.entries[::37]:                             # a spread of layers, experts and formats
+        blob = np.fromfile(out / r.file, dtype=np.uint8, count=r.nbytes, offset=r.offset)
+        gate, up, down = (w.float() for w in _expert(original, r.layer, r.expert))
+        assert np.array_equal(blob, pack_expert(gate, up, down, r.format).numpy())
+        w = dequantize(unpack_expert(torch.from_numpy(blob), r.format, index.hidden, index.moe_intermediate)["up"])
+        assert float((w.float() - up.float()).norm() / up.float().norm()) < 0.8   # a quantized copy, not noise
+
+
+def test_dense_weights_carried_over_unchanged(planned, original):
+    _, out = planned
+    dense = load_file(str(out / "dense.safetensors"))
+    assert not any(".mlp.experts." in n for n in dense)
+    expected = {n for n in original if ".mlp.experts." not in n}
+    assert set(dense) == expected
+    assert all(torch.equal(dense[n], original[n]) for n in expected)
+    assert any(n.endswith("e_score_correction_bias") and dense[n].dtype == torch.float32 for n in dense)
+    assert json.loads((out / "config.json").read_text()) == json.loads((FIXTURE / "config.json").read_text())
+
+
+def test_bf16_format_round_trips_exactly(tmp_path, original, one_thread):
+    assert cli_main(["pack", str(FIXTURE), "--out", str(tmp_path), "--format", "bf16", "--json"]) == 0
+    index = load_index(tmp_path)
+    r = index.entries[-1]
+    blob = torch.from_numpy(np.fromfile(tmp_path / r.file, dtype=np.uint8, count=r.nbytes, offset=r.offset))
+    mats = unpack_expert(blob, "bf16", index.hidden, index.moe_intermediate)
+    for name, w in zip(("gate", "up", "down"), _expert(original, r.layer, r.expert)):
+        assert torch.equal(dequantize(mats[name]).to(torch.bfloat16), w)
+
+
+def test_tier_mix_gives_the_most_used_experts_the_first_tier():
+    from strata_plan.planner.routing import compute_stats, load_trace
+    spec = load_spec(str(FIXTURE))
+    stats = compute_stats(load_trace(TRACE, spec))
+    mix = tier_mix(1.92)
+    first = mix.counts(spec.n_routed)[0]
+    fmts = formats_from_mix(spec, 1.92, None, str(TRACE))
+    for layer, f in zip(stats.layers, fmts):
+        assert {e for e, name in f.items() if name == mix.formats[0]} == set(layer.order[:first])
+    plain = formats_from_mix(spec, 1.92, None, None)
+    assert {e for e, name in plain[0].items() if name == mix.formats[0]} == set(range(first))
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--format", "q3_nope"], "--format"),
+    (["--bpw", "9"], "--bpw"),
+    (["--format", "bf16", "--stats", "x.npz"], "--stats"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, field):
+    assert cli_main(["pack", str(FIXTURE), "--out", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and "fix:" in err[0]
+
+
+def test_folder_without_weights_is_refused(tmp_path, capsys):
+    (tmp_path / "config.json").write_text((FIXTURE / "config.json").read_text())
+    assert cli_main(["pack", str(tmp_path), "--out", str(tmp_path / "o"), "--format", "bf16"]) == 2
+    assert "model.safetensors" in capsys.readouterr().err
+
+
+def test_plan_for_another_model_is_refused(planned, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    cfg = json.loads((FIXTURE / "config.json").read_text())
+    cfg["n_routed_experts"] = 16
+    (other / "config.json").write_text(json.dumps(cfg))
+    (other / "model.safetensors").symlink_to(FIXTURE / "model.safetensors")
+    plan, _ = planned
+    assert cli_main(["pack", str(other), "--out", str(tmp_path / "o"), "--plan", str(plan)]) == 2
+    assert "n_experts" in capsys.readouterr().err
