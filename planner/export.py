@@ -37,6 +37,11 @@ CPU_BUFFER = "CPU"
 FORMATS = ("llama.cpp",)
 
 
+def majority_gpu(vram: int, n_experts: int) -> bool:
+    """A layer goes to the GPU when more than half of its experts are static in VRAM in the plan."""
+    return 2 * vram > n_experts
+
+
 @dataclass(frozen=True)
 class LayerChoice:
     """One MoE layer: the plan's expert counts per tier and where llama.cpp puts the merged tensors."""
@@ -54,8 +59,7 @@ class LayerChoice:
 
     @property
     def majority_gpu(self) -> bool:
-        """More than half of the layer's experts are static in VRAM in the plan."""
-        return 2 * self.vram > self.n_experts
+        return majority_gpu(self.vram, self.n_experts)
 
     @property
     def demoted(self) -> bool:
@@ -247,10 +251,10 @@ def layer_placement(problem, on_gpu) -> Placement:
                      (True,) * (spec.n_layers + 1), 0)
 
 
-def choose_layers(plan, problem) -> tuple[tuple[bool, ...], object]:
+def choose_layers(plan, problem) -> tuple[tuple[bool, ...], Placement]:
     """Per-layer majority, then demote GPU layers (fewest VRAM experts first, later layers first on ties)
     until the placement fits the VRAM budget; returns (on_gpu, placement)."""
-    gpu = [2 * len(l.vram) > l.n_experts for l in plan.layers]
+    gpu = [majority_gpu(len(l.vram), l.n_experts) for l in plan.layers]
     order = sorted((i for i, g in enumerate(gpu) if g), key=lambda i: (len(plan.layers[i].vram), -i))
     p = layer_placement(problem, gpu)
     for i in order:

@@ -13,12 +13,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from strata_plan.errors import UserError
+from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT
 
 DEFAULT_PROFILE = "rtx-4090"
 DEFAULT_MODEL = "mixtral-8x7b"
-DEFAULT_CONTEXT = 8192          # strata-plan plan's defaults (planner/cli_plan.py)
-DEFAULT_CHUNK = 2048
-DEFAULT_TRIALS = 200
+DEFAULT_TRIALS = 200            # strata-plan plan's default (planner/cli_plan.py)
 OBJECTIVES = {"decode": "decode", "prefill": "prefill", "both": "mix"}   # wizard label -> --objective
 
 
