@@ -16,7 +16,7 @@ from strata_plan.errors import UserError
 COMMAND_MODULES = (
     "strata_plan.commands",            # models, profiles, formats
     "strata_plan.planner.cli_stats",   # stats
-    "strata_plan.planner.cli_plan",    # plan, compare-tables, export
+    "strata_plan.planner.cli_plan",    # plan, compare-tables
     "strata_plan.profiler.cli",        # profile
     "strata_plan.kernels.cli",         # pack
     "strata_plan.cli_export",          # export (llama.cpp), what-if
