@@ -21,7 +21,7 @@ from strata_plan.errors import UserError
 from strata_plan.kernels.formats import FORMATS
 from strata_plan.planner.cost import RESOURCES
 from strata_plan.planner.placement import Placement
-from strata_plan.schema import bounded, parse, to_data
+from strata_plan.schema import bounded, check_schema, parse, to_data
 from strata_plan.yamlio import atomic_write_yaml, read_yaml
 
 SCHEMA_NAME = "strata-plan/plan"
@@ -216,10 +216,7 @@ class Plan:
     strata_plan_version: str = ""
 
     def __post_init__(self) -> None:
-        if self.schema != SCHEMA_NAME:
-            raise ValueError(f"schema must be {SCHEMA_NAME!r}")
-        if self.version != SCHEMA_VERSION:
-            raise ValueError(f"version {self.version} is not supported (this strata-plan reads version {SCHEMA_VERSION})")
+        check_schema(self, SCHEMA_NAME, SCHEMA_VERSION)
         for name in ("sources", "dense", "cache", "staging", "memory", "predicted", "search"):
             if getattr(self, name) is None:
                 raise ValueError(f"missing section `{name}`")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from strata_plan.errors import UserError
-from strata_plan.schema import bounded, parse, to_data
+from strata_plan.schema import bounded, check_schema, parse, to_data
 from strata_plan.yamlio import atomic_write_yaml, read_yaml
 
 SCHEMA_NAME = "strata-plan/hardware-profile"
@@ -214,10 +214,7 @@ class HardwareProfile:
     strata_plan_version: str = ""
 
     def __post_init__(self) -> None:
-        if self.schema != SCHEMA_NAME:
-            raise ValueError(f"schema must be {SCHEMA_NAME!r}")
-        if self.version != SCHEMA_VERSION:
-            raise ValueError(f"version {self.version} is not supported (this strata-plan reads version {SCHEMA_VERSION})")
+        check_schema(self, SCHEMA_NAME, SCHEMA_VERSION)
 
     @property
     def gpu(self) -> GPU | None:

@@ -143,6 +143,15 @@ def _parse(tp: Any, data: Any, where: str, path: str, meta: dict | None) -> Any:
     raise TypeError(f"schema: unsupported type {tp!r} at {path}")  # a bug in our dataclasses, not user input
 
 
+def check_schema(obj: Any, name: str, version: int) -> None:
+    """The `schema` and `version` fields of a versioned file's top-level dataclass (call it from
+    `__post_init__`; `parse` turns the ValueError into a one-line UserError)."""
+    if obj.schema != name:
+        raise ValueError(f"schema must be {name!r}")
+    if obj.version != version:
+        raise ValueError(f"version {obj.version} is not supported (this strata-plan reads version {version})")
+
+
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 

@@ -15,12 +15,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from strata_plan.errors import UserError
-from strata_plan.schema import bounded, parse, to_data
+from strata_plan.schema import bounded, check_schema, parse, to_data
 from strata_plan.yamlio import atomic_write_yaml, read_yaml
 
 from .compute import pooled_layer_stats
 from .sample import sample_experts
-from .stats import SCHEMA_NAME as STATS_SCHEMA, SCHEMA_VERSION as STATS_VERSION, LookaheadStats, RoutingStats, check_schema
+from .stats import SCHEMA_NAME as STATS_SCHEMA, SCHEMA_VERSION as STATS_VERSION, LookaheadStats, RoutingStats
 
 SCHEMA_NAME = "strata-plan/routing-prior"
 SCHEMA_VERSION = 1

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from strata_plan.errors import UserError
-from strata_plan.schema import bounded, parse, to_data
+from strata_plan.schema import bounded, check_schema, parse, to_data
 from strata_plan.yamlio import atomic_write_yaml, read_yaml
 
 SCHEMA_NAME = "strata-plan/routing-stats"
@@ -102,13 +102,6 @@ class LayerStats:
              + (1 - a) * b * g[i][j + 1] + a * b * g[i + 1][j + 1])
         return min(1.0, max(v, self.static_at(s)))
 
-
-def check_schema(obj, name: str, version: int) -> None:
-    """The `schema` and `version` fields of a versioned file's top-level dataclass."""
-    if obj.schema != name:
-        raise ValueError(f"schema must be {name!r}")
-    if obj.version != version:
-        raise ValueError(f"version {obj.version} is not supported (this strata-plan reads version {version})")
 
 
 def _cell(grid: tuple[int, ...], x: float) -> tuple[int, float]:
