@@ -17,7 +17,7 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np

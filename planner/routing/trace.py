@@ -91,7 +91,7 @@ class Trace:
         where = where or self.source or "trace"
         if self.n_experts != spec.n_routed:
             raise UserError(where, "meta.n_experts", f"{self.n_experts} experts, but {spec.name} has {spec.n_routed}",
-                            f"pass the --model the trace was recorded with")
+                            "pass the --model the trace was recorded with")
         if self.n_layers != spec.n_moe_layers:
             raise UserError(where, "experts", f"{self.n_layers} MoE layers, but {spec.name} has {spec.n_moe_layers}",
                             "record one entry per MoE layer of the model, or pass the right --model")
