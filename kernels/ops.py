@@ -358,7 +358,8 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
     triton_moe.down_kernel[(nt, m, topk)](
         ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
         part, _counters(m * nt, dev), out, out.stride(0), hidden, inter, TOPK=topk, FMASK=fm.mask, BN=cfg["BN2"],
-        BKW2=min(cfg["BKW2"], 32), BKW1=min(cfg["BKW1"], 16), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
+        BKW2=min(cfg.get("DBKW2", cfg["BKW2"]), 32), BKW1=min(cfg.get("DBKW1", cfg["BKW1"]), 16), USE_ASM=USE_ASM,
+        num_warps=cfg["warps2"])
 
 
 def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:

@@ -139,8 +139,7 @@ def mma(a, b, acc, INTERP: tl.constexpr):
 def pack_words(x4, BITS: tl.constexpr):
     """x4 float32 [NB, WPB, 4, S]: NB blocks of 32 activations, WPB words per block, element
     (b, w, j, s) = x[b*32 + w*EPW + j*S + s]. Returns (X [NB, WPB, S] int32: X_s words; dx [NB];
-    xsum [NB, WPB]: the sum of x over each word)."""
-    S: tl.constexpr = 8 // BITS
+    xsum [NB, WPB]: the sum of x over each word). BITS only names the layout (x4's last dim is S)."""
     amax = tl.max(tl.max(tl.max(tl.abs(x4), 3), 2), 1)                     # [NB]
     inv = tl.where(amax > 0, 127.0 / amax, 0.0)
     v = x4 * inv[:, None, None, None]

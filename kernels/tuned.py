@@ -2,8 +2,8 @@
 
 `config_for(kind, fmt, m, n, k, device)` returns a dict of block sizes and warps for one launch. A tuned
 entry is keyed by the GPU's name (`torch.cuda.get_device_name`, lowercased) and applies to every shape;
-`benchmarks/bench_kernels.py --sweep` measures the candidates in `SWEEP` and prints the winners, which
-are copied into `TUNED` by hand (with the run they came from).
+`benchmarks/bench_kernels.py` times its candidate lists and writes the winners (`kernels_tuned.json`),
+which are copied into `TUNED` by hand, with the run they came from.
 """
 from __future__ import annotations
 
@@ -16,26 +16,16 @@ DEFAULTS: dict[str, dict] = {
     "gemv": {"BN": 128, "BKW": 16, "num_warps": 4, "CHUNK": 1024, "THREADS": 32768},
     # tensor-core GEMM (prefill); BM drops to 16/64 for small M
     "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program), down (BN2 rows of H)
-    "moe": {"BN1": 128, "JCHUNK": 1, "BKW2": 16, "BKW1": 16, "warps1": 4, "BN2": 128, "warps2": 4, "CHUNK": 1024},
+    # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, BKW2/BKW1 code words per K
+    # step for 2-bit / 1- and 4-bit codes) and down (BN2 rows of H, DBKW2/DBKW1 words per K step)
+    "moe": {"BN1": 128, "JCHUNK": 1, "BKW2": 16, "BKW1": 16, "warps1": 4,
+            "BN2": 128, "DBKW2": 16, "DBKW1": 16, "warps2": 4, "CHUNK": 1024},
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }
 
 # Winners of the sweep, per GPU name (see KERNELS.md for the run they came from).
 TUNED: dict[str, dict[str, dict]] = {}
-
-# The candidates the sweep measures (benchmarks/bench_kernels.py --sweep).
-SWEEP: dict[str, list[dict]] = {
-    "gemv": [{"BN": bn, "BKW": bkw, "num_warps": w, "CHUNK": 1024}
-             for bn in (16, 32, 64) for bkw in (16, 32) for w in (2, 4)],
-    "moe": [{"BN1": bn1, "JCHUNK": jc, "BKW2": bkw, "BKW1": 16, "warps1": w, "BN2": bn2, "warps2": w, "CHUNK": 1024}
-            for bn1 in (32, 64) for jc in (2, 8) for bkw in (16, 32) for bn2 in (16, 32) for w in (4,)],
-    "gemm": [{"BM": 128, "BN": bn, "BK": bk, "GROUP_M": 8, "num_warps": w, "num_stages": s}
-             for bn, bk, w, s in ((128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
-                                  (256, 128, 8, 2))],
-}
-
 
 def _device_key(device) -> str | None:
     device = torch.device(device)

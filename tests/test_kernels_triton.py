@@ -114,13 +114,13 @@ def test_torch_backend_is_the_reference():
 
 def make_arena(formats, hidden, inter, scale=0.1):
     """Experts in the given formats laid out in one arena at 4 KiB-multiple offsets (fresh weights)."""
-    blobs = [pack_expert(torch.randn(inter, hidden) * scale, torch.randn(inter, hidden) * scale,
-                         torch.randn(hidden, inter) * scale, f) for f in formats]
+    w = lambda n, k: torch.randn(n, k, device=DEVICE) * scale      # noqa: E731 -- quantized where they live
+    blobs = [pack_expert(w(inter, hidden), w(inter, hidden), w(hidden, inter), f) for f in formats]
     offsets, off = [], 0
     for b in blobs:
         offsets.append(off)
         off += b.numel()
-    return torch.cat(blobs).to(DEVICE), torch.tensor(offsets, dtype=torch.int64, device=DEVICE)
+    return torch.cat(blobs), torch.tensor(offsets, dtype=torch.int64, device=DEVICE)
 
 
 MIX = ["q2_g16_s8m4", "q1_g32_s8m4", "q2_g32_s8m8", "q4_g128_f16", "bf16", "q1_g32_s8m4"]

@@ -1,0 +1,438 @@
+"""Packed-expert kernels on one GPU: the fused MoE layer, the peer (GemLite), prefill GEMMs, references.
+
+    python benchmarks/bench_kernels.py --out-dir OUT [--budget-s 210] [--prewarm 14] [--gemlite fast|off]
+
+In one run, at kimi-k3.1-pro's expert shapes (hidden 7168, intermediate 3584) and Kimi-K2's (7168, 2048):
+ 1. read bandwidth of this card: torch.sum over a 4 GB tensor (the yardstick for the % figures);
+ 2. the fused MoE call for one layer's top-8 experts at batch 1 in the seed's tier mix (2 x q2_g16_s8m4,
+    1 x q2_g32_s8m8, 5 x q1_g32_s8m4: 1.92 bpw), 8 layers with disjoint experts captured in one CUDA
+    graph (weights rotate, L2 never serves a repeat), eager timed separately; both launches' configs are
+    swept (`kernels/tuned.py: SWEEP`) and the best reported beside the default;
+ 3. GemLite (2 and 4 bit, groups of 64), 24 calls per layer in a CUDA graph, and single-matrix GEMVs;
+ 4. prefill: packed GEMM at M = 512 and 2048 against torch.matmul on the unpacked bf16 weights;
+ 5. the reference path (dequantize to bf16, then torch.matmul), launch overhead, and the profiler's
+    measure_gemv_gbps for each format.
+Sections run in that order and are skipped (and said so) once the time budget is spent. The result goes
+through benchmarks/_result.py into OUT (or benchmarks/results), with the winning configs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+from _result import write_result  # noqa: E402
+from strata_plan.kernels import ops  # noqa: E402
+from strata_plan.kernels import bench as B  # noqa: E402
+from strata_plan.kernels.formats import expert_layout, get_format, tier_mix  # noqa: E402
+from strata_plan.kernels.quantizer import dequantize  # noqa: E402
+from strata_plan.kernels.tuned import DEFAULTS  # noqa: E402
+
+SHAPES = {"kimi-k3.1-pro": (7168, 3584), "kimi-k2": (7168, 2048)}
+LAYERS = 8
+TOPK = 8
+GB = 1e9
+
+# sweep candidates: gate/up and down are timed as separate launches, so each is tuned on its own
+GATE_UP_SWEEP = [dict(BN1=bn, warps1=bn // 32, BKW2=b2, BKW1=b1, JCHUNK=1)
+                 for bn in (64, 128) for b2 in (8, 16) for b1 in (8, 16)]
+DOWN_SWEEP = [dict(BN2=bn, warps2=bn // 32, DBKW2=b2, DBKW1=b1) for bn in (64, 128, 256) for b2 in (8, 16) for b1 in (8, 16)]
+GEMV_SWEEP = [dict(BN=bn, BKW=bkw, num_warps=max(1, bn // 32), THREADS=th)
+              for bn, bkw in ((128, 16), (64, 16), (128, 8), (256, 16)) for th in (32768, 65536)]
+GEMM_SWEEP = [dict(BM=128, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s)
+              for bn, bk, w, s in ((128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (256, 128, 8, 2))]
+
+
+def tier_layers(hidden, inter, device):
+    """LAYERS layers of TOPK experts each, every layer in the tier mix, all experts distinct."""
+    counts = tier_mix().counts(TOPK)
+    per_layer = [f for f, c in zip(tier_mix().formats, counts) for _ in range(c)]
+    names = per_layer * LAYERS
+    arena, offsets = B.random_expert_blobs(names, hidden, inter, device)
+    fm = ops.ExpertFormats.from_names(names, device)
+    ids = [torch.arange(l * TOPK, (l + 1) * TOPK, device=device, dtype=torch.int32)[None] for l in range(LAYERS)]
+    wts = torch.softmax(torch.randn(1, TOPK, device=device), -1)
+    wbytes = sum(expert_layout(f, hidden, inter).payload_bytes for f in per_layer)
+    return arena, offsets, fm, ids, wts, wbytes, per_layer
+
+
+# ------------------------------------------------------------------------------------------ prewarm
+
+def _prewarm_job(job):
+    """Compile one kernel variant by running it once (in a worker process; the Triton cache is shared)."""
+    kind, args = job
+    try:
+        torch.cuda.set_device(0)
+        dev = torch.device("cuda")
+        if kind in ("gate_up", "down"):
+            hidden, inter, cfg = args
+            arena, offsets, fm, ids, wts, _, _ = _one_layer(hidden, inter, dev)
+            full = {**DEFAULTS["moe"], **cfg}
+            x = torch.randn(1, hidden, dtype=torch.bfloat16, device=dev)
+            sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, full)
+            if kind == "down":
+                ops.moe_down(sc, ids, wts, arena, offsets, fm, hidden, inter,
+                             torch.empty(1, hidden, dtype=torch.bfloat16, device=dev), full)
+        elif kind == "gemv":
+            fmt, n, k, cfg = args
+            ops.packed_linear(torch.randn(1, k, dtype=torch.bfloat16, device=dev), B.random_packed(fmt, n, k, dev),
+                              config={**DEFAULTS["gemv"], **cfg})
+        elif kind == "gemm":
+            fmt, n, k, m, cfg = args
+            ops.packed_linear(torch.randn(m, k, dtype=torch.bfloat16, device=dev), B.random_packed(fmt, n, k, dev),
+                              config={**DEFAULTS["gemm"], **cfg})
+        elif kind == "gemlite":
+            n, k, bits = args
+            lin = _gemlite_linear(n, k, bits, dev)
+            lin(torch.randn(1, k, dtype=torch.bfloat16, device=dev))
+        torch.cuda.synchronize()
+        return kind, "ok"
+    except Exception as e:  # noqa: BLE001 -- the main process reports failures when it runs the same thing
+        return kind, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def _one_layer(hidden, inter, dev):
+    counts = tier_mix().counts(TOPK)
+    names = [f for f, c in zip(tier_mix().formats, counts) for _ in range(c)]
+    arena, offsets = B.random_expert_blobs(names, hidden, inter, dev)
+    fm = ops.ExpertFormats.from_names(names, dev)
+    ids = torch.arange(TOPK, device=dev, dtype=torch.int32)[None]
+    wts = torch.softmax(torch.randn(1, TOPK, device=dev), -1)
+    return arena, offsets, fm, ids, wts, 0, names
+
+
+def prewarm(jobs, nproc: int, log) -> None:
+    import multiprocessing as mp
+    t = time.time()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(nproc) as pool:
+        res = pool.map(_prewarm_job, jobs, chunksize=1)
+    bad = [r for r in res if r[1] != "ok"]
+    log(f"prewarm: {len(jobs)} variants compiled in {time.time() - t:.1f}s with {nproc} processes; "
+        f"{len(bad)} failed {bad[:3]}")
+
+
+# ------------------------------------------------------------------------------------------ GemLite
+
+def _gemlite_linear(n, k, bits, dev, group=64):
+    from gemlite.helper import A16Wn
+    w_q = torch.randint(0, 1 << bits, (n, k), dtype=torch.uint8, device=dev)
+    scales = torch.rand(n, k // group, device=dev, dtype=torch.bfloat16) * 0.01
+    zeros = torch.full((n, k // group), float((1 << bits) // 2), device=dev, dtype=torch.bfloat16)
+    return A16Wn(device=dev, dtype=torch.bfloat16).from_weights(w_q, scales, zeros, W_nbits=bits, group_size=group)
+
+
+def _module_bytes(lin) -> int:
+    return sum(t.numel() * t.element_size() for t in (lin.W_q, lin.scales, lin.zeros) if isinstance(t, torch.Tensor))
+
+
+# --------------------------------------------------------------------------------------------- main
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.t0 = time.time()
+        self.dev = torch.device("cuda")
+        self.metrics: dict = {}
+        self.notes: list[str] = []
+        self.tuned: dict = {}
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.time() - self.t0)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.time() - self.t0:6.1f}s] {msg}", flush=True)
+
+    def section(self, name, fn, need_s):
+        if self.left() < need_s:
+            self.notes.append(f"{name}: skipped, time budget spent ({self.left():.0f}s left, needs ~{need_s}s)")
+            self.log(self.notes[-1])
+            return
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- one broken section must not lose the others
+            self.notes.append(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            self.log(self.notes[-1])
+            traceback.print_exc()
+
+    # 1 -------------------------------------------------------------------------------------------
+    def bandwidth(self):
+        t = torch.rand(1 << 30, device=self.dev)                      # 4 GB of float32
+        ms = statistics.median(B.event_times(lambda: t.sum(), reps=10))
+        c = torch.empty_like(t)
+        ms_copy = statistics.median(B.event_times(lambda: c.copy_(t), reps=10))
+        self.read_gbps = t.numel() * 4 / (ms * 1e-3) / GB
+        self.metrics["hbm"] = {"read_GBps_sum_4GB": round(self.read_gbps, 1),
+                               "copy_GBps_read_plus_write": round(2 * t.numel() * 4 / (ms_copy * 1e-3) / GB, 1)}
+        self.log(f"HBM read {self.read_gbps:.0f} GB/s")
+
+    # 2 -------------------------------------------------------------------------------------------
+    def moe(self):
+        for model, (hidden, inter) in SHAPES.items():
+            arena, offsets, fm, ids, wts, wbytes, per_layer = tier_layers(hidden, inter, self.dev)
+            x = torch.randn(1, hidden, dtype=torch.bfloat16, device=self.dev)
+            out = torch.empty(1, hidden, dtype=torch.bfloat16, device=self.dev)
+            abytes = 2 * hidden * 2 + TOPK * (inter + inter // 32 * 4 + inter // 8 * 4)   # x, out, packed h
+            res = {"experts": per_layer, "weight_bytes_per_layer": wbytes, "activation_bytes_per_layer": abytes}
+
+            def layer_ms(cfg, part="both"):
+                scs = [ops.moe_gate_up(x, i, arena, offsets, fm, hidden, inter, cfg) for i in ids]
+
+                def run():
+                    for i, sc in zip(ids, scs):
+                        if part in ("both", "gate_up"):
+                            sc2 = ops.moe_gate_up(x, i, arena, offsets, fm, hidden, inter, cfg)
+                        if part in ("both", "down"):
+                            ops.moe_down(sc2 if part == "both" else sc, i, wts, arena, offsets, fm, hidden, inter,
+                                         out, cfg)
+                return B.graph_ms(run, reps=self.args.reps) / LAYERS
+
+            default = dict(DEFAULTS["moe"])
+            best = dict(default)
+            if self.args.sweep:
+                gu = sorted((layer_ms({**default, **c}, "gate_up"), i) for i, c in enumerate(GATE_UP_SWEEP))
+                dn = sorted((layer_ms({**default, **c}, "down"), i) for i, c in enumerate(DOWN_SWEEP))
+                best = {**default, **GATE_UP_SWEEP[gu[0][1]], **DOWN_SWEEP[dn[0][1]]}
+                res["sweep_gate_up_us"] = {json.dumps(GATE_UP_SWEEP[i]): round(t * 1e3, 2) for t, i in gu}
+                res["sweep_down_us"] = {json.dumps(DOWN_SWEEP[i]): round(t * 1e3, 2) for t, i in dn}
+            for label, cfg in (("default", default), ("best", best)):
+                ms = layer_ms(cfg)
+                gu_ms, dn_ms = layer_ms(cfg, "gate_up"), layer_ms(cfg, "down")
+                gbps = (wbytes + abytes) / (ms * 1e-3) / GB
+                res[label] = {"config": cfg, "graph_us_per_layer": round(ms * 1e3, 2),
+                              "gate_up_us": round(gu_ms * 1e3, 2), "down_us": round(dn_ms * 1e3, 2),
+                              "GBps": round(gbps, 1), "pct_of_read_bw": round(100 * gbps / self.read_gbps, 1)}
+                self.log(f"{model} MoE layer [{label}] {ms * 1e3:.1f} us = {gbps:.0f} GB/s "
+                         f"({100 * gbps / self.read_gbps:.1f}% of read BW)  cfg={cfg}")
+            cfg = best
+
+            def eager():
+                for i in ids:
+                    ops.fused_moe(x, i, wts, arena, offsets, fm, hidden, inter, out=out, config=cfg)
+            ms_e = statistics.median(B.event_times(eager, reps=self.args.reps)) / LAYERS
+            t = time.perf_counter()
+            for _ in range(20):
+                eager()
+            torch.cuda.synchronize()
+            host_us = (time.perf_counter() - t) / (20 * LAYERS) * 1e6
+            res["eager_us_per_layer"] = round(ms_e * 1e3, 2)
+            res["eager_wall_us_per_layer"] = round(host_us, 2)
+            self.metrics[f"moe_{model}"] = res
+            self.tuned[f"moe_{model}"] = cfg
+            self.log(f"{model} eager {ms_e * 1e3:.1f} us/layer (events), {host_us:.1f} us/layer wall")
+
+    # 3 -------------------------------------------------------------------------------------------
+    def gemlite(self):
+        import gemlite
+        self.metrics["gemlite_version"] = gemlite.__version__
+        for model, (hidden, inter) in SHAPES.items():
+            if self.left() < 40:
+                self.notes.append(f"gemlite {model}: skipped, time budget")
+                continue
+            res = {}
+            for bits in (2, 4):
+                # 4 layers x 24 matrices, each distinct: one pass is ~8x the L2
+                shapes = [(inter, hidden), (inter, hidden), (hidden, inter)] * TOPK
+                lins = [[_gemlite_linear(n, k, bits, self.dev) for n, k in shapes] for _ in range(4)]
+                xs = {k: torch.randn(1, k, dtype=torch.bfloat16, device=self.dev) for k in (hidden, inter)}
+                for layer in lins:                      # autotune (first call per shape) outside the graph
+                    for lin in layer[:3]:
+                        lin(xs[lin.in_features])
+                layer_bytes = sum(_module_bytes(lin) for lin in lins[0])
+
+                def run():
+                    for layer in lins:
+                        for lin in layer:
+                            lin(xs[lin.in_features])
+                ms = B.graph_ms(run, reps=self.args.reps) / len(lins)
+                gbps = layer_bytes / (ms * 1e-3) / GB
+
+                def one(idx):
+                    def r():
+                        for layer in lins:
+                            layer[idx](xs[layer[idx].in_features])
+                    return B.graph_ms(r, reps=self.args.reps) / len(lins)
+                single = {}
+                for idx, name in ((0, "gate"), (2, "down")):
+                    ms1 = one(idx)
+                    single[name] = {"us": round(ms1 * 1e3, 2),
+                                    "GBps": round(_module_bytes(lins[0][idx]) / (ms1 * 1e-3) / GB, 1)}
+                res[f"{bits}bit_g64"] = {"layer_bytes": layer_bytes, "graph_us_per_layer_24_calls": round(ms * 1e3, 2),
+                                         "GBps": round(gbps, 1), "single_matrix": single}
+                self.log(f"gemlite {model} {bits}-bit: {ms * 1e3:.1f} us/layer, {gbps:.0f} GB/s; single {single}")
+            ours = self.metrics.get(f"moe_{model}", {}).get("best", {}).get("GBps")
+            if ours:
+                for key in list(res):
+                    res[key]["ours_over_gemlite_GBps"] = round(ours / res[key]["GBps"], 2)
+            self.metrics[f"gemlite_{model}"] = res
+
+    def gemv_single(self):
+        hidden, inter = SHAPES["kimi-k3.1-pro"]
+        res = {}
+        cfg_best = dict(DEFAULTS["gemv"])
+        if self.args.sweep:
+            times = []
+            for i, c in enumerate(GEMV_SWEEP):
+                times.append((self._gemv_us("q2_g32_s8m8", inter, hidden, {**DEFAULTS["gemv"], **c})
+                              + self._gemv_us("q2_g32_s8m8", hidden, inter, {**DEFAULTS["gemv"], **c}), i))
+            times.sort()
+            cfg_best = {**DEFAULTS["gemv"], **GEMV_SWEEP[times[0][1]]}
+            res["sweep_us_gate_plus_down_q2_g32"] = {json.dumps(GEMV_SWEEP[i]): round(t, 2) for t, i in times}
+        self.tuned["gemv"] = cfg_best
+        for fmt in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16"):
+            for name, (n, k) in (("gate", (inter, hidden)), ("down", (hidden, inter))):
+                us = self._gemv_us(fmt, n, k, cfg_best)
+                byts = get_format(fmt).matrix_bytes(n, k) + 2 * (n + k)
+                res[f"{fmt}_{name}"] = {"us": round(us, 2), "GBps": round(byts / (us * 1e-6) / GB, 1)}
+        res["config"] = cfg_best
+        self.metrics["gemv_single_kimi-k3.1-pro"] = res
+        self.log(f"single GEMV: { {k: v for k, v in res.items() if k not in ('config',) and 'sweep' not in k} }")
+
+    def _gemv_us(self, fmt, n, k, cfg):
+        copies = B.copies_to_beat_l2(get_format(fmt).matrix_bytes(n, k), self.dev)
+        mats = [B.random_packed(fmt, n, k, self.dev) for _ in range(copies)]
+        x = torch.randn(1, k, dtype=torch.bfloat16, device=self.dev)
+        outs = [torch.empty(1, n, dtype=torch.bfloat16, device=self.dev) for _ in range(copies)]
+
+        def run():
+            for p, o in zip(mats, outs):
+                ops.packed_linear(x, p, out=o, config=cfg)
+        return B.graph_ms(run, reps=self.args.reps) / copies * 1e3
+
+    # 4 -------------------------------------------------------------------------------------------
+    def prefill(self):
+        hidden, inter = SHAPES["kimi-k3.1-pro"]
+        res = {}
+        cfg_best = dict(DEFAULTS["gemm"])
+        if self.args.sweep:
+            times = sorted((self._gemm_ms("q2_g16_s8m4", inter, hidden, 2048, {**DEFAULTS["gemm"], **c}), i)
+                           for i, c in enumerate(GEMM_SWEEP))
+            cfg_best = {**DEFAULTS["gemm"], **GEMM_SWEEP[times[0][1]]}
+            res["sweep_ms_q2_g16_M2048_gate"] = {json.dumps(GEMM_SWEEP[i]): round(t, 4) for t, i in times}
+        self.tuned["gemm"] = cfg_best
+        for name, (n, k) in (("gate", (inter, hidden)), ("down", (hidden, inter))):
+            w = torch.randn(n, k, dtype=torch.bfloat16, device=self.dev)
+            for m in (512, 2048):
+                x = torch.randn(m, k, dtype=torch.bfloat16, device=self.dev)
+                bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
+                row = {"bf16_matmul_ms": round(bf, 4), "bf16_TFLOPs": round(2 * m * n * k / (bf * 1e-3) / 1e12, 1)}
+                for fmt in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16"):
+                    ms = self._gemm_ms(fmt, n, k, m, cfg_best)
+                    row[fmt] = {"ms": round(ms, 4), "over_bf16": round(ms / bf, 3)}
+                res[f"{name}_M{m}"] = row
+                self.log(f"prefill {name} M={m}: bf16 {bf:.3f} ms; " +
+                         ", ".join(f"{f} x{row[f]['over_bf16']}" for f in row if f.startswith("q")))
+        res["config"] = cfg_best
+        self.metrics["prefill_kimi-k3.1-pro"] = res
+
+    def _gemm_ms(self, fmt, n, k, m, cfg):
+        p = B.random_packed(fmt, n, k, self.dev)
+        x = torch.randn(m, k, dtype=torch.bfloat16, device=self.dev)
+        o = torch.empty(m, n, dtype=torch.bfloat16, device=self.dev)
+        return B.graph_ms(lambda: ops.packed_linear(x, p, out=o, config=cfg), reps=self.args.reps)
+
+    # 5 -------------------------------------------------------------------------------------------
+    def reference_path(self):
+        hidden, inter = SHAPES["kimi-k3.1-pro"]
+        res = {}
+        for fmt in ("q2_g16_s8m4", "q1_g32_s8m4"):
+            p = B.random_packed(fmt, inter, hidden, self.dev)
+            for m in (1, 512):
+                x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
+                ms = statistics.median(B.event_times(lambda: x @ dequantize(p, torch.bfloat16).T, reps=5))
+                res[f"{fmt}_M{m}_ms"] = round(ms, 3)
+        self.metrics["reference_dequant_then_matmul_gate_kimi-k3.1-pro"] = res
+        self.log(f"reference path {res}")
+
+    def launch_overhead(self):
+        hidden, inter = 512, 512
+        arena, offsets, fm, ids, wts, _, _ = _one_layer(hidden, inter, self.dev)
+        x = torch.randn(1, hidden, dtype=torch.bfloat16, device=self.dev)
+        out = torch.empty(1, hidden, dtype=torch.bfloat16, device=self.dev)
+        call = lambda: ops.fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, out=out)  # noqa: E731
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(200):
+            call()
+        torch.cuda.synchronize()
+        eager_us = (time.perf_counter() - t) / 200 * 1e6
+
+        def many():
+            for _ in range(20):
+                call()
+        graph_us = B.graph_ms(many, reps=self.args.reps) / 20 * 1e3
+        self.metrics["launch_overhead_tiny_moe"] = {
+            "shape": [hidden, inter], "eager_wall_us_per_call_2_launches": round(eager_us, 2),
+            "graph_us_per_call": round(graph_us, 2)}
+        self.log(f"launch overhead: eager {eager_us:.1f} us/call (wall), graph {graph_us:.1f} us/call")
+
+    def gemv_gbps(self):
+        res = {}
+        for fmt in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16", "bf16"):
+            res[fmt] = round(B.measure_gemv_gbps(fmt, 16384, 7168, reps=self.args.reps), 1)
+        self.metrics["measure_gemv_gbps_16384x7168"] = res
+        self.log(f"measure_gemv_gbps {res}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--budget-s", type=float, default=210)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--prewarm", type=int, default=0, help="compile kernel variants in N processes first")
+    ap.add_argument("--prewarm-only", action="store_true", help="compile (--prewarm N processes) and exit")
+    ap.add_argument("--no-sweep", dest="sweep", action="store_false")
+    ap.add_argument("--gemlite", choices=("fast", "off"), default="fast")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_kernels needs a CUDA GPU")
+        return 2
+    b = Bench(args)
+    b.log(f"GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    if args.prewarm:
+        jobs = []
+        for hidden, inter in SHAPES.values():
+            jobs += [("gate_up", (hidden, inter, c)) for c in GATE_UP_SWEEP + [{}]]
+            jobs += [("down", (hidden, inter, c)) for c in DOWN_SWEEP]
+            break                                    # one shape compiles for both (H, I are run-time ints)
+        h, i = SHAPES["kimi-k3.1-pro"]
+        jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in GEMV_SWEEP for n, k in ((i, h), (h, i))]
+        jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, c)) for c in GEMM_SWEEP]
+        if args.gemlite != "off":
+            for hidden, inter in SHAPES.values():
+                jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]
+        b.section("prewarm", lambda: prewarm(jobs, args.prewarm, b.log), 60)
+        if args.prewarm_only:
+            return 0
+    b.section("bandwidth", b.bandwidth, 5)
+    b.section("moe", b.moe, 30)
+    if args.gemlite != "off":
+        b.section("gemlite", b.gemlite, 40)
+    b.section("gemv_single", b.gemv_single, 20)
+    b.section("prefill", b.prefill, 20)
+    b.section("reference_path", b.reference_path, 5)
+    b.section("launch_overhead", b.launch_overhead, 5)
+    b.section("measure_gemv_gbps", b.gemv_gbps, 10)
+    b.metrics["elapsed_s"] = round(time.time() - b.t0, 1)
+    cmd = "python benchmarks/bench_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    path = write_result("kernels", b.metrics, command=cmd, notes="; ".join(b.notes), out_dir=args.out_dir,
+                        extra={"tuned": b.tuned})
+    b.log(f"wrote {path}")
+    if args.out_dir:
+        Path(args.out_dir, "kernels_tuned.json").write_text(json.dumps(b.tuned, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
