@@ -43,11 +43,10 @@ TOPK = 8
 GB = 1e9
 
 # sweep candidates: gate/up and down are timed as separate launches, so each is tuned on its own
-GATE_UP_SWEEP = [dict(BN1=bn, warps1=bn // 32, BKW2=b2, BKW1=b1, JCHUNK=1)
-                 for bn in (64, 128) for b2 in (8, 16) for b1 in (8, 16)]
-DOWN_SWEEP = [dict(BN2=bn, warps2=bn // 32, DBKW2=b2, DBKW1=b1) for bn in (64, 128, 256) for b2 in (8, 16) for b1 in (8, 16)]
-GEMV_SWEEP = [dict(BN=bn, BKW=bkw, num_warps=max(1, bn // 32), THREADS=th)
-              for bn, bkw in ((128, 16), (64, 16), (128, 8), (256, 16)) for th in (32768, 65536)]
+GATE_UP_SWEEP = [dict(BN1=bn, warps1=bn // 32, NS1=ns) for bn, ns in ((64, 3), (64, 5), (128, 4), (32, 4))]
+DOWN_SWEEP = [dict(BN2=bn, warps2=bn // 32, NS2=ns) for bn, ns in ((64, 3), (64, 5), (128, 4), (32, 4))]
+GEMV_SWEEP = [dict(BN=bn, num_warps=max(1, bn // 32), THREADS=th, NS=ns)
+              for bn, th, ns in ((64, 65536, 4), (32, 65536, 4), (64, 131072, 4), (64, 65536, 6))]
 GEMM_SWEEP = [dict(BM=128, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s)
               for bn, bk, w, s in ((128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (256, 128, 8, 2))]
 
@@ -394,6 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prewarm-only", action="store_true", help="compile (--prewarm N processes) and exit")
     ap.add_argument("--no-sweep", dest="sweep", action="store_false")
     ap.add_argument("--gemlite", choices=("fast", "off"), default="fast")
+    ap.add_argument("--sections", default="moe,gemlite,gemv_single,prefill,reference_path,launch_overhead,measure_gemv_gbps")
+    ap.add_argument("--name", default="kernels", help="benchmark name of the result JSON")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA GPU")
@@ -401,32 +402,35 @@ def main(argv=None) -> int:
     b = Bench(args)
     b.log(f"GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     if args.prewarm:
+        wanted = args.sections.split(",")
         jobs = []
-        for hidden, inter in SHAPES.values():
-            jobs += [("gate_up", (hidden, inter, c)) for c in GATE_UP_SWEEP + [{}]]
-            jobs += [("down", (hidden, inter, c)) for c in DOWN_SWEEP]
-            break                                    # one shape compiles for both (H, I are run-time ints)
         h, i = SHAPES["kimi-k3.1-pro"]
-        jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in GEMV_SWEEP for n, k in ((i, h), (h, i))]
-        jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, c)) for c in GEMM_SWEEP]
-        if args.gemlite != "off":
+        if "moe" in wanted:       # one shape compiles for both models (H, I are run-time ints)
+            jobs += [("gate_up", (h, i, c)) for c in (GATE_UP_SWEEP if args.sweep else []) + [{}]]
+            jobs += [("down", (h, i, c)) for c in (DOWN_SWEEP if args.sweep else []) + [{}]]
+        if "gemv_single" in wanted:
+            jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in (GEMV_SWEEP if args.sweep else [{}])
+                     for n, k in ((i, h), (h, i))]
+        if "measure_gemv_gbps" in wanted:
+            jobs += [("gemv", (f, 16384, 7168, {})) for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4",
+                                                              "q4_g128_f16", "bf16")]
+        if "prefill" in wanted:
+            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, c)) for c in GEMM_SWEEP]
+        if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]
         b.section("prewarm", lambda: prewarm(jobs, args.prewarm, b.log), 60)
         if args.prewarm_only:
             return 0
     b.section("bandwidth", b.bandwidth, 5)
-    b.section("moe", b.moe, 30)
-    if args.gemlite != "off":
-        b.section("gemlite", b.gemlite, 40)
-    b.section("gemv_single", b.gemv_single, 20)
-    b.section("prefill", b.prefill, 20)
-    b.section("reference_path", b.reference_path, 5)
-    b.section("launch_overhead", b.launch_overhead, 5)
-    b.section("measure_gemv_gbps", b.gemv_gbps, 10)
+    wanted = args.sections.split(",")
+    for name, need in (("moe", 30), ("gemlite", 40), ("gemv_single", 20), ("prefill", 20), ("reference_path", 5),
+                       ("launch_overhead", 5), ("measure_gemv_gbps", 10)):
+        if name in wanted and not (name == "gemlite" and args.gemlite == "off"):
+            b.section(name, getattr(b, "gemv_gbps" if name == "measure_gemv_gbps" else name), need)
     b.metrics["elapsed_s"] = round(time.time() - b.t0, 1)
     cmd = "python benchmarks/bench_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    path = write_result("kernels", b.metrics, command=cmd, notes="; ".join(b.notes), out_dir=args.out_dir,
+    path = write_result(args.name, b.metrics, command=cmd, notes="; ".join(b.notes), out_dir=args.out_dir,
                         extra={"tuned": b.tuned})
     b.log(f"wrote {path}")
     if args.out_dir:

@@ -249,7 +249,7 @@ def _gemv_fold(acc, isum, sc, mb, d, dmin, dxw, xsw, cols,
 def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
               K, rows, row_ok, xq_p, xdx_p, xsum_p, XW, w_lo, w_hi,
               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-              SB: tl.constexpr, BKW: tl.constexpr, NMAT: tl.constexpr, USE_ASM: tl.constexpr):
+              SB: tl.constexpr, BKW: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
     """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
 
@@ -257,7 +257,8 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     s-major [S, XW]; xsum [XW]; xdx [XW*EPW/32]) for at least KP inputs (zeros past K), so whole
     padded rows are read without column masks. w_lo, w_hi: multiples of BKW (w_hi <= KP/EPW).
     rows [BN] int32, row_ok [BN] mask. Returns (float32 [BN], float32 [BN]); b's is 0 for NMAT=1.
-    The next step's weights are loaded before this step's arithmetic (two tiles in flight per thread)."""
+    The K loop is software-pipelined NS stages deep (Triton stages every load through shared memory
+    with cp.async): decode is bound by bytes in flight, so several K steps are kept in the air."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
     LANEMASK: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
@@ -272,23 +273,15 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     m2 = row_ok[:, None]
     acc_a = tl.zeros([BN, BKW], tl.float32)
     acc_b = tl.zeros([BN, BKW], tl.float32)
-    wa, sa, ma, da, dma = _gemv_tile_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r2, m2, w_lo, ROWW, NG, NU,
-                                           BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
-    wb, sb, mbb, db, dmb = 0, 0, 0, 0, 0
-    if NMAT == 2:
-        wb, sb, mbb, db, dmb = _gemv_tile_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r2, m2, w_lo, ROWW, NG, NU,
-                                                BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
-    for t in range(w_lo, w_hi, BKW):
-        mn2 = (row_ok & (tl.full([BN], t + BKW, tl.int32) < w_hi))[:, None]         # nothing past the range
-        wa_n, sa_n, ma_n, da_n, dma_n = _gemv_tile_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r2, mn2, t + BKW,
-                                                         ROWW, NG, NU, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
-        if NMAT == 2:
-            wb_n, sb_n, mb_n, db_n, dmb_n = _gemv_tile_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r2, mn2,
-                                                             t + BKW, ROWW, NG, NU, BITS, GROUP, SCALE_BITS,
-                                                             MIN_BITS, SB, BKW)
+    for t in tl.range(w_lo, w_hi, BKW, num_stages=NS):
         cols = t + cols0
+        wa, sa, ma, da, dma = _gemv_tile_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r2, m2, t, ROWW, NG, NU,
+                                               BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
         isa = tl.zeros([BN, BKW], tl.int32)
-        isb = tl.zeros([BN, BKW], tl.int32)
+        if NMAT == 2:
+            wb, sb, mbb, db, dmb = _gemv_tile_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r2, m2, t, ROWW, NG, NU,
+                                                    BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
+            isb = tl.zeros([BN, BKW], tl.int32)
         for s in tl.static_range(S):
             xs = tl.load(xq_p + s * XW + cols)[None, :]                                  # [1, BKW]
             isa = dp4a((wa >> (BITS * s)) & LANEMASK, xs, isa, USE_ASM)
@@ -297,10 +290,8 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
         dxw = tl.load(xdx_p + (cols * EPW) // 32)[None, :]                              # [1, BKW]
         xsw = tl.load(xsum_p + cols)[None, :]
         acc_a = _gemv_fold(acc_a, isa, sa, ma, da, dma, dxw, xsw, cols, BITS, GROUP, SCALE_BITS, MIN_BITS)
-        wa, sa, ma, da, dma = wa_n, sa_n, ma_n, da_n, dma_n
         if NMAT == 2:
             acc_b = _gemv_fold(acc_b, isb, sb, mbb, db, dmb, dxw, xsw, cols, BITS, GROUP, SCALE_BITS, MIN_BITS)
-            wb, sb, mbb, db, dmb = wb_n, sb_n, mb_n, db_n, dmb_n
     return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
 
 

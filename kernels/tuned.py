@@ -11,15 +11,15 @@ import torch
 
 # Defaults: sound on any recent NVIDIA GPU, and small enough for the interpreter.
 DEFAULTS: dict[str, dict] = {
-    # decode GEMV: BN rows per program, BKW 32-bit code words per K step (clipped to one scale unit)
-    # (BN rows over num_warps*32 threads: one row per thread; K split over programs to reach THREADS)
-    "gemv": {"BN": 128, "BKW": 16, "num_warps": 4, "CHUNK": 1024, "THREADS": 32768},
+    # decode GEMV: BN rows per program (one per thread: num_warps = BN / 32), BKW 32-bit code words per K
+    # step (clipped to one scale unit), NS pipeline stages, K split over programs to reach THREADS
+    "gemv": {"BN": 64, "BKW": 16, "num_warps": 2, "NS": 4, "CHUNK": 1024, "THREADS": 65536},
     # tensor-core GEMM (prefill); BM drops to 16/64 for small M
-    "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, BKW2/BKW1 code words per K
-    # step for 2-bit / 1- and 4-bit codes) and down (BN2 rows of H, DBKW2/DBKW1 words per K step)
-    "moe": {"BN1": 128, "JCHUNK": 1, "BKW2": 16, "BKW1": 16, "warps1": 4,
-            "BN2": 128, "DBKW2": 16, "DBKW1": 16, "warps2": 4, "CHUNK": 1024},
+    # step for 2-bit / 1- and 4-bit codes, NS1 stages) and down (BN2 rows of H, DBKW2/DBKW1, NS2)
+    "moe": {"BN1": 64, "JCHUNK": 1, "BKW2": 16, "BKW1": 16, "warps1": 2, "NS1": 4,
+            "BN2": 64, "DBKW2": 8, "DBKW1": 16, "warps2": 2, "NS2": 4, "CHUNK": 1024},
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }

@@ -5,9 +5,10 @@ TRITON_INTERPRET=1 when no GPU is present; shapes are kept small for it). Every 
 run, every output (and, with POISON_SCRATCH, every scratch buffer) is poisoned before the call.
 
 Tolerances (relative Frobenius norm of the difference):
-- decode GEMV vs `reference.linear_q8` (the same int8 activation grid, float64): 1e-5 with float32
-  output (only the order of float32 sums differs); 8e-3 with bf16 output (bf16 keeps 8 significant bits:
-  rounding alone is ~2e-3).
+- decode GEMV vs `reference.linear_q8` on the kernel's own int8 activation grid (float64): 3e-5 with
+  float32 output (only the order of float32 sums differs); vs the reference's grid with bf16 output 8e-3
+  (bf16 keeps 8 significant bits: rounding alone is ~2e-3; a grid step moved by a differently rounded
+  127 / max|x| adds ~1e-3).
 - decode kernels vs the exact reference (float activations): 4e-2, since the int8 activations add
   0.5-2% error (KERNELS.md's table; tiny next to the 9-60% of the weights themselves).
 - tensor-core GEMM vs the exact reference: 2e-2: x and the dequantized weights are rounded to bf16.
@@ -84,7 +85,7 @@ def test_gemv_is_the_int8_grid_arithmetic_exactly(fmt):
     assert rel(xsum, xp.view(3, xsum.shape[1], -1).sum(-1)) < 1e-6
     # phase B: on that grid the GEMV is exact up to the order of float32 sums
     out = packed_linear(x, p, out=nan_like((3, n), torch.float32), backend="triton")
-    assert rel(out, R.linear_q8(x, p, grid=(x8, xdx))) < 1e-5
+    assert rel(out, R.linear_q8(x, p, grid=(x8, xdx))) < 3e-5
 
 
 def test_gemv_split_k_and_one_split_agree():
@@ -194,8 +195,9 @@ def test_moe_launches_on_their_own_grids(mixed_arena, m):
                 h8 = R.unpack_activation_words(sc.hq[p_][None], bits, ip)
                 step = sc.hdx[p_].repeat_interleave(32)[None].double()
                 assert (h8[:, inter:] == 0).all()                     # padding rows of h are zeros
+                # within half a grid step of the float64 h, plus float32 noise (sum order, fast sigmoid)
                 assert ((h8[:, :inter] * step[:, :inter] - h).abs() <= 0.5 * step[:, :inter] * 1.001
-                        + 1e-6 * h.abs().max()).all()
+                        + 1e-5 * h.abs().max()).all()
                 y = R.linear_q8(h.float(), mats["down"], (h8, sc.hdx[p_:p_ + 1]))
             ref[t] += float(wts[t, j]) * y[0].cpu()
     out = nan_like((m, hidden), torch.float32)
