@@ -128,7 +128,7 @@ def _expert_dot_any(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, co
 @triton.jit
 def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, offs_p, arena_p,
                     table_p, h_p, H, I, TOPK: tl.constexpr, FMASK: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
     # h [P, I] (bf16) for the block's pairs: rows of x gathered by token = pair // TOPK
     b = tl.program_id(0)
     e = tl.load(blk_e_p + b)
@@ -143,8 +143,8 @@ def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, co
         base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         c_ok = cols < I
-        g = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 0, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERPRET)
-        u = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 1, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERPRET)
+        g = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 0, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
+        u = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 1, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
         h = g * tl.sigmoid(g) * u
         tl.store(h_p + pair[:, None].to(tl.int64) * I + cols[None, :], h.to(tl.bfloat16),
                  mask=r_ok[:, None] & c_ok[None, :])
@@ -152,7 +152,8 @@ def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, co
 
 @triton.jit
 def grouped_down(h_p, wts_p, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, offs_p, arena_p, table_p,
-                 y_p, H, I, FMASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                 y_p, H, I, FMASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 INTERP: tl.constexpr):
     # y [P, H] (float32) = topk weight of the pair * h[pair] @ W_down^T
     b = tl.program_id(0)
     e = tl.load(blk_e_p + b)
@@ -166,7 +167,7 @@ def grouped_down(h_p, wts_p, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, 
         base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         c_ok = cols < H
-        y = _expert_dot_any(h_p, I, pair, r_ok, base, table_p, 2, I, cols, c_ok, code, BM, BN, FMASK, BK, INTERPRET)
+        y = _expert_dot_any(h_p, I, pair, r_ok, base, table_p, 2, I, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
         wt = tl.load(wts_p + pair, mask=r_ok, other=0.0).to(tl.float32)
         tl.store(y_p + pair[:, None].to(tl.int64) * H + cols[None, :], y * wt[:, None],
                  mask=r_ok[:, None] & c_ok[None, :])
@@ -210,9 +211,11 @@ def moe_grouped(x, ids, wts, arena, offsets, codes, fmask, table, hidden, inter,
     nb = blk_e.numel()
     grouped_gate_up[(nb, triton.cdiv(inter, cfg["BN"]))](
         x, x.stride(0), order, blk_e, start, cnt, codes, offsets, arena, table, h, hidden, inter,
-        TOPK=topk, FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        TOPK=topk, FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, INTERP=INTERPRET, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     grouped_down[(nb, triton.cdiv(hidden, cfg["BN"]))](
         h, wts, order, blk_e, start, cnt, codes, offsets, arena, table, y, hidden, inter,
-        FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, INTERP=INTERPRET, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     torch.sum(y.view(m, topk, hidden), dim=1, out=out) if out.dtype == torch.float32 else \
         out.copy_(y.view(m, topk, hidden).sum(1))

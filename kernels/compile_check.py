@@ -1,0 +1,97 @@
+"""Compile every Triton kernel for a GPU target on a machine without one (no driver needed).
+
+    STRATA_TRITON_COMPILE_ONLY=1 python -m strata_plan.kernels.compile_check [--arch 90]
+
+The interpreter (TRITON_INTERPRET=1) runs the kernels' Python, but it forgives things the compiler does
+not (a Python global read inside a jitted function, a type mismatch between branches); this builds the
+real PTX and cubin with Triton's bundled ptxas and prints what each kernel uses. Needs the variable
+above set before the kernels are imported (otherwise they are interpreted on a machine with no GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .triton_common import INTERPRET, format_constants
+
+P = {"u8": "*u8", "i32": "*i32", "i64": "*i64", "f16": "*fp16", "bf16": "*bf16", "f32": "*fp32"}
+
+
+def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_stages: int = 3):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {**sig, **{k: "constexpr" for k in consts}}
+    # pointers 16-byte aligned and ints divisible by 16, as the JIT specializes real launches
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items() if t != "constexpr"}
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def kernels(arch: int = 90, quick: bool = False):
+    """(name, compiled kernel) for every kernel, at the formats and configs that exercise all branches.
+    quick: one format of the single-format kernels (the MoE kernels always carry every format's branch)."""
+    from . import triton_gemm, triton_gemv, triton_moe
+    out = []
+    for bits in ((2,) if quick else (1, 2, 4)):
+        out.append((f"quantize_x bits={bits}", _compile(
+            triton_gemv.quantize_x_kernel,
+            {"x_p": P["bf16"], "stride_xm": "i32", "K": "i32", "KPAD": "i32", "xq_p": P["i32"], "xdx_p": P["f32"],
+             "xsum_p": P["f32"]}, dict(BITS=bits, CHUNK=1024), arch)))
+    for code in ((0,) if quick else range(5)):
+        c = format_constants(code)
+        packed = c["BITS"] != 16
+        sig = {"x_p": P["bf16"], "stride_xm": "i32", "codes_p": P["i32"] if packed else P["bf16"],
+               "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
+               "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
+               "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"], "out_p": P["bf16"], "stride_om": "i32",
+               "M": "i32", "N": "i32", "K": "i32", "WSPLIT": "i32"}
+        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")}
+        out.append((f"gemv code={code}", _compile(triton_gemv.gemv_kernel, sig, dict(
+            consts, BN=64, BKW=16, SPLIT=2, NS=4, USE_ASM=True), arch, num_warps=2)))
+        gsig = {**sig, "codes_p": P["u8"] if packed else P["bf16"]}
+        for k in ("xq_p", "xdx_p", "xsum_p", "WSPLIT"):
+            gsig.pop(k)
+        out.append((f"gemm code={code}", _compile(triton_gemm.gemm_kernel, gsig, dict(
+            consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False), arch, num_stages=4)))
+    arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
+    out.append(("moe gate_up all formats", _compile(triton_moe.gate_up_kernel, {
+        "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
+        "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "H": "i32", "I": "i32"},
+        dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, BKW2=16, BKW1=16, CHUNK=1024, NS=4, USE_ASM=True), arch, 2)))
+    out.append(("moe down all formats", _compile(triton_moe.down_kernel, {
+        "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
+        "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
+        "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "H": "i32", "I": "i32"},
+        dict(TOPK=8, FMASK=31, BN=64, BKW2=8, BKW1=16, NS=4, USE_ASM=True), arch, 2)))
+    blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
+              "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
+    out.append(("moe grouped gate_up", _compile(triton_gemm.grouped_gate_up, {
+        "x_p": P["bf16"], "stride_xm": "i32", **blocks, "h_p": P["bf16"], "H": "i32", "I": "i32"},
+        dict(TOPK=8, FMASK=31, BM=64, BN=128, BK=64, INTERP=False), arch)))
+    out.append(("moe grouped down", _compile(triton_gemm.grouped_down, {
+        "h_p": P["bf16"], "wts_p": P["f32"], **blocks, "y_p": P["f32"], "H": "i32", "I": "i32"},
+        dict(FMASK=31, BM=64, BN=128, BK=64, INTERP=False), arch)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
+    ap.add_argument("--quick", action="store_true", help="one format of the single-format kernels")
+    a = ap.parse_args(argv)
+    if INTERPRET:
+        print("kernels are interpreted here: set STRATA_TRITON_COMPILE_ONLY=1 (and not TRITON_INTERPRET)")
+        return 2
+    t = time.time()
+    for name, k in kernels(a.arch, a.quick):
+        md = k.metadata
+        print(f"{name:28s} shared {md.shared:6d} B  dp4a {k.asm['ptx'].count('dp4a'):4d}  "
+              f"wgmma {k.asm['ptx'].count('wgmma.mma_async'):3d}  cp.async {k.asm['ptx'].count('cp.async'):4d}")
+    print(f"all kernels compiled for sm_{a.arch} in {time.time() - t:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
