@@ -21,7 +21,8 @@ import torch
 from . import reference
 from .formats import FORMATS, expert_layout, get_format
 from .quantizer import PackedMatrix
-from .triton_common import BF16_CODE, FORMAT_CODES, INTERPRET, USE_ASM, format_constants, tile_words_limit, triton
+from .triton_common import (BF16_CODE, FORMAT_CODES, INTERPRET, INTERPRETER_OK, USE_ASM, format_constants,
+                            tile_words_limit, triton)
 from . import triton_gemm, triton_gemv, triton_moe
 from .tuned import config_for
 
@@ -47,9 +48,9 @@ def _use_triton(t: torch.Tensor, backend: str) -> bool:
     if t.is_cuda:
         return True
     if backend == "triton":
-        if not INTERPRET:
-            raise ValueError("backend='triton' on CPU tensors needs the interpreter: set TRITON_INTERPRET=1 "
-                             "before importing strata_plan.kernels")
+        if not INTERPRETER_OK:
+            raise ValueError("backend='triton' on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
+                             "in the environment before anything imports triton")
         return True
     return False
 

@@ -122,27 +122,26 @@ def fit_groups(w: torch.Tensor, imp: torch.Tensor, levels: int, refine: int = 4)
     wmin, wmax = w.amin(-1), w.amax(-1)
     rng = (wmax - wmin).clamp_min(1e-30)
     # candidate 0: plain min/max round-to-nearest
-    best_s, best_z = (wmax - wmin) / levels, wmin
-    best_q = _round_codes(w, best_s, best_z, levels)
-    best_e = _sq_err(w, imp, best_s, best_z, best_q)
+    s0 = (wmax - wmin) / levels
+    q0 = _round_codes(w, s0, wmin, levels)
+    best = (s0, wmin, q0, _sq_err(w, imp, s0, wmin, q0))
+
+    def keep_better(best, q_start):
+        """Refit (s, z) to the codes q_start, re-round, and keep it in the groups where it is better."""
+        s, z = _lsq(w, imp, q_start, best[0])
+        q = _round_codes(w, s, z, levels)
+        e = _sq_err(w, imp, s, z, q)
+        better = e < best[3]
+        return (torch.where(better, s, best[0]), torch.where(better, z, best[1]),
+                torch.where(better.unsqueeze(-1), q, best[2]), torch.minimum(e, best[3]))
+
     steps = torch.linspace(-0.5, 1.5, 11).tolist() if levels > 1 else torch.linspace(-0.4, 2.0, 13).tolist()
-    for delta in steps:
+    for delta in steps:                      # grids stretched and shrunk around min..max
         iscale = (levels + delta) / rng
-        q = torch.round((w - wmin.unsqueeze(-1)) * iscale.unsqueeze(-1)).clamp_(0, levels)
-        s, z = _lsq(w, imp, q, best_s)
-        q = _round_codes(w, s, z, levels)
-        e = _sq_err(w, imp, s, z, q)
-        better = e < best_e
-        best_s, best_z, best_e = torch.where(better, s, best_s), torch.where(better, z, best_z), torch.minimum(e, best_e)
-        best_q = torch.where(better.unsqueeze(-1), q, best_q)
-    for _ in range(refine):
-        s, z = _lsq(w, imp, best_q, best_s)
-        q = _round_codes(w, s, z, levels)
-        e = _sq_err(w, imp, s, z, q)
-        better = e < best_e
-        best_s, best_z, best_e = torch.where(better, s, best_s), torch.where(better, z, best_z), torch.minimum(e, best_e)
-        best_q = torch.where(better.unsqueeze(-1), q, best_q)
-    return best_s, best_z, best_q, best_e
+        best = keep_better(best, torch.round((w - wmin.unsqueeze(-1)) * iscale.unsqueeze(-1)).clamp_(0, levels))
+    for _ in range(refine):                  # Lloyd: round, refit, repeat
+        best = keep_better(best, best[2])
+    return best
 
 
 # -------------------------------------------------------------------------------------------- encoders

@@ -34,6 +34,14 @@ if INTERPRET:
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+# Triton decides interpreter or compiler for its own library functions (tl.max, tl.sum...) when it is
+# first imported: if something imported it before the variable above was set, interpreted kernels fail.
+if INTERPRET:
+    from triton.runtime.interpreter import InterpretedFunction as _IF
+    INTERPRETER_OK = isinstance(tl.standard.max, _IF)
+else:
+    INTERPRETER_OK = False
+
 from .formats import FORMATS  # noqa: E402
 
 if INTERPRET:

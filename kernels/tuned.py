@@ -25,7 +25,11 @@ DEFAULTS: dict[str, dict] = {
 }
 
 # Winners of the sweep, per GPU name (see KERNELS.md for the run they came from).
-TUNED: dict[str, dict[str, dict]] = {}
+TUNED: dict[str, dict[str, dict]] = {
+    # benchmarks/results/kernels-decode-20261129T122606Z.json: 3 pipeline stages beat 4 and 5 on both
+    # launches at both Kimi shapes (gate/up 106.8 vs 130.8 us at 5 stages, K3.1-pro)
+    "nvidia h200": {"moe": {"NS1": 3, "NS2": 3}},
+}
 
 def _device_key(device) -> str | None:
     device = torch.device(device)

@@ -1,6 +1,7 @@
 """Shared test fixtures: paths to the repository, the shared data folder beside it, and a CLI runner."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+
+
+def _triton_interpreter_without_gpu() -> None:
+    """The Triton kernels run in Triton's interpreter where there is no GPU. Triton reads TRITON_INTERPRET
+    when it is first imported, so it is set here, before any test module can import triton."""
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_triton_interpreter_without_gpu()
 
 
 @pytest.fixture
