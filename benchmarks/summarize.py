@@ -52,9 +52,55 @@ def fmt(v) -> str:
     return str(v)
 
 
+# The figures each issue's acceptance asks for, shown first: (benchmark, dotted metric, label, target),
+# target = (operator, value) or None; met/missed is computed from the latest result, never written by hand.
+HEADLINES = (
+    ("kernels", "moe_kimi-k3.1-pro.best.pct_of_read_bw", "fused MoE layer, kimi-k3.1-pro, batch 1, % of read BW", (">=", 60)),
+    ("kernels", "moe_kimi-k3.1-pro.best.graph_us_per_layer", "fused MoE layer, kimi-k3.1-pro, us (CUDA graph)", None),
+    ("kernels", "gemlite_kimi-k3.1-pro.2bit_g64.ours_over_gemlite_GBps", "ours / GemLite 2-bit, bytes/s per layer", (">=", 3)),
+    ("kernels", "gemlite_kimi-k3.1-pro.4bit_g64.ours_over_gemlite_GBps", "ours / GemLite 4-bit, bytes/s per layer", (">=", 3)),
+    ("kernels", "prefill_kimi-k3.1-pro.gate_M2048.q2_g16_s8m4.over_bf16", "prefill GEMM M=2048 (2.81 bpw) / bf16 matmul time", ("<=", 1.3)),
+    ("kernels", "launch_overhead_tiny_moe.graph_us_per_call", "tiny MoE call in a CUDA graph, us", None),
+    ("gpu-suite", "gpu_tests_passed", "GPU-marked tests passed on the H200", None),
+    ("gpu-suite", "fused_gemv_q2_g16_s8m4_gbps", "fused GEMV 2.81 bpw, GB/s (16384x7168)", None),
+    ("profiler", "pinned_h2d_16_mib.diff", "profiler vs CuPy reference, pinned H2D 16 MiB (rel. diff)", ("abs<=", 0.05)),
+    ("profiler", "hbm_device_copy_read_write.diff", "profiler vs CuPy reference, HBM copy (rel. diff)", ("abs<=", 0.05)),
+    ("profiler", "o_direct_seq_read_16_mib_qd1_vs_dd.verdict", "O_DIRECT 16 MiB vs dd", None),
+    ("profiler", "profile_quick_seconds", "`profile --quick` seconds on the H200", ("<", 60)),
+    ("profiler", "profile_full_seconds", "`profile` (full) seconds on the H200", ("<", 300)),
+    ("planner", "rtx-pro-6000.default_seconds", "kimi-k3.1-pro plan, 200 trials, seconds on 2 cores", ("<", 60)),
+    ("planner", "rtx-pro-6000.default_gap_to_10x", "gap to the best plan with 10x trials", None),
+    ("planner", "rtx-pro-6000.reference_decode_tok_s", "PREDICTED decode tok/s, kimi-k3.1-pro on rtx-pro-6000 (olmoe-like)", None),
+    ("train-fixture-moe", "held_out_perplexity", "fixture MoE (7.4M) held-out perplexity", None),
+    ("train-bench-moe", "held_out_perplexity", "bench MoE (260M) held-out perplexity", None),
+)
+
+
+CHECKS = {">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, "<": lambda v, t: v < t,
+          "abs<=": lambda v, t: abs(v) <= t}
+
+
+def verdict(v, target) -> str:
+    if target is None or not isinstance(v, (int, float)):
+        return ""
+    op, t = target
+    return f"{op.replace('abs<=', 'abs <=')} {t}: {'met' if CHECKS[op](v, t) else 'MISSED'}"
+
+
+def headlines(results: dict[str, dict]) -> list[str]:
+    rows = ["## Headlines\n", "| benchmark | figure | value | target |", "|---|---|---|---|"]
+    for bench, metric, label, target in HEADLINES:
+        if bench in results:
+            v = flatten(results[bench].get("metrics", {})).get(metric)
+            if v is not None:
+                rows.append(f"| {bench} | {label} | {fmt(v)} | {verdict(v, target)} |")
+    return rows + [""]
+
+
 def render() -> str:
-    parts = [INTRO]
-    for name, r in sorted(latest().items()):
+    results = latest()
+    parts = [INTRO, *headlines(results)]
+    for name, r in sorted(results.items()):
         m = r.get("machine", {})
         parts.append(f"## {name}\n")
         parts.append(f"- date: {r.get('date')}, git {r.get('git_sha')}, file `results/{r['_file']}`")
