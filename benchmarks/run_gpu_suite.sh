@@ -6,12 +6,7 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
 OUT=${OUT:-/tmp/gpu_suite}; TEST_S=${1:-220}; PROF_S=${2:-220}; t0=$(date +%s)
 mkdir -p "$OUT"
-if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip.log 2>&1; then
-  echo "editable install failed ($(tail -1 /tmp/pip.log)); using a path shim"
-  mkdir -p /tmp/shim/strata_plan && ln -sf "$PWD"/strata_plan/* /tmp/shim/strata_plan/
-  for d in planner profiler engine kernels profiles; do ln -sfn "$PWD/$d" /tmp/shim/strata_plan/$d; done
-  export PYTHONPATH=/tmp/shim:$PYTHONPATH
-fi
+source benchmarks/device_setup.sh
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" || exit 3
 timeout "$TEST_S" python3 -m pytest tests/test_kernels_triton.py tests/test_kernels_quantize.py tests/test_kernels_compile.py \
   tests/test_profiler_gpu.py -q -rfEs --tb=short -n 8 -p no:cacheprovider 2>&1 | grep -v "PytestBenchmarkWarning\|warner(" \

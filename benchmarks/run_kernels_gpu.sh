@@ -6,16 +6,7 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
 OUT=${OUT:-/tmp/kernels_out}; TOTAL=${1:-290}; TEST_S=${2:-120}; TEST_K=${3:-}; shift $(( $# < 3 ? $# : 3 )); t0=$(date +%s)
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip.log 2>&1; then
-  echo "editable install failed ($(tail -1 /tmp/pip.log)); using a path shim"
-  mkdir -p /tmp/shim/strata_plan && ln -sf "$PWD"/strata_plan/* /tmp/shim/strata_plan/
-  for d in planner profiler engine kernels profiles; do ln -sfn "$PWD/$d" /tmp/shim/strata_plan/$d; done
-  export PYTHONPATH=/tmp/shim:$PYTHONPATH
-fi
+source benchmarks/device_setup.sh
 python3 -c "import torch, triton, strata_plan.kernels.ops as o; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" || exit 3
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 (timeout "$TEST_S" python3 -m pytest tests/test_kernels_triton.py tests/test_kernels_quantize.py -q -rfE --tb=short \

@@ -11,12 +11,8 @@ BENCH_S=${BENCH_S:-240}
 W=/tmp/moe
 mkdir -p "$W/results"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1
-# strata_plan must import (the traces go through its writer): install it, or lay out the namespace by links.
-if ! python3 -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null; then
-  mkdir -p /tmp/shim/strata_plan && cp -rs "$PWD"/strata_plan/. /tmp/shim/strata_plan/
-  for p in planner profiler engine kernels profiles; do ln -sfn "$PWD/$p" "/tmp/shim/strata_plan/$p"; done
-  export PYTHONPATH=/tmp/shim
-fi
+# strata_plan must import (the traces go through its writer).
+source benchmarks/device_setup.sh
 python3 -c "import strata_plan.planner.routing" || exit 1
 python3 -c "import sys, torch, transformers, tokenizers, numpy; print(sys.version.split()[0], torch.__version__, \
 transformers.__version__, tokenizers.__version__, numpy.__version__, torch.cuda.get_device_name(0))"
