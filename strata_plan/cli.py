@@ -29,7 +29,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="strata-plan", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="strata-plan", description="Plan Mixture-of-Experts models far bigger than one GPU "
+                     "(GPU + pinned RAM + NVMe): measure the machine, predict tok/s, search the placement. "
+                     "Run without arguments in a terminal for the wizard.")
     parser.add_argument("--version", action="version", version=f"strata-plan {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
