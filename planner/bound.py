@@ -34,6 +34,29 @@ class Bound:
     prefill_bytes: dict         # per chunk
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """Predicted tok/s (cost model) beside the physical bound of the same placement."""
+
+    decode_tok_s: float
+    prefill_tok_s: float
+    decode_binding: str
+    prefill_binding: str
+    bound_decode_tok_s: float
+    bound_prefill_tok_s: float
+
+    @classmethod
+    def fields_of(cls, pred, bound) -> dict:
+        """The fields from a cost-model `Prediction` (or a plan's `Predicted`) and a `Bound`."""
+        return dict(decode_tok_s=pred.decode_tok_s, prefill_tok_s=pred.prefill_tok_s,
+                    decode_binding=pred.decode_binding, prefill_binding=pred.prefill_binding,
+                    bound_decode_tok_s=bound.decode_tok_s, bound_prefill_tok_s=bound.prefill_tok_s)
+
+    @classmethod
+    def of(cls, pred, bound) -> "Throughput":
+        return cls(**cls.fields_of(pred, bound))
+
+
 def link_peaks(profile) -> dict:
     """Best bandwidth of each link (bytes/s; FLOP/s for compute): the highest point of every curve."""
     gpu = profile.gpu

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from strata_plan.planner.bound import BoundViolation, check_within, link_peaks, physical_bound
+from strata_plan.planner.bound import BoundViolation, Throughput, check_within, link_peaks, physical_bound
 from strata_plan.planner.cost import CostModel
 from strata_plan.planner.placement import Placement, footprint
 from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, Problem
@@ -44,16 +44,10 @@ SEED_CLAIMS = {"rtx-4090": _SMALL, "rtx-5090": _SMALL, "a100-80g": _BIG, "h100-8
 
 
 @dataclass(frozen=True)
-class Case:
+class Case(Throughput):
     """The best plan found for one routing assumption on one machine."""
 
     routing: str
-    decode_tok_s: float
-    prefill_tok_s: float
-    decode_binding: str
-    prefill_binding: str
-    bound_decode_tok_s: float
-    bound_prefill_tok_s: float
     bound_decode_binding: str
     bound_prefill_binding: str
     vram_hit: float              # share of routed-expert accesses served from VRAM
@@ -124,8 +118,8 @@ def _case(routing: str, problem: Problem, result, where: str, failures: list[str
         check_within(p, b, where)
     except BoundViolation as e:
         failures.append(str(e))
-    return Case(routing, p.decode_tok_s, p.prefill_tok_s, p.decode_binding, p.prefill_binding, b.decode_tok_s,
-                b.prefill_tok_s, b.decode_binding, b.prefill_binding, p.hit_rate, 1.0 - p.nvme_share)
+    return Case(**Throughput.fields_of(p, b), routing=routing, bound_decode_binding=b.decode_binding,
+                bound_prefill_binding=b.prefill_binding, vram_hit=p.hit_rate, off_nvme=1.0 - p.nvme_share)
 
 
 def forced_dense_stream(problem: Problem) -> float:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from strata_plan.errors import UserError
+from strata_plan.planner.bound import Throughput
 from strata_plan.planner.capacity import staging_slots
 from strata_plan.planner.placement import Placement, footprint
 
@@ -70,18 +71,6 @@ class LayerChoice:
     def moved(self) -> int:
         """Experts whose tier differs from the plan's: VRAM <-> off-VRAM."""
         return self.ram + self.nvme if self.on_gpu else self.vram
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """Predicted tok/s (cost model), with the physical bound."""
-
-    decode_tok_s: float
-    prefill_tok_s: float
-    decode_binding: str
-    prefill_binding: str
-    bound_decode_tok_s: float
-    bound_prefill_tok_s: float
 
 
 @dataclass(frozen=True)
@@ -265,11 +254,6 @@ def choose_layers(plan, problem) -> tuple[tuple[bool, ...], Placement]:
     return tuple(gpu), p
 
 
-def _throughput(pred, bound) -> Throughput:
-    return Throughput(pred.decode_tok_s, pred.prefill_tok_s, pred.decode_binding, pred.prefill_binding,
-                      bound.decode_tok_s, bound.prefill_tok_s)
-
-
 def cpu_expert_bound(problem, on_gpu) -> float | None:
     """Decode tok/s bound when llama.cpp computes CPU layers' experts on the CPU: their routed bytes per token
     (top-k x popularity-weighted expert bytes) read at the profile's host RAM bandwidth."""
@@ -321,7 +305,7 @@ def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: st
     on_gpu, p = choose_layers(plan, problem)
     fp = footprint(problem, p)
     cost = CostModel(problem)
-    predicted = _throughput(cost.predict(p), physical_bound(problem, p))
+    predicted = Throughput.of(cost.predict(p), physical_bound(problem, p))
     pr = plan.predicted
     planned = Throughput(pr.decode_tok_s, pr.prefill_tok_s, pr.decode_binding, pr.prefill_binding,
                          pr.bound_decode_tok_s, pr.bound_prefill_tok_s)
