@@ -43,10 +43,14 @@ TOPK = 8
 GB = 1e9
 
 # sweep candidates: gate/up and down are timed as separate launches, so each is tuned on its own
-GATE_UP_SWEEP = [dict(BN1=bn, warps1=bn // 32, NS1=ns) for bn, ns in ((64, 3), (64, 5), (128, 4), (32, 4))]
-DOWN_SWEEP = [dict(BN2=bn, warps2=bn // 32, NS2=ns) for bn, ns in ((64, 3), (64, 5), (128, 4), (32, 4))]
-GEMV_SWEEP = [dict(BN=bn, num_warps=max(1, bn // 32), THREADS=th, NS=ns)
-              for bn, th, ns in ((64, 65536, 4), (32, 65536, 4), (64, 131072, 4), (64, 65536, 6))]
+# (rows per program, warps, pipeline stages); a warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one
+GATE_UP_SWEEP = [dict(BN1=bn, warps1=w, NS1=ns) for bn, w, ns in
+                 ((64, 4, 2), (64, 4, 3), (64, 4, 1), (128, 4, 2), (32, 2, 2), (64, 8, 2), (128, 8, 3), (32, 4, 3))]
+DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=ns) for bn, w, ns in
+              ((64, 4, 2), (64, 4, 3), (64, 4, 1), (128, 4, 2), (32, 2, 2), (64, 8, 2), (128, 8, 3), (32, 4, 3))]
+GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=ns) for bn, w, th, ns in
+              ((64, 4, 65536, 2), (128, 4, 65536, 2), (64, 4, 65536, 3), (32, 2, 65536, 2), (64, 4, 131072, 2),
+               (128, 8, 131072, 3))]
 GEMM_SWEEP = [dict(BM=128, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s)
               for bn, bk, w, s in ((128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (256, 128, 8, 2))]
 

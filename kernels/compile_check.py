@@ -49,7 +49,7 @@ def kernels(arch: int = 90, quick: bool = False):
                "M": "i32", "N": "i32", "K": "i32", "WSPLIT": "i32"}
         consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")}
         out.append((f"gemv code={code}", _compile(triton_gemv.gemv_kernel, sig, dict(
-            consts, BN=64, BKW=16, SPLIT=2, NS=4, USE_ASM=True), arch, num_warps=2)))
+            consts, BN=64, BK16=128, SPLIT=2, NS=4, USE_ASM=True), arch, num_warps=2)))
         gsig = {**sig, "codes_p": P["u8"] if packed else P["bf16"]}
         for k in ("xq_p", "xdx_p", "xsum_p", "WSPLIT"):
             gsig.pop(k)
@@ -59,12 +59,12 @@ def kernels(arch: int = 90, quick: bool = False):
     out.append(("moe gate_up all formats", _compile(triton_moe.gate_up_kernel, {
         "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
         "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "H": "i32", "I": "i32"},
-        dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, BKW2=16, BKW1=16, CHUNK=1024, NS=4, USE_ASM=True), arch, 2)))
+        dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, BK16=128, CHUNK=1024, NS=4, USE_ASM=True), arch, 2)))
     out.append(("moe down all formats", _compile(triton_moe.down_kernel, {
         "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
         "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
         "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "H": "i32", "I": "i32"},
-        dict(TOPK=8, FMASK=31, BN=64, BKW2=8, BKW1=16, NS=4, USE_ASM=True), arch, 2)))
+        dict(TOPK=8, FMASK=31, BN=64, BK16=128, NS=4, USE_ASM=True), arch, 2)))
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     out.append(("moe grouped gate_up", _compile(triton_gemm.grouped_gate_up, {

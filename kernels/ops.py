@@ -146,9 +146,9 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
         d = _dummy(x.device)
         triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * m,)](
             x, x.stride(0), *_matrix_args(p, True), d, d, d, out, out.stride(0), m, p.n, k, 0,
-            BKW=cfg["BKW"], SPLIT=1, NS=1, **common)
+            BK16=cfg["BK16"], SPLIT=1, NS=1, **common)
         return
-    bkw = min(cfg["BKW"], tile_words_limit(code))
+    bkw = tile_words_limit(code)                     # a K step is one scale unit
     kp, epw = p.kp, 32 // c["BITS"]
     xq, xdx, xsum = pack_activations(x, p.fmt, kp, cfg)
     row_words = kp // epw
@@ -158,7 +158,7 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     dst = out if split == 1 else scratch(split, m, p.n, dtype=torch.float32, device=x.device)
     triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * split * m,)](
         x, x.stride(0), *_matrix_args(p, True), xq, xdx, xsum, dst, dst.stride(-2), m, p.n, k, wsplit,
-        BKW=bkw, SPLIT=split, NS=cfg.get("NS", 4), **common)
+        BK16=cfg["BK16"], SPLIT=split, NS=cfg.get("NS", 4), **common)
     if split > 1:
         torch.sum(dst, dim=0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
 
@@ -344,7 +344,7 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     triton_moe.gate_up_kernel[(ip // bn1, m, _cdiv(topk, jchunk))](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, hidden, inter,
-        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, BKW2=min(cfg["BKW2"], 32), BKW1=min(cfg["BKW1"], 16),
+        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, BK16=cfg["BK16"],
         CHUNK=_chunk(cfg, hp), NS=cfg.get("NS1", 4), USE_ASM=USE_ASM, num_warps=cfg["warps1"])
     return sc
 
@@ -359,8 +359,7 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
     triton_moe.down_kernel[(nt, m, topk)](
         ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
         part, _counters(m * nt, dev), out, out.stride(0), hidden, inter, TOPK=topk, FMASK=fm.mask, BN=cfg["BN2"],
-        BKW2=min(cfg.get("DBKW2", cfg["BKW2"]), 32), BKW1=min(cfg.get("DBKW1", cfg["BKW1"]), 16),
-        NS=cfg.get("NS2", 4), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
+        BK16=cfg["BK16"], NS=cfg.get("NS2", 4), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
 
 
 def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:

@@ -203,103 +203,144 @@ def quantize_x_row(x_p, K, KPAD, xq_p, xdx_p, xsum_p, BITS: tl.constexpr, CHUNK:
 # ------------------------------------------------------------------- phase B: one matrix, one row tile
 
 @triton.jit
-def _gemv_tile_loads(codes_p, scales_p, mins_p, d_p, dmin_p, r2, m2, t, ROWW, NG, NU,
-                     BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-                     SB: tl.constexpr, BKW: tl.constexpr):
-    """The raw weight data of K step t (words t .. t+BKW of each row): codes [BN, BKW] int32, then
-    (super-block formats) sc [BN, BKW], mins bytes [BN, BKW], d [BN, 1], dmin [BN, 1], or (fp16
-    formats) S [BN, 1], M [BN, 1] and two unused zeros. Masked off past the rows (m2)."""
-    EPW: tl.constexpr = 32 // BITS
-    WPG: tl.constexpr = GROUP // EPW
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    WPU: tl.constexpr = UNIT // EPW
-    cols = t + tl.arange(0, BKW)
-    words = tl.load(codes_p + r2 * ROWW + cols[None, :], mask=m2, other=0)
-    u = t // WPU
-    if SCALE_BITS == 16:
-        a = tl.load(scales_p + r2 * NG + u, mask=m2, other=0.0)                     # [BN, 1]
-        b = tl.load(mins_p + r2 * NG + u, mask=m2, other=0.0)
+def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, r3, m3, rows, row_ok, t, u, ROWW, NG, NU,
+                BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
+                W4: tl.constexpr):
+    """One scale unit (K step) of the rows r3 [BN, 1, 1]: codes words t .. t + 4*W4 as [BN, W4, 4] int32
+    (a thread holds 4 consecutive words of one row: one 16-byte load), and the unit's scales and mins in
+    tiles whose last dimension is as contiguous, so every row tile shares the codes' thread layout:
+        q2_g16  sc [BN, W4, 4] (a byte per word)   mins [BN, W4, 2] (two 4-bit mins per byte)
+        q2_g32  sc [BN, W4, 2] (a byte per 2 words) mins [BN, W4, 2] (a byte per 2 words)
+        q1_g32  sc [BN, W4, 4] (a byte per word)   mins [BN, W4, 2] (two 4-bit mins per byte)
+        q4_g128 S [BN] fp16, M [BN] fp16 (one group per unit)
+    and d, dmin [BN] fp16 (super-block formats; zeros otherwise). Rows past row_ok read as zeros."""
+    j3 = tl.arange(0, W4)[None, :, None]
+    i4 = tl.arange(0, 4)[None, None, :]
+    i2 = tl.arange(0, 2)[None, None, :]
+    words = tl.load(codes_p + r3 * ROWW + (t + j3 * 4 + i4), mask=m3, other=0)
+    if SB == 0:
+        a = tl.load(scales_p + rows * NG + u, mask=row_ok, other=0.0)
+        b = tl.load(mins_p + rows * NG + u, mask=row_ok, other=0.0)
         return words, a, b, 0, 0
     else:
-        g = cols // WPG
-        sc = tl.load(scales_p + r2 * NG + g[None, :], mask=m2, other=0)
-        if MIN_BITS == 4:
-            mb = tl.load(mins_p + r2 * (NG // 2) + (g // 2)[None, :], mask=m2, other=0)
+        EPW: tl.constexpr = 32 // BITS
+        WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
+        g0 = t // WPG                                      # first group of the unit
+        if WPG == 1:
+            sc = tl.load(scales_p + r3 * NG + (g0 + j3 * 4 + i4), mask=m3, other=0)
         else:
-            mb = tl.load(mins_p + r2 * NG + g[None, :], mask=m2, other=0)
-        d = tl.load(d_p + r2 * NU + u, mask=m2, other=0.0)                          # [BN, 1]
-        dmin = tl.load(dmin_p + r2 * NU + u, mask=m2, other=0.0)
+            sc = tl.load(scales_p + r3 * NG + (g0 + j3 * 2 + i2), mask=m3, other=0)
+        if MIN_BITS == 4:
+            mb = tl.load(mins_p + r3 * (NG // 2) + (g0 // 2 + j3 * 2 + i2), mask=m3, other=0)
+        else:
+            mb = tl.load(mins_p + r3 * NG + (g0 + j3 * 2 + i2), mask=m3, other=0)
+        d = tl.load(d_p + rows * NU + u, mask=row_ok, other=0.0)
+        dmin = tl.load(dmin_p + rows * NU + u, mask=row_ok, other=0.0)
         return words, sc, mb, d, dmin
 
 
 @triton.jit
-def _gemv_fold(acc, isum, sc, mb, d, dmin, dxw, xsw, cols,
-               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr):
-    """acc [BN, BKW] += per word: S * dx * isum - M * sum(x), S and M from the tile's scales."""
-    EPW: tl.constexpr = 32 // BITS
-    WPG: tl.constexpr = GROUP // EPW
-    if SCALE_BITS == 16:
-        acc = tl.fma(sc.to(tl.float32), isum.to(tl.float32) * dxw, acc)
-        acc = tl.fma(-mb.to(tl.float32), xsw, acc)
+def _pairs(v):
+    """[BN, W4, 4] -> [BN, W4, 2]: sums of elements (0, 1) and (2, 3) of each thread's four (in registers)."""
+    return tl.sum(tl.reshape(v, [v.shape[0], v.shape[1], 2, 2]), 3)
+
+
+@triton.jit
+def _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, t,
+               BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
+               W4: tl.constexpr):
+    """acc [BN, W4] += this unit's  sum_g S_g * dx * isum_g - M_g * xsum_g  for each thread's 4 words.
+
+    isum [BN, W4, 4]: sum over each word of q * x8. Group scales multiply the integer sums (sc * isum
+    stays below 2^22, so i2f converts it exactly in two ops); each activation block's dx is applied once
+    per block; d and dmin once per unit. The min term uses the exact sums of x over each group, read as
+    the even and odd words' sums (xsum is per word) so they line up with the two 4-bit mins of a byte."""
+    j3 = tl.arange(0, W4)[None, :, None]
+    i2 = tl.arange(0, 2)[None, None, :]
+    i4 = tl.arange(0, 4)[None, None, :]
+    if SB == 0:
+        # fp16 S, M per group of 128 (one group per unit, 16 words): dx per 4 words (one thread's four)
+        dx = tl.load(xdx_p + t // 4 + j3)                                                    # [1, W4, 1]
+        xs = tl.load(xsum_p + t + j3 * 4 + i4)                                               # [1, W4, 4]
+        st = tl.sum(i2f(isum) * dx, 2)                                                       # [BN, W4]
+        acc = tl.fma(sc.to(tl.float32)[:, None], st, acc)                                    # S [BN]
+        acc = tl.fma(-mb.to(tl.float32)[:, None], tl.sum(xs, 2), acc)                       # M [BN]
+        return acc
     else:
-        if MIN_BITS == 4:
-            mn = (mb.to(tl.int32) >> (((cols // WPG) & 1) * 4)[None, :]) & 15
+        xe = tl.load(xsum_p + t + j3 * 4 + i2 * 2)                                           # [1, W4, 2]
+        xo = tl.load(xsum_p + t + j3 * 4 + i2 * 2 + 1)
+        if BITS == 2:
+            dx = tl.load(xdx_p + t // 2 + j3 * 2 + i2)                                       # [1, W4, 2]
+            if GROUP == 16:
+                a = _pairs(isum * sc.to(tl.int32))                     # a group per word, dx per 2 words
+            else:
+                a = _pairs(isum) * sc.to(tl.int32)                     # a group (and dx) per 2 words
+            st = tl.sum(i2f(a) * dx, 2)
         else:
-            mn = mb.to(tl.int32)
-        # sc * isum stays an integer (< 2^24): one int->float convert per word for the scale term
-        a = (isum * sc.to(tl.int32)).to(tl.float32)
-        acc = tl.fma(d.to(tl.float32), a * dxw, acc)
-        acc = tl.fma(-dmin.to(tl.float32), mn.to(tl.float32) * xsw, acc)
-    return acc
+            dx = tl.load(xdx_p + t + j3 * 4 + i4)                                            # [1, W4, 4]
+            st = tl.sum(i2f(isum * sc.to(tl.int32)) * dx, 2)           # group and dx per word
+        mbi = mb.to(tl.int32)
+        if MIN_BITS == 4:
+            mt = tl.sum(u2f(mbi & 15) * xe + u2f(mbi >> 4) * xo, 2)    # byte k: groups 2k (low), 2k+1 (high)
+        else:
+            mt = tl.sum(u2f(mbi) * (xe + xo), 2)                       # a byte per 2-word group
+        acc = tl.fma(d.to(tl.float32)[:, None], st, acc)
+        acc = tl.fma(-dmin.to(tl.float32)[:, None], mt, acc)
+        return acc
 
 
 @triton.jit
 def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
               K, rows, row_ok, xq_p, xdx_p, xsum_p, XW, w_lo, w_hi,
               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-              SB: tl.constexpr, BKW: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
+              SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
     """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
 
     Codes are int32 words [N, KP*BITS/32]; the activations were packed by phase A (xq: X_s words,
     s-major [S, XW]; xsum [XW]; xdx [XW*EPW/32]) for at least KP inputs (zeros past K), so whole
-    padded rows are read without column masks. w_lo, w_hi: multiples of BKW (w_hi <= KP/EPW).
+    padded rows are read without column masks. w_lo, w_hi: multiples of the unit's words (WPU).
     rows [BN] int32, row_ok [BN] mask. Returns (float32 [BN], float32 [BN]); b's is 0 for NMAT=1.
-    The K loop is software-pipelined NS stages deep (Triton stages every load through shared memory
-    with cp.async): decode is bound by bytes in flight, so several K steps are kept in the air."""
+
+    Layout: one K step is one scale unit (a 512-weight super-block, or a 128-weight fp16 group), WPU
+    words of each row, tiled [BN, W4, 4]: 4 consecutive words per thread, W4 threads along a row, so a
+    warp reads whole 128-byte (2-bit) or 64-byte lines of 32/W4 rows, and each thread keeps its 4 words'
+    activations in registers for all of its rows (BN / (32/W4 * warps) of them). The per-row partial
+    sums are added across threads once, at the end."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
     LANEMASK: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    WPU: tl.constexpr = UNIT // EPW                      # words per unit: 32 (2-bit), 16 (1-bit, 4-bit)
+    W4: tl.constexpr = WPU // 4
     KP = tl.cdiv(K, UNIT) * UNIT
     ROWW = tl.multiple_of(KP // EPW, 16)                  # code words per row
     NG = KP // GROUP                                      # groups per row
     NU = KP // UNIT                                       # scale units per row
     BN: tl.constexpr = rows.shape[0]
-    cols0 = tl.arange(0, BKW)
-    r2 = rows[:, None].to(tl.int64)
-    m2 = row_ok[:, None]
-    acc_a = tl.zeros([BN, BKW], tl.float32)
-    acc_b = tl.zeros([BN, BKW], tl.float32)
-    for t in tl.range(w_lo, w_hi, BKW, num_stages=NS):
-        cols = t + cols0
-        wa, sa, ma, da, dma = _gemv_tile_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r2, m2, t, ROWW, NG, NU,
-                                               BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
-        isa = tl.zeros([BN, BKW], tl.int32)
+    r3 = rows[:, None, None].to(tl.int64)
+    m3 = row_ok[:, None, None]
+    j3 = tl.arange(0, W4)[None, :, None]
+    i4 = tl.arange(0, 4)[None, None, :]
+    acc_a = tl.zeros([BN, W4], tl.float32)
+    acc_b = tl.zeros([BN, W4], tl.float32)
+    for t in tl.range(w_lo, w_hi, WPU, num_stages=NS):
+        u = t // WPU
+        wa, sa, ma, da, dma = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r3, m3, rows, row_ok, t, u,
+                                          ROWW, NG, NU, BITS, GROUP, MIN_BITS, SB, W4)
+        isa = tl.zeros([BN, W4, 4], tl.int32)
         if NMAT == 2:
-            wb, sb, mbb, db, dmb = _gemv_tile_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r2, m2, t, ROWW, NG, NU,
-                                                    BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW)
-            isb = tl.zeros([BN, BKW], tl.int32)
+            wb, sb, mbb, db, dmb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r3, m3, rows, row_ok, t, u,
+                                               ROWW, NG, NU, BITS, GROUP, MIN_BITS, SB, W4)
+            isb = tl.zeros([BN, W4, 4], tl.int32)
         for s in tl.static_range(S):
-            xs = tl.load(xq_p + s * XW + cols)[None, :]                                  # [1, BKW]
+            xs = tl.load(xq_p + s * XW + (t + j3 * 4 + i4))                                 # [1, W4, 4]
             isa = dp4a((wa >> (BITS * s)) & LANEMASK, xs, isa, USE_ASM)
             if NMAT == 2:
                 isb = dp4a((wb >> (BITS * s)) & LANEMASK, xs, isb, USE_ASM)
-        dxw = tl.load(xdx_p + (cols * EPW) // 32)[None, :]                              # [1, BKW]
-        xsw = tl.load(xsum_p + cols)[None, :]
-        acc_a = _gemv_fold(acc_a, isa, sa, ma, da, dma, dxw, xsw, cols, BITS, GROUP, SCALE_BITS, MIN_BITS)
+        acc_a = _unit_fold(acc_a, isa, sa, ma, da, dma, xdx_p, xsum_p, t, BITS, GROUP, MIN_BITS, SB, W4)
         if NMAT == 2:
-            acc_b = _gemv_fold(acc_b, isb, sb, mbb, db, dmb, dxw, xsw, cols, BITS, GROUP, SCALE_BITS, MIN_BITS)
+            acc_b = _unit_fold(acc_b, isb, sb, mbb, db, dmb, xdx_p, xsum_p, t, BITS, GROUP, MIN_BITS, SB, W4)
     return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
 
 

@@ -24,7 +24,7 @@ def quantize_x_kernel(x_p, stride_xm, K, KPAD, xq_p, xdx_p, xsum_p, BITS: tl.con
 def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xdx_p, xsum_p,
                 out_p, stride_om, M, N, K, WSPLIT,
                 BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-                SB: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, SPLIT: tl.constexpr, NS: tl.constexpr,
+                SB: tl.constexpr, BN: tl.constexpr, BK16: tl.constexpr, SPLIT: tl.constexpr, NS: tl.constexpr,
                 USE_ASM: tl.constexpr):
     # out [SPLIT, M, N] (+)= x [M, K] @ W[N, K]^T over code words sp*WSPLIT .. (sp+1)*WSPLIT; with SPLIT = 1
     # out is the [M, N] result itself. W packed (codes int32 [N, KP*BITS/32]) or bf16 (codes_p = weight).
@@ -34,7 +34,7 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
     rows = (pid // (M * SPLIT)) * BN + tl.arange(0, BN)              # [BN]
     ok = rows < N
     if BITS == 16:
-        acc = gemv_rows_bf16(codes_p, K, rows, ok, x_p + m * stride_xm, BKW * 8)
+        acc = gemv_rows_bf16(codes_p, K, rows, ok, x_p + m * stride_xm, BK16)
     else:
         EPW: tl.constexpr = 32 // BITS
         UNIT: tl.constexpr = SB if SB > 0 else GROUP
@@ -43,5 +43,5 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
         w_hi = tl.minimum(w_lo + WSPLIT, KP // EPW)
         acc, _unused = gemv_rows(codes_p, scales_p, mins_p, d_p, dmin_p, codes_p, scales_p, mins_p, d_p, dmin_p,
                                  K, rows, ok, xq_p + m * (KP // 4), xdx_p + m * (KP // 32), xsum_p + m * (KP // EPW),
-                                 KP // EPW, w_lo, w_hi, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW, 1, NS, USE_ASM)
+                                 KP // EPW, w_lo, w_hi, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 1, NS, USE_ASM)
     tl.store(out_p + (sp * M + m) * stride_om + rows, acc.to(out_p.dtype.element_ty), mask=ok)

@@ -39,8 +39,8 @@ WIDTH_SLOT = {2: 0, 1: 1, 4: 2}     # scratch slot of the packed activations for
 @triton.jit
 def _matrix_rows(base, table_p, mat_a, mat_b, K, rows, ok, xq_p, xdx_p, xsum_p, XW,
                  CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
-                 MIN_BITS: tl.constexpr, SB: tl.constexpr, BKW: tl.constexpr, NMAT: tl.constexpr,
-                 NS: tl.constexpr, USE_ASM: tl.constexpr):
+                 MIN_BITS: tl.constexpr, SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
+                 USE_ASM: tl.constexpr):
     # matrices mat_a (and mat_b if NMAT=2) of an expert blob against packed activations: (f32 [BN], f32 [BN])
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
@@ -56,14 +56,13 @@ def _matrix_rows(base, table_p, mat_a, mat_b, K, rows, ok, xq_p, xdx_p, xsum_p, 
                      blob_segment(base, table_p, CODE, mat_b, 3, 16),
                      blob_segment(base, table_p, CODE, mat_b, 4, 16),
                      K, rows, ok, xq_p, xdx_p, xsum_p, XW, 0, KP // EPW,
-                     BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW, NMAT, NS, USE_ASM)
+                     BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, USE_ASM)
 
 
 @triton.jit
 def _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, IP,
                     CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
-                    MIN_BITS: tl.constexpr, SB: tl.constexpr, BKW: tl.constexpr, NS: tl.constexpr,
-                    USE_ASM: tl.constexpr):
+                    MIN_BITS: tl.constexpr, SB: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
     # gate and up rows n0..n0+BN of one packed expert (one pass over K), SiLU-gated, packed for its down
     EPW: tl.constexpr = 32 // BITS
     S: tl.constexpr = 8 // BITS
@@ -72,7 +71,7 @@ def _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq_p, xdx_p, xsum_p, hq_p
     HP = tl.cdiv(H, 512) * 512
     if n0 < I:
         g, u = _matrix_rows(base, table_p, 0, 1, H, rows, ok, xq_p, xdx_p, xsum_p, HP // EPW,
-                            CODE, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BKW, 2, NS, USE_ASM)
+                            CODE, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 2, NS, USE_ASM)
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
     else:
         h = tl.zeros([BN], tl.float32)                                                # padding past I
@@ -91,7 +90,7 @@ def _gate_up_bf16(base, table_p, H, rows, ok, x_row_p, hf_p, BK: tl.constexpr):
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
                    xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, H, I,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
-                   BKW2: tl.constexpr, BKW1: tl.constexpr, CHUNK: tl.constexpr, NS: tl.constexpr,
+                   BK16: tl.constexpr, CHUNK: tl.constexpr, NS: tl.constexpr,
                    USE_ASM: tl.constexpr):
     nt = tl.program_id(0)
     m = tl.program_id(1)
@@ -126,29 +125,29 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
             if (FMASK & 1) != 0:
                 if code == 0:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
-                                    0, 2, 16, 8, 4, 512, BKW2, NS, USE_ASM)
+                                    0, 2, 16, 8, 4, 512, NS, USE_ASM)
             if (FMASK & 2) != 0:
                 if code == 1:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
-                                    1, 2, 32, 8, 8, 512, BKW2, NS, USE_ASM)
+                                    1, 2, 32, 8, 8, 512, NS, USE_ASM)
             if (FMASK & 4) != 0:
                 if code == 2:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq + HP // 4, xdx, xsum + HP // 8,
-                                    hq, hdx, hsum, IP, 2, 1, 32, 8, 4, 512, BKW1, NS, USE_ASM)
+                                    hq, hdx, hsum, IP, 2, 1, 32, 8, 4, 512, NS, USE_ASM)
             if (FMASK & 8) != 0:
                 if code == 3:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq + 2 * (HP // 4), xdx,
-                                    xsum + 2 * (HP // 8), hq, hdx, hsum, IP, 3, 4, 128, 16, 16, 0, BKW1, NS, USE_ASM)
+                                    xsum + 2 * (HP // 8), hq, hdx, hsum, IP, 3, 4, 128, 16, 16, 0, NS, USE_ASM)
             if (FMASK & 16) != 0:
                 if code == 4:
-                    _gate_up_bf16(base, table_p, H, rows, ok, x_row, hf_p + p * IP, BKW1 * 8)
+                    _gate_up_bf16(base, table_p, H, rows, ok, x_row, hf_p + p * IP, BK16)
 
 
 @triton.jit
 def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hsum_p, hf_p,
                 part_p, cnt_p, out_p, stride_om, H, I,
-                TOPK: tl.constexpr, FMASK: tl.constexpr, BN: tl.constexpr,
-                BKW2: tl.constexpr, BKW1: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
+                TOPK: tl.constexpr, FMASK: tl.constexpr, BN: tl.constexpr, BK16: tl.constexpr,
+                NS: tl.constexpr, USE_ASM: tl.constexpr):
     # program (row tile nt, token m, expert slot j): part[m, j, rows] = w[m, j] * W_down[e] @ h[m, j].
     # The last of the TOPK programs of (m, nt) to finish (counter cnt[m, nt]) adds the TOPK parts in
     # order j = 0 .. TOPK-1 (deterministic), writes out[m, rows] and resets the counter for the next call.
@@ -172,22 +171,22 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     if (FMASK & 1) != 0:
         if code == 0:
             part, _u0 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP // 16,
-                                     0, 2, 16, 8, 4, 512, BKW2, 1, NS, USE_ASM)
+                                     0, 2, 16, 8, 4, 512, 1, NS, USE_ASM)
     if (FMASK & 2) != 0:
         if code == 1:
             part, _u1 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP // 16,
-                                     1, 2, 32, 8, 8, 512, BKW2, 1, NS, USE_ASM)
+                                     1, 2, 32, 8, 8, 512, 1, NS, USE_ASM)
     if (FMASK & 4) != 0:
         if code == 2:
             part, _u2 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP // 32,
-                                     2, 1, 32, 8, 4, 512, BKW1, 1, NS, USE_ASM)
+                                     2, 1, 32, 8, 4, 512, 1, NS, USE_ASM)
     if (FMASK & 8) != 0:
         if code == 3:
             part, _u3 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP // 8,
-                                     3, 4, 128, 16, 16, 0, BKW1, 1, NS, USE_ASM)
+                                     3, 4, 128, 16, 16, 0, 1, NS, USE_ASM)
     if (FMASK & 16) != 0:
         if code == 4:
-            part = gemv_rows_bf16(blob_segment(base, table_p, 4, 2, 0, 17), I, rows, ok, hf_p + p * IP, BKW1 * 8)
+            part = gemv_rows_bf16(blob_segment(base, table_p, 4, 2, 0, 17), I, rows, ok, hf_p + p * IP, BK16)
     tl.store(part_p + p.to(tl.int64) * HT + rows, wt * part)
     # every thread's part is stored and fenced before one thread bumps the counter (release) ...
     gpu_fence(p, USE_ASM)

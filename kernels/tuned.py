@@ -11,24 +11,22 @@ import torch
 
 # Defaults: sound on any recent NVIDIA GPU, and small enough for the interpreter.
 DEFAULTS: dict[str, dict] = {
-    # decode GEMV: BN rows per program (one per thread: num_warps = BN / 32), BKW 32-bit code words per K
-    # step (clipped to one scale unit), NS pipeline stages, K split over programs to reach THREADS
-    "gemv": {"BN": 64, "BKW": 16, "num_warps": 2, "NS": 4, "CHUNK": 1024, "THREADS": 65536},
+    # decode GEMV: BN rows per program (a warp covers 32 / W4 rows of a K step, W4 = 8 threads per row for
+    # 2-bit codes, 4 for 1- and 4-bit: see triton_common.gemv_rows), NS pipeline stages, K split over
+    # programs to reach THREADS; BK16: the K block of plain bf16 matrices
+    "gemv": {"BN": 64, "num_warps": 4, "NS": 2, "CHUNK": 1024, "THREADS": 65536, "BK16": 128},
     # tensor-core GEMM (prefill); BM drops to 16/64 for small M
     "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-    # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, BKW2/BKW1 code words per K
-    # step for 2-bit / 1- and 4-bit codes, NS1 stages) and down (BN2 rows of H, DBKW2/DBKW1, NS2)
-    "moe": {"BN1": 64, "JCHUNK": 1, "BKW2": 16, "BKW1": 16, "warps1": 2, "NS1": 4,
-            "BN2": 64, "DBKW2": 8, "DBKW1": 16, "warps2": 2, "NS2": 4, "CHUNK": 1024},
+    # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages) and down
+    # (BN2 rows of H, warps2, NS2)
+    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "BN2": 64, "warps2": 4, "NS2": 2, "CHUNK": 1024,
+            "BK16": 128},
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }
 
 # Winners of the sweep, per GPU name (see KERNELS.md for the run they came from).
 TUNED: dict[str, dict[str, dict]] = {
-    # benchmarks/results/kernels-decode-20261129T122606Z.json: 3 pipeline stages beat 4 and 5 on both
-    # launches at both Kimi shapes (gate/up 106.8 vs 130.8 us at 5 stages, K3.1-pro)
-    "nvidia h200": {"moe": {"NS1": 3, "NS2": 3}},
 }
 
 def _device_key(device) -> str | None:
