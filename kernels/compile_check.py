@@ -34,11 +34,10 @@ def kernels(arch: int = 90, quick: bool = False):
     quick: one format of the single-format kernels (the MoE kernels always carry every format's branch)."""
     from . import triton_gemm, triton_gemv, triton_moe
     out = []
-    for bits in ((2,) if quick else (1, 2, 4)):
-        out.append((f"quantize_x bits={bits}", _compile(
-            triton_gemv.quantize_x_kernel,
-            {"x_p": P["bf16"], "stride_xm": "i32", "K": "i32", "KPAD": "i32", "xq_p": P["i32"], "xdx_p": P["f32"],
-             "xsum_p": P["f32"]}, dict(BITS=bits, CHUNK=1024), arch)))
+    out.append(("quantize_x", _compile(
+        triton_gemv.quantize_x_kernel,
+        {"x_p": P["bf16"], "stride_xm": "i32", "K": "i32", "KPAD": "i32", "xq_p": P["i32"], "xdx_p": P["f32"],
+         "xsum_p": P["f32"]}, dict(CHUNK=1024), arch)))
     for code in ((0,) if quick else range(5)):
         c = format_constants(code)
         packed = c["BITS"] != 16

@@ -107,26 +107,26 @@ def packed_linear(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor | None = N
     return out
 
 
-def _matrix_args(p: PackedMatrix, words: bool) -> list[torch.Tensor]:
-    """codes (as int32 words for the GEMV, bytes for the GEMM), scales, mins, d, dmin; dummies where absent."""
+def _matrix_args(p: PackedMatrix) -> list[torch.Tensor]:
+    """codes (as int32 words), scales, mins, d, dmin; dummies where absent."""
     if p.format.is_bf16:
         d = _dummy(p.device)
         return [p.weight, d, d, d, d]
     segs = p.segments
-    codes = segs["codes"].view(torch.int32) if words else segs["codes"]
+    codes = segs["codes"].view(torch.int32)
     return [codes] + [segs.get(n, _dummy(p.device)) for n in _SEGS[1:]]
 
 
-def pack_activations(x: torch.Tensor, fmt: str, kp: int, cfg: dict | None = None):
-    """Phase A of the decode GEMV: x [M, K] on the int8 grid, packed as X_s words for `fmt`'s code width,
-    over kp >= K inputs (zeros past K). Returns xq int32 [M, kp/4], xdx f32 [M, kp/32], xsum f32 [M, kp/EPW]."""
-    bits = get_format(fmt).bits
+def pack_activations(x: torch.Tensor, kp: int, cfg: dict | None = None):
+    """Phase A of the decode GEMV: x [M, K] on the int8 grid over kp >= K inputs (zeros past K), the same
+    for every code width. Returns xq int32 [M, kp/4] (the int8 values, four a word), xdx f32 [M, kp/32],
+    xsum f32 [M, 3*kp/32] (the exact sums of x per 16 inputs, then per 32)."""
     m, k = x.shape
     xq = scratch(m, kp // 4, dtype=torch.int32, device=x.device)
     xdx = scratch(m, kp // 32, dtype=torch.float32, device=x.device)
-    xsum = scratch(m, kp // (32 // bits), dtype=torch.float32, device=x.device)
-    triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, BITS=bits,
-                                        CHUNK=_chunk(cfg or {}, kp), num_warps=4)
+    xsum = scratch(m, 3 * kp // 32, dtype=torch.float32, device=x.device)
+    triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, CHUNK=_chunk(cfg or {}, kp),
+                                        num_warps=4)
     return xq, xdx, xsum
 
 
@@ -145,19 +145,19 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     if c["BITS"] == 16:
         d = _dummy(x.device)
         triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * m,)](
-            x, x.stride(0), *_matrix_args(p, True), d, d, d, out, out.stride(0), m, p.n, k, 0,
+            x, x.stride(0), *_matrix_args(p), d, d, d, out, out.stride(0), m, p.n, k, 0,
             BK16=cfg["BK16"], SPLIT=1, NS=1, **common)
         return
     bkw = tile_words_limit(code)                     # a K step is one scale unit
     kp, epw = p.kp, 32 // c["BITS"]
-    xq, xdx, xsum = pack_activations(x, p.fmt, kp, cfg)
+    xq, xdx, xsum = pack_activations(x, kp, cfg)
     row_words = kp // epw
     split = _gemv_split(p.n, row_words, bkw, cfg)
     wsplit = _cdiv(row_words // bkw, split) * bkw
     split = _cdiv(row_words, wsplit)
     dst = out if split == 1 else scratch(split, m, p.n, dtype=torch.float32, device=x.device)
     triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * split * m,)](
-        x, x.stride(0), *_matrix_args(p, True), xq, xdx, xsum, dst, dst.stride(-2), m, p.n, k, wsplit,
+        x, x.stride(0), *_matrix_args(p), xq, xdx, xsum, dst, dst.stride(-2), m, p.n, k, wsplit,
         BK16=cfg["BK16"], SPLIT=split, NS=cfg.get("NS", 4), **common)
     if split > 1:
         torch.sum(dst, dim=0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
@@ -168,7 +168,7 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     c = format_constants(FORMAT_CODES.index(p.fmt))
     bk = _gemm_bk(p.fmt, cfg["BK"])
     grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(p.n, cfg["BN"]),)
-    triton_gemm.gemm_kernel[grid](x, x.stride(0), *_matrix_args(p, False), out, out.stride(0), m, p.n, k,
+    triton_gemm.gemm_kernel[grid](x, x.stride(0), *_matrix_args(p), out, out.stride(0), m, p.n, k,
                                   BITS=c["BITS"], GROUP=c["GROUP"], SCALE_BITS=c["SCALE_BITS"],
                                   MIN_BITS=c["MIN_BITS"], SB=c["SB"], BM=cfg["BM"], BN=cfg["BN"], BK=bk,
                                   GROUP_M=cfg.get("GROUP_M", 8), EVEN_K=k % bk == 0, INTERP=INTERPRET,
@@ -179,7 +179,7 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
 def _gemm_bk(fmt: str, bk: int) -> int:
     """The GEMM's K tile must divide the format's scale unit (super-block or fp16 group)."""
     f = get_format(fmt)
-    return bk if f.is_bf16 else min(bk, f.superblock or f.group)
+    return bk if f.is_bf16 else max(32 // f.bits, min(bk, f.superblock or f.group))   # whole code words
 
 
 # ----------------------------------------------------------------------------------------- fused_moe
@@ -313,9 +313,10 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
 @dataclass(frozen=True, eq=False)
 class MoEScratch:
     """What the gate/up launch leaves for the down launch (and for tests): the token activations on the
-    int8 grid (xq [M, 3 widths, HP/4], xdx, xsum) and each (token, expert) pair's h = silu(g) * u packed
-    for its expert's down matrix (hq [P, IP/4], hdx [P, IP/32], hsum [P, IP/8]; hf [P, IP] float32 for
-    bf16 experts). HP, IP: hidden and intermediate padded to 512."""
+    int8 grid (xq int8 [M, HP] held as int32 [M, HP/4], xdx [M, HP/32], xsum [M, 3*HP/32]: `pack_activations`)
+    and each (token, expert) pair's h = silu(g) * u on the same kind of grid for its expert's down matrix
+    (hq [P, IP/4], hdx [P, IP/32], hsum [P, 3*IP/32]; hf [P, IP] float32 for bf16 experts). HP, IP: hidden
+    and intermediate padded to 512."""
 
     xq: torch.Tensor
     xdx: torch.Tensor
@@ -332,12 +333,12 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     dev = x.device
     hp, ip = _cdiv(hidden, 512) * 512, _cdiv(inter, 512) * 512      # padded to every scale unit
     p = m * topk
-    sc = MoEScratch(xq=scratch(m, 3, hp // 4, dtype=torch.int32, device=dev),
+    sc = MoEScratch(xq=scratch(m, hp // 4, dtype=torch.int32, device=dev),
                     xdx=scratch(m, hp // 32, dtype=torch.float32, device=dev),
-                    xsum=scratch(m, 3, hp // 8, dtype=torch.float32, device=dev),
+                    xsum=scratch(m, 3 * hp // 32, dtype=torch.float32, device=dev),
                     hq=scratch(p, ip // 4, dtype=torch.int32, device=dev),
                     hdx=scratch(p, ip // 32, dtype=torch.float32, device=dev),
-                    hsum=scratch(p, ip // 8, dtype=torch.float32, device=dev),
+                    hsum=scratch(p, 3 * ip // 32, dtype=torch.float32, device=dev),
                     hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev))
     bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
     assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"

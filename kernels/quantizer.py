@@ -231,18 +231,36 @@ def _encode_superblock(w: torch.Tensor, imp: torch.Tensor, fmt: PackedFormat):
 # ------------------------------------------------------------------------------------------ bit packing
 
 def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 codes [..., L] (L a multiple of 8 / bits) to bytes, little end first within each byte."""
+    """uint8 codes [..., L] (L a multiple of 32 / bits) to bytes, in 32-bit little-endian words of
+    S * 4 codes (S = 8 / bits): code 4*s + j of a word sits in byte j, bits s*bits .. s*bits + bits - 1.
+    So `(word >> bits*s) & mask` in every byte gives four consecutive codes, which the decode kernels
+    multiply by four consecutive int8 activations (one 32-bit word of them) with DP4A."""
     per = 8 // bits
-    q = q.to(torch.int32).reshape(*q.shape[:-1], q.shape[-1] // per, per)
-    shifts = torch.arange(per, device=q.device, dtype=torch.int32) * bits
-    return (q << shifts).sum(-1).to(torch.uint8)
+    q = q.to(torch.int64).reshape(*q.shape[:-1], q.shape[-1] // (4 * per), per, 4)     # [..., W, s, j]
+    shifts = (torch.arange(per, device=q.device) * bits)[:, None] + torch.arange(4, device=q.device) * 8
+    words = (q << shifts).sum((-2, -1))                                                 # [..., W]
+    byts = (words.unsqueeze(-1) >> (torch.arange(4, device=q.device) * 8)) & 255        # little-endian
+    return byts.reshape(*q.shape[:-3], -1).to(torch.uint8)
+
+
+def pack_nibbles(v: torch.Tensor) -> torch.Tensor:
+    """4-bit values [..., L] (L even) to bytes, two a byte: element 2i in the low nibble of byte i."""
+    v = v.to(torch.int32).reshape(*v.shape[:-1], v.shape[-1] // 2, 2)
+    return (v[..., 0] | (v[..., 1] << 4)).to(torch.uint8)
+
+
+def unpack_nibbles(b: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pack_nibbles`."""
+    b = b.to(torch.int32)
+    return torch.stack((b & 15, b >> 4), -1).reshape(*b.shape[:-1], 2 * b.shape[-1]).to(torch.uint8)
 
 
 def unpack_bits(b: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of `pack_bits`: bytes [..., L] to codes [..., L * 8 / bits] (uint8)."""
     per = 8 // bits
-    shifts = torch.arange(per, device=b.device, dtype=torch.int32) * bits
-    q = (b.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    byts = b.to(torch.int32).reshape(*b.shape[:-1], b.shape[-1] // 4, 1, 4)            # [..., W, 1, j]
+    shifts = (torch.arange(per, device=b.device, dtype=torch.int32) * bits)[:, None]    # [s, 1]
+    q = (byts >> shifts) & ((1 << bits) - 1)                                            # [..., W, s, j]
     return q.reshape(*b.shape[:-1], b.shape[-1] * per).to(torch.uint8)
 
 
@@ -292,7 +310,7 @@ def quantize(w: torch.Tensor, fmt: str, importance: torch.Tensor | None = None) 
                                                     imp.view(-1, gpb, f.group), f)
             parts["scales"].append(sc.reshape(r, groups).to(torch.uint8))
             mn = mn.reshape(r, groups).to(torch.uint8)
-            parts["mins"].append(pack_bits(mn, 4) if f.min_bits == 4 else mn)
+            parts["mins"].append(pack_nibbles(mn) if f.min_bits == 4 else mn)
             parts["d"].append(d)
             parts["dmin"].append(dmin)
         else:
@@ -308,7 +326,7 @@ def group_params(p: PackedMatrix) -> tuple[torch.Tensor, torch.Tensor]:
     f = p.format
     if f.superblock:
         gpb = f.superblock // f.group
-        mn = unpack_bits(p.mins, 4) if f.min_bits == 4 else p.mins
+        mn = unpack_nibbles(p.mins) if f.min_bits == 4 else p.mins
         S = p.d.float().repeat_interleave(gpb, 1) * p.scales.float()
         M = p.dmin.float().repeat_interleave(gpb, 1) * mn.float()
         return S, M

@@ -144,60 +144,41 @@ def mma(a, b, acc, INTERP: tl.constexpr):
 # ------------------------------------------------------------------------------ phase A: pack the x words
 
 @triton.jit
-def pack_words(x4, BITS: tl.constexpr):
-    """x4 float32 [NB, WPB, 4, S]: NB blocks of 32 activations, WPB words per block, element
-    (b, w, j, s) = x[b*32 + w*EPW + j*S + s]. Returns (X [NB, WPB, S] int32: X_s words; dx [NB];
-    xsum [NB, WPB]: the sum of x over each word). BITS only names the layout (x4's last dim is S)."""
-    amax = tl.max(tl.max(tl.max(tl.abs(x4), 3), 2), 1)                     # [NB]
+def quantize_store(v, i0, XP, x8_p, xdx_p, xsum_p):
+    """Put v float32 [NB, 32] (activations i0 .. i0 + NB*32 of a row padded to XP, i0 a multiple of 32)
+    on the int8 grid and store it: x8 int8 at x8_p[i], dx per 32 at xdx_p[i/32], and the exact sums of
+    v per 16 inputs at xsum_p[i/16] and per 32 at xsum_p[XP/16 + i/32] (the kernels' min terms)."""
+    NB: tl.constexpr = v.shape[0]
+    amax = tl.max(tl.abs(v), 1)                                                   # [NB]
     inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    v = x4 * inv[:, None, None, None]
-    x8 = tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int32)                   # round half away from zero
-    sh = (tl.arange(0, 4) * 8)[None, None, :, None]
-    X = tl.sum((x8 & 255) << sh, 2)          # [NB, WPB, S]: disjoint bytes, so the (wrapping) sum is an OR
-    xsum = tl.sum(tl.sum(x4, 3), 2)                                         # [NB, WPB]
-    return X, amax / 127.0, xsum
+    w = v * inv[:, None]
+    x8 = tl.where(w >= 0, w + 0.5, w - 0.5).to(tl.int32)                         # round half away from zero
+    b = tl.arange(0, NB)
+    tl.store(x8_p + i0 + b[:, None] * 32 + tl.arange(0, 32)[None, :], x8.to(tl.int8))
+    tl.store(xdx_p + i0 // 32 + b, amax / 127.0)
+    s16 = tl.sum(tl.reshape(v, [NB, 2, 16]), 2)                                   # [NB, 2]
+    tl.store(xsum_p + i0 // 16 + b[:, None] * 2 + tl.arange(0, 2)[None, :], s16)
+    tl.store(xsum_p + XP // 16 + i0 // 32 + b, tl.sum(s16, 1))
 
 
 @triton.jit
-def store_words(X, dx, xsum, word0, nwords_total, xq_p, xdx_p, xsum_p, BITS: tl.constexpr):
-    """Store pack_words' output for words word0 .. word0 + NB*WPB: xq s-major [S, nwords_total]."""
-    S: tl.constexpr = 8 // BITS
-    EPW: tl.constexpr = 32 // BITS
-    WPB: tl.constexpr = 32 // EPW if EPW < 32 else 1
-    NB: tl.constexpr = X.shape[0]
-    w = word0 + tl.arange(0, NB)[:, None] * WPB + tl.arange(0, WPB)[None, :]        # [NB, WPB]
-    s = tl.arange(0, S)[None, None, :]
-    tl.store(xq_p + s * nwords_total + w[:, :, None], X)
-    tl.store(xsum_p + w, xsum)
-    tl.store(xdx_p + (word0 * EPW) // 32 + tl.arange(0, NB), dx)
-
-
-@triton.jit
-def quantize_x_row(x_p, K, KPAD, xq_p, xdx_p, xsum_p, BITS: tl.constexpr, CHUNK: tl.constexpr):
-    """Phase A for one activation row x[0:K]: int8 grid + X_s words for BITS-bit codes, written for
-    KPAD inputs (a multiple of 32; zeros past K), so the GEMV can read whole padded rows unmasked.
-
-    xq: s-major [S, KPAD/EPW] int32; xdx [KPAD/32]; xsum [KPAD/EPW]. CHUNK inputs per step."""
-    S: tl.constexpr = 8 // BITS
-    EPW: tl.constexpr = 32 // BITS
-    WPB: tl.constexpr = 32 // EPW if EPW < 32 else 1
+def quantize_x_row(x_p, K, XP, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr):
+    """Phase A for one activation row x[0:K]: the int8 grid for XP inputs (a multiple of 32; zeros past
+    K), so the GEMV reads whole padded rows unmasked. xq: int8 [XP] (an int32 [XP/4] buffer), xdx [XP/32],
+    xsum [XP/16 + XP/32] (`quantize_store`). The same grid serves every code width."""
     NB: tl.constexpr = CHUNK // 32
-    nwords = KPAD // EPW
-    b = tl.arange(0, NB)[:, None, None, None]
-    w = tl.arange(0, WPB)[None, :, None, None]
-    j = tl.arange(0, 4)[None, None, :, None]
-    s = tl.arange(0, S)[None, None, None, :]
-    for c0 in range(0, KPAD, CHUNK):
-        offs = c0 + b * 32 + w * EPW + j * S + s                                  # [NB, WPB, 4, S]
-        x4 = tl.load(x_p + offs, mask=offs < K, other=0.0).to(tl.float32)
-        X, dx, xsum = pack_words(x4, BITS)
-        wi = c0 // EPW + tl.arange(0, NB)[:, None] * WPB + tl.arange(0, WPB)[None, :]    # [NB, WPB]
-        ok = wi < nwords                                                          # the last chunk may overhang
-        si = tl.arange(0, S)[None, None, :]
-        tl.store(xq_p + si * nwords + wi[:, :, None], X, mask=ok[:, :, None])
-        tl.store(xsum_p + wi, xsum, mask=ok)
-        bi = c0 // 32 + tl.arange(0, NB)
-        tl.store(xdx_p + bi, dx, mask=bi < KPAD // 32)
+    x8_p = xq_p.to(tl.pointer_type(tl.int8))
+    offs0 = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    for c0 in range(0, XP, CHUNK):
+        offs = c0 + offs0
+        if c0 + CHUNK <= XP:
+            v = tl.load(x_p + offs, mask=offs < K, other=0.0).to(tl.float32)
+            quantize_store(v, c0, XP, x8_p, xdx_p, xsum_p)
+        else:                       # the last chunk overhangs XP: one block of 32 at a time
+            for b0 in range(c0, XP, 32):
+                o = b0 + tl.arange(0, 32)[None, :]
+                v = tl.load(x_p + o, mask=o < K, other=0.0).to(tl.float32)
+                quantize_store(v, b0, XP, x8_p, xdx_p, xsum_p)
 
 
 # ------------------------------------------------------------------- phase B: one matrix, one row tile
@@ -240,65 +221,116 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, r3, m3, rows, row_ok, t,
 
 
 @triton.jit
+def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr):
+    """The int8 activations of a thread's 4 code words t + 4j .. t + 4j + 3, as S tensors [1, W4, 4]:
+    X_s of word c is activation word c*S + s (its four int8s are the inputs of the codes in lane s of
+    the code word's four bytes). One contiguous [4*S] int32 load a thread, then split in registers."""
+    j3 = tl.arange(0, W4)[None, :, None]
+    x = tl.load(xq_p + (t + j3 * 4) * S + tl.arange(0, 4 * S)[None, None, :])       # [1, W4, 4*S]
+    if S == 2:
+        a, b = tl.split(tl.reshape(x, [1, W4, 4, 2]))
+        return a, b, a, a, a, a, a, a
+    elif S == 4:
+        x = tl.reshape(x, [1, W4, 4, 2, 2])                # s = 2*h + l
+        e, o = tl.split(x)                                 # l = 0, 1: [1, W4, 4, 2] over h
+        x0, x2 = tl.split(e)
+        x1, x3 = tl.split(o)
+        return x0, x1, x2, x3, x0, x0, x0, x0
+    else:
+        x = tl.reshape(x, [1, W4, 4, 2, 2, 2])             # s = 4*h + 2*m + l
+        e, o = tl.split(x)
+        e0, e1 = tl.split(e)                               # (l, m) = (0, 0), (0, 1)
+        o0, o1 = tl.split(o)
+        x0, x4 = tl.split(e0)
+        x2, x6 = tl.split(e1)
+        x1, x5 = tl.split(o0)
+        x3, x7 = tl.split(o1)
+        return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
 def _pairs(v):
     """[BN, W4, 4] -> [BN, W4, 2]: sums of elements (0, 1) and (2, 3) of each thread's four (in registers)."""
     return tl.sum(tl.reshape(v, [v.shape[0], v.shape[1], 2, 2]), 3)
 
 
 @triton.jit
-def _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, t,
+def _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t,
                BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
                W4: tl.constexpr):
     """acc [BN, W4] += this unit's  sum_g S_g * dx * isum_g - M_g * xsum_g  for each thread's 4 words.
 
     isum [BN, W4, 4]: sum over each word of q * x8. Group scales multiply the integer sums (sc * isum
     stays below 2^22, so i2f converts it exactly in two ops); each activation block's dx is applied once
-    per block; d and dmin once per unit. The min term uses the exact sums of x over each group, read as
-    the even and odd words' sums (xsum is per word) so they line up with the two 4-bit mins of a byte."""
+    per block; d and dmin once per unit. The min term uses the exact sums of x over each group (xsum:
+    per 16 inputs, then per 32), read for the even and odd groups of a thread so they line up with the
+    two 4-bit mins of a byte."""
     j3 = tl.arange(0, W4)[None, :, None]
     i2 = tl.arange(0, 2)[None, None, :]
     i4 = tl.arange(0, 4)[None, None, :]
+    w0 = t + j3 * 4                                        # first word of each thread's four
     if SB == 0:
         # fp16 S, M per group of 128 (one group per unit, 16 words): dx per 4 words (one thread's four)
-        dx = tl.load(xdx_p + t // 4 + j3)                                                    # [1, W4, 1]
-        xs = tl.load(xsum_p + t + j3 * 4 + i4)                                               # [1, W4, 4]
-        st = tl.sum(i2f(isum) * dx, 2)                                                       # [BN, W4]
-        acc = tl.fma(sc.to(tl.float32)[:, None], st, acc)                                    # S [BN]
-        acc = tl.fma(-mb.to(tl.float32)[:, None], tl.sum(xs, 2), acc)                       # M [BN]
+        dx = tl.load(xdx_p + w0 // 4)                                                     # [1, W4, 1]
+        xs = tl.load(xsum_p + XP // 16 + w0 // 4)                                          # [1, W4, 1]
+        st = tl.sum(i2f(isum) * dx, 2)                                                    # [BN, W4]
+        acc = tl.fma(sc.to(tl.float32)[:, None], st, acc)                                 # S [BN]
+        acc = tl.fma(-mb.to(tl.float32)[:, None], tl.sum(xs, 2), acc)                     # M [BN]
         return acc
     else:
-        xe = tl.load(xsum_p + t + j3 * 4 + i2 * 2)                                           # [1, W4, 2]
-        xo = tl.load(xsum_p + t + j3 * 4 + i2 * 2 + 1)
         if BITS == 2:
-            dx = tl.load(xdx_p + t // 2 + j3 * 2 + i2)                                       # [1, W4, 2]
+            dx = tl.load(xdx_p + w0 // 2 + i2)                                            # [1, W4, 2]
             if GROUP == 16:
                 a = _pairs(isum * sc.to(tl.int32))                     # a group per word, dx per 2 words
+                xe = tl.load(xsum_p + w0 + i2 * 2)                     # sums of 16: words 4j, 4j+2
+                xo = tl.load(xsum_p + w0 + i2 * 2 + 1)                 # words 4j+1, 4j+3
             else:
                 a = _pairs(isum) * sc.to(tl.int32)                     # a group (and dx) per 2 words
+                xe = tl.load(xsum_p + XP // 16 + w0 // 2 + i2)         # sums of 32: the thread's 2 groups
+                xo = xe
             st = tl.sum(i2f(a) * dx, 2)
         else:
-            dx = tl.load(xdx_p + t + j3 * 4 + i4)                                            # [1, W4, 4]
+            dx = tl.load(xdx_p + w0 + i4)                                                 # [1, W4, 4]
             st = tl.sum(i2f(isum * sc.to(tl.int32)) * dx, 2)           # group and dx per word
+            xe = tl.load(xsum_p + XP // 16 + w0 + i2 * 2)              # sums of 32: words 4j, 4j+2
+            xo = tl.load(xsum_p + XP // 16 + w0 + i2 * 2 + 1)
         mbi = mb.to(tl.int32)
         if MIN_BITS == 4:
             mt = tl.sum(u2f(mbi & 15) * xe + u2f(mbi >> 4) * xo, 2)    # byte k: groups 2k (low), 2k+1 (high)
         else:
-            mt = tl.sum(u2f(mbi) * (xe + xo), 2)                       # a byte per 2-word group
+            mt = tl.sum(u2f(mbi) * xe, 2)                              # a byte per 2-word group
         acc = tl.fma(d.to(tl.float32)[:, None], st, acc)
         acc = tl.fma(-dmin.to(tl.float32)[:, None], mt, acc)
         return acc
 
 
 @triton.jit
+def _lane_dots(w, isum, x0, x1, x2, x3, x4, x5, x6, x7, BITS: tl.constexpr, USE_ASM: tl.constexpr):
+    """isum + sum over each code word of q * x8: one DP4A per lane (S = 8 / BITS lanes of 4 codes)."""
+    LANEMASK: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
+    isum = dp4a(w & LANEMASK, x0, isum, USE_ASM)
+    isum = dp4a((w >> BITS) & LANEMASK, x1, isum, USE_ASM)
+    if BITS <= 2:
+        isum = dp4a((w >> 2 * BITS) & LANEMASK, x2, isum, USE_ASM)
+        isum = dp4a((w >> 3 * BITS) & LANEMASK, x3, isum, USE_ASM)
+    if BITS == 1:
+        isum = dp4a((w >> 4) & LANEMASK, x4, isum, USE_ASM)
+        isum = dp4a((w >> 5) & LANEMASK, x5, isum, USE_ASM)
+        isum = dp4a((w >> 6) & LANEMASK, x6, isum, USE_ASM)
+        isum = dp4a((w >> 7) & LANEMASK, x7, isum, USE_ASM)
+    return isum
+
+
+@triton.jit
 def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
-              K, rows, row_ok, xq_p, xdx_p, xsum_p, XW, w_lo, w_hi,
+              K, rows, row_ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
               SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
     """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
 
-    Codes are int32 words [N, KP*BITS/32]; the activations were packed by phase A (xq: X_s words,
-    s-major [S, XW]; xsum [XW]; xdx [XW*EPW/32]) for at least KP inputs (zeros past K), so whole
+    Codes are int32 words [N, KP*BITS/32]; the activations were put on the int8 grid by phase A
+    (`quantize_x_row`: xq int8 as int32 words, xdx, xsum) for XP >= KP inputs (zeros past K), so whole
     padded rows are read without column masks. w_lo, w_hi: multiples of the unit's words (WPU).
     rows [BN] int32, row_ok [BN] mask. Returns (float32 [BN], float32 [BN]); b's is 0 for NMAT=1.
 
@@ -309,7 +341,6 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     sums are added across threads once, at the end."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
-    LANEMASK: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                      # words per unit: 32 (2-bit), 16 (1-bit, 4-bit)
     W4: tl.constexpr = WPU // 4
@@ -320,27 +351,20 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     BN: tl.constexpr = rows.shape[0]
     r3 = rows[:, None, None].to(tl.int64)
     m3 = row_ok[:, None, None]
-    j3 = tl.arange(0, W4)[None, :, None]
-    i4 = tl.arange(0, 4)[None, None, :]
     acc_a = tl.zeros([BN, W4], tl.float32)
     acc_b = tl.zeros([BN, W4], tl.float32)
     for t in tl.range(w_lo, w_hi, WPU, num_stages=NS):
         u = t // WPU
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
         wa, sa, ma, da, dma = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r3, m3, rows, row_ok, t, u,
                                           ROWW, NG, NU, BITS, GROUP, MIN_BITS, SB, W4)
-        isa = tl.zeros([BN, W4, 4], tl.int32)
+        isa = _lane_dots(wa, tl.zeros([BN, W4, 4], tl.int32), x0, x1, x2, x3, x4, x5, x6, x7, BITS, USE_ASM)
+        acc_a = _unit_fold(acc_a, isa, sa, ma, da, dma, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4)
         if NMAT == 2:
             wb, sb, mbb, db, dmb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r3, m3, rows, row_ok, t, u,
                                                ROWW, NG, NU, BITS, GROUP, MIN_BITS, SB, W4)
-            isb = tl.zeros([BN, W4, 4], tl.int32)
-        for s in tl.static_range(S):
-            xs = tl.load(xq_p + s * XW + (t + j3 * 4 + i4))                                 # [1, W4, 4]
-            isa = dp4a((wa >> (BITS * s)) & LANEMASK, xs, isa, USE_ASM)
-            if NMAT == 2:
-                isb = dp4a((wb >> (BITS * s)) & LANEMASK, xs, isb, USE_ASM)
-        acc_a = _unit_fold(acc_a, isa, sa, ma, da, dma, xdx_p, xsum_p, t, BITS, GROUP, MIN_BITS, SB, W4)
-        if NMAT == 2:
-            acc_b = _unit_fold(acc_b, isb, sb, mbb, db, dmb, xdx_p, xsum_p, t, BITS, GROUP, MIN_BITS, SB, W4)
+            isb = _lane_dots(wb, tl.zeros([BN, W4, 4], tl.int32), x0, x1, x2, x3, x4, x5, x6, x7, BITS, USE_ASM)
+            acc_b = _unit_fold(acc_b, isb, sb, mbb, db, dmb, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4)
     return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
 
 
@@ -368,27 +392,29 @@ def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, cols, col_ok,
     """W^T[k0:k0+BK, cols] = S * q - M as float32 [BK, BN] (cols [BN] output rows, col_ok their mask).
 
     k0 is a multiple of BK, and BK divides the scale unit (super-block, or the fp16 group). Codes are
-    read once as bytes and spread over their EPB codes in registers; scales once per group."""
-    EPB: tl.constexpr = 8 // BITS
+    read once as 32-bit words (codes_p: int32) and spread over their EPW codes in registers (code
+    4*s + j of a word in byte j, lane s: `quantizer.pack_bits`); scales once per group."""
+    EPW: tl.constexpr = 32 // BITS
+    S: tl.constexpr = 8 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     GT: tl.constexpr = BK // GROUP if BK > GROUP else 1          # groups in the tile
     GS: tl.constexpr = BK // GT                                  # weights of one group in the tile
     BN: tl.constexpr = cols.shape[0]
     KP = tl.cdiv(K, UNIT) * UNIT
-    ROWB = KP // EPB
+    ROWW = KP // EPW
     NG = KP // GROUP
     c3 = cols[None, None, :].to(tl.int64)
     ok3 = col_ok[None, None, :]
     gi = tl.arange(0, GT)[:, None, None]
-    bi = k0 // EPB + gi * (GS // EPB) + tl.arange(0, GS // EPB)[None, :, None]          # [GT, GS/EPB, 1]
-    byts = tl.load(codes_p + c3 * ROWB + bi, mask=ok3, other=0).to(tl.int32)           # [GT, GS/EPB, BN]
-    sh = (tl.arange(0, EPB) * BITS)[None, None, :, None]
-    q = u2f((byts[:, :, None, :] >> sh) & ((1 << BITS) - 1))                           # [GT, GS/EPB, EPB, BN]
+    wi = k0 // EPW + gi * (GS // EPW) + tl.arange(0, GS // EPW)[None, :, None]           # [GT, GS/EPW, 1]
+    words = tl.load(codes_p + c3 * ROWW + wi, mask=ok3, other=0)                        # [GT, GS/EPW, BN]
+    sh = ((tl.arange(0, S) * BITS)[:, None] + (tl.arange(0, 4) * 8)[None, :])[None, None, :, :, None]
+    q = u2f((words[:, :, None, None, :] >> sh) & ((1 << BITS) - 1))                   # [GT, GS/EPW, S, 4, BN]
     g2 = k0 // GROUP + tl.arange(0, GT)[:, None]                                        # [GT, 1]
     c2 = cols[None, :].to(tl.int64)
     ok2 = col_ok[None, :]
     if SCALE_BITS == 16:
-        S = tl.load(scales_p + c2 * NG + g2, mask=ok2, other=0.0).to(tl.float32)          # [GT, BN]
+        S_ = tl.load(scales_p + c2 * NG + g2, mask=ok2, other=0.0).to(tl.float32)         # [GT, BN]
         M = tl.load(mins_p + c2 * NG + g2, mask=ok2, other=0.0).to(tl.float32)
     else:
         NU = KP // SB
@@ -401,7 +427,7 @@ def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, cols, col_ok,
             mn = u2f(tl.load(mins_p + c2 * NG + g2, mask=ok2, other=0).to(tl.int32))
         d = tl.load(d_p + cols * NU + u, mask=col_ok, other=0.0).to(tl.float32)
         dmin = tl.load(dmin_p + cols * NU + u, mask=col_ok, other=0.0).to(tl.float32)
-        S = d[None, :] * sc
+        S_ = d[None, :] * sc
         M = dmin[None, :] * mn
-    w = S[:, None, None, :] * q - M[:, None, None, :]
+    w = S_[:, None, None, None, :] * q - M[:, None, None, None, :]
     return tl.reshape(w, [BK, BN])

@@ -82,7 +82,7 @@ def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok
     if BITS == 16:
         codes = blob_segment(base, table_p, CODE, mat, 0, 17)
     else:
-        codes = blob_segment(base, table_p, CODE, mat, 0, 8)
+        codes = blob_segment(base, table_p, CODE, mat, 0, 32)
     scales = blob_segment(base, table_p, CODE, mat, 1, SCALE_BITS)
     mins = blob_segment(base, table_p, CODE, mat, 2, MIN_BITS)
     d = blob_segment(base, table_p, CODE, mat, 3, 16)

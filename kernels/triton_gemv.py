@@ -1,6 +1,6 @@
 """Decode GEMV (M = 1 .. 8 rows of activations) over one packed matrix: two launches.
 
-    quantize_x_kernel   grid (M,)                 x [M, K] -> int8 grid + X_s words   (phase A)
+    quantize_x_kernel   grid (M,)                 x [M, K] -> the int8 grid           (phase A)
     gemv_kernel         grid (cdiv(N, BN) * M,)   out[m, rows] = W[rows, :] @ x[m]    (phase B, DP4A)
 
 The program id runs over m fastest, so the M programs that read the same rows run side by side and
@@ -12,12 +12,11 @@ from .triton_common import gemv_rows, gemv_rows_bf16, quantize_x_row, tl, triton
 
 
 @triton.jit
-def quantize_x_kernel(x_p, stride_xm, K, KPAD, xq_p, xdx_p, xsum_p, BITS: tl.constexpr, CHUNK: tl.constexpr):
-    # x [M, K] (any float) -> xq int32 [M, KPAD/4], xdx f32 [M, KPAD/32], xsum f32 [M, KPAD/EPW]
-    EPW: tl.constexpr = 32 // BITS
+def quantize_x_kernel(x_p, stride_xm, K, KPAD, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr):
+    # x [M, K] (any float) -> xq int8 [M, KPAD] (int32 [M, KPAD/4]), xdx f32 [M, KPAD/32], xsum f32 [M, 3*KPAD/32]
     m = tl.program_id(0)
     quantize_x_row(x_p + m * stride_xm, K, KPAD, xq_p + m * (KPAD // 4), xdx_p + m * (KPAD // 32),
-                   xsum_p + m * (KPAD // EPW), BITS, CHUNK)
+                   xsum_p + m * (3 * KPAD // 32), CHUNK)
 
 
 @triton.jit
@@ -42,6 +41,6 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
         w_lo = sp * WSPLIT
         w_hi = tl.minimum(w_lo + WSPLIT, KP // EPW)
         acc, _unused = gemv_rows(codes_p, scales_p, mins_p, d_p, dmin_p, codes_p, scales_p, mins_p, d_p, dmin_p,
-                                 K, rows, ok, xq_p + m * (KP // 4), xdx_p + m * (KP // 32), xsum_p + m * (KP // EPW),
-                                 KP // EPW, w_lo, w_hi, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 1, NS, USE_ASM)
+                                 K, rows, ok, xq_p + m * (KP // 4), xdx_p + m * (KP // 32), xsum_p + m * (3 * KP // 32),
+                                 KP, w_lo, w_hi, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 1, NS, USE_ASM)
     tl.store(out_p + (sp * M + m) * stride_om + rows, acc.to(out_p.dtype.element_ty), mask=ok)

@@ -7,23 +7,24 @@ out the branches of formats not in the call. `table` [5, 3, 5] int64 holds, per 
 offset of each matrix's segments (codes, scales, mins, d, dmin) inside a blob.
 
   gate_up_kernel  grid (cdiv(I, BN), M, cdiv(TOPK, JCHUNK))
-      phase A: x[m] -> int8 grid + X_s words for each code width in the call (scratch xq, xdx, xsum)
+      phase A: x[m] -> the int8 grid, one for every code width (scratch xq, xdx, xsum)
       phase B: for each of its JCHUNK experts: g, u = W_gate x, W_up x on rows n0 .. n0+BN of I;
-               h = silu(g) * u, packed straight into X_s words for that expert's down matrix
+               h = silu(g) * u, put straight on the int8 grid for that expert's down matrix
                (scratch hq, hdx, hsum; bf16 experts keep h as float32 in hf)
   down_kernel     grid (cdiv(H, BN), M, TOPK)
       part[m, j, rows] = w[m, j] * W_down[e_j][rows, :] @ h[m, j]; the last program of each (m, rows)
       to finish (an atomic counter) sums the TOPK parts in a fixed order and writes out[m, rows] once
 
-Scratch: xq int32 [M, 3, HP/4], xdx f32 [M, HP/32], xsum f32 [M, 3, HP/8] (one slot per code width:
-2, 1, 4 bits); hq int32 [P, IP/4], hdx f32 [P, IP/32], hsum f32 [P, IP/8], hf f32 [P, IP]; P = M * TOPK,
+Scratch: xq int8 [M, HP] (held as int32 [M, HP/4]), xdx f32 [M, HP/32], xsum f32 [M, 3*HP/32] (sums per
+16 inputs, then per 32: `triton_common.quantize_store`); hq, hdx, hsum the same for h over IP, one row
+per pair; hf f32 [P, IP]; P = M * TOPK,
 HP = cdiv(H, 512) * 512, IP = cdiv(I, 512) * 512: padded to every format's scale unit and written in
 full (zeros past H and I), so the GEMV reads whole padded rows unmasked. The gate/up grid covers IP.
 """
 from __future__ import annotations
 
-from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, pack_words, quantize_x_row,
-                            store_words, tl, triton)
+from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, quantize_store, quantize_x_row,
+                            tl, triton)
 
 # The kernels' branches spell out each format's constants; they must match the registry (checked in ops).
 KERNEL_FORMATS = {
@@ -33,11 +34,10 @@ KERNEL_FORMATS = {
     "q4_g128_f16": (3, 4, 128, 16, 16, 0),
     "bf16": (4, 16, 0, 0, 0, 0),
 }
-WIDTH_SLOT = {2: 0, 1: 1, 4: 2}     # scratch slot of the packed activations for each code width
 
 
 @triton.jit
-def _matrix_rows(base, table_p, mat_a, mat_b, K, rows, ok, xq_p, xdx_p, xsum_p, XW,
+def _matrix_rows(base, table_p, mat_a, mat_b, K, rows, ok, xq_p, xdx_p, xsum_p, XP,
                  CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                  MIN_BITS: tl.constexpr, SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
                  USE_ASM: tl.constexpr):
@@ -55,7 +55,7 @@ def _matrix_rows(base, table_p, mat_a, mat_b, K, rows, ok, xq_p, xdx_p, xsum_p, 
                      blob_segment(base, table_p, CODE, mat_b, 2, MIN_BITS),
                      blob_segment(base, table_p, CODE, mat_b, 3, 16),
                      blob_segment(base, table_p, CODE, mat_b, 4, 16),
-                     K, rows, ok, xq_p, xdx_p, xsum_p, XW, 0, KP // EPW,
+                     K, rows, ok, xq_p, xdx_p, xsum_p, XP, 0, KP // EPW,
                      BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, USE_ASM)
 
 
@@ -63,20 +63,16 @@ def _matrix_rows(base, table_p, mat_a, mat_b, K, rows, ok, xq_p, xdx_p, xsum_p, 
 def _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, IP,
                     CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                     MIN_BITS: tl.constexpr, SB: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
-    # gate and up rows n0..n0+BN of one packed expert (one pass over K), SiLU-gated, packed for its down
-    EPW: tl.constexpr = 32 // BITS
-    S: tl.constexpr = 8 // BITS
-    WPB: tl.constexpr = 32 // EPW if EPW < 32 else 1
+    # gate and up rows n0..n0+BN of one packed expert (one pass over K), SiLU-gated, on the int8 grid for down
     BN: tl.constexpr = rows.shape[0]
     HP = tl.cdiv(H, 512) * 512
     if n0 < I:
-        g, u = _matrix_rows(base, table_p, 0, 1, H, rows, ok, xq_p, xdx_p, xsum_p, HP // EPW,
+        g, u = _matrix_rows(base, table_p, 0, 1, H, rows, ok, xq_p, xdx_p, xsum_p, HP,
                             CODE, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 2, NS, USE_ASM)
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
     else:
         h = tl.zeros([BN], tl.float32)                                                # padding past I
-    X, dx, hs = pack_words(tl.reshape(h, [BN // 32, WPB, 4, S]), BITS)
-    store_words(X, dx, hs, n0 // EPW, IP // EPW, hq_p, hdx_p, hsum_p, BITS)
+    quantize_store(tl.reshape(h, [BN // 32, 32]), n0, IP, hq_p.to(tl.pointer_type(tl.int8)), hdx_p, hsum_p)
 
 
 @triton.jit
@@ -98,16 +94,12 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     x_row = x_p + m * stride_xm
-    xq = xq_p + m * 3 * (HP // 4)
-    xsum = xsum_p + m * 3 * (HP // 8)
+    xq = xq_p + m * (HP // 4)
     xdx = xdx_p + m * (HP // 32)
-    # phase A, once per code width present (2-bit: codes 0, 1; 1-bit: code 2; 4-bit: code 3)
-    if (FMASK & 3) != 0:
-        quantize_x_row(x_row, H, HP, xq, xdx, xsum, 2, CHUNK)
-    if (FMASK & 4) != 0:
-        quantize_x_row(x_row, H, HP, xq + HP // 4, xdx, xsum + HP // 8, 1, CHUNK)
-    if (FMASK & 8) != 0:
-        quantize_x_row(x_row, H, HP, xq + 2 * (HP // 4), xdx, xsum + 2 * (HP // 8), 4, CHUNK)
+    xsum = xsum_p + m * (3 * HP // 32)
+    # phase A: x[m] on the int8 grid (every program computes the same values: programs run in any order)
+    if (FMASK & 15) != 0:
+        quantize_x_row(x_row, H, HP, xq, xdx, xsum, CHUNK)
     tl.debug_barrier()          # phase A's stores are read by every thread of the program below
     n0 = nt * BN
     rows = n0 + tl.arange(0, BN)
@@ -121,7 +113,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
             base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
             hq = hq_p + p * (IP // 4)
             hdx = hdx_p + p * (IP // 32)
-            hsum = hsum_p + p * (IP // 8)
+            hsum = hsum_p + p * (3 * IP // 32)
             if (FMASK & 1) != 0:
                 if code == 0:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
@@ -132,12 +124,12 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
                                     1, 2, 32, 8, 8, 512, NS, USE_ASM)
             if (FMASK & 4) != 0:
                 if code == 2:
-                    _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq + HP // 4, xdx, xsum + HP // 8,
-                                    hq, hdx, hsum, IP, 2, 1, 32, 8, 4, 512, NS, USE_ASM)
+                    _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
+                                    2, 1, 32, 8, 4, 512, NS, USE_ASM)
             if (FMASK & 8) != 0:
                 if code == 3:
-                    _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq + 2 * (HP // 4), xdx,
-                                    xsum + 2 * (HP // 8), hq, hdx, hsum, IP, 3, 4, 128, 16, 16, 0, NS, USE_ASM)
+                    _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
+                                    3, 4, 128, 16, 16, 0, NS, USE_ASM)
             if (FMASK & 16) != 0:
                 if code == 4:
                     _gate_up_bf16(base, table_p, H, rows, ok, x_row, hf_p + p * IP, BK16)
@@ -166,23 +158,23 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
     hq = hq_p + p * (IP // 4)
     hdx = hdx_p + p * (IP // 32)
-    hsum = hsum_p + p * (IP // 8)
+    hsum = hsum_p + p * (3 * IP // 32)
     part = tl.zeros([BN], tl.float32)
     if (FMASK & 1) != 0:
         if code == 0:
-            part, _u0 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP // 16,
+            part, _u0 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP,
                                      0, 2, 16, 8, 4, 512, 1, NS, USE_ASM)
     if (FMASK & 2) != 0:
         if code == 1:
-            part, _u1 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP // 16,
+            part, _u1 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP,
                                      1, 2, 32, 8, 8, 512, 1, NS, USE_ASM)
     if (FMASK & 4) != 0:
         if code == 2:
-            part, _u2 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP // 32,
+            part, _u2 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP,
                                      2, 1, 32, 8, 4, 512, 1, NS, USE_ASM)
     if (FMASK & 8) != 0:
         if code == 3:
-            part, _u3 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP // 8,
+            part, _u3 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP,
                                      3, 4, 128, 16, 16, 0, 1, NS, USE_ASM)
     if (FMASK & 16) != 0:
         if code == 4:

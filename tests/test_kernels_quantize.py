@@ -9,7 +9,7 @@ import torch
 from strata_plan.kernels import PackedMatrix, dequantize, pack_expert, quantize, unpack_expert
 from strata_plan.kernels.formats import FORMATS, expert_layout
 from strata_plan.kernels.quality import BASELINES, error_table
-from strata_plan.kernels.quantizer import fit_groups, group_params, pack_bits, unpack_bits
+from strata_plan.kernels.quantizer import fit_groups, group_params, pack_bits, pack_nibbles, unpack_bits, unpack_nibbles
 from strata_plan.kernels.reference import relative_output_error, rtn_minmax
 
 PACKED = [f for f in FORMATS if not FORMATS[f].is_bf16]
@@ -40,9 +40,13 @@ def test_bit_packing_round_trips():
         b = pack_bits(q, bits)
         assert b.shape == (5, 64 * bits // 8)
         assert torch.equal(unpack_bits(b, bits), q)
-    # little end first: code 0 in the low bits of byte 0
-    assert pack_bits(torch.tensor([[1, 0, 0, 0]], dtype=torch.uint8), 2).item() == 1
-    assert pack_bits(torch.tensor([[0, 0, 0, 3]], dtype=torch.uint8), 2).item() == 0xC0
+    # 32-bit words, little end first: code 4*s + j of a word in byte j, bits s*bits .. (lane s)
+    q = torch.zeros(1, 16, dtype=torch.uint8)
+    q[0, 0], q[0, 1], q[0, 4], q[0, 15] = 1, 2, 3, 3
+    assert pack_bits(q, 2).tolist() == [[0x1 | 0x3 << 2, 0x2, 0x0, 0x3 << 6]]
+    # two 4-bit mins a byte, the lower-numbered in the low nibble
+    v = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8)
+    assert pack_nibbles(v).tolist() == [[0x21, 0x0F]] and torch.equal(unpack_nibbles(pack_nibbles(v)), v)
 
 
 def test_a_representable_q4_matrix_comes_back_exactly():
