@@ -4,7 +4,7 @@
 source benchmarks/device_setup.sh
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tc} PYTHONUNBUFFERED=1
 for c in "$@"; do python3 benchmarks/ncu_moe.py "$c" > /dev/null 2>&1 & done; wait     # compile in parallel
-S="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats"
+S="${NCU_EXTRA:-} --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats"
 i=0
 for c in "$@"; do
   i=$((i+1))

@@ -4,18 +4,24 @@ This module is the one place that knows how many bytes a packed matrix or expert
 the planner, the packer, the expert store and the kernels all call it.
 
 A matrix W of shape [N, K] (N output features, K inputs: `nn.Linear.weight`) is quantized along K in
-groups of `group` weights; K is padded with zeros up to a multiple of `k_align` (the super-block, or the
-group when there is none). Each format stores, row-major, in this order:
+groups of `group` weights; K is padded with zeros up to a multiple of the scale unit `k_align` (the
+super-block, or the group when there is none), giving NU = Kp / k_align units a row. Every tensor is
+stored unit-major, [NU, N, per-unit values]: all of unit 0 for rows 0 .. N-1, then unit 1, ... so the
+decode kernels, which walk K one unit at a time over a block of rows, read each tensor of a unit for
+consecutive rows from consecutive bytes. Per unit of one row, in this storage order:
 
-    codes   uint8 [N, Kp * bits / 8]   `bits`-bit unsigned codes q, packed little-end first within a byte
-    scales  [N, Kp / group]             uint8 sc (scale_bits 8) or fp16 S (scale_bits 16)
-    mins    [N, Kp / group]             uint8 mn (min_bits 8), fp16 M (16), or for min_bits 4
-                                        uint8 [N, Kp / group / 2], two per byte, low nibble first
-    d       fp16 [N, Kp / superblock]   super-block scale of the scales   (only with a super-block)
-    dmin    fp16 [N, Kp / superblock]   super-block scale of the mins     (only with a super-block)
+    codes   uint8 [NU, N, unit * bits / 8]  `bits`-bit unsigned codes q in 32-bit little-endian words of
+                                            32 / bits codes: code 4*s + j of a word in byte j, bits
+                                            s*bits .. s*bits + bits - 1 (`quantizer.pack_bits`)
+    scales  [NU, N, unit / group]           uint8 sc (scale_bits 8) or fp16 S (scale_bits 16)
+    mins    [NU, N, unit / group]           uint8 mn (min_bits 8), fp16 M (16), or for min_bits 4
+                                            uint8 [NU, N, unit / group / 2], two per byte, low nibble first
+    d       fp16 [NU, N, 1]                 super-block scale of the scales   (only with a super-block)
+    dmin    fp16 [NU, N, 1]                 super-block scale of the mins     (only with a super-block)
 
 and a weight is   w = S * q - M   with   S = d * sc,  M = dmin * mn   (super-block formats)
                                    or   S, M read directly as fp16      (scale_bits = min_bits = 16).
+`quantizer.PackedMatrix.rows(name)` gives any tensor back as a row-major [N, ...] view.
 
 An expert is gate [I, H], up [I, H] and down [H, I], in that order, in one contiguous blob: every segment
 starts on a `SEGMENT_ALIGN` boundary and the blob is padded to `EXPERT_ALIGN` (4 KiB), so one O_DIRECT
@@ -76,24 +82,24 @@ class PackedFormat:
         sb = 32 / self.superblock if self.superblock else 0.0
         return self.bits + (self.scale_bits + self.min_bits) / self.group + sb
 
-    def segments(self, n: int, k: int) -> tuple[tuple[str, str, tuple[int, int], int], ...]:
+    def segments(self, n: int, k: int) -> tuple[tuple[str, str, tuple[int, ...], int], ...]:
         """(name, dtype, shape, nbytes) of each stored tensor of an [n, k] matrix, in storage order."""
         if self.is_bf16:
             return (("weight", "bfloat16", (n, k), 2 * n * k),)
-        kp = _round_up(k, self.k_align)
-        groups = kp // self.group
-        segs = [("codes", "uint8", (n, kp * self.bits // 8), n * kp * self.bits // 8)]
+        unit = self.k_align
+        nu = _round_up(k, unit) // unit
+        gpu = unit // self.group                   # groups per unit
+        segs = [("codes", "uint8", (nu, n, unit * self.bits // 8), nu * n * unit * self.bits // 8)]
         sdt = "float16" if self.scale_bits == 16 else "uint8"
-        segs.append(("scales", sdt, (n, groups), n * groups * self.scale_bits // 8))
+        segs.append(("scales", sdt, (nu, n, gpu), nu * n * gpu * self.scale_bits // 8))
         if self.min_bits == 4:
-            segs.append(("mins", "uint8", (n, groups // 2), n * groups // 2))
+            segs.append(("mins", "uint8", (nu, n, gpu // 2), nu * n * gpu // 2))
         else:
             mdt = "float16" if self.min_bits == 16 else "uint8"
-            segs.append(("mins", mdt, (n, groups), n * groups * self.min_bits // 8))
+            segs.append(("mins", mdt, (nu, n, gpu), nu * n * gpu * self.min_bits // 8))
         if self.superblock:
-            nsb = kp // self.superblock
-            segs.append(("d", "float16", (n, nsb), 2 * n * nsb))
-            segs.append(("dmin", "float16", (n, nsb), 2 * n * nsb))
+            segs.append(("d", "float16", (nu, n, 1), 2 * n * nu))
+            segs.append(("dmin", "float16", (nu, n, 1), 2 * n * nu))
         return tuple(segs)
 
     def matrix_bytes(self, n: int, k: int) -> int:

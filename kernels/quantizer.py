@@ -38,11 +38,11 @@ class PackedMatrix:
     fmt: str
     n: int
     k: int
-    codes: torch.Tensor | None = None     # uint8 [n, kp * bits / 8]
-    scales: torch.Tensor | None = None    # uint8 or fp16 [n, kp / group]
-    mins: torch.Tensor | None = None      # uint8 [n, kp / group] (or / 2 for 4-bit mins) or fp16
-    d: torch.Tensor | None = None         # fp16 [n, kp / superblock]
-    dmin: torch.Tensor | None = None      # fp16 [n, kp / superblock]
+    codes: torch.Tensor | None = None     # uint8 [nu, n, unit * bits / 8]   (unit-major: formats.py)
+    scales: torch.Tensor | None = None    # uint8 or fp16 [nu, n, unit / group]
+    mins: torch.Tensor | None = None      # uint8 [nu, n, unit / group] (or / 2 for 4-bit mins) or fp16
+    d: torch.Tensor | None = None         # fp16 [nu, n, 1]
+    dmin: torch.Tensor | None = None      # fp16 [nu, n, 1]
     weight: torch.Tensor | None = None    # bf16 [n, k], the bf16 format only
 
     def __post_init__(self) -> None:
@@ -77,6 +77,10 @@ class PackedMatrix:
     def nbytes(self) -> int:
         return self.format.matrix_bytes(self.n, self.k)
 
+    def rows(self, name: str) -> torch.Tensor:
+        """Stored tensor `name` as row-major [n, kp-long values] (a copy: storage is unit-major)."""
+        return from_unit_major(getattr(self, name))
+
     @property
     def device(self) -> torch.device:
         return next(iter(self.segments.values())).device
@@ -84,6 +88,16 @@ class PackedMatrix:
     def to(self, device: torch.device | str) -> "PackedMatrix":
         moved = {name: t.to(device) for name, t in self.segments.items()}
         return PackedMatrix(self.fmt, self.n, self.k, **moved)
+
+
+def to_unit_major(t: torch.Tensor, nu: int) -> torch.Tensor:
+    """Row-major [n, L] (L = nu * P values along K) to the stored unit-major [nu, n, P]."""
+    return t.reshape(t.shape[0], nu, -1).transpose(0, 1).contiguous()
+
+
+def from_unit_major(t: torch.Tensor) -> torch.Tensor:
+    """Stored unit-major [nu, n, P] back to row-major [n, nu * P]."""
+    return t.transpose(0, 1).reshape(t.shape[1], -1)
 
 
 # --------------------------------------------------------------------------------------------- fitting
@@ -318,7 +332,8 @@ def quantize(w: torch.Tensor, fmt: str, importance: torch.Tensor | None = None) 
             parts["scales"].append(s16)
             parts["mins"].append(m16)
         parts["codes"].append(pack_bits(q.reshape(r, kp).to(torch.uint8), f.bits))
-    return PackedMatrix(fmt, n, k, **{name: torch.cat(ts).contiguous() for name, ts in parts.items()})
+    nu = kp // f.k_align
+    return PackedMatrix(fmt, n, k, **{name: to_unit_major(torch.cat(ts), nu) for name, ts in parts.items()})
 
 
 def group_params(p: PackedMatrix) -> tuple[torch.Tensor, torch.Tensor]:
@@ -326,11 +341,11 @@ def group_params(p: PackedMatrix) -> tuple[torch.Tensor, torch.Tensor]:
     f = p.format
     if f.superblock:
         gpb = f.superblock // f.group
-        mn = unpack_nibbles(p.mins) if f.min_bits == 4 else p.mins
-        S = p.d.float().repeat_interleave(gpb, 1) * p.scales.float()
-        M = p.dmin.float().repeat_interleave(gpb, 1) * mn.float()
+        mn = unpack_nibbles(p.rows("mins")) if f.min_bits == 4 else p.rows("mins")
+        S = p.rows("d").float().repeat_interleave(gpb, 1) * p.rows("scales").float()
+        M = p.rows("dmin").float().repeat_interleave(gpb, 1) * mn.float()
         return S, M
-    return p.scales.float(), p.mins.float()
+    return p.rows("scales").float(), p.rows("mins").float()
 
 
 def dequantize(p: PackedMatrix, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -338,7 +353,7 @@ def dequantize(p: PackedMatrix, dtype: torch.dtype = torch.float32) -> torch.Ten
     if p.format.is_bf16:
         return p.weight.to(dtype)
     f = p.format
-    q = unpack_bits(p.codes, f.bits).float().view(p.n, -1, f.group)
+    q = unpack_bits(p.rows("codes"), f.bits).float().view(p.n, -1, f.group)
     S, M = group_params(p)
     w = S.unsqueeze(-1) * q - M.unsqueeze(-1)
     return w.reshape(p.n, -1)[:, :p.k].to(dtype)

@@ -89,7 +89,7 @@ def linear_q8(x: torch.Tensor, p: PackedMatrix, grid: tuple[torch.Tensor, torch.
     x8, dx = x8[:, :kp].double(), dx[:, :kp // XBLOCK].double()
     xf = torch.zeros(x.shape[0], kp, dtype=torch.float64, device=x.device)
     xf[:, :x.shape[1]] = x.double()
-    q = unpack_bits(p.codes, f.bits).double()                    # [N, kp]
+    q = unpack_bits(p.rows("codes"), f.bits).double()                    # [N, kp]
     S, M = (t.double() for t in group_params(p))                 # [N, G]
     # integer dot per (row, 32-block) scaled by its dx: works because groups and x blocks nest
     step = min(f.group, XBLOCK)

@@ -184,39 +184,46 @@ def quantize_x_row(x_p, K, XP, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr):
 # ------------------------------------------------------------------- phase B: one matrix, one row tile
 
 @triton.jit
-def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, r3, m3, rows, row_ok, t, u, ROWW, NG, NU,
+def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
                 W4: tl.constexpr):
-    """One scale unit (K step) of the rows r3 [BN, 1, 1]: codes words t .. t + 4*W4 as [BN, W4, 4] int32
-    (a thread holds 4 consecutive words of one row: one 16-byte load), and the unit's scales and mins in
-    tiles whose last dimension is as contiguous, so every row tile shares the codes' thread layout:
+    """Scale unit u (K step) of the rows [BN]: codes as [BN, W4, 4] int32 (a thread holds 4 consecutive
+    words of one row: one 16-byte load), and the unit's scales and mins in tiles whose last dimension is
+    as contiguous, so every row tile shares the codes' thread layout:
         q2_g16  sc [BN, W4, 4] (a byte per word)   mins [BN, W4, 2] (two 4-bit mins per byte)
         q2_g32  sc [BN, W4, 2] (a byte per 2 words) mins [BN, W4, 2] (a byte per 2 words)
         q1_g32  sc [BN, W4, 4] (a byte per word)   mins [BN, W4, 2] (two 4-bit mins per byte)
         q4_g128 S [BN] fp16, M [BN] fp16 (one group per unit)
-    and d, dmin [BN] fp16 (super-block formats; zeros otherwise). Rows past row_ok read as zeros."""
+    and d, dmin [BN] fp16 (super-block formats; zeros otherwise). Storage is unit-major ([NU, N, per
+    unit]: formats.py), so consecutive rows of one unit are consecutive bytes in every tensor. Rows past
+    row_ok read as zeros."""
+    EPW: tl.constexpr = 32 // BITS
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    WPU: tl.constexpr = UNIT // EPW                        # code words per row and unit
+    GPU: tl.constexpr = UNIT // GROUP                      # groups per row and unit
+    ru = u * N + rows                                      # [BN]: (unit, row) record index
+    r3 = ru[:, None, None].to(tl.int64)
+    m3 = row_ok[:, None, None]
     j3 = tl.arange(0, W4)[None, :, None]
     i4 = tl.arange(0, 4)[None, None, :]
     i2 = tl.arange(0, 2)[None, None, :]
-    words = tl.load(codes_p + r3 * ROWW + (t + j3 * 4 + i4), mask=m3, other=0)
+    words = tl.load(codes_p + r3 * WPU + (j3 * 4 + i4), mask=m3, other=0)
     if SB == 0:
-        a = tl.load(scales_p + rows * NG + u, mask=row_ok, other=0.0)
-        b = tl.load(mins_p + rows * NG + u, mask=row_ok, other=0.0)
+        a = tl.load(scales_p + ru, mask=row_ok, other=0.0)
+        b = tl.load(mins_p + ru, mask=row_ok, other=0.0)
         return words, a, b, 0, 0
     else:
-        EPW: tl.constexpr = 32 // BITS
         WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
-        g0 = t // WPG                                      # first group of the unit
         if WPG == 1:
-            sc = tl.load(scales_p + r3 * NG + (g0 + j3 * 4 + i4), mask=m3, other=0)
+            sc = tl.load(scales_p + r3 * GPU + (j3 * 4 + i4), mask=m3, other=0)
         else:
-            sc = tl.load(scales_p + r3 * NG + (g0 + j3 * 2 + i2), mask=m3, other=0)
+            sc = tl.load(scales_p + r3 * GPU + (j3 * 2 + i2), mask=m3, other=0)
         if MIN_BITS == 4:
-            mb = tl.load(mins_p + r3 * (NG // 2) + (g0 // 2 + j3 * 2 + i2), mask=m3, other=0)
+            mb = tl.load(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), mask=m3, other=0)
         else:
-            mb = tl.load(mins_p + r3 * NG + (g0 + j3 * 2 + i2), mask=m3, other=0)
-        d = tl.load(d_p + rows * NU + u, mask=row_ok, other=0.0)
-        dmin = tl.load(dmin_p + rows * NU + u, mask=row_ok, other=0.0)
+            mb = tl.load(mins_p + r3 * GPU + (j3 * 2 + i2), mask=m3, other=0)
+        d = tl.load(d_p + ru, mask=row_ok, other=0.0)
+        dmin = tl.load(dmin_p + ru, mask=row_ok, other=0.0)
         return words, sc, mb, d, dmin
 
 
@@ -323,15 +330,15 @@ def _lane_dots(w, isum, x0, x1, x2, x3, x4, x5, x6, x7, BITS: tl.constexpr, USE_
 
 @triton.jit
 def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
-              K, rows, row_ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
+              N, rows, row_ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
               SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
     """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
 
-    Codes are int32 words [N, KP*BITS/32]; the activations were put on the int8 grid by phase A
-    (`quantize_x_row`: xq int8 as int32 words, xdx, xsum) for XP >= KP inputs (zeros past K), so whole
-    padded rows are read without column masks. w_lo, w_hi: multiples of the unit's words (WPU).
+    The matrices are [N, K], stored unit-major (formats.py; codes as int32 words); the activations were
+    put on the int8 grid by phase A (`quantize_x_row`: xq int8 as int32 words, xdx, xsum) for XP >= KP
+    inputs (zeros past K), so whole padded rows are read without column masks. w_lo, w_hi: multiples of the unit's words (WPU).
     rows [BN] int32, row_ok [BN] mask. Returns (float32 [BN], float32 [BN]); b's is 0 for NMAT=1.
 
     Layout: one K step is one scale unit (a 512-weight super-block, or a 128-weight fp16 group), WPU
@@ -344,25 +351,19 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                      # words per unit: 32 (2-bit), 16 (1-bit, 4-bit)
     W4: tl.constexpr = WPU // 4
-    KP = tl.cdiv(K, UNIT) * UNIT
-    ROWW = tl.multiple_of(KP // EPW, 16)                  # code words per row
-    NG = KP // GROUP                                      # groups per row
-    NU = KP // UNIT                                       # scale units per row
     BN: tl.constexpr = rows.shape[0]
-    r3 = rows[:, None, None].to(tl.int64)
-    m3 = row_ok[:, None, None]
     acc_a = tl.zeros([BN, W4], tl.float32)
     acc_b = tl.zeros([BN, W4], tl.float32)
     for t in tl.range(w_lo, w_hi, WPU, num_stages=NS):
         u = t // WPU
         x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
-        wa, sa, ma, da, dma = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, r3, m3, rows, row_ok, t, u,
-                                          ROWW, NG, NU, BITS, GROUP, MIN_BITS, SB, W4)
+        wa, sa, ma, da, dma = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, u,
+                                          BITS, GROUP, MIN_BITS, SB, W4)
         isa = _lane_dots(wa, tl.zeros([BN, W4, 4], tl.int32), x0, x1, x2, x3, x4, x5, x6, x7, BITS, USE_ASM)
         acc_a = _unit_fold(acc_a, isa, sa, ma, da, dma, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4)
         if NMAT == 2:
-            wb, sb, mbb, db, dmb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, r3, m3, rows, row_ok, t, u,
-                                               ROWW, NG, NU, BITS, GROUP, MIN_BITS, SB, W4)
+            wb, sb, mbb, db, dmb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, u,
+                                               BITS, GROUP, MIN_BITS, SB, W4)
             isb = _lane_dots(wb, tl.zeros([BN, W4, 4], tl.int32), x0, x1, x2, x3, x4, x5, x6, x7, BITS, USE_ASM)
             acc_b = _unit_fold(acc_b, isb, sb, mbb, db, dmb, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4)
     return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
@@ -386,10 +387,11 @@ def gemv_rows_bf16(w_p, K, rows, row_ok, x_p, BK: tl.constexpr):
 # ----------------------------------------------------------------- the GEMM's dequantized [BK, BN] tile
 
 @triton.jit
-def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, cols, col_ok,
+def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
                  BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
                  SB: tl.constexpr, BK: tl.constexpr):
-    """W^T[k0:k0+BK, cols] = S * q - M as float32 [BK, BN] (cols [BN] output rows, col_ok their mask).
+    """W^T[k0:k0+BK, cols] = S * q - M as float32 [BK, BN] of an [N, K] matrix stored unit-major
+    (formats.py); cols [BN] are output rows, col_ok their mask.
 
     k0 is a multiple of BK, and BK divides the scale unit (super-block, or the fp16 group). Codes are
     read once as 32-bit words (codes_p: int32) and spread over their EPW codes in registers (code
@@ -397,36 +399,34 @@ def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, cols, col_ok,
     EPW: tl.constexpr = 32 // BITS
     S: tl.constexpr = 8 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    WPU: tl.constexpr = UNIT // EPW                              # code words per row and unit
+    GPU: tl.constexpr = UNIT // GROUP                            # groups per row and unit
     GT: tl.constexpr = BK // GROUP if BK > GROUP else 1          # groups in the tile
     GS: tl.constexpr = BK // GT                                  # weights of one group in the tile
     BN: tl.constexpr = cols.shape[0]
-    KP = tl.cdiv(K, UNIT) * UNIT
-    ROWW = KP // EPW
-    NG = KP // GROUP
-    c3 = cols[None, None, :].to(tl.int64)
-    ok3 = col_ok[None, None, :]
+    u = k0 // UNIT
+    kin = k0 - u * UNIT                                          # offset of the tile inside its unit
+    ru = (u * N + cols).to(tl.int64)                             # [BN]: (unit, row) record index
     gi = tl.arange(0, GT)[:, None, None]
-    wi = k0 // EPW + gi * (GS // EPW) + tl.arange(0, GS // EPW)[None, :, None]           # [GT, GS/EPW, 1]
-    words = tl.load(codes_p + c3 * ROWW + wi, mask=ok3, other=0)                        # [GT, GS/EPW, BN]
+    wi = kin // EPW + gi * (GS // EPW) + tl.arange(0, GS // EPW)[None, :, None]         # [GT, GS/EPW, 1]
+    words = tl.load(codes_p + ru[None, None, :] * WPU + wi, mask=col_ok[None, None, :], other=0)
     sh = ((tl.arange(0, S) * BITS)[:, None] + (tl.arange(0, 4) * 8)[None, :])[None, None, :, :, None]
     q = u2f((words[:, :, None, None, :] >> sh) & ((1 << BITS) - 1))                   # [GT, GS/EPW, S, 4, BN]
-    g2 = k0 // GROUP + tl.arange(0, GT)[:, None]                                        # [GT, 1]
-    c2 = cols[None, :].to(tl.int64)
+    g2 = kin // GROUP + tl.arange(0, GT)[:, None]                                       # [GT, 1] group in unit
+    r2 = ru[None, :]
     ok2 = col_ok[None, :]
     if SCALE_BITS == 16:
-        S_ = tl.load(scales_p + c2 * NG + g2, mask=ok2, other=0.0).to(tl.float32)         # [GT, BN]
-        M = tl.load(mins_p + c2 * NG + g2, mask=ok2, other=0.0).to(tl.float32)
+        S_ = tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0.0).to(tl.float32)        # [GT, BN]
+        M = tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0.0).to(tl.float32)
     else:
-        NU = KP // SB
-        u = k0 // SB
-        sc = u2f(tl.load(scales_p + c2 * NG + g2, mask=ok2, other=0).to(tl.int32))
+        sc = u2f(tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0).to(tl.int32))
         if MIN_BITS == 4:
-            mb = tl.load(mins_p + c2 * (NG // 2) + g2 // 2, mask=ok2, other=0).to(tl.int32)
+            mb = tl.load(mins_p + r2 * (GPU // 2) + g2 // 2, mask=ok2, other=0).to(tl.int32)
             mn = u2f((mb >> ((g2 & 1) * 4)) & 15)
         else:
-            mn = u2f(tl.load(mins_p + c2 * NG + g2, mask=ok2, other=0).to(tl.int32))
-        d = tl.load(d_p + cols * NU + u, mask=col_ok, other=0.0).to(tl.float32)
-        dmin = tl.load(dmin_p + cols * NU + u, mask=col_ok, other=0.0).to(tl.float32)
+            mn = u2f(tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0).to(tl.int32))
+        d = tl.load(d_p + ru, mask=col_ok, other=0.0).to(tl.float32)
+        dmin = tl.load(dmin_p + ru, mask=col_ok, other=0.0).to(tl.float32)
         S_ = d[None, :] * sc
         M = dmin[None, :] * mn
     w = S_[:, None, None, None, :] * q - M[:, None, None, None, :]

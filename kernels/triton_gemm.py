@@ -16,7 +16,7 @@ from .triton_common import INTERPRET, blob_segment, dequant_tile, mma, tl, trito
 
 
 @triton.jit
-def _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, cols, col_ok,
+def _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, K, k0, cols, col_ok,
             BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
             SB: tl.constexpr, BK: tl.constexpr):
     # W^T[k0:k0+BK, cols] as bf16 [BK, BN]; for bf16 weights codes_p is the [N, K] weight
@@ -25,7 +25,7 @@ def _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, cols, col_ok,
         return tl.load(codes_p + cols[None, :].to(tl.int64) * K + ks[:, None],
                        mask=(ks < K)[:, None] & col_ok[None, :], other=0.0)
     else:
-        return dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, cols, col_ok,
+        return dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
                             BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK).to(tl.bfloat16)
 
 
@@ -65,7 +65,7 @@ def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, s
         else:
             a = tl.load(x_p + rm[:, None].to(tl.int64) * stride_xm + ks[None, :],
                         mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)                    # [BM, BK]
-        b = _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, K, k0, rn, n_ok,
+        b = _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, K, k0, rn, n_ok,
                     BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)                                 # [BK, BN]
         acc = mma(a, b, acc, INTERP)
     tl.store(out_p + rm[:, None].to(tl.int64) * stride_om + rn[None, :], acc.to(out_p.dtype.element_ty),
@@ -75,7 +75,7 @@ def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, s
 # ------------------------------------------------------------------------------------ grouped MoE path
 
 @triton.jit
-def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok, acc,
+def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
                 CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                 MIN_BITS: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
     # acc [BM, BN] += A[a_rows, :K] @ W_mat^T[:, cols] for matrix `mat` of the expert blob at base
@@ -91,36 +91,36 @@ def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok
         ks = k0 + tl.arange(0, BK)
         a = tl.load(a_p + a_rows[:, None].to(tl.int64) * a_stride + ks[None, :],
                     mask=a_ok[:, None] & (ks < K)[None, :], other=0.0)
-        b = _b_tile(codes, scales, mins, d, dmin, K, k0, cols, col_ok, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)
+        b = _b_tile(codes, scales, mins, d, dmin, N, K, k0, cols, col_ok, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)
         acc = mma(a, b, acc, INTERP)
     return acc
 
 
 @triton.jit
-def _expert_dot_any(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok, code,
+def _expert_dot_any(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, code,
                     BM: tl.constexpr, BN: tl.constexpr, FMASK: tl.constexpr, BK: tl.constexpr,
                     INTERP: tl.constexpr):
     # dispatch on the expert's run-time format code (branches only for codes in FMASK)
     acc = tl.zeros([BM, BN], tl.float32)
     if (FMASK & 1) != 0:
         if code == 0:
-            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok, acc,
+            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
                               0, 2, 16, 8, 4, 512, BK, INTERP)
     if (FMASK & 2) != 0:
         if code == 1:
-            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok, acc,
+            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
                               1, 2, 32, 8, 8, 512, BK, INTERP)
     if (FMASK & 4) != 0:
         if code == 2:
-            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok, acc,
+            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
                               2, 1, 32, 8, 4, 512, BK, INTERP)
     if (FMASK & 8) != 0:
         if code == 3:
-            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok, acc,
+            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
                               3, 4, 128, 16, 16, 0, BK, INTERP)
     if (FMASK & 16) != 0:
         if code == 4:
-            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, K, cols, col_ok, acc,
+            acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
                               4, 16, 1, 0, 0, 0, BK, INTERP)
     return acc
 
@@ -143,8 +143,8 @@ def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, co
         base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         c_ok = cols < I
-        g = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 0, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
-        u = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 1, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
+        g = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 0, I, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
+        u = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 1, I, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
         h = g * tl.sigmoid(g) * u
         tl.store(h_p + pair[:, None].to(tl.int64) * I + cols[None, :], h.to(tl.bfloat16),
                  mask=r_ok[:, None] & c_ok[None, :])
@@ -167,7 +167,7 @@ def grouped_down(h_p, wts_p, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, 
         base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         c_ok = cols < H
-        y = _expert_dot_any(h_p, I, pair, r_ok, base, table_p, 2, I, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
+        y = _expert_dot_any(h_p, I, pair, r_ok, base, table_p, 2, H, I, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
         wt = tl.load(wts_p + pair, mask=r_ok, other=0.0).to(tl.float32)
         tl.store(y_p + pair[:, None].to(tl.int64) * H + cols[None, :], y * wt[:, None],
                  mask=r_ok[:, None] & c_ok[None, :])

@@ -41,6 +41,6 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
         w_lo = sp * WSPLIT
         w_hi = tl.minimum(w_lo + WSPLIT, KP // EPW)
         acc, _unused = gemv_rows(codes_p, scales_p, mins_p, d_p, dmin_p, codes_p, scales_p, mins_p, d_p, dmin_p,
-                                 K, rows, ok, xq_p + m * (KP // 4), xdx_p + m * (KP // 32), xsum_p + m * (3 * KP // 32),
+                                 N, rows, ok, xq_p + m * (KP // 4), xdx_p + m * (KP // 32), xsum_p + m * (3 * KP // 32),
                                  KP, w_lo, w_hi, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 1, NS, USE_ASM)
     tl.store(out_p + (sp * M + m) * stride_om + rows, acc.to(out_p.dtype.element_ty), mask=ok)

@@ -37,11 +37,11 @@ KERNEL_FORMATS = {
 
 
 @triton.jit
-def _matrix_rows(base, table_p, mat_a, mat_b, K, rows, ok, xq_p, xdx_p, xsum_p, XP,
+def _matrix_rows(base, table_p, mat_a, mat_b, N, K, rows, ok, xq_p, xdx_p, xsum_p, XP,
                  CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                  MIN_BITS: tl.constexpr, SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
                  USE_ASM: tl.constexpr):
-    # matrices mat_a (and mat_b if NMAT=2) of an expert blob against packed activations: (f32 [BN], f32 [BN])
+    # [N, K] matrices mat_a (and mat_b if NMAT=2) of an expert blob against the int8 grid: (f32 [BN], f32 [BN])
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     KP = tl.cdiv(K, UNIT) * UNIT
@@ -55,7 +55,7 @@ def _matrix_rows(base, table_p, mat_a, mat_b, K, rows, ok, xq_p, xdx_p, xsum_p, 
                      blob_segment(base, table_p, CODE, mat_b, 2, MIN_BITS),
                      blob_segment(base, table_p, CODE, mat_b, 3, 16),
                      blob_segment(base, table_p, CODE, mat_b, 4, 16),
-                     K, rows, ok, xq_p, xdx_p, xsum_p, XP, 0, KP // EPW,
+                     N, rows, ok, xq_p, xdx_p, xsum_p, XP, 0, KP // EPW,
                      BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, USE_ASM)
 
 
@@ -67,7 +67,7 @@ def _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq_p, xdx_p, xsum_p, hq_p
     BN: tl.constexpr = rows.shape[0]
     HP = tl.cdiv(H, 512) * 512
     if n0 < I:
-        g, u = _matrix_rows(base, table_p, 0, 1, H, rows, ok, xq_p, xdx_p, xsum_p, HP,
+        g, u = _matrix_rows(base, table_p, 0, 1, I, H, rows, ok, xq_p, xdx_p, xsum_p, HP,
                             CODE, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 2, NS, USE_ASM)
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
     else:
@@ -162,19 +162,19 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     part = tl.zeros([BN], tl.float32)
     if (FMASK & 1) != 0:
         if code == 0:
-            part, _u0 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP,
+            part, _u0 = _matrix_rows(base, table_p, 2, 2, H, I, rows, ok, hq, hdx, hsum, IP,
                                      0, 2, 16, 8, 4, 512, 1, NS, USE_ASM)
     if (FMASK & 2) != 0:
         if code == 1:
-            part, _u1 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP,
+            part, _u1 = _matrix_rows(base, table_p, 2, 2, H, I, rows, ok, hq, hdx, hsum, IP,
                                      1, 2, 32, 8, 8, 512, 1, NS, USE_ASM)
     if (FMASK & 4) != 0:
         if code == 2:
-            part, _u2 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP,
+            part, _u2 = _matrix_rows(base, table_p, 2, 2, H, I, rows, ok, hq, hdx, hsum, IP,
                                      2, 1, 32, 8, 4, 512, 1, NS, USE_ASM)
     if (FMASK & 8) != 0:
         if code == 3:
-            part, _u3 = _matrix_rows(base, table_p, 2, 2, I, rows, ok, hq, hdx, hsum, IP,
+            part, _u3 = _matrix_rows(base, table_p, 2, 2, H, I, rows, ok, hq, hdx, hsum, IP,
                                      3, 4, 128, 16, 16, 0, 1, NS, USE_ASM)
     if (FMASK & 16) != 0:
         if code == 4:

@@ -101,7 +101,7 @@ def test_importance_spends_precision_where_activations_are_large():
 def test_group_params_reproduce_dequantize():
     p = quantize(torch.randn(16, 1024), "q2_g16_s8m4")
     S, M = group_params(p)
-    q = unpack_bits(p.codes, 2).float().view(16, -1, 16)
+    q = unpack_bits(p.rows("codes"), 2).float().view(16, -1, 16)
     assert torch.allclose((S.unsqueeze(-1) * q - M.unsqueeze(-1)).reshape(16, -1), dequantize(p))
 
 
