@@ -27,11 +27,11 @@ DEFAULTS: dict[str, dict] = {
 
 # Winners of the sweep, per GPU name (see KERNELS.md for the run they came from).
 TUNED: dict[str, dict[str, dict]] = {
-    # benchmarks/results/kernels-20261129T131716Z.json (K-major kernels): at both Kimi shapes, gate/up is
-    # fastest with 32-row tiles, 4 warps and no cp.async staging (75.7 us at K3.1-pro; 72 registers a
-    # thread, 37% occupancy by ncu), down with 64-row tiles, 4 warps, no staging (34.5 us)
-    "nvidia h200": {"moe": {"BN1": 32, "warps1": 4, "NS1": 1, "BN2": 64, "warps2": 4, "NS2": 1},
-                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1}},
+    # benchmarks/results/kernels-20261129T132833Z.json (K-major kernels, unit-major storage): gate/up and
+    # down both fastest with 64-row tiles, 4 warps and no cp.async staging at kimi-k3.1-pro's shape (54.6 +
+    # 27.8 us); at Kimi-K2's, 8 warps won gate/up by 6%. GEMV: 64 rows, 4 warps, no staging.
+    "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "BN2": 64, "warps2": 4, "NS2": 1},
+                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "THREADS": 131072}},
 }
 
 def _device_key(device) -> str | None:
