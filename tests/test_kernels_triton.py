@@ -14,7 +14,8 @@ Tolerances (relative Frobenius norm of the difference):
 - tensor-core GEMM vs the exact reference: 2e-2: x and the dequantized weights are rounded to bf16.
 - MoE decode, each launch on its own (`ops.moe_gate_up`, `ops.moe_down`) against the reference on the
   kernel's own int8 grids: h within half a grid step (+ float32 noise); the output to 1e-4 (float32).
-- MoE decode end to end vs `reference.moe(q8=True)`: 3e-2: the reference draws its own grid for h, and
+- MoE decode end to end vs `reference.moe(q8=True)`: 3e-2 (single formats: or 1.5x the draw's own grid
+  error vs the exact MoE, which reaches 5.5% for q4 at 96 x 160): the reference draws its own grid for h, and
   at these small sizes one rounding step of one large h moves the output by up to ~1.5%; vs the exact
   MoE 6e-2 (two int8 grids).
 - MoE prefill (grouped GEMMs) vs the exact MoE: 3e-2 (bf16 operands, h stored as bf16).
@@ -164,7 +165,12 @@ def test_fused_moe_single_format(fmt):
     ids, wts = route(2, 4, 2)
     out = fused_moe(x, ids, wts, arena, offsets, fmt, hidden, inter, out=nan_like((2, hidden), torch.bfloat16),
                     backend="triton")
-    assert rel(out, R.moe(x, ids, wts, arena, offsets, fmt, hidden, inter, q8=True)) < 3e-2
+    ref_q8 = R.moe(x, ids, wts, arena, offsets, fmt, hidden, inter, q8=True)
+    # kernel and reference share x's int8 grid but each rounds its own h to a grid: at these tiny shapes
+    # that grid alone moves the output by 1.7-5.5% from the exact MoE (q4 worst; 40 draws on CPU), so the
+    # bound is the larger of 3e-2 and 1.5x this draw's own grid error (a wrong scale term is far above)
+    grid_err = rel(ref_q8, R.moe(x, ids, wts, arena, offsets, fmt, hidden, inter))
+    assert rel(out, ref_q8) < max(3e-2, 1.5 * grid_err)
 
 
 @pytest.mark.parametrize("m", [1, 3])
