@@ -75,10 +75,43 @@ def kernels(arch: int = 90, quick: bool = False):
     return out
 
 
+def sass_loop(k) -> tuple[int, int] | None:
+    """(instructions, IDP instructions) in the longest loop of a compiled kernel's SASS (the K loop of
+    the decode kernels), from the cuobjdump bundled with Triton; None where it is not available."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([str(tool), "--dump-sass", f.name], capture_output=True, text=True).stdout
+    ins = [ln.split("*/", 1)[1].split(";")[0].strip() for ln in sass.splitlines()
+           if ln.strip().startswith("/*") and "*/" in ln]
+    ins = [i for i in ins if i]
+    best = None
+    for end, i in enumerate(ins):            # SASS instructions are 16 bytes: a target's index is addr / 16
+        m = re.search(r"BRA (?:`\(.*\) )?0x([0-9a-f]+)", i)
+        if m and int(m.group(1), 16) // 16 < end:
+            span = (int(m.group(1), 16) // 16, end)
+            best = span if best is None or span[1] - span[0] > best[1] - best[0] else best
+    if best is None:
+        return None
+    body = ins[best[0]:best[1] + 1]
+    return len(body), sum(1 for i in body if "IDP" in i)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
     ap.add_argument("--quick", action="store_true", help="one format of the single-format kernels")
+    ap.add_argument("--sass", action="store_true",
+                    help="also count the SASS instructions (and DP4As) of each kernel's longest loop")
     a = ap.parse_args(argv)
     if INTERPRET:
         print("kernels are interpreted here: set STRATA_TRITON_COMPILE_ONLY=1 (and not TRITON_INTERPRET)")
@@ -86,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     t = time.time()
     for name, k in kernels(a.arch, a.quick):
         md = k.metadata
+        loop = sass_loop(k) if a.sass else None
         print(f"{name:28s} shared {md.shared:6d} B  dp4a {k.asm['ptx'].count('dp4a'):4d}  "
-              f"wgmma {k.asm['ptx'].count('wgmma.mma_async'):3d}  cp.async {k.asm['ptx'].count('cp.async'):4d}")
+              f"wgmma {k.asm['ptx'].count('wgmma.mma_async'):3d}  cp.async {k.asm['ptx'].count('cp.async'):4d}"
+              + (f"  loop: {loop[0]} SASS, {loop[1]} IDP" if loop else ""))
     print(f"all kernels compiled for sm_{a.arch} in {time.time() - t:.1f}s")
     return 0
 
