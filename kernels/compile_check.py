@@ -49,7 +49,7 @@ def kernels(arch: int = 90, quick: bool = False):
         consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")}
         out.append((f"gemv code={code}", _compile(triton_gemv.gemv_kernel, sig, dict(
             consts, BN=64, BK16=128, SPLIT=2, NS=4, USE_ASM=True), arch, num_warps=2)))
-        gsig = {**sig, "codes_p": P["u8"] if packed else P["bf16"]}
+        gsig = {**sig, "codes_p": P["i32"] if packed else P["bf16"]}     # the GEMM reads codes as words too
         for k in ("xq_p", "xdx_p", "xsum_p", "WSPLIT"):
             gsig.pop(k)
         out.append((f"gemm code={code}", _compile(triton_gemm.gemm_kernel, gsig, dict(
