@@ -3,7 +3,7 @@
     ncu --clock-control none --section SpeedOfLight --section Occupancy ... \
         -k regex:"gate_up_kernel|down_kernel" python3 benchmarks/ncu_moe.py '{"BN1": 128}' [hidden inter]
 
-The JSON argument overrides `kernels/tuned.py: DEFAULTS["moe"]`. ncu flushes the caches before each
+The JSON argument overrides the launch config this GPU gets (`kernels/tuned.py: config_for`). ncu flushes the caches before each
 profiled launch, so one layer's weights are enough (no rotation needed as in bench_kernels.py)."""
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import torch
 from strata_plan.kernels import bench as B
 from strata_plan.kernels import ops
 from strata_plan.kernels.formats import tier_mix
-from strata_plan.kernels.tuned import DEFAULTS
+from strata_plan.kernels.tuned import config_for
 
 
 def main() -> None:
-    cfg = {**DEFAULTS["moe"], **(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})}
+    cfg = {**config_for("moe", "mix", 1, 0, 0, "cuda"), **(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})}
     hidden, inter = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (7168, 3584)
     dev = torch.device("cuda")
     names = [f for f, c in zip(tier_mix().formats, tier_mix().counts(8)) for _ in range(c)]

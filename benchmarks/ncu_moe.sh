@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute on the two decode MoE launches, one report per config (JSON overrides of DEFAULTS["moe"]):
+# Nsight Compute on the two decode MoE launches, one report per config (JSON overrides of the tuned config):
 #   OUT=dir bash benchmarks/ncu_moe.sh '{"BN1": 32, "warps1": 4}' ['{...}' ...]
 source benchmarks/device_setup.sh
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tc} PYTHONUNBUFFERED=1
