@@ -30,7 +30,7 @@ from strata_plan.kernels import formats as F
 from strata_plan.yamlio import atomic_write_bytes, atomic_write_text
 
 INDEX_FORMAT = "strata-plan/packed-experts"
-INDEX_VERSION = 1
+INDEX_VERSION = 2        # 2: codes lane-major in 32-bit words and every tensor unit-major (FORMATS.md)
 PER_EXPERT = {"mlp.experts": ("gate_proj", "up_proj", "down_proj"),
               "block_sparse_moe.experts": ("w1", "w3", "w2")}
 

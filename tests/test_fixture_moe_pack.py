@@ -145,3 +145,13 @@ def test_plan_for_another_model_is_refused(planned, tmp_path, capsys):
     plan, _ = planned
     assert cli_main(["pack", str(other), "--out", str(tmp_path / "o"), "--plan", str(plan)]) == 2
     assert "n_experts" in capsys.readouterr().err
+
+
+def test_index_of_the_old_blob_layout_is_refused(tmp_path):
+    # version 1 blobs (byte-ordered codes, row-major tensors) would decode to garbage: refuse, say how to fix
+    from strata_plan.errors import UserError
+    (tmp_path / "index.json").write_text(json.dumps({"format": "strata-plan/packed-experts", "version": 1,
+                                                     "entries": []}))
+    with pytest.raises(UserError) as e:
+        load_index(tmp_path)
+    assert "pack again" in str(e.value) and "v1" in str(e.value)
