@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from .formats import FORMATS, get_format
+from .formats import FORMATS
 from .quantizer import PackedMatrix, dequantize, group_params, unpack_bits, unpack_expert
 
 XBLOCK = 32          # activations share one int8 scale per 32 inputs
@@ -48,11 +48,6 @@ def relative_output_error(w: torch.Tensor, w_hat: torch.Tensor, x: torch.Tensor)
 
 
 # ---------------------------------------------------------------------------- the decode kernels' grid
-
-def words_per_code_block(fmt: str) -> int:
-    """Codes per 32-bit word of a packed row: 16 (2-bit), 32 (1-bit), 8 (4-bit)."""
-    return 32 // get_format(fmt).bits
-
 
 def quantize_activations(x: torch.Tensor, kp: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] to int8 values and float32 scales, one scale per 32 inputs: x ~ x8 * dx.

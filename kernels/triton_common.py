@@ -51,10 +51,8 @@ if INTERPRET:
     _interp.interpreter_builder.options = _interp.InterpreterOptions(sanitize_overflow=False)
 
 USE_ASM = not INTERPRET          # DP4A through inline PTX on the GPU, emulated in the interpreter
-XBLOCK = 32                      # activations: one int8 scale per 32 inputs
 FORMAT_CODES = tuple(FORMATS)    # run-time format code = index in this tuple (bf16 is the last)
 BF16_CODE = FORMAT_CODES.index("bf16")
-SEGS = ("codes", "scales", "mins", "d", "dmin")
 
 
 def format_constants(code: int) -> dict:
@@ -67,8 +65,8 @@ def format_constants(code: int) -> dict:
 
 
 def tile_words_limit(code: int) -> int:
-    """Largest K tile (in 32-bit code words) of the decode kernels: one scale unit, so a tile never
-    straddles two super-blocks (or two fp16 groups), and its d / dmin (S / M) are one value per row."""
+    """The decode kernels' K step in 32-bit code words: one scale unit (a super-block, or an fp16
+    group), so a step's d / dmin (S / M) are one value per row; K splits are whole steps."""
     f = FORMATS[FORMAT_CODES[code]]
     epw = 32 // f.bits
     return (f.superblock or f.group) // epw
