@@ -43,15 +43,16 @@ TOPK = 8
 GB = 1e9
 
 # sweep candidates: gate/up and down are timed as separate launches, so each is tuned on its own
-# (rows per program, warps, pipeline stages; 1 = no cp.async staging). A warp covers 4 rows of a 2-bit K
-# step and 8 of a 1-bit one; few rows per thread keep registers low and occupancy high (ncu_moe.sh)
-GATE_UP_SWEEP = [dict(BN1=bn, warps1=w, NS1=ns) for bn, w, ns in
-                 ((32, 4, 1), (32, 4, 2), (32, 2, 1), (64, 4, 1), (64, 8, 1), (64, 8, 2), (128, 8, 1), (64, 4, 2))]
-DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=ns) for bn, w, ns in
-              ((32, 4, 1), (32, 2, 1), (64, 4, 1), (64, 8, 1), (128, 8, 1), (64, 4, 2), (32, 4, 2), (128, 4, 1))]
-GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=ns) for bn, w, th, ns in
-              ((64, 4, 65536, 1), (32, 4, 65536, 1), (64, 4, 131072, 1), (32, 2, 131072, 1), (64, 4, 65536, 2),
-               (128, 8, 131072, 1))]
+# (rows per program, warps, pipeline stages: 1 = no cp.async staging; PF: register prefetch of the next
+# K step). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep
+# registers low and occupancy high (ncu_moe.sh)
+GATE_UP_SWEEP = [dict(BN1=bn, warps1=w, NS1=1, PF1=pf) for bn, w, pf in
+                 ((32, 4, 0), (32, 4, 1), (64, 4, 0), (64, 4, 1), (64, 8, 1), (32, 2, 1), (128, 8, 1), (64, 8, 0))]
+DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=1, PF2=pf) for bn, w, pf in
+              ((32, 4, 0), (32, 4, 1), (64, 4, 0), (64, 4, 1), (64, 8, 1), (32, 2, 1), (128, 8, 1), (128, 4, 1))]
+GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf) for bn, w, th, pf in
+              ((64, 4, 131072, 0), (64, 4, 131072, 1), (32, 4, 65536, 1), (64, 4, 65536, 1), (32, 2, 131072, 1),
+               (128, 8, 131072, 1), (32, 4, 131072, 1))]
 GEMM_SWEEP = [dict(BM=128, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s)
               for bn, bk, w, s in ((128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (256, 128, 8, 2))]
 

@@ -44,26 +44,28 @@ def kernels(arch: int = 90, quick: bool = False):
         sig = {"x_p": P["bf16"], "stride_xm": "i32", "codes_p": P["i32"] if packed else P["bf16"],
                "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
                "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
-               "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"], "out_p": P["bf16"], "stride_om": "i32",
+               "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"], "part_p": P["f32"], "cnt_p": P["i32"],
+               "out_p": P["bf16"], "stride_om": "i32",
                "M": "i32", "N": "i32", "K": "i32", "WSPLIT": "i32"}
         consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")}
         out.append((f"gemv code={code}", _compile(triton_gemv.gemv_kernel, sig, dict(
-            consts, BN=64, BK16=128, SPLIT=2, NS=4, USE_ASM=True), arch, num_warps=2)))
+            consts, BN=64, BK16=128, SPLIT=2, NS=1, PF=1, CHUNK=512, USE_ASM=True), arch, num_warps=4)))
         gsig = {**sig, "codes_p": P["i32"] if packed else P["bf16"]}     # the GEMM reads codes as words too
-        for k in ("xq_p", "xdx_p", "xsum_p", "WSPLIT"):
+        for k in ("xq_p", "xdx_p", "xsum_p", "part_p", "cnt_p", "WSPLIT"):
             gsig.pop(k)
         out.append((f"gemm code={code}", _compile(triton_gemm.gemm_kernel, gsig, dict(
             consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False), arch, num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    out.append(("moe gate_up all formats", _compile(triton_moe.gate_up_kernel, {
-        "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
-        "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "H": "i32", "I": "i32"},
-        dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, BK16=128, CHUNK=1024, NS=4, USE_ASM=True), arch, 2)))
-    out.append(("moe down all formats", _compile(triton_moe.down_kernel, {
-        "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
-        "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
-        "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "H": "i32", "I": "i32"},
-        dict(TOPK=8, FMASK=31, BN=64, BK16=128, NS=4, USE_ASM=True), arch, 2)))
+    for pf in (0, 1):               # PF: register prefetch of the next K step (triton_common.gemv_rows)
+        out.append((f"moe gate_up all formats PF={pf}", _compile(triton_moe.gate_up_kernel, {
+            "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
+            "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "H": "i32", "I": "i32"},
+            dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, BK16=128, CHUNK=1024, NS=1, PF=pf, USE_ASM=True), arch, 4)))
+        out.append((f"moe down all formats PF={pf}", _compile(triton_moe.down_kernel, {
+            "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
+            "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
+            "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "H": "i32", "I": "i32"},
+            dict(TOPK=8, FMASK=31, BN=64, BK16=128, NS=1, PF=pf, USE_ASM=True), arch, 4)))
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     out.append(("moe grouped gate_up", _compile(triton_gemm.grouped_gate_up, {

@@ -119,10 +119,11 @@ def _matrix_args(p: PackedMatrix) -> list[torch.Tensor]:
 
 def pack_activations(x: torch.Tensor, kp: int, cfg: dict | None = None):
     """Phase A of the decode GEMV: x [M, K] on the int8 grid over kp >= K inputs (zeros past K), the same
-    for every code width. Returns xq int32 [M, kp/4] (the int8 values, four a word), xdx f32 [M, kp/32],
+    for every code width. Returns xq int32 [M, kp] (the int8 values four a word, in the four lane orders
+    of `triton_common.quantize_store`: the plain order first), xdx f32 [M, kp/32],
     xsum f32 [M, 3*kp/32] (the exact sums of x per 16 inputs, then per 32)."""
     m, k = x.shape
-    xq = scratch(m, kp // 4, dtype=torch.int32, device=x.device)
+    xq = scratch(m, kp, dtype=torch.int32, device=x.device)
     xdx = scratch(m, kp // 32, dtype=torch.float32, device=x.device)
     xsum = scratch(m, 3 * kp // 32, dtype=torch.float32, device=x.device)
     triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, CHUNK=_chunk(cfg or {}, kp),
@@ -137,30 +138,36 @@ def _gemv_split(n: int, row_words: int, bkw: int, cfg: dict) -> int:
 
 
 def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
+    """One launch: every program quantizes its K slice of x, runs phase B, and with a K split the last
+    program of each row tile adds the parts (`triton_gemv.gemv_kernel`)."""
     m, k = x.shape
     code = FORMAT_CODES.index(p.fmt)
     c = format_constants(code)
     common = dict(BITS=c["BITS"], GROUP=c["GROUP"], SCALE_BITS=c["SCALE_BITS"], MIN_BITS=c["MIN_BITS"],
-                  SB=c["SB"], BN=cfg["BN"], USE_ASM=USE_ASM, num_warps=cfg["num_warps"])
+                  SB=c["SB"], BN=cfg["BN"], BK16=cfg["BK16"], USE_ASM=USE_ASM, num_warps=cfg["num_warps"])
+    nt = _cdiv(p.n, cfg["BN"])
     if c["BITS"] == 16:
         d = _dummy(x.device)
-        triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * m,)](
-            x, x.stride(0), *_matrix_args(p), d, d, d, out, out.stride(0), m, p.n, k, 0,
-            BK16=cfg["BK16"], SPLIT=1, NS=1, **common)
+        triton_gemv.gemv_kernel[(nt * m,)](
+            x, x.stride(0), *_matrix_args(p), d, d, d, d, d, out, out.stride(0), m, p.n, k, 0,
+            SPLIT=1, NS=1, PF=0, CHUNK=32, **common)
         return
     bkw = tile_words_limit(code)                     # a K step is one scale unit
     kp, epw = p.kp, 32 // c["BITS"]
-    xq, xdx, xsum = pack_activations(x, kp, cfg)
     row_words = kp // epw
     split = _gemv_split(p.n, row_words, bkw, cfg)
     wsplit = _cdiv(row_words // bkw, split) * bkw
     split = _cdiv(row_words, wsplit)
-    dst = out if split == 1 else scratch(split, m, p.n, dtype=torch.float32, device=x.device)
-    triton_gemv.gemv_kernel[(_cdiv(p.n, cfg["BN"]) * split * m,)](
-        x, x.stride(0), *_matrix_args(p), xq, xdx, xsum, dst, dst.stride(-2), m, p.n, k, wsplit,
-        BK16=cfg["BK16"], SPLIT=split, NS=cfg.get("NS", 4), **common)
-    if split > 1:
-        torch.sum(dst, dim=0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
+    dev = x.device
+    xq = scratch(m, kp, dtype=torch.int32, device=dev)
+    xdx = scratch(m, kp // 32, dtype=torch.float32, device=dev)
+    xsum = scratch(m, 3 * kp // 32, dtype=torch.float32, device=dev)
+    part = scratch(split, m, nt * cfg["BN"], dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
+    cnt = _counters(m * nt, dev) if split > 1 else _dummy(dev)
+    triton_gemv.gemv_kernel[(nt * split * m,)](
+        x, x.stride(0), *_matrix_args(p), xq, xdx, xsum, part, cnt, out, out.stride(0), m, p.n, k, wsplit,
+        SPLIT=split, NS=cfg.get("NS", 4), PF=cfg.get("PF", 0), CHUNK=min(_chunk(cfg, kp), (wsplit * epw) & -(wsplit * epw)),
+        **common)
 
 
 def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
@@ -313,9 +320,10 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
 @dataclass(frozen=True, eq=False)
 class MoEScratch:
     """What the gate/up launch leaves for the down launch (and for tests): the token activations on the
-    int8 grid (xq int8 [M, HP] held as int32 [M, HP/4], xdx [M, HP/32], xsum [M, 3*HP/32]: `pack_activations`)
+    int8 grid (xq int32 [M, HP]: the int8 values four a word in the four lane orders, xdx [M, HP/32], xsum
+    [M, 3*HP/32]: `pack_activations`)
     and each (token, expert) pair's h = silu(g) * u on the same kind of grid for its expert's down matrix
-    (hq [P, IP/4], hdx [P, IP/32], hsum [P, 3*IP/32]; hf [P, IP] float32 for bf16 experts). HP, IP: hidden
+    (hq [P, IP], hdx [P, IP/32], hsum [P, 3*IP/32]; hf [P, IP] float32 for bf16 experts). HP, IP: hidden
     and intermediate padded to 512."""
 
     xq: torch.Tensor
@@ -333,10 +341,10 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     dev = x.device
     hp, ip = _cdiv(hidden, 512) * 512, _cdiv(inter, 512) * 512      # padded to every scale unit
     p = m * topk
-    sc = MoEScratch(xq=scratch(m, hp // 4, dtype=torch.int32, device=dev),
+    sc = MoEScratch(xq=scratch(m, hp, dtype=torch.int32, device=dev),
                     xdx=scratch(m, hp // 32, dtype=torch.float32, device=dev),
                     xsum=scratch(m, 3 * hp // 32, dtype=torch.float32, device=dev),
-                    hq=scratch(p, ip // 4, dtype=torch.int32, device=dev),
+                    hq=scratch(p, ip, dtype=torch.int32, device=dev),
                     hdx=scratch(p, ip // 32, dtype=torch.float32, device=dev),
                     hsum=scratch(p, 3 * ip // 32, dtype=torch.float32, device=dev),
                     hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev))
@@ -346,7 +354,7 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, hidden, inter,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, BK16=cfg["BK16"],
-        CHUNK=_chunk(cfg, hp), NS=cfg.get("NS1", 4), USE_ASM=USE_ASM, num_warps=cfg["warps1"])
+        CHUNK=_chunk(cfg, hp), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0), USE_ASM=USE_ASM, num_warps=cfg["warps1"])
     return sc
 
 
@@ -360,7 +368,7 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
     triton_moe.down_kernel[(nt, m, topk)](
         ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
         part, _counters(m * nt, dev), out, out.stride(0), hidden, inter, TOPK=topk, FMASK=fm.mask, BN=cfg["BN2"],
-        BK16=cfg["BK16"], NS=cfg.get("NS2", 4), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
+        BK16=cfg["BK16"], NS=cfg.get("NS2", 4), PF=cfg.get("PF2", 0), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
 
 
 def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:

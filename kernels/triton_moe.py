@@ -15,7 +15,7 @@ offset of each matrix's segments (codes, scales, mins, d, dmin) inside a blob.
       part[m, j, rows] = w[m, j] * W_down[e_j][rows, :] @ h[m, j]; the last program of each (m, rows)
       to finish (an atomic counter) sums the TOPK parts in a fixed order and writes out[m, rows] once
 
-Scratch: xq int8 [M, HP] (held as int32 [M, HP/4]), xdx f32 [M, HP/32], xsum f32 [M, 3*HP/32] (sums per
+Scratch: xq int32 [M, 4, HP/4] (the int8 grid four values a word, in the four lane orders), xdx f32 [M, HP/32], xsum f32 [M, 3*HP/32] (sums per
 16 inputs, then per 32: `triton_common.quantize_store`); hq, hdx, hsum the same for h over IP, one row
 per pair; hf f32 [P, IP]; P = M * TOPK,
 HP = cdiv(H, 512) * 512, IP = cdiv(I, 512) * 512: padded to every format's scale unit and written in
@@ -40,7 +40,7 @@ KERNEL_FORMATS = {
 def _matrix_rows(base, table_p, mat_a, mat_b, N, K, rows, ok, xq_p, xdx_p, xsum_p, XP,
                  CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                  MIN_BITS: tl.constexpr, SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
-                 USE_ASM: tl.constexpr):
+                 PF: tl.constexpr, USE_ASM: tl.constexpr):
     # [N, K] matrices mat_a (and mat_b if NMAT=2) of an expert blob against the int8 grid: (f32 [BN], f32 [BN])
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
@@ -56,23 +56,24 @@ def _matrix_rows(base, table_p, mat_a, mat_b, N, K, rows, ok, xq_p, xdx_p, xsum_
                      blob_segment(base, table_p, CODE, mat_b, 3, 16),
                      blob_segment(base, table_p, CODE, mat_b, 4, 16),
                      N, rows, ok, xq_p, xdx_p, xsum_p, XP, 0, KP // EPW,
-                     BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, USE_ASM)
+                     BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, PF, USE_ASM)
 
 
 @triton.jit
 def _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, IP,
                     CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
-                    MIN_BITS: tl.constexpr, SB: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr):
+                    MIN_BITS: tl.constexpr, SB: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr,
+                    USE_ASM: tl.constexpr):
     # gate and up rows n0..n0+BN of one packed expert (one pass over K), SiLU-gated, on the int8 grid for down
     BN: tl.constexpr = rows.shape[0]
     HP = tl.cdiv(H, 512) * 512
     if n0 < I:
         g, u = _matrix_rows(base, table_p, 0, 1, I, H, rows, ok, xq_p, xdx_p, xsum_p, HP,
-                            CODE, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 2, NS, USE_ASM)
+                            CODE, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 2, NS, PF, USE_ASM)
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
     else:
         h = tl.zeros([BN], tl.float32)                                                # padding past I
-    quantize_store(tl.reshape(h, [BN // 32, 32]), n0, IP, hq_p.to(tl.pointer_type(tl.int8)), hdx_p, hsum_p)
+    quantize_store(tl.reshape(h, [BN // 32, 32]), n0, IP, hq_p, hdx_p, hsum_p)
 
 
 @triton.jit
@@ -86,7 +87,7 @@ def _gate_up_bf16(base, table_p, H, rows, ok, x_row_p, hf_p, BK: tl.constexpr):
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
                    xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, H, I,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
-                   BK16: tl.constexpr, CHUNK: tl.constexpr, NS: tl.constexpr,
+                   BK16: tl.constexpr, CHUNK: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr,
                    USE_ASM: tl.constexpr):
     nt = tl.program_id(0)
     m = tl.program_id(1)
@@ -94,12 +95,12 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     x_row = x_p + m * stride_xm
-    xq = xq_p + m * (HP // 4)
+    xq = xq_p + m * HP
     xdx = xdx_p + m * (HP // 32)
     xsum = xsum_p + m * (3 * HP // 32)
     # phase A: x[m] on the int8 grid (every program computes the same values: programs run in any order)
     if (FMASK & 15) != 0:
-        quantize_x_row(x_row, H, HP, xq, xdx, xsum, CHUNK)
+        quantize_x_row(x_row, H, HP, 0, HP, xq, xdx, xsum, CHUNK)
     tl.debug_barrier()          # phase A's stores are read by every thread of the program below
     n0 = nt * BN
     rows = n0 + tl.arange(0, BN)
@@ -111,25 +112,25 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
             e = tl.load(ids_p + p)
             code = tl.load(codes_p + e)
             base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
-            hq = hq_p + p * (IP // 4)
+            hq = hq_p + p * IP
             hdx = hdx_p + p * (IP // 32)
             hsum = hsum_p + p * (3 * IP // 32)
             if (FMASK & 1) != 0:
                 if code == 0:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
-                                    0, 2, 16, 8, 4, 512, NS, USE_ASM)
+                                    0, 2, 16, 8, 4, 512, NS, PF, USE_ASM)
             if (FMASK & 2) != 0:
                 if code == 1:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
-                                    1, 2, 32, 8, 8, 512, NS, USE_ASM)
+                                    1, 2, 32, 8, 8, 512, NS, PF, USE_ASM)
             if (FMASK & 4) != 0:
                 if code == 2:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
-                                    2, 1, 32, 8, 4, 512, NS, USE_ASM)
+                                    2, 1, 32, 8, 4, 512, NS, PF, USE_ASM)
             if (FMASK & 8) != 0:
                 if code == 3:
                     _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq, xdx, xsum, hq, hdx, hsum, IP,
-                                    3, 4, 128, 16, 16, 0, NS, USE_ASM)
+                                    3, 4, 128, 16, 16, 0, NS, PF, USE_ASM)
             if (FMASK & 16) != 0:
                 if code == 4:
                     _gate_up_bf16(base, table_p, H, rows, ok, x_row, hf_p + p * IP, BK16)
@@ -139,7 +140,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
 def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hsum_p, hf_p,
                 part_p, cnt_p, out_p, stride_om, H, I,
                 TOPK: tl.constexpr, FMASK: tl.constexpr, BN: tl.constexpr, BK16: tl.constexpr,
-                NS: tl.constexpr, USE_ASM: tl.constexpr):
+                NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
     # program (row tile nt, token m, expert slot j): part[m, j, rows] = w[m, j] * W_down[e] @ h[m, j].
     # The last of the TOPK programs of (m, nt) to finish (counter cnt[m, nt]) adds the TOPK parts in
     # order j = 0 .. TOPK-1 (deterministic), writes out[m, rows] and resets the counter for the next call.
@@ -156,26 +157,26 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     code = tl.load(codes_p + e)
     wt = tl.load(wts_p + p).to(tl.float32)
     base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
-    hq = hq_p + p * (IP // 4)
+    hq = hq_p + p * IP
     hdx = hdx_p + p * (IP // 32)
     hsum = hsum_p + p * (3 * IP // 32)
     part = tl.zeros([BN], tl.float32)
     if (FMASK & 1) != 0:
         if code == 0:
             part, _u0 = _matrix_rows(base, table_p, 2, 2, H, I, rows, ok, hq, hdx, hsum, IP,
-                                     0, 2, 16, 8, 4, 512, 1, NS, USE_ASM)
+                                     0, 2, 16, 8, 4, 512, 1, NS, PF, USE_ASM)
     if (FMASK & 2) != 0:
         if code == 1:
             part, _u1 = _matrix_rows(base, table_p, 2, 2, H, I, rows, ok, hq, hdx, hsum, IP,
-                                     1, 2, 32, 8, 8, 512, 1, NS, USE_ASM)
+                                     1, 2, 32, 8, 8, 512, 1, NS, PF, USE_ASM)
     if (FMASK & 4) != 0:
         if code == 2:
             part, _u2 = _matrix_rows(base, table_p, 2, 2, H, I, rows, ok, hq, hdx, hsum, IP,
-                                     2, 1, 32, 8, 4, 512, 1, NS, USE_ASM)
+                                     2, 1, 32, 8, 4, 512, 1, NS, PF, USE_ASM)
     if (FMASK & 8) != 0:
         if code == 3:
             part, _u3 = _matrix_rows(base, table_p, 2, 2, H, I, rows, ok, hq, hdx, hsum, IP,
-                                     3, 4, 128, 16, 16, 0, 1, NS, USE_ASM)
+                                     3, 4, 128, 16, 16, 0, 1, NS, PF, USE_ASM)
     if (FMASK & 16) != 0:
         if code == 4:
             part = gemv_rows_bf16(blob_segment(base, table_p, 4, 2, 0, 17), I, rows, ok, hf_p + p * IP, BK16)

@@ -89,13 +89,26 @@ def test_gemv_is_the_int8_grid_arithmetic_exactly(fmt):
     assert rel(out, R.linear_q8(x, p, grid=(x8, xdx))) < 3e-5
 
 
-def test_gemv_split_k_and_one_split_agree():
+@pytest.mark.parametrize("pf", [0, 1])
+def test_gemv_split_k_and_one_split_agree(pf):
+    # PF=1 prefetches the next K step into registers; the sums are the same, in the same order
     p = quantize(torch.randn(50, 2048), "q2_g16_s8m4").to(DEVICE)
     x = torch.randn(2, 2048, device=DEVICE)
-    cfg = dict(ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE))
+    cfg = dict(ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE), PF=pf)
     one = packed_linear(x, p, backend="triton", config={**cfg, "SPLIT": 1})
     four = packed_linear(x, p, backend="triton", config={**cfg, "SPLIT": 4})
     assert rel(four, one) < 1e-6 and rel(one, R.linear_q8(x, p)) < 1e-5
+
+
+def test_activation_lane_orders():
+    # phase A stores the int8 words four times: plain, then in the lane order of 4-, 2- and 1-bit codes
+    # (slot log2(S): word c*S + s at s * kp/(4S) + c), which the GEMV loads one lane at a time
+    kp = 1024
+    xq, _, _ = ops.pack_activations(torch.randn(2, 1000, device=DEVICE), kp)
+    words = xq.view(2, 4, kp // 4).cpu()
+    for slot, s in ((1, 2), (2, 4), (3, 8)):
+        want = words[:, 0].view(2, kp // (4 * s), s).transpose(1, 2).reshape(2, -1)
+        assert torch.equal(words[:, slot], want), s
 
 
 def test_packed_linear_refuses_bad_shapes():
@@ -173,15 +186,16 @@ def test_fused_moe_single_format(fmt):
     assert rel(out, ref_q8) < max(3e-2, 1.5 * grid_err)
 
 
-@pytest.mark.parametrize("m", [1, 3])
-def test_moe_launches_on_their_own_grids(mixed_arena, m):
+@pytest.mark.parametrize("m,pf", [(1, 0), (3, 1)])
+def test_moe_launches_on_their_own_grids(mixed_arena, m, pf):
+    # pf: the register prefetch of the next K step (triton_common.gemv_rows), off and on
     arena, offsets, hidden, inter = mixed_arena
     fm = ops.ExpertFormats.from_names(MIX, DEVICE)
-    cfg = ops.config_for("moe", "mix", m, hidden, inter, DEVICE)
+    cfg = dict(ops.config_for("moe", "mix", m, hidden, inter, DEVICE), PF1=pf, PF2=pf)
     x = torch.randn(m, hidden, device=DEVICE)
     ids, wts = route(m, len(MIX), 3)
     sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg)
-    hp, ip = sc.xq.shape[1] * 4, sc.hq.shape[1] * 4
+    hp, ip = sc.xq.shape[1], sc.hq.shape[1]
     silu = torch.nn.functional.silu
     ref = torch.zeros(m, hidden, dtype=torch.float64)
     for t in range(m):
