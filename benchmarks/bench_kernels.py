@@ -47,9 +47,9 @@ GB = 1e9
 # K step). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep
 # registers low and occupancy high (ncu_moe.sh)
 GATE_UP_SWEEP = [dict(BN1=bn, warps1=w, NS1=1, PF1=pf) for bn, w, pf in
-                 ((32, 4, 0), (32, 4, 1), (64, 4, 0), (64, 4, 1), (64, 8, 1), (32, 2, 1), (128, 8, 1), (64, 8, 0))]
+                 ((64, 4, 0), (64, 4, 1), (64, 8, 0), (64, 8, 1), (128, 8, 1), (32, 4, 1), (32, 8, 1), (128, 16, 1))]
 DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=1, PF2=pf) for bn, w, pf in
-              ((32, 4, 0), (32, 4, 1), (64, 4, 0), (64, 4, 1), (64, 8, 1), (32, 2, 1), (128, 8, 1), (128, 4, 1))]
+              ((32, 4, 0), (32, 4, 1), (64, 4, 0), (64, 4, 1), (32, 8, 0), (64, 8, 0), (32, 2, 0), (128, 8, 1))]
 GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf) for bn, w, th, pf in
               ((64, 4, 131072, 0), (64, 4, 131072, 1), (32, 4, 65536, 1), (64, 4, 65536, 1), (32, 2, 131072, 1),
                (128, 8, 131072, 1), (32, 4, 131072, 1))]

@@ -119,11 +119,10 @@ def _matrix_args(p: PackedMatrix) -> list[torch.Tensor]:
 
 def pack_activations(x: torch.Tensor, kp: int, cfg: dict | None = None):
     """Phase A of the decode GEMV: x [M, K] on the int8 grid over kp >= K inputs (zeros past K), the same
-    for every code width. Returns xq int32 [M, kp] (the int8 values four a word, in the four lane orders
-    of `triton_common.quantize_store`: the plain order first), xdx f32 [M, kp/32],
+    for every code width. Returns xq int32 [M, kp/4] (the int8 values, four a word), xdx f32 [M, kp/32],
     xsum f32 [M, 3*kp/32] (the exact sums of x per 16 inputs, then per 32)."""
     m, k = x.shape
-    xq = scratch(m, kp, dtype=torch.int32, device=x.device)
+    xq = scratch(m, kp // 4, dtype=torch.int32, device=x.device)
     xdx = scratch(m, kp // 32, dtype=torch.float32, device=x.device)
     xsum = scratch(m, 3 * kp // 32, dtype=torch.float32, device=x.device)
     triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, CHUNK=_chunk(cfg or {}, kp),
@@ -159,7 +158,7 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     wsplit = _cdiv(row_words // bkw, split) * bkw
     split = _cdiv(row_words, wsplit)
     dev = x.device
-    xq = scratch(m, kp, dtype=torch.int32, device=dev)
+    xq = scratch(m, kp // 4, dtype=torch.int32, device=dev)
     xdx = scratch(m, kp // 32, dtype=torch.float32, device=dev)
     xsum = scratch(m, 3 * kp // 32, dtype=torch.float32, device=dev)
     part = scratch(split, m, nt * cfg["BN"], dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
@@ -320,10 +319,9 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
 @dataclass(frozen=True, eq=False)
 class MoEScratch:
     """What the gate/up launch leaves for the down launch (and for tests): the token activations on the
-    int8 grid (xq int32 [M, HP]: the int8 values four a word in the four lane orders, xdx [M, HP/32], xsum
-    [M, 3*HP/32]: `pack_activations`)
+    int8 grid (xq int8 [M, HP] held as int32 [M, HP/4], xdx [M, HP/32], xsum [M, 3*HP/32]: `pack_activations`)
     and each (token, expert) pair's h = silu(g) * u on the same kind of grid for its expert's down matrix
-    (hq [P, IP], hdx [P, IP/32], hsum [P, 3*IP/32]; hf [P, IP] float32 for bf16 experts). HP, IP: hidden
+    (hq [P, IP/4], hdx [P, IP/32], hsum [P, 3*IP/32]; hf [P, IP] float32 for bf16 experts). HP, IP: hidden
     and intermediate padded to 512."""
 
     xq: torch.Tensor
@@ -341,10 +339,10 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     dev = x.device
     hp, ip = _cdiv(hidden, 512) * 512, _cdiv(inter, 512) * 512      # padded to every scale unit
     p = m * topk
-    sc = MoEScratch(xq=scratch(m, hp, dtype=torch.int32, device=dev),
+    sc = MoEScratch(xq=scratch(m, hp // 4, dtype=torch.int32, device=dev),
                     xdx=scratch(m, hp // 32, dtype=torch.float32, device=dev),
                     xsum=scratch(m, 3 * hp // 32, dtype=torch.float32, device=dev),
-                    hq=scratch(p, ip, dtype=torch.int32, device=dev),
+                    hq=scratch(p, ip // 4, dtype=torch.int32, device=dev),
                     hdx=scratch(p, ip // 32, dtype=torch.float32, device=dev),
                     hsum=scratch(p, 3 * ip // 32, dtype=torch.float32, device=dev),
                     hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev))

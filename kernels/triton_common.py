@@ -142,24 +142,17 @@ def mma(a, b, acc, INTERP: tl.constexpr):
 # ------------------------------------------------------------------------------ phase A: pack the x words
 
 @triton.jit
-def quantize_store(v, i0, XP, xq_p, xdx_p, xsum_p):
+def quantize_store(v, i0, XP, x8_p, xdx_p, xsum_p):
     """Put v float32 [NB, 32] (activations i0 .. i0 + NB*32 of a row padded to XP, i0 a multiple of 32)
-    on the int8 grid and store it: the int8 values as int32 words (four a word) in every lane order
-    (`lane_slot`: xq_p int32 [4, XP/4]), dx per 32 at xdx_p[i/32], and the exact sums of v per 16
-    inputs at xsum_p[i/16] and per 32 at xsum_p[XP/16 + i/32] (the kernels' min terms)."""
+    on the int8 grid and store it: x8 int8 at x8_p[i], dx per 32 at xdx_p[i/32], and the exact sums of
+    v per 16 inputs at xsum_p[i/16] and per 32 at xsum_p[XP/16 + i/32] (the kernels' min terms)."""
     NB: tl.constexpr = v.shape[0]
     amax = tl.max(tl.abs(v), 1)                                                   # [NB]
     inv = tl.where(amax > 0, 127.0 / amax, 0.0)
     w = v * inv[:, None]
     x8 = tl.where(w >= 0, w + 0.5, w - 0.5).to(tl.int32)                         # round half away from zero
     b = tl.arange(0, NB)
-    words = tl.sum(tl.reshape(x8 & 255, [NB * 8, 4]) << (tl.arange(0, 4) * 8)[None, :], 1)   # [NB*8] int32
-    wi = i0 // 4 + tl.arange(0, NB * 8)                                           # activation word index
-    W = XP // 4
-    tl.store(xq_p + wi, words)                                                    # slot 0: plain order
-    tl.store(xq_p + W + (wi % 2) * (W // 2) + wi // 2, words)                     # slot 1: S = 2 (4-bit)
-    tl.store(xq_p + 2 * W + (wi % 4) * (W // 4) + wi // 4, words)                 # slot 2: S = 4 (2-bit)
-    tl.store(xq_p + 3 * W + (wi % 8) * (W // 8) + wi // 8, words)                 # slot 3: S = 8 (1-bit)
+    tl.store(x8_p + i0 + b[:, None] * 32 + tl.arange(0, 32)[None, :], x8.to(tl.int8))
     tl.store(xdx_p + i0 // 32 + b, amax / 127.0)
     s16 = tl.sum(tl.reshape(v, [NB, 2, 16]), 2)                                   # [NB, 2]
     tl.store(xsum_p + i0 // 16 + b[:, None] * 2 + tl.arange(0, 2)[None, :], s16)
@@ -169,21 +162,21 @@ def quantize_store(v, i0, XP, xq_p, xdx_p, xsum_p):
 @triton.jit
 def quantize_x_row(x_p, K, XP, lo, hi, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr):
     """Phase A for inputs lo .. hi (multiples of 32) of one activation row x[0:K] padded to XP (zeros
-    past K), so the GEMV reads whole padded rows unmasked: xq int32 [4, XP/4] (the int8 values four a
-    word, in the four lane orders), xdx [XP/32], xsum [XP/16 + XP/32] (`quantize_store`). The same
-    grid serves every code width."""
+    past K), so the GEMV reads whole padded rows unmasked: xq int8 [XP] (an int32 [XP/4] buffer), xdx
+    [XP/32], xsum [XP/16 + XP/32] (`quantize_store`). The same grid serves every code width."""
     NB: tl.constexpr = CHUNK // 32
+    x8_p = xq_p.to(tl.pointer_type(tl.int8))
     offs0 = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
     for c0 in range(lo, hi, CHUNK):
         offs = c0 + offs0
         if c0 + CHUNK <= hi:
             v = tl.load(x_p + offs, mask=offs < K, other=0.0).to(tl.float32)
-            quantize_store(v, c0, XP, xq_p, xdx_p, xsum_p)
+            quantize_store(v, c0, XP, x8_p, xdx_p, xsum_p)
         else:                       # the last chunk overhangs hi: one block of 32 at a time
             for b0 in range(c0, hi, 32):
                 o = b0 + tl.arange(0, 32)[None, :]
                 v = tl.load(x_p + o, mask=o < K, other=0.0).to(tl.float32)
-                quantize_store(v, b0, XP, xq_p, xdx_p, xsum_p)
+                quantize_store(v, b0, XP, x8_p, xdx_p, xsum_p)
 
 
 # ------------------------------------------------------------------- phase B: one matrix, one row tile
@@ -233,29 +226,31 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
 
 
 @triton.jit
-def _x_lanes(xq_p, t, XP, W4: tl.constexpr, S: tl.constexpr):
+def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr):
     """The int8 activations of a thread's 4 code words t + 4j .. t + 4j + 3, as S tensors [1, W4, 4]:
     X_s of word c is activation word c*S + s (its four int8s are the inputs of the codes in lane s of
-    the code word's four bytes). Phase A stored the words in this width's lane order (slot log2(S),
-    word c*S + s at s * XP/(4S) + c), so each lane is one 16-byte load a thread in the codes' own tile
-    layout: nothing moves between threads."""
-    W = XP // 4
-    LS = W // S
-    SLOT: tl.constexpr = 1 if S == 2 else 2 if S == 4 else 3
-    base = xq_p + SLOT * W + t + tl.arange(0, W4)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
-    x0 = tl.load(base)
-    x1 = tl.load(base + LS)
+    the code word's four bytes). One contiguous [4*S] int32 load a thread, then split in registers."""
+    j3 = tl.arange(0, W4)[None, :, None]
+    x = tl.load(xq_p + (t + j3 * 4) * S + tl.arange(0, 4 * S)[None, None, :])       # [1, W4, 4*S]
     if S == 2:
-        return x0, x1, x0, x0, x0, x0, x0, x0
-    x2 = tl.load(base + 2 * LS)
-    x3 = tl.load(base + 3 * LS)
-    if S == 4:
+        a, b = tl.split(tl.reshape(x, [1, W4, 4, 2]))
+        return a, b, a, a, a, a, a, a
+    elif S == 4:
+        x = tl.reshape(x, [1, W4, 4, 2, 2])                # s = 2*h + l
+        e, o = tl.split(x)                                 # l = 0, 1: [1, W4, 4, 2] over h
+        x0, x2 = tl.split(e)
+        x1, x3 = tl.split(o)
         return x0, x1, x2, x3, x0, x0, x0, x0
-    x4 = tl.load(base + 4 * LS)
-    x5 = tl.load(base + 5 * LS)
-    x6 = tl.load(base + 6 * LS)
-    x7 = tl.load(base + 7 * LS)
-    return x0, x1, x2, x3, x4, x5, x6, x7
+    else:
+        x = tl.reshape(x, [1, W4, 4, 2, 2, 2])             # s = 4*h + 2*m + l
+        e, o = tl.split(x)
+        e0, e1 = tl.split(e)                               # (l, m) = (0, 0), (0, 1)
+        o0, o1 = tl.split(o)
+        x0, x4 = tl.split(e0)
+        x2, x6 = tl.split(e1)
+        x1, x5 = tl.split(o0)
+        x3, x7 = tl.split(o1)
+        return x0, x1, x2, x3, x4, x5, x6, x7
 
 
 @triton.jit
@@ -351,8 +346,7 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
 
     The matrices are [N, K], stored unit-major (formats.py; codes as int32 words); the activations were
-    put on the int8 grid by phase A (`quantize_x_row`: xq int32 [4, XP/4] in every lane order, xdx,
-    xsum) for XP >= KP inputs (zeros past K), so whole padded rows are read without column masks.
+    put on the int8 grid by phase A (`quantize_x_row`: xq int8 as int32 words, xdx, xsum) for XP >= KP inputs (zeros past K), so whole padded rows are read without column masks.
     w_lo < w_hi: multiples of the unit's words (WPU). rows [BN] int32, row_ok [BN] mask. Returns
     (float32 [BN], float32 [BN]); b's is 0 for NMAT=1.
 
@@ -389,7 +383,7 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
             if NMAT == 2:
                 nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, un,
                                  BITS, GROUP, MIN_BITS, SB, W4)
-            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, XP, W4, S)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
             acc_a = _unit_dot(acc_a, ca, x0, x1, x2, x3, x4, x5, x6, x7,
                               xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, USE_ASM)
             if NMAT == 2:
@@ -397,7 +391,7 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
                                   x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, USE_ASM)
     else:
         for t in tl.range(w_lo, w_hi, WPU, num_stages=NS):
-            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, XP, W4, S)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
             la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, t // WPU,
                              BITS, GROUP, MIN_BITS, SB, W4)
             acc_a = _unit_dot(acc_a, la, x0, x1, x2, x3, x4, x5, x6, x7,

@@ -21,9 +21,9 @@ from .triton_common import gemv_rows, gemv_rows_bf16, gpu_fence, quantize_x_row,
 
 @triton.jit
 def quantize_x_kernel(x_p, stride_xm, K, KPAD, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr):
-    # x [M, K] (any float) -> xq int32 [M, 4, KPAD/4] (int8 values in the four lane orders), xdx f32 [M, KPAD/32], xsum f32 [M, 3*KPAD/32]
+    # x [M, K] (any float) -> xq int8 [M, KPAD] (int32 [M, KPAD/4]), xdx f32 [M, KPAD/32], xsum f32 [M, 3*KPAD/32]
     m = tl.program_id(0)
-    quantize_x_row(x_p + m * stride_xm, K, KPAD, 0, KPAD, xq_p + m * KPAD, xdx_p + m * (KPAD // 32),
+    quantize_x_row(x_p + m * stride_xm, K, KPAD, 0, KPAD, xq_p + m * (KPAD // 4), xdx_p + m * (KPAD // 32),
                    xsum_p + m * (3 * KPAD // 32), CHUNK)
 
 
@@ -35,7 +35,7 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
                 PF: tl.constexpr, CHUNK: tl.constexpr, USE_ASM: tl.constexpr):
     # out [M, N] = x [M, K] @ W[N, K]^T; program's K slice: code words sp*WSPLIT .. (sp+1)*WSPLIT.
     # W packed (codes int32 [N, KP*BITS/32], unit-major) or bf16 (codes_p = weight, SPLIT = 1).
-    # Scratch: xq int32 [M, KP], xdx [M, KP/32], xsum [M, 3*KP/32]; part f32 [SPLIT, M, NT*BN]; cnt int32 [M, NT] zeros.
+    # Scratch: xq int32 [M, KP/4], xdx [M, KP/32], xsum [M, 3*KP/32]; part f32 [SPLIT, M, NT*BN]; cnt int32 [M, NT] zeros.
     pid = tl.program_id(0)
     m = pid % M                                                      # m fastest: rows shared in L2
     sp = (pid // M) % SPLIT
@@ -51,7 +51,7 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
         KP = tl.cdiv(K, UNIT) * UNIT
         w_lo = sp * WSPLIT
         w_hi = tl.minimum(w_lo + WSPLIT, KP // EPW)
-        xq = xq_p + m * KP
+        xq = xq_p + m * (KP // 4)
         xdx = xdx_p + m * (KP // 32)
         xsum = xsum_p + m * (3 * KP // 32)
         quantize_x_row(x_p + m * stride_xm, K, KP, w_lo * EPW, w_hi * EPW, xq, xdx, xsum, CHUNK)

@@ -15,7 +15,7 @@ offset of each matrix's segments (codes, scales, mins, d, dmin) inside a blob.
       part[m, j, rows] = w[m, j] * W_down[e_j][rows, :] @ h[m, j]; the last program of each (m, rows)
       to finish (an atomic counter) sums the TOPK parts in a fixed order and writes out[m, rows] once
 
-Scratch: xq int32 [M, 4, HP/4] (the int8 grid four values a word, in the four lane orders), xdx f32 [M, HP/32], xsum f32 [M, 3*HP/32] (sums per
+Scratch: xq int8 [M, HP] (held as int32 [M, HP/4]), xdx f32 [M, HP/32], xsum f32 [M, 3*HP/32] (sums per
 16 inputs, then per 32: `triton_common.quantize_store`); hq, hdx, hsum the same for h over IP, one row
 per pair; hf f32 [P, IP]; P = M * TOPK,
 HP = cdiv(H, 512) * 512, IP = cdiv(I, 512) * 512: padded to every format's scale unit and written in
@@ -73,7 +73,7 @@ def _gate_up_packed(base, table_p, H, I, n0, rows, ok, xq_p, xdx_p, xsum_p, hq_p
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
     else:
         h = tl.zeros([BN], tl.float32)                                                # padding past I
-    quantize_store(tl.reshape(h, [BN // 32, 32]), n0, IP, hq_p, hdx_p, hsum_p)
+    quantize_store(tl.reshape(h, [BN // 32, 32]), n0, IP, hq_p.to(tl.pointer_type(tl.int8)), hdx_p, hsum_p)
 
 
 @triton.jit
@@ -95,7 +95,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     x_row = x_p + m * stride_xm
-    xq = xq_p + m * HP
+    xq = xq_p + m * (HP // 4)
     xdx = xdx_p + m * (HP // 32)
     xsum = xsum_p + m * (3 * HP // 32)
     # phase A: x[m] on the int8 grid (every program computes the same values: programs run in any order)
@@ -112,7 +112,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
             e = tl.load(ids_p + p)
             code = tl.load(codes_p + e)
             base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
-            hq = hq_p + p * IP
+            hq = hq_p + p * (IP // 4)
             hdx = hdx_p + p * (IP // 32)
             hsum = hsum_p + p * (3 * IP // 32)
             if (FMASK & 1) != 0:
@@ -157,7 +157,7 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     code = tl.load(codes_p + e)
     wt = tl.load(wts_p + p).to(tl.float32)
     base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
-    hq = hq_p + p * IP
+    hq = hq_p + p * (IP // 4)
     hdx = hdx_p + p * (IP // 32)
     hsum = hsum_p + p * (3 * IP // 32)
     part = tl.zeros([BN], tl.float32)
