@@ -56,16 +56,18 @@ def kernels(arch: int = 90, quick: bool = False):
         out.append((f"gemm code={code}", _compile(triton_gemm.gemm_kernel, gsig, dict(
             consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False), arch, num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    for pf in (0, 1):               # PF: register prefetch of the next K step (triton_common.gemv_rows)
-        out.append((f"moe gate_up all formats PF={pf}", _compile(triton_moe.gate_up_kernel, {
+    for pf, split in ((0, 1), (1, 2)):   # PF: register prefetch of the next K step; SPLIT: K splits
+        out.append((f"moe gate_up all formats PF={pf} SPLIT={split}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
-            "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "H": "i32", "I": "i32"},
-            dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, BK16=128, CHUNK=1024, NS=1, PF=pf, USE_ASM=True), arch, 4)))
-        out.append((f"moe down all formats PF={pf}", _compile(triton_moe.down_kernel, {
+            "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
+            "cnt_p": P["i32"], "H": "i32", "I": "i32", "KU": "i32"},
+            dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1, PF=pf, USE_ASM=True),
+            arch, 4)))
+        out.append((f"moe down all formats PF={pf} SPLIT={split}", _compile(triton_moe.down_kernel, {
             "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
-            "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "H": "i32", "I": "i32"},
-            dict(TOPK=8, FMASK=31, BN=64, BK16=128, NS=1, PF=pf, USE_ASM=True), arch, 4)))
+            "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "H": "i32", "I": "i32", "KU": "i32"},
+            dict(TOPK=8, FMASK=31, BN=64, SPLIT=split, BK16=128, NS=1, PF=pf, USE_ASM=True), arch, 4)))
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     out.append(("moe grouped gate_up", _compile(triton_gemm.grouped_gate_up, {
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, k in kernels(a.arch, a.quick):
         md = k.metadata
         loop = sass_loop(k) if a.sass else None
-        print(f"{name:28s} shared {md.shared:6d} B  dp4a {k.asm['ptx'].count('dp4a'):4d}  "
+        print(f"{name:38s} shared {md.shared:6d} B  dp4a {k.asm['ptx'].count('dp4a'):4d}  "
               f"wgmma {k.asm['ptx'].count('wgmma.mma_async'):3d}  cp.async {k.asm['ptx'].count('cp.async'):4d}"
               + (f"  loop: {loop[0]} SASS, {loop[1]} IDP" if loop else ""))
     print(f"all kernels compiled for sm_{a.arch} in {time.time() - t:.1f}s")

@@ -348,12 +348,25 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
                     hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev))
     bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
     assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
-    triton_moe.gate_up_kernel[(ip // bn1, m, _cdiv(topk, jchunk))](
+    split, ku = _moe_split(cfg.get("SPLIT1", 1), hp)
+    nt = ip // bn1
+    gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
+    cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
+    triton_moe.gate_up_kernel[(nt, m, _cdiv(topk, jchunk) * split)](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
-        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, hidden, inter,
-        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, BK16=cfg["BK16"],
-        CHUNK=_chunk(cfg, hp), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0), USE_ASM=USE_ASM, num_warps=cfg["warps1"])
+        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, hidden, inter, ku,
+        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
+        CHUNK=min(_chunk(cfg, hp), ku * 512), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0), USE_ASM=USE_ASM,
+        num_warps=cfg["warps1"])
     return sc
+
+
+def _moe_split(want: int, kp: int) -> tuple[int, int]:
+    """(splits, 512-input units per split) for a K split of a padded row of kp inputs: every split
+    non-empty, whole 512-input units (every format's scale unit divides 512)."""
+    units = kp // 512
+    ku = _cdiv(units, max(1, min(int(want), units)))
+    return _cdiv(units, ku), ku
 
 
 def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden: int, inter: int,
@@ -362,11 +375,12 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
     m, topk = ids.shape
     dev = out.device
     nt = _cdiv(hidden, cfg["BN2"])
-    part = scratch(m * topk, nt * cfg["BN2"], dtype=torch.float32, device=dev)
-    triton_moe.down_kernel[(nt, m, topk)](
+    split, ku = _moe_split(cfg.get("SPLIT2", 1), _cdiv(inter, 512) * 512)
+    part = scratch(m * topk * split, nt * cfg["BN2"], dtype=torch.float32, device=dev)
+    triton_moe.down_kernel[(nt, m, topk * split)](
         ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
-        part, _counters(m * nt, dev), out, out.stride(0), hidden, inter, TOPK=topk, FMASK=fm.mask, BN=cfg["BN2"],
-        BK16=cfg["BK16"], NS=cfg.get("NS2", 4), PF=cfg.get("PF2", 0), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
+        part, _counters(m * nt, dev), out, out.stride(0), hidden, inter, ku, TOPK=topk, FMASK=fm.mask,
+        BN=cfg["BN2"], SPLIT=split, BK16=cfg["BK16"], NS=cfg.get("NS2", 4), PF=cfg.get("PF2", 0), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
 
 
 def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:

@@ -405,12 +405,13 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
 
 
 @triton.jit
-def gemv_rows_bf16(w_p, K, rows, row_ok, x_p, BK: tl.constexpr):
-    """sum_k w[rows, k] * x[k] for a plain bf16 [N, K] matrix and float activations x_p[0:K]."""
+def gemv_rows_bf16(w_p, K, k_lo, k_hi, rows, row_ok, x_p, BK: tl.constexpr):
+    """sum over k in k_lo .. min(k_hi, K) of w[rows, k] * x[k] for a plain bf16 [N, K] matrix and float
+    activations x_p[0:K] (k_lo a multiple of BK)."""
     BN: tl.constexpr = rows.shape[0]
     r2 = rows[:, None].to(tl.int64)
     acc = tl.zeros([BN, BK], tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in range(k_lo, tl.minimum(k_hi, K), BK):
         ks = k0 + tl.arange(0, BK)
         kok = ks < K
         w = tl.load(w_p + r2 * K + ks[None, :], mask=row_ok[:, None] & kok[None, :], other=0.0)

@@ -43,7 +43,7 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
     rows = nt * BN + tl.arange(0, BN)                                # [BN]
     ok = rows < N
     if BITS == 16:
-        acc = gemv_rows_bf16(codes_p, K, rows, ok, x_p + m * stride_xm, BK16)
+        acc = gemv_rows_bf16(codes_p, K, 0, K, rows, ok, x_p + m * stride_xm, BK16)
         tl.store(out_p + m * stride_om + rows, acc.to(out_p.dtype.element_ty), mask=ok)
     else:
         EPW: tl.constexpr = 32 // BITS

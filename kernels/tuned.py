@@ -17,10 +17,10 @@ DEFAULTS: dict[str, dict] = {
     "gemv": {"BN": 64, "num_warps": 4, "NS": 2, "CHUNK": 1024, "THREADS": 65536, "BK16": 128},
     # tensor-core GEMM (prefill); BM drops to 16/64 for small M
     "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-    # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages) and down
-    # (BN2 rows of H, warps2, NS2)
-    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "BN2": 64, "warps2": 4, "NS2": 2, "CHUNK": 1024,
-            "BK16": 128},
+    # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages, SPLIT1
+    # K splits of H) and down (BN2 rows of H, warps2, NS2, SPLIT2 K splits of I); PF1/PF2: register prefetch
+    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "SPLIT1": 1, "BN2": 64, "warps2": 4, "NS2": 2,
+            "SPLIT2": 1, "CHUNK": 1024, "BK16": 128},
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }

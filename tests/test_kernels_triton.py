@@ -182,8 +182,29 @@ def test_fused_moe_single_format(fmt):
 def test_moe_launches_on_their_own_grids(mixed_arena, m, pf):
     # pf: the register prefetch of the next K step (triton_common.gemv_rows), off and on
     arena, offsets, hidden, inter = mixed_arena
+    check_moe_launches(arena, offsets, hidden, inter, m, PF1=pf, PF2=pf)
+
+
+def test_moe_launches_with_k_splits():
+    # K split over programs in both launches (the last program of a row tile adds the parts): rows of
+    # 1100 and 520 inputs are 3 and 2 units of 512, so SPLIT2=5 also checks that asking for more splits
+    # than units clamps; padding past H and I inside the last unit
+    hidden, inter = 1100, 520
+    split1, split2 = 3, 5
+    arena, offsets = make_arena(MIX, hidden, inter)
+    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, PF1=1)
+    # the counters are back at zero after a call, and the parts are added in a fixed order
+    cfg = dict(ops.config_for("moe", "mix", 1, hidden, inter, DEVICE), SPLIT1=split1, SPLIT2=split2)
+    x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
+    ids, wts = route(1, len(MIX), 3)
+    a = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
+    b = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
+    assert torch.equal(a, b)
+
+
+def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
     fm = ops.ExpertFormats.from_names(MIX, DEVICE)
-    cfg = dict(ops.config_for("moe", "mix", m, hidden, inter, DEVICE), PF1=pf, PF2=pf)
+    cfg = dict(ops.config_for("moe", "mix", m, hidden, inter, DEVICE), **overrides)
     x = torch.randn(m, hidden, device=DEVICE)
     ids, wts = route(m, len(MIX), 3)
     sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg)
