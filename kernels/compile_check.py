@@ -61,7 +61,8 @@ def kernels(arch: int = 90, quick: bool = False):
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
             "cnt_p": P["i32"], "H": "i32", "I": "i32", "KU": "i32"},
-            dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1, PF=pf, USE_ASM=True),
+            dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1, PF=pf, PRE=pf * 2,
+                 USE_ASM=True),
             arch, 4)))
         out.append((f"moe down all formats PF={pf} SPLIT={split}", _compile(triton_moe.down_kernel, {
             "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},

@@ -117,6 +117,16 @@ def blob_segment(base, table_p, code, mat, seg, ELT: tl.constexpr):
 
 
 @triton.jit
+def prefetch_l2(p, mask, USE_ASM: tl.constexpr):
+    """Ask L2 to fetch the lines at pointers p (any shape) where mask holds, without waiting for them
+    (prefetch.global.L2). Nothing to do in the interpreter."""
+    if USE_ASM:
+        tl.inline_asm_elementwise("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, $2, 0;\n\t@q prefetch.global.L2 [$1];\n\t"
+                                  "mov.b32 $0, 0;\n\t}", "=r,l,r", [p, mask.to(tl.int32)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def gpu_fence(v, USE_ASM: tl.constexpr):
     """fence.acq_rel.gpu in every thread (the interpreter runs programs one at a time: nothing to do).
     v: any int32 scalar; returned unchanged, so the fence can be ordered by data dependence."""
@@ -160,23 +170,32 @@ def quantize_store(v, i0, XP, x8_p, xdx_p, xsum_p):
 
 
 @triton.jit
+def _quantize_chunk(x_p, K, XP, c0, x8_p, xdx_p, xsum_p, NB: tl.constexpr):
+    # inputs c0 .. c0 + NB*32 of the row: one [NB, 32] load, then `quantize_store`
+    offs = c0 + tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    v = tl.load(x_p + offs, mask=offs < K, other=0.0).to(tl.float32)
+    quantize_store(v, c0, XP, x8_p, xdx_p, xsum_p)
+
+
+@triton.jit
 def quantize_x_row(x_p, K, XP, lo, hi, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr):
     """Phase A for inputs lo .. hi (multiples of 32) of one activation row x[0:K] padded to XP (zeros
     past K), so the GEMV reads whole padded rows unmasked: xq int8 [XP] (an int32 [XP/4] buffer), xdx
-    [XP/32], xsum [XP/16 + XP/32] (`quantize_store`). The same grid serves every code width."""
-    NB: tl.constexpr = CHUNK // 32
+    [XP/32], xsum [XP/16 + XP/32] (`quantize_store`). The same grid serves every code width.
+
+    Whole CHUNKs first, then the rest in halving pieces (CHUNK/2, CHUNK/4 .. 32): every piece is one
+    load round trip, and a program waits on a few of them before its first weight load."""
     x8_p = xq_p.to(tl.pointer_type(tl.int8))
-    offs0 = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    for c0 in range(lo, hi, CHUNK):
-        offs = c0 + offs0
-        if c0 + CHUNK <= hi:
-            v = tl.load(x_p + offs, mask=offs < K, other=0.0).to(tl.float32)
-            quantize_store(v, c0, XP, x8_p, xdx_p, xsum_p)
-        else:                       # the last chunk overhangs hi: one block of 32 at a time
-            for b0 in range(c0, hi, 32):
-                o = b0 + tl.arange(0, 32)[None, :]
-                v = tl.load(x_p + o, mask=o < K, other=0.0).to(tl.float32)
-                quantize_store(v, b0, XP, x8_p, xdx_p, xsum_p)
+    end = lo + (hi - lo) // CHUNK * CHUNK
+    for c0 in range(lo, end, CHUNK):
+        _quantize_chunk(x_p, K, XP, c0, x8_p, xdx_p, xsum_p, CHUNK // 32)
+    tl.static_assert(CHUNK >= 32 and CHUNK <= 16384 and (CHUNK & (CHUNK - 1)) == 0)
+    r0 = end
+    for i in tl.static_range(1, 10):            # the rest < CHUNK: its binary digits, largest first
+        if CHUNK >> i >= 32:
+            if hi - r0 >= CHUNK >> i:
+                _quantize_chunk(x_p, K, XP, r0, x8_p, xdx_p, xsum_p, (CHUNK >> i) // 32)
+                r0 += CHUNK >> i
 
 
 # ------------------------------------------------------------------- phase B: one matrix, one row tile

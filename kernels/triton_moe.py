@@ -30,8 +30,8 @@ full (zeros past H and I), so the GEMV reads whole padded rows unmasked. The gat
 """
 from __future__ import annotations
 
-from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, quantize_store, quantize_x_row,
-                            tl, triton)
+from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, prefetch_l2, quantize_store,
+                            quantize_x_row, tl, triton)
 
 # The kernels' branches spell out each format's constants; they must match the registry (checked in ops).
 KERNEL_FORMATS = {
@@ -102,15 +102,38 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_codes(ids_p, codes_p, offs_p, arena_p, table_p, p, H, I, n0, k_lo, BN: tl.constexpr,
+                    PRE: tl.constexpr, USE_ASM: tl.constexpr):
+    # prefetch.global.L2 of the gate and up codes of pair p, rows n0 .. n0+BN, K steps from input k_lo on
+    # (PRE of them): unit-major storage makes each step's rows one contiguous span of BN * WPU * 4 bytes
+    e = tl.load(ids_p + p)
+    code = tl.load(codes_p + e)
+    if code < 4:                                                    # packed formats only
+        base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
+        epw = tl.where(code == 2, 32, tl.where(code == 3, 8, 16))  # codes per 32-bit word
+        unit = tl.where(code == 3, 128, 512)                       # inputs per K step
+        span = tl.minimum(BN, I - n0) * (unit // epw) * 4            # bytes of one step's rows (none past I)
+        lines = tl.arange(0, BN)                                   # 128-byte lines: BN * 128 >= span
+        for mat in tl.static_range(2):
+            cp = base + tl.load(table_p + (code * 3 + mat) * 5)
+            for s in tl.static_range(PRE):
+                u = k_lo // unit + s
+                start = (u * I + n0).to(tl.int64) * (unit // epw) * 4
+                prefetch_l2(cp + start + lines * 128, (lines * 128 < span) & (u * unit < H), USE_ASM)
+
+
+@triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
                    xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
                    SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr, NS: tl.constexpr,
-                   PF: tl.constexpr, USE_ASM: tl.constexpr):
+                   PF: tl.constexpr, PRE: tl.constexpr, USE_ASM: tl.constexpr):
     # program (row tile nt, token m, z = s * JC + jc): rows nt*BN .. of I for experts jc*JCHUNK .. of the
     # token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of SPLIT). With SPLIT > 1 the partial
     # g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT programs of (pair, nt) to finish
     # (counter cnt[p * NT + nt]) adds them, applies SiLU and packs h; with SPLIT = 1 each program does.
+    # PRE > 0: before phase A, the codes of the first PRE K steps of its first expert are requested into
+    # L2, so HBM is busy while the program packs x (a few dependent load round trips).
     nt = tl.program_id(0)
     m = tl.program_id(1)
     JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
@@ -125,11 +148,14 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     xq = xq_p + m * (HP // 4)
     xdx = xdx_p + m * (HP // 32)
     xsum = xsum_p + m * (3 * HP // 32)
+    n0 = nt * BN
+    if PRE > 0:
+        _prefetch_codes(ids_p, codes_p, offs_p, arena_p, table_p, m * TOPK + jc * JCHUNK, H, I, n0, k_lo,
+                        BN, PRE, USE_ASM)
     # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
     if (FMASK & 15) != 0:
         quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
     tl.debug_barrier()          # phase A's stores are read by every thread of the program below
-    n0 = nt * BN
     rows = n0 + tl.arange(0, BN)
     ok = rows < I
     for jj in range(JCHUNK):

@@ -89,6 +89,23 @@ def test_gemv_is_the_int8_grid_arithmetic_exactly(fmt):
     assert rel(out, R.linear_q8(x, p, grid=(x8, xdx))) < 3e-5
 
 
+@pytest.mark.parametrize("chunk", [256, 1024, 2048])
+def test_phase_a_rows_that_are_not_whole_chunks(chunk):
+    # 1632 = 51 blocks of 32: whole chunks, then the rest in halving pieces down to one block of 32
+    kp, k = 1632, 1600
+    x = torch.randn(2, k, device=DEVICE) * torch.rand(2, k, device=DEVICE) ** 4 * 10      # uneven block scales
+    xq, xdx, xsum = ops.pack_activations(x, kp, {"CHUNK": chunk})
+    x8 = R.unpack_activation_words(xq, kp)
+    x8_ref, dx_ref = R.quantize_activations(x, kp)
+    # the same rounding caveat as above: a step apart where 127 / max|x| divides differently
+    assert (x8 - x8_ref.to(DEVICE)).abs().max() <= 1 and (x8 != x8_ref.to(DEVICE)).float().mean() < 0.01
+    assert rel(xdx, dx_ref) < 1e-6
+    xp = torch.zeros(2, kp, device=DEVICE)
+    xp[:, :k] = x
+    assert rel(xsum[:, :kp // 16], xp.view(2, -1, 16).sum(-1)) < 1e-6
+    assert rel(xsum[:, kp // 16:], xp.view(2, -1, 32).sum(-1)) < 1e-6
+
+
 @pytest.mark.parametrize("pf", [0, 1])
 def test_gemv_split_k_and_one_split_agree(pf):
     # PF=1 prefetches the next K step into registers; the sums are the same, in the same order
@@ -182,7 +199,7 @@ def test_fused_moe_single_format(fmt):
 def test_moe_launches_on_their_own_grids(mixed_arena, m, pf):
     # pf: the register prefetch of the next K step (triton_common.gemv_rows), off and on
     arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, m, PF1=pf, PF2=pf)
+    check_moe_launches(arena, offsets, hidden, inter, m, PF1=pf, PF2=pf, PRE1=2 * pf)   # PRE1: L2 prefetch
 
 
 def test_moe_launches_with_k_splits():
@@ -192,7 +209,8 @@ def test_moe_launches_with_k_splits():
     hidden, inter = 1100, 520
     split1, split2 = 3, 5
     arena, offsets = make_arena(MIX, hidden, inter)
-    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, PF1=1)
+    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, PF1=1, PRE1=1,
+                       CHUNK=256)
     # the counters are back at zero after a call, and the parts are added in a fixed order
     cfg = dict(ops.config_for("moe", "mix", 1, hidden, inter, DEVICE), SPLIT1=split1, SPLIT2=split2)
     x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
