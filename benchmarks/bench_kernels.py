@@ -49,7 +49,7 @@ GB = 1e9
 # covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep registers low and
 # occupancy high (ncu_moe.sh)
 GATE_UP_SWEEP = [dict(BN1=bn, warps1=w, NS1=1, PF1=pf, SPLIT1=sp, CHUNK=ch, PRE1=pre) for bn, w, pf, sp, ch, pre in
-                 ((64, 4, 0, 1, 1024, 0), (64, 4, 0, 1, 4096, 0), (64, 4, 0, 1, 8192, 0), (64, 4, 0, 1, 4096, 1),
+                 ((64, 4, 0, 1, 1024, 0), (64, 4, 0, 1, 4096, 0), (64, 4, 0, 1, 2048, 0), (64, 4, 0, 1, 4096, 1),
                   (64, 4, 0, 1, 4096, 2), (64, 4, 1, 1, 4096, 0), (64, 4, 1, 1, 4096, 2), (64, 4, 0, 2, 4096, 2),
                   (64, 4, 0, 2, 4096, 0), (64, 4, 0, 4, 2048, 1), (32, 4, 0, 1, 4096, 2))]
 DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=1, PF2=pf, SPLIT2=sp) for bn, w, pf, sp in
@@ -209,11 +209,11 @@ class Bench:
             default = dict(DEFAULTS["moe"])
             best = dict(default)
             if self.args.sweep:
-                gu = sorted((layer_ms({**default, **c}, "gate_up"), i) for i, c in enumerate(GATE_UP_SWEEP))
-                dn = sorted((layer_ms({**default, **c}, "down"), i) for i, c in enumerate(DOWN_SWEEP))
+                gu = sorted((self._try_ms(layer_ms, {**default, **c}, "gate_up"), i) for i, c in enumerate(GATE_UP_SWEEP))
+                dn = sorted((self._try_ms(layer_ms, {**default, **c}, "down"), i) for i, c in enumerate(DOWN_SWEEP))
                 best = {**default, **GATE_UP_SWEEP[gu[0][1]], **DOWN_SWEEP[dn[0][1]]}
-                res["sweep_gate_up_us"] = {json.dumps(GATE_UP_SWEEP[i]): round(t * 1e3, 2) for t, i in gu}
-                res["sweep_down_us"] = {json.dumps(DOWN_SWEEP[i]): round(t * 1e3, 2) for t, i in dn}
+                res["sweep_gate_up_us"] = {json.dumps(GATE_UP_SWEEP[i]): (round(t * 1e3, 2) if t < float("inf") else None) for t, i in gu}
+                res["sweep_down_us"] = {json.dumps(DOWN_SWEEP[i]): (round(t * 1e3, 2) if t < float("inf") else None) for t, i in dn}
             for label, cfg in (("default", default), ("best", best)):
                 ms = layer_ms(cfg)
                 gu_ms, dn_ms = layer_ms(cfg, "gate_up"), layer_ms(cfg, "down")
@@ -239,6 +239,15 @@ class Bench:
             self.metrics[f"moe_{model}"] = res
             self.tuned[f"moe_{model}"] = cfg
             self.log(f"{model} eager {ms_e * 1e3:.1f} us/layer (events), {host_us:.1f} us/layer wall")
+
+    def _try_ms(self, fn, *args) -> float:
+        """fn(*args), or infinity (and a note) if this candidate fails: one bad config must not end a sweep."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001
+            self.notes.append(f"sweep candidate {args}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            self.log(self.notes[-1])
+            return float("inf")
 
     # 3 -------------------------------------------------------------------------------------------
     def gemlite(self):

@@ -356,7 +356,7 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, hidden, inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
-        CHUNK=min(_chunk(cfg, hp), ku * 512), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0), PRE=cfg.get("PRE1", 0),
+        CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0), PRE=cfg.get("PRE1", 0),
         USE_ASM=USE_ASM, num_warps=cfg["warps1"])
     return sc
 
