@@ -117,16 +117,6 @@ def blob_segment(base, table_p, code, mat, seg, ELT: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(p, mask, USE_ASM: tl.constexpr):
-    """Ask L2 to fetch the lines at pointers p (any shape) where mask holds, without waiting for them
-    (prefetch.global.L2). Nothing to do in the interpreter."""
-    if USE_ASM:
-        tl.inline_asm_elementwise("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, $2, 0;\n\t@q prefetch.global.L2 [$1];\n\t"
-                                  "mov.b32 $0, 0;\n\t}", "=r,l,r", [p, mask.to(tl.int32)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
 def gpu_fence(v, USE_ASM: tl.constexpr):
     """fence.acq_rel.gpu in every thread (the interpreter runs programs one at a time: nothing to do).
     v: any int32 scalar; returned unchanged, so the fence can be ordered by data dependence."""

@@ -30,8 +30,8 @@ full (zeros past H and I), so the GEMV reads whole padded rows unmasked. The gat
 """
 from __future__ import annotations
 
-from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, prefetch_l2, quantize_store,
-                            quantize_x_row, tl, triton)
+from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, quantize_store, quantize_x_row,
+                            tl, triton)
 
 # The kernels' branches spell out each format's constants; they must match the registry (checked in ops).
 KERNEL_FORMATS = {
@@ -102,108 +102,118 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_codes(ids_p, codes_p, offs_p, arena_p, table_p, p, H, I, n0, k_lo, BN: tl.constexpr,
-                    PRE: tl.constexpr, USE_ASM: tl.constexpr):
-    # prefetch.global.L2 of the gate and up codes of pair p, rows n0 .. n0+BN, K steps from input k_lo on
-    # (PRE of them): unit-major storage makes each step's rows one contiguous span of BN * WPU * 4 bytes
+def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p, hf_p,
+                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi,
+                  FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, BK16: tl.constexpr,
+                  NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
+    # one work item: gate and up rows nt*BN .. of pair p's expert over inputs k_lo .. k_hi (x on the grid
+    # at xq, xdx, xsum), then h = silu(g) * u packed for down (with SPLIT > 1, by the last of the splits)
+    HP = tl.cdiv(H, 512) * 512
+    IP = tl.cdiv(I, 512) * 512
+    n0 = nt * BN
+    rows = n0 + tl.arange(0, BN)
+    ok = rows < I
     e = tl.load(ids_p + p)
     code = tl.load(codes_p + e)
-    if code < 4:                                                    # packed formats only
-        base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
-        epw = tl.where(code == 2, 32, tl.where(code == 3, 8, 16))  # codes per 32-bit word
-        unit = tl.where(code == 3, 128, 512)                       # inputs per K step
-        span = tl.minimum(BN, I - n0) * (unit // epw) * 4            # bytes of one step's rows (none past I)
-        lines = tl.arange(0, BN)                                   # 128-byte lines: BN * 128 >= span
-        for mat in tl.static_range(2):
-            cp = base + tl.load(table_p + (code * 3 + mat) * 5)
-            for s in tl.static_range(PRE):
-                u = k_lo // unit + s
-                start = (u * I + n0).to(tl.int64) * (unit // epw) * 4
-                prefetch_l2(cp + start + lines * 128, (lines * 128 < span) & (u * unit < H), USE_ASM)
+    base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
+    g = tl.zeros([BN], tl.float32)
+    u = tl.zeros([BN], tl.float32)
+    if n0 < I:                                            # rows past I (padding) stay zero
+        if (FMASK & 1) != 0:
+            if code == 0:
+                g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
+                                    0, 2, 16, 8, 4, 512, 2, NS, PF, USE_ASM)
+        if (FMASK & 2) != 0:
+            if code == 1:
+                g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
+                                    1, 2, 32, 8, 8, 512, 2, NS, PF, USE_ASM)
+        if (FMASK & 4) != 0:
+            if code == 2:
+                g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
+                                    2, 1, 32, 8, 4, 512, 2, NS, PF, USE_ASM)
+        if (FMASK & 8) != 0:
+            if code == 3:
+                g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
+                                    3, 4, 128, 16, 16, 0, 2, NS, PF, USE_ASM)
+        if (FMASK & 16) != 0:
+            if code == 4:
+                g = gemv_rows_bf16(blob_segment(base, table_p, 4, 0, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
+                u = gemv_rows_bf16(blob_segment(base, table_p, 4, 1, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
+    last = True
+    if SPLIT > 1:
+        last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, SPLIT, s, IP,
+                                cnt_p + p * NT + nt, USE_ASM)
+    if last:
+        h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
+        if (FMASK & 16) != 0:
+            if code == 4:
+                tl.store(hf_p + p * IP + rows, h, mask=ok)                            # bf16 down reads float h
+        if (FMASK & 15) != 0:
+            if code != 4:                                                          # h on the int8 grid for down
+                quantize_store(tl.reshape(h, [BN // 32, 32]), n0, IP,
+                               (hq_p + p * (IP // 4)).to(tl.pointer_type(tl.int8)),
+                               hdx_p + p * (IP // 32), hsum_p + p * (3 * IP // 32))
 
 
 @triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
-                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, H, I, KU,
+                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
-                   SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr, NS: tl.constexpr,
-                   PF: tl.constexpr, PRE: tl.constexpr, USE_ASM: tl.constexpr):
-    # program (row tile nt, token m, z = s * JC + jc): rows nt*BN .. of I for experts jc*JCHUNK .. of the
-    # token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of SPLIT). With SPLIT > 1 the partial
-    # g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT programs of (pair, nt) to finish
-    # (counter cnt[p * NT + nt]) adds them, applies SiLU and packs h; with SPLIT = 1 each program does.
-    # PRE > 0: before phase A, the codes of the first PRE K steps of its first expert are requested into
-    # L2, so HBM is busy while the program packs x (a few dependent load round trips).
-    nt = tl.program_id(0)
-    m = tl.program_id(1)
-    JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
-    jc = tl.program_id(2) % JC
-    s = tl.program_id(2) // JC
-    NT = tl.num_programs(0)
+                   SPLIT: tl.constexpr, PERSIST: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
+                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
+    # PERSIST = 0, grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows
+    #   nt*BN .. of I for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H
+    #   (K split s of SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the
+    #   last of the SPLIT programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
+    # PERSIST = 1, grid (G,) of resident programs (SPLIT = 1): each packs every token's x once, then takes
+    #   work items i = (pair, row tile) = (i // NT, i % NT) from an atomic counter (cnt[0]) until none is
+    #   left, so SMs that drew cheap items (1-bit experts' rows) take more of them; the last program to
+    #   leave (cnt[1]) resets both counters for the next call.
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
-    k_lo = s * KU * 512
-    k_hi = tl.minimum(k_lo + KU * 512, HP)
-    x_row = x_p + m * stride_xm
-    xq = xq_p + m * (HP // 4)
-    xdx = xdx_p + m * (HP // 32)
-    xsum = xsum_p + m * (3 * HP // 32)
-    n0 = nt * BN
-    if PRE > 0:
-        _prefetch_codes(ids_p, codes_p, offs_p, arena_p, table_p, m * TOPK + jc * JCHUNK, H, I, n0, k_lo,
-                        BN, PRE, USE_ASM)
-    # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
-    if (FMASK & 15) != 0:
-        quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
-    tl.debug_barrier()          # phase A's stores are read by every thread of the program below
-    rows = n0 + tl.arange(0, BN)
-    ok = rows < I
-    for jj in range(JCHUNK):
-        j = jc * JCHUNK + jj
-        if j < TOPK:
-            p = m * TOPK + j
-            e = tl.load(ids_p + p)
-            code = tl.load(codes_p + e)
-            base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
-            g = tl.zeros([BN], tl.float32)
-            u = tl.zeros([BN], tl.float32)
-            if n0 < I:                                    # rows past I (padding) stay zero
-                if (FMASK & 1) != 0:
-                    if code == 0:
-                        g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                            0, 2, 16, 8, 4, 512, 2, NS, PF, USE_ASM)
-                if (FMASK & 2) != 0:
-                    if code == 1:
-                        g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                            1, 2, 32, 8, 8, 512, 2, NS, PF, USE_ASM)
-                if (FMASK & 4) != 0:
-                    if code == 2:
-                        g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                            2, 1, 32, 8, 4, 512, 2, NS, PF, USE_ASM)
-                if (FMASK & 8) != 0:
-                    if code == 3:
-                        g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                            3, 4, 128, 16, 16, 0, 2, NS, PF, USE_ASM)
-                if (FMASK & 16) != 0:
-                    if code == 4:
-                        g = gemv_rows_bf16(blob_segment(base, table_p, 4, 0, 0, 17), H, k_lo, k_hi, rows, ok,
-                                           x_row, BK16)
-                        u = gemv_rows_bf16(blob_segment(base, table_p, 4, 1, 0, 17), H, k_lo, k_hi, rows, ok,
-                                           x_row, BK16)
-            last = True
-            if SPLIT > 1:
-                last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, SPLIT, s, IP,
-                                        cnt_p + p * NT + nt, USE_ASM)
-            if last:
-                h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                          # [BN]
-                if (FMASK & 16) != 0:
-                    if code == 4:
-                        tl.store(hf_p + p * IP + rows, h, mask=ok)                    # bf16 down reads float h
-                if (FMASK & 15) != 0:
-                    if code != 4:                                                  # h on the int8 grid for down
-                        quantize_store(tl.reshape(h, [BN // 32, 32]), n0, IP,
-                                       (hq_p + p * (IP // 4)).to(tl.pointer_type(tl.int8)),
-                                       hdx_p + p * (IP // 32), hsum_p + p * (3 * IP // 32))
+    NT = IP // BN
+    if PERSIST:
+        if (FMASK & 15) != 0:
+            for m in range(M):
+                quantize_x_row(x_p + m * stride_xm, H, HP, 0, HP, xq_p + m * (HP // 4), xdx_p + m * (HP // 32),
+                               xsum_p + m * (3 * HP // 32), CHUNK)
+        tl.debug_barrier()      # phase A's stores are read by every thread of the program below
+        T = M * TOPK * NT
+        i = tl.atomic_add(cnt_p, 1, sem="relaxed", scope="gpu")
+        while i < T:
+            nxt = tl.atomic_add(cnt_p, 1, sem="relaxed", scope="gpu")      # claimed now: its latency overlaps
+            p = i // NT
+            m = p // TOPK
+            _gate_up_pair(x_p + m * stride_xm, ids_p, codes_p, offs_p, arena_p, table_p, xq_p + m * (HP // 4),
+                          xdx_p + m * (HP // 32), xsum_p + m * (3 * HP // 32), hq_p, hdx_p, hsum_p, hf_p,
+                          gpart_p, cnt_p, H, I, p, i % NT, NT, 0, 0, HP, FMASK, BN, 1, BK16, NS, PF, USE_ASM)
+            i = nxt
+        left = tl.atomic_add(cnt_p + 1, 1, sem="acq_rel", scope="gpu")
+        if left == tl.num_programs(0) - 1:          # every program is past its last claim
+            tl.atomic_xchg(cnt_p, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(cnt_p + 1, 0, sem="relaxed", scope="gpu")
+    else:
+        nt = tl.program_id(0)
+        m = tl.program_id(1)
+        JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
+        jc = tl.program_id(2) % JC
+        s = tl.program_id(2) // JC
+        k_lo = s * KU * 512
+        k_hi = tl.minimum(k_lo + KU * 512, HP)
+        x_row = x_p + m * stride_xm
+        xq = xq_p + m * (HP // 4)
+        xdx = xdx_p + m * (HP // 32)
+        xsum = xsum_p + m * (3 * HP // 32)
+        # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
+        if (FMASK & 15) != 0:
+            quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
+        tl.debug_barrier()      # phase A's stores are read by every thread of the program below
+        for jj in range(JCHUNK):
+            j = jc * JCHUNK + jj
+            if j < TOPK:
+                _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
+                              hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
+                              FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
 
 
 @triton.jit

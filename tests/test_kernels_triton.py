@@ -195,11 +195,12 @@ def test_fused_moe_single_format(fmt):
     assert rel(out, ref_q8) < max(3e-2, 1.5 * grid_err)
 
 
-@pytest.mark.parametrize("m,pf", [(1, 0), (3, 1)])
-def test_moe_launches_on_their_own_grids(mixed_arena, m, pf):
-    # pf: the register prefetch of the next K step (triton_common.gemv_rows), off and on
+@pytest.mark.parametrize("m,pf,persist", [(1, 0, 0), (3, 1, 0), (3, 0, 1)])
+def test_moe_launches_on_their_own_grids(mixed_arena, m, pf, persist):
+    # pf: the register prefetch of the next K step (triton_common.gemv_rows), off and on; persist: gate/up
+    # as resident programs taking (pair, row tile) items from a counter
     arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, m, PF1=pf, PF2=pf, PRE1=2 * pf)   # PRE1: L2 prefetch
+    check_moe_launches(arena, offsets, hidden, inter, m, PF1=pf, PF2=pf, PERSIST1=persist, BN1=32)
 
 
 def test_moe_launches_with_k_splits():
@@ -209,8 +210,7 @@ def test_moe_launches_with_k_splits():
     hidden, inter = 1100, 520
     split1, split2 = 3, 5
     arena, offsets = make_arena(MIX, hidden, inter)
-    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, PF1=1, PRE1=1,
-                       CHUNK=256)
+    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, PF1=1, CHUNK=256)
     # the counters are back at zero after a call, and the parts are added in a fixed order
     cfg = dict(ops.config_for("moe", "mix", 1, hidden, inter, DEVICE), SPLIT1=split1, SPLIT2=split2)
     x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
@@ -264,6 +264,11 @@ def test_fused_moe_repeated_calls_and_format_codes(mixed_arena):
     a = fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, backend="triton")
     b = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton")
     assert torch.equal(a, b)                         # deterministic: parts are summed in a fixed order
+    # the persistent gate/up's work counters are back at zero too: the same items, the same result
+    cfg = dict(ops.config_for("moe", "mix", 2, hidden, inter, DEVICE), PERSIST1=1)
+    c = fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, backend="triton", config=cfg)
+    d = fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, backend="triton", config=cfg)
+    assert torch.equal(c, d) and rel(c, a) < 1e-6
 
 
 def test_fused_moe_refuses_bad_arguments(mixed_arena):
