@@ -29,11 +29,15 @@ DEFAULTS: dict[str, dict] = {
 
 # Winners of the sweep, per GPU name (see KERNELS.md for the run they came from).
 TUNED: dict[str, dict[str, dict]] = {
-    # benchmarks/results/kernels-20261129T132833Z.json (K-major kernels, unit-major storage): gate/up and
-    # down both fastest with 64-row tiles, 4 warps and no cp.async staging at kimi-k3.1-pro's shape (54.6 +
-    # 27.8 us); at Kimi-K2's, 8 warps won gate/up by 6%. GEMV: 64 rows, 4 warps, no staging.
-    "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "BN2": 64, "warps2": 4, "NS2": 1},
-                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "THREADS": 131072}},
+    # MoE: benchmarks/results/kernels-moe-sweep-20261201T200146Z.json (commit 96b364e). Gate/up: 64-row
+    # tiles, 4 warps, no staging, no register prefetch, phase A in 4096-input chunks (52.2 us against 55.8
+    # with 1024 at kimi-k3.1-pro's shape); one K split at kimi-k3.1-pro (448 programs, about one wave of
+    # 4 a SM at 128 registers), two at Kimi-K2 (256 programs: 32.9 against 39.7 us), which SPLIT1=0 with
+    # WAVE1=4 picks for both. Down: 32-row tiles, 4 warps, no split (27.8 / 19.3 us).
+    # GEMV: benchmarks/results/kernels-20261201T195309Z.json: 64 rows, 4 warps, no staging, no prefetch.
+    "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "PF1": 0, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
+                            "BN2": 32, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1},
+                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072}},
 }
 
 def _device_key(device) -> str | None:
