@@ -55,8 +55,13 @@ DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=1, PF2=pf, SPLIT2=sp) for bn, w, pf, sp
 GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf) for bn, w, th, pf in
               ((64, 4, 131072, 0), (64, 4, 131072, 1), (32, 4, 65536, 1), (64, 4, 65536, 1), (32, 2, 131072, 1),
                (128, 8, 131072, 1), (32, 4, 131072, 1))]
-GEMM_SWEEP = [dict(BM=128, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s)
-              for bn, bk, w, s in ((128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (256, 128, 8, 2))]
+# prefill GEMM: BM 256 (two warpgroups sharing each dequantized weight tile) halves the dequantization
+# per FLOP; statically (compile_check --sass, q2_g16) 838 warp instructions per MFLOP of MMA against 1362
+# at BM 128, BN 128, 4 warps
+GEMM_SWEEP = [dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s)
+              for bm, bn, bk, w, s in ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3),
+                                       (128, 128, 64, 4, 4), (256, 128, 64, 8, 3), (256, 128, 64, 8, 2),
+                                       (256, 64, 64, 8, 3))]
 
 
 def tier_layers(hidden, inter, device):

@@ -321,8 +321,11 @@ def test_kimi_expert_shape_layer():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [512, 2048])
-def test_prefill_gemm_real_shape(m):
+@pytest.mark.parametrize("m,bm", [(512, 128), (2048, 128), (2048, 256)])
+def test_prefill_gemm_real_shape(m, bm):
+    # bm 256: two warpgroups share each dequantized weight tile (a benchmark sweep candidate)
     p = quantize(torch.randn(3584, 7168, device=DEVICE) * 0.02, "q2_g16_s8m4")
     x = torch.randn(m, 7168, dtype=torch.bfloat16, device=DEVICE)
-    assert rel(packed_linear(x, p), R.linear(x, p)) < 2e-2
+    cfg = dict(ops.config_for("gemm", p.fmt, m, p.n, p.k, DEVICE), BM=bm, num_warps=8 if bm == 256 else 4,
+               num_stages=3)
+    assert rel(packed_linear(x, p, config=cfg), R.linear(x, p)) < 2e-2
