@@ -56,12 +56,13 @@ GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf) for bn, w, th, p
               ((64, 4, 131072, 0), (64, 4, 131072, 1), (32, 4, 65536, 1), (64, 4, 65536, 1), (32, 2, 131072, 1),
                (128, 8, 131072, 1), (32, 4, 131072, 1))]
 # prefill GEMM: BM 256 (two warpgroups sharing each dequantized weight tile) halves the dequantization
-# per FLOP; statically (compile_check --sass, q2_g16) 838 warp instructions per MFLOP of MMA against 1362
-# at BM 128, BN 128, 4 warps
-GEMM_SWEEP = [dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s)
-              for bm, bn, bk, w, s in ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3),
-                                       (128, 128, 64, 4, 4), (256, 128, 64, 8, 3), (256, 128, 64, 8, 2),
-                                       (256, 64, 64, 8, 3))]
+# per FLOP, and DQ=1 dequantizes two codes a register with bf16x2 FMAs; statically (SASS of the K loop,
+# q2_g16) warp instructions per MFLOP of MMA: 1362 at BM 128 / BN 128 / 4 warps, 1000 with DQ=1, 838 at
+# BM 256 / 8 warps, 690 with both
+GEMM_SWEEP = [dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s, DQ=dq)
+              for bm, bn, bk, w, s, dq in ((128, 128, 64, 4, 4, 0), (128, 128, 64, 8, 3, 0), (128, 256, 64, 8, 3, 0),
+                                           (256, 128, 64, 8, 3, 0), (128, 128, 64, 4, 4, 1), (128, 256, 64, 8, 3, 1),
+                                           (256, 128, 64, 8, 3, 1), (256, 128, 64, 8, 2, 1), (256, 64, 64, 8, 3, 1))]
 
 
 def tier_layers(hidden, inter, device):

@@ -53,8 +53,9 @@ def kernels(arch: int = 90, quick: bool = False):
         gsig = {**sig, "codes_p": P["i32"] if packed else P["bf16"]}     # the GEMM reads codes as words too
         for k in ("xq_p", "xdx_p", "xsum_p", "part_p", "cnt_p", "WSPLIT"):
             gsig.pop(k)
-        out.append((f"gemm code={code}", _compile(triton_gemm.gemm_kernel, gsig, dict(
-            consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False), arch, num_stages=4)))
+        for dq in ((0, 1) if packed else (0,)):      # DQ=1: bf16x2 dequantization (inline PTX)
+            out.append((f"gemm code={code} DQ={dq}", _compile(triton_gemm.gemm_kernel, gsig, dict(
+                consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq), arch, num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     for pf, split, persist in ((0, 1, 0), (1, 2, 0), (0, 1, 1)):   # PF: register prefetch; SPLIT: K splits
         out.append((f"moe gate_up all formats PF={pf} SPLIT={split} PERSIST={persist}", _compile(triton_moe.gate_up_kernel, {

@@ -432,6 +432,30 @@ def gemv_rows_bf16(w_p, K, k_lo, k_hi, rows, row_ok, x_p, BK: tl.constexpr):
 # ----------------------------------------------------------------- the GEMM's dequantized [BK, BN] tile
 
 @triton.jit
+def _tile_scales(scales_p, mins_p, d_p, dmin_p, ru, col_ok, g2, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
+                 GPU: tl.constexpr):
+    """Scales S and mins M (float32 [GT, BN]) of groups g2 ([GT, 1], index in the unit) of the records
+    ru ([BN]: unit * N + row) of a unit-major matrix: fp16 directly, or d * scale and dmin * min."""
+    r2 = ru[None, :]
+    ok2 = col_ok[None, :]
+    if SCALE_BITS == 16:
+        S_ = tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0.0).to(tl.float32)
+        M = tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0.0).to(tl.float32)
+    else:
+        sc = u2f(tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0).to(tl.int32))
+        if MIN_BITS == 4:
+            mb = tl.load(mins_p + r2 * (GPU // 2) + g2 // 2, mask=ok2, other=0).to(tl.int32)
+            mn = u2f((mb >> ((g2 & 1) * 4)) & 15)
+        else:
+            mn = u2f(tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0).to(tl.int32))
+        d = tl.load(d_p + ru, mask=col_ok, other=0.0).to(tl.float32)
+        dmin = tl.load(dmin_p + ru, mask=col_ok, other=0.0).to(tl.float32)
+        S_ = d[None, :] * sc
+        M = dmin[None, :] * mn
+    return S_, M
+
+
+@triton.jit
 def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
                  BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
                  SB: tl.constexpr, BK: tl.constexpr):
@@ -457,22 +481,69 @@ def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
     words = tl.load(codes_p + ru[None, None, :] * WPU + wi, mask=col_ok[None, None, :], other=0)
     sh = ((tl.arange(0, S) * BITS)[:, None] + (tl.arange(0, 4) * 8)[None, :])[None, None, :, :, None]
     q = u2f((words[:, :, None, None, :] >> sh) & ((1 << BITS) - 1))                   # [GT, GS/EPW, S, 4, BN]
-    g2 = kin // GROUP + tl.arange(0, GT)[:, None]                                       # [GT, 1] group in unit
-    r2 = ru[None, :]
-    ok2 = col_ok[None, :]
-    if SCALE_BITS == 16:
-        S_ = tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0.0).to(tl.float32)        # [GT, BN]
-        M = tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0.0).to(tl.float32)
-    else:
-        sc = u2f(tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0).to(tl.int32))
-        if MIN_BITS == 4:
-            mb = tl.load(mins_p + r2 * (GPU // 2) + g2 // 2, mask=ok2, other=0).to(tl.int32)
-            mn = u2f((mb >> ((g2 & 1) * 4)) & 15)
-        else:
-            mn = u2f(tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0).to(tl.int32))
-        d = tl.load(d_p + ru, mask=col_ok, other=0.0).to(tl.float32)
-        dmin = tl.load(dmin_p + ru, mask=col_ok, other=0.0).to(tl.float32)
-        S_ = d[None, :] * sc
-        M = dmin[None, :] * mn
+    S_, M = _tile_scales(scales_p, mins_p, d_p, dmin_p, ru, col_ok, kin // GROUP + tl.arange(0, GT)[:, None],
+                         SCALE_BITS, MIN_BITS, GPU)                                      # [GT, BN]
     w = S_[:, None, None, None, :] * q - M[:, None, None, None, :]
     return tl.reshape(w, [BK, BN])
+
+
+@triton.jit
+def _bf16_pair_affine(v, s2, nm2, USE_ASM: tl.constexpr):
+    """v int32 holding two bf16 bit patterns 128 + q (q < 128, so exact); s2, nm2 int32 holding the
+    bf16 pairs (S, S) and (-M, -M). Returns (lo, hi) bf16: q*S - M for each half, rounded once
+    (fma.rn.bf16x2 twice: v*1 - 128 is exact, then q*S - M). The interpreter computes the same in
+    float32 (exact there) and rounds to bf16."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise(
+            "{\n\t.reg .b32 one, c, t;\n\tmov.b32 one, 0x3F803F80;\n\tmov.b32 c, 0xC300C300;\n\t"
+            "fma.rn.bf16x2 t, $2, one, c;\n\tfma.rn.bf16x2 t, t, $3, $4;\n\tmov.b32 {$0, $1}, t;\n\t}",
+            "=h,=h,r,r,r", [v, s2, nm2], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+    else:
+        lo = ((v & 0xFFFF) << 16).to(tl.float32, bitcast=True) - 128.0
+        hi = (v & -65536).to(tl.float32, bitcast=True) - 128.0
+        s = (s2 & -65536).to(tl.float32, bitcast=True)
+        nm = (nm2 & -65536).to(tl.float32, bitcast=True)
+        return (lo * s + nm).to(tl.bfloat16), (hi * s + nm).to(tl.bfloat16)
+
+
+@triton.jit
+def _bf16_pair_bits(x):
+    """float32 x -> int32 holding round-to-bf16(x) in both halves."""
+    b = x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return b | (b << 16)
+
+
+@triton.jit
+def dequant_tile_bf16(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
+                      BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
+                      SB: tl.constexpr, BK: tl.constexpr, USE_ASM: tl.constexpr):
+    """`dequant_tile` as bf16 [BK, BN], two codes at a time: (word >> BITS*s + 8h) & (mask at bits 0
+    and 16) | 0x43004300 puts codes 4s+h and 4s+h+2 of a word into one register as the bf16 values
+    128 + q, and two bf16x2 FMAs (`_bf16_pair_affine`) give S*q - M for both: about 2 instructions a
+    weight where the float32 path spends 8-9. S and M are rounded to bf16 first (the weights are bf16
+    for the MMA anyway; this adds up to one more bf16 rounding of S*q and of M)."""
+    EPW: tl.constexpr = 32 // BITS
+    S: tl.constexpr = 8 // BITS
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    WPU: tl.constexpr = UNIT // EPW
+    GPU: tl.constexpr = UNIT // GROUP
+    GT: tl.constexpr = BK // GROUP if BK > GROUP else 1
+    GS: tl.constexpr = BK // GT
+    PAIR: tl.constexpr = ((1 << BITS) - 1) * 0x00010001
+    BN: tl.constexpr = cols.shape[0]
+    u = k0 // UNIT
+    kin = k0 - u * UNIT
+    ru = (u * N + cols).to(tl.int64)
+    gi = tl.arange(0, GT)[:, None, None]
+    wi = kin // EPW + gi * (GS // EPW) + tl.arange(0, GS // EPW)[None, :, None]         # [GT, GS/EPW, 1]
+    words = tl.load(codes_p + ru[None, None, :] * WPU + wi, mask=col_ok[None, None, :], other=0)
+    sh = ((tl.arange(0, S) * BITS)[:, None] + (tl.arange(0, 2) * 8)[None, :])[None, None, :, :, None]
+    v = ((words[:, :, None, None, :] >> sh) & PAIR) | 0x43004300                     # [GT, GS/EPW, S, 2, BN]
+    S_, M = _tile_scales(scales_p, mins_p, d_p, dmin_p, ru, col_ok, kin // GROUP + tl.arange(0, GT)[:, None],
+                         SCALE_BITS, MIN_BITS, GPU)                                      # [GT, BN]
+    s2 = _bf16_pair_bits(S_)[:, None, None, None, :]
+    nm2 = _bf16_pair_bits(-M)[:, None, None, None, :]
+    lo, hi = _bf16_pair_affine(v, s2, nm2, USE_ASM)                                   # j = h, j = h + 2
+    w = tl.permute(tl.join(lo, hi), (0, 1, 2, 5, 3, 4))                               # [GT, GS/EPW, S, 2, 2, BN]
+    return tl.reshape(w, [BK, BN])
+

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import torch
 
-from .triton_common import INTERPRET, blob_segment, dequant_tile, mma, tl, triton
+from .triton_common import INTERPRET, blob_segment, dequant_tile, dequant_tile_bf16, mma, tl, triton
 
 
 @triton.jit
 def _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, K, k0, cols, col_ok,
             BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-            SB: tl.constexpr, BK: tl.constexpr):
-    # W^T[k0:k0+BK, cols] as bf16 [BK, BN]; for bf16 weights codes_p is the [N, K] weight
+            SB: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr = 0, INTERP: tl.constexpr = False):
+    # W^T[k0:k0+BK, cols] as bf16 [BK, BN]; for bf16 weights codes_p is the [N, K] weight.
+    # DQ=1: two codes a register through bf16x2 FMAs (`dequant_tile_bf16`); DQ=0: float32, one code at a time
     if BITS == 16:
         ks = k0 + tl.arange(0, BK)
         return tl.load(codes_p + cols[None, :].to(tl.int64) * K + ks[:, None],
                        mask=(ks < K)[:, None] & col_ok[None, :], other=0.0)
+    elif DQ:            # inline PTX on the GPU, its float32 emulation in the interpreter
+        return dequant_tile_bf16(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
+                                 BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK, not INTERP)
     else:
         return dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
                             BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK).to(tl.bfloat16)
@@ -43,8 +47,9 @@ def _k_extent(K, BITS: tl.constexpr, GROUP: tl.constexpr, SB: tl.constexpr):
 def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, M, N, K,
                 BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
                 SB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                EVEN_K: tl.constexpr, INTERP: tl.constexpr):
-    # out [M, N] = x [M, K] @ W [N, K]^T, tiles [BM, BN], programs grouped GROUP_M tiles tall for L2 reuse
+                EVEN_K: tl.constexpr, INTERP: tl.constexpr, DQ: tl.constexpr):
+    # out [M, N] = x [M, K] @ W [N, K]^T, tiles [BM, BN], programs grouped GROUP_M tiles tall for L2 reuse;
+    # DQ: the dequantization path (`_b_tile`)
     pid = tl.program_id(0)
     npm = tl.cdiv(M, BM)
     npn = tl.cdiv(N, BN)
@@ -66,7 +71,7 @@ def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, s
             a = tl.load(x_p + rm[:, None].to(tl.int64) * stride_xm + ks[None, :],
                         mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)                    # [BM, BK]
         b = _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, K, k0, rn, n_ok,
-                    BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)                                 # [BK, BN]
+                    BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK, DQ, INTERP)                     # [BK, BN]
         acc = mma(a, b, acc, INTERP)
     tl.store(out_p + rm[:, None].to(tl.int64) * stride_om + rn[None, :], acc.to(out_p.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])

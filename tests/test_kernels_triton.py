@@ -319,6 +319,22 @@ def test_kimi_expert_shape_layer():
     assert rel(out, R.moe(x, ids, wts, arena, offsets, mix, hidden, inter, q8=True)) < 1e-2
 
 
+@pytest.mark.parametrize("fmt", [f for f in ALL if f != "bf16"])
+def test_gemm_bf16_pair_dequantization(fmt):
+    # DQ=1: two codes a register as bf16 128 + q, then bf16x2 FMAs with S and -M rounded to bf16 (inline
+    # PTX on the GPU, its float32 emulation here). Against the float32 path: both end in bf16 weights;
+    # S and M rounded to bf16 first add one more bf16 rounding (2^-9 relative) of S*q and of M, shared by
+    # a group (so it does not average out): 3-7e-3 apart over 8 draws here (q4's fp16 M the most), and
+    # 0.7-1.0% from the exact product against the float32 path's 0.6% (bf16 x and weights alone)
+    n, k, m = 72, 1100, 33
+    p = quantize(torch.randn(n, k), fmt).to(DEVICE)
+    x = torch.randn(m, k, device=DEVICE)
+    cfg = ops.config_for("gemm", p.fmt, m, n, k, DEVICE)
+    f32 = packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton", config={**cfg, "DQ": 0})
+    pairs = packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton", config={**cfg, "DQ": 1})
+    assert rel(pairs, f32) < 1.5e-2 and rel(pairs, R.linear(x, p)) < 2e-2
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,bm", [(512, 128), (2048, 128), (2048, 256)])
@@ -328,4 +344,6 @@ def test_prefill_gemm_real_shape(m, bm):
     x = torch.randn(m, 7168, dtype=torch.bfloat16, device=DEVICE)
     cfg = dict(ops.config_for("gemm", p.fmt, m, p.n, p.k, DEVICE), BM=bm, num_warps=8 if bm == 256 else 4,
                num_stages=3)
-    assert rel(packed_linear(x, p, config=cfg), R.linear(x, p)) < 2e-2
+    ref = R.linear(x, p)
+    assert rel(packed_linear(x, p, config=cfg), ref) < 2e-2
+    assert rel(packed_linear(x, p, config={**cfg, "DQ": 1}), ref) < 2e-2          # bf16x2 dequantization
