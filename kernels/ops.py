@@ -365,8 +365,13 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, m, hidden, inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, PERSIST=1 if persist else 0, BK16=cfg["BK16"],
         CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
-        USE_ASM=USE_ASM, num_warps=cfg["warps1"])
+        USE_ASM=USE_ASM, num_warps=cfg["warps1"], **_maxnreg(cfg.get("MAXREG1", 0)))
     return sc
+
+
+def _maxnreg(n: int) -> dict:
+    """Launch option capping registers a thread (0: the compiler's choice; nothing to cap when interpreted)."""
+    return {"maxnreg": int(n)} if n and not INTERPRET else {}
 
 
 def _sm_count(device: torch.device) -> int:

@@ -200,7 +200,8 @@ def test_moe_launches_on_their_own_grids(mixed_arena, m, pf, persist):
     # pf: the register prefetch of the next K step (triton_common.gemv_rows), off and on; persist: gate/up
     # as resident programs taking (pair, row tile) items from a counter
     arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, m, PF1=pf, PF2=pf, PERSIST1=persist, BN1=32)
+    check_moe_launches(arena, offsets, hidden, inter, m, PF1=pf, PF2=pf, PERSIST1=persist, BN1=32,
+                       MAXREG1=128 * persist)
 
 
 def test_moe_launches_with_k_splits():
