@@ -77,10 +77,10 @@ def kernels(arch: int = 90, quick: bool = False):
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     out.append(("moe grouped gate_up", _compile(triton_gemm.grouped_gate_up, {
         "x_p": P["bf16"], "stride_xm": "i32", **blocks, "h_p": P["bf16"], "H": "i32", "I": "i32"},
-        dict(TOPK=8, FMASK=31, BM=64, BN=128, BK=64, INTERP=False), arch)))
+        dict(TOPK=8, FMASK=31, BM=64, BN=128, BK=64, DQ=1, INTERP=False), arch)))
     out.append(("moe grouped down", _compile(triton_gemm.grouped_down, {
         "h_p": P["bf16"], "wts_p": P["f32"], **blocks, "y_p": P["f32"], "H": "i32", "I": "i32"},
-        dict(FMASK=31, BM=64, BN=128, BK=64, INTERP=False), arch)))
+        dict(FMASK=31, BM=64, BN=128, BK=64, DQ=1, INTERP=False), arch)))
     return out
 
 

@@ -82,7 +82,7 @@ def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, s
 @triton.jit
 def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
                 CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
-                MIN_BITS: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+                MIN_BITS: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr, INTERP: tl.constexpr):
     # acc [BM, BN] += A[a_rows, :K] @ W_mat^T[:, cols] for matrix `mat` of the expert blob at base
     if BITS == 16:
         codes = blob_segment(base, table_p, CODE, mat, 0, 17)
@@ -96,44 +96,45 @@ def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col
         ks = k0 + tl.arange(0, BK)
         a = tl.load(a_p + a_rows[:, None].to(tl.int64) * a_stride + ks[None, :],
                     mask=a_ok[:, None] & (ks < K)[None, :], other=0.0)
-        b = _b_tile(codes, scales, mins, d, dmin, N, K, k0, cols, col_ok, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)
+        b = _b_tile(codes, scales, mins, d, dmin, N, K, k0, cols, col_ok, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK,
+                    DQ, INTERP)
         acc = mma(a, b, acc, INTERP)
     return acc
 
 
 @triton.jit
 def _expert_dot_any(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, code,
-                    BM: tl.constexpr, BN: tl.constexpr, FMASK: tl.constexpr, BK: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, FMASK: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr,
                     INTERP: tl.constexpr):
     # dispatch on the expert's run-time format code (branches only for codes in FMASK)
     acc = tl.zeros([BM, BN], tl.float32)
     if (FMASK & 1) != 0:
         if code == 0:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              0, 2, 16, 8, 4, 512, BK, INTERP)
+                              0, 2, 16, 8, 4, 512, BK, DQ, INTERP)
     if (FMASK & 2) != 0:
         if code == 1:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              1, 2, 32, 8, 8, 512, BK, INTERP)
+                              1, 2, 32, 8, 8, 512, BK, DQ, INTERP)
     if (FMASK & 4) != 0:
         if code == 2:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              2, 1, 32, 8, 4, 512, BK, INTERP)
+                              2, 1, 32, 8, 4, 512, BK, DQ, INTERP)
     if (FMASK & 8) != 0:
         if code == 3:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              3, 4, 128, 16, 16, 0, BK, INTERP)
+                              3, 4, 128, 16, 16, 0, BK, DQ, INTERP)
     if (FMASK & 16) != 0:
         if code == 4:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              4, 16, 1, 0, 0, 0, BK, INTERP)
+                              4, 16, 1, 0, 0, 0, BK, DQ, INTERP)
     return acc
 
 
 @triton.jit
 def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, offs_p, arena_p,
                     table_p, h_p, H, I, TOPK: tl.constexpr, FMASK: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr, INTERP: tl.constexpr):
     # h [P, I] (bf16) for the block's pairs: rows of x gathered by token = pair // TOPK
     b = tl.program_id(0)
     e = tl.load(blk_e_p + b)
@@ -148,8 +149,8 @@ def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, co
         base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         c_ok = cols < I
-        g = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 0, I, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
-        u = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 1, I, H, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
+        g = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 0, I, H, cols, c_ok, code, BM, BN, FMASK, BK, DQ, INTERP)
+        u = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 1, I, H, cols, c_ok, code, BM, BN, FMASK, BK, DQ, INTERP)
         h = g * tl.sigmoid(g) * u
         tl.store(h_p + pair[:, None].to(tl.int64) * I + cols[None, :], h.to(tl.bfloat16),
                  mask=r_ok[:, None] & c_ok[None, :])
@@ -158,7 +159,7 @@ def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, co
 @triton.jit
 def grouped_down(h_p, wts_p, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, offs_p, arena_p, table_p,
                  y_p, H, I, FMASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 INTERP: tl.constexpr):
+                 DQ: tl.constexpr, INTERP: tl.constexpr):
     # y [P, H] (float32) = topk weight of the pair * h[pair] @ W_down^T
     b = tl.program_id(0)
     e = tl.load(blk_e_p + b)
@@ -172,7 +173,7 @@ def grouped_down(h_p, wts_p, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, 
         base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         c_ok = cols < H
-        y = _expert_dot_any(h_p, I, pair, r_ok, base, table_p, 2, H, I, cols, c_ok, code, BM, BN, FMASK, BK, INTERP)
+        y = _expert_dot_any(h_p, I, pair, r_ok, base, table_p, 2, H, I, cols, c_ok, code, BM, BN, FMASK, BK, DQ, INTERP)
         wt = tl.load(wts_p + pair, mask=r_ok, other=0.0).to(tl.float32)
         tl.store(y_p + pair[:, None].to(tl.int64) * H + cols[None, :], y * wt[:, None],
                  mask=r_ok[:, None] & c_ok[None, :])
@@ -216,11 +217,12 @@ def moe_grouped(x, ids, wts, arena, offsets, codes, fmask, table, hidden, inter,
     nb = blk_e.numel()
     grouped_gate_up[(nb, triton.cdiv(inter, cfg["BN"]))](
         x, x.stride(0), order, blk_e, start, cnt, codes, offsets, arena, table, h, hidden, inter,
-        TOPK=topk, FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, INTERP=INTERPRET, num_warps=cfg["num_warps"],
+        TOPK=topk, FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, DQ=cfg.get("DQ", 0), INTERP=INTERPRET,
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     grouped_down[(nb, triton.cdiv(hidden, cfg["BN"]))](
         h, wts, order, blk_e, start, cnt, codes, offsets, arena, table, y, hidden, inter,
-        FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, INTERP=INTERPRET, num_warps=cfg["num_warps"],
+        FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, DQ=cfg.get("DQ", 0), INTERP=INTERPRET, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     torch.sum(y.view(m, topk, hidden), dim=1, out=out) if out.dtype == torch.float32 else \
         out.copy_(y.view(m, topk, hidden).sum(1))

@@ -320,6 +320,20 @@ def test_kimi_expert_shape_layer():
     assert rel(out, R.moe(x, ids, wts, arena, offsets, mix, hidden, inter, q8=True)) < 1e-2
 
 
+def test_fused_moe_prefill_bf16_pair_dequantization(mixed_arena):
+    # the grouped MoE prefill kernels with DQ=1 (see the GEMM test below for the rounding; here two
+    # matrices in a row and h stored as bf16 between them: 0.7-1.0% apart over 4 draws, 1.3-1.5% from the
+    # exact MoE against 1.0-1.2% for the float32 path)
+    arena, offsets, hidden, inter = mixed_arena
+    m = ops.MOE_DECODE_MAX_M + 5
+    x = torch.randn(m, hidden, dtype=torch.bfloat16, device=DEVICE)
+    ids, wts = route(m, len(MIX), 3)
+    cfg = ops.config_for("moe_grouped", "mix", m, hidden, inter, DEVICE)
+    f32 = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config={**cfg, "DQ": 0})
+    pairs = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config={**cfg, "DQ": 1})
+    assert rel(pairs, f32) < 2e-2 and rel(pairs, R.moe(x, ids, wts, arena, offsets, MIX, hidden, inter)) < 3e-2
+
+
 @pytest.mark.parametrize("fmt", [f for f in ALL if f != "bf16"])
 def test_gemm_bf16_pair_dequantization(fmt):
     # DQ=1: two codes a register as bf16 128 + q, then bf16x2 FMAs with S and -M rounded to bf16 (inline
