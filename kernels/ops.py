@@ -131,8 +131,9 @@ def pack_activations(x: torch.Tensor, kp: int, cfg: dict | None = None):
 
 
 def _gemv_split(n: int, row_words: int, bkw: int, cfg: dict) -> int:
-    """K splits of the GEMV: enough (rows x splits) threads to keep HBM busy, whole K steps per split."""
-    want = cfg.get("SPLIT") or max(1, min(8, _cdiv(cfg.get("THREADS", 32768), n)))
+    """K splits of the GEMV: enough (rows x splits) threads to keep HBM busy (at most MAXSPLIT), whole K
+    steps per split."""
+    want = cfg.get("SPLIT") or max(1, min(cfg.get("MAXSPLIT", 8), _cdiv(cfg.get("THREADS", 32768), n)))
     return max(1, min(want, row_words // bkw))
 
 

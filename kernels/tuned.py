@@ -13,8 +13,8 @@ import torch
 DEFAULTS: dict[str, dict] = {
     # decode GEMV: BN rows per program (a warp covers 32 / W4 rows of a K step, W4 = 8 threads per row for
     # 2-bit codes, 4 for 1- and 4-bit: see triton_common.gemv_rows), NS pipeline stages, K split over
-    # programs to reach THREADS; BK16: the K block of plain bf16 matrices
-    "gemv": {"BN": 64, "num_warps": 4, "NS": 2, "CHUNK": 1024, "THREADS": 65536, "BK16": 128},
+    # programs to reach THREADS (at most MAXSPLIT); BK16: the K block of plain bf16 matrices
+    "gemv": {"BN": 64, "num_warps": 4, "NS": 2, "CHUNK": 1024, "THREADS": 65536, "MAXSPLIT": 8, "BK16": 128},
     # tensor-core GEMM (prefill); BM drops to 16/64 for small M
     "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages, SPLIT1
