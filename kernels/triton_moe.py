@@ -6,7 +6,7 @@ and branches to the code of that format; FMASK (a compile-time bit mask of the c
 out the branches of formats not in the call. `table` [5, 3, 5] int64 holds, per format code, the byte
 offset of each matrix's segments (codes, scales, mins, d, dmin) inside a blob.
 
-  gate_up_kernel  grid (cdiv(I, BN), M, cdiv(TOPK, JCHUNK) * SPLIT)
+  gate_up_kernel  grid (cdiv(I, BN), M, cdiv(TOPK, JCHUNK) * SPLIT), or (G,) resident programs (PERSIST)
       phase A: x[m] -> the int8 grid, one for every code width (scratch xq, xdx, xsum), over the
                program's K split of H
       phase B: for each of its JCHUNK experts: g, u = W_gate x, W_up x on rows n0 .. n0+BN of I;
@@ -17,10 +17,12 @@ offset of each matrix's segments (codes, scales, mins, d, dmin) inside a blob.
       part[m, j, s, rows] = w[m, j] * W_down[e_j][rows, split s] @ h[m, j]; the last program of each
       (m, rows) to finish (an atomic counter) sums the parts in a fixed order and writes out[m, rows]
 
-K splits exist for balance, not for bytes: at batch 1 the grid is one wave of programs whose costs
-differ by 2x (a 2-bit expert's rows against a 1-bit one's), so SMs that drew the cheap ones idle at the
-end (Nsight Compute: SMs active 70-74% of the kernel's cycles). Splits make more, smaller programs and
-let the block scheduler hand them out as SMs free up.
+K splits and the persistent mode are about filling and balancing the GPU, not about bytes. At batch 1
+the gate/up grid is at most one wave of programs whose costs differ by 2x (a 2-bit expert's rows
+against a 1-bit one's): SMs that drew cheap ones idle at the end (Nsight Compute: SMs active 70-74% of
+the kernel's cycles), and at Kimi-K2's I = 2048 the grid does not even fill the SMs. Splits measured:
++21% at K2 (gate/up 39.7 -> 32.9 us on the H200), a loss where the grid already fills the GPU. The
+persistent mode (resident programs taking items from a counter) targets the imbalance; not yet measured.
 
 Scratch: xq int8 [M, HP] (held as int32 [M, HP/4]), xdx f32 [M, HP/32], xsum f32 [M, 3*HP/32] (sums per
 16 inputs, then per 32: `triton_common.quantize_store`); hq, hdx, hsum the same for h over IP, one row
