@@ -376,8 +376,14 @@ def _maxnreg(n: int) -> dict:
 
 
 def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (a small stand-in for the interpreter)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    """Streaming multiprocessors of a CUDA device (a small stand-in for the interpreter); read once."""
+    return _sm_count_of(str(torch.device(device)))
+
+
+@lru_cache(maxsize=16)
+def _sm_count_of(device: str) -> int:
+    d = torch.device(device)
+    return torch.cuda.get_device_properties(d).multi_processor_count if d.type == "cuda" else 4
 
 
 def _moe_split(want: int, kp: int) -> tuple[int, int]:

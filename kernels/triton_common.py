@@ -432,10 +432,24 @@ def gemv_rows_bf16(w_p, K, k_lo, k_hi, rows, row_ok, x_p, BK: tl.constexpr):
 # ----------------------------------------------------------------- the GEMM's dequantized [BK, BN] tile
 
 @triton.jit
-def _tile_scales(scales_p, mins_p, d_p, dmin_p, ru, col_ok, g2, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-                 GPU: tl.constexpr):
-    """Scales S and mins M (float32 [GT, BN]) of groups g2 ([GT, 1], index in the unit) of the records
-    ru ([BN]: unit * N + row) of a unit-major matrix: fp16 directly, or d * scale and dmin * min."""
+def _tile_words_scales(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
+                       BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
+                       SB: tl.constexpr, BK: tl.constexpr):
+    """The K tile k0 .. k0+BK of the rows cols of a unit-major [N, K] matrix, for the GEMM's dequantizers:
+    its code words int32 [GT, GS/EPW, BN] (GT groups in the tile, GS weights a group in it) and each
+    group's scale S and min M as float32 [GT, BN] (fp16 directly, or d * scale and dmin * min)."""
+    EPW: tl.constexpr = 32 // BITS
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    WPU: tl.constexpr = UNIT // EPW                              # code words per row and unit
+    GPU: tl.constexpr = UNIT // GROUP                            # groups per row and unit
+    GT: tl.constexpr = BK // GROUP if BK > GROUP else 1          # groups in the tile
+    GS: tl.constexpr = BK // GT                                  # weights of one group in the tile
+    u = k0 // UNIT
+    kin = k0 - u * UNIT                                          # offset of the tile inside its unit
+    ru = (u * N + cols).to(tl.int64)                             # [BN]: (unit, row) record index
+    wi = kin // EPW + tl.arange(0, GT)[:, None, None] * (GS // EPW) + tl.arange(0, GS // EPW)[None, :, None]
+    words = tl.load(codes_p + ru[None, None, :] * WPU + wi, mask=col_ok[None, None, :], other=0)
+    g2 = kin // GROUP + tl.arange(0, GT)[:, None]                # [GT, 1] group in unit
     r2 = ru[None, :]
     ok2 = col_ok[None, :]
     if SCALE_BITS == 16:
@@ -452,7 +466,7 @@ def _tile_scales(scales_p, mins_p, d_p, dmin_p, ru, col_ok, g2, SCALE_BITS: tl.c
         dmin = tl.load(dmin_p + ru, mask=col_ok, other=0.0).to(tl.float32)
         S_ = d[None, :] * sc
         M = dmin[None, :] * mn
-    return S_, M
+    return words, S_, M
 
 
 @triton.jit
@@ -465,24 +479,12 @@ def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
     k0 is a multiple of BK, and BK divides the scale unit (super-block, or the fp16 group). Codes are
     read once as 32-bit words (codes_p: int32) and spread over their EPW codes in registers (code
     4*s + j of a word in byte j, lane s: `quantizer.pack_bits`); scales once per group."""
-    EPW: tl.constexpr = 32 // BITS
     S: tl.constexpr = 8 // BITS
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    WPU: tl.constexpr = UNIT // EPW                              # code words per row and unit
-    GPU: tl.constexpr = UNIT // GROUP                            # groups per row and unit
-    GT: tl.constexpr = BK // GROUP if BK > GROUP else 1          # groups in the tile
-    GS: tl.constexpr = BK // GT                                  # weights of one group in the tile
     BN: tl.constexpr = cols.shape[0]
-    u = k0 // UNIT
-    kin = k0 - u * UNIT                                          # offset of the tile inside its unit
-    ru = (u * N + cols).to(tl.int64)                             # [BN]: (unit, row) record index
-    gi = tl.arange(0, GT)[:, None, None]
-    wi = kin // EPW + gi * (GS // EPW) + tl.arange(0, GS // EPW)[None, :, None]         # [GT, GS/EPW, 1]
-    words = tl.load(codes_p + ru[None, None, :] * WPU + wi, mask=col_ok[None, None, :], other=0)
+    words, S_, M = _tile_words_scales(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
+                                      BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)  # [GT, GS/EPW, BN], [GT, BN]
     sh = ((tl.arange(0, S) * BITS)[:, None] + (tl.arange(0, 4) * 8)[None, :])[None, None, :, :, None]
     q = u2f((words[:, :, None, None, :] >> sh) & ((1 << BITS) - 1))                   # [GT, GS/EPW, S, 4, BN]
-    S_, M = _tile_scales(scales_p, mins_p, d_p, dmin_p, ru, col_ok, kin // GROUP + tl.arange(0, GT)[:, None],
-                         SCALE_BITS, MIN_BITS, GPU)                                      # [GT, BN]
     w = S_[:, None, None, None, :] * q - M[:, None, None, None, :]
     return tl.reshape(w, [BK, BN])
 
@@ -522,25 +524,13 @@ def dequant_tile_bf16(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_o
     128 + q, and two bf16x2 FMAs (`_bf16_pair_affine`) give S*q - M for both: about 2 instructions a
     weight where the float32 path spends 8-9. S and M are rounded to bf16 first (the weights are bf16
     for the MMA anyway; this adds up to one more bf16 rounding of S*q and of M)."""
-    EPW: tl.constexpr = 32 // BITS
     S: tl.constexpr = 8 // BITS
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    WPU: tl.constexpr = UNIT // EPW
-    GPU: tl.constexpr = UNIT // GROUP
-    GT: tl.constexpr = BK // GROUP if BK > GROUP else 1
-    GS: tl.constexpr = BK // GT
     PAIR: tl.constexpr = ((1 << BITS) - 1) * 0x00010001
     BN: tl.constexpr = cols.shape[0]
-    u = k0 // UNIT
-    kin = k0 - u * UNIT
-    ru = (u * N + cols).to(tl.int64)
-    gi = tl.arange(0, GT)[:, None, None]
-    wi = kin // EPW + gi * (GS // EPW) + tl.arange(0, GS // EPW)[None, :, None]         # [GT, GS/EPW, 1]
-    words = tl.load(codes_p + ru[None, None, :] * WPU + wi, mask=col_ok[None, None, :], other=0)
+    words, S_, M = _tile_words_scales(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
+                                      BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)  # [GT, GS/EPW, BN], [GT, BN]
     sh = ((tl.arange(0, S) * BITS)[:, None] + (tl.arange(0, 2) * 8)[None, :])[None, None, :, :, None]
     v = ((words[:, :, None, None, :] >> sh) & PAIR) | 0x43004300                     # [GT, GS/EPW, S, 2, BN]
-    S_, M = _tile_scales(scales_p, mins_p, d_p, dmin_p, ru, col_ok, kin // GROUP + tl.arange(0, GT)[:, None],
-                         SCALE_BITS, MIN_BITS, GPU)                                      # [GT, BN]
     s2 = _bf16_pair_bits(S_)[:, None, None, None, :]
     nm2 = _bf16_pair_bits(-M)[:, None, None, None, :]
     lo, hi = _bf16_pair_affine(v, s2, nm2, USE_ASM)                                   # j = h, j = h + 2

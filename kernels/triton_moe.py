@@ -77,6 +77,34 @@ def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, 
 
 
 @triton.jit
+def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+                     FMASK: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr,
+                     USE_ASM: tl.constexpr):
+    # `_matrix_rows` for the packed expert of run-time format code `code` (branches only for the codes in
+    # FMASK; zeros for bf16, which the callers read themselves)
+    BN: tl.constexpr = rows.shape[0]
+    a = tl.zeros([BN], tl.float32)
+    b = tl.zeros([BN], tl.float32)
+    if (FMASK & 1) != 0:
+        if code == 0:
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+                                0, 2, 16, 8, 4, 512, NMAT, NS, PF, USE_ASM)
+    if (FMASK & 2) != 0:
+        if code == 1:
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+                                1, 2, 32, 8, 8, 512, NMAT, NS, PF, USE_ASM)
+    if (FMASK & 4) != 0:
+        if code == 2:
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+                                2, 1, 32, 8, 4, 512, NMAT, NS, PF, USE_ASM)
+    if (FMASK & 8) != 0:
+        if code == 3:
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+                                3, 4, 128, 16, 16, 0, NMAT, NS, PF, USE_ASM)
+    return a, b
+
+
+@triton.jit
 def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
     """K-split reduction of one row tile: store this program's parts v, w (f32 [BN] each) as part
     `idx` (of n_parts, rows [0, IP) each), then count it at cnt. Returns (last, v_sum, w_sum): the
@@ -121,22 +149,8 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
     g = tl.zeros([BN], tl.float32)
     u = tl.zeros([BN], tl.float32)
     if n0 < I:                                            # rows past I (padding) stay zero
-        if (FMASK & 1) != 0:
-            if code == 0:
-                g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                    0, 2, 16, 8, 4, 512, 2, NS, PF, USE_ASM)
-        if (FMASK & 2) != 0:
-            if code == 1:
-                g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                    1, 2, 32, 8, 8, 512, 2, NS, PF, USE_ASM)
-        if (FMASK & 4) != 0:
-            if code == 2:
-                g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                    2, 1, 32, 8, 4, 512, 2, NS, PF, USE_ASM)
-        if (FMASK & 8) != 0:
-            if code == 3:
-                g, u = _matrix_rows(base, table_p, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                    3, 4, 128, 16, 16, 0, 2, NS, PF, USE_ASM)
+        g, u = _packed_rows_any(base, table_p, code, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
+                                FMASK, 2, NS, PF, USE_ASM)
         if (FMASK & 16) != 0:
             if code == 4:
                 g = gemv_rows_bf16(blob_segment(base, table_p, 4, 0, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
@@ -245,23 +259,8 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     hq = hq_p + p * (IP // 4)
     hdx = hdx_p + p * (IP // 32)
     hsum = hsum_p + p * (3 * IP // 32)
-    part = tl.zeros([BN], tl.float32)
-    if (FMASK & 1) != 0:
-        if code == 0:
-            part, _u0 = _matrix_rows(base, table_p, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
-                                     0, 2, 16, 8, 4, 512, 1, NS, PF, USE_ASM)
-    if (FMASK & 2) != 0:
-        if code == 1:
-            part, _u1 = _matrix_rows(base, table_p, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
-                                     1, 2, 32, 8, 8, 512, 1, NS, PF, USE_ASM)
-    if (FMASK & 4) != 0:
-        if code == 2:
-            part, _u2 = _matrix_rows(base, table_p, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
-                                     2, 1, 32, 8, 4, 512, 1, NS, PF, USE_ASM)
-    if (FMASK & 8) != 0:
-        if code == 3:
-            part, _u3 = _matrix_rows(base, table_p, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
-                                     3, 4, 128, 16, 16, 0, 1, NS, PF, USE_ASM)
+    part, _unused = _packed_rows_any(base, table_p, code, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
+                                     FMASK, 1, NS, PF, USE_ASM)
     if (FMASK & 16) != 0:
         if code == 4:
             part = gemv_rows_bf16(blob_segment(base, table_p, 4, 2, 0, 17), I, k_lo, k_hi, rows, ok,
