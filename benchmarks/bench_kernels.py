@@ -44,15 +44,12 @@ GB = 1e9
 
 # sweep candidates: gate/up and down are timed as separate launches, so each is tuned on its own
 # (rows per program, warps, pipeline stages: 1 = no cp.async staging; PF: register prefetch of the next
-# K step; SPLIT: K splits over programs, 0 = enough to fill the GPU; PERSIST1: resident programs an SM
-# taking work items from a counter (168 registers uncapped: 3 an SM; MAXREG1=128 caps them, a few bytes
-# of stack at 64 rows, none at 32, for 4 an SM); CHUNK: inputs packed per step of phase A). A warp covers 4 rows of a
-# 2-bit K step and 8 of a 1-bit one; few rows per thread keep registers low and occupancy high (ncu_moe.sh)
-GATE_UP_SWEEP = [dict(BN1=bn, warps1=w, NS1=ns, PF1=pf, SPLIT1=sp, CHUNK=4096, PERSIST1=ps, MAXREG1=mr)
-                 for bn, w, ns, pf, sp, ps, mr in
-                 ((64, 4, 1, 0, 0, 0, 0), (64, 4, 1, 0, 1, 0, 0), (64, 4, 1, 0, 2, 0, 0), (32, 4, 1, 1, 1, 0, 0),
-                  (32, 4, 1, 1, 0, 0, 0), (32, 4, 2, 0, 1, 0, 0), (32, 4, 3, 0, 1, 0, 0), (64, 4, 2, 0, 0, 0, 0),
-                  (64, 4, 3, 0, 0, 0, 0), (32, 4, 1, 0, 1, 0, 0), (64, 8, 1, 1, 0, 0, 0))]
+# K step; SPLIT: K splits over programs, 0 = enough to fill the GPU; CHUNK: inputs packed per step of
+# phase A). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep
+# registers low and occupancy high (ncu_moe.sh). Measured and dropped (KERNELS.md): a persistent gate/up
+# (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day)
+GATE_UP_SWEEP = [dict(BN1=bn, warps1=w, NS1=1, PF1=pf, SPLIT1=sp, CHUNK=4096)
+                 for bn, w, pf, sp in ((64, 4, 0, 0), (64, 4, 0, 1), (64, 4, 0, 2), (32, 4, 1, 0), (32, 4, 1, 1))]
 DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=1, PF2=pf, SPLIT2=sp) for bn, w, pf, sp in
               ((32, 4, 0, 1), (16, 2, 0, 1), (64, 4, 0, 1), (32, 2, 0, 1))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's

@@ -351,28 +351,18 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
     assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
     nt = ip // bn1
-    persist = int(cfg.get("PERSIST1", 0))
-    if persist:                       # resident programs taking (pair, row tile) items from a counter
-        split, ku = 1, hp // 512
-        grid = (max(1, min(_sm_count(dev) * persist, p * nt)),)
-    else:
-        want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
-        split, ku = _moe_split(want, hp)
-        grid = (nt, m, _cdiv(topk, jchunk) * split)
+    want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
+    split, ku = _moe_split(want, hp)
+    grid = (nt, m, _cdiv(topk, jchunk) * split)
     gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
-    cnt = _counters(max(2, p * nt), dev) if split > 1 or persist else _dummy(dev)
+    cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
     triton_moe.gate_up_kernel[grid](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, m, hidden, inter, ku,
-        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, PERSIST=1 if persist else 0, BK16=cfg["BK16"],
+        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
         CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
-        USE_ASM=USE_ASM, num_warps=cfg["warps1"], **_maxnreg(cfg.get("MAXREG1", 0)))
+        USE_ASM=USE_ASM, num_warps=cfg["warps1"])
     return sc
-
-
-def _maxnreg(n: int) -> dict:
-    """Launch option capping registers a thread (0: the compiler's choice; nothing to cap when interpreted)."""
-    return {"maxnreg": int(n)} if n and not INTERPRET else {}
 
 
 def _sm_count(device: torch.device) -> int:

@@ -6,7 +6,7 @@ and branches to the code of that format; FMASK (a compile-time bit mask of the c
 out the branches of formats not in the call. `table` [5, 3, 5] int64 holds, per format code, the byte
 offset of each matrix's segments (codes, scales, mins, d, dmin) inside a blob.
 
-  gate_up_kernel  grid (cdiv(I, BN), M, cdiv(TOPK, JCHUNK) * SPLIT), or (G,) resident programs (PERSIST)
+  gate_up_kernel  grid (cdiv(I, BN), M, cdiv(TOPK, JCHUNK) * SPLIT)
       phase A: x[m] -> the int8 grid, one for every code width (scratch xq, xdx, xsum), over the
                program's K split of H
       phase B: for each of its JCHUNK experts: g, u = W_gate x, W_up x on rows n0 .. n0+BN of I;
@@ -17,12 +17,11 @@ offset of each matrix's segments (codes, scales, mins, d, dmin) inside a blob.
       part[m, j, s, rows] = w[m, j] * W_down[e_j][rows, split s] @ h[m, j]; the last program of each
       (m, rows) to finish (an atomic counter) sums the parts in a fixed order and writes out[m, rows]
 
-K splits and the persistent mode are about filling and balancing the GPU, not about bytes. At batch 1
-the gate/up grid is at most one wave of programs whose costs differ by 2x (a 2-bit expert's rows
-against a 1-bit one's): SMs that drew cheap ones idle at the end (Nsight Compute: SMs active 70-74% of
-the kernel's cycles), and at Kimi-K2's I = 2048 the grid does not even fill the SMs. Splits measured:
-+21% at K2 (gate/up 39.7 -> 32.9 us on the H200), a loss where the grid already fills the GPU. The
-persistent mode (resident programs taking items from a counter) targets the imbalance; not yet measured.
+K splits are about filling the GPU, not about bytes. At batch 1 the gate/up grid is at most one wave
+of programs, and at Kimi-K2's I = 2048 it does not even fill the SMs. Splits measured: +21% at K2
+(gate/up 39.7 -> 32.9 us on the H200), a loss where the grid already fills the GPU. A persistent
+variant (resident programs taking (pair, row tile) items from a counter, against the 2x cost spread
+between 2-bit and 1-bit experts' rows) was measured slower at every setting and removed (KERNELS.md).
 
 Scratch: xq int8 [M, HP] (held as int32 [M, HP/4]), xdx f32 [M, HP/32], xsum f32 [M, 3*HP/32] (sums per
 16 inputs, then per 32: `triton_common.quantize_store`); hq, hdx, hsum the same for h over IP, one row
@@ -175,61 +174,36 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
                    xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
-                   SPLIT: tl.constexpr, PERSIST: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
+                   SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
                    NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
-    # PERSIST = 0, grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows
-    #   nt*BN .. of I for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H
-    #   (K split s of SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the
-    #   last of the SPLIT programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
-    # PERSIST = 1, grid (G,) of resident programs (SPLIT = 1): each packs every token's x once, then takes
-    #   work items i = (pair, row tile) = (i // NT, i % NT) from an atomic counter (cnt[0]) until none is
-    #   left, so SMs that drew cheap items (1-bit experts' rows) take more of them; the last program to
-    #   leave (cnt[1]) resets both counters for the next call.
+    # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
+    #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
+    #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
+    #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     NT = IP // BN
-    if PERSIST:
-        if (FMASK & 15) != 0:
-            for m in range(M):
-                quantize_x_row(x_p + m * stride_xm, H, HP, 0, HP, xq_p + m * (HP // 4), xdx_p + m * (HP // 32),
-                               xsum_p + m * (3 * HP // 32), CHUNK)
-        tl.debug_barrier()      # phase A's stores are read by every thread of the program below
-        T = M * TOPK * NT
-        i = tl.atomic_add(cnt_p, 1, sem="relaxed", scope="gpu")
-        while i < T:
-            nxt = tl.atomic_add(cnt_p, 1, sem="relaxed", scope="gpu")      # claimed now: its latency overlaps
-            p = i // NT
-            m = p // TOPK
-            _gate_up_pair(x_p + m * stride_xm, ids_p, codes_p, offs_p, arena_p, table_p, xq_p + m * (HP // 4),
-                          xdx_p + m * (HP // 32), xsum_p + m * (3 * HP // 32), hq_p, hdx_p, hsum_p, hf_p,
-                          gpart_p, cnt_p, H, I, p, i % NT, NT, 0, 0, HP, FMASK, BN, 1, BK16, NS, PF, USE_ASM)
-            i = nxt
-        left = tl.atomic_add(cnt_p + 1, 1, sem="acq_rel", scope="gpu")
-        if left == tl.num_programs(0) - 1:          # every program is past its last claim
-            tl.atomic_xchg(cnt_p, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(cnt_p + 1, 0, sem="relaxed", scope="gpu")
-    else:
-        nt = tl.program_id(0)
-        m = tl.program_id(1)
-        JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
-        jc = tl.program_id(2) % JC
-        s = tl.program_id(2) // JC
-        k_lo = s * KU * 512
-        k_hi = tl.minimum(k_lo + KU * 512, HP)
-        x_row = x_p + m * stride_xm
-        xq = xq_p + m * (HP // 4)
-        xdx = xdx_p + m * (HP // 32)
-        xsum = xsum_p + m * (3 * HP // 32)
-        # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
-        if (FMASK & 15) != 0:
-            quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
-        tl.debug_barrier()      # phase A's stores are read by every thread of the program below
-        for jj in range(JCHUNK):
-            j = jc * JCHUNK + jj
-            if j < TOPK:
-                _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
-                              hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
-                              FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
+    nt = tl.program_id(0)
+    m = tl.program_id(1)
+    JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
+    jc = tl.program_id(2) % JC
+    s = tl.program_id(2) // JC
+    k_lo = s * KU * 512
+    k_hi = tl.minimum(k_lo + KU * 512, HP)
+    x_row = x_p + m * stride_xm
+    xq = xq_p + m * (HP // 4)
+    xdx = xdx_p + m * (HP // 32)
+    xsum = xsum_p + m * (3 * HP // 32)
+    # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
+    if (FMASK & 15) != 0:
+        quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
+    tl.debug_barrier()      # phase A's stores are read by every thread of the program below
+    for jj in range(JCHUNK):
+        j = jc * JCHUNK + jj
+        if j < TOPK:
+            _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
+                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
+                          FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
 
 
 @triton.jit

@@ -18,10 +18,10 @@ DEFAULTS: dict[str, dict] = {
     # tensor-core GEMM (prefill); BM drops to 16/64 for small M
     "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages, SPLIT1
-    # K splits of H: 0 = enough to fill WAVE1 programs an SM; PERSIST1 > 0: that many resident programs an SM
-    # taking work items from a counter instead; MAXREG1: a register cap, 0 = none) and down (BN2 rows of H, warps2, NS2, SPLIT2 K splits of I);
+    # K splits of H: 0 = enough to fill WAVE1 programs an SM) and down (BN2 rows of H, warps2, NS2, SPLIT2
+    # K splits of I);
     # PF1/PF2: register prefetch of the next K step; CHUNK: inputs packed per step of phase A
-    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "SPLIT1": 1, "WAVE1": 4, "PERSIST1": 0, "MAXREG1": 0,
+    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "SPLIT1": 1, "WAVE1": 4,
             "BN2": 64, "warps2": 4, "NS2": 2, "SPLIT2": 1, "CHUNK": 1024, "BK16": 128},
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
@@ -34,10 +34,16 @@ TUNED: dict[str, dict[str, dict]] = {
     # with 1024 at kimi-k3.1-pro's shape); one K split at kimi-k3.1-pro (448 programs, about one wave of
     # 4 a SM at 128 registers), two at Kimi-K2 (256 programs: 32.9 against 39.7 us), which SPLIT1=0 with
     # WAVE1=4 picks for both. Down: 32-row tiles, 4 warps, no split (27.8 / 19.3 us).
-    # GEMV: benchmarks/results/kernels-20261201T195309Z.json: 64 rows, 4 warps, no staging, no prefetch.
+    # The same winners again in kernels-20261201T205031Z.json (commit da631aa), where the persistent
+    # gate/up candidates lost (66-131 us against 52.1).
+    # GEMV: benchmarks/results/kernels-20261201T195309Z.json: 64 rows, 4 warps, no staging, no prefetch;
+    # 16 K splits (MAXSPLIT) no better than 8 in kernels-20261201T205031Z.json.
+    # GEMM: kernels-20261201T205031Z.json: bf16x2 dequantization (DQ=1) at BM 128 / BN 128 / 4 warps / 4
+    # stages, 0.342 against 0.421 ms (q2_g16, gate shape, M = 2048); BM 256 lost (0.424 with DQ=1).
     "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "PF1": 0, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
                             "BN2": 32, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1},
-                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072}},
+                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072},
+                    "gemm": {"DQ": 1}},
 }
 
 def _device_key(device) -> str | None:
