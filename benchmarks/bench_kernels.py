@@ -7,7 +7,8 @@ In one run, at kimi-k3.1-pro's expert shapes (hidden 7168, intermediate 3584) an
  2. the fused MoE call for one layer's top-8 experts at batch 1 in the seed's tier mix (2 x q2_g16_s8m4,
     1 x q2_g32_s8m8, 5 x q1_g32_s8m4: 1.92 bpw), 8 layers with disjoint experts captured in one CUDA
     graph (weights rotate, L2 never serves a repeat), eager timed separately; both launches' configs are
-    swept (`kernels/tuned.py: SWEEP`) and the best reported beside the default;
+    swept (GATE_UP_SWEEP, DOWN_SWEEP below) and the best reported beside the default; with --no-sweep the
+    "best" rows are this GPU's tuned.py configs, the ones the library uses;
  3. GemLite (2 and 4 bit, groups of 64), 24 calls per layer in a CUDA graph, and single-matrix GEMVs;
  4. prefill: packed GEMM at M = 512 and 2048 against torch.matmul on the unpacked bf16 weights;
  5. the reference path (dequantize to bf16, then torch.matmul), launch overhead, and the profiler's
@@ -35,7 +36,7 @@ from strata_plan.kernels import ops  # noqa: E402
 from strata_plan.kernels import bench as B  # noqa: E402
 from strata_plan.kernels.formats import expert_layout, get_format, tier_mix  # noqa: E402
 from strata_plan.kernels.quantizer import dequantize  # noqa: E402
-from strata_plan.kernels.tuned import DEFAULTS  # noqa: E402
+from strata_plan.kernels.tuned import DEFAULTS, config_for  # noqa: E402
 
 SHAPES = {"kimi-k3.1-pro": (7168, 3584), "kimi-k2": (7168, 2048)}
 LAYERS = 8
@@ -65,6 +66,12 @@ GEMM_SWEEP = [dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s, DQ
               for bm, bn, bk, w, s, dq in ((128, 128, 64, 4, 4, 0), (128, 128, 64, 8, 3, 0), (128, 256, 64, 8, 3, 0),
                                            (256, 128, 64, 8, 3, 0), (128, 128, 64, 4, 4, 1), (128, 256, 64, 8, 3, 1),
                                            (256, 128, 64, 8, 3, 1), (256, 128, 64, 8, 2, 1), (256, 64, 64, 8, 3, 1))]
+
+
+def shipped(kind: str) -> dict:
+    """The config the library picks for `kind` on this GPU (tuned.py's winners over the defaults): what
+    the "best" rows measure when there is no sweep (--no-sweep)."""
+    return config_for(kind, "mix", 2048, 0, 0, "cuda")
 
 
 def tier_layers(hidden, inter, device):
@@ -212,7 +219,7 @@ class Bench:
                 return B.graph_ms(run, reps=self.args.reps) / LAYERS
 
             default = dict(DEFAULTS["moe"])
-            best = dict(default)
+            best = shipped("moe")
             if self.args.sweep:
                 gu = sorted((self._try_ms(layer_ms, {**default, **c}, "gate_up"), i) for i, c in enumerate(GATE_UP_SWEEP))
                 dn = sorted((self._try_ms(layer_ms, {**default, **c}, "down"), i) for i, c in enumerate(DOWN_SWEEP))
@@ -226,7 +233,8 @@ class Bench:
                 res[label] = {"config": cfg, "graph_us_per_layer": round(ms * 1e3, 2),
                               "gate_up_us": round(gu_ms * 1e3, 2), "down_us": round(dn_ms * 1e3, 2),
                               "GBps": round(gbps, 1), "pct_of_read_bw": round(100 * gbps / self.read_gbps, 1)}
-                self.log(f"{model} MoE layer [{label}] {ms * 1e3:.1f} us = {gbps:.0f} GB/s "
+                label_l = label if label == "default" or self.args.sweep else "best = tuned.py"
+                self.log(f"{model} MoE layer [{label_l}] {ms * 1e3:.1f} us = {gbps:.0f} GB/s "
                          f"({100 * gbps / self.read_gbps:.1f}% of read BW)  cfg={cfg}")
             cfg = best
 
@@ -302,7 +310,7 @@ class Bench:
     def gemv_single(self):
         hidden, inter = SHAPES["kimi-k3.1-pro"]
         res = {}
-        cfg_best = dict(DEFAULTS["gemv"])
+        cfg_best = shipped("gemv")
         if self.args.sweep:
             times = []
             for i, c in enumerate(GEMV_SWEEP):
@@ -336,7 +344,7 @@ class Bench:
     def prefill(self):
         hidden, inter = SHAPES["kimi-k3.1-pro"]
         res = {}
-        cfg_best = dict(DEFAULTS["gemm"])
+        cfg_best = shipped("gemm")
         if self.args.sweep:
             times = sorted((self._gemm_ms("q2_g16_s8m4", inter, hidden, 2048, {**DEFAULTS["gemm"], **c}), i)
                            for i, c in enumerate(GEMM_SWEEP))
@@ -431,16 +439,16 @@ def main(argv=None) -> int:
         jobs = []
         h, i = SHAPES["kimi-k3.1-pro"]
         if "moe" in wanted:       # one shape compiles for both models (H, I are run-time ints)
-            jobs += [("gate_up", (h, i, c)) for c in (GATE_UP_SWEEP if args.sweep else []) + [{}]]
-            jobs += [("down", (h, i, c)) for c in (DOWN_SWEEP if args.sweep else []) + [{}]]
+            jobs += [("gate_up", (h, i, c)) for c in (GATE_UP_SWEEP if args.sweep else [shipped("moe")]) + [{}]]
+            jobs += [("down", (h, i, c)) for c in (DOWN_SWEEP if args.sweep else [shipped("moe")]) + [{}]]
         if "gemv_single" in wanted:
-            jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in (GEMV_SWEEP if args.sweep else [{}])
+            jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in (GEMV_SWEEP if args.sweep else [shipped("gemv")])
                      for n, k in ((i, h), (h, i))]
         if "measure_gemv_gbps" in wanted:
             jobs += [("gemv", (f, 16384, 7168, {})) for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4",
                                                               "q4_g128_f16", "bf16")]
         if "prefill" in wanted:
-            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, c)) for c in GEMM_SWEEP]
+            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, c)) for c in (GEMM_SWEEP if args.sweep else [shipped("gemm")])]
         if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]
