@@ -67,10 +67,6 @@ GEMM_SWEEP = [dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s, DQ
                                            (256, 128, 64, 8, 3, 0), (128, 128, 64, 4, 4, 1), (128, 256, 64, 8, 3, 1),
                                            (256, 128, 64, 8, 3, 1), (256, 128, 64, 8, 2, 1), (256, 64, 64, 8, 3, 1))]
 
-# prefill at M = 512: the gate shape's 4 x 28 tiles of 128 x 128 are under one wave on 132 SMs
-GEMM_SWEEP_M512 = [dict(DQ=1), dict(DQ=1, FILL_BN=64), dict(DQ=1, BM=64, num_warps=4, num_stages=4),
-                   dict(DQ=1, BN=64, num_stages=3), dict(DQ=1, BM=64, BN=64, num_stages=4)]
-
 
 def shipped(kind: str) -> dict:
     """The config the library picks for `kind` on this GPU (tuned.py's winners over the defaults): what
@@ -354,28 +350,20 @@ class Bench:
                            for i, c in enumerate(GEMM_SWEEP))
             cfg_best = {**DEFAULTS["gemm"], **GEMM_SWEEP[times[0][1]]}
             res["sweep_ms_q2_g16_M2048_gate"] = {json.dumps(GEMM_SWEEP[i]): round(t, 4) for t, i in times}
-        cfg_512 = cfg_best
-        if self.args.sweep:
-            times = sorted((self._gemm_ms("q2_g16_s8m4", inter, hidden, 512, {**cfg_best, **c}), i)
-                           for i, c in enumerate(GEMM_SWEEP_M512))
-            cfg_512 = {**cfg_best, **GEMM_SWEEP_M512[times[0][1]]}
-            res["sweep_ms_q2_g16_M512_gate"] = {json.dumps(GEMM_SWEEP_M512[i]): round(t, 4) for t, i in times}
-            self.tuned["gemm_M512"] = cfg_512
         self.tuned["gemm"] = cfg_best
         for name, (n, k) in (("gate", (inter, hidden)), ("down", (hidden, inter))):
             w = torch.randn(n, k, dtype=torch.bfloat16, device=self.dev)
             for m in (512, 2048):
-                cfg = cfg_512 if m == 512 else cfg_best
                 x = torch.randn(m, k, dtype=torch.bfloat16, device=self.dev)
                 bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
                 row = {"bf16_matmul_ms": round(bf, 4), "bf16_TFLOPs": round(2 * m * n * k / (bf * 1e-3) / 1e12, 1)}
                 for fmt in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16"):
-                    ms = self._gemm_ms(fmt, n, k, m, cfg)
+                    ms = self._gemm_ms(fmt, n, k, m, cfg_best)
                     row[fmt] = {"ms": round(ms, 4), "over_bf16": round(ms / bf, 3)}
                 res[f"{name}_M{m}"] = row
                 self.log(f"prefill {name} M={m}: bf16 {bf:.3f} ms; " +
                          ", ".join(f"{f} x{row[f]['over_bf16']}" for f in row if f.startswith("q")))
-        res["config"], res["config_M512"] = cfg_best, cfg_512
+        res["config"] = cfg_best
         self.metrics["prefill_kimi-k3.1-pro"] = res
 
     def _gemm_ms(self, fmt, n, k, m, cfg):
@@ -461,7 +449,6 @@ def main(argv=None) -> int:
                                                               "q4_g128_f16", "bf16")]
         if "prefill" in wanted:
             jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, c)) for c in (GEMM_SWEEP if args.sweep else [shipped("gemm")])]
-            jobs += [("gemm", ("q2_g16_s8m4", i, h, 512, {**shipped("gemm"), **c})) for c in (GEMM_SWEEP_M512 if args.sweep else [])]
         if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]

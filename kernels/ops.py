@@ -174,13 +174,10 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     m, k = x.shape
     c = format_constants(FORMAT_CODES.index(p.fmt))
     bk = _gemm_bk(p.fmt, cfg["BK"])
-    bn = cfg["BN"]
-    if cfg.get("FILL_BN") and triton.cdiv(m, cfg["BM"]) * triton.cdiv(p.n, bn) < _sm_count(x.device):
-        bn = cfg["FILL_BN"]           # a grid under one wave of tiles: narrower tiles fill the SMs
-    grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(p.n, bn),)
+    grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(p.n, cfg["BN"]),)
     triton_gemm.gemm_kernel[grid](x, x.stride(0), *_matrix_args(p), out, out.stride(0), m, p.n, k,
                                   BITS=c["BITS"], GROUP=c["GROUP"], SCALE_BITS=c["SCALE_BITS"],
-                                  MIN_BITS=c["MIN_BITS"], SB=c["SB"], BM=cfg["BM"], BN=bn, BK=bk,
+                                  MIN_BITS=c["MIN_BITS"], SB=c["SB"], BM=cfg["BM"], BN=cfg["BN"], BK=bk,
                                   GROUP_M=cfg.get("GROUP_M", 8), EVEN_K=k % bk == 0, INTERP=INTERPRET,
                                   DQ=cfg.get("DQ", 0),
                                   num_warps=cfg["num_warps"],

@@ -15,8 +15,7 @@ DEFAULTS: dict[str, dict] = {
     # 2-bit codes, 4 for 1- and 4-bit: see triton_common.gemv_rows), NS pipeline stages, K split over
     # programs to reach THREADS (at most MAXSPLIT); BK16: the K block of plain bf16 matrices
     "gemv": {"BN": 64, "num_warps": 4, "NS": 2, "CHUNK": 1024, "THREADS": 65536, "MAXSPLIT": 8, "BK16": 128},
-    # tensor-core GEMM (prefill); BM drops to 16/64 for small M; FILL_BN (0 = off): the tile width where
-    # BN-wide tiles would leave SMs idle (fewer tiles than SMs)
+    # tensor-core GEMM (prefill); BM drops to 16/64 for small M
     "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages, SPLIT1
     # K splits of H: 0 = enough to fill WAVE1 programs an SM) and down (BN2 rows of H, warps2, NS2, SPLIT2

@@ -343,18 +343,6 @@ def test_gemm_bf16_pair_dequantization(fmt):
     assert rel(pairs, f32) < 1.5e-2 and rel(pairs, R.linear(x, p)) < 2e-2
 
 
-def test_gemm_fill_bn_narrows_tiles_of_a_small_grid():
-    # FILL_BN: where BN-wide tiles number fewer than the SMs (the interpreter stands in 4 SMs), the GEMM
-    # launches FILL_BN-wide tiles instead; every output column is still written once
-    n, k, m = 100, 600, 33                       # M > 16: the GEMM path (not the decode GEMV)
-    p = quantize(torch.randn(n, k), "q2_g16_s8m4").to(DEVICE)
-    x = torch.randn(m, k, device=DEVICE)
-    cfg = dict(ops.config_for("gemm", p.fmt, m, n, k, DEVICE), BN=128)
-    wide = packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton", config=cfg)
-    narrow = packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton", config={**cfg, "FILL_BN": 32})
-    assert torch.isfinite(narrow).all() and rel(narrow, wide) < 1e-5
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,bm", [(512, 128), (2048, 128), (2048, 256)])
