@@ -51,10 +51,6 @@ GB = 1e9
 # (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day)
 GATE_UP_SWEEP = [dict(BN1=bn, warps1=w, NS1=1, PF1=pf, SPLIT1=sp, CHUNK=4096)
                  for bn, w, pf, sp in ((64, 4, 0, 0), (64, 4, 0, 1), (64, 4, 0, 2), (32, 4, 1, 0), (32, 4, 1, 1))]
-# the balanced gate/up (BAL1: equal-cost runs of cells, WAVE1 programs an SM; 229 registers a thread
-# uncapped at 64 rows, static: 2 programs an SM; MAXREG1 caps it, with spills)
-GATE_UP_SWEEP += [dict(BN1=bn, warps1=4, NS1=1, PF1=0, CHUNK=4096, BAL1=1, WAVE1=wv, MAXREG1=mr)
-                  for bn, wv, mr in ((64, 2, 0), (64, 4, 128), (32, 2, 0), (64, 3, 168))]
 DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=1, PF2=pf, SPLIT2=sp) for bn, w, pf, sp in
               ((32, 4, 0, 1), (16, 2, 0, 1), (64, 4, 0, 1), (32, 2, 0, 1))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's

@@ -351,42 +351,23 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
     assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
     nt = ip // bn1
-    bal = int(cfg.get("BAL1", 0))
-    if bal:                   # equal-cost runs of (pair, row tile, 512-input unit) cells, WAVE1 programs an SM
-        split = ku = hp // 512        # parts a row tile may have (one a unit); phase A covers the whole row
-        grid = (_sm_count(dev) * cfg.get("WAVE1", 4),)
-    else:
-        want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
-        split, ku = _moe_split(want, hp)
-        grid = (nt, m, _cdiv(topk, jchunk) * split)
+    want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
+    split, ku = _moe_split(want, hp)
+    grid = (nt, m, _cdiv(topk, jchunk) * split)
     gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
     cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
     triton_moe.gate_up_kernel[grid](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
-        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, _cell_costs(str(dev)), m, hidden, inter,
-        ku, TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=1 if bal else split, BAL=1 if bal else 0,
-        PP=triton.next_power_of_2(p) if bal else 1, BK16=cfg["BK16"],
+        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, m, hidden, inter, ku,
+        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
         CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
-        USE_ASM=USE_ASM, num_warps=cfg["warps1"],
-        **({"maxnreg": int(cfg["MAXREG1"])} if cfg.get("MAXREG1") and not INTERPRET else {}))
+        USE_ASM=USE_ASM, num_warps=cfg["warps1"])
     return sc
 
 
 def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (a small stand-in for the interpreter); read once."""
     return _sm_count_of(str(torch.device(device)))
-
-
-# Relative time a weight of each format code takes in the decode kernels (q2_g16 = 6), from the H200's
-# fused-GEMV rates in benchmarks/results/kernels-20261201T211220Z.json (weights/s = GB/s * 8 / bpw:
-# q2_g16 3906, q2_g32 3975, q1_g32 5889, q4_g128 2870, bf16 1837 G/s): the balanced gate/up (BAL1)
-# cuts its work into runs of equal cost with them.
-CELL_COSTS = {"q2_g16_s8m4": 6, "q2_g32_s8m8": 6, "q1_g32_s8m4": 4, "q4_g128_f16": 8, "bf16": 13}
-
-
-@lru_cache(maxsize=16)
-def _cell_costs(device: str) -> torch.Tensor:
-    return torch.tensor([CELL_COSTS[f] for f in FORMAT_CODES], dtype=torch.int32, device=device)
 
 
 @lru_cache(maxsize=16)

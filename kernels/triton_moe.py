@@ -132,13 +132,11 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p, hf_p,
-                  gpart_p, cnt_p, H, I, p, nt, NT, s, n_parts, slots, k_lo, k_hi,
-                  FMASK: tl.constexpr, BN: tl.constexpr, RED: tl.constexpr, BK16: tl.constexpr,
+                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi,
+                  FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, BK16: tl.constexpr,
                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
     # one work item: gate and up rows nt*BN .. of pair p's expert over inputs k_lo .. k_hi (x on the grid
-    # at xq, xdx, xsum), then h = silu(g) * u packed for down. RED: K ranges of the rows may be split over
-    # programs: this one is part s of n_parts (gpart holds `slots` parts a pair), and the last to finish
-    # adds them first
+    # at xq, xdx, xsum), then h = silu(g) * u packed for down (with SPLIT > 1, by the last of the splits)
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     n0 = nt * BN
@@ -156,11 +154,10 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
             if code == 4:
                 g = gemv_rows_bf16(blob_segment(base, table_p, 4, 0, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
                 u = gemv_rows_bf16(blob_segment(base, table_p, 4, 1, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
-    last = n_parts > 0
-    if RED:
-        if n_parts > 1:
-            last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * slots * 2 * IP + n0, n_parts, s, IP,
-                                    cnt_p + p * NT + nt, USE_ASM)
+    last = True
+    if SPLIT > 1:
+        last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, SPLIT, s, IP,
+                                cnt_p + p * NT + nt, USE_ASM)
     if last:
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
         if (FMASK & 16) != 0:
@@ -175,83 +172,38 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
 
 @triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
-                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, cost_p, M, H, I, KU,
+                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
-                   SPLIT: tl.constexpr, BAL: tl.constexpr, PP: tl.constexpr, BK16: tl.constexpr,
-                   CHUNK: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
-    # BAL = 0, grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN
-    #   .. of I for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
+                   SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
+                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
+    # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
+    #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
     #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     NT = IP // BN
-    if BAL:
-        # grid (G,): the cells (pair p, row tile nt, 512-input unit) in that order, each costing cost[code]
-        # of its expert's format, are cut into G runs of equal cost; program g takes the cells that start
-        # in its run (a few K ranges of one or two row tiles). The programs sharing a row tile add their
-        # parts (the last to finish, in slot order), so every program does the same work whatever the
-        # mix of formats: no SM idles at the end of the single wave.
-        gid = tl.program_id(0)
-        G = tl.num_programs(0)
-        P = M * TOPK
-        KUT = HP // 512                                    # 512-input units a row
-        pi = tl.arange(0, PP)
-        pok = pi < P
-        ec = tl.load(codes_p + tl.load(ids_p + pi, mask=pok, other=0), mask=pok, other=0)
-        c_all = tl.where(pok, tl.load(cost_p + ec, mask=pok, other=1), 0).to(tl.int64)   # [PP] a cell's cost
-        pair_cost = c_all * KUT * NT
-        pend = tl.cumsum(pair_cost, 0)                     # where each pair's cells end
-        C = tl.sum(pair_cost, 0)
-        pos = (gid.to(tl.int64) * C + G - 1) // G          # run g: costs [ceil(g C / G), ceil((g+1) C / G))
-        b = ((gid + 1).to(tl.int64) * C + G - 1) // G
-        last_m = -1
-        while pos < b:
-            p = tl.sum((pend <= pos).to(tl.int32), 0)      # the pair holding cost position pos
-            c = tl.sum(tl.where(pi == p, c_all, 0), 0)
-            p0 = tl.sum(tl.where(pi == p, pend - pair_cost, 0), 0)
-            nt = ((pos - p0) // (c * KUT)).to(tl.int32)
-            t0 = p0 + nt * c * KUT                         # the row tile's first cell
-            u0 = tl.minimum((pos - t0 + c - 1) // c, KUT)  # first cell starting at or after pos
-            u1 = tl.minimum((b - t0 + c - 1) // c, KUT)    # cells starting before b
-            if u1 > u0:
-                m = p // TOPK
-                if m != last_m:                            # phase A for this token's x (every program the same)
-                    if (FMASK & 15) != 0:
-                        quantize_x_row(x_p + m * stride_xm, H, HP, 0, HP, xq_p + m * (HP // 4),
-                                       xdx_p + m * (HP // 32), xsum_p + m * (3 * HP // 32), CHUNK)
-                    tl.debug_barrier()
-                    last_m = m
-                first = (t0 * G) // C                      # owners of the tile's first and last cells
-                n_parts = ((t0 + (KUT - 1) * c) * G) // C - first + 1
-                _gate_up_pair(x_p + m * stride_xm, ids_p, codes_p, offs_p, arena_p, table_p, xq_p + m * (HP // 4),
-                              xdx_p + m * (HP // 32), xsum_p + m * (3 * HP // 32), hq_p, hdx_p, hsum_p, hf_p,
-                              gpart_p, cnt_p, H, I, p, nt, NT, (gid - first).to(tl.int32), n_parts.to(tl.int32),
-                              KUT, (u0 * 512).to(tl.int32), (u1 * 512).to(tl.int32), FMASK, BN, True, BK16, NS, PF,
-                              USE_ASM)
-            pos = t0 + tl.maximum(u0, u1) * c
-    else:
-        nt = tl.program_id(0)
-        m = tl.program_id(1)
-        JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
-        jc = tl.program_id(2) % JC
-        s = tl.program_id(2) // JC
-        k_lo = s * KU * 512
-        k_hi = tl.minimum(k_lo + KU * 512, HP)
-        x_row = x_p + m * stride_xm
-        xq = xq_p + m * (HP // 4)
-        xdx = xdx_p + m * (HP // 32)
-        xsum = xsum_p + m * (3 * HP // 32)
-        # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
-        if (FMASK & 15) != 0:
-            quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
-        tl.debug_barrier()      # phase A's stores are read by every thread of the program below
-        for jj in range(JCHUNK):
-            j = jc * JCHUNK + jj
-            if j < TOPK:
-                _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
-                              hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, SPLIT, SPLIT, k_lo, k_hi,
-                              FMASK, BN, SPLIT > 1, BK16, NS, PF, USE_ASM)
+    nt = tl.program_id(0)
+    m = tl.program_id(1)
+    JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
+    jc = tl.program_id(2) % JC
+    s = tl.program_id(2) // JC
+    k_lo = s * KU * 512
+    k_hi = tl.minimum(k_lo + KU * 512, HP)
+    x_row = x_p + m * stride_xm
+    xq = xq_p + m * (HP // 4)
+    xdx = xdx_p + m * (HP // 32)
+    xsum = xsum_p + m * (3 * HP // 32)
+    # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
+    if (FMASK & 15) != 0:
+        quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
+    tl.debug_barrier()      # phase A's stores are read by every thread of the program below
+    for jj in range(JCHUNK):
+        j = jc * JCHUNK + jj
+        if j < TOPK:
+            _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
+                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
+                          FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
 
 
 @triton.jit
