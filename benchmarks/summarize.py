@@ -18,17 +18,21 @@ on the machine shown; predicted figures are labelled as predictions. GB = 1e9 by
 """
 
 
-def latest() -> dict[str, dict]:
-    out: dict[str, dict] = {}
+def all_results() -> list[dict]:
+    """Every result, oldest first (a file without a `benchmark` field is named by its stem)."""
+    out = []
     for p in sorted(RESULTS.glob("*.json")):
         try:
             r = json.loads(p.read_text())
         except json.JSONDecodeError:
             continue
-        name = r.get("benchmark", p.stem)
-        if name not in out or r.get("date", "") >= out[name].get("date", ""):
-            out[name] = {**r, "_file": p.name}
-    return out
+        out.append({"benchmark": p.stem, **r, "_file": p.name})
+    return sorted(out, key=lambda r: r.get("date", ""))
+
+
+def latest(results: list[dict]) -> dict[str, dict]:
+    """The newest result of each benchmark."""
+    return {r["benchmark"]: r for r in results}
 
 
 def flatten(metrics: dict, prefix: str = "") -> dict:
@@ -92,17 +96,6 @@ def verdict(v, target) -> str:
     return f"{op.replace('abs<=', 'abs <=')} {t}: {'met' if CHECKS[op](v, t) else 'MISSED'}"
 
 
-def all_results() -> list[dict]:
-    """Every result, oldest first."""
-    out = []
-    for p in sorted(RESULTS.glob("*.json")):
-        try:
-            out.append({**json.loads(p.read_text()), "_file": p.name})
-        except json.JSONDecodeError:
-            continue
-    return sorted(out, key=lambda r: r.get("date", ""))
-
-
 def headlines(results: list[dict]) -> list[str]:
     """Each headline from the latest result of its benchmark that has the figure (a run of a few
     sections does not hide the others' latest figures); the file says which run."""
@@ -117,8 +110,9 @@ def headlines(results: list[dict]) -> list[str]:
 
 
 def render() -> str:
-    results = latest()
-    parts = [INTRO, *headlines(all_results())]
+    every = all_results()
+    results = latest(every)
+    parts = [INTRO, *headlines(every)]
     for name, r in sorted(results.items()):
         m = r.get("machine", {})
         parts.append(f"## {name}\n")

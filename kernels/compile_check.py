@@ -18,7 +18,7 @@ from .triton_common import INTERPRET, format_constants
 P = {"u8": "*u8", "i32": "*i32", "i64": "*i64", "f16": "*fp16", "bf16": "*bf16", "f32": "*fp32"}
 
 
-def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_stages: int = 3, maxnreg: int = 0):
+def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_stages: int = 3):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -26,8 +26,7 @@ def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_sta
     # pointers 16-byte aligned and ints divisible by 16, as the JIT specializes real launches
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items() if t != "constexpr"}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages,
-                                   **({"maxnreg": maxnreg} if maxnreg else {})})
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def kernels(arch: int = 90, quick: bool = False):

@@ -307,8 +307,9 @@ _COUNTERS: dict[tuple, torch.Tensor] = {}
 
 
 def _counters(n: int, device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters for the down kernel's last-program reduction, kept per device and stream
-    (the kernel leaves them at zero again). Calls on one stream are ordered, so they never overlap."""
+    """Zeroed int32 counters for the kernels' last-program reductions (K splits of the GEMV and of both
+    MoE launches, the down launch's expert sum), kept per device and stream (every kernel leaves them at
+    zero again). Calls on one stream are ordered, so they never overlap."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _COUNTERS.get(key)
@@ -365,15 +366,10 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     return sc
 
 
+@lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (a small stand-in for the interpreter); read once."""
-    return _sm_count_of(str(torch.device(device)))
-
-
-@lru_cache(maxsize=16)
-def _sm_count_of(device: str) -> int:
-    d = torch.device(device)
-    return torch.cuda.get_device_properties(d).multi_processor_count if d.type == "cuda" else 4
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _moe_split(want: int, kp: int) -> tuple[int, int]:

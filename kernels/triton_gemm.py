@@ -18,7 +18,7 @@ from .triton_common import INTERPRET, blob_segment, dequant_tile, dequant_tile_b
 @triton.jit
 def _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, K, k0, cols, col_ok,
             BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-            SB: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr = 0, INTERP: tl.constexpr = False):
+            SB: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr, INTERP: tl.constexpr):
     # W^T[k0:k0+BK, cols] as bf16 [BK, BN]; for bf16 weights codes_p is the [N, K] weight.
     # DQ=1: two codes a register through bf16x2 FMAs (`dequant_tile_bf16`); DQ=0: float32, one code at a time
     if BITS == 16:
