@@ -45,7 +45,7 @@ KERNEL_FORMATS = {
 
 
 @triton.jit
-def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
                  CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                  MIN_BITS: tl.constexpr, SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
                  PF: tl.constexpr, USE_ASM: tl.constexpr):
@@ -70,13 +70,13 @@ def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, 
                          blob_segment(base, table_p, CODE, mat_b, 2, MIN_BITS),
                          blob_segment(base, table_p, CODE, mat_b, 3, 16),
                          blob_segment(base, table_p, CODE, mat_b, 4, 16),
-                         N, rows, ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
+                         N, rows, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
                          BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, PF, USE_ASM)
     return a, b
 
 
 @triton.jit
-def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
                      FMASK: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr,
                      USE_ASM: tl.constexpr):
     # `_matrix_rows` for the packed expert of run-time format code `code` (branches only for the codes in
@@ -86,19 +86,19 @@ def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, 
     b = tl.zeros([BN], tl.float32)
     if (FMASK & 1) != 0:
         if code == 0:
-            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
                                 0, 2, 16, 8, 4, 512, NMAT, NS, PF, USE_ASM)
     if (FMASK & 2) != 0:
         if code == 1:
-            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
                                 1, 2, 32, 8, 8, 512, NMAT, NS, PF, USE_ASM)
     if (FMASK & 4) != 0:
         if code == 2:
-            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
                                 2, 1, 32, 8, 4, 512, NMAT, NS, PF, USE_ASM)
     if (FMASK & 8) != 0:
         if code == 3:
-            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
                                 3, 4, 128, 16, 16, 0, NMAT, NS, PF, USE_ASM)
     return a, b
 
@@ -148,7 +148,7 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
     g = tl.zeros([BN], tl.float32)
     u = tl.zeros([BN], tl.float32)
     if n0 < I:                                            # rows past I (padding) stay zero
-        g, u = _packed_rows_any(base, table_p, code, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
+        g, u = _packed_rows_any(base, table_p, code, 0, 1, I, H, k_lo, k_hi, rows, xq, xdx, xsum, HP,
                                 FMASK, 2, NS, PF, USE_ASM)
         if (FMASK & 16) != 0:
             if code == 4:
@@ -233,7 +233,7 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     hq = hq_p + p * (IP // 4)
     hdx = hdx_p + p * (IP // 32)
     hsum = hsum_p + p * (3 * IP // 32)
-    part, _unused = _packed_rows_any(base, table_p, code, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
+    part, _unused = _packed_rows_any(base, table_p, code, 2, 2, H, I, k_lo, k_hi, rows, hq, hdx, hsum, IP,
                                      FMASK, 1, NS, PF, USE_ASM)
     if (FMASK & 16) != 0:
         if code == 4:
