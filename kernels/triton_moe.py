@@ -132,11 +132,11 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p, hf_p,
-                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi,
+                  gpart_p, cnt_p, H, I, p, nt, NT, s, n_parts, k_lo, k_hi,
                   FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, BK16: tl.constexpr,
                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
     # one work item: gate and up rows nt*BN .. of pair p's expert over inputs k_lo .. k_hi (x on the grid
-    # at xq, xdx, xsum), then h = silu(g) * u packed for down (with SPLIT > 1, by the last of the splits)
+    # at xq, xdx, xsum), split s of n_parts, then h = silu(g) * u packed for down (by the last of the splits)
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     n0 = nt * BN
@@ -156,8 +156,9 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
                 u = gemv_rows_bf16(blob_segment(base, table_p, 4, 1, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
     last = True
     if SPLIT > 1:
-        last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, SPLIT, s, IP,
-                                cnt_p + p * NT + nt, USE_ASM)
+        if n_parts > 1:
+            last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, n_parts, s, IP,
+                                    cnt_p + p * NT + nt, USE_ASM)
     if last:
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
         if (FMASK & 16) != 0:
@@ -172,14 +173,17 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
 
 @triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
-                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, M, H, I, KU,
+                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, parts_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
-                   SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
+                   SPLIT: tl.constexpr, WSPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
                    NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
     # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
     #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
     #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
+    # WSPLIT=1 (JCHUNK = 1): the pair's own number of splits, parts_p[format code] <= SPLIT, weighted by
+    #   the format's cost so that every program moves about the same bytes (a 2-bit expert's rows in two
+    #   halves of H where a 1-bit one's are whole); programs past their pair's splits return at once.
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     NT = IP // BN
@@ -188,22 +192,29 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
     jc = tl.program_id(2) % JC
     s = tl.program_id(2) // JC
-    k_lo = s * KU * 512
-    k_hi = tl.minimum(k_lo + KU * 512, HP)
-    x_row = x_p + m * stride_xm
-    xq = xq_p + m * (HP // 4)
-    xdx = xdx_p + m * (HP // 32)
-    xsum = xsum_p + m * (3 * HP // 32)
-    # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
-    if (FMASK & 15) != 0:
-        quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
-    tl.debug_barrier()      # phase A's stores are read by every thread of the program below
-    for jj in range(JCHUNK):
-        j = jc * JCHUNK + jj
-        if j < TOPK:
-            _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
-                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
-                          FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
+    n_parts = SPLIT
+    ku = KU
+    if WSPLIT:
+        tl.static_assert(JCHUNK == 1)
+        n_parts = tl.load(parts_p + tl.load(codes_p + tl.load(ids_p + m * TOPK + jc)))
+        ku = tl.cdiv(HP // 512, n_parts)
+    if s < n_parts:
+        k_lo = s * ku * 512
+        k_hi = tl.minimum(k_lo + ku * 512, HP)
+        x_row = x_p + m * stride_xm
+        xq = xq_p + m * (HP // 4)
+        xdx = xdx_p + m * (HP // 32)
+        xsum = xsum_p + m * (3 * HP // 32)
+        # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
+        if (FMASK & 15) != 0:
+            quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
+        tl.debug_barrier()      # phase A's stores are read by every thread of the program below
+        for jj in range(JCHUNK):
+            j = jc * JCHUNK + jj
+            if j < TOPK:
+                _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
+                              hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, n_parts, k_lo, k_hi,
+                              FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
 
 
 @triton.jit
