@@ -373,10 +373,18 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     chunk = _chunk(cfg, hp) if wsplit else min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1)
     triton_moe.gate_up_kernel[grid](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
-        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, parts_t, m, hidden, inter, ku,
+        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, parts_t,
+        _probe(cfg, "probe1", dev), m, hidden, inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, WSPLIT=wsplit, BK16=cfg["BK16"],
-        CHUNK=chunk, NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0), USE_ASM=USE_ASM, num_warps=cfg["warps1"])
+        CHUNK=chunk, NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0), USE_ASM=USE_ASM, num_warps=cfg["warps1"],
+        PROBE=int("probe1" in cfg))
     return sc
+
+
+def _probe(cfg: dict, key: str, dev) -> torch.Tensor:
+    """The int64 buffer a launch records its programs' SM and times in (cfg[key], benchmarks/probe_moe.py),
+    or a dummy when the launch is not probed."""
+    return cfg[key] if key in cfg else _dummy(dev)
 
 
 @lru_cache(maxsize=16)
@@ -410,8 +418,9 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
     part = scratch(m * topk * split, nt * cfg["BN2"], dtype=torch.float32, device=dev)
     triton_moe.down_kernel[(nt, m, topk * split)](
         ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
-        part, _counters(m * nt, dev), out, out.stride(0), hidden, inter, ku, TOPK=topk, FMASK=fm.mask,
-        BN=cfg["BN2"], SPLIT=split, BK16=cfg["BK16"], NS=cfg.get("NS2", 4), PF=cfg.get("PF2", 0), USE_ASM=USE_ASM, num_warps=cfg["warps2"])
+        part, _counters(m * nt, dev), out, out.stride(0), _probe(cfg, "probe2", dev), hidden, inter, ku, TOPK=topk,
+        FMASK=fm.mask, BN=cfg["BN2"], SPLIT=split, BK16=cfg["BK16"], NS=cfg.get("NS2", 4), PF=cfg.get("PF2", 0),
+        USE_ASM=USE_ASM, num_warps=cfg["warps2"], PROBE=int("probe2" in cfg))
 
 
 def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:

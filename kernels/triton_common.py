@@ -51,6 +51,10 @@ if INTERPRET:
     _interp.interpreter_builder.options = _interp.InterpreterOptions(sanitize_overflow=False)
 
 USE_ASM = not INTERPRET          # DP4A through inline PTX on the GPU, emulated in the interpreter
+# Experiment switches, read once at import (A/B runs on the GPU: benchmarks/probe_moe.py): the DP4A chain
+# as one PTX block a word, and rows past N clamped instead of masked in the decode kernels' loads.
+DOTS_CHAIN = tl.constexpr(os.environ.get("STRATA_DOTS_CHAIN", "1") != "0")
+ROW_CLAMP = tl.constexpr(os.environ.get("STRATA_ROW_CLAMP", "1") != "0")
 FORMAT_CODES = tuple(FORMATS)    # run-time format code = index in this tuple (bf16 is the last)
 BF16_CODE = FORMAT_CODES.index("bf16")
 
@@ -128,6 +132,30 @@ def gpu_fence(v, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def probe_mark(probe_p, idx, t0, code, USE_ASM: tl.constexpr):
+    """Timing probe (benchmarks/probe_moe.py): record (SM id, start, end ns, code) of program idx as
+    int64 at probe_p[4 * idx]; t0 from `probe_clock`. Nothing to record in the interpreter."""
+    if USE_ASM:
+        t1 = probe_clock(idx, USE_ASM)
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [idx], dtype=tl.int32, is_pure=False, pack=1)
+        q = probe_p + idx.to(tl.int64) * 4
+        tl.store(q, sm.to(tl.int64))
+        tl.store(q + 1, t0)
+        tl.store(q + 2, t1)
+        tl.store(q + 3, code.to(tl.int64))
+
+
+@triton.jit
+def probe_clock(v, USE_ASM: tl.constexpr):
+    """%globaltimer (ns) as int64; v: any int32 scalar (orders the read)."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [v], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+    else:
+        return v.to(tl.int64)
+
+
+@triton.jit
 def mma(a, b, acc, INTERP: tl.constexpr):
     """acc + a @ b with a, b rounded to bf16 (tensor cores, fp32 accumulate). The interpreter's bf16 dot
     is wrong (it multiplies raw bits), so there the bf16 values are widened to fp32 first: exact."""
@@ -191,6 +219,15 @@ def quantize_x_row(x_p, K, XP, lo, hi, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr)
 # ------------------------------------------------------------------- phase B: one matrix, one row tile
 
 @triton.jit
+def _ld(ptr, mask):
+    # a load of _unit_loads: rows clamped (ROW_CLAMP, no mask), or rows past N masked to zeros
+    if ROW_CLAMP:
+        return tl.load(ptr)
+    else:
+        return tl.load(ptr, mask=mask, other=0)
+
+
+@triton.jit
 def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, u,
                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
                 W4: tl.constexpr):
@@ -209,28 +246,35 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, u,
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                        # code words per row and unit
     GPU: tl.constexpr = UNIT // GROUP                      # groups per row and unit
-    ru = u * N + tl.minimum(rows, N - 1)                   # [BN]: (unit, row) record index
+    if ROW_CLAMP:
+        ru = u * N + tl.minimum(rows, N - 1)               # [BN]: (unit, row) record index
+        m3 = None
+        m1 = None
+    else:
+        ru = u * N + rows
+        m3 = (rows < N)[:, None, None]
+        m1 = rows < N
     r3 = ru[:, None, None].to(tl.int64)
     j3 = tl.arange(0, W4)[None, :, None]
     i4 = tl.arange(0, 4)[None, None, :]
     i2 = tl.arange(0, 2)[None, None, :]
-    words = tl.load(codes_p + r3 * WPU + (j3 * 4 + i4))
+    words = _ld(codes_p + r3 * WPU + (j3 * 4 + i4), m3)
     if SB == 0:
-        a = tl.load(scales_p + ru)
-        b = tl.load(mins_p + ru)
+        a = _ld(scales_p + ru, m1)
+        b = _ld(mins_p + ru, m1)
         return words, a, b, 0, 0
     else:
         WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
         if WPG == 1:
-            sc = tl.load(scales_p + r3 * GPU + (j3 * 4 + i4))
+            sc = _ld(scales_p + r3 * GPU + (j3 * 4 + i4), m3)
         else:
-            sc = tl.load(scales_p + r3 * GPU + (j3 * 2 + i2))
+            sc = _ld(scales_p + r3 * GPU + (j3 * 2 + i2), m3)
         if MIN_BITS == 4:
-            mb = tl.load(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2))
+            mb = _ld(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), m3)
         else:
-            mb = tl.load(mins_p + r3 * GPU + (j3 * 2 + i2))
-        d = tl.load(d_p + ru)
-        dmin = tl.load(dmin_p + ru)
+            mb = _ld(mins_p + r3 * GPU + (j3 * 2 + i2), m3)
+        d = _ld(d_p + ru, m1)
+        dmin = _ld(dmin_p + ru, m1)
         return words, sc, mb, d, dmin
 
 
@@ -346,7 +390,7 @@ _DOTS1 = tl.constexpr(
 def _lane_dots(w, x0, x1, x2, x3, x4, x5, x6, x7, BITS: tl.constexpr, USE_ASM: tl.constexpr):
     """Sum over each code word of q * x8: one DP4A per lane (S = 8 / BITS lanes of 4 codes)."""
     LANEMASK: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
-    if USE_ASM:
+    if USE_ASM and DOTS_CHAIN:
         if BITS == 4:
             return tl.inline_asm_elementwise(_DOTS4, "=r,r,r,r", [w, x0, x1],
                                              dtype=tl.int32, is_pure=True, pack=1)

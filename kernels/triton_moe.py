@@ -31,8 +31,8 @@ full (zeros past H and I), so the GEMV reads whole padded rows unmasked. The gat
 """
 from __future__ import annotations
 
-from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, quantize_store, quantize_x_row,
-                            tl, triton)
+from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, probe_clock, probe_mark, quantize_store,
+                            quantize_x_row, tl, triton)
 
 # The kernels' branches spell out each format's constants; they must match the registry (checked in ops).
 KERNEL_FORMATS = {
@@ -173,10 +173,10 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
 
 @triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
-                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, parts_p, M, H, I, KU,
+                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, parts_p, probe_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
                    SPLIT: tl.constexpr, WSPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
-                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
+                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr, PROBE: tl.constexpr = 0):
     # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
     #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
@@ -184,6 +184,9 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     # WSPLIT=1 (JCHUNK = 1): the pair's own number of splits, parts_p[format code] <= SPLIT, weighted by
     #   the format's cost so that every program moves about the same bytes (a 2-bit expert's rows in two
     #   halves of H where a 1-bit one's are whole); programs past their pair's splits return at once.
+    # PROBE=1: record each program's SM, start and end time at probe_p (benchmarks/probe_moe.py)
+    if PROBE:
+        t_start = probe_clock(tl.program_id(0), USE_ASM)
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     NT = IP // BN
@@ -215,16 +218,22 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
                 _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
                               hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, n_parts, k_lo, k_hi,
                               FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
+    if PROBE:
+        probe_mark(probe_p, nt + NT * (m + M * tl.program_id(2)), t_start,
+                   tl.load(codes_p + tl.load(ids_p + m * TOPK + jc * JCHUNK)) + 8 * s, USE_ASM)
 
 
 @triton.jit
 def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hsum_p, hf_p,
-                part_p, cnt_p, out_p, stride_om, H, I, KU,
+                part_p, cnt_p, out_p, stride_om, probe_p, H, I, KU,
                 TOPK: tl.constexpr, FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
-                BK16: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
+                BK16: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr,
+                PROBE: tl.constexpr = 0):
     # program (row tile nt, token m, z = s * TOPK + j): part = w[m, j] * W_down[e_j][rows, K split s] @ h[m, j]
     # over inputs s*KU*512 .. (s+1)*KU*512 of I. The last of the TOPK * SPLIT programs of (m, nt) to finish
     # (counter cnt[m, nt]) adds the parts in a fixed order, writes out[m, rows] once and resets the counter.
+    if PROBE:
+        t_start = probe_clock(tl.program_id(0), USE_ASM)
     nt = tl.program_id(0)
     m = tl.program_id(1)
     j = tl.program_id(2) % TOPK
@@ -264,3 +273,5 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
             acc += tl.load(part_p + (m * TOPK * SPLIT + q).to(tl.int64) * HT + rows, cache_modifier=".cg")
         tl.store(out_p + m * stride_om + rows, acc.to(out_p.dtype.element_ty), mask=ok)
         tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+    if PROBE:
+        probe_mark(probe_p, nt + NT * (m + tl.num_programs(1) * tl.program_id(2)), t_start, code, USE_ASM)
