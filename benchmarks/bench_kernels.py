@@ -49,12 +49,9 @@ GB = 1e9
 # phase A). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep
 # registers low and occupancy high (ncu_moe.sh). Measured and dropped (KERNELS.md): a persistent gate/up
 # (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch
-# (PF1). WSPLIT1: each pair's own K splits, SPLIT1 (0: auto) times its format's PARTS1 weight
-_W = {"q2_g16_s8m4": 2, "q2_g32_s8m8": 2, "q1_g32_s8m4": 1, "q4_g128_f16": 3, "bf16": 8}
-_W32 = {"q2_g16_s8m4": 3, "q2_g32_s8m8": 3, "q1_g32_s8m4": 2, "q4_g128_f16": 4, "bf16": 8}
-GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096, WSPLIT1=ws, PARTS1=pw)
-                 for sp, ws, pw in ((0, 0, _W), (1, 0, _W), (2, 0, _W), (0, 1, _W), (1, 1, _W), (2, 1, _W),
-                                    (1, 1, _W32))]
+# (PF1, every sweep since). ORDER1: items in cost order for the SMs' rounds (triton_moe.gate_up_kernel)
+GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096, ORDER1=o)
+                 for sp, o in ((0, 0), (1, 0), (0, 1), (1, 1), (2, 1))]
 DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=1, PF2=pf, SPLIT2=sp) for bn, w, pf, sp in
               ((32, 4, 0, 1), (16, 2, 0, 1), (64, 4, 0, 1), (32, 2, 0, 1))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's

@@ -7,14 +7,13 @@ end times in ns, plus the expert's format code).
     python benchmarks/probe_moe.py --out OUT.json [--model kimi-k3.1-pro] [--cfg '{"BN2": 64}']
 
 The summary answers: how many programs each SM ran, how long each SM was busy against the launch's
-span (the idle tail of a wave), and how long programs of each format took. STRATA_DOTS_CHAIN and
-STRATA_ROW_CLAMP (triton_common) switch the two code-generation variants for A/B runs.
+span (the idle tail of a wave), and how long programs of each format took. The probed build is not the
+timed one: compare its span with the timed median before reading its programs' times (KERNELS.md).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from collections import defaultdict
@@ -32,7 +31,8 @@ from strata_plan.kernels.triton_common import FORMAT_CODES  # noqa: E402
 
 
 def summarize(rec: torch.Tensor) -> dict:
-    """rec int64 [programs, 4] = (sm, start ns, end ns, code + 8 * split)."""
+    """rec int64 [programs, 4] = (sm, start ns, end ns, code + 8 * split), in block order; the records
+    are kept (times in us from the launch's first start)."""
     rec = rec[rec[:, 1] > 0].tolist()
     t0 = min(r[1] for r in rec)
     span = max(r[2] for r in rec) - t0
@@ -45,6 +45,7 @@ def summarize(rec: torch.Tensor) -> dict:
     for _, a, b, c in rec:
         by_code[FORMAT_CODES[c % 8] + (f" split {c // 8}" if c >= 8 else "")].append((b - a) / 1e3)
     return {"programs": len(rec), "span_us": span / 1e3, "sms_used": len(per_sm),
+            "records_sm_start_end_code": [[sm, (a - t0) / 1e3, (b - t0) / 1e3, c] for sm, a, b, c in rec],
             "programs_per_sm": dict(sorted(((n, counts.count(n)) for n in set(counts)))),
             "sm_busy_us_median": statistics.median(busy) / 1e3, "sm_busy_us_min": min(busy) / 1e3,
             "sm_busy_fraction": sum(busy) / (len(busy) * span) if span else 0.0,
@@ -75,7 +76,7 @@ def main() -> None:
     def down():
         for i, sc in zip(ids, scs):
             ops.moe_down(sc, i, wts, arena, offsets, fm, hidden, inter, out, cfg)
-    res = {"model": a.model, "config": cfg, "env": {k: os.environ.get(k) for k in ("STRATA_DOTS_CHAIN", "STRATA_ROW_CLAMP")},
+    res = {"model": a.model, "config": cfg,
            "gate_up_us": B.graph_ms(gate_up, reps=a.reps) / LAYERS * 1e3,
            "down_us": B.graph_ms(down, reps=a.reps) / LAYERS * 1e3}
     big = 1 << 16
@@ -93,8 +94,9 @@ def main() -> None:
         torch.cuda.synchronize()
     res["gate_up_probe"] = summarize(p1.cpu())
     res["down_probe"] = summarize(p2.cpu())
-    res["config"] = {k: v for k, v in cfg.items()}
-    print(json.dumps({k: v for k, v in res.items() if k != "config"}, indent=None)[:3000])
+    short = {k: ({kk: vv for kk, vv in v.items() if kk != "records_sm_start_end_code"} if isinstance(v, dict) else v)
+             for k, v in res.items() if k != "config"}
+    print(json.dumps(short))
     Path(a.out).write_text(json.dumps(res, indent=1))
 
 

@@ -352,46 +352,28 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
     assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
     nt = ip // bn1
-    wsplit = int(cfg.get("WSPLIT1", 0))
-    if wsplit:
-        # each pair's rows in SPLIT1 x (its format's weight) K splits: about equal bytes a program
-        jchunk = 1
-        weights = cfg["PARTS1"]
-        present = [c for c in range(len(FORMAT_CODES)) if fm.mask >> c & 1]
-        base = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4)
-                                                    / (nt * p * min(weights[FORMAT_CODES[c]] for c in present))))
-        parts = tuple(min(hp // 512, base * weights[f]) for f in FORMAT_CODES)
-        split, ku = max(parts[c] for c in present), 0
-        parts_t = _parts_table(parts, str(dev))
-    else:
-        want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
-        split, ku = _moe_split(want, hp)
-        parts_t = _dummy(dev)
+    want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
+    split, ku = _moe_split(want, hp)
+    # ORDER1: items handed out cheapest-last to the SMs that run one program more (triton_moe.gate_up_kernel)
+    order = int(cfg.get("ORDER1", 0) and jchunk == 1)
     grid = (nt, m, _cdiv(topk, jchunk) * split)
     gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
     cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
-    chunk = _chunk(cfg, hp) if wsplit else min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1)
     triton_moe.gate_up_kernel[grid](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
-        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, parts_t,
-        _probe(cfg, "probe1", dev), m, hidden, inter, ku,
-        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, WSPLIT=wsplit, BK16=cfg["BK16"],
-        CHUNK=chunk, NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0), USE_ASM=USE_ASM, num_warps=cfg["warps1"],
+        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, _probe(cfg, "probe1", dev), m, hidden,
+        inter, ku, _sm_count(dev),
+        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
+        CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
+        USE_ASM=USE_ASM, num_warps=cfg["warps1"], ORDER=order, PP=triton.next_power_of_2(p) if order else 1,
         PROBE=int("probe1" in cfg))
     return sc
 
 
 def _probe(cfg: dict, key: str, dev) -> torch.Tensor:
-    """The int64 buffer a launch records its programs' SM and times in (cfg[key], benchmarks/probe_moe.py),
-    or a dummy when the launch is not probed."""
+    """The int64 buffer [programs, 4] a launch records its programs' SM and times in (cfg[key]: only
+    benchmarks/probe_moe.py sets it), or a dummy when the launch is not probed."""
     return cfg[key] if key in cfg else _dummy(dev)
-
-
-@lru_cache(maxsize=16)
-def _parts_table(parts: tuple[int, ...], device: str) -> torch.Tensor:
-    """int32 [format codes]: K splits of a gate/up pair by its expert's format (WSPLIT1); cached, so a
-    CUDA graph captured after the first call replays no host-to-device copy."""
-    return torch.tensor(parts, dtype=torch.int32, device=device)
 
 
 @lru_cache(maxsize=16)

@@ -51,10 +51,6 @@ if INTERPRET:
     _interp.interpreter_builder.options = _interp.InterpreterOptions(sanitize_overflow=False)
 
 USE_ASM = not INTERPRET          # DP4A through inline PTX on the GPU, emulated in the interpreter
-# Experiment switches, read once at import (A/B runs on the GPU: benchmarks/probe_moe.py): the DP4A chain
-# as one PTX block a word, and rows past N clamped instead of masked in the decode kernels' loads.
-DOTS_CHAIN = tl.constexpr(os.environ.get("STRATA_DOTS_CHAIN", "1") != "0")
-ROW_CLAMP = tl.constexpr(os.environ.get("STRATA_ROW_CLAMP", "1") != "0")
 FORMAT_CODES = tuple(FORMATS)    # run-time format code = index in this tuple (bf16 is the last)
 BF16_CODE = FORMAT_CODES.index("bf16")
 
@@ -132,6 +128,16 @@ def gpu_fence(v, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def probe_clock(v, USE_ASM: tl.constexpr):
+    """%globaltimer (ns) as int64 for the timing probe; v: any int32 scalar (orders the read)."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [v], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+    else:
+        return v.to(tl.int64)
+
+
+@triton.jit
 def probe_mark(probe_p, idx, t0, code, USE_ASM: tl.constexpr):
     """Timing probe (benchmarks/probe_moe.py): record (SM id, start, end ns, code) of program idx as
     int64 at probe_p[4 * idx]; t0 from `probe_clock`. Nothing to record in the interpreter."""
@@ -143,16 +149,6 @@ def probe_mark(probe_p, idx, t0, code, USE_ASM: tl.constexpr):
         tl.store(q + 1, t0)
         tl.store(q + 2, t1)
         tl.store(q + 3, code.to(tl.int64))
-
-
-@triton.jit
-def probe_clock(v, USE_ASM: tl.constexpr):
-    """%globaltimer (ns) as int64; v: any int32 scalar (orders the read)."""
-    if USE_ASM:
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [v], dtype=tl.int64, is_pure=False,
-                                         pack=1)
-    else:
-        return v.to(tl.int64)
 
 
 @triton.jit
@@ -219,16 +215,7 @@ def quantize_x_row(x_p, K, XP, lo, hi, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr)
 # ------------------------------------------------------------------- phase B: one matrix, one row tile
 
 @triton.jit
-def _ld(ptr, mask):
-    # a load of _unit_loads: rows clamped (ROW_CLAMP, no mask), or rows past N masked to zeros
-    if ROW_CLAMP:
-        return tl.load(ptr)
-    else:
-        return tl.load(ptr, mask=mask, other=0)
-
-
-@triton.jit
-def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, u,
+def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
                 W4: tl.constexpr):
     """Scale unit u (K step) of the rows [BN]: codes as [BN, W4, 4] int32 (a thread holds 4 consecutive
@@ -240,41 +227,34 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, u,
         q4_g128 S [BN] fp16, M [BN] fp16 (one group per unit)
     and d, dmin [BN] fp16 (super-block formats; zeros otherwise). Storage is unit-major ([NU, N, per
     unit]: formats.py), so consecutive rows of one unit are consecutive bytes in every tensor. Rows past
-    N read row N - 1 again (clamped, not masked: a masked load needs its registers zeroed first, one
-    instruction per load per step); the callers drop those rows' sums."""
+    row_ok read as zeros."""
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                        # code words per row and unit
     GPU: tl.constexpr = UNIT // GROUP                      # groups per row and unit
-    if ROW_CLAMP:
-        ru = u * N + tl.minimum(rows, N - 1)               # [BN]: (unit, row) record index
-        m3 = None
-        m1 = None
-    else:
-        ru = u * N + rows
-        m3 = (rows < N)[:, None, None]
-        m1 = rows < N
+    ru = u * N + rows                                      # [BN]: (unit, row) record index
     r3 = ru[:, None, None].to(tl.int64)
+    m3 = row_ok[:, None, None]
     j3 = tl.arange(0, W4)[None, :, None]
     i4 = tl.arange(0, 4)[None, None, :]
     i2 = tl.arange(0, 2)[None, None, :]
-    words = _ld(codes_p + r3 * WPU + (j3 * 4 + i4), m3)
+    words = tl.load(codes_p + r3 * WPU + (j3 * 4 + i4), mask=m3, other=0)
     if SB == 0:
-        a = _ld(scales_p + ru, m1)
-        b = _ld(mins_p + ru, m1)
+        a = tl.load(scales_p + ru, mask=row_ok, other=0.0)
+        b = tl.load(mins_p + ru, mask=row_ok, other=0.0)
         return words, a, b, 0, 0
     else:
         WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
         if WPG == 1:
-            sc = _ld(scales_p + r3 * GPU + (j3 * 4 + i4), m3)
+            sc = tl.load(scales_p + r3 * GPU + (j3 * 4 + i4), mask=m3, other=0)
         else:
-            sc = _ld(scales_p + r3 * GPU + (j3 * 2 + i2), m3)
+            sc = tl.load(scales_p + r3 * GPU + (j3 * 2 + i2), mask=m3, other=0)
         if MIN_BITS == 4:
-            mb = _ld(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), m3)
+            mb = tl.load(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), mask=m3, other=0)
         else:
-            mb = _ld(mins_p + r3 * GPU + (j3 * 2 + i2), m3)
-        d = _ld(d_p + ru, m1)
-        dmin = _ld(dmin_p + ru, m1)
+            mb = tl.load(mins_p + r3 * GPU + (j3 * 2 + i2), mask=m3, other=0)
+        d = tl.load(d_p + ru, mask=row_ok, other=0.0)
+        dmin = tl.load(dmin_p + ru, mask=row_ok, other=0.0)
         return words, sc, mb, d, dmin
 
 
@@ -362,57 +342,21 @@ def _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t,
         return acc
 
 
-# One PTX block per code word for the DP4A chain of `_lane_dots`: the first DP4A adds to an immediate 0
-# (no zeroed register a word), and at 1 bit one shift serves two lanes (s and s + 4: the high lane is
-# masked in place, so its DP4A sums 16 * q * x8 into a second accumulator, exact, shifted back once).
-_DOTS4 = tl.constexpr(
-    "{\n\t.reg .b32 a, v;\n\tand.b32 a, $1, 0x0F0F0F0F;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
-       "shr.u32 v, $1, 4;\n\tand.b32 a, v, 0x0F0F0F0F;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t}")
-_DOTS2 = tl.constexpr(
-    "{\n\t.reg .b32 a, v;\n\tand.b32 a, $1, 0x03030303;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
-       "shr.u32 v, $1, 2;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t"
-       "shr.u32 v, $1, 4;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $4, $0;\n\t"
-       "shr.u32 v, $1, 6;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $5, $0;\n\t}")
-_DOTS1 = tl.constexpr(
-    "{\n\t.reg .b32 a, v, h;\n\t"
-       "and.b32 a, $1, 0x01010101;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
-       "and.b32 a, $1, 0x10101010;\n\tdp4a.s32.s32 h, a, $6, 0;\n\t"
-       "shr.u32 v, $1, 1;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t"
-       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $7, h;\n\t"
-       "shr.u32 v, $1, 2;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $4, $0;\n\t"
-       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $8, h;\n\t"
-       "shr.u32 v, $1, 3;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $5, $0;\n\t"
-       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $9, h;\n\t"
-       "shr.s32 h, h, 4;\n\tadd.s32 $0, $0, h;\n\t}")
-
-
 @triton.jit
-def _lane_dots(w, x0, x1, x2, x3, x4, x5, x6, x7, BITS: tl.constexpr, USE_ASM: tl.constexpr):
-    """Sum over each code word of q * x8: one DP4A per lane (S = 8 / BITS lanes of 4 codes)."""
+def _lane_dots(w, isum, x0, x1, x2, x3, x4, x5, x6, x7, BITS: tl.constexpr, USE_ASM: tl.constexpr):
+    """isum + sum over each code word of q * x8: one DP4A per lane (S = 8 / BITS lanes of 4 codes)."""
     LANEMASK: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
-    if USE_ASM and DOTS_CHAIN:
-        if BITS == 4:
-            return tl.inline_asm_elementwise(_DOTS4, "=r,r,r,r", [w, x0, x1],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        elif BITS == 2:
-            return tl.inline_asm_elementwise(_DOTS2, "=r,r,r,r,r,r", [w, x0, x1, x2, x3],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            return tl.inline_asm_elementwise(_DOTS1, "=r,r,r,r,r,r,r,r,r,r",
-                                             [w, x0, x1, x2, x3, x4, x5, x6, x7],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        isum = dp4a(w & LANEMASK, x0, tl.zeros_like(w), USE_ASM)
-        isum = dp4a((w >> BITS) & LANEMASK, x1, isum, USE_ASM)
-        if BITS <= 2:
-            isum = dp4a((w >> 2 * BITS) & LANEMASK, x2, isum, USE_ASM)
-            isum = dp4a((w >> 3 * BITS) & LANEMASK, x3, isum, USE_ASM)
-        if BITS == 1:
-            isum = dp4a((w >> 4) & LANEMASK, x4, isum, USE_ASM)
-            isum = dp4a((w >> 5) & LANEMASK, x5, isum, USE_ASM)
-            isum = dp4a((w >> 6) & LANEMASK, x6, isum, USE_ASM)
-            isum = dp4a((w >> 7) & LANEMASK, x7, isum, USE_ASM)
-        return isum
+    isum = dp4a(w & LANEMASK, x0, isum, USE_ASM)
+    isum = dp4a((w >> BITS) & LANEMASK, x1, isum, USE_ASM)
+    if BITS <= 2:
+        isum = dp4a((w >> 2 * BITS) & LANEMASK, x2, isum, USE_ASM)
+        isum = dp4a((w >> 3 * BITS) & LANEMASK, x3, isum, USE_ASM)
+    if BITS == 1:
+        isum = dp4a((w >> 4) & LANEMASK, x4, isum, USE_ASM)
+        isum = dp4a((w >> 5) & LANEMASK, x5, isum, USE_ASM)
+        isum = dp4a((w >> 6) & LANEMASK, x6, isum, USE_ASM)
+        isum = dp4a((w >> 7) & LANEMASK, x7, isum, USE_ASM)
+    return isum
 
 
 @triton.jit
@@ -421,23 +365,23 @@ def _unit_dot(acc, loads, x0, x1, x2, x3, x4, x5, x6, x7,
               SB: tl.constexpr, W4: tl.constexpr, USE_ASM: tl.constexpr):
     # acc [BN, W4] += one unit of one matrix, from its loads (words, sc, mb, d, dmin)
     words, sc, mb, d, dmin = loads
-    isum = _lane_dots(words, x0, x1, x2, x3, x4, x5, x6, x7, BITS, USE_ASM)
+    BN: tl.constexpr = acc.shape[0]
+    isum = _lane_dots(words, tl.zeros([BN, W4, 4], tl.int32), x0, x1, x2, x3, x4, x5, x6, x7, BITS, USE_ASM)
     return _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4)
 
 
 @triton.jit
 def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
-              N, rows, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
+              N, rows, row_ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
               SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
     """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
 
     The matrices are [N, K], stored unit-major (formats.py; codes as int32 words); the activations were
-    put on the int8 grid by phase A (`quantize_x_row`: xq int8 as int32 words, xdx, xsum) for XP >= KP
-    inputs (zeros past K), so whole padded rows are read without column masks. w_lo < w_hi: multiples
-    of the unit's words (WPU). rows [BN] int32 (rows past N are read as row N - 1: the caller drops
-    them). Returns (float32 [BN], float32 [BN]); b's is 0 for NMAT=1.
+    put on the int8 grid by phase A (`quantize_x_row`: xq int8 as int32 words, xdx, xsum) for XP >= KP inputs (zeros past K), so whole padded rows are read without column masks.
+    w_lo < w_hi: multiples of the unit's words (WPU). rows [BN] int32, row_ok [BN] mask. Returns
+    (float32 [BN], float32 [BN]); b's is 0 for NMAT=1.
 
     Layout: one K step is one scale unit (a 512-weight super-block, or a 128-weight fp16 group), WPU
     words of each row, tiled [BN, W4, 4]: 4 consecutive words per thread, W4 threads along a row, so a
@@ -457,20 +401,20 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     acc_a = tl.zeros([BN, W4], tl.float32)
     acc_b = tl.zeros([BN, W4], tl.float32)
     if PF:
-        na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, w_lo // WPU,
+        na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, w_lo // WPU,
                          BITS, GROUP, MIN_BITS, SB, W4)
         nb = na
         if NMAT == 2:
-            nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, w_lo // WPU,
+            nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, w_lo // WPU,
                              BITS, GROUP, MIN_BITS, SB, W4)
         for t in tl.range(w_lo, w_hi, WPU):
             ca = na
             cb = nb
             un = tl.minimum(t + WPU, w_hi - WPU) // WPU            # the next unit (the last one again at the end)
-            na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, un,
+            na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, un,
                              BITS, GROUP, MIN_BITS, SB, W4)
             if NMAT == 2:
-                nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, un,
+                nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, un,
                                  BITS, GROUP, MIN_BITS, SB, W4)
             x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
             acc_a = _unit_dot(acc_a, ca, x0, x1, x2, x3, x4, x5, x6, x7,
@@ -481,12 +425,12 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     else:
         for t in tl.range(w_lo, w_hi, WPU, num_stages=NS):
             x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
-            la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, t // WPU,
+            la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, t // WPU,
                              BITS, GROUP, MIN_BITS, SB, W4)
             acc_a = _unit_dot(acc_a, la, x0, x1, x2, x3, x4, x5, x6, x7,
                               xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, USE_ASM)
             if NMAT == 2:
-                lb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, t // WPU,
+                lb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, t // WPU,
                                  BITS, GROUP, MIN_BITS, SB, W4)
                 acc_b = _unit_dot(acc_b, lb, x0, x1, x2, x3, x4, x5, x6,
                                   x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, USE_ASM)

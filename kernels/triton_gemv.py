@@ -57,7 +57,7 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
         quantize_x_row(x_p + m * stride_xm, K, KP, w_lo * EPW, w_hi * EPW, xq, xdx, xsum, CHUNK)
         tl.debug_barrier()          # phase A's stores are read by every thread of the program below
         acc, _unused = gemv_rows(codes_p, scales_p, mins_p, d_p, dmin_p, codes_p, scales_p, mins_p, d_p, dmin_p,
-                                 N, rows, xq, xdx, xsum, KP, w_lo, w_hi,
+                                 N, rows, ok, xq, xdx, xsum, KP, w_lo, w_hi,
                                  BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 1, NS, PF, USE_ASM)
         if SPLIT == 1:
             tl.store(out_p + m * stride_om + rows, acc.to(out_p.dtype.element_ty), mask=ok)

@@ -45,7 +45,7 @@ KERNEL_FORMATS = {
 
 
 @triton.jit
-def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
+def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                  CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                  MIN_BITS: tl.constexpr, SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
                  PF: tl.constexpr, USE_ASM: tl.constexpr):
@@ -70,13 +70,13 @@ def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_
                          blob_segment(base, table_p, CODE, mat_b, 2, MIN_BITS),
                          blob_segment(base, table_p, CODE, mat_b, 3, 16),
                          blob_segment(base, table_p, CODE, mat_b, 4, 16),
-                         N, rows, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
+                         N, rows, ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
                          BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, PF, USE_ASM)
     return a, b
 
 
 @triton.jit
-def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
+def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                      FMASK: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr,
                      USE_ASM: tl.constexpr):
     # `_matrix_rows` for the packed expert of run-time format code `code` (branches only for the codes in
@@ -86,19 +86,19 @@ def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, 
     b = tl.zeros([BN], tl.float32)
     if (FMASK & 1) != 0:
         if code == 0:
-            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                                 0, 2, 16, 8, 4, 512, NMAT, NS, PF, USE_ASM)
     if (FMASK & 2) != 0:
         if code == 1:
-            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                                 1, 2, 32, 8, 8, 512, NMAT, NS, PF, USE_ASM)
     if (FMASK & 4) != 0:
         if code == 2:
-            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                                 2, 1, 32, 8, 4, 512, NMAT, NS, PF, USE_ASM)
     if (FMASK & 8) != 0:
         if code == 3:
-            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, xq_p, xdx_p, xsum_p, XP,
+            a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                                 3, 4, 128, 16, 16, 0, NMAT, NS, PF, USE_ASM)
     return a, b
 
@@ -132,11 +132,11 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p, hf_p,
-                  gpart_p, cnt_p, H, I, p, nt, NT, s, n_parts, k_lo, k_hi,
+                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi,
                   FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, BK16: tl.constexpr,
                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
     # one work item: gate and up rows nt*BN .. of pair p's expert over inputs k_lo .. k_hi (x on the grid
-    # at xq, xdx, xsum), split s of n_parts, then h = silu(g) * u packed for down (by the last of the splits)
+    # at xq, xdx, xsum), then h = silu(g) * u packed for down (with SPLIT > 1, by the last of the splits)
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     n0 = nt * BN
@@ -148,7 +148,7 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
     g = tl.zeros([BN], tl.float32)
     u = tl.zeros([BN], tl.float32)
     if n0 < I:                                            # rows past I (padding) stay zero
-        g, u = _packed_rows_any(base, table_p, code, 0, 1, I, H, k_lo, k_hi, rows, xq, xdx, xsum, HP,
+        g, u = _packed_rows_any(base, table_p, code, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
                                 FMASK, 2, NS, PF, USE_ASM)
         if (FMASK & 16) != 0:
             if code == 4:
@@ -156,9 +156,8 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
                 u = gemv_rows_bf16(blob_segment(base, table_p, 4, 1, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
     last = True
     if SPLIT > 1:
-        if n_parts > 1:
-            last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, n_parts, s, IP,
-                                    cnt_p + p * NT + nt, USE_ASM)
+        last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, SPLIT, s, IP,
+                                cnt_p + p * NT + nt, USE_ASM)
     if last:
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
         if (FMASK & 16) != 0:
@@ -172,18 +171,34 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
 
 
 @triton.jit
+def _pair_of_rank(ids_p, codes_p, P, r, PP: tl.constexpr):
+    """The pair (of P <= PP) whose expert's format is the r-th most costly a row (bytes a weight: bf16,
+    q4, q2_g16, q2_g32, q1), ties by pair index."""
+    k = tl.arange(0, PP)
+    ok = k < P
+    c = tl.load(codes_p + tl.load(ids_p + k, mask=ok, other=0), mask=ok, other=0)
+    v = tl.where(c == 4, 5, tl.where(c == 3, 4, tl.where(c == 0, 3, tl.where(c == 1, 2, 1))))
+    key = tl.where(ok, v, 0) * PP + (PP - 1 - k)                                 # distinct, heavier first
+    rank = tl.sum((key[None, :] > key[:, None]).to(tl.int32), 1)                 # [PP]
+    return tl.sum(tl.where(rank == r, k, 0))
+
+
+@triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
-                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, parts_p, probe_p, M, H, I, KU,
+                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, probe_p, M, H, I, KU, NSM,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
-                   SPLIT: tl.constexpr, WSPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
-                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr, PROBE: tl.constexpr = 0):
+                   SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
+                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr, ORDER: tl.constexpr = 0,
+                   PP: tl.constexpr = 1, PROBE: tl.constexpr = 0):
     # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
     #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
     #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
-    # WSPLIT=1 (JCHUNK = 1): the pair's own number of splits, parts_p[format code] <= SPLIT, weighted by
-    #   the format's cost so that every program moves about the same bytes (a 2-bit expert's rows in two
-    #   halves of H where a 1-bit one's are whole); programs past their pair's splits return at once.
+    # ORDER=1 (JCHUNK = 1): the n = NT * P * SPLIT items (pair, row tile, split), ranked by the pair's format
+    #   cost, are handed to the programs so that the SMs that run one program more than the others run
+    #   the cheapest items: the GPU hands a launch's first NSM programs to its NSM SMs one each, the next
+    #   NSM again, and so on (measured: benchmarks/probe_moe.py), so block b runs on position b % NSM and
+    #   the n % NSM positions below rem run one more.
     # PROBE=1: record each program's SM, start and end time at probe_p (benchmarks/probe_moe.py)
     if PROBE:
         t_start = probe_clock(tl.program_id(0), USE_ASM)
@@ -195,31 +210,37 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
     jc = tl.program_id(2) % JC
     s = tl.program_id(2) // JC
-    n_parts = SPLIT
-    ku = KU
-    if WSPLIT:
+    if ORDER:
         tl.static_assert(JCHUNK == 1)
-        n_parts = tl.load(parts_p + tl.load(codes_p + tl.load(ids_p + m * TOPK + jc)))
-        ku = tl.cdiv(HP // 512, n_parts)
-    if s < n_parts:
-        k_lo = s * ku * 512
-        k_hi = tl.minimum(k_lo + ku * 512, HP)
-        x_row = x_p + m * stride_xm
-        xq = xq_p + m * (HP // 4)
-        xdx = xdx_p + m * (HP // 32)
-        xsum = xsum_p + m * (3 * HP // 32)
-        # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
-        if (FMASK & 15) != 0:
-            quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
-        tl.debug_barrier()      # phase A's stores are read by every thread of the program below
-        for jj in range(JCHUNK):
-            j = jc * JCHUNK + jj
-            if j < TOPK:
-                _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
-                              hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, n_parts, k_lo, k_hi,
-                              FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
+        b = tl.program_id(0) + NT * (tl.program_id(1) + M * tl.program_id(2))
+        n = NT * M * TOPK * SPLIT
+        rem = n % NSM
+        rnd = b // NSM
+        pos = b % NSM
+        q = tl.where(pos >= rem, rnd * (NSM - rem) + pos - rem, (NSM - rem) * (n // NSM) + rnd * rem + pos)
+        p = _pair_of_rank(ids_p, codes_p, M * TOPK, q // (NT * SPLIT), PP)
+        nt = q % NT
+        s = q // NT % SPLIT
+        m = p // TOPK
+        jc = p % TOPK
+    k_lo = s * KU * 512
+    k_hi = tl.minimum(k_lo + KU * 512, HP)
+    x_row = x_p + m * stride_xm
+    xq = xq_p + m * (HP // 4)
+    xdx = xdx_p + m * (HP // 32)
+    xsum = xsum_p + m * (3 * HP // 32)
+    # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
+    if (FMASK & 15) != 0:
+        quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
+    tl.debug_barrier()      # phase A's stores are read by every thread of the program below
+    for jj in range(JCHUNK):
+        j = jc * JCHUNK + jj
+        if j < TOPK:
+            _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
+                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
+                          FMASK, BN, SPLIT, BK16, NS, PF, USE_ASM)
     if PROBE:
-        probe_mark(probe_p, nt + NT * (m + M * tl.program_id(2)), t_start,
+        probe_mark(probe_p, tl.program_id(0) + NT * (tl.program_id(1) + M * tl.program_id(2)), t_start,
                    tl.load(codes_p + tl.load(ids_p + m * TOPK + jc * JCHUNK)) + 8 * s, USE_ASM)
 
 
@@ -253,7 +274,7 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     hq = hq_p + p * (IP // 4)
     hdx = hdx_p + p * (IP // 32)
     hsum = hsum_p + p * (3 * IP // 32)
-    part, _unused = _packed_rows_any(base, table_p, code, 2, 2, H, I, k_lo, k_hi, rows, hq, hdx, hsum, IP,
+    part, _unused = _packed_rows_any(base, table_p, code, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
                                      FMASK, 1, NS, PF, USE_ASM)
     if (FMASK & 16) != 0:
         if code == 4:

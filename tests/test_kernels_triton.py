@@ -219,23 +219,12 @@ def test_moe_launches_with_k_splits():
     assert torch.equal(a, b)
 
 
-def test_moe_gate_up_with_splits_weighted_by_format():
-    # WSPLIT1: each pair's own number of K splits by its expert's format (here 1, 2 or 3 for rows of 3
-    # units, and 4 for bf16: more splits than units, so one of its programs has an empty K range)
-    hidden, inter = 1100, 520
-    arena, offsets = make_arena(MIX, hidden, inter)
-    weights = {"q2_g16_s8m4": 2, "q2_g32_s8m8": 3, "q1_g32_s8m4": 1, "q4_g128_f16": 3, "bf16": 4}
-    check_moe_launches(arena, offsets, hidden, inter, 1, WSPLIT1=1, PARTS1=weights, SPLIT1=1, CHUNK=256)
-    check_moe_launches(arena, offsets, hidden, inter, 2, WSPLIT1=1, PARTS1=weights, SPLIT1=0, WAVE1=64)
-    cfg = dict(ops.config_for("moe", "mix", 1, hidden, inter, DEVICE), WSPLIT1=1, PARTS1=weights, SPLIT1=1)
-    x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
-    ids, wts = route(1, len(MIX), 4)
-    a = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
-    b = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
-    assert torch.equal(a, b)                        # counters back at zero, parts added in a fixed order
-    plain = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton",
-                      config={**cfg, "WSPLIT1": 0})
-    assert rel(a, plain) < 1e-3                     # the same sums, added in another order
+@pytest.mark.parametrize("m,split1", [(1, 1), (3, 2)])
+def test_moe_gate_up_in_cost_order(mixed_arena, m, split1):
+    # ORDER1: each program derives its (pair, row tile, split) from its block number and the pairs'
+    # format costs (every item exactly once, whatever the routing order); checked launch by launch
+    arena, offsets, hidden, inter = mixed_arena
+    check_moe_launches(arena, offsets, hidden, inter, m, ORDER1=1, SPLIT1=split1, BN1=32)
 
 
 def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
