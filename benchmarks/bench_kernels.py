@@ -49,9 +49,8 @@ GB = 1e9
 # phase A). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep
 # registers low and occupancy high (ncu_moe.sh). Measured and dropped (KERNELS.md): a persistent gate/up
 # (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch
-# (PF1, every sweep since). ORDER1: items in cost order for the SMs' rounds (triton_moe.gate_up_kernel)
-GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096, ORDER1=o)
-                 for sp, o in ((0, 0), (1, 0), (0, 1), (1, 1), (2, 1))]
+# (PF1, every sweep since); on 2026-12-01 also weighted K splits and cost-ordered items (KERNELS.md)
+GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096) for sp in (0, 1, 2)]
 DOWN_SWEEP = [dict(BN2=bn, warps2=w, NS2=1, PF2=pf, SPLIT2=sp) for bn, w, pf, sp in
               ((32, 4, 0, 1), (16, 2, 0, 1), (64, 4, 0, 1), (32, 2, 0, 1))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's

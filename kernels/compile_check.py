@@ -57,13 +57,13 @@ def kernels(arch: int = 90, quick: bool = False):
             out.append((f"gemm code={code} DQ={dq}", _compile(triton_gemm.gemm_kernel, gsig, dict(
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq), arch, num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    for pf, split in ((0, 1), (1, 2)):   # PF: register prefetch; SPLIT: K splits; PROBE, ORDER (with PF)
-        out.append((f"moe gate_up all formats PF={pf} SPLIT={split}" + (" PROBE ORDER" if pf else ""), _compile(triton_moe.gate_up_kernel, {
+    for pf, split in ((0, 1), (1, 2)):   # PF: register prefetch; SPLIT: K splits; PROBE (with PF): timing records
+        out.append((f"moe gate_up all formats PF={pf} SPLIT={split}" + (" PROBE" if pf else ""), _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
-            "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32", "NSM": "i32"},
+            "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32"},
             dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
-                 PF=pf, USE_ASM=True, PROBE=pf, ORDER=pf, PP=8),
+                 PF=pf, USE_ASM=True, PROBE=pf),
             arch, 4)))
         out.append((f"moe down all formats PF={pf} SPLIT={split}" + (" PROBE" if pf else ""), _compile(triton_moe.down_kernel, {
             "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},

@@ -354,19 +354,16 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     nt = ip // bn1
     want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
     split, ku = _moe_split(want, hp)
-    # ORDER1: items handed out cheapest-last to the SMs that run one program more (triton_moe.gate_up_kernel)
-    order = int(cfg.get("ORDER1", 0) and jchunk == 1)
     grid = (nt, m, _cdiv(topk, jchunk) * split)
     gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
     cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
     triton_moe.gate_up_kernel[grid](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, _probe(cfg, "probe1", dev), m, hidden,
-        inter, ku, _sm_count(dev),
+        inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
         CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
-        USE_ASM=USE_ASM, num_warps=cfg["warps1"], ORDER=order, PP=triton.next_power_of_2(p) if order else 1,
-        PROBE=int("probe1" in cfg))
+        USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg))
     return sc
 
 

@@ -171,34 +171,15 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
 
 
 @triton.jit
-def _pair_of_rank(ids_p, codes_p, P, r, PP: tl.constexpr):
-    """The pair (of P <= PP) whose expert's format is the r-th most costly a row (bytes a weight: bf16,
-    q4, q2_g16, q2_g32, q1), ties by pair index."""
-    k = tl.arange(0, PP)
-    ok = k < P
-    c = tl.load(codes_p + tl.load(ids_p + k, mask=ok, other=0), mask=ok, other=0)
-    v = tl.where(c == 4, 5, tl.where(c == 3, 4, tl.where(c == 0, 3, tl.where(c == 1, 2, 1))))
-    key = tl.where(ok, v, 0) * PP + (PP - 1 - k)                                 # distinct, heavier first
-    rank = tl.sum((key[None, :] > key[:, None]).to(tl.int32), 1)                 # [PP]
-    return tl.sum(tl.where(rank == r, k, 0))
-
-
-@triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
-                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, probe_p, M, H, I, KU, NSM,
+                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, probe_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
                    SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
-                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr, ORDER: tl.constexpr = 0,
-                   PP: tl.constexpr = 1, PROBE: tl.constexpr = 0):
+                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr, PROBE: tl.constexpr = 0):
     # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
     #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
     #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
-    # ORDER=1 (JCHUNK = 1): the n = NT * P * SPLIT items (pair, row tile, split), ranked by the pair's format
-    #   cost, are handed to the programs so that the SMs that run one program more than the others run
-    #   the cheapest items: the GPU hands a launch's first NSM programs to its NSM SMs one each, the next
-    #   NSM again, and so on (measured: benchmarks/probe_moe.py), so block b runs on position b % NSM and
-    #   the n % NSM positions below rem run one more.
     # PROBE=1: record each program's SM, start and end time at probe_p (benchmarks/probe_moe.py)
     if PROBE:
         t_start = probe_clock(tl.program_id(0), USE_ASM)
@@ -210,19 +191,6 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
     jc = tl.program_id(2) % JC
     s = tl.program_id(2) // JC
-    if ORDER:
-        tl.static_assert(JCHUNK == 1)
-        b = tl.program_id(0) + NT * (tl.program_id(1) + M * tl.program_id(2))
-        n = NT * M * TOPK * SPLIT
-        rem = n % NSM
-        rnd = b // NSM
-        pos = b % NSM
-        q = tl.where(pos >= rem, rnd * (NSM - rem) + pos - rem, (NSM - rem) * (n // NSM) + rnd * rem + pos)
-        p = _pair_of_rank(ids_p, codes_p, M * TOPK, q // (NT * SPLIT), PP)
-        nt = q % NT
-        s = q // NT % SPLIT
-        m = p // TOPK
-        jc = p % TOPK
     k_lo = s * KU * 512
     k_hi = tl.minimum(k_lo + KU * 512, HP)
     x_row = x_p + m * stride_xm

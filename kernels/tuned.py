@@ -20,9 +20,7 @@ DEFAULTS: dict[str, dict] = {
     # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages, SPLIT1
     # K splits of H: 0 = enough to fill WAVE1 programs an SM) and down (BN2 rows of H, warps2, NS2, SPLIT2
     # K splits of I); PF1/PF2: register prefetch of the next K step; CHUNK: inputs packed per step of phase A
-    # ORDER1: gate/up items (pair, row tile, split) handed out so that the SMs running one program more
-    # than the others get the cheapest formats' items (triton_moe.gate_up_kernel)
-    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "SPLIT1": 1, "WAVE1": 4, "ORDER1": 0,
+    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "SPLIT1": 1, "WAVE1": 4,
             "BN2": 64, "warps2": 4, "NS2": 2, "SPLIT2": 1, "CHUNK": 1024, "BK16": 128},
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},

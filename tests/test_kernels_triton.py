@@ -219,14 +219,6 @@ def test_moe_launches_with_k_splits():
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("m,split1", [(1, 1), (3, 2)])
-def test_moe_gate_up_in_cost_order(mixed_arena, m, split1):
-    # ORDER1: each program derives its (pair, row tile, split) from its block number and the pairs'
-    # format costs (every item exactly once, whatever the routing order); checked launch by launch
-    arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, m, ORDER1=1, SPLIT1=split1, BN1=32)
-
-
 def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
     fm = ops.ExpertFormats.from_names(MIX, DEVICE)
     cfg = dict(ops.config_for("moe", "mix", m, hidden, inter, DEVICE), **overrides)
