@@ -13,7 +13,7 @@ for d in "${DIRS[@]}"; do
   n=$(basename "$d"); s=/tmp/shim_$n/strata_plan; mkdir -p "$s"
   ln -sf "$(cd "$d" && pwd)"/strata_plan/* "$s"/
   for p in planner profiler engine kernels profiles; do ln -sfn "$(cd "$d" && pwd)/$p" "$s/$p"; done
-  PYTHONPATH=/tmp/shim_$n python3 -c "import strata_plan.kernels.ops as o; print('$n:', o.__file__)" || exit 3
+  (cd /tmp && PYTHONPATH=/tmp/shim_$n python3 -c "import strata_plan.kernels.ops as o; print('$n:', o.__file__)") || exit 3
   PYTHONPATH=/tmp/shim_$n timeout 200 python3 "$d/benchmarks/bench_kernels.py" --prewarm 4 --prewarm-only "$@" 2>&1 | tail -1 &
 done
 wait
