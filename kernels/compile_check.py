@@ -6,6 +6,8 @@ The interpreter (TRITON_INTERPRET=1) runs the kernels' Python, but it forgives t
 not (a Python global read inside a jitted function, a type mismatch between branches); this builds the
 real PTX and cubin with Triton's bundled ptxas and prints what each kernel uses. Needs the variable
 above set before the kernels are imported (otherwise they are interpreted on a machine with no GPU).
+Registers and SASS depend on the Triton version: to read what the GPU machine runs, put its version first
+on the path (`pip install --no-deps --target /tmp/t36 triton==3.6.0`, then PYTHONPATH=/tmp/t36).
 """
 from __future__ import annotations
 
@@ -29,9 +31,10 @@ def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_sta
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def kernels(arch: int = 90, quick: bool = False):
+def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
     """(name, compiled kernel) for every kernel, at the formats and configs that exercise all branches.
-    quick: one format of the single-format kernels (the MoE kernels always carry every format's branch)."""
+    quick: one format of the single-format kernels; fmask: the format codes the MoE kernels carry (31:
+    all five; 7 is the benchmark's tier mix)."""
     from . import triton_gemm, triton_gemv, triton_moe
     out = []
     out.append(("quantize_x", _compile(
@@ -58,34 +61,33 @@ def kernels(arch: int = 90, quick: bool = False):
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq), arch, num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     for pf, split in ((0, 1), (1, 2)):   # PF: register prefetch; SPLIT: K splits; PROBE (with PF): timing records
-        out.append((f"moe gate_up all formats PF={pf} SPLIT={split}" + (" PROBE" if pf else ""), _compile(triton_moe.gate_up_kernel, {
+        tag = f"FMASK={fmask} PF={pf} SPLIT={split}" + (" PROBE" if pf else "")
+        out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
             "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32"},
-            dict(TOPK=8, FMASK=31, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
+            dict(TOPK=8, FMASK=fmask, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
                  PF=pf, USE_ASM=True, PROBE=pf),
             arch, 4)))
-        out.append((f"moe down all formats PF={pf} SPLIT={split}" + (" PROBE" if pf else ""), _compile(triton_moe.down_kernel, {
+        out.append((f"moe down {tag}", _compile(triton_moe.down_kernel, {
             "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
             "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "probe_p": P["i64"], "H": "i32", "I": "i32",
-            "KU": "i32"}, dict(TOPK=8, FMASK=31, BN=64, SPLIT=split, BK16=128, NS=1, PF=pf, USE_ASM=True, PROBE=pf),
+            "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, NS=1, PF=pf, USE_ASM=True, PROBE=pf),
             arch, 4)))
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     out.append(("moe grouped gate_up", _compile(triton_gemm.grouped_gate_up, {
         "x_p": P["bf16"], "stride_xm": "i32", **blocks, "h_p": P["bf16"], "H": "i32", "I": "i32"},
-        dict(TOPK=8, FMASK=31, BM=64, BN=128, BK=64, DQ=1, INTERP=False), arch)))
+        dict(TOPK=8, FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, INTERP=False), arch)))
     out.append(("moe grouped down", _compile(triton_gemm.grouped_down, {
         "h_p": P["bf16"], "wts_p": P["f32"], **blocks, "y_p": P["f32"], "H": "i32", "I": "i32"},
-        dict(FMASK=31, BM=64, BN=128, BK=64, DQ=1, INTERP=False), arch)))
+        dict(FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, INTERP=False), arch)))
     return out
 
 
-def sass_loop(k) -> tuple[int, int] | None:
-    """(instructions, IDP instructions) in the longest loop of a compiled kernel's SASS (the K loop of
-    the decode kernels), from the cuobjdump bundled with Triton; None where it is not available."""
-    import re
+def _cuobjdump(k, flag: str) -> str | None:
+    """cuobjdump (bundled with Triton) run on a compiled kernel's cubin; None where it is not available."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -97,7 +99,24 @@ def sass_loop(k) -> tuple[int, int] | None:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
-        sass = subprocess.run([str(tool), "--dump-sass", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True).stdout
+
+
+def registers(k) -> int | None:
+    """Registers a thread of the compiled kernel uses (they set how many programs an SM holds)."""
+    import re
+    out = _cuobjdump(k, "--dump-resource-usage")
+    m = re.search(r"REG:(\d+)", out or "")
+    return int(m.group(1)) if m else None
+
+
+def sass_loop(k) -> tuple[int, int] | None:
+    """(instructions, IDP instructions) in the longest loop of a compiled kernel's SASS (the K loop of
+    the decode kernels), from the cuobjdump bundled with Triton; None where it is not available."""
+    import re
+    sass = _cuobjdump(k, "--dump-sass")
+    if sass is None:
+        return None
     ins = [ln.split("*/", 1)[1].split(";")[0].strip() for ln in sass.splitlines()
            if ln.strip().startswith("/*") and "*/" in ln]
     ins = [i for i in ins if i]
@@ -118,18 +137,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
     ap.add_argument("--quick", action="store_true", help="one format of the single-format kernels")
     ap.add_argument("--sass", action="store_true",
-                    help="also count the SASS instructions (and DP4As) of each kernel's longest loop")
+                    help="also count registers, and the SASS instructions (and DP4As) of each kernel's longest loop")
+    ap.add_argument("--fmask", type=int, default=31,
+                    help="format codes the MoE kernels carry, a bit mask (31: all; 7: the benchmark's tier mix)")
     a = ap.parse_args(argv)
     if INTERPRET:
         print("kernels are interpreted here: set STRATA_TRITON_COMPILE_ONLY=1 (and not TRITON_INTERPRET)")
         return 2
     t = time.time()
-    for name, k in kernels(a.arch, a.quick):
+    for name, k in kernels(a.arch, a.quick, a.fmask):
         md = k.metadata
         loop = sass_loop(k) if a.sass else None
+        regs = registers(k) if a.sass else None
         print(f"{name:38s} shared {md.shared:6d} B  dp4a {k.asm['ptx'].count('dp4a'):4d}  "
               f"wgmma {k.asm['ptx'].count('wgmma.mma_async'):3d}  cp.async {k.asm['ptx'].count('cp.async'):4d}"
-              + (f"  loop: {loop[0]} SASS, {loop[1]} IDP" if loop else ""))
+              + (f"  regs {regs}" if regs else "") + (f"  loop: {loop[0]} SASS, {loop[1]} IDP" if loop else ""))
     print(f"all kernels compiled for sm_{a.arch} in {time.time() - t:.1f}s")
     return 0
 
