@@ -20,7 +20,8 @@ from .triton_common import INTERPRET, format_constants
 P = {"u8": "*u8", "i32": "*i32", "i64": "*i64", "f16": "*fp16", "bf16": "*bf16", "f32": "*fp32"}
 
 
-def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_stages: int = 3):
+def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_stages: int = 3,
+             maxnreg: int | None = None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -28,7 +29,8 @@ def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_sta
     # pointers 16-byte aligned and ints divisible by 16, as the JIT specializes real launches
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items() if t != "constexpr"}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages,
+                                   **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
@@ -52,7 +54,7 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
                "M": "i32", "N": "i32", "K": "i32", "WSPLIT": "i32"}
         consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")}
         out.append((f"gemv code={code}", _compile(triton_gemv.gemv_kernel, sig, dict(
-            consts, BN=64, BK16=128, SPLIT=2, NS=1, PF=1, CHUNK=512, USE_ASM=True), arch, num_warps=4)))
+            consts, BN=64, BK16=128, SPLIT=2, NS=1, PF=1, CHUNK=512, USE_ASM=True, CG=0), arch, num_warps=4)))
         gsig = {**sig, "codes_p": P["i32"] if packed else P["bf16"]}     # the GEMM reads codes as words too
         for k in ("xq_p", "xdx_p", "xsum_p", "part_p", "cnt_p", "WSPLIT"):
             gsig.pop(k)
@@ -60,20 +62,23 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
             out.append((f"gemm code={code} DQ={dq}", _compile(triton_gemm.gemm_kernel, gsig, dict(
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq), arch, num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    for pf, split in ((0, 1), (1, 2)):   # PF: register prefetch; SPLIT: K splits; PROBE (with PF): timing records
-        tag = f"FMASK={fmask} PF={pf} SPLIT={split}" + (" PROBE" if pf else "")
+    # PF: register prefetch; SPLIT: K splits; with PF also PROBE (timing records) and CG=7 (every
+    # code-generation candidate of the K loop; the unroll applies to the plain loop, so not seen here)
+    for pf, split in ((0, 1), (1, 2)):
+        tag = f"FMASK={fmask} PF={pf} SPLIT={split}" + (" PROBE CG=7" if pf else "")
         out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
             "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32"},
             dict(TOPK=8, FMASK=fmask, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
-                 PF=pf, USE_ASM=True, PROBE=pf),
+                 PF=pf, USE_ASM=True, PROBE=pf, CG=7 * pf),
             arch, 4)))
         out.append((f"moe down {tag}", _compile(triton_moe.down_kernel, {
             "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
             "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "probe_p": P["i64"], "H": "i32", "I": "i32",
-            "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, NS=1, PF=pf, USE_ASM=True, PROBE=pf),
+            "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, NS=1, PF=pf, USE_ASM=True, PROBE=pf,
+                          CG=7 * pf),
             arch, 4)))
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}

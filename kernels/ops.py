@@ -167,7 +167,7 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     triton_gemv.gemv_kernel[(nt * split * m,)](
         x, x.stride(0), *_matrix_args(p), xq, xdx, xsum, part, cnt, out, out.stride(0), m, p.n, k, wsplit,
         SPLIT=split, NS=cfg.get("NS", 4), PF=cfg.get("PF", 0), CHUNK=min(_chunk(cfg, kp), (wsplit * epw) & -(wsplit * epw)),
-        **common)
+        CG=cfg.get("CG", 0), **common, **_maxnreg(cfg, "MAXNREG"))
 
 
 def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
@@ -363,8 +363,14 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
         inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
         CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
-        USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg))
+        USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cfg.get("CG1", 0),
+        **_maxnreg(cfg, "MAXNREG1"))
     return sc
+
+
+def _maxnreg(cfg: dict, key: str) -> dict:
+    """The launch's register cap (cfg[key], a sweep candidate; none by default) as a launch option."""
+    return {"maxnreg": int(cfg[key])} if cfg.get(key) else {}
 
 
 def _probe(cfg: dict, key: str, dev) -> torch.Tensor:
@@ -399,7 +405,8 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
         ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
         part, _counters(m * nt, dev), out, out.stride(0), _probe(cfg, "probe2", dev), hidden, inter, ku, TOPK=topk,
         FMASK=fm.mask, BN=cfg["BN2"], SPLIT=split, BK16=cfg["BK16"], NS=cfg.get("NS2", 4), PF=cfg.get("PF2", 0),
-        USE_ASM=USE_ASM, num_warps=cfg["warps2"], PROBE=int("probe2" in cfg))
+        USE_ASM=USE_ASM, num_warps=cfg["warps2"], PROBE=int("probe2" in cfg), CG=cfg.get("CG2", 0),
+        **_maxnreg(cfg, "MAXNREG2"))
 
 
 def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:

@@ -215,9 +215,18 @@ def quantize_x_row(x_p, K, XP, lo, hi, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr)
 # ------------------------------------------------------------------- phase B: one matrix, one row tile
 
 @triton.jit
+def _ld(ptr, mask, other, CG: tl.constexpr):
+    # a load of _unit_loads: rows past N clamped (CG & 2: no mask), or masked to `other`
+    if (CG & 2) != 0:
+        return tl.load(ptr)
+    else:
+        return tl.load(ptr, mask=mask, other=other)
+
+
+@triton.jit
 def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
-                W4: tl.constexpr):
+                W4: tl.constexpr, CG: tl.constexpr):
     """Scale unit u (K step) of the rows [BN]: codes as [BN, W4, 4] int32 (a thread holds 4 consecutive
     words of one row: one 16-byte load), and the unit's scales and mins in tiles whose last dimension is
     as contiguous, so every row tile shares the codes' thread layout:
@@ -227,34 +236,39 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
         q4_g128 S [BN] fp16, M [BN] fp16 (one group per unit)
     and d, dmin [BN] fp16 (super-block formats; zeros otherwise). Storage is unit-major ([NU, N, per
     unit]: formats.py), so consecutive rows of one unit are consecutive bytes in every tensor. Rows past
-    row_ok read as zeros."""
+    row_ok read as zeros, or (CG & 2) as row N - 1 again: clamped, not masked, so no register is zeroed
+    before each load; the callers drop those rows either way."""
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                        # code words per row and unit
     GPU: tl.constexpr = UNIT // GROUP                      # groups per row and unit
-    ru = u * N + rows                                      # [BN]: (unit, row) record index
+    if (CG & 2) != 0:
+        ru = u * N + tl.minimum(rows, N - 1)               # [BN]: (unit, row) record index
+    else:
+        ru = u * N + rows
     r3 = ru[:, None, None].to(tl.int64)
     m3 = row_ok[:, None, None]
+    m1 = row_ok
     j3 = tl.arange(0, W4)[None, :, None]
     i4 = tl.arange(0, 4)[None, None, :]
     i2 = tl.arange(0, 2)[None, None, :]
-    words = tl.load(codes_p + r3 * WPU + (j3 * 4 + i4), mask=m3, other=0)
+    words = _ld(codes_p + r3 * WPU + (j3 * 4 + i4), m3, 0, CG)
     if SB == 0:
-        a = tl.load(scales_p + ru, mask=row_ok, other=0.0)
-        b = tl.load(mins_p + ru, mask=row_ok, other=0.0)
+        a = _ld(scales_p + ru, m1, 0.0, CG)
+        b = _ld(mins_p + ru, m1, 0.0, CG)
         return words, a, b, 0, 0
     else:
         WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
         if WPG == 1:
-            sc = tl.load(scales_p + r3 * GPU + (j3 * 4 + i4), mask=m3, other=0)
+            sc = _ld(scales_p + r3 * GPU + (j3 * 4 + i4), m3, 0, CG)
         else:
-            sc = tl.load(scales_p + r3 * GPU + (j3 * 2 + i2), mask=m3, other=0)
+            sc = _ld(scales_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
         if MIN_BITS == 4:
-            mb = tl.load(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), mask=m3, other=0)
+            mb = _ld(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), m3, 0, CG)
         else:
-            mb = tl.load(mins_p + r3 * GPU + (j3 * 2 + i2), mask=m3, other=0)
-        d = tl.load(d_p + ru, mask=row_ok, other=0.0)
-        dmin = tl.load(dmin_p + ru, mask=row_ok, other=0.0)
+            mb = _ld(mins_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
+        d = _ld(d_p + ru, m1, 0.0, CG)
+        dmin = _ld(dmin_p + ru, m1, 0.0, CG)
         return words, sc, mb, d, dmin
 
 
@@ -342,31 +356,65 @@ def _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t,
         return acc
 
 
+# One PTX block per code word for the DP4A chain of `_lane_dots`: the first DP4A adds to an immediate 0
+# (no zeroed register a word), and at 1 bit one shift serves two lanes (s and s + 4: the high lane is
+# masked in place, so its DP4A sums 16 * q * x8 into a second accumulator, exact, shifted back once).
+_DOTS4 = tl.constexpr(
+    "{\n\t.reg .b32 a, v;\n\tand.b32 a, $1, 0x0F0F0F0F;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
+       "shr.u32 v, $1, 4;\n\tand.b32 a, v, 0x0F0F0F0F;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t}")
+_DOTS2 = tl.constexpr(
+    "{\n\t.reg .b32 a, v;\n\tand.b32 a, $1, 0x03030303;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
+       "shr.u32 v, $1, 2;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t"
+       "shr.u32 v, $1, 4;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $4, $0;\n\t"
+       "shr.u32 v, $1, 6;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $5, $0;\n\t}")
+_DOTS1 = tl.constexpr(
+    "{\n\t.reg .b32 a, v, h;\n\t"
+       "and.b32 a, $1, 0x01010101;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
+       "and.b32 a, $1, 0x10101010;\n\tdp4a.s32.s32 h, a, $6, 0;\n\t"
+       "shr.u32 v, $1, 1;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t"
+       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $7, h;\n\t"
+       "shr.u32 v, $1, 2;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $4, $0;\n\t"
+       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $8, h;\n\t"
+       "shr.u32 v, $1, 3;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $5, $0;\n\t"
+       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $9, h;\n\t"
+       "shr.s32 h, h, 4;\n\tadd.s32 $0, $0, h;\n\t}")
+
+
 @triton.jit
-def _lane_dots(w, isum, x0, x1, x2, x3, x4, x5, x6, x7, BITS: tl.constexpr, USE_ASM: tl.constexpr):
-    """isum + sum over each code word of q * x8: one DP4A per lane (S = 8 / BITS lanes of 4 codes)."""
+def _lane_dots(w, x0, x1, x2, x3, x4, x5, x6, x7, BITS: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
+    """Sum over each code word of q * x8: one DP4A per lane (S = 8 / BITS lanes of 4 codes). CG & 1: the
+    chain as one PTX block a word (`_DOTS*`)."""
     LANEMASK: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
-    isum = dp4a(w & LANEMASK, x0, isum, USE_ASM)
-    isum = dp4a((w >> BITS) & LANEMASK, x1, isum, USE_ASM)
-    if BITS <= 2:
-        isum = dp4a((w >> 2 * BITS) & LANEMASK, x2, isum, USE_ASM)
-        isum = dp4a((w >> 3 * BITS) & LANEMASK, x3, isum, USE_ASM)
-    if BITS == 1:
-        isum = dp4a((w >> 4) & LANEMASK, x4, isum, USE_ASM)
-        isum = dp4a((w >> 5) & LANEMASK, x5, isum, USE_ASM)
-        isum = dp4a((w >> 6) & LANEMASK, x6, isum, USE_ASM)
-        isum = dp4a((w >> 7) & LANEMASK, x7, isum, USE_ASM)
-    return isum
+    if USE_ASM and (CG & 1) != 0:
+        if BITS == 4:
+            return tl.inline_asm_elementwise(_DOTS4, "=r,r,r,r", [w, x0, x1], dtype=tl.int32, is_pure=True, pack=1)
+        elif BITS == 2:
+            return tl.inline_asm_elementwise(_DOTS2, "=r,r,r,r,r,r", [w, x0, x1, x2, x3],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise(_DOTS1, "=r,r,r,r,r,r,r,r,r,r", [w, x0, x1, x2, x3, x4, x5, x6, x7],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        isum = dp4a(w & LANEMASK, x0, tl.zeros_like(w), USE_ASM)
+        isum = dp4a((w >> BITS) & LANEMASK, x1, isum, USE_ASM)
+        if BITS <= 2:
+            isum = dp4a((w >> 2 * BITS) & LANEMASK, x2, isum, USE_ASM)
+            isum = dp4a((w >> 3 * BITS) & LANEMASK, x3, isum, USE_ASM)
+        if BITS == 1:
+            isum = dp4a((w >> 4) & LANEMASK, x4, isum, USE_ASM)
+            isum = dp4a((w >> 5) & LANEMASK, x5, isum, USE_ASM)
+            isum = dp4a((w >> 6) & LANEMASK, x6, isum, USE_ASM)
+            isum = dp4a((w >> 7) & LANEMASK, x7, isum, USE_ASM)
+        return isum
 
 
 @triton.jit
 def _unit_dot(acc, loads, x0, x1, x2, x3, x4, x5, x6, x7,
               xdx_p, xsum_p, XP, t, BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr,
-              SB: tl.constexpr, W4: tl.constexpr, USE_ASM: tl.constexpr):
+              SB: tl.constexpr, W4: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
     # acc [BN, W4] += one unit of one matrix, from its loads (words, sc, mb, d, dmin)
     words, sc, mb, d, dmin = loads
-    BN: tl.constexpr = acc.shape[0]
-    isum = _lane_dots(words, tl.zeros([BN, W4, 4], tl.int32), x0, x1, x2, x3, x4, x5, x6, x7, BITS, USE_ASM)
+    isum = _lane_dots(words, x0, x1, x2, x3, x4, x5, x6, x7, BITS, CG, USE_ASM)
     return _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4)
 
 
@@ -374,7 +422,8 @@ def _unit_dot(acc, loads, x0, x1, x2, x3, x4, x5, x6, x7,
 def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
               N, rows, row_ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-              SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr):
+              SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, CG: tl.constexpr,
+              USE_ASM: tl.constexpr):
     """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
 
@@ -391,49 +440,54 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
 
     PF=1 prefetches into registers: the weights of step t+1 are loaded before step t is computed, so
     each warp has two units of bytes in flight (the decode kernels wait on memory latency, not on
-    issue: Nsight Compute, KERNELS.md). PF=0 is the plain loop, one unit in flight."""
+    issue: Nsight Compute, KERNELS.md). PF=0 is the plain loop, one unit in flight.
+
+    CG: code-generation candidates, 0 = as measured best (KERNELS.md): CG & 1 the DP4A chain as one PTX
+    block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop unrolled
+    that many times more (so ptxas can issue a step's loads before the previous step's arithmetic)."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                      # words per unit: 32 (2-bit), 16 (1-bit, 4-bit)
     W4: tl.constexpr = WPU // 4
     BN: tl.constexpr = rows.shape[0]
+    UNROLL: tl.constexpr = ((CG >> 2) & 3) + 1
     acc_a = tl.zeros([BN, W4], tl.float32)
     acc_b = tl.zeros([BN, W4], tl.float32)
     if PF:
         na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, w_lo // WPU,
-                         BITS, GROUP, MIN_BITS, SB, W4)
+                         BITS, GROUP, MIN_BITS, SB, W4, CG)
         nb = na
         if NMAT == 2:
             nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, w_lo // WPU,
-                             BITS, GROUP, MIN_BITS, SB, W4)
+                             BITS, GROUP, MIN_BITS, SB, W4, CG)
         for t in tl.range(w_lo, w_hi, WPU):
             ca = na
             cb = nb
             un = tl.minimum(t + WPU, w_hi - WPU) // WPU            # the next unit (the last one again at the end)
             na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, un,
-                             BITS, GROUP, MIN_BITS, SB, W4)
+                             BITS, GROUP, MIN_BITS, SB, W4, CG)
             if NMAT == 2:
                 nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, un,
-                                 BITS, GROUP, MIN_BITS, SB, W4)
+                                 BITS, GROUP, MIN_BITS, SB, W4, CG)
             x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
             acc_a = _unit_dot(acc_a, ca, x0, x1, x2, x3, x4, x5, x6, x7,
-                              xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, USE_ASM)
+                              xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
             if NMAT == 2:
                 acc_b = _unit_dot(acc_b, cb, x0, x1, x2, x3, x4, x5, x6,
-                                  x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, USE_ASM)
+                                  x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
     else:
-        for t in tl.range(w_lo, w_hi, WPU, num_stages=NS):
+        for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
             x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
             la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, t // WPU,
-                             BITS, GROUP, MIN_BITS, SB, W4)
+                             BITS, GROUP, MIN_BITS, SB, W4, CG)
             acc_a = _unit_dot(acc_a, la, x0, x1, x2, x3, x4, x5, x6, x7,
-                              xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, USE_ASM)
+                              xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
             if NMAT == 2:
                 lb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, t // WPU,
-                                 BITS, GROUP, MIN_BITS, SB, W4)
+                                 BITS, GROUP, MIN_BITS, SB, W4, CG)
                 acc_b = _unit_dot(acc_b, lb, x0, x1, x2, x3, x4, x5, x6,
-                                  x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, USE_ASM)
+                                  x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
     return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
 
 

@@ -22,6 +22,9 @@ DEFAULTS: dict[str, dict] = {
     # K splits of I); PF1/PF2: register prefetch of the next K step; CHUNK: inputs packed per step of phase A
     "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "SPLIT1": 1, "WAVE1": 4,
             "BN2": 64, "warps2": 4, "NS2": 2, "SPLIT2": 1, "CHUNK": 1024, "BK16": 128},
+    # CG1 / CG2 / CG (gate/up, down, GEMV): code-generation candidates of the decode K loop
+    # (triton_common.gemv_rows: 1 DP4A chain in one PTX block, 2 rows clamped, 4 loop unrolled twice),
+    # MAXNREG1 / MAXNREG2 / MAXNREG a register cap; both absent = the measured best
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }

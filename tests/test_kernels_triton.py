@@ -128,6 +128,15 @@ def test_packed_linear_refuses_bad_shapes():
         packed_linear(torch.randn(2, 64, device=DEVICE), p, out=torch.empty(2, 7, device=DEVICE))
 
 
+def test_gemv_code_generation_candidates():
+    # the GEMV's K loop with every CG candidate (rows clamped, loop unrolled; the DP4A chain on a GPU)
+    p = quantize(torch.randn(77, 1100), "q1_g32_s8m4").to(DEVICE)
+    x = torch.randn(2, 1100, device=DEVICE)
+    cfg = ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE)
+    plain = packed_linear(x, p, backend="triton", config=cfg)
+    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 7, "MAXNREG": 96}), plain) < 1e-5
+
+
 def test_torch_backend_is_the_reference():
     p = quantize(torch.randn(8, 64), "q1_g32_s8m4")
     x = torch.randn(2, 64)
@@ -217,6 +226,14 @@ def test_moe_launches_with_k_splits():
     a = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
     b = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
     assert torch.equal(a, b)
+
+
+def test_moe_launches_with_code_generation_candidates(mixed_arena):
+    # CG: the K loop's code-generation candidates (triton_common.gemv_rows: 1 the DP4A chain in one PTX
+    # block, GPU only; 2 rows past N clamped instead of masked; 4 the loop unrolled twice) and a register
+    # cap, checked launch by launch on the kernels' own grids like the shipped code
+    arena, offsets, hidden, inter = mixed_arena
+    check_moe_launches(arena, offsets, hidden, inter, 3, CG1=7, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
 
 
 def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
