@@ -50,11 +50,12 @@ GB = 1e9
 # registers low and occupancy high (ncu_moe.sh). Measured and dropped (KERNELS.md): a persistent gate/up
 # (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch
 # (PF1, every sweep since); on 2026-12-01 also weighted K splits and cost-ordered items (KERNELS.md)
-# CG / MAXNREG: code-generation candidates of the K loop (triton_common.gemv_rows) with a register cap
-# that keeps the programs an SM has today (4 gate/up, 7 down: read statically with Triton 3.6, KERNELS.md)
+# CG / MAXNREG: code-generation candidates of the K loop (triton_common.gemv_rows; 16: gate/up's phase A
+# in one load) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
+# statically with Triton 3.6, KERNELS.md)
 GATE_UP_SWEEP = ([dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096) for sp in (0, 1, 2)]
                  + [dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=0, CHUNK=4096, CG1=cg, MAXNREG1=mx)
-                    for cg, mx in ((1, 0), (3, 128), (7, 128))])
+                    for cg, mx in ((1, 0), (3, 128), (7, 128), (16, 0), (19, 128))])
 DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=1, PF2=pf, SPLIT2=sp) for bn, w, pf, sp in
                ((32, 4, 0, 1), (16, 2, 0, 1), (64, 4, 0, 1), (32, 2, 0, 1))]
               + [dict(BN2=32, warps2=4, NS2=1, PF2=0, SPLIT2=1, CG2=cg, MAXNREG2=72) for cg in (1, 3, 7)])

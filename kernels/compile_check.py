@@ -62,23 +62,23 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
             out.append((f"gemm code={code} DQ={dq}", _compile(triton_gemm.gemm_kernel, gsig, dict(
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq), arch, num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    # PF: register prefetch; SPLIT: K splits; with PF also PROBE (timing records) and CG=7 (every
-    # code-generation candidate of the K loop; the unroll applies to the plain loop, so not seen here)
-    for pf, split in ((0, 1), (1, 2)):
-        tag = f"FMASK={fmask} PF={pf} SPLIT={split}" + (" PROBE CG=7" if pf else "")
+    # PF: register prefetch; SPLIT: K splits; CG: the code-generation candidates (23: all; the unroll is
+    # of the plain loop, PF=0); PROBE (timing records) with PF
+    for pf, split, cg in ((0, 1, 0), (1, 2, 23), (0, 1, 23)):
+        tag = f"FMASK={fmask} PF={pf} SPLIT={split} CG={cg}" + (" PROBE" if pf else "")
         out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
             "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32"},
             dict(TOPK=8, FMASK=fmask, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
-                 PF=pf, USE_ASM=True, PROBE=pf, CG=7 * pf),
+                 PF=pf, USE_ASM=True, PROBE=pf, CG=cg),
             arch, 4)))
         out.append((f"moe down {tag}", _compile(triton_moe.down_kernel, {
             "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
             "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "probe_p": P["i64"], "H": "i32", "I": "i32",
             "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, NS=1, PF=pf, USE_ASM=True, PROBE=pf,
-                          CG=7 * pf),
+                          CG=cg & 15),
             arch, 4)))
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}

@@ -230,10 +230,14 @@ def test_moe_launches_with_k_splits():
 
 def test_moe_launches_with_code_generation_candidates(mixed_arena):
     # CG: the K loop's code-generation candidates (triton_common.gemv_rows: 1 the DP4A chain in one PTX
-    # block, GPU only; 2 rows past N clamped instead of masked; 4 the loop unrolled twice) and a register
-    # cap, checked launch by launch on the kernels' own grids like the shipped code
+    # block, GPU only; 2 rows past N clamped instead of masked; 4 the loop unrolled twice; 16 gate/up's
+    # phase A in one load) and a register cap, checked launch by launch on the kernels' own grids like
+    # the shipped code; then phase A in one load of a K split whose last slice is shorter than the load
     arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, 3, CG1=7, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
+    check_moe_launches(arena, offsets, hidden, inter, 3, CG1=23, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
+    hidden, inter = 1100, 520
+    arena, offsets = make_arena(MIX, hidden, inter)
+    check_moe_launches(arena, offsets, hidden, inter, 1, CG1=16, SPLIT1=2)
 
 
 def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
