@@ -242,8 +242,8 @@ class Bench:
             best = shipped("moe")
             if self.args.sweep:
                 ref = layer_out(default)
-                gu = sorted((self._try_ms(checked_ms, {**default, **c}, "gate_up"), i) for i, c in enumerate(GATE_UP_SWEEP))
-                dn = sorted((self._try_ms(checked_ms, {**default, **c}, "down"), i) for i, c in enumerate(DOWN_SWEEP))
+                gu = self._sweep(checked_ms, default, GATE_UP_SWEEP, "gate_up")
+                dn = self._sweep(checked_ms, default, DOWN_SWEEP, "down")
                 best = {**default, **GATE_UP_SWEEP[gu[0][1]], **DOWN_SWEEP[dn[0][1]]}
                 res["sweep_gate_up_us"] = {json.dumps(GATE_UP_SWEEP[i]): (round(t * 1e3, 2) if t < float("inf") else None) for t, i in gu}
                 res["sweep_down_us"] = {json.dumps(DOWN_SWEEP[i]): (round(t * 1e3, 2) if t < float("inf") else None) for t, i in dn}
@@ -273,6 +273,16 @@ class Bench:
             self.metrics[f"moe_{model}"] = res
             self.tuned[f"moe_{model}"] = cfg
             self.log(f"{model} eager {ms_e * 1e3:.1f} us/layer (events), {host_us:.1f} us/layer wall")
+
+    def _sweep(self, checked_ms, default: dict, cands: list[dict], part: str) -> list[tuple[float, int]]:
+        """(median ms, index) of every candidate, best first, over --sweep-rounds rounds that each time
+        every candidate once in turn (so clock drift falls on all of them); a failed one is infinite."""
+        times: list[list[float]] = [[] for _ in cands]
+        for _ in range(self.args.sweep_rounds):
+            for i, c in enumerate(cands):
+                if not times[i] or times[i][-1] < float("inf"):
+                    times[i].append(self._try_ms(checked_ms, {**default, **c}, part))
+        return sorted((statistics.median(t), i) for i, t in enumerate(times))
 
     def _try_ms(self, fn, *args) -> float:
         """fn(*args), or infinity (and a note) if this candidate fails: one bad config must not end a sweep."""
@@ -446,6 +456,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prewarm", type=int, default=0, help="compile kernel variants in N processes first")
     ap.add_argument("--prewarm-only", action="store_true", help="compile (--prewarm N processes) and exit")
     ap.add_argument("--no-sweep", dest="sweep", action="store_false")
+    ap.add_argument("--sweep-rounds", type=int, default=1,
+                    help="time every MoE sweep candidate this many times in turn and keep the medians")
     ap.add_argument("--gemlite", choices=("fast", "off"), default="fast")
     ap.add_argument("--sections", default="moe,gemlite,gemv_single,prefill,reference_path,launch_overhead,measure_gemv_gbps")
     ap.add_argument("--name", default="kernels", help="benchmark name of the result JSON")

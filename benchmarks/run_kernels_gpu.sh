@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 (timeout "$TEST_S" python3 -m pytest tests/test_kernels_triton.py tests/test_kernels_quantize.py -q -rfE --tb=short \
    -n 6 -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} > "$OUT/tests.log" 2>&1; echo "tests exit $?" >> "$OUT/tests.log") &
 TESTS=$!
-timeout 100 python3 benchmarks/bench_kernels.py --prewarm 8 --prewarm-only "$@" 2>&1 | tail -3
+timeout 160 python3 benchmarks/bench_kernels.py --prewarm 8 --prewarm-only "$@" 2>&1 | tail -3
 wait $TESTS; grep -v "PytestBenchmarkWarning\|warner(" "$OUT/tests.log" | tail -40
 LEFT=$(( TOTAL - ($(date +%s) - t0) - 10 ))
 echo "benchmark budget ${LEFT}s"
