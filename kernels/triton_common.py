@@ -370,23 +370,23 @@ def _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t,
 # masked in place, so its DP4A sums 16 * q * x8 into a second accumulator, exact, shifted back once).
 _DOTS4 = tl.constexpr(
     "{\n\t.reg .b32 a, v;\n\tand.b32 a, $1, 0x0F0F0F0F;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
-       "shr.u32 v, $1, 4;\n\tand.b32 a, v, 0x0F0F0F0F;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t}")
+    "shr.u32 v, $1, 4;\n\tand.b32 a, v, 0x0F0F0F0F;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t}")
 _DOTS2 = tl.constexpr(
     "{\n\t.reg .b32 a, v;\n\tand.b32 a, $1, 0x03030303;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
-       "shr.u32 v, $1, 2;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t"
-       "shr.u32 v, $1, 4;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $4, $0;\n\t"
-       "shr.u32 v, $1, 6;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $5, $0;\n\t}")
+    "shr.u32 v, $1, 2;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t"
+    "shr.u32 v, $1, 4;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $4, $0;\n\t"
+    "shr.u32 v, $1, 6;\n\tand.b32 a, v, 0x03030303;\n\tdp4a.s32.s32 $0, a, $5, $0;\n\t}")
 _DOTS1 = tl.constexpr(
     "{\n\t.reg .b32 a, v, h;\n\t"
-       "and.b32 a, $1, 0x01010101;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
-       "and.b32 a, $1, 0x10101010;\n\tdp4a.s32.s32 h, a, $6, 0;\n\t"
-       "shr.u32 v, $1, 1;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t"
-       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $7, h;\n\t"
-       "shr.u32 v, $1, 2;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $4, $0;\n\t"
-       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $8, h;\n\t"
-       "shr.u32 v, $1, 3;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $5, $0;\n\t"
-       "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $9, h;\n\t"
-       "shr.s32 h, h, 4;\n\tadd.s32 $0, $0, h;\n\t}")
+    "and.b32 a, $1, 0x01010101;\n\tdp4a.s32.s32 $0, a, $2, 0;\n\t"
+    "and.b32 a, $1, 0x10101010;\n\tdp4a.s32.s32 h, a, $6, 0;\n\t"
+    "shr.u32 v, $1, 1;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $3, $0;\n\t"
+    "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $7, h;\n\t"
+    "shr.u32 v, $1, 2;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $4, $0;\n\t"
+    "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $8, h;\n\t"
+    "shr.u32 v, $1, 3;\n\tand.b32 a, v, 0x01010101;\n\tdp4a.s32.s32 $0, a, $5, $0;\n\t"
+    "and.b32 a, v, 0x10101010;\n\tdp4a.s32.s32 h, a, $9, h;\n\t"
+    "shr.s32 h, h, 4;\n\tadd.s32 $0, $0, h;\n\t}")
 
 
 @triton.jit
