@@ -177,11 +177,11 @@ def quantize_store(v, i0, XP, x8_p, xdx_p, xsum_p, hi=0, MASK: tl.constexpr = Fa
     x8 = tl.where(w >= 0, w + 0.5, w - 0.5).to(tl.int32)                         # round half away from zero
     b = tl.arange(0, NB)
     ok = (i0 + b * 32 < hi) if MASK else None                                     # MASK: only blocks below hi
-    tl.store(x8_p + i0 + b[:, None] * 32 + tl.arange(0, 32)[None, :], x8.to(tl.int8),
-             mask=ok[:, None] if MASK else None)
+    ok2 = ok[:, None] if MASK else None
+    tl.store(x8_p + i0 + b[:, None] * 32 + tl.arange(0, 32)[None, :], x8.to(tl.int8), mask=ok2)
     tl.store(xdx_p + i0 // 32 + b, amax / 127.0, mask=ok)
     s16 = tl.sum(tl.reshape(v, [NB, 2, 16]), 2)                                   # [NB, 2]
-    tl.store(xsum_p + i0 // 16 + b[:, None] * 2 + tl.arange(0, 2)[None, :], s16, mask=ok[:, None] if MASK else None)
+    tl.store(xsum_p + i0 // 16 + b[:, None] * 2 + tl.arange(0, 2)[None, :], s16, mask=ok2)
     tl.store(xsum_p + XP // 16 + i0 // 32 + b, tl.sum(s16, 1), mask=ok)
 
 
@@ -257,14 +257,13 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
         ru = u * N + rows
     r3 = ru[:, None, None].to(tl.int64)
     m3 = row_ok[:, None, None]
-    m1 = row_ok
     j3 = tl.arange(0, W4)[None, :, None]
     i4 = tl.arange(0, 4)[None, None, :]
     i2 = tl.arange(0, 2)[None, None, :]
     words = _ld(codes_p + r3 * WPU + (j3 * 4 + i4), m3, 0, CG)
     if SB == 0:
-        a = _ld(scales_p + ru, m1, 0.0, CG)
-        b = _ld(mins_p + ru, m1, 0.0, CG)
+        a = _ld(scales_p + ru, row_ok, 0.0, CG)
+        b = _ld(mins_p + ru, row_ok, 0.0, CG)
         return words, a, b, 0, 0
     else:
         WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
@@ -276,8 +275,8 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
             mb = _ld(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), m3, 0, CG)
         else:
             mb = _ld(mins_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
-        d = _ld(d_p + ru, m1, 0.0, CG)
-        dmin = _ld(dmin_p + ru, m1, 0.0, CG)
+        d = _ld(d_p + ru, row_ok, 0.0, CG)
+        dmin = _ld(dmin_p + ru, row_ok, 0.0, CG)
         return words, sc, mb, d, dmin
 
 
