@@ -53,12 +53,10 @@ GB = 1e9
 # CG / MAXNREG: code-generation candidates of the K loop (triton_common.gemv_rows; 16: gate/up's phase A
 # in one load) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
 # statically with Triton 3.6, KERNELS.md)
-GATE_UP_SWEEP = ([dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096) for sp in (0, 1, 2)]
-                 + [dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=0, CHUNK=4096, CG1=cg, MAXNREG1=mx)
-                    for cg, mx in ((1, 0), (3, 128), (7, 128), (16, 0), (19, 128))])
-DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=1, PF2=pf, SPLIT2=sp) for bn, w, pf, sp in
-               ((32, 4, 0, 1), (16, 2, 0, 1), (64, 4, 0, 1), (32, 2, 0, 1))]
-              + [dict(BN2=32, warps2=4, NS2=1, PF2=0, SPLIT2=1, CG2=cg, MAXNREG2=72) for cg in (1, 3, 7)])
+GATE_UP_SWEEP = ([dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096, CG1=cg, MAXNREG1=mx)
+                  for sp, cg, mx in ((0, 3, 128), (2, 3, 128), (0, 0, 0), (0, 1, 0), (0, 19, 128))])
+DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=1, PF2=0, SPLIT2=1, CG2=cg, MAXNREG2=mx) for bn, w, cg, mx in
+               ((32, 4, 7, 72), (32, 4, 0, 0), (32, 4, 3, 72), (16, 2, 7, 0), (64, 4, 7, 0))])
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
 GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf, MAXSPLIT=ms) for bn, w, th, pf, ms in

@@ -42,8 +42,13 @@ TUNED: dict[str, dict[str, dict]] = {
     # 16 K splits (MAXSPLIT) no better than 8 in kernels-20261201T205031Z.json.
     # GEMM: kernels-20261201T205031Z.json: bf16x2 dequantization (DQ=1) at BM 128 / BN 128 / 4 warps / 4
     # stages, 0.342 against 0.421 ms (q2_g16, gate shape, M = 2048); BM 256 lost (0.424 with DQ=1).
+    # Code generation: kernels-20261201T233448Z.json (commit 7e07934, 3 interleaved rounds, medians): gate/up
+    # CG1=3 (DP4A chain in one PTX block, rows clamped) capped at 128 registers, 52.8 against 55.1 us at
+    # kimi-k3.1-pro (31.1 / 32.1 at Kimi-K2); down CG2=7 (the same, loop unrolled twice) capped at 72,
+    # 27.1 against 28.0 (18.8 / 19.3). The GEMV's candidates lost (18.0-19.2 against 17.8 us).
     "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "PF1": 0, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
-                            "BN2": 32, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1},
+                            "BN2": 32, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1,
+                            "CG1": 3, "MAXNREG1": 128, "CG2": 7, "MAXNREG2": 72},
                     "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072},
                     "gemm": {"DQ": 1}},
 }
