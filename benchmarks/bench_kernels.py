@@ -51,20 +51,21 @@ GB = 1e9
 # (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch
 # (PF1, every sweep since); on 2026-12-01 also weighted K splits and cost-ordered items (KERNELS.md)
 # CG / MAXNREG: code-generation candidates of the K loop (triton_common.gemv_rows; 16: gate/up's phase A
-# in one load; 64 * D: L2 prefetch D K steps ahead) with a register cap that keeps the programs an SM has
-# today (4 gate/up, 7 down: read statically with Triton 3.6, KERNELS.md)
-GATE_UP_SWEEP = ([dict(BN1=64, warps1=4, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096, CG1=cg, MAXNREG1=mx)
-                  for sp, cg, mx in ((0, 3, 128), (2, 3, 128), (0, 0, 0), (0, 19, 128),
-                                     (0, 3 + 64, 128), (0, 3 + 128, 128), (0, 3 + 256, 128))])
+# in one load) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
+# statically with Triton 3.6, KERNELS.md)
+# BN1 32: twice the programs (7-8 an SM at 2 warps, against 3-4 of unequal cost at 64 rows), each packing
+# its own phase A
+GATE_UP_SWEEP = ([dict(BN1=bn, warps1=w, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096, CG1=cg, MAXNREG1=mx)
+                  for bn, w, sp, cg, mx in ((64, 4, 0, 3, 128), (64, 4, 2, 3, 128), (64, 4, 0, 0, 0), (64, 4, 0, 19, 128),
+                                            (32, 2, 0, 3, 128), (32, 2, 0, 3, 0), (32, 4, 0, 3, 128))])
 DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=1, PF2=0, SPLIT2=1, CG2=cg, MAXNREG2=mx) for bn, w, cg, mx in
-               ((32, 4, 7, 72), (32, 4, 0, 0), (32, 4, 3, 72), (16, 2, 7, 0), (64, 4, 7, 0),
-                (32, 4, 7 + 64, 72), (32, 4, 7 + 128, 72), (32, 4, 7 + 256, 72))])
+               ((32, 4, 7, 72), (32, 4, 0, 0), (32, 4, 3, 72), (16, 2, 7, 0), (64, 4, 7, 0))])
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
 GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf, MAXSPLIT=ms) for bn, w, th, pf, ms in
               ((64, 4, 131072, 0, 8), (64, 4, 131072, 0, 16), (64, 4, 262144, 0, 16), (32, 4, 131072, 0, 8),
                (64, 4, 131072, 1, 8), (128, 8, 131072, 0, 8), (32, 4, 131072, 0, 16))] + [
-    dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((1, 0), (128, 0), (256, 0))]
+    dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((1, 0), (3, 96))]
 # prefill GEMM: BM 256 (two warpgroups sharing each dequantized weight tile) halves the dequantization
 # per FLOP, and DQ=1 dequantizes two codes a register with bf16x2 FMAs; statically (SASS of the K loop,
 # q2_g16) warp instructions per MFLOP of MMA: 1362 at BM 128 / BN 128 / 4 warps, 1000 with DQ=1, 838 at
