@@ -53,11 +53,15 @@ GB = 1e9
 # CG / MAXNREG: code-generation candidates of the K loop (triton_common.gemv_rows; 16: gate/up's phase A
 # in one load) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
 # statically with Triton 3.6, KERNELS.md)
-# BN1 32: twice the programs (7-8 an SM at 2 warps, against 3-4 of unequal cost at 64 rows), each packing
-# its own phase A
-GATE_UP_SWEEP = ([dict(BN1=bn, warps1=w, NS1=1, PF1=0, SPLIT1=sp, CHUNK=4096, CG1=cg, MAXNREG1=mx)
-                  for bn, w, sp, cg, mx in ((64, 4, 0, 3, 128), (64, 4, 2, 3, 128), (64, 4, 0, 0, 0), (64, 4, 0, 19, 128),
-                                            (32, 2, 0, 3, 128), (32, 2, 0, 3, 0), (32, 4, 0, 3, 128))])
+# More warps an SM: the probe shows gate/up programs bound by their own latency (a program on an SM of 4
+# takes 43 us, on an SM of 3 40 us), and the grid (448 programs of 4 warps) fills only 13.6 warps an SM.
+# Twice the programs (K splits, or 32-row tiles) capped at 64 registers hold 8 an SM in one wave
+# (static, Triton 3.6: no spills at 32 rows, 7 spill stores outside the K loop at 64). WAVE1: with
+# SPLIT1 = 0, enough K splits to fill that many programs an SM.
+GATE_UP_SWEEP = ([dict(BN1=bn, warps1=4, NS1=1, PF1=0, SPLIT1=sp, WAVE1=wv, CHUNK=4096, CG1=cg, MAXNREG1=mx)
+                  for bn, sp, wv, cg, mx in ((64, 0, 4, 3, 128), (64, 0, 4, 0, 0), (64, 2, 4, 3, 128),
+                                             (64, 2, 4, 3, 64), (64, 0, 8, 3, 64), (32, 1, 4, 3, 64),
+                                             (32, 0, 8, 3, 64), (32, 1, 4, 3, 0))])
 DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=1, PF2=0, SPLIT2=1, CG2=cg, MAXNREG2=mx) for bn, w, cg, mx in
                ((32, 4, 7, 72), (32, 4, 0, 0), (32, 4, 3, 72), (16, 2, 7, 0), (64, 4, 7, 0))])
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
