@@ -233,6 +233,16 @@ def _ld(ptr, mask, other, CG: tl.constexpr):
 
 
 @triton.jit
+def _ld_rows(p, r2, STRIDE: tl.constexpr, W4: tl.constexpr, PER: tl.constexpr, m2, CG: tl.constexpr):
+    # records r2 [BN, 1] of STRIDE elements: their first W4 * PER elements as [BN, W4, PER], loaded as one
+    # [BN, W4 * PER] tile whose contiguity is declared PER (a thread's share: 16 bytes of codes, or the
+    # scale and min bytes that go with them), so every tile gets the codes' lanes
+    offs = tl.max_contiguous(tl.arange(0, W4 * PER), PER)[None, :]
+    v = _ld(p + r2 * STRIDE + offs, m2, 0, CG)
+    return tl.reshape(v, [r2.shape[0], W4, PER])
+
+
+@triton.jit
 def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
                 W4: tl.constexpr, CG: tl.constexpr):
@@ -260,21 +270,38 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
     j3 = tl.arange(0, W4)[None, :, None]
     i4 = tl.arange(0, 4)[None, None, :]
     i2 = tl.arange(0, 2)[None, None, :]
-    words = _ld(codes_p + r3 * WPU + (j3 * 4 + i4), m3, 0, CG)
+    WPG: tl.constexpr = GROUP // EPW                       # words per group: 1 or 2 (super-block formats)
+    if (CG & 32) != 0:
+        # 2-D loads [BN, W4 * per thread], then split: the contiguous dimension is the one Triton lays
+        # across lanes, so a warp reads whole records (3-D, lanes went along rows: 2-8x the sectors)
+        r2 = ru[:, None].to(tl.int64)
+        m2 = row_ok[:, None]
+        words = _ld_rows(codes_p, r2, WPU, W4, 4, m2, CG)
+        if SB > 0:
+            if WPG == 1:
+                sc = _ld_rows(scales_p, r2, GPU, W4, 4, m2, CG)
+            else:
+                sc = _ld_rows(scales_p, r2, GPU, W4, 2, m2, CG)
+            if MIN_BITS == 4:
+                mb = _ld_rows(mins_p, r2, GPU // 2, W4, 2, m2, CG)
+            else:
+                mb = _ld_rows(mins_p, r2, GPU, W4, 2, m2, CG)
+    else:
+        words = _ld(codes_p + r3 * WPU + (j3 * 4 + i4), m3, 0, CG)
+        if SB > 0:
+            if WPG == 1:
+                sc = _ld(scales_p + r3 * GPU + (j3 * 4 + i4), m3, 0, CG)
+            else:
+                sc = _ld(scales_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
+            if MIN_BITS == 4:
+                mb = _ld(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), m3, 0, CG)
+            else:
+                mb = _ld(mins_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
     if SB == 0:
         a = _ld(scales_p + ru, row_ok, 0.0, CG)
         b = _ld(mins_p + ru, row_ok, 0.0, CG)
         return words, a, b, 0, 0
     else:
-        WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
-        if WPG == 1:
-            sc = _ld(scales_p + r3 * GPU + (j3 * 4 + i4), m3, 0, CG)
-        else:
-            sc = _ld(scales_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
-        if MIN_BITS == 4:
-            mb = _ld(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), m3, 0, CG)
-        else:
-            mb = _ld(mins_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
         d = _ld(d_p + ru, row_ok, 0.0, CG)
         dmin = _ld(dmin_p + ru, row_ok, 0.0, CG)
         return words, sc, mb, d, dmin
@@ -452,7 +479,9 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
 
     CG: code-generation candidates, 0 = as measured best (KERNELS.md): CG & 1 the DP4A chain as one PTX
     block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop unrolled
-    that many times more (so ptxas can issue a step's loads before the previous step's arithmetic)."""
+    that many times more (so ptxas can issue a step's loads before the previous step's arithmetic), CG &
+    32 the unit's codes, scales and mins loaded as 2-D tiles (`_ld_rows`: lanes along a record, not
+    along rows)."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
