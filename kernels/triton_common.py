@@ -234,12 +234,15 @@ def _ld(ptr, mask, other, CG: tl.constexpr):
 
 @triton.jit
 def _ld_rows(p, r2, STRIDE: tl.constexpr, W4: tl.constexpr, PER: tl.constexpr, m2, CG: tl.constexpr):
-    # records r2 [BN, 1] of STRIDE elements: their first W4 * PER elements as [BN, W4, PER], loaded as one
-    # [BN, W4 * PER] tile whose contiguity is declared PER (a thread's share: 16 bytes of codes, or the
-    # scale and min bytes that go with them), so every tile gets the codes' lanes
-    offs = tl.max_contiguous(tl.arange(0, W4 * PER), PER)[None, :]
-    v = _ld(p + r2 * STRIDE + offs, m2, 0, CG)
-    return tl.reshape(v, [r2.shape[0], W4, PER])
+    # records r2 [BN, 1] of STRIDE elements: their first W4 * PER elements as [BN, W4, PER]. Loaded as
+    # [W4, BN, PER] and permuted (free: a layout change): Triton lays lanes along the vector dimension
+    # and then along the lower-numbered of two equally contiguous dimensions, so here a warp's lanes run
+    # along each record (the [BN, W4, PER] load put them along rows: 2-8x the sectors, Nsight Compute)
+    BN: tl.constexpr = r2.shape[0]
+    r3 = tl.reshape(r2, [1, BN, 1])
+    offs = r3 * STRIDE + tl.arange(0, W4)[:, None, None] * PER + tl.arange(0, PER)[None, None, :]
+    v = _ld(p + offs, tl.reshape(m2, [1, BN, 1]), 0, CG)
+    return tl.permute(v, (1, 0, 2))
 
 
 @triton.jit
@@ -272,8 +275,7 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
     i2 = tl.arange(0, 2)[None, None, :]
     WPG: tl.constexpr = GROUP // EPW                       # words per group: 1 or 2 (super-block formats)
     if (CG & 32) != 0:
-        # 2-D loads [BN, W4 * per thread], then split: the contiguous dimension is the one Triton lays
-        # across lanes, so a warp reads whole records (3-D, lanes went along rows: 2-8x the sectors)
+        # lanes along each record, not along rows (`_ld_rows`)
         r2 = ru[:, None].to(tl.int64)
         m2 = row_ok[:, None]
         words = _ld_rows(codes_p, r2, WPU, W4, 4, m2, CG)
@@ -480,8 +482,7 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     CG: code-generation candidates, 0 = as measured best (KERNELS.md): CG & 1 the DP4A chain as one PTX
     block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop unrolled
     that many times more (so ptxas can issue a step's loads before the previous step's arithmetic), CG &
-    32 the unit's codes, scales and mins loaded as 2-D tiles (`_ld_rows`: lanes along a record, not
-    along rows)."""
+    32 the unit's codes, scales and mins loaded with lanes along a record, not along rows (`_ld_rows`)."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
