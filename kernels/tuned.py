@@ -46,13 +46,14 @@ TUNED: dict[str, dict[str, dict]] = {
     # CG1=3 (DP4A chain in one PTX block, rows clamped) capped at 128 registers, 52.8 against 55.1 us at
     # kimi-k3.1-pro (31.1 / 32.1 at Kimi-K2); down CG2=7 (the same, loop unrolled twice) capped at 72,
     # 27.1 against 28.0 (18.8 / 19.3). The GEMV's candidates lost (18.0-19.2 against 17.8 us).
-    # 2-D loads (CG & 32): kernels-moe-sweep-20261202T000218Z.json (commit 30fcdec, 3 interleaved rounds):
-    # gate/up CG1=35 capped at 128, 50.8 against 53.5 us (K3.1); down in 64-row tiles with CG2=39
-    # uncapped, 24.8 against 27.5 (Kimi-K2: 16.9 against 18.9); GEMV CG=32, 16.6 against 18.3 us.
+    # Lanes along records (CG & 32): kernels-gemlite-20261202T001204Z.json (commit 757ba5a, 3 interleaved
+    # rounds): gate/up CG1=35 capped at 128, 45.0 against 52.7 us for CG1=3 (K3.1; Kimi-K2 26.8 / 31.4);
+    # down in 64-row tiles with CG2=35 uncapped, 21.9 against 27.1 for 32-row CG2=7 (K2 15.0 / 18.9);
+    # GEMV CG=33, 16.7 against 17.6 us (gate + down, q2_g32).
     "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "PF1": 0, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
                             "BN2": 64, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1,
-                            "CG1": 35, "MAXNREG1": 128, "CG2": 39},
-                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 32},
+                            "CG1": 35, "MAXNREG1": 128, "CG2": 35},
+                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 33},
                     "gemm": {"DQ": 1}},
 }
 
