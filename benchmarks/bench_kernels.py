@@ -51,25 +51,21 @@ GB = 1e9
 # (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch
 # (PF1, every sweep since); on 2026-12-01 also weighted K splits and cost-ordered items (KERNELS.md)
 # CG / MAXNREG: code-generation candidates of the K loop (triton_common.gemv_rows; 16: gate/up's phase A
-# in one load; 32: lanes along records: Nsight Compute counted 2-8x the needed sectors for the loads
-# whose lanes Triton laid along rows) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
+# in one load) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
 # statically with Triton 3.6, KERNELS.md)
-# More warps an SM: the probe shows gate/up programs bound by their own latency (a program on an SM of 4
-# takes 43 us, on an SM of 3 40 us), and the grid (448 programs of 4 warps) fills only 13.6 warps an SM.
-# Twice the programs (K splits, or 32-row tiles) capped at 64 registers hold 8 an SM in one wave
-# (static, Triton 3.6: no spills at 32 rows, 7 spill stores outside the K loop at 64). WAVE1: with
-# SPLIT1 = 0, enough K splits to fill that many programs an SM.
+# More warps an SM (K splits or 32-row tiles at 64 registers: 8 programs an SM) and K splits were about
+# even at kimi-k3.1-pro and lost at Kimi-K2 in 2026-12-01/02's runs (KERNELS.md); kept as checks.
 GATE_UP_SWEEP = ([dict(BN1=bn, warps1=4, NS1=1, PF1=0, SPLIT1=sp, WAVE1=wv, CHUNK=4096, CG1=cg, MAXNREG1=mx)
-                  for bn, sp, wv, cg, mx in ((64, 0, 4, 35, 128), (64, 0, 4, 3, 128), (64, 0, 4, 33, 128),
-                                             (64, 0, 8, 35, 64))])
+                  for bn, sp, wv, cg, mx in ((64, 0, 4, 3, 128), (64, 0, 4, 1, 128), (64, 0, 4, 3, 0),
+                                             (64, 0, 8, 3, 64), (64, 2, 4, 3, 128), (32, 1, 4, 3, 64))])
 DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=1, PF2=0, SPLIT2=1, CG2=cg, MAXNREG2=mx) for bn, w, cg, mx in
-               ((64, 4, 39, 0), (32, 4, 39, 72), (32, 4, 7, 72), (64, 4, 35, 0))])
+               ((64, 4, 3, 0), (64, 4, 7, 0), (32, 4, 7, 72), (32, 4, 3, 72), (64, 4, 1, 0))])
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
 GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf, MAXSPLIT=ms) for bn, w, th, pf, ms in
               ((64, 4, 131072, 0, 8), (64, 4, 131072, 0, 16), (64, 4, 262144, 0, 16), (32, 4, 131072, 0, 8),
                (64, 4, 131072, 1, 8), (128, 8, 131072, 0, 8), (32, 4, 131072, 0, 16))] + [
-    dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (33, 0), (35, 0))]
+    dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (3, 0))]
 # prefill GEMM: BM 256 (two warpgroups sharing each dequantized weight tile) halves the dequantization
 # per FLOP, and DQ=1 dequantizes two codes a register with bf16x2 FMAs; statically (SASS of the K loop,
 # q2_g16) warp instructions per MFLOP of MMA: 1362 at BM 128 / BN 128 / 4 warps, 1000 with DQ=1, 838 at

@@ -237,7 +237,8 @@ def _ld_rows(p, r2, STRIDE: tl.constexpr, W4: tl.constexpr, PER: tl.constexpr, m
     # records r2 [BN, 1] of STRIDE elements: their first W4 * PER elements as [BN, W4, PER]. Loaded as
     # [W4, BN, PER] and permuted (free: a layout change): Triton lays lanes along the vector dimension
     # and then along the lower-numbered of two equally contiguous dimensions, so here a warp's lanes run
-    # along each record (the [BN, W4, PER] load put them along rows: 2-8x the sectors, Nsight Compute)
+    # along each record. Loaded as [BN, W4, PER], the lanes ran along rows instead and every warp load
+    # fetched 2-8x the 32-byte sectors it needed (Nsight Compute; KERNELS.md, 2026-12-02)
     BN: tl.constexpr = r2.shape[0]
     r3 = tl.reshape(r2, [1, BN, 1])
     offs = r3 * STRIDE + tl.arange(0, W4)[:, None, None] * PER + tl.arange(0, PER)[None, None, :]
@@ -259,7 +260,8 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
     and d, dmin [BN] fp16 (super-block formats; zeros otherwise). Storage is unit-major ([NU, N, per
     unit]: formats.py), so consecutive rows of one unit are consecutive bytes in every tensor. Rows past
     row_ok read as zeros, or (CG & 2) as row N - 1 again: clamped, not masked, so no register is zeroed
-    before each load; the callers drop those rows either way."""
+    before each load; the callers drop those rows either way. Every tile is read with a warp's lanes
+    along the records (`_ld_rows`), so a warp's load covers whole 32-byte sectors."""
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                        # code words per row and unit
@@ -268,37 +270,19 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
         ru = u * N + tl.minimum(rows, N - 1)               # [BN]: (unit, row) record index
     else:
         ru = u * N + rows
-    r3 = ru[:, None, None].to(tl.int64)
-    m3 = row_ok[:, None, None]
-    j3 = tl.arange(0, W4)[None, :, None]
-    i4 = tl.arange(0, 4)[None, None, :]
-    i2 = tl.arange(0, 2)[None, None, :]
-    WPG: tl.constexpr = GROUP // EPW                       # words per group: 1 or 2 (super-block formats)
-    if (CG & 32) != 0:
-        # lanes along each record, not along rows (`_ld_rows`)
-        r2 = ru[:, None].to(tl.int64)
-        m2 = row_ok[:, None]
-        words = _ld_rows(codes_p, r2, WPU, W4, 4, m2, CG)
-        if SB > 0:
-            if WPG == 1:
-                sc = _ld_rows(scales_p, r2, GPU, W4, 4, m2, CG)
-            else:
-                sc = _ld_rows(scales_p, r2, GPU, W4, 2, m2, CG)
-            if MIN_BITS == 4:
-                mb = _ld_rows(mins_p, r2, GPU // 2, W4, 2, m2, CG)
-            else:
-                mb = _ld_rows(mins_p, r2, GPU, W4, 2, m2, CG)
-    else:
-        words = _ld(codes_p + r3 * WPU + (j3 * 4 + i4), m3, 0, CG)
-        if SB > 0:
-            if WPG == 1:
-                sc = _ld(scales_p + r3 * GPU + (j3 * 4 + i4), m3, 0, CG)
-            else:
-                sc = _ld(scales_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
-            if MIN_BITS == 4:
-                mb = _ld(mins_p + r3 * (GPU // 2) + (j3 * 2 + i2), m3, 0, CG)
-            else:
-                mb = _ld(mins_p + r3 * GPU + (j3 * 2 + i2), m3, 0, CG)
+    r2 = ru[:, None].to(tl.int64)
+    m2 = row_ok[:, None]
+    words = _ld_rows(codes_p, r2, WPU, W4, 4, m2, CG)
+    if SB > 0:
+        WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
+        if WPG == 1:
+            sc = _ld_rows(scales_p, r2, GPU, W4, 4, m2, CG)
+        else:
+            sc = _ld_rows(scales_p, r2, GPU, W4, 2, m2, CG)
+        if MIN_BITS == 4:
+            mb = _ld_rows(mins_p, r2, GPU // 2, W4, 2, m2, CG)
+        else:
+            mb = _ld_rows(mins_p, r2, GPU, W4, 2, m2, CG)
     if SB == 0:
         a = _ld(scales_p + ru, row_ok, 0.0, CG)
         b = _ld(mins_p + ru, row_ok, 0.0, CG)
@@ -479,10 +463,10 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     each warp has two units of bytes in flight (the decode kernels wait on memory latency, not on
     issue: Nsight Compute, KERNELS.md). PF=0 is the plain loop, one unit in flight.
 
-    CG: code-generation candidates, 0 = as measured best (KERNELS.md): CG & 1 the DP4A chain as one PTX
-    block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop unrolled
-    that many times more (so ptxas can issue a step's loads before the previous step's arithmetic), CG &
-    32 the unit's codes, scales and mins loaded with lanes along a record, not along rows (`_ld_rows`)."""
+    CG: code-generation options (the H200's measured best are in tuned.py): CG & 1 the DP4A chain as one
+    PTX block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop
+    unrolled that many times more (so ptxas can issue a step's loads before the previous step's
+    arithmetic)."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP

@@ -24,7 +24,7 @@ DEFAULTS: dict[str, dict] = {
             "BN2": 64, "warps2": 4, "NS2": 2, "SPLIT2": 1, "CHUNK": 1024, "BK16": 128},
     # CG1 / CG2 / CG (gate/up, down, GEMV): code-generation candidates of the decode K loop
     # (triton_common.gemv_rows: 1 DP4A chain in one PTX block, 2 rows clamped, 4 loop unrolled twice),
-    # MAXNREG1 / MAXNREG2 / MAXNREG a register cap; both absent = the measured best
+    # MAXNREG1 / MAXNREG2 / MAXNREG a register cap; both absent: none of them
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }
@@ -49,11 +49,12 @@ TUNED: dict[str, dict[str, dict]] = {
     # Lanes along records (CG & 32): kernels-gemlite-20261202T001204Z.json (commit 757ba5a, 3 interleaved
     # rounds): gate/up CG1=35 capped at 128, 45.0 against 52.7 us for CG1=3 (K3.1; Kimi-K2 26.8 / 31.4);
     # down in 64-row tiles with CG2=35 uncapped, 21.9 against 27.1 for 32-row CG2=7 (K2 15.0 / 18.9);
-    # GEMV CG=33, 16.7 against 17.6 us (gate + down, q2_g32).
+    # GEMV CG=33, 16.7 against 17.6 us (gate + down, q2_g32). Bit 32 (lanes along records) has since
+    # been made the only load path (commit after 757ba5a), so the same kernels are CG1=3, CG2=3, CG=1 now.
     "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "PF1": 0, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
                             "BN2": 64, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1,
-                            "CG1": 35, "MAXNREG1": 128, "CG2": 35},
-                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 33},
+                            "CG1": 3, "MAXNREG1": 128, "CG2": 3},
+                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 1},
                     "gemm": {"DQ": 1}},
 }
 
