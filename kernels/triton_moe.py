@@ -182,7 +182,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
     #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
     # PROBE=1: record each program's SM, start and end time at probe_p (benchmarks/probe_moe.py)
-    # CG: code-generation candidates of the K loop (triton_common.gemv_rows), 0 = the measured best
+    # CG: code-generation options of the K loop (triton_common.gemv_rows; the tuned ones in tuned.py)
     if PROBE:
         t_start = probe_clock(tl.program_id(0), USE_ASM)
     HP = tl.cdiv(H, 512) * 512
