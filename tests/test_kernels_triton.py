@@ -130,7 +130,7 @@ def test_packed_linear_refuses_bad_shapes():
 
 def test_gemv_code_generation_candidates():
     # the GEMV's K loop with every CG candidate (rows clamped, loop unrolled; the DP4A chain on a GPU),
-    # and with none (rows masked)
+    # and with none (rows masked: what the portable defaults run; on the H200 the tuned config clamps)
     p = quantize(torch.randn(77, 1100), "q1_g32_s8m4").to(DEVICE)
     x = torch.randn(2, 1100, device=DEVICE)
     cfg = ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE)
@@ -233,8 +233,8 @@ def test_moe_launches_with_k_splits():
 def test_moe_launches_with_code_generation_candidates(mixed_arena):
     # CG: the K loop's code-generation candidates (triton_common.gemv_rows: 1 the DP4A chain in one PTX
     # block, GPU only; 2 rows past N clamped instead of masked; 4 the loop unrolled twice; 16 gate/up's
-    # phase A in one load) and a register cap, checked launch by launch
-    # on the kernels' own grids like the shipped code; then phase A in one load of a K split whose last slice is shorter than the load
+    # phase A in one load) and a register cap, checked launch by launch on the kernels' own grids like
+    # the shipped code; then phase A in one load of a K split whose last slice is shorter than the load
     arena, offsets, hidden, inter = mixed_arena
     check_moe_launches(arena, offsets, hidden, inter, 3, CG1=23, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
     hidden, inter = 1100, 520
