@@ -7,14 +7,15 @@ weight is more work per byte than an H200's SMs can do at 4.8 TB/s. So the decod
 activations on an int8 grid (one scale per 32 inputs, `reference.quantize_activations`) and multiply
 packed codes by them four at a time with DP4A:
 
-    word      int32, EPW = 32 / BITS codes; byte j holds codes j*S .. j*S + S-1, S = 8 / BITS, low bits first
-    lanes_s = (word >> BITS*s) & LANEMASK           -> byte j = code j*S + s of the word, s = 0..S-1
-    X_s     = int8 activations at the same positions  (x8[w*EPW + j*S + s], j = 0..3, one byte each)
+    word      int32, EPW = 32 / BITS codes; code 4*s + j in byte j, bits BITS*s .. (`quantizer.pack_bits`)
+    lanes_s = (word >> BITS*s) & LANEMASK           -> byte j = code 4*s + j of the word, s = 0..S-1
+    X_s     = int8 activations of the same inputs     (x8[w*EPW + 4*s + j], j = 0..3: one int32 word)
     isum   += dp4a(lanes_s, X_s)                     -> sum over the word of q * x8, 2 ops per 4 weights
 
-and per group:  out += S * dx * isum - M * sum(x)   (w = S*q - M, x ~ dx * x8).
+and per group:  out += S * dx * isum - M * sum(x)   (w = S*q - M, x ~ dx * x8), S = 8 / BITS lanes.
 
-The activations are packed into the X_s words once ("phase A": `pack_words`) and read by every row.
+A lane's codes are four consecutive inputs, so X_s is activation word w*S + s of the plain int8 row:
+phase A (`quantize_x_row`) packs it once for every code width, and every row reads it.
 Under TRITON_INTERPRET=1 (CPU tests) DP4A is emulated with plain integer ops; the arithmetic is the same.
 """
 from __future__ import annotations
