@@ -2,6 +2,7 @@
 
 `config_for(kind, fmt, m, n, k, device)` returns a dict of block sizes and warps for one launch. A tuned
 entry is keyed by the GPU's name (`torch.cuda.get_device_name`, lowercased) and applies to every shape;
+an entry "kind:fmt" (e.g. "gemv:q4_g128_f16") overrides it for one format;
 `benchmarks/bench_kernels.py` times its candidate lists and writes the winners (`kernels_tuned.json`),
 which are copied into `TUNED` by hand, with the run they came from.
 """
@@ -73,6 +74,7 @@ def config_for(kind: str, fmt: str, m: int, n: int, k: int, device) -> dict:
         for gpu, entries in TUNED.items():
             if gpu in key and kind in entries:
                 cfg.update(entries[kind])
+                cfg.update(entries.get(f"{kind}:{fmt}", {}))      # a format's own winner, if it has one
                 break
     if kind == "gemm":
         cfg["BM"] = 16 if m <= 16 else 64 if m <= 64 else cfg["BM"]
