@@ -496,6 +496,8 @@ def main(argv=None) -> int:
         if "gemv_single" in wanted:
             jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in (GEMV_SWEEP if args.sweep else [shipped("gemv")])
                      for n, k in ((i, h), (h, i))]
+            if args.sweep:                                       # q4's own sweep, gate shape
+                jobs += [("gemv", ("q4_g128_f16", i, h, c)) for c in GEMV_SWEEP + GEMV_SWEEP_Q4]
         if "measure_gemv_gbps" in wanted:
             jobs += [("gemv", (f, 16384, 7168, {})) for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4",
                                                               "q4_g128_f16", "bf16")]
