@@ -66,9 +66,9 @@ GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf, MAXSPLIT=ms) for
               ((64, 4, 131072, 0, 8), (64, 4, 131072, 0, 16), (64, 4, 262144, 0, 16), (32, 4, 131072, 0, 8),
                (64, 4, 131072, 1, 8), (128, 8, 131072, 0, 8), (32, 4, 131072, 0, 16))] + [
     dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (3, 0))]
-# q4 gate shape (3584 rows, 56 units a row): more K splits and threads than the shared list
-GEMV_SWEEP_Q4 = [dict(BN=64, num_warps=4, THREADS=th, NS=1, PF=0, MAXSPLIT=ms, CG=cg) for th, ms, cg in
-                 ((262144, 16, 1), (262144, 32, 1), (524288, 32, 1), (131072, 16, 1), (262144, 16, 3))]
+# q4 on the gate shape (3584 rows, 56 units a row): the shared list plus more K splits and threads
+GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, PF=0, MAXSPLIT=ms, CG=cg) for th, ms, cg in
+                              ((262144, 16, 1), (262144, 32, 1), (524288, 32, 1), (131072, 16, 1), (262144, 16, 3))]
 # prefill GEMM: BM 256 (two warpgroups sharing each dequantized weight tile) halves the dequantization
 # per FLOP, and DQ=1 dequantizes two codes a register with bf16x2 FMAs; statically (SASS of the K loop,
 # q2_g16) warp instructions per MFLOP of MMA: 1362 at BM 128 / BN 128 / 4 warps, 1000 with DQ=1, 838 at
@@ -355,23 +355,19 @@ class Bench:
             cfg_best = {**DEFAULTS["gemv"], **GEMV_SWEEP[times[0][1]]}
             res["sweep_us_gate_plus_down_q2_g32"] = {json.dumps(GEMV_SWEEP[i]): round(t, 2) for t, i in times}
         self.tuned["gemv"] = cfg_best
-        per_fmt = {}
+        fmts = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
+        per_fmt = {f: cfg_best if self.args.sweep else config_for("gemv", f, 1, 0, 0, "cuda") for f in fmts}
         if self.args.sweep:
             # q4 on the gate shape, the one single GEMV still below GemLite (0.95x its 4-bit): its own
-            # winner, kept as tuned.py's "gemv:q4_g128_f16" entry if it beats the shared one
-            fmt = "q4_g128_f16"
-            times = sorted((self._gemv_us(fmt, inter, hidden, {**DEFAULTS["gemv"], **c}), i)
-                           for i, c in enumerate(GEMV_SWEEP + GEMV_SWEEP_Q4))
-            cands = GEMV_SWEEP + GEMV_SWEEP_Q4
-            res["sweep_us_q4_gate"] = {json.dumps(cands[i]): round(t, 2) for t, i in times}
-            per_fmt[fmt] = {**DEFAULTS["gemv"], **cands[times[0][1]]}
-            self.tuned[f"gemv:{fmt}"] = per_fmt[fmt]
-        else:
-            for fmt in ("q4_g128_f16",):
-                per_fmt[fmt] = config_for("gemv", fmt, 1, 0, 0, "cuda")
-        for fmt in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16"):
+            # winner, for tuned.py's "gemv:q4_g128_f16" entry if it beats the shared one
+            times = sorted((self._gemv_us("q4_g128_f16", inter, hidden, {**DEFAULTS["gemv"], **c}), i)
+                           for i, c in enumerate(GEMV_SWEEP_Q4))
+            res["sweep_us_q4_gate"] = {json.dumps(GEMV_SWEEP_Q4[i]): round(t, 2) for t, i in times}
+            per_fmt["q4_g128_f16"] = self.tuned["gemv:q4_g128_f16"] = {**DEFAULTS["gemv"],
+                                                                       **GEMV_SWEEP_Q4[times[0][1]]}
+        for fmt in fmts:
             for name, (n, k) in (("gate", (inter, hidden)), ("down", (hidden, inter))):
-                us = self._gemv_us(fmt, n, k, per_fmt.get(fmt, cfg_best))
+                us = self._gemv_us(fmt, n, k, per_fmt[fmt])
                 byts = get_format(fmt).matrix_bytes(n, k) + 2 * (n + k)
                 res[f"{fmt}_{name}"] = {"us": round(us, 2), "GBps": round(byts / (us * 1e-6) / GB, 1)}
         res["config"] = cfg_best
@@ -497,7 +493,7 @@ def main(argv=None) -> int:
             jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in (GEMV_SWEEP if args.sweep else [shipped("gemv")])
                      for n, k in ((i, h), (h, i))]
             if args.sweep:                                       # q4's own sweep, gate shape
-                jobs += [("gemv", ("q4_g128_f16", i, h, c)) for c in GEMV_SWEEP + GEMV_SWEEP_Q4]
+                jobs += [("gemv", ("q4_g128_f16", i, h, c)) for c in GEMV_SWEEP_Q4]
         if "measure_gemv_gbps" in wanted:
             jobs += [("gemv", (f, 16384, 7168, {})) for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4",
                                                               "q4_g128_f16", "bf16")]
