@@ -55,28 +55,37 @@ GB = 1e9
 # statically with Triton 3.6, KERNELS.md)
 # More warps an SM (K splits or 32-row tiles at 64 registers: 8 programs an SM) and K splits were about
 # even at kimi-k3.1-pro and lost at Kimi-K2 in 2026-12-01/02's runs (KERNELS.md); kept as checks.
+# CG & 32 (2026-12-02): the activation lanes loaded lane by lane in the codes' layout, so the K loop has
+# no shared-memory round trip and no barrier, and with the loop unrolled (CG & 4) ptxas can issue the
+# next step's loads during this step's arithmetic (static, Triton 3.6: 823 SASS a gate/up step either
+# way; 124 registers at a cap of 128, 96 uncapped; unrolled and uncapped 128 without spills)
 GATE_UP_SWEEP = ([dict(BN1=bn, warps1=4, NS1=1, PF1=0, SPLIT1=sp, WAVE1=wv, CHUNK=4096, CG1=cg, MAXNREG1=mx)
-                  for bn, sp, wv, cg, mx in ((64, 0, 4, 3, 128), (64, 0, 4, 1, 128), (64, 0, 4, 3, 0),
-                                             (64, 0, 8, 3, 64), (64, 2, 4, 3, 128), (32, 1, 4, 3, 64))])
+                  for bn, sp, wv, cg, mx in ((64, 0, 4, 3, 128), (64, 0, 4, 3, 0), (64, 0, 4, 35, 128),
+                                             (64, 0, 4, 35, 0), (64, 0, 4, 39, 0), (64, 0, 4, 39, 128))])
 DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=1, PF2=0, SPLIT2=1, CG2=cg, MAXNREG2=mx) for bn, w, cg, mx in
-               ((64, 4, 3, 0), (64, 4, 7, 0), (32, 4, 7, 72), (32, 4, 3, 72), (64, 4, 1, 0))])
+               ((64, 4, 3, 0), (64, 4, 35, 0), (64, 4, 39, 0), (64, 4, 39, 72), (64, 4, 7, 0))])
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
 GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf, MAXSPLIT=ms) for bn, w, th, pf, ms in
               ((64, 4, 131072, 0, 8), (64, 4, 131072, 0, 16), (64, 4, 262144, 0, 16), (32, 4, 131072, 0, 8),
                (64, 4, 131072, 1, 8), (128, 8, 131072, 0, 8), (32, 4, 131072, 0, 16))] + [
-    dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (3, 0))]
-# q4 on the gate shape (3584 rows, 56 units a row): the shared list plus more K splits and threads
+    dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (33, 0))]
+# q4 (gate + down, its own winner): the shared list plus more K splits and threads. THREADS 57344 with
+# MAXSPLIT 16 gives 896 programs at both shapes (16 splits of the 3584-row gate, 8 of the 7168-row down):
+# the gate's winner in kernels-20261202T005042Z.json had 16 splits (8.94 us against 12.79 with 8), but
+# the same config split the down matrix 16 ways too (13.74 us, against 9.1 with 8 the run before)
 GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, PF=0, MAXSPLIT=ms, CG=cg) for th, ms, cg in
-                              ((262144, 16, 1), (262144, 32, 1), (524288, 32, 1), (131072, 16, 1), (262144, 16, 3))]
+                              ((262144, 16, 1), (57344, 16, 1), (57344, 16, 33), (57344, 32, 1), (114688, 32, 1))]
 # prefill GEMM: BM 256 (two warpgroups sharing each dequantized weight tile) halves the dequantization
 # per FLOP, and DQ=1 dequantizes two codes a register with bf16x2 FMAs; statically (SASS of the K loop,
 # q2_g16) warp instructions per MFLOP of MMA: 1362 at BM 128 / BN 128 / 4 warps, 1000 with DQ=1, 838 at
-# BM 256 / 8 warps, 690 with both
-GEMM_SWEEP = [dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s, DQ=dq)
-              for bm, bn, bk, w, s, dq in ((128, 128, 64, 4, 4, 0), (128, 128, 64, 8, 3, 0), (128, 256, 64, 8, 3, 0),
-                                           (256, 128, 64, 8, 3, 0), (128, 128, 64, 4, 4, 1), (128, 256, 64, 8, 3, 1),
-                                           (256, 128, 64, 8, 3, 1), (256, 128, 64, 8, 2, 1), (256, 64, 64, 8, 3, 1))]
+# BM 256 / 8 warps, 690 with both. PFM=1 (2026-12-02): the scale bytes loaded a K step ahead (under 4
+# bytes a thread, Triton's pipelining leaves those loads in the loop, each waiting out a memory latency)
+GEMM_SWEEP = [dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s, DQ=dq, PFM=pfm)
+              for bm, bn, bk, w, s, dq, pfm in ((128, 128, 64, 4, 4, 1, 0), (128, 128, 64, 4, 4, 1, 1),
+                                                (128, 128, 64, 8, 3, 1, 0), (128, 128, 64, 8, 3, 1, 1),
+                                                (128, 128, 64, 8, 4, 1, 1), (128, 256, 64, 8, 3, 1, 1),
+                                                (256, 128, 64, 8, 3, 1, 1), (128, 128, 64, 4, 4, 0, 1))]
 
 
 def shipped(kind: str) -> dict:
@@ -358,11 +367,11 @@ class Bench:
         fmts = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
         per_fmt = {f: cfg_best if self.args.sweep else config_for("gemv", f, 1, 0, 0, "cuda") for f in fmts}
         if self.args.sweep:
-            # q4 on the gate shape, the one single GEMV still below GemLite (0.95x its 4-bit): its own
-            # winner, for tuned.py's "gemv:q4_g128_f16" entry if it beats the shared one
-            times = sorted((self._gemv_us("q4_g128_f16", inter, hidden, {**DEFAULTS["gemv"], **c}), i)
+            # q4's own winner on gate + down (tuned.py's "gemv:q4_g128_f16" entry)
+            times = sorted((self._gemv_us("q4_g128_f16", inter, hidden, {**DEFAULTS["gemv"], **c})
+                            + self._gemv_us("q4_g128_f16", hidden, inter, {**DEFAULTS["gemv"], **c}), i)
                            for i, c in enumerate(GEMV_SWEEP_Q4))
-            res["sweep_us_q4_gate"] = {json.dumps(GEMV_SWEEP_Q4[i]): round(t, 2) for t, i in times}
+            res["sweep_us_q4_gate_plus_down"] = {json.dumps(GEMV_SWEEP_Q4[i]): round(t, 2) for t, i in times}
             per_fmt["q4_g128_f16"] = self.tuned["gemv:q4_g128_f16"] = {**DEFAULTS["gemv"],
                                                                        **GEMV_SWEEP_Q4[times[0][1]]}
         for fmt in fmts:
@@ -492,8 +501,8 @@ def main(argv=None) -> int:
         if "gemv_single" in wanted:
             jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in (GEMV_SWEEP if args.sweep else [shipped("gemv")])
                      for n, k in ((i, h), (h, i))]
-            if args.sweep:                                       # q4's own sweep, gate shape
-                jobs += [("gemv", ("q4_g128_f16", i, h, c)) for c in GEMV_SWEEP_Q4]
+            if args.sweep:                                       # q4's own sweep
+                jobs += [("gemv", ("q4_g128_f16", n, k, c)) for c in GEMV_SWEEP_Q4 for n, k in ((i, h), (h, i))]
         if "measure_gemv_gbps" in wanted:
             jobs += [("gemv", (f, 16384, 7168, {})) for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4",
                                                               "q4_g128_f16", "bf16")]

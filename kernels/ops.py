@@ -179,7 +179,7 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
                                   BITS=c["BITS"], GROUP=c["GROUP"], SCALE_BITS=c["SCALE_BITS"],
                                   MIN_BITS=c["MIN_BITS"], SB=c["SB"], BM=cfg["BM"], BN=cfg["BN"], BK=bk,
                                   GROUP_M=cfg.get("GROUP_M", 8), EVEN_K=k % bk == 0, INTERP=INTERPRET,
-                                  DQ=cfg.get("DQ", 0),
+                                  DQ=cfg.get("DQ", 0), PFM=cfg.get("PFM", 0),
                                   num_warps=cfg["num_warps"],
                                   num_stages=cfg["num_stages"])
 

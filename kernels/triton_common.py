@@ -295,11 +295,25 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
 
 
 @triton.jit
-def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr):
+def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr, CG: tl.constexpr = 0):
     """The int8 activations of a thread's 4 code words t + 4j .. t + 4j + 3, as S tensors [1, W4, 4]:
     X_s of word c is activation word c*S + s (its four int8s are the inputs of the codes in lane s of
-    the code word's four bytes). One contiguous [4*S] int32 load a thread, then split in registers."""
+    the code word's four bytes). One contiguous [4*S] int32 load a thread, then split; Triton moves
+    the split tiles to the codes' layout through shared memory, with two barriers a step, and ptxas
+    does not move loads across a barrier. CG & 32: S loads of 4 words each (stride S), which Triton
+    lays out as the codes are: no shared memory, no barrier, 4*S 4-byte loads (L1 hits)."""
     j3 = tl.arange(0, W4)[None, :, None]
+    if (CG & 32) != 0:
+        base = xq_p + (t + j3 * 4 + tl.arange(0, 4)[None, None, :]) * S                 # [1, W4, 4]
+        x0 = tl.load(base)
+        x1 = tl.load(base + 1)
+        if S == 2:
+            return x0, x1, x0, x0, x0, x0, x0, x0
+        x2 = tl.load(base + 2)
+        x3 = tl.load(base + 3)
+        if S == 4:
+            return x0, x1, x2, x3, x0, x0, x0, x0
+        return x0, x1, x2, x3, tl.load(base + 4), tl.load(base + 5), tl.load(base + 6), tl.load(base + 7)
     x = tl.load(xq_p + (t + j3 * 4) * S + tl.arange(0, 4 * S)[None, None, :])       # [1, W4, 4*S]
     if S == 2:
         a, b = tl.split(tl.reshape(x, [1, W4, 4, 2]))
@@ -493,7 +507,7 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
             if NMAT == 2:
                 nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, un,
                                  BITS, GROUP, MIN_BITS, SB, W4, CG)
-            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
             acc_a = _unit_dot(acc_a, ca, x0, x1, x2, x3, x4, x5, x6, x7,
                               xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
             if NMAT == 2:
@@ -501,7 +515,7 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
                                   x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
     else:
         for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
-            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
             la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, t // WPU,
                              BITS, GROUP, MIN_BITS, SB, W4, CG)
             acc_a = _unit_dot(acc_a, la, x0, x1, x2, x3, x4, x5, x6, x7,
@@ -533,57 +547,82 @@ def gemv_rows_bf16(w_p, K, k_lo, k_hi, rows, row_ok, x_p, BK: tl.constexpr):
 # ----------------------------------------------------------------- the GEMM's dequantized [BK, BN] tile
 
 @triton.jit
-def _tile_words_scales(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
-                       BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-                       SB: tl.constexpr, BK: tl.constexpr):
-    """The K tile k0 .. k0+BK of the rows cols of a unit-major [N, K] matrix, for the GEMM's dequantizers:
-    its code words int32 [GT, GS/EPW, BN] (GT groups in the tile, GS weights a group in it) and each
-    group's scale S and min M as float32 [GT, BN] (fp16 directly, or d * scale and dmin * min)."""
+def tile_words(codes_p, N, k0, cols, col_ok, BITS: tl.constexpr, GROUP: tl.constexpr, SB: tl.constexpr,
+               BK: tl.constexpr):
+    """The code words of the K tile k0 .. k0+BK of the rows cols of a unit-major [N, K] matrix (formats.py),
+    int32 [GT, GS/EPW, BN]: GT groups in the tile, GS weights of a group in it."""
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                              # code words per row and unit
-    GPU: tl.constexpr = UNIT // GROUP                            # groups per row and unit
     GT: tl.constexpr = BK // GROUP if BK > GROUP else 1          # groups in the tile
     GS: tl.constexpr = BK // GT                                  # weights of one group in the tile
     u = k0 // UNIT
     kin = k0 - u * UNIT                                          # offset of the tile inside its unit
     ru = (u * N + cols).to(tl.int64)                             # [BN]: (unit, row) record index
     wi = kin // EPW + tl.arange(0, GT)[:, None, None] * (GS // EPW) + tl.arange(0, GS // EPW)[None, :, None]
-    words = tl.load(codes_p + ru[None, None, :] * WPU + wi, mask=col_ok[None, None, :], other=0)
-    g2 = kin // GROUP + tl.arange(0, GT)[:, None]                # [GT, 1] group in unit
-    r2 = ru[None, :]
-    ok2 = col_ok[None, :]
-    if SCALE_BITS == 16:
-        S_ = tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0.0).to(tl.float32)
-        M = tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0.0).to(tl.float32)
-    else:
-        sc = u2f(tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0).to(tl.int32))
-        if MIN_BITS == 4:
-            mb = tl.load(mins_p + r2 * (GPU // 2) + g2 // 2, mask=ok2, other=0).to(tl.int32)
-            mn = u2f((mb >> ((g2 & 1) * 4)) & 15)
-        else:
-            mn = u2f(tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0).to(tl.int32))
-        d = tl.load(d_p + ru, mask=col_ok, other=0.0).to(tl.float32)
-        dmin = tl.load(dmin_p + ru, mask=col_ok, other=0.0).to(tl.float32)
-        S_ = d[None, :] * sc
-        M = dmin[None, :] * mn
-    return words, S_, M
+    return tl.load(codes_p + ru[None, None, :] * WPU + wi, mask=col_ok[None, None, :], other=0)
 
 
 @triton.jit
-def dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
-                 BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-                 SB: tl.constexpr, BK: tl.constexpr):
-    """W^T[k0:k0+BK, cols] = S * q - M as float32 [BK, BN] of an [N, K] matrix stored unit-major
-    (formats.py); cols [BN] are output rows, col_ok their mask.
+def tile_meta(scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
+              GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
+              BK: tl.constexpr):
+    """The K tile's scale bytes as loaded, nothing computed from them yet (`tile_scales` does), so a K
+    loop can load the next tile's while it works on this one: these loads are under 4 bytes a thread,
+    too small for Triton's cp.async pipelining, and each waits out a whole memory latency where it is
+    used. Returns (scale codes [GT, BN], min bytes [GT, BN], d [BN], dmin [BN]) for super-block formats,
+    (S, M fp16 [GT, BN], S, M) for fp16 groups."""
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    GPU: tl.constexpr = UNIT // GROUP                            # groups per row and unit
+    GT: tl.constexpr = BK // GROUP if BK > GROUP else 1
+    u = k0 // UNIT
+    ru = (u * N + cols).to(tl.int64)
+    g2 = (k0 - u * UNIT) // GROUP + tl.arange(0, GT)[:, None]   # [GT, 1] group in unit
+    r2 = ru[None, :]
+    ok2 = col_ok[None, :]
+    if SCALE_BITS == 16:
+        a = tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0.0)
+        b = tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0.0)
+        return a, b, a, b
+    else:
+        a = tl.load(scales_p + r2 * GPU + g2, mask=ok2, other=0)
+        if MIN_BITS == 4:
+            b = tl.load(mins_p + r2 * (GPU // 2) + g2 // 2, mask=ok2, other=0)
+        else:
+            b = tl.load(mins_p + r2 * GPU + g2, mask=ok2, other=0)
+        d = tl.load(d_p + ru, mask=col_ok, other=0.0)
+        dmin = tl.load(dmin_p + ru, mask=col_ok, other=0.0)
+        return a, b, d, dmin
+
+
+@triton.jit
+def tile_scales(a, b, d, dmin, k0, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
+                SB: tl.constexpr):
+    """Each group's scale S and min M as float32 [GT, BN] from `tile_meta`'s bytes: fp16 directly, or
+    d * scale and dmin * min."""
+    if SCALE_BITS == 16:
+        return a.to(tl.float32), b.to(tl.float32)
+    else:
+        sc = u2f(a.to(tl.int32))
+        if MIN_BITS == 4:
+            UNIT: tl.constexpr = SB if SB > 0 else GROUP
+            g2 = (k0 % UNIT) // GROUP + tl.arange(0, a.shape[0])[:, None]
+            mn = u2f((b.to(tl.int32) >> ((g2 & 1) * 4)) & 15)    # two 4-bit mins a byte, even group low
+        else:
+            mn = u2f(b.to(tl.int32))
+        return d.to(tl.float32)[None, :] * sc, dmin.to(tl.float32)[None, :] * mn
+
+
+@triton.jit
+def dequant_tile(words, S_, M, BITS: tl.constexpr, BK: tl.constexpr):
+    """W^T[k0:k0+BK, cols] = S * q - M as float32 [BK, BN] from a tile's code words [GT, GS/EPW, BN]
+    (`tile_words`) and its groups' S and M [GT, BN] (`tile_scales`).
 
     k0 is a multiple of BK, and BK divides the scale unit (super-block, or the fp16 group). Codes are
-    read once as 32-bit words (codes_p: int32) and spread over their EPW codes in registers (code
-    4*s + j of a word in byte j, lane s: `quantizer.pack_bits`); scales once per group."""
+    read once as 32-bit words and spread over their EPW codes in registers (code 4*s + j of a word in
+    byte j, lane s: `quantizer.pack_bits`); scales once per group."""
     S: tl.constexpr = 8 // BITS
-    BN: tl.constexpr = cols.shape[0]
-    words, S_, M = _tile_words_scales(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
-                                      BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)  # [GT, GS/EPW, BN], [GT, BN]
+    BN: tl.constexpr = words.shape[2]
     sh = ((tl.arange(0, S) * BITS)[:, None] + (tl.arange(0, 4) * 8)[None, :])[None, None, :, :, None]
     q = u2f((words[:, :, None, None, :] >> sh) & ((1 << BITS) - 1))                   # [GT, GS/EPW, S, 4, BN]
     w = S_[:, None, None, None, :] * q - M[:, None, None, None, :]
@@ -617,9 +656,7 @@ def _bf16_pair_bits(x):
 
 
 @triton.jit
-def dequant_tile_bf16(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
-                      BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-                      SB: tl.constexpr, BK: tl.constexpr, USE_ASM: tl.constexpr):
+def dequant_tile_bf16(words, S_, M, BITS: tl.constexpr, BK: tl.constexpr, USE_ASM: tl.constexpr):
     """`dequant_tile` as bf16 [BK, BN], two codes at a time: (word >> BITS*s + 8h) & (mask at bits 0
     and 16) | 0x43004300 puts codes 4s+h and 4s+h+2 of a word into one register as the bf16 values
     128 + q, and two bf16x2 FMAs (`_bf16_pair_affine`) give S*q - M for both: about 2 instructions a
@@ -627,9 +664,7 @@ def dequant_tile_bf16(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_o
     for the MMA anyway; this adds up to one more bf16 rounding of S*q and of M)."""
     S: tl.constexpr = 8 // BITS
     PAIR: tl.constexpr = ((1 << BITS) - 1) * 0x00010001
-    BN: tl.constexpr = cols.shape[0]
-    words, S_, M = _tile_words_scales(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
-                                      BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)  # [GT, GS/EPW, BN], [GT, BN]
+    BN: tl.constexpr = words.shape[2]
     sh = ((tl.arange(0, S) * BITS)[:, None] + (tl.arange(0, 2) * 8)[None, :])[None, None, :, :, None]
     v = ((words[:, :, None, None, :] >> sh) & PAIR) | 0x43004300                     # [GT, GS/EPW, S, 2, BN]
     s2 = _bf16_pair_bits(S_)[:, None, None, None, :]
@@ -637,4 +672,3 @@ def dequant_tile_bf16(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_o
     lo, hi = _bf16_pair_affine(v, s2, nm2, USE_ASM)                                   # j = h, j = h + 2
     w = tl.permute(tl.join(lo, hi), (0, 1, 2, 5, 3, 4))                               # [GT, GS/EPW, S, 2, 2, BN]
     return tl.reshape(w, [BK, BN])
-

@@ -12,25 +12,39 @@ from __future__ import annotations
 
 import torch
 
-from .triton_common import INTERPRET, blob_segment, dequant_tile, dequant_tile_bf16, mma, tl, triton
+from .triton_common import (INTERPRET, blob_segment, dequant_tile, dequant_tile_bf16, mma, tile_meta, tile_scales,
+                            tile_words, tl, triton)
 
 
 @triton.jit
-def _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, K, k0, cols, col_ok,
+def _b_tile(codes_p, ma, mb, md, mdm, N, K, k0, cols, col_ok,
             BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
             SB: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr, INTERP: tl.constexpr):
-    # W^T[k0:k0+BK, cols] as bf16 [BK, BN]; for bf16 weights codes_p is the [N, K] weight.
-    # DQ=1: two codes a register through bf16x2 FMAs (`dequant_tile_bf16`); DQ=0: float32, one code at a time
+    # W^T[k0:k0+BK, cols] as bf16 [BK, BN] from the tile's scale bytes (ma, mb, md, mdm: `tile_meta`);
+    # for bf16 weights codes_p is the [N, K] weight. DQ=1: two codes a register through bf16x2 FMAs
+    # (`dequant_tile_bf16`); DQ=0: float32, one code at a time
     if BITS == 16:
         ks = k0 + tl.arange(0, BK)
         return tl.load(codes_p + cols[None, :].to(tl.int64) * K + ks[:, None],
                        mask=(ks < K)[:, None] & col_ok[None, :], other=0.0)
-    elif DQ:            # inline PTX on the GPU, its float32 emulation in the interpreter
-        return dequant_tile_bf16(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
-                                 BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK, not INTERP)
     else:
-        return dequant_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok,
-                            BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK).to(tl.bfloat16)
+        words = tile_words(codes_p, N, k0, cols, col_ok, BITS, GROUP, SB, BK)           # [GT, GS/EPW, BN]
+        S_, M = tile_scales(ma, mb, md, mdm, k0, GROUP, SCALE_BITS, MIN_BITS, SB)        # [GT, BN]
+        if DQ:          # inline PTX on the GPU, its float32 emulation in the interpreter
+            return dequant_tile_bf16(words, S_, M, BITS, BK, not INTERP)
+        else:
+            return dequant_tile(words, S_, M, BITS, BK).to(tl.bfloat16)
+
+
+@triton.jit
+def _meta(scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok, BITS: tl.constexpr, GROUP: tl.constexpr,
+          SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr):
+    # `tile_meta` for packed weights; placeholders for bf16 (no scales)
+    if BITS == 16:
+        z = tl.zeros([1], tl.int32)
+        return z, z, z, z
+    else:
+        return tile_meta(scales_p, mins_p, d_p, dmin_p, N, k0, cols, col_ok, GROUP, SCALE_BITS, MIN_BITS, SB, BK)
 
 
 @triton.jit
@@ -47,9 +61,9 @@ def _k_extent(K, BITS: tl.constexpr, GROUP: tl.constexpr, SB: tl.constexpr):
 def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, M, N, K,
                 BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
                 SB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                EVEN_K: tl.constexpr, INTERP: tl.constexpr, DQ: tl.constexpr):
+                EVEN_K: tl.constexpr, INTERP: tl.constexpr, DQ: tl.constexpr, PFM: tl.constexpr = 0):
     # out [M, N] = x [M, K] @ W [N, K]^T, tiles [BM, BN], programs grouped GROUP_M tiles tall for L2 reuse;
-    # DQ: the dequantization path (`_b_tile`)
+    # DQ: the dequantization path (`_b_tile`); PFM=1: each K tile's scale bytes loaded a step ahead
     pid = tl.program_id(0)
     npm = tl.cdiv(M, BM)
     npn = tl.cdiv(N, BN)
@@ -63,14 +77,23 @@ def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, s
     m_ok = rm < M
     n_ok = rn < N
     acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, _k_extent(K, BITS, GROUP, SB), BK):
+    kend = _k_extent(K, BITS, GROUP, SB)
+    ma, mb, md, mdm = _meta(scales_p, mins_p, d_p, dmin_p, N, 0, rn, n_ok, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)
+    for k0 in range(0, kend, BK):
         ks = k0 + tl.arange(0, BK)
         if EVEN_K:      # K % BK == 0: no mask along K, so the loads vectorize
             a = tl.load(x_p + rm[:, None].to(tl.int64) * stride_xm + ks[None, :], mask=m_ok[:, None], other=0.0)
         else:
             a = tl.load(x_p + rm[:, None].to(tl.int64) * stride_xm + ks[None, :],
                         mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)                    # [BM, BK]
-        b = _b_tile(codes_p, scales_p, mins_p, d_p, dmin_p, N, K, k0, rn, n_ok,
+        if PFM:         # this tile's scale bytes came a step ago; load the next tile's (the last again at the end)
+            ca, cb, cd, cdm = ma, mb, md, mdm
+            ma, mb, md, mdm = _meta(scales_p, mins_p, d_p, dmin_p, N, tl.minimum(k0 + BK, kend - BK), rn, n_ok,
+                                    BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)
+        else:
+            ca, cb, cd, cdm = _meta(scales_p, mins_p, d_p, dmin_p, N, k0, rn, n_ok, BITS, GROUP, SCALE_BITS,
+                                    MIN_BITS, SB, BK)
+        b = _b_tile(codes_p, ca, cb, cd, cdm, N, K, k0, rn, n_ok,
                     BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK, DQ, INTERP)                     # [BK, BN]
         acc = mma(a, b, acc, INTERP)
     tl.store(out_p + rm[:, None].to(tl.int64) * stride_om + rn[None, :], acc.to(out_p.dtype.element_ty),
@@ -82,7 +105,8 @@ def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, s
 @triton.jit
 def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
                 CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
-                MIN_BITS: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr, INTERP: tl.constexpr):
+                MIN_BITS: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr, PFM: tl.constexpr,
+                INTERP: tl.constexpr):
     # acc [BM, BN] += A[a_rows, :K] @ W_mat^T[:, cols] for matrix `mat` of the expert blob at base
     if BITS == 16:
         codes = blob_segment(base, table_p, CODE, mat, 0, 17)
@@ -92,11 +116,20 @@ def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col
     mins = blob_segment(base, table_p, CODE, mat, 2, MIN_BITS)
     d = blob_segment(base, table_p, CODE, mat, 3, 16)
     dmin = blob_segment(base, table_p, CODE, mat, 4, 16)
-    for k0 in range(0, _k_extent(K, BITS, GROUP, SB), BK):
+    kend = _k_extent(K, BITS, GROUP, SB)
+    ma, mb, md, mdm = _meta(scales, mins, d, dmin, N, 0, cols, col_ok, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)
+    for k0 in range(0, kend, BK):
         ks = k0 + tl.arange(0, BK)
         a = tl.load(a_p + a_rows[:, None].to(tl.int64) * a_stride + ks[None, :],
                     mask=a_ok[:, None] & (ks < K)[None, :], other=0.0)
-        b = _b_tile(codes, scales, mins, d, dmin, N, K, k0, cols, col_ok, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK,
+        if PFM:         # as in gemm_kernel
+            ca, cb, cd, cdm = ma, mb, md, mdm
+            ma, mb, md, mdm = _meta(scales, mins, d, dmin, N, tl.minimum(k0 + BK, kend - BK), cols, col_ok,
+                                    BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK)
+        else:
+            ca, cb, cd, cdm = _meta(scales, mins, d, dmin, N, k0, cols, col_ok, BITS, GROUP, SCALE_BITS, MIN_BITS,
+                                    SB, BK)
+        b = _b_tile(codes, ca, cb, cd, cdm, N, K, k0, cols, col_ok, BITS, GROUP, SCALE_BITS, MIN_BITS, SB, BK,
                     DQ, INTERP)
         acc = mma(a, b, acc, INTERP)
     return acc
@@ -105,36 +138,37 @@ def _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col
 @triton.jit
 def _expert_dot_any(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, code,
                     BM: tl.constexpr, BN: tl.constexpr, FMASK: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr,
-                    INTERP: tl.constexpr):
+                    PFM: tl.constexpr, INTERP: tl.constexpr):
     # dispatch on the expert's run-time format code (branches only for codes in FMASK)
     acc = tl.zeros([BM, BN], tl.float32)
     if (FMASK & 1) != 0:
         if code == 0:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              0, 2, 16, 8, 4, 512, BK, DQ, INTERP)
+                              0, 2, 16, 8, 4, 512, BK, DQ, PFM, INTERP)
     if (FMASK & 2) != 0:
         if code == 1:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              1, 2, 32, 8, 8, 512, BK, DQ, INTERP)
+                              1, 2, 32, 8, 8, 512, BK, DQ, PFM, INTERP)
     if (FMASK & 4) != 0:
         if code == 2:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              2, 1, 32, 8, 4, 512, BK, DQ, INTERP)
+                              2, 1, 32, 8, 4, 512, BK, DQ, PFM, INTERP)
     if (FMASK & 8) != 0:
         if code == 3:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              3, 4, 128, 16, 16, 0, BK, DQ, INTERP)
+                              3, 4, 128, 16, 16, 0, BK, DQ, PFM, INTERP)
     if (FMASK & 16) != 0:
         if code == 4:
             acc = _expert_dot(a_p, a_stride, a_rows, a_ok, base, table_p, mat, N, K, cols, col_ok, acc,
-                              4, 16, 1, 0, 0, 0, BK, DQ, INTERP)
+                              4, 16, 1, 0, 0, 0, BK, DQ, PFM, INTERP)
     return acc
 
 
 @triton.jit
 def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, offs_p, arena_p,
                     table_p, h_p, H, I, TOPK: tl.constexpr, FMASK: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr, INTERP: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DQ: tl.constexpr, PFM: tl.constexpr,
+                    INTERP: tl.constexpr):
     # h [P, I] (bf16) for the block's pairs: rows of x gathered by token = pair // TOPK
     b = tl.program_id(0)
     e = tl.load(blk_e_p + b)
@@ -149,8 +183,10 @@ def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, co
         base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         c_ok = cols < I
-        g = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 0, I, H, cols, c_ok, code, BM, BN, FMASK, BK, DQ, INTERP)
-        u = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 1, I, H, cols, c_ok, code, BM, BN, FMASK, BK, DQ, INTERP)
+        g = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 0, I, H, cols, c_ok, code, BM, BN, FMASK, BK,
+                            DQ, PFM, INTERP)
+        u = _expert_dot_any(x_p, stride_xm, tok, r_ok, base, table_p, 1, I, H, cols, c_ok, code, BM, BN, FMASK, BK,
+                            DQ, PFM, INTERP)
         h = g * tl.sigmoid(g) * u
         tl.store(h_p + pair[:, None].to(tl.int64) * I + cols[None, :], h.to(tl.bfloat16),
                  mask=r_ok[:, None] & c_ok[None, :])
@@ -159,7 +195,7 @@ def grouped_gate_up(x_p, stride_xm, order_p, blk_e_p, blk_start_p, blk_cnt_p, co
 @triton.jit
 def grouped_down(h_p, wts_p, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, offs_p, arena_p, table_p,
                  y_p, H, I, FMASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 DQ: tl.constexpr, INTERP: tl.constexpr):
+                 DQ: tl.constexpr, PFM: tl.constexpr, INTERP: tl.constexpr):
     # y [P, H] (float32) = topk weight of the pair * h[pair] @ W_down^T
     b = tl.program_id(0)
     e = tl.load(blk_e_p + b)
@@ -173,7 +209,8 @@ def grouped_down(h_p, wts_p, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, 
         base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         c_ok = cols < H
-        y = _expert_dot_any(h_p, I, pair, r_ok, base, table_p, 2, H, I, cols, c_ok, code, BM, BN, FMASK, BK, DQ, INTERP)
+        y = _expert_dot_any(h_p, I, pair, r_ok, base, table_p, 2, H, I, cols, c_ok, code, BM, BN, FMASK, BK,
+                            DQ, PFM, INTERP)
         wt = tl.load(wts_p + pair, mask=r_ok, other=0.0).to(tl.float32)
         tl.store(y_p + pair[:, None].to(tl.int64) * H + cols[None, :], y * wt[:, None],
                  mask=r_ok[:, None] & c_ok[None, :])
@@ -217,12 +254,13 @@ def moe_grouped(x, ids, wts, arena, offsets, codes, fmask, table, hidden, inter,
     nb = blk_e.numel()
     grouped_gate_up[(nb, triton.cdiv(inter, cfg["BN"]))](
         x, x.stride(0), order, blk_e, start, cnt, codes, offsets, arena, table, h, hidden, inter,
-        TOPK=topk, FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, DQ=cfg.get("DQ", 0), INTERP=INTERPRET,
-        num_warps=cfg["num_warps"],
+        TOPK=topk, FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, DQ=cfg.get("DQ", 0), PFM=cfg.get("PFM", 0),
+        INTERP=INTERPRET, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     grouped_down[(nb, triton.cdiv(hidden, cfg["BN"]))](
         h, wts, order, blk_e, start, cnt, codes, offsets, arena, table, y, hidden, inter,
-        FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, DQ=cfg.get("DQ", 0), INTERP=INTERPRET, num_warps=cfg["num_warps"],
+        FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, DQ=cfg.get("DQ", 0), PFM=cfg.get("PFM", 0), INTERP=INTERPRET,
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     torch.sum(y.view(m, topk, hidden), dim=1, out=out) if out.dtype == torch.float32 else \
         out.copy_(y.view(m, topk, hidden).sum(1))

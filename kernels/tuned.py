@@ -56,6 +56,11 @@ TUNED: dict[str, dict[str, dict]] = {
                             "BN2": 64, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1,
                             "CG1": 3, "MAXNREG1": 128, "CG2": 3},
                     "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 1},
+                    # q4: 896 programs at both kimi-k3.1-pro shapes (16 K splits of the gate, 8 of the
+                    # down). kernels-20261202T005042Z.json: gate 8.94 us with 16 splits against 12.79
+                    # with 8; down with 8 splits 9.1 us in kernels-gemlite-20261202T001204Z.json (13.74
+                    # with 16)
+                    "gemv:q4_g128_f16": {"THREADS": 57344, "MAXSPLIT": 16},
                     "gemm": {"DQ": 1}},
 }
 

@@ -137,6 +137,7 @@ def test_gemv_code_generation_candidates():
     plain = packed_linear(x, p, backend="triton", config=cfg)
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 7, "MAXNREG": 96}), plain) < 1e-5
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 0}), plain) < 1e-5   # masked rows
+    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 33}), plain) < 1e-5  # x lanes per lane
 
 
 def test_torch_backend_is_the_reference():
@@ -233,10 +234,12 @@ def test_moe_launches_with_k_splits():
 def test_moe_launches_with_code_generation_candidates(mixed_arena):
     # CG: the K loop's code-generation candidates (triton_common.gemv_rows: 1 the DP4A chain in one PTX
     # block, GPU only; 2 rows past N clamped instead of masked; 4 the loop unrolled twice; 16 gate/up's
-    # phase A in one load) and a register cap, checked launch by launch on the kernels' own grids like
-    # the shipped code; then phase A in one load of a K split whose last slice is shorter than the load
+    # phase A in one load; 32 the activation lanes loaded one lane at a time) and a register cap,
+    # checked launch by launch on the kernels' own grids like the shipped code; then phase A in one load
+    # of a K split whose last slice is shorter than the load
     arena, offsets, hidden, inter = mixed_arena
     check_moe_launches(arena, offsets, hidden, inter, 3, CG1=23, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
+    check_moe_launches(arena, offsets, hidden, inter, 2, CG1=35, CG2=35)     # 32: x lanes loaded lane by lane
     hidden, inter = 1100, 520
     arena, offsets = make_arena(MIX, hidden, inter)
     check_moe_launches(arena, offsets, hidden, inter, 1, CG1=16, SPLIT1=2)
@@ -366,6 +369,32 @@ def test_gemm_bf16_pair_dequantization(fmt):
     assert rel(pairs, f32) < 1.5e-2 and rel(pairs, R.linear(x, p)) < 2e-2
 
 
+@pytest.mark.parametrize("fmt", ALL)
+def test_gemm_scale_prefetch_is_exact(fmt):
+    # PFM=1 loads each K tile's scale bytes a step ahead (the last tile's twice at the end): the same
+    # bytes reach the same arithmetic, so the output must equal PFM=0's bit for bit, on both DQ paths
+    n, k, m = 40, 1100, 17
+    p = quantize(torch.randn(n, k), fmt).to(DEVICE)
+    x = torch.randn(m, k, device=DEVICE)
+    cfg = ops.config_for("gemm", p.fmt, m, n, k, DEVICE)
+    for dq in ((0, 1) if fmt != "bf16" else (0,)):
+        outs = [packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton",
+                              config={**cfg, "DQ": dq, "PFM": pf}) for pf in (0, 1)]
+        assert torch.equal(outs[0], outs[1]), (fmt, dq)
+
+
+def test_fused_moe_prefill_scale_prefetch_is_exact(mixed_arena):
+    # the grouped MoE prefill kernels with PFM=1 (see above): bit-identical to PFM=0
+    arena, offsets, hidden, inter = mixed_arena
+    m = ops.MOE_DECODE_MAX_M + 3
+    x = torch.randn(m, hidden, dtype=torch.bfloat16, device=DEVICE)
+    ids, wts = route(m, len(MIX), 3)
+    cfg = ops.config_for("moe_grouped", "mix", m, hidden, inter, DEVICE)
+    outs = [fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton",
+                      config={**cfg, "DQ": 1, "PFM": pf}) for pf in (0, 1)]
+    assert torch.equal(outs[0], outs[1])
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,bm", [(512, 128), (2048, 128), (2048, 256)])
@@ -378,3 +407,4 @@ def test_prefill_gemm_real_shape(m, bm):
     ref = R.linear(x, p)
     assert rel(packed_linear(x, p, config=cfg), ref) < 2e-2
     assert rel(packed_linear(x, p, config={**cfg, "DQ": 1}), ref) < 2e-2          # bf16x2 dequantization
+    assert rel(packed_linear(x, p, config={**cfg, "DQ": 1, "PFM": 1}), ref) < 2e-2  # scale bytes a step ahead
