@@ -52,16 +52,21 @@ TUNED: dict[str, dict[str, dict]] = {
     # down in 64-row tiles with CG2=35 uncapped, 21.9 against 27.1 for 32-row CG2=7 (K2 15.0 / 18.9);
     # GEMV CG=33, 16.7 against 17.6 us (gate + down, q2_g32). Bit 32 (lanes along records) has since
     # been made the only load path (commit after 757ba5a), so the same kernels are CG1=3, CG2=3, CG=1 now.
+    # kernels-20261202T011003Z.json (commit 8e21776, 3 interleaved rounds): the activation lanes loaded
+    # lane by lane (CG & 32, no shared memory or barrier in the K loop) won for the GEMV (gate + down
+    # q2_g32 16.7 against 17.5 us: CG=33) and lost or tied in the MoE launches (gate/up 43.6 against 42.7,
+    # down 22.2-23.2 against 22.4; unrolled uncapped 30-51 us). GEMM: scale bytes a step ahead (PFM=1)
+    # 0.328 against 0.339 ms (q2_g16 gate, M = 2048); BM 256 with it 0.320, but 4.3x bf16 at M = 512.
     "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "PF1": 0, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
                             "BN2": 64, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1,
                             "CG1": 3, "MAXNREG1": 128, "CG2": 3},
-                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 1},
+                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 33},
                     # q4: 896 programs at both kimi-k3.1-pro shapes (16 K splits of the gate, 8 of the
-                    # down). kernels-20261202T005042Z.json: gate 8.94 us with 16 splits against 12.79
-                    # with 8; down with 8 splits 9.1 us in kernels-gemlite-20261202T001204Z.json (13.74
-                    # with 16)
-                    "gemv:q4_g128_f16": {"THREADS": 57344, "MAXSPLIT": 16},
-                    "gemm": {"DQ": 1}},
+                    # down), activation lanes as one load (CG 1). kernels-20261202T005042Z.json: gate
+                    # 8.94 us with 16 splits against 12.79 with 8; kernels-20261202T011003Z.json (commit
+                    # 8e21776): gate + down 18.5 us against 22.3 for the shared config, 19.8 with CG 33
+                    "gemv:q4_g128_f16": {"THREADS": 57344, "MAXSPLIT": 16, "CG": 1},
+                    "gemm": {"DQ": 1, "PFM": 1}},
 }
 
 def _device_key(device) -> str | None:
