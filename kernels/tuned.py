@@ -53,14 +53,17 @@ TUNED: dict[str, dict[str, dict]] = {
     # GEMV CG=33, 16.7 against 17.6 us (gate + down, q2_g32). Bit 32 (lanes along records) has since
     # been made the only load path (commit after 757ba5a), so the same kernels are CG1=3, CG2=3, CG=1 now.
     # kernels-20261202T011003Z.json (commit 8e21776, 3 interleaved rounds): the activation lanes loaded
-    # lane by lane (CG & 32, no shared memory or barrier in the K loop) won for the GEMV (gate + down
+    # lane by lane (CG & 32, no shared memory or barrier in the K loop) won the GEMV sweep (gate + down
     # q2_g32 16.7 against 17.5 us: CG=33) and lost or tied in the MoE launches (gate/up 43.6 against 42.7,
-    # down 22.2-23.2 against 22.4; unrolled uncapped 30-51 us). GEMM: scale bytes a step ahead (PFM=1)
-    # 0.328 against 0.339 ms (q2_g16 gate, M = 2048); BM 256 with it 0.320, but 4.3x bf16 at M = 512.
+    # down 22.2-23.2 against 22.4; unrolled uncapped 30-51 us). Shipped with CG=33, the GEMV lost on every
+    # gate shape and at the profiler's 16384 x 7168 (q1 803 against 1111-1166 GB/s, q2_g16 1382 against
+    # 1529-1587: kernels-20261202T011615Z.json, commit b040ba6), so the GEMV keeps CG=1. GEMM: scale bytes
+    # a step ahead (PFM=1) 0.328 against 0.339 ms (q2_g16 gate, M = 2048); BM 256 with it 0.320, but 4.3x
+    # bf16 at M = 512.
     "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "PF1": 0, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
                             "BN2": 64, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1,
                             "CG1": 3, "MAXNREG1": 128, "CG2": 3},
-                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 33},
+                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 1},
                     # q4: 896 programs at both kimi-k3.1-pro shapes (16 K splits of the gate, 8 of the
                     # down), activation lanes as one load (CG 1). kernels-20261202T005042Z.json: gate
                     # 8.94 us with 16 splits against 12.79 with 8; kernels-20261202T011003Z.json (commit
