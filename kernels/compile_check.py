@@ -58,9 +58,10 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
         gsig = {**sig, "codes_p": P["i32"] if packed else P["bf16"]}     # the GEMM reads codes as words too
         for k in ("xq_p", "xdx_p", "xsum_p", "part_p", "cnt_p", "WSPLIT"):
             gsig.pop(k)
-        for dq in ((0, 1) if packed else (0,)):      # DQ=1: bf16x2 dequantization (inline PTX)
+        for dq in ((0, 1) if packed else (0,)):      # DQ=1: bf16x2 dequantization (inline PTX), PFM with it
             out.append((f"gemm code={code} DQ={dq}", _compile(triton_gemm.gemm_kernel, gsig, dict(
-                consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq), arch, num_stages=4)))
+                consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq, PFM=dq), arch,
+                num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     # PF: register prefetch; SPLIT: K splits; CG: the code-generation candidates (23: all; the unroll is
     # of the plain loop, PF=0); PROBE (timing records) with PF
@@ -84,10 +85,10 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     out.append(("moe grouped gate_up", _compile(triton_gemm.grouped_gate_up, {
         "x_p": P["bf16"], "stride_xm": "i32", **blocks, "h_p": P["bf16"], "H": "i32", "I": "i32"},
-        dict(TOPK=8, FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, INTERP=False), arch)))
+        dict(TOPK=8, FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, PFM=1, INTERP=False), arch)))
     out.append(("moe grouped down", _compile(triton_gemm.grouped_down, {
         "h_p": P["bf16"], "wts_p": P["f32"], **blocks, "y_p": P["f32"], "H": "i32", "I": "i32"},
-        dict(FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, INTERP=False), arch)))
+        dict(FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, PFM=1, INTERP=False), arch)))
     return out
 
 

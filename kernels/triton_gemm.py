@@ -61,7 +61,7 @@ def _k_extent(K, BITS: tl.constexpr, GROUP: tl.constexpr, SB: tl.constexpr):
 def gemm_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, M, N, K,
                 BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
                 SB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                EVEN_K: tl.constexpr, INTERP: tl.constexpr, DQ: tl.constexpr, PFM: tl.constexpr = 0):
+                EVEN_K: tl.constexpr, INTERP: tl.constexpr, DQ: tl.constexpr, PFM: tl.constexpr):
     # out [M, N] = x [M, K] @ W [N, K]^T, tiles [BM, BN], programs grouped GROUP_M tiles tall for L2 reuse;
     # DQ: the dequantization path (`_b_tile`); PFM=1: each K tile's scale bytes loaded a step ahead
     pid = tl.program_id(0)
