@@ -54,21 +54,26 @@ GB = 1e9
 # in one load) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
 # statically with Triton 3.6, KERNELS.md)
 # More warps an SM (K splits or 32-row tiles at 64 registers: 8 programs an SM) and K splits were about
-# even at kimi-k3.1-pro and lost at Kimi-K2 in 2026-12-01/02's runs (KERNELS.md); kept as checks.
-# CG & 32 (2026-12-02): the activation lanes loaded lane by lane in the codes' layout, so the K loop has
-# no shared-memory round trip and no barrier, and with the loop unrolled (CG & 4) ptxas can issue the
-# next step's loads during this step's arithmetic (static, Triton 3.6: 823 SASS a gate/up step either
-# way; 124 registers at a cap of 128, 96 uncapped; unrolled and uncapped 128 without spills)
-GATE_UP_SWEEP = ([dict(BN1=bn, warps1=4, NS1=1, PF1=0, SPLIT1=sp, WAVE1=wv, CHUNK=4096, CG1=cg, MAXNREG1=mx)
-                  for bn, sp, wv, cg, mx in ((64, 0, 4, 3, 128), (64, 0, 4, 3, 0), (64, 0, 4, 35, 128),
-                                             (64, 0, 4, 35, 0), (64, 0, 4, 39, 0), (64, 0, 4, 39, 128))])
-DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=1, PF2=0, SPLIT2=1, CG2=cg, MAXNREG2=mx) for bn, w, cg, mx in
-               ((64, 4, 3, 0), (64, 4, 35, 0), (64, 4, 39, 0), (64, 4, 39, 72), (64, 4, 7, 0))])
+# even at kimi-k3.1-pro and lost at Kimi-K2 in 2026-12-01/02's runs (KERNELS.md); dropped from the lists.
+# 2026-12-02 morning (kernels-20261202T011003Z.json): CG & 32 (activation lanes loaded lane by lane: no
+# shared memory or barrier in the K loop) tied or lost in both launches, unrolled (CG & 4) lost by 15-40%.
+# Candidates for the next run: NS=2/3 stages the codes and 4-byte scales through shared memory with
+# cp.async (not measured since the lanes fix of 757ba5a), PF=2 loads the rest of the scales (mins, d,
+# dmin: under 4 bytes a thread, so left in the loop by Triton, each waiting out a latency) a step ahead
+# in registers. Static, Triton 3.6: gate/up NS1=2 126 registers, 860 SASS a step (823 shipped); with
+# PF1=2 128 / 965, NS1=3 128 / 987; down NS2=2 72 / 445 (439), NS2=3 with PF2=2 72 / 529 (NS2=2 with
+# PF2=2 takes 96 registers: fewer programs an SM, not a candidate)
+GATE_UP_SWEEP = ([dict(BN1=bn, warps1=4, NS1=ns, PF1=pf, SPLIT1=sp, WAVE1=wv, CHUNK=4096, CG1=cg, MAXNREG1=mx)
+                  for bn, sp, wv, cg, mx, ns, pf in ((64, 0, 4, 3, 128, 1, 0), (64, 0, 4, 3, 128, 2, 0),
+                                                     (64, 0, 4, 3, 128, 2, 2), (64, 0, 4, 3, 128, 3, 2),
+                                                     (64, 0, 4, 35, 128, 2, 2))])
+DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=ns, PF2=pf, SPLIT2=1, CG2=cg, MAXNREG2=mx) for bn, w, cg, mx, ns, pf in
+               ((64, 4, 3, 0, 1, 0), (64, 4, 3, 0, 2, 0), (64, 4, 3, 0, 3, 2), (64, 4, 39, 72, 1, 0))])
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
-GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=1, PF=pf, MAXSPLIT=ms) for bn, w, th, pf, ms in
-              ((64, 4, 131072, 0, 8), (64, 4, 131072, 0, 16), (64, 4, 262144, 0, 16), (32, 4, 131072, 0, 8),
-               (64, 4, 131072, 1, 8), (128, 8, 131072, 0, 8), (32, 4, 131072, 0, 16))] + [
+GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=ns, PF=pf, MAXSPLIT=ms) for bn, w, th, ns, pf, ms in
+              ((64, 4, 131072, 1, 0, 8), (64, 4, 131072, 1, 0, 16), (128, 8, 131072, 1, 0, 8),
+               (64, 4, 131072, 2, 0, 8), (64, 4, 131072, 2, 2, 8), (64, 4, 131072, 3, 2, 8))] + [
     dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (33, 0))]
 # q4 (gate + down, its own winner): the shared list plus more K splits and threads. THREADS 57344 with
 # MAXSPLIT 16 gives 896 programs at both shapes (16 splits of the 3584-row gate, 8 of the 7168-row down):

@@ -63,9 +63,9 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq, PFM=dq), arch,
                 num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    # PF: register prefetch; SPLIT: K splits; CG: the code-generation candidates (23: all; the unroll is
-    # of the plain loop, PF=0); PROBE (timing records) with PF
-    for pf, split, cg in ((0, 1, 0), (1, 2, 23), (0, 1, 23)):
+    # PF: register prefetch (1: everything, 2: the scales); SPLIT: K splits; CG: the code-generation
+    # candidates (55: all; the unroll is of the plain loop, PF=0); PROBE (timing records) with PF
+    for pf, split, cg in ((0, 1, 0), (1, 2, 23), (0, 1, 55), (2, 1, 3)):
         tag = f"FMASK={fmask} PF={pf} SPLIT={split} CG={cg}" + (" PROBE" if pf else "")
         out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],

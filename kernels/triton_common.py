@@ -248,6 +248,53 @@ def _ld_rows(p, r2, STRIDE: tl.constexpr, W4: tl.constexpr, PER: tl.constexpr, m
 
 
 @triton.jit
+def _unit_records(N, rows, u, CG: tl.constexpr):
+    # [BN]: the (unit, row) record index of scale unit u for the rows; past N clamped (CG & 2) or as is
+    if (CG & 2) != 0:
+        return u * N + tl.minimum(rows, N - 1)
+    else:
+        return u * N + rows
+
+
+@triton.jit
+def _unit_words(codes_p, N, rows, row_ok, u, BITS: tl.constexpr, GROUP: tl.constexpr, SB: tl.constexpr,
+                W4: tl.constexpr, CG: tl.constexpr):
+    # the codes of `_unit_loads`: [BN, W4, 4] int32
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    r2 = _unit_records(N, rows, u, CG)[:, None].to(tl.int64)
+    return _ld_rows(codes_p, r2, UNIT // (32 // BITS), W4, 4, row_ok[:, None], CG)
+
+
+@triton.jit
+def _unit_scales(scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
+                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
+                 W4: tl.constexpr, CG: tl.constexpr):
+    # the scales of `_unit_loads`: (sc, mb, d, dmin), or (S, M, 0, 0) for fp16 groups
+    EPW: tl.constexpr = 32 // BITS
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    GPU: tl.constexpr = UNIT // GROUP                      # groups per row and unit
+    ru = _unit_records(N, rows, u, CG)
+    if SB == 0:
+        a = _ld(scales_p + ru, row_ok, 0.0, CG)
+        b = _ld(mins_p + ru, row_ok, 0.0, CG)
+        return a, b, 0, 0
+    else:
+        r2 = ru[:, None].to(tl.int64)
+        m2 = row_ok[:, None]
+        if GROUP // EPW == 1:                              # a group per word
+            sc = _ld_rows(scales_p, r2, GPU, W4, 4, m2, CG)
+        else:
+            sc = _ld_rows(scales_p, r2, GPU, W4, 2, m2, CG)
+        if MIN_BITS == 4:
+            mb = _ld_rows(mins_p, r2, GPU // 2, W4, 2, m2, CG)
+        else:
+            mb = _ld_rows(mins_p, r2, GPU, W4, 2, m2, CG)
+        d = _ld(d_p + ru, row_ok, 0.0, CG)
+        dmin = _ld(dmin_p + ru, row_ok, 0.0, CG)
+        return sc, mb, d, dmin
+
+
+@triton.jit
 def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
                 W4: tl.constexpr, CG: tl.constexpr):
@@ -263,35 +310,10 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
     row_ok read as zeros, or (CG & 2) as row N - 1 again: clamped, not masked, so no register is zeroed
     before each load; the callers drop those rows either way. Every tile is read with a warp's lanes
     along the records (`_ld_rows`), so a warp's load covers whole 32-byte sectors."""
-    EPW: tl.constexpr = 32 // BITS
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    WPU: tl.constexpr = UNIT // EPW                        # code words per row and unit
-    GPU: tl.constexpr = UNIT // GROUP                      # groups per row and unit
-    if (CG & 2) != 0:
-        ru = u * N + tl.minimum(rows, N - 1)               # [BN]: (unit, row) record index
-    else:
-        ru = u * N + rows
-    r2 = ru[:, None].to(tl.int64)
-    m2 = row_ok[:, None]
-    words = _ld_rows(codes_p, r2, WPU, W4, 4, m2, CG)
-    if SB > 0:
-        WPG: tl.constexpr = GROUP // EPW                   # words per group: 1 or 2
-        if WPG == 1:
-            sc = _ld_rows(scales_p, r2, GPU, W4, 4, m2, CG)
-        else:
-            sc = _ld_rows(scales_p, r2, GPU, W4, 2, m2, CG)
-        if MIN_BITS == 4:
-            mb = _ld_rows(mins_p, r2, GPU // 2, W4, 2, m2, CG)
-        else:
-            mb = _ld_rows(mins_p, r2, GPU, W4, 2, m2, CG)
-    if SB == 0:
-        a = _ld(scales_p + ru, row_ok, 0.0, CG)
-        b = _ld(mins_p + ru, row_ok, 0.0, CG)
-        return words, a, b, 0, 0
-    else:
-        d = _ld(d_p + ru, row_ok, 0.0, CG)
-        dmin = _ld(dmin_p + ru, row_ok, 0.0, CG)
-        return words, sc, mb, d, dmin
+    words = _unit_words(codes_p, N, rows, row_ok, u, BITS, GROUP, SB, W4, CG)
+    sc, mb, d, dmin = _unit_scales(scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u, BITS, GROUP, MIN_BITS, SB,
+                                   W4, CG)
+    return words, sc, mb, d, dmin
 
 
 @triton.jit
@@ -476,7 +498,10 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
 
     PF=1 prefetches into registers: the weights of step t+1 are loaded before step t is computed, so
     each warp has two units of bytes in flight (the decode kernels wait on memory latency, not on
-    issue: Nsight Compute, KERNELS.md). PF=0 is the plain loop, one unit in flight.
+    issue: Nsight Compute, KERNELS.md). PF=2 prefetches only the scales that way (a few bytes a row),
+    for NS >= 2, where Triton stages the codes through shared memory with cp.async but leaves loads
+    under 4 bytes a thread (mins, d, dmin) in the loop, each waiting out a latency. PF=0 is the plain
+    loop, one unit in flight.
 
     CG: code-generation options (the H200's measured best are in tuned.py): CG & 1 the DP4A chain as one
     PTX block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop
@@ -491,7 +516,29 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     UNROLL: tl.constexpr = ((CG >> 2) & 3) + 1
     acc_a = tl.zeros([BN, W4], tl.float32)
     acc_b = tl.zeros([BN, W4], tl.float32)
-    if PF:
+    if PF == 2:
+        sa = _unit_scales(a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, w_lo // WPU, BITS, GROUP, MIN_BITS, SB,
+                          W4, CG)
+        sb = sa
+        if NMAT == 2:
+            sb = _unit_scales(b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, w_lo // WPU, BITS, GROUP, MIN_BITS,
+                              SB, W4, CG)
+        for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
+            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
+            un = tl.minimum(t + WPU, w_hi - WPU) // WPU            # the next unit (the last one again at the end)
+            sc, mb, d, dmin = sa
+            sa = _unit_scales(a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, un, BITS, GROUP, MIN_BITS, SB, W4, CG)
+            wa = _unit_words(a_codes, N, rows, row_ok, t // WPU, BITS, GROUP, SB, W4, CG)
+            acc_a = _unit_dot(acc_a, (wa, sc, mb, d, dmin), x0, x1, x2, x3, x4, x5, x6, x7,
+                              xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
+            if NMAT == 2:
+                sc, mb, d, dmin = sb
+                sb = _unit_scales(b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, un, BITS, GROUP, MIN_BITS, SB,
+                                  W4, CG)
+                wb = _unit_words(b_codes, N, rows, row_ok, t // WPU, BITS, GROUP, SB, W4, CG)
+                acc_b = _unit_dot(acc_b, (wb, sc, mb, d, dmin), x0, x1, x2, x3, x4, x5, x6, x7,
+                                  xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
+    elif PF == 1:
         na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, w_lo // WPU,
                          BITS, GROUP, MIN_BITS, SB, W4, CG)
         nb = na

@@ -138,6 +138,7 @@ def test_gemv_code_generation_candidates():
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 7, "MAXNREG": 96}), plain) < 1e-5
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 0}), plain) < 1e-5   # masked rows
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 33}), plain) < 1e-5  # x lanes per lane
+    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "PF": 2, "NS": 2}), plain) < 1e-5  # scales ahead
 
 
 def test_torch_backend_is_the_reference():
@@ -240,6 +241,7 @@ def test_moe_launches_with_code_generation_candidates(mixed_arena):
     arena, offsets, hidden, inter = mixed_arena
     check_moe_launches(arena, offsets, hidden, inter, 3, CG1=23, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
     check_moe_launches(arena, offsets, hidden, inter, 2, CG1=35, CG2=35)     # 32: x lanes loaded lane by lane
+    check_moe_launches(arena, offsets, hidden, inter, 2, PF1=2, PF2=2, NS1=2, NS2=3)  # scales a step ahead
     hidden, inter = 1100, 520
     arena, offsets = make_arena(MIX, hidden, inter)
     check_moe_launches(arena, offsets, hidden, inter, 1, CG1=16, SPLIT1=2)
