@@ -44,12 +44,12 @@ TOPK = 8
 GB = 1e9
 
 # sweep candidates: gate/up and down are timed as separate launches, so each is tuned on its own
-# (rows per program, warps, pipeline stages: 1 = no cp.async staging; PF: register prefetch of the next
-# K step; SPLIT: K splits over programs, 0 = enough to fill the GPU; CHUNK: inputs packed per step of
+# (rows per program, warps, pipeline stages: 1 = no cp.async staging; PF=2: the next K step's scales in
+# registers; SPLIT: K splits over programs, 0 = enough to fill the GPU; CHUNK: inputs packed per step of
 # phase A). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep
 # registers low and occupancy high (ncu_moe.sh). Measured and dropped (KERNELS.md): a persistent gate/up
-# (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch
-# (PF1, every sweep since); on 2026-12-01 also weighted K splits and cost-ordered items (KERNELS.md)
+# (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch of
+# a whole K step (PF=1, every sweep since; removed 2026-12-02); on 2026-12-01 also weighted K splits and cost-ordered items (KERNELS.md)
 # CG / MAXNREG: code-generation candidates of the K loop (triton_common.gemv_rows; 16: gate/up's phase A
 # in one load) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
 # statically with Triton 3.6, KERNELS.md)

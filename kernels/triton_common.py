@@ -496,12 +496,12 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     activations in registers for all of its rows (BN / (32/W4 * warps) of them). The per-row partial
     sums are added across threads once, at the end.
 
-    PF=1 prefetches into registers: the weights of step t+1 are loaded before step t is computed, so
-    each warp has two units of bytes in flight (the decode kernels wait on memory latency, not on
-    issue: Nsight Compute, KERNELS.md). PF=2 prefetches only the scales that way (a few bytes a row),
-    for NS >= 2, where Triton stages the codes through shared memory with cp.async but leaves loads
-    under 4 bytes a thread (mins, d, dmin) in the loop, each waiting out a latency. PF=0 is the plain
-    loop, one unit in flight.
+    PF=2 loads the scales of step t+1 (a few bytes a row) into registers before step t is computed, for
+    NS >= 2, where Triton stages the codes through shared memory with cp.async but leaves loads under
+    4 bytes a thread (mins, d, dmin) in the loop, each waiting out a latency (the decode kernels wait on
+    memory latency, not on issue: Nsight Compute, KERNELS.md). PF=0 is the plain loop. (PF=1, all of
+    step t+1's bytes prefetched into registers, lost every sweep from 2026-11-29 to 2026-12-02 and was
+    removed.)
 
     CG: code-generation options (the H200's measured best are in tuned.py): CG & 1 the DP4A chain as one
     PTX block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop
@@ -538,28 +538,6 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
                 wb = _unit_words(b_codes, N, rows, row_ok, t // WPU, BITS, GROUP, SB, W4, CG)
                 acc_b = _unit_dot(acc_b, (wb, sc, mb, d, dmin), x0, x1, x2, x3, x4, x5, x6, x7,
                                   xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
-    elif PF == 1:
-        na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, w_lo // WPU,
-                         BITS, GROUP, MIN_BITS, SB, W4, CG)
-        nb = na
-        if NMAT == 2:
-            nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, w_lo // WPU,
-                             BITS, GROUP, MIN_BITS, SB, W4, CG)
-        for t in tl.range(w_lo, w_hi, WPU):
-            ca = na
-            cb = nb
-            un = tl.minimum(t + WPU, w_hi - WPU) // WPU            # the next unit (the last one again at the end)
-            na = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, un,
-                             BITS, GROUP, MIN_BITS, SB, W4, CG)
-            if NMAT == 2:
-                nb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, un,
-                                 BITS, GROUP, MIN_BITS, SB, W4, CG)
-            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
-            acc_a = _unit_dot(acc_a, ca, x0, x1, x2, x3, x4, x5, x6, x7,
-                              xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
-            if NMAT == 2:
-                acc_b = _unit_dot(acc_b, cb, x0, x1, x2, x3, x4, x5, x6,
-                                  x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
     else:
         for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
             x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)

@@ -20,8 +20,8 @@ DEFAULTS: dict[str, dict] = {
     "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages, SPLIT1
     # K splits of H: 0 = enough to fill WAVE1 programs an SM) and down (BN2 rows of H, warps2, NS2, SPLIT2
-    # K splits of I); PF1/PF2: register prefetch of the next K step (1: all of it, 2: the scales); CHUNK: inputs
-    # packed per step of phase A
+    # K splits of I); PF1/PF2 = 2: the next K step's scales loaded a step ahead; CHUNK: inputs packed per step
+    # of phase A
     "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "SPLIT1": 1, "WAVE1": 4,
             "BN2": 64, "warps2": 4, "NS2": 2, "SPLIT2": 1, "CHUNK": 1024, "BK16": 128},
     # CG1 / CG2 / CG (gate/up, down, GEMV): code-generation candidates of the decode K loop

@@ -106,9 +106,9 @@ def test_phase_a_rows_that_are_not_whole_chunks(chunk):
     assert rel(xsum[:, kp // 16:], xp.view(2, -1, 32).sum(-1)) < 1e-6
 
 
-@pytest.mark.parametrize("pf", [0, 1])
+@pytest.mark.parametrize("pf", [0, 2])
 def test_gemv_split_k_and_one_split_agree(pf):
-    # PF=1 prefetches the next K step into registers; the sums are the same, in the same order
+    # PF=2 loads the next K step's scales into registers; the sums are the same, in the same order
     p = quantize(torch.randn(50, 2048), "q2_g16_s8m4").to(DEVICE)
     x = torch.randn(2, 2048, device=DEVICE)
     cfg = dict(ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE), PF=pf)
@@ -222,7 +222,7 @@ def test_moe_launches_with_k_splits():
     hidden, inter = 1100, 520
     split1, split2 = 3, 5
     arena, offsets = make_arena(MIX, hidden, inter)
-    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, PF1=1, CHUNK=256)
+    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, PF1=2, CHUNK=256)
     # the counters are back at zero after a call, and the parts are added in a fixed order
     cfg = dict(ops.config_for("moe", "mix", 1, hidden, inter, DEVICE), SPLIT1=split1, SPLIT2=split2)
     x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
