@@ -64,9 +64,9 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq, PFM=dq), arch,
                 num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    # PF=2: the next step's scales in registers; SPLIT: K splits; CG: the code-generation candidates (55:
+    # PF=2: the next step's scales in registers; SPLIT: K splits; CG: the code-generation candidates (39:
     # all); PROBE (timing records) with PF
-    for pf, split, cg in ((0, 1, 0), (2, 2, 23), (0, 1, 55)):
+    for pf, split, cg in ((0, 1, 0), (2, 2, 7), (0, 1, 39)):
         tag = f"FMASK={fmask} PF={pf} SPLIT={split} CG={cg}" + (" PROBE" if pf else "")
         out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
@@ -80,7 +80,7 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
             "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "probe_p": P["i64"], "H": "i32", "I": "i32",
             "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, NS=1, PF=pf, USE_ASM=True, PROBE=int(pf > 0),
-                          CG=cg & 15),
+                          CG=cg),
             arch, 4)))
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}

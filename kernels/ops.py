@@ -355,13 +355,6 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
     split, ku = _moe_split(want, hp)
     grid = (nt, m, _cdiv(topk, jchunk) * split)
-    # CG1 & 16: phase A in one masked load of the whole K slice (one round trip), up to 8192 inputs
-    cg1 = cfg.get("CG1", 0)
-    if cg1 & 16 and ku * 512 <= 8192:
-        chunk = triton.next_power_of_2(ku * 512)
-    else:
-        cg1 &= ~16
-        chunk = min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1)
     gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
     cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
     triton_moe.gate_up_kernel[grid](
@@ -369,8 +362,8 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, _probe(cfg, "probe1", dev), m, hidden,
         inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
-        CHUNK=chunk, NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
-        USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cg1,
+        CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
+        USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cfg.get("CG1", 0),
         **_maxnreg(cfg, "MAXNREG1"))
     return sc
 

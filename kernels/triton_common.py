@@ -167,7 +167,7 @@ def mma(a, b, acc, INTERP: tl.constexpr):
 # ------------------------------------------------------------------------------ phase A: pack the x words
 
 @triton.jit
-def quantize_store(v, i0, XP, x8_p, xdx_p, xsum_p, hi=0, MASK: tl.constexpr = False):
+def quantize_store(v, i0, XP, x8_p, xdx_p, xsum_p):
     """Put v float32 [NB, 32] (activations i0 .. i0 + NB*32 of a row padded to XP, i0 a multiple of 32)
     on the int8 grid and store it: x8 int8 at x8_p[i], dx per 32 at xdx_p[i/32], and the exact sums of
     v per 16 inputs at xsum_p[i/16] and per 32 at xsum_p[XP/16 + i/32] (the kernels' min terms)."""
@@ -177,13 +177,11 @@ def quantize_store(v, i0, XP, x8_p, xdx_p, xsum_p, hi=0, MASK: tl.constexpr = Fa
     w = v * inv[:, None]
     x8 = tl.where(w >= 0, w + 0.5, w - 0.5).to(tl.int32)                         # round half away from zero
     b = tl.arange(0, NB)
-    ok = (i0 + b * 32 < hi) if MASK else None                                     # MASK: only blocks below hi
-    ok2 = ok[:, None] if MASK else None
-    tl.store(x8_p + i0 + b[:, None] * 32 + tl.arange(0, 32)[None, :], x8.to(tl.int8), mask=ok2)
-    tl.store(xdx_p + i0 // 32 + b, amax / 127.0, mask=ok)
+    tl.store(x8_p + i0 + b[:, None] * 32 + tl.arange(0, 32)[None, :], x8.to(tl.int8))
+    tl.store(xdx_p + i0 // 32 + b, amax / 127.0)
     s16 = tl.sum(tl.reshape(v, [NB, 2, 16]), 2)                                   # [NB, 2]
-    tl.store(xsum_p + i0 // 16 + b[:, None] * 2 + tl.arange(0, 2)[None, :], s16, mask=ok2)
-    tl.store(xsum_p + XP // 16 + i0 // 32 + b, tl.sum(s16, 1), mask=ok)
+    tl.store(xsum_p + i0 // 16 + b[:, None] * 2 + tl.arange(0, 2)[None, :], s16)
+    tl.store(xsum_p + XP // 16 + i0 // 32 + b, tl.sum(s16, 1))
 
 
 @triton.jit
@@ -195,21 +193,14 @@ def _quantize_chunk(x_p, K, XP, c0, x8_p, xdx_p, xsum_p, NB: tl.constexpr):
 
 
 @triton.jit
-def quantize_x_row(x_p, K, XP, lo, hi, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr, ONE: tl.constexpr = 0):
+def quantize_x_row(x_p, K, XP, lo, hi, xq_p, xdx_p, xsum_p, CHUNK: tl.constexpr):
     """Phase A for inputs lo .. hi (multiples of 32) of one activation row x[0:K] padded to XP (zeros
     past K), so the GEMV reads whole padded rows unmasked: xq int8 [XP] (an int32 [XP/4] buffer), xdx
     [XP/32], xsum [XP/16 + XP/32] (`quantize_store`). The same grid serves every code width.
 
     Whole CHUNKs first, then the rest in halving pieces (CHUNK/2, CHUNK/4 .. 32): every piece is one
-    load round trip, and a program waits on a few of them before its first weight load. ONE (CHUNK >=
-    hi - lo): the whole slice in one masked load, one round trip, a candidate (gate/up's CG1 & 16)."""
+    load round trip, and a program waits on a few of them before its first weight load."""
     x8_p = xq_p.to(tl.pointer_type(tl.int8))
-    if ONE:
-        NB: tl.constexpr = CHUNK // 32
-        offs = lo + tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
-        v = tl.load(x_p + offs, mask=offs < K, other=0.0).to(tl.float32)
-        quantize_store(v, lo, XP, x8_p, xdx_p, xsum_p, hi, True)
-        return
     end = lo + (hi - lo) // CHUNK * CHUNK
     for c0 in range(lo, end, CHUNK):
         _quantize_chunk(x_p, K, XP, c0, x8_p, xdx_p, xsum_p, CHUNK // 32)

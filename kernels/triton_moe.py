@@ -201,7 +201,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     xsum = xsum_p + m * (3 * HP // 32)
     # phase A: this K split of x[m] on the int8 grid (programs of one split compute the same values)
     if (FMASK & 15) != 0:
-        quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK, (CG & 16) != 0)
+        quantize_x_row(x_row, H, HP, k_lo, k_hi, xq, xdx, xsum, CHUNK)
     tl.debug_barrier()      # phase A's stores are read by every thread of the program below
     for jj in range(JCHUNK):
         j = jc * JCHUNK + jj
