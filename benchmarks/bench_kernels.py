@@ -49,10 +49,11 @@ GB = 1e9
 # phase A). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep
 # registers low and occupancy high (ncu_moe.sh). Measured and dropped (KERNELS.md): a persistent gate/up
 # (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch of
-# a whole K step (PF=1, every sweep since; removed 2026-12-02); on 2026-12-01 also weighted K splits and cost-ordered items (KERNELS.md)
-# CG / MAXNREG: code-generation candidates of the K loop (triton_common.gemv_rows; gate/up's phase A in
-# one load, CG1 & 16, lost and was removed on 2026-12-02) with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read
-# statically with Triton 3.6, KERNELS.md)
+# a whole K step (PF=1, every sweep since; removed 2026-12-02); on 2026-12-01 also weighted K splits and
+# cost-ordered items (KERNELS.md). CG / MAXNREG: code-generation candidates of the K loop
+# (triton_common.gemv_rows; gate/up's phase A in one load, CG1 & 16, lost and was removed on 2026-12-02)
+# with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read statically with
+# Triton 3.6, KERNELS.md)
 # More warps an SM (K splits or 32-row tiles at 64 registers: 8 programs an SM) and K splits were about
 # even at kimi-k3.1-pro and lost at Kimi-K2 in 2026-12-01/02's runs (KERNELS.md); dropped from the lists.
 # 2026-12-02 morning (kernels-20261202T011003Z.json): CG & 32 (activation lanes loaded lane by lane: no
