@@ -82,16 +82,11 @@ GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=ns, PF=pf, MAXSPLIT=ms) fo
 # the same config split the down matrix 16 ways too (13.74 us, against 9.1 with 8 the run before)
 GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, PF=0, MAXSPLIT=ms, CG=cg) for th, ms, cg in
                               ((262144, 16, 1), (57344, 16, 1), (57344, 16, 33), (57344, 32, 1), (114688, 32, 1))]
-# prefill GEMM: BM 256 (two warpgroups sharing each dequantized weight tile) halves the dequantization
-# per FLOP, and DQ=1 dequantizes two codes a register with bf16x2 FMAs; statically (SASS of the K loop,
-# q2_g16) warp instructions per MFLOP of MMA: 1362 at BM 128 / BN 128 / 4 warps, 1000 with DQ=1, 838 at
-# BM 256 / 8 warps, 690 with both. PFM=1 (2026-12-02): the scale bytes loaded a K step ahead (under 4
-# bytes a thread, Triton's pipelining leaves those loads in the loop, each waiting out a memory latency)
-GEMM_SWEEP = [dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=s, DQ=dq, PFM=pfm)
-              for bm, bn, bk, w, s, dq, pfm in ((128, 128, 64, 4, 4, 1, 0), (128, 128, 64, 4, 4, 1, 1),
-                                                (128, 128, 64, 8, 3, 1, 0), (128, 128, 64, 8, 3, 1, 1),
-                                                (128, 128, 64, 8, 4, 1, 1), (128, 256, 64, 8, 3, 1, 1),
-                                                (256, 128, 64, 8, 3, 1, 1), (128, 128, 64, 4, 4, 0, 1))]
+# prefill GEMM on Hopper: the Gluon kernel (kernels/gluon_gemm.py), tokens a tile (GBT), x stages (GNS),
+# warps (GWARPS: 8 = two warpgroups sharing each x tile). The Triton GEMM's own sweep (BM, BN, DQ, PFM)
+# ended on 2026-12-02 (KERNELS.md); its shipped config is measured beside the Gluon one in every run.
+GEMM_SWEEP = [dict(GLUON=1, GBT=bt, GNS=ns, GWARPS=w)
+              for bt, ns, w in ((256, 3, 4), (256, 2, 4), (256, 4, 8), (128, 4, 4))]
 
 
 def shipped(kind: str) -> dict:
@@ -407,11 +402,12 @@ class Bench:
         res = {}
         cfg_best = shipped("gemm")
         if self.args.sweep:
-            times = sorted((self._gemm_ms("q2_g16_s8m4", inter, hidden, 2048, {**DEFAULTS["gemm"], **c}), i)
+            times = sorted((self._gemm_ms("q2_g16_s8m4", inter, hidden, 2048, {**cfg_best, **c}), i)
                            for i, c in enumerate(GEMM_SWEEP))
-            cfg_best = {**DEFAULTS["gemm"], **GEMM_SWEEP[times[0][1]]}
+            cfg_best = {**cfg_best, **GEMM_SWEEP[times[0][1]]}
             res["sweep_ms_q2_g16_M2048_gate"] = {json.dumps(GEMM_SWEEP[i]): round(t, 4) for t, i in times}
         self.tuned["gemm"] = cfg_best
+        triton_cfg = {**cfg_best, "GLUON": 0}           # the Triton GEMM, the path on every other GPU
         for name, (n, k) in (("gate", (inter, hidden)), ("down", (hidden, inter))):
             w = torch.randn(n, k, dtype=torch.bfloat16, device=self.dev)
             for m in (512, 2048):
@@ -420,10 +416,21 @@ class Bench:
                 row = {"bf16_matmul_ms": round(bf, 4), "bf16_TFLOPs": round(2 * m * n * k / (bf * 1e-3) / 1e12, 1)}
                 for fmt in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16"):
                     ms = self._gemm_ms(fmt, n, k, m, cfg_best)
-                    row[fmt] = {"ms": round(ms, 4), "over_bf16": round(ms / bf, 3)}
+                    tms = self._gemm_ms(fmt, n, k, m, triton_cfg)
+                    row[fmt] = {"ms": round(ms, 4), "over_bf16": round(ms / bf, 3),
+                                "triton_ms": round(tms, 4), "triton_over_bf16": round(tms / bf, 3)}
                 res[f"{name}_M{m}"] = row
                 self.log(f"prefill {name} M={m}: bf16 {bf:.3f} ms; " +
-                         ", ".join(f"{f} x{row[f]['over_bf16']}" for f in row if f.startswith("q")))
+                         ", ".join(f"{f} x{row[f]['over_bf16']} (triton x{row[f]['triton_over_bf16']})"
+                                   for f in row if f.startswith("q")))
+        # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M): q2_g16 gate, both paths
+        small = {}
+        for m in (16, 32, 64, 128, 256):
+            small[f"M{m}"] = {"gluon_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
+                                                              {**cfg_best, "GLUON_MIN_M": 1}), 4),
+                              "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
+        res["small_m_q2_g16_gate"] = small
+        self.log(f"prefill small M (gluon / triton ms): {small}")
         res["config"] = cfg_best
         self.metrics["prefill_kimi-k3.1-pro"] = res
 
@@ -513,7 +520,9 @@ def main(argv=None) -> int:
             jobs += [("gemv", (f, 16384, 7168, {})) for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4",
                                                               "q4_g128_f16", "bf16")]
         if "prefill" in wanted:
-            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, c)) for c in (GEMM_SWEEP if args.sweep else [shipped("gemm")])]
+            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, {**shipped("gemm"), **c})) for c in GEMM_SWEEP]
+            jobs += [("gemm", (f, i, h, 2048, {**shipped("gemm"), "GLUON": g})) for g in (0, 1)
+                     for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")]
         if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]

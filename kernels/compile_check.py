@@ -90,6 +90,32 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
     out.append(("moe grouped down", _compile(triton_gemm.grouped_down, {
         "h_p": P["bf16"], "wts_p": P["f32"], **blocks, "y_p": P["f32"], "H": "i32", "I": "i32"},
         dict(FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, PFM=1, INTERP=False), arch)))
+    if arch == 90:                                  # Hopper only (wgmma): the Gluon prefill GEMM
+        out += _gluon_kernels(arch, (0,) if quick else range(4))
+    return out
+
+
+def _gluon_kernels(arch: int, codes) -> list:
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from . import gluon_gemm
+    fn = gluon_gemm.gemm_gluon_kernel
+    desc = mangle_type(gluon_gemm.x_descriptor(torch.empty(256, 512, dtype=torch.bfloat16), 256))
+    out = []
+    for code in codes:
+        c = format_constants(code)
+        sig = {"x_desc": desc, "codes_p": P["i32"], "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
+               "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
+               "out_p": P["bf16"], "stride_om": "i32", "M": "i32", "N": "i32", "K": "i32"}
+        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3)
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items() if t.startswith("*")}
+        src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
+        out.append((f"gemm gluon code={code}", triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                                              options={"num_warps": 4})))
     return out
 
 

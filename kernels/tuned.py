@@ -70,7 +70,10 @@ TUNED: dict[str, dict[str, dict]] = {
                     # 8.94 us with 16 splits against 12.79 with 8; kernels-20261202T011003Z.json (commit
                     # 8e21776): gate + down 18.5 us against 22.3 for the shared config, 19.8 with CG 33
                     "gemv:q4_g128_f16": {"THREADS": 57344, "MAXSPLIT": 16, "CG": 1},
-                    "gemm": {"DQ": 1, "PFM": 1}},
+                    # GEMM: the Gluon kernel (gluon_gemm: weights dequantized into wgmma's register
+                    # operand), 256-token tiles, 3 x stages, 4 warps; see KERNELS.md for its runs
+                    "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 65, "GBT": 256, "GNS": 3,
+                             "GWARPS": 4}},
 }
 
 def _device_key(device) -> str | None:

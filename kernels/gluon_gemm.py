@@ -1,0 +1,254 @@
+"""Prefill on Hopper, in Gluon: the packed weights dequantized straight into wgmma's register operand.
+
+    gemm_gluon_kernel   grid (cdiv(N, BNW), cdiv(M, BT))   out^T [BNW, BT] = W [BNW, K] @ x [BT, K]^T
+
+Why a second GEMM beside `triton_gemm.gemm_kernel`: there the dequantized tile is wgmma's B operand, which
+must sit in shared memory, so every K step stores it there and Triton waits for the MMA before the next
+store (`warp_group_dot_wait pendings=0`): dequantization and MMA never overlap inside a program. Here the
+product is transposed (out^T = W x^T, Machete's choice), so W is the A operand, which wgmma reads from
+registers: a thread expands exactly the weights of its own A fragment, with no shared-memory round trip,
+while the previous step's wgmma runs (issued async, waited for after the next tile is ready). x^T is the
+B operand: TMA copies [BT, BK] tiles of x into NS shared-memory stages (zeros past M and K).
+
+The A fragment of wgmma m64nNk16 (bf16): warp w owns rows 16w .. 16w+15; lane l holds rows l/4 and
+l/4 + 8, at K positions 2c, 2c+1, 2c+8, 2c+9 of each 16 (c = l % 4), as bf16 pairs. So pair j = 4e + c
+of k16 step t covers the two consecutive weights k = 16t + 2j, 16t + 2j + 1. Codes are stored code
+4s + b of a word in byte b, bits BITS*s (formats.py), so a pair (bytes b, b + 1 of lane s) is one byte
+permute (PRMT puts them at bits 0 and 16), one shift and one mask away from two bf16 values 128 + q, and
+two bf16x2 FMAs give q*S - M for both (`triton_common._bf16_pair_affine`'s arithmetic). The four lanes of
+a quad read the same code word (one transaction) and each keeps its own four codes.
+
+Gluon cannot run in the interpreter, so this path is tested on the GPU only (`tests/test_kernels_gluon.py`,
+marker gpu), against the same torch reference as the Triton GEMM, which stays the path on every other
+GPU and for shapes TMA cannot take (K not a multiple of 8).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+# Names that differ between Triton 3.6 (the GPU machine's) and 3.9 (CI's compile check): the TMA copy to
+# shared memory (`async_load` in 3.9), the CTA-wide barrier (`barrier` in 3.9)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+BK = 64     # K per step: four k16 MMA steps; divides every format's scale unit (128 or 512)
+
+
+@triton.constexpr_function
+def pair_layout(BNW, T):
+    """[BNW, T, 8, 2] (weight row, k16 step, pair j = 4e + c, weight of the pair) as wgmma's A fragment:
+    registers: the pair's two weights, e, row + 8, t, then further 64-row blocks; lanes 0-1 c, lanes
+    2-4 rows 0-7; warps rows 16-63. Reshaped to [BNW, 16 T] it is the A operand's layout itself."""
+    reg = [[0, 0, 0, 1]] + [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)] + [[0, 0, 4, 0], [8, 0, 0, 0]]
+    lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
+    warp = [[16 << i, 0, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T, 8, 2])
+
+
+@triton.constexpr_function
+def row_step_layout(BNW, T):
+    """[BNW, T] (weight row, k16 step): `pair_layout` without its pair dimensions, each value held by the
+    four lanes of a quad, the k16 steps in consecutive registers (so a row's words load as one vector)."""
+    reg = [[0, 1 << i] for i in range(T.bit_length() - 1)] + [[8, 0]]
+    lane = [[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]]
+    warp = [[16 << i, 0] for i in range((BNW // 16).bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T])
+
+
+@triton.constexpr_function
+def pair_asm(BITS):
+    """PTX for one pair (pack=2: each input comes twice, once per weight of the pair; the first is used):
+    $1 the code word, $3 the PRMT selector (its bytes b, b + 1 to bits 0 and 16), $5 the shift to the
+    pair's lane, $7 / $9 the bf16 pairs (S, S) and (-M, -M). Masked to the two codes with the bf16 bits
+    of 128 above them, v * 1 - 128 is exact, then q * S - M rounds once: $0 holds both bf16 weights."""
+    mask = ((1 << BITS) - 1) * 0x00010001
+    return ("{\n\t.reg .b32 t, one, c;\n\tprmt.b32 t, $1, 0, $3;\n\tshr.u32 t, t, $5;\n\t"
+            f"lop3.b32 t, t, {mask:#x}, 0x43004300, 0xea;\n\t"
+            "mov.b32 one, 0x3F803F80;\n\tmov.b32 c, 0xC300C300;\n\t"
+            "fma.rn.bf16x2 t, t, one, c;\n\tfma.rn.bf16x2 $0, t, $7, $9;\n\t}")
+
+
+@gluon.jit
+def _pair_bits(x):
+    # float32 -> int32 holding round-to-bf16(x) in both halves (one F2FP)
+    return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $1;", "=r,f", [x], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _scaled(d, v):
+    # d * v for a small non-negative int v, exactly, in one FFMA: d * (2^23 + v) - d * 2^23
+    return gl.fma(d[:, None], (v | 0x4B000000).to(gl.float32, bitcast=True), -8388608.0 * d[:, None])
+
+
+@gluon.jit
+def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.constexpr,
+                L3: gl.constexpr):
+    # the code word of every pair of the K step at k0, int32 [BNW, T, 8] (or [BNW, T, 1] when a word
+    # holds a whole k16 step or more: its pairs broadcast it)
+    EPW: gl.constexpr = 32 // BITS
+    WPU: gl.constexpr = UNIT // EPW
+    u = k0 // UNIT
+    ru = (u * N + rows).to(gl.int64)                                  # [BNW] (unit, row) record
+    w0 = (k0 - u * UNIT) // EPW
+    if EPW >= 16:
+        LR: gl.constexpr = row_step_layout(ru.shape[0], t3.shape[1])
+        t2 = gl.arange(0, t3.shape[1], layout=gl.SliceLayout(0, LR))
+        r2 = gl.convert_layout(ru, gl.SliceLayout(1, LR), assert_trivial=True)
+        if EPW == 16:       # word t of the step: the 4 words as one 16-byte load
+            wi = gl.multiple_of(w0, 4) + t2
+        else:
+            wi = w0 + t2 // 2
+        w = gl.load(codes_p + r2[:, None] * WPU + wi[None, :])                                # [BNW, T]
+        return gl.expand_dims(gl.convert_layout(w, gl.SliceLayout(2, L3), assert_trivial=True), 2)
+    else:
+        wi = w0 + (16 * t3 + 2 * j3) // EPW                                # [1, T, 8]
+        return gl.load(codes_p + ru[:, None, None] * WPU + wi)
+
+
+@gluon.jit
+def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GROUP: gl.constexpr,
+                 SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr):
+    # (S, S) and (-M, -M) as bf16 pairs of every (row, k16 step) of the step at k0: int32 [BNW, T, 1]
+    L2: gl.constexpr = row_step_layout(rows.shape[0], T)
+    GPU: gl.constexpr = UNIT // GROUP
+    u = k0 // UNIT
+    ru = gl.convert_layout((u * N + rows).to(gl.int64), gl.SliceLayout(1, L2), assert_trivial=True)
+    t2 = gl.arange(0, T, layout=gl.SliceLayout(0, L2))
+    g0 = (k0 - u * UNIT) // GROUP
+    if GROUP == 16:     # group t of the step: its 4 scale bytes as one load
+        g = (gl.multiple_of(g0, 4) + t2)[None, :]                       # [1, T] group in unit
+    else:
+        g = (g0 + (16 * t2) // GROUP)[None, :]
+    if SCALE_BITS == 16:
+        s = gl.load(scales_p + ru[:, None] * GPU + g).to(gl.float32)
+        m = -gl.load(mins_p + ru[:, None] * GPU + g).to(gl.float32)
+    else:
+        sc = gl.load(scales_p + ru[:, None] * GPU + g).to(gl.int32)
+        if MIN_BITS == 4:
+            mb = gl.load(mins_p + ru[:, None] * (GPU // 2) + g // 2).to(gl.int32)
+            mn = (mb >> ((g & 1) * 4)) & 15
+        else:
+            mn = gl.load(mins_p + ru[:, None] * GPU + g).to(gl.int32)
+        d = gl.load(d_p + ru).to(gl.float32)
+        dm = gl.load(dmin_p + ru).to(gl.float32)
+        s = _scaled(d, sc)
+        m = _scaled(-dm, mn)
+    s = gl.convert_layout(_pair_bits(s), gl.SliceLayout(2, L3), assert_trivial=True)
+    m = gl.convert_layout(_pair_bits(m), gl.SliceLayout(2, L3), assert_trivial=True)
+    return gl.expand_dims(s, 2), gl.expand_dims(m, 2)
+
+
+@gluon.jit
+def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.constexpr):
+    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in wgmma's A layout; `two` is a
+    # [1, 1, 1, 2] zero that spreads every input over the pair's two weights (moves no data)
+    w = gl.inline_asm_elementwise(pair_asm(BITS), "=r,r,r,r,r,r,r,r,r,r,r",
+                                  [gl.expand_dims(words, 3) + two, gl.expand_dims(sel, 3) + two,
+                                   gl.expand_dims(sh, 3) + two, gl.expand_dims(s2, 3) + two,
+                                   gl.expand_dims(nm2, 3) + two], dtype=gl.bfloat16, is_pure=True, pack=2)
+    w = gl.reshape(w, [w.shape[0], w.shape[1] * 16])
+    return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, M, N, K,
+                      BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
+                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr):
+    # out [M, N] = x [M, K] @ W [N, K]^T; this program: rows n0 .. n0+BNW of W (16 a warp, 64 a
+    # warpgroup; the warpgroups share each x tile), tokens m0 .. m0+BT
+    NW: gl.constexpr = gl.num_warps()
+    BNW: gl.constexpr = 16 * NW
+    BKC: gl.constexpr = x_desc.block_type.shape[1]
+    T: gl.constexpr = BKC // 16
+    UNIT: gl.constexpr = SB if SB > 0 else GROUP
+    L4: gl.constexpr = pair_layout(BNW, T)
+    L3: gl.constexpr = gl.SliceLayout(3, L4)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BT, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    n0 = gl.program_id(0) * BNW
+    m0 = gl.program_id(1) * BT
+
+    rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    row_ok = rows < N
+    rows = gl.minimum(rows, N - 1)                     # rows past N read row N - 1 and are not stored
+    two = gl.zeros([1, 1, 1, 2], gl.int32, layout=L4)
+    t3 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]    # [1, T, 1]
+    j3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]    # [1, 1, 8]
+    kin = (16 * t3 + 2 * j3) % (32 // BITS)            # [1, T, 8]: a pair's first code inside its word
+    sh = BITS * (kin // 4)
+    sel = 0x4140 + 0x101 * (kin % 4)                   # bytes kin % 4 and kin % 4 + 1 to bits 0 and 16
+
+    xs = gl.allocate_shared_memory(x_desc.dtype, [NS] + x_desc.block_type.shape, x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for p in gl.static_range(NS):
+        mbarrier.init(bars.index(p), count=1)
+    kend = gl.cdiv(K, UNIT) * UNIT                     # packed K: padding weights meet TMA's zero x
+    nk = kend // BKC
+    for p in gl.static_range(NS - 1):
+        if p < nk:
+            mbarrier.expect(bars.index(p), x_desc.block_type.nbytes)
+            _tma_load(x_desc, [m0, p * BKC], bars.index(p), xs.index(p))
+
+    wd = _load_words(codes_p, N, 0, rows, t3, j3, BITS, UNIT, L3)
+    s2, nm2 = _load_scales(scales_p, mins_p, d_p, dmin_p, N, 0, rows, T, GROUP, SCALE_BITS, MIN_BITS,
+                           UNIT, L3)
+    k1 = gl.minimum(BKC, kend - BKC)
+    wn = _load_words(codes_p, N, k1, rows, t3, j3, BITS, UNIT, L3)
+    sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
+                          UNIT, L3)
+    acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
+    # step i is dequantized while step i - 1's wgmma runs, then issued, then step i - 1's is retired (one
+    # wgmma in flight); each A tile lives within its own step
+    for i0 in range(0, nk, 2):                     # nk is even (K units are 128 or 512 weights)
+        for h in gl.static_range(2):
+            i = i0 + h
+            a = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
+            wd = wn
+            s2 = sn
+            nm2 = nn
+            k2 = gl.minimum((i + 2) * BKC, kend - BKC)
+            wn = _load_words(codes_p, N, k2, rows, t3, j3, BITS, UNIT, L3)
+            sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k2, rows, T, GROUP, SCALE_BITS,
+                                  MIN_BITS, UNIT, L3)
+            st = i % NS
+            mbarrier.wait(bars.index(st), (i // NS) & 1)
+            acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            j = i + NS - 1                         # refill the stage step i - 1 used: retired now in
+            _cta_barrier()                         # every warpgroup
+            if j < nk:
+                mbarrier.expect(bars.index(j % NS), x_desc.block_type.nbytes)
+                _tma_load(x_desc, [m0, j * BKC], bars.index(j % NS), xs.index(j % NS))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for p in gl.static_range(NS):
+        mbarrier.invalidate(bars.index(p))
+
+    # out[m, n] = acc[n, m]: through a layout with n along lanes, so each store is contiguous
+    OUT_L: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NW], [0, 1])
+    res = gl.convert_layout(acc.to(out_p.dtype.element_ty), OUT_L)
+    on = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, OUT_L))
+    om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT_L))
+    gl.store(out_p + om[None, :].to(gl.int64) * stride_om + on[:, None], res,
+             mask=(on < N)[:, None] & (om < M)[None, :])
+
+
+def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
+    """TMA descriptor of x [M, K] bf16 (K a multiple of 8, rows 16-byte aligned) in [bt, BK] tiles."""
+    layout = gl.NVMMASharedLayout.get_default_for([bt, BK], gl.bfloat16)
+    return TensorDescriptor.from_tensor(x, [bt, BK], layout)
+
+
+def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
+               bt: int = 256, ns: int = 3, num_warps: int = 8) -> None:
+    """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin)."""
+    m, k = x.shape
+    grid = (triton.cdiv(n, 16 * num_warps), triton.cdiv(m, bt))
+    gemm_gluon_kernel[grid](x_descriptor(x, bt), *mats, out, out.stride(0), m, n, k,
+                            BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],
+                            MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns, num_warps=num_warps)
