@@ -156,7 +156,7 @@ def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.cons
     return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["M", "N", "K"])      # one build per format and config, any shape
 def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, M, N, K,
                       BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
                       SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr):
