@@ -44,43 +44,29 @@ TOPK = 8
 GB = 1e9
 
 # sweep candidates: gate/up and down are timed as separate launches, so each is tuned on its own
-# (rows per program, warps, pipeline stages: 1 = no cp.async staging; PF=2: the next K step's scales in
-# registers; SPLIT: K splits over programs, 0 = enough to fill the GPU; CHUNK: inputs packed per step of
-# phase A). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per thread keep
-# registers low and occupancy high (ncu_moe.sh). Measured and dropped (KERNELS.md): a persistent gate/up
-# (kernels-20261201T205031Z), cp.async stages at 32 rows (Nsight Compute, same day), register prefetch of
-# a whole K step (PF=1, every sweep since; removed 2026-12-02); on 2026-12-01 also weighted K splits and
-# cost-ordered items (KERNELS.md). CG / MAXNREG: code-generation candidates of the K loop
-# (triton_common.gemv_rows; gate/up's phase A in one load, CG1 & 16, lost and was removed on 2026-12-02)
-# with a register cap that keeps the programs an SM has today (4 gate/up, 7 down: read statically with
-# Triton 3.6, KERNELS.md)
-# More warps an SM (K splits or 32-row tiles at 64 registers: 8 programs an SM) and K splits were about
-# even at kimi-k3.1-pro and lost at Kimi-K2 in 2026-12-01/02's runs (KERNELS.md); dropped from the lists.
-# 2026-12-02 morning (kernels-20261202T011003Z.json): CG & 32 (activation lanes loaded lane by lane: no
-# shared memory or barrier in the K loop) tied or lost in both launches, unrolled (CG & 4) lost by 15-40%.
-# Candidates for the next run: NS=2/3 stages the codes and 4-byte scales through shared memory with
-# cp.async (not measured since the lanes fix of 757ba5a), PF=2 loads the rest of the scales (mins, d,
-# dmin: under 4 bytes a thread, so left in the loop by Triton, each waiting out a latency) a step ahead
-# in registers. Static, Triton 3.6: gate/up NS1=2 126 registers, 860 SASS a step (823 shipped); with
-# PF1=2 128 / 965, NS1=3 128 / 987; down NS2=2 72 / 445 (439), NS2=3 with PF2=2 72 / 529 (NS2=2 with
-# PF2=2 takes 96 registers: fewer programs an SM, not a candidate)
-GATE_UP_SWEEP = ([dict(BN1=bn, warps1=4, NS1=ns, PF1=pf, SPLIT1=sp, WAVE1=wv, CHUNK=4096, CG1=cg, MAXNREG1=mx)
-                  for bn, sp, wv, cg, mx, ns, pf in ((64, 0, 4, 3, 128, 1, 0), (64, 0, 4, 3, 128, 2, 0),
-                                                     (64, 0, 4, 3, 128, 2, 2), (64, 0, 4, 3, 128, 3, 2),
-                                                     (64, 0, 4, 35, 128, 2, 2))])
-DOWN_SWEEP = ([dict(BN2=bn, warps2=w, NS2=ns, PF2=pf, SPLIT2=1, CG2=cg, MAXNREG2=mx) for bn, w, cg, mx, ns, pf in
-               ((64, 4, 3, 0, 1, 0), (64, 4, 3, 0, 2, 0), (64, 4, 3, 0, 3, 2), (64, 4, 39, 72, 1, 0))])
+# (rows per program, warps; SPLIT: K splits over programs, 0 = enough to fill the GPU; CHUNK: inputs
+# packed per step of phase A). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per
+# thread keep registers low and occupancy high (ncu_moe.sh). CG / MAXNREG: code-generation candidates of
+# the K loop (triton_common.gemv_rows) with a register cap that keeps the programs an SM has today (4
+# gate/up, 7 down: read statically with Triton 3.6, KERNELS.md); CG & 32 loads the activation lanes one
+# lane at a time (won the GEMV sweep twice, tied or lost in the MoE launches and at the gate shapes).
+# Measured and dropped (KERNELS.md): a persistent gate/up (kernels-20261201T205031Z), weighted K splits,
+# cost-ordered items, more warps an SM (2026-12-01); register prefetch of a whole K step (PF=1) or of its
+# scales (PF=2), gate/up's phase A in one load (CG1 & 16), the loop unrolled (CG & 4: 15-40% slower), and
+# codes staged through shared memory by cp.async (NS >= 2: 1.5-1.8x slower in every launch,
+# kernels-20261202T021427Z.json) -- the last two still run as options (tested), not in these lists.
+GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)]
+DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=1, CG2=cg, MAXNREG2=mx) for cg, mx in ((3, 0), (39, 72))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
-GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=th, NS=ns, PF=pf, MAXSPLIT=ms) for bn, w, th, ns, pf, ms in
-              ((64, 4, 131072, 1, 0, 8), (64, 4, 131072, 1, 0, 16), (128, 8, 131072, 1, 0, 8),
-               (64, 4, 131072, 2, 0, 8), (64, 4, 131072, 2, 2, 8), (64, 4, 131072, 3, 2, 8))] + [
-    dict(BN=64, num_warps=4, THREADS=131072, NS=1, PF=0, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (33, 0))]
+GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=131072, NS=1, MAXSPLIT=ms) for bn, w, ms in
+              ((64, 4, 8), (64, 4, 16), (128, 8, 8))] + [
+    dict(BN=64, num_warps=4, THREADS=131072, NS=1, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (33, 0))]
 # q4 (gate + down, its own winner): the shared list plus more K splits and threads. THREADS 57344 with
 # MAXSPLIT 16 gives 896 programs at both shapes (16 splits of the 3584-row gate, 8 of the 7168-row down):
 # the gate's winner in kernels-20261202T005042Z.json had 16 splits (8.94 us against 12.79 with 8), but
 # the same config split the down matrix 16 ways too (13.74 us, against 9.1 with 8 the run before)
-GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, PF=0, MAXSPLIT=ms, CG=cg) for th, ms, cg in
+GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, MAXSPLIT=ms, CG=cg) for th, ms, cg in
                               ((262144, 16, 1), (57344, 16, 1), (57344, 16, 33), (57344, 32, 1), (114688, 32, 1))]
 # prefill GEMM on Hopper: the Gluon kernel (kernels/gluon_gemm.py), tokens a tile (GBT), x stages (GNS),
 # warps (GWARPS: 8 = two warpgroups sharing each x tile). The Triton GEMM's own sweep (BM, BN, DQ, PFM)

@@ -54,7 +54,7 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
                "M": "i32", "N": "i32", "K": "i32", "WSPLIT": "i32"}
         consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")}
         out.append((f"gemv code={code}", _compile(triton_gemv.gemv_kernel, sig, dict(
-            consts, BN=64, BK16=128, SPLIT=2, NS=2, PF=2, CHUNK=512, USE_ASM=True, CG=0), arch, num_warps=4,
+            consts, BN=64, BK16=128, SPLIT=2, NS=2, CHUNK=512, USE_ASM=True, CG=0), arch, num_warps=4,
             num_stages=2)))
         gsig = {**sig, "codes_p": P["i32"] if packed else P["bf16"]}     # the GEMM reads codes as words too
         for k in ("xq_p", "xdx_p", "xsum_p", "part_p", "cnt_p", "WSPLIT"):
@@ -64,22 +64,21 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq, PFM=dq), arch,
                 num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    # PF=2: the next step's scales in registers; SPLIT: K splits; CG: the code-generation candidates (39:
-    # all); PROBE (timing records) with PF
-    for pf, split, cg in ((0, 1, 0), (2, 2, 7), (0, 1, 39)):
-        tag = f"FMASK={fmask} PF={pf} SPLIT={split} CG={cg}" + (" PROBE" if pf else "")
+    # SPLIT: K splits; CG: the code-generation candidates (39: all); PROBE: timing records
+    for split, cg, probe in ((1, 0, 0), (2, 7, 1), (1, 39, 0)):
+        tag = f"FMASK={fmask} SPLIT={split} CG={cg}" + (" PROBE" if probe else "")
         out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
             "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32"},
             dict(TOPK=8, FMASK=fmask, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
-                 PF=pf, USE_ASM=True, PROBE=int(pf > 0), CG=cg),
+                 USE_ASM=True, PROBE=probe, CG=cg),
             arch, 4)))
         out.append((f"moe down {tag}", _compile(triton_moe.down_kernel, {
             "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
             "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "probe_p": P["i64"], "H": "i32", "I": "i32",
-            "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, NS=1, PF=pf, USE_ASM=True, PROBE=int(pf > 0),
+            "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, NS=1, USE_ASM=True, PROBE=probe,
                           CG=cg),
             arch, 4)))
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],

@@ -1,6 +1,7 @@
 """Prefill on Hopper, in Gluon: the packed weights dequantized straight into wgmma's register operand.
 
     gemm_gluon_kernel   grid (cdiv(N, BNW), cdiv(M, BT))   out^T [BNW, BT] = W [BNW, K] @ x [BT, K]^T
+                        BNW = 16 rows a warp (64 a warpgroup), BT tokens (256 on the H200), sm_90 only
 
 Why a second GEMM beside `triton_gemm.gemm_kernel`: there the dequantized tile is wgmma's B operand, which
 must sit in shared memory, so every K step stores it there and Triton waits for the MMA before the next
@@ -42,8 +43,9 @@ BK = 64     # K per step: four k16 MMA steps; divides every format's scale unit 
 @triton.constexpr_function
 def pair_layout(BNW, T):
     """[BNW, T, 8, 2] (weight row, k16 step, pair j = 4e + c, weight of the pair) as wgmma's A fragment:
-    registers: the pair's two weights, e, row + 8, t, then further 64-row blocks; lanes 0-1 c, lanes
-    2-4 rows 0-7; warps rows 16-63. Reshaped to [BNW, 16 T] it is the A operand's layout itself."""
+    registers the pair's two weights, t, e, row + 8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and
+    up (64 a warpgroup). Reshaped to [BNW, 16 T] it is the A operand's layout itself (up to the order of
+    a thread's registers), which the kernel asserts at compile time."""
     reg = [[0, 0, 0, 1]] + [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)] + [[0, 0, 4, 0], [8, 0, 0, 0]]
     lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
     warp = [[16 << i, 0, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
@@ -65,7 +67,8 @@ def pair_asm(BITS):
     """PTX for one pair (pack=2: each input comes twice, once per weight of the pair; the first is used):
     $1 the code word, $3 the PRMT selector (its bytes b, b + 1 to bits 0 and 16), $5 the shift to the
     pair's lane, $7 / $9 the bf16 pairs (S, S) and (-M, -M). Masked to the two codes with the bf16 bits
-    of 128 above them, v * 1 - 128 is exact, then q * S - M rounds once: $0 holds both bf16 weights."""
+    of 128 above them (LOP3 truth table 0xea: (t & mask) | magic), v * 1 - 128 is exact, then q * S - M
+    rounds once: $0 holds both bf16 weights."""
     mask = ((1 << BITS) - 1) * 0x00010001
     return ("{\n\t.reg .b32 t, one, c;\n\tprmt.b32 t, $1, 0, $3;\n\tshr.u32 t, t, $5;\n\t"
             f"lop3.b32 t, t, {mask:#x}, 0x43004300, 0xea;\n\t"
@@ -175,7 +178,6 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     m0 = gl.program_id(1) * BT
 
     rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
-    row_ok = rows < N
     rows = gl.minimum(rows, N - 1)                     # rows past N read row N - 1 and are not stored
     two = gl.zeros([1, 1, 1, 2], gl.int32, layout=L4)
     t3 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]    # [1, T, 1]

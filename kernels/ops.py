@@ -150,7 +150,7 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
         d = _dummy(x.device)
         triton_gemv.gemv_kernel[(nt * m,)](
             x, x.stride(0), *_matrix_args(p), d, d, d, d, d, out, out.stride(0), m, p.n, k, 0,
-            SPLIT=1, NS=1, PF=0, CHUNK=32, **common)
+            SPLIT=1, NS=1, CHUNK=32, **common)
         return
     bkw = tile_words_limit(code)                     # a K step is one scale unit
     kp, epw = p.kp, 32 // c["BITS"]
@@ -166,7 +166,7 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     cnt = _counters(m * nt, dev) if split > 1 else _dummy(dev)
     triton_gemv.gemv_kernel[(nt * split * m,)](
         x, x.stride(0), *_matrix_args(p), xq, xdx, xsum, part, cnt, out, out.stride(0), m, p.n, k, wsplit,
-        SPLIT=split, NS=cfg.get("NS", 4), PF=cfg.get("PF", 0), CHUNK=min(_chunk(cfg, kp), (wsplit * epw) & -(wsplit * epw)),
+        SPLIT=split, NS=cfg.get("NS", 1), CHUNK=min(_chunk(cfg, kp), (wsplit * epw) & -(wsplit * epw)),
         CG=cfg.get("CG", 0), **common, **_maxnreg(cfg, "MAXNREG"))
 
 
@@ -376,7 +376,7 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, _probe(cfg, "probe1", dev), m, hidden,
         inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
-        CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 4), PF=cfg.get("PF1", 0),
+        CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 1),
         USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cfg.get("CG1", 0),
         **_maxnreg(cfg, "MAXNREG1"))
     return sc
@@ -418,7 +418,7 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
     triton_moe.down_kernel[(nt, m, topk * split)](
         ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
         part, _counters(m * nt, dev), out, out.stride(0), _probe(cfg, "probe2", dev), hidden, inter, ku, TOPK=topk,
-        FMASK=fm.mask, BN=cfg["BN2"], SPLIT=split, BK16=cfg["BK16"], NS=cfg.get("NS2", 4), PF=cfg.get("PF2", 0),
+        FMASK=fm.mask, BN=cfg["BN2"], SPLIT=split, BK16=cfg["BK16"], NS=cfg.get("NS2", 1),
         USE_ASM=USE_ASM, num_warps=cfg["warps2"], PROBE=int("probe2" in cfg), CG=cfg.get("CG2", 0),
         **_maxnreg(cfg, "MAXNREG2"))
 

@@ -471,7 +471,7 @@ def _unit_dot(acc, loads, x0, x1, x2, x3, x4, x5, x6, x7,
 def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
               N, rows, row_ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-              SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, CG: tl.constexpr,
+              SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, CG: tl.constexpr,
               USE_ASM: tl.constexpr):
     """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
@@ -487,12 +487,9 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     activations in registers for all of its rows (BN / (32/W4 * warps) of them). The per-row partial
     sums are added across threads once, at the end.
 
-    PF=2 loads the scales of step t+1 (a few bytes a row) into registers before step t is computed, for
-    NS >= 2, where Triton stages the codes through shared memory with cp.async but leaves loads under
-    4 bytes a thread (mins, d, dmin) in the loop, each waiting out a latency (the decode kernels wait on
-    memory latency, not on issue: Nsight Compute, KERNELS.md). PF=0 is the plain loop. (PF=1, all of
-    step t+1's bytes prefetched into registers, lost every sweep from 2026-11-29 to 2026-12-02 and was
-    removed.)
+    NS: Triton's pipeline stages for the loop (NS >= 2 stages the codes through shared memory by
+    cp.async). Prefetching into registers instead (all of step t+1's bytes, or only its scales) lost
+    every sweep from 2026-11-29 to 2026-12-02 and was removed; on the H200 NS = 1 beats staging too.
 
     CG: code-generation options (the H200's measured best are in tuned.py): CG & 1 the DP4A chain as one
     PTX block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop
@@ -507,40 +504,17 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     UNROLL: tl.constexpr = ((CG >> 2) & 3) + 1
     acc_a = tl.zeros([BN, W4], tl.float32)
     acc_b = tl.zeros([BN, W4], tl.float32)
-    if PF == 2:
-        sa = _unit_scales(a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, w_lo // WPU, BITS, GROUP, MIN_BITS, SB,
-                          W4, CG)
-        sb = sa
+    for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
+        la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, t // WPU,
+                         BITS, GROUP, MIN_BITS, SB, W4, CG)
+        acc_a = _unit_dot(acc_a, la, x0, x1, x2, x3, x4, x5, x6, x7,
+                          xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
         if NMAT == 2:
-            sb = _unit_scales(b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, w_lo // WPU, BITS, GROUP, MIN_BITS,
-                              SB, W4, CG)
-        for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
-            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
-            un = tl.minimum(t + WPU, w_hi - WPU) // WPU            # the next unit (the last one again at the end)
-            sc, mb, d, dmin = sa
-            sa = _unit_scales(a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, un, BITS, GROUP, MIN_BITS, SB, W4, CG)
-            wa = _unit_words(a_codes, N, rows, row_ok, t // WPU, BITS, GROUP, SB, W4, CG)
-            acc_a = _unit_dot(acc_a, (wa, sc, mb, d, dmin), x0, x1, x2, x3, x4, x5, x6, x7,
-                              xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
-            if NMAT == 2:
-                sc, mb, d, dmin = sb
-                sb = _unit_scales(b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, un, BITS, GROUP, MIN_BITS, SB,
-                                  W4, CG)
-                wb = _unit_words(b_codes, N, rows, row_ok, t // WPU, BITS, GROUP, SB, W4, CG)
-                acc_b = _unit_dot(acc_b, (wb, sc, mb, d, dmin), x0, x1, x2, x3, x4, x5, x6, x7,
-                                  xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
-    else:
-        for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
-            x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
-            la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, t // WPU,
+            lb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, t // WPU,
                              BITS, GROUP, MIN_BITS, SB, W4, CG)
-            acc_a = _unit_dot(acc_a, la, x0, x1, x2, x3, x4, x5, x6, x7,
-                              xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
-            if NMAT == 2:
-                lb = _unit_loads(b_codes, b_scales, b_mins, b_d, b_dmin, N, rows, row_ok, t // WPU,
-                                 BITS, GROUP, MIN_BITS, SB, W4, CG)
-                acc_b = _unit_dot(acc_b, lb, x0, x1, x2, x3, x4, x5, x6,
-                                  x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
+            acc_b = _unit_dot(acc_b, lb, x0, x1, x2, x3, x4, x5, x6,
+                              x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
     return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
 
 

@@ -48,7 +48,7 @@ KERNEL_FORMATS = {
 def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                  CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                  MIN_BITS: tl.constexpr, SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
-                 PF: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
+                 CG: tl.constexpr, USE_ASM: tl.constexpr):
     # inputs k_lo .. k_hi (multiples of 512) of the [N, K] matrices mat_a (and mat_b if NMAT=2) of an expert
     # blob against the int8 grid: (f32 [BN], f32 [BN]); zeros where the range starts past the matrix's K
     EPW: tl.constexpr = 32 // BITS
@@ -71,13 +71,13 @@ def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, 
                          blob_segment(base, table_p, CODE, mat_b, 3, 16),
                          blob_segment(base, table_p, CODE, mat_b, 4, 16),
                          N, rows, ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
-                         BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, PF, CG, USE_ASM)
+                         BITS, GROUP, SCALE_BITS, MIN_BITS, SB, NMAT, NS, CG, USE_ASM)
     return a, b
 
 
 @triton.jit
 def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                     FMASK: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr,
+                     FMASK: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
                      CG: tl.constexpr, USE_ASM: tl.constexpr):
     # `_matrix_rows` for the packed expert of run-time format code `code` (branches only for the codes in
     # FMASK; zeros for bf16, which the callers read themselves)
@@ -87,19 +87,19 @@ def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, 
     if (FMASK & 1) != 0:
         if code == 0:
             a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                                0, 2, 16, 8, 4, 512, NMAT, NS, PF, CG, USE_ASM)
+                                0, 2, 16, 8, 4, 512, NMAT, NS, CG, USE_ASM)
     if (FMASK & 2) != 0:
         if code == 1:
             a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                                1, 2, 32, 8, 8, 512, NMAT, NS, PF, CG, USE_ASM)
+                                1, 2, 32, 8, 8, 512, NMAT, NS, CG, USE_ASM)
     if (FMASK & 4) != 0:
         if code == 2:
             a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                                2, 1, 32, 8, 4, 512, NMAT, NS, PF, CG, USE_ASM)
+                                2, 1, 32, 8, 4, 512, NMAT, NS, CG, USE_ASM)
     if (FMASK & 8) != 0:
         if code == 3:
             a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                                3, 4, 128, 16, 16, 0, NMAT, NS, PF, CG, USE_ASM)
+                                3, 4, 128, 16, 16, 0, NMAT, NS, CG, USE_ASM)
     return a, b
 
 
@@ -134,7 +134,7 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p, hf_p,
                   gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi,
                   FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, BK16: tl.constexpr,
-                  NS: tl.constexpr, PF: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
+                  NS: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
     # one work item: gate and up rows nt*BN .. of pair p's expert over inputs k_lo .. k_hi (x on the grid
     # at xq, xdx, xsum), then h = silu(g) * u packed for down (with SPLIT > 1, by the last of the splits)
     HP = tl.cdiv(H, 512) * 512
@@ -149,7 +149,7 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
     u = tl.zeros([BN], tl.float32)
     if n0 < I:                                            # rows past I (padding) stay zero
         g, u = _packed_rows_any(base, table_p, code, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                FMASK, 2, NS, PF, CG, USE_ASM)
+                                FMASK, 2, NS, CG, USE_ASM)
         if (FMASK & 16) != 0:
             if code == 4:
                 g = gemv_rows_bf16(blob_segment(base, table_p, 4, 0, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
@@ -175,7 +175,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
                    xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, probe_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
                    SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
-                   NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr, PROBE: tl.constexpr = 0,
+                   NS: tl.constexpr, USE_ASM: tl.constexpr, PROBE: tl.constexpr = 0,
                    CG: tl.constexpr = 0):
     # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
     #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
@@ -208,7 +208,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
         if j < TOPK:
             _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
                           hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
-                          FMASK, BN, SPLIT, BK16, NS, PF, CG, USE_ASM)
+                          FMASK, BN, SPLIT, BK16, NS, CG, USE_ASM)
     if PROBE:
         probe_mark(probe_p, tl.program_id(0) + NT * (tl.program_id(1) + M * tl.program_id(2)), t_start,
                    tl.load(codes_p + tl.load(ids_p + m * TOPK + jc * JCHUNK)) + 8 * s, USE_ASM)
@@ -218,7 +218,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
 def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hsum_p, hf_p,
                 part_p, cnt_p, out_p, stride_om, probe_p, H, I, KU,
                 TOPK: tl.constexpr, FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
-                BK16: tl.constexpr, NS: tl.constexpr, PF: tl.constexpr, USE_ASM: tl.constexpr,
+                BK16: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr,
                 PROBE: tl.constexpr = 0, CG: tl.constexpr = 0):
     # program (row tile nt, token m, z = s * TOPK + j): part = w[m, j] * W_down[e_j][rows, K split s] @ h[m, j]
     # over inputs s*KU*512 .. (s+1)*KU*512 of I. The last of the TOPK * SPLIT programs of (m, nt) to finish
@@ -245,7 +245,7 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     hdx = hdx_p + p * (IP // 32)
     hsum = hsum_p + p * (3 * IP // 32)
     part, _unused = _packed_rows_any(base, table_p, code, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
-                                     FMASK, 1, NS, PF, CG, USE_ASM)
+                                     FMASK, 1, NS, CG, USE_ASM)
     if (FMASK & 16) != 0:
         if code == 4:
             part = gemv_rows_bf16(blob_segment(base, table_p, 4, 2, 0, 17), I, k_lo, k_hi, rows, ok,

@@ -13,20 +13,22 @@ import torch
 # Defaults: sound on any recent NVIDIA GPU, and small enough for the interpreter.
 DEFAULTS: dict[str, dict] = {
     # decode GEMV: BN rows per program (a warp covers 32 / W4 rows of a K step, W4 = 8 threads per row for
-    # 2-bit codes, 4 for 1- and 4-bit: see triton_common.gemv_rows), NS pipeline stages, K split over
-    # programs to reach THREADS (at most MAXSPLIT); BK16: the K block of plain bf16 matrices
-    "gemv": {"BN": 64, "num_warps": 4, "NS": 2, "CHUNK": 1024, "THREADS": 65536, "MAXSPLIT": 8, "BK16": 128},
+    # 2-bit codes, 4 for 1- and 4-bit: see triton_common.gemv_rows), NS pipeline stages (1: the codes are
+    # not staged through shared memory; staging was 1.5-1.8x slower on the H200, kernels-20261202T021427Z),
+    # K split over programs to reach THREADS (at most MAXSPLIT); BK16: the K block of plain bf16 matrices
+    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "CHUNK": 1024, "THREADS": 65536, "MAXSPLIT": 8, "BK16": 128},
     # tensor-core GEMM (prefill); BM drops to 16/64 for small M
     "gemm": {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     # fused MoE decode: gate/up (BN1 rows of I, JCHUNK experts per program, warps1, NS1 stages, SPLIT1
     # K splits of H: 0 = enough to fill WAVE1 programs an SM) and down (BN2 rows of H, warps2, NS2, SPLIT2
-    # K splits of I); PF1/PF2 = 2: the next K step's scales loaded a step ahead; CHUNK: inputs packed per step
-    # of phase A
-    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 2, "SPLIT1": 1, "WAVE1": 4,
-            "BN2": 64, "warps2": 4, "NS2": 2, "SPLIT2": 1, "CHUNK": 1024, "BK16": 128},
+    # K splits of I); CHUNK: inputs packed per step of phase A
+    "moe": {"BN1": 64, "JCHUNK": 1, "warps1": 4, "NS1": 1, "SPLIT1": 1, "WAVE1": 4,
+            "BN2": 64, "warps2": 4, "NS2": 1, "SPLIT2": 1, "CHUNK": 1024, "BK16": 128},
     # CG1 / CG2 / CG (gate/up, down, GEMV): code-generation candidates of the decode K loop
     # (triton_common.gemv_rows: 1 DP4A chain in one PTX block, 2 rows clamped, 4 loop unrolled twice),
     # MAXNREG1 / MAXNREG2 / MAXNREG a register cap; both absent: none of them
+    # GLUON=1 (tuned entries only): the Hopper GEMM of gluon_gemm from GLUON_MIN_M rows, GBT tokens a tile,
+    # GNS x stages, GWARPS warps
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }
@@ -61,18 +63,22 @@ TUNED: dict[str, dict[str, dict]] = {
     # 1529-1587: kernels-20261202T011615Z.json, commit b040ba6), so the GEMV keeps CG=1. GEMM: scale bytes
     # a step ahead (PFM=1) 0.328 against 0.339 ms (q2_g16 gate, M = 2048); BM 256 with it 0.320, but 4.3x
     # bf16 at M = 512.
-    "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "PF1": 0, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
-                            "BN2": 64, "warps2": 4, "NS2": 1, "PF2": 0, "SPLIT2": 1,
+    "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
+                            "BN2": 64, "warps2": 4, "NS2": 1, "SPLIT2": 1,
                             "CG1": 3, "MAXNREG1": 128, "CG2": 3},
-                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "PF": 0, "THREADS": 131072, "CG": 1},
+                    "gemv": {"BN": 64, "num_warps": 4, "NS": 1, "THREADS": 131072, "CG": 1},
                     # q4: 896 programs at both kimi-k3.1-pro shapes (16 K splits of the gate, 8 of the
                     # down), activation lanes as one load (CG 1). kernels-20261202T005042Z.json: gate
                     # 8.94 us with 16 splits against 12.79 with 8; kernels-20261202T011003Z.json (commit
                     # 8e21776): gate + down 18.5 us against 22.3 for the shared config, 19.8 with CG 33
                     "gemv:q4_g128_f16": {"THREADS": 57344, "MAXSPLIT": 16, "CG": 1},
                     # GEMM: the Gluon kernel (gluon_gemm: weights dequantized into wgmma's register
-                    # operand), 256-token tiles, 3 x stages, 4 warps; see KERNELS.md for its runs
-                    "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 65, "GBT": 256, "GNS": 3,
+                    # operand), 256-token tiles, 3 x stages, 4 warps (kernels-gluon-probe-20261202T023343Z.json:
+                    # 8 warps sharing x tiles no faster at M=2048, slower at 512); from M=16 on, where it beat
+                    # the Triton GEMM (0.098 against 0.108 ms at 16, 0.062 / 0.109 at 256, q2_g16 gate:
+                    # kernels-prefill-20261202T024615Z.json). The Triton GEMM's own winners (DQ, PFM) stay for
+                    # the shapes TMA cannot take.
+                    "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 16, "GBT": 256, "GNS": 3,
                              "GWARPS": 4}},
 }
 

@@ -106,12 +106,10 @@ def test_phase_a_rows_that_are_not_whole_chunks(chunk):
     assert rel(xsum[:, kp // 16:], xp.view(2, -1, 32).sum(-1)) < 1e-6
 
 
-@pytest.mark.parametrize("pf", [0, 2])
-def test_gemv_split_k_and_one_split_agree(pf):
-    # PF=2 loads the next K step's scales into registers; the sums are the same, in the same order
+def test_gemv_split_k_and_one_split_agree():
     p = quantize(torch.randn(50, 2048), "q2_g16_s8m4").to(DEVICE)
     x = torch.randn(2, 2048, device=DEVICE)
-    cfg = dict(ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE), PF=pf)
+    cfg = ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE)
     one = packed_linear(x, p, backend="triton", config={**cfg, "SPLIT": 1})
     four = packed_linear(x, p, backend="triton", config={**cfg, "SPLIT": 4})
     assert rel(four, one) < 1e-6 and rel(one, R.linear_q8(x, p)) < 1e-5
@@ -138,7 +136,7 @@ def test_gemv_code_generation_candidates():
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 7, "MAXNREG": 96}), plain) < 1e-5
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 0}), plain) < 1e-5   # masked rows
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 33}), plain) < 1e-5  # x lanes per lane
-    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "PF": 2, "NS": 2}), plain) < 1e-5  # scales ahead
+    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "NS": 2}), plain) < 1e-5  # codes staged
 
 
 def test_torch_backend_is_the_reference():
@@ -208,11 +206,10 @@ def test_fused_moe_single_format(fmt):
     assert rel(out, ref_q8) < max(3e-2, 1.5 * grid_err)
 
 
-@pytest.mark.parametrize("m,pf", [(1, 0), (3, 1)])
-def test_moe_launches_on_their_own_grids(mixed_arena, m, pf):
-    # pf: the register prefetch of the next K step (triton_common.gemv_rows), off and on
+@pytest.mark.parametrize("m", [1, 3])
+def test_moe_launches_on_their_own_grids(mixed_arena, m):
     arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, m, PF1=pf, PF2=pf, BN1=32)
+    check_moe_launches(arena, offsets, hidden, inter, m, BN1=32)
 
 
 def test_moe_launches_with_k_splits():
@@ -222,7 +219,7 @@ def test_moe_launches_with_k_splits():
     hidden, inter = 1100, 520
     split1, split2 = 3, 5
     arena, offsets = make_arena(MIX, hidden, inter)
-    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, PF1=2, CHUNK=256)
+    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, CHUNK=256)
     # the counters are back at zero after a call, and the parts are added in a fixed order
     cfg = dict(ops.config_for("moe", "mix", 1, hidden, inter, DEVICE), SPLIT1=split1, SPLIT2=split2)
     x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
@@ -240,7 +237,7 @@ def test_moe_launches_with_code_generation_candidates(mixed_arena):
     arena, offsets, hidden, inter = mixed_arena
     check_moe_launches(arena, offsets, hidden, inter, 3, CG1=7, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
     check_moe_launches(arena, offsets, hidden, inter, 2, CG1=35, CG2=35)     # 32: x lanes loaded lane by lane
-    check_moe_launches(arena, offsets, hidden, inter, 2, PF1=2, PF2=2, NS1=2, NS2=3)  # scales a step ahead
+    check_moe_launches(arena, offsets, hidden, inter, 2, NS1=2, NS2=3)     # codes staged through shared memory
 
 
 def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
