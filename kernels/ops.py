@@ -170,22 +170,38 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
         CG=cfg.get("CG", 0), **common, **_maxnreg(cfg, "MAXNREG"))
 
 
+GLUON_MIN_TRITON = (3, 6)    # the oldest Triton the Gluon GEMM was run on (3.6) or compiled with (3.9)
+
+
+@lru_cache(maxsize=1)
+def gluon_module():
+    """`kernels.gluon_gemm`, or None where this Triton is older than GLUON_MIN_TRITON (Gluon's API moves
+    between releases) or cannot import it: then every GEMM runs the Triton kernel."""
+    try:
+        if tuple(int(v) for v in triton.__version__.split(".")[:2]) < GLUON_MIN_TRITON:
+            return None
+        from . import gluon_gemm
+        return gluon_gemm
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
 def _gluon_ok(x: torch.Tensor, p: PackedMatrix, cfg: dict) -> bool:
     """The Gluon GEMM (`gluon_gemm`: wgmma, x by TMA) takes this call: asked for by the config (GLUON,
     from GLUON_MIN_M rows on), an sm_90 GPU, packed weights, bf16 x laid out as TMA needs (K a multiple
-    of 8, rows 16-byte aligned). Anything else runs the Triton GEMM."""
+    of 8, rows 16-byte aligned), and a Triton that has it. Anything else runs the Triton GEMM."""
     return (bool(cfg.get("GLUON")) and x.shape[0] >= cfg.get("GLUON_MIN_M", 1) and not p.format.is_bf16
             and x.dtype == torch.bfloat16 and x.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0)
-            and x.shape[1] % 8 == 0 and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)
+            and x.shape[1] % 8 == 0 and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+            and gluon_module() is not None)
 
 
 def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
     m, k = x.shape
     c = format_constants(FORMAT_CODES.index(p.fmt))
     if _gluon_ok(x, p, cfg):
-        from . import gluon_gemm         # imported here: Gluon kernels are built for Hopper only
-        gluon_gemm.gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=cfg["GBT"], ns=cfg["GNS"],
-                              num_warps=cfg["GWARPS"])
+        gluon_module().gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=cfg["GBT"], ns=cfg["GNS"],
+                                  num_warps=cfg["GWARPS"])
         return
     bk = _gemm_bk(p.fmt, cfg["BK"])
     grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(p.n, cfg["BN"]),)

@@ -49,6 +49,20 @@ def test_pair_expansion_constants(bits):
         assert _lop3(lut, t, mask, magic) == (t & mask) | magic
 
 
+def test_gluon_needs_a_recent_triton(monkeypatch):
+    # Gluon's API moves between Triton releases: older ones run the Triton GEMM instead of failing
+    import triton
+    pytest.importorskip("triton.experimental.gluon")
+    ops.gluon_module.cache_clear()
+    try:
+        assert ops.gluon_module() is not None           # CI's and the GPU machine's Triton (3.9, 3.6)
+        ops.gluon_module.cache_clear()
+        monkeypatch.setattr(triton, "__version__", "3.5.1")
+        assert ops.gluon_module() is None
+    finally:
+        ops.gluon_module.cache_clear()
+
+
 def _gluon(x, p, out, **cfg):
     from strata_plan.kernels import gluon_gemm
     gluon_gemm.gemm_gluon(x, ops._matrix_args(p), format_constants(FORMAT_CODES.index(p.fmt)), p.n, out, **cfg)
@@ -83,7 +97,7 @@ def test_gluon_gemm_configs(cfg):
 def test_packed_linear_takes_the_gluon_path(monkeypatch):
     # with GLUON in the config and M at least GLUON_MIN_M, packed_linear runs the Gluon kernel (and only
     # then); a strided x (not what TMA can read) goes to the Triton GEMM
-    from strata_plan.kernels import gluon_gemm
+    gluon_gemm = ops.gluon_module()
     calls = []
     real = gluon_gemm.gemm_gluon
     monkeypatch.setattr(gluon_gemm, "gemm_gluon", lambda *a, **kw: calls.append(1) or real(*a, **kw))
