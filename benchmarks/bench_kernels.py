@@ -408,14 +408,19 @@ class Bench:
                 self.log(f"prefill {name} M={m}: bf16 {bf:.3f} ms; " +
                          ", ".join(f"{f} x{row[f]['over_bf16']} (triton x{row[f]['triton_over_bf16']})"
                                    for f in row if f.startswith("q")))
-        # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M): q2_g16 gate, both paths
+        # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M), and its K splits where the tiles
+        # fill under a wave (GSPLIT): q2_g16 gate, both paths
         small = {}
-        for m in (16, 32, 64, 128, 256):
-            small[f"M{m}"] = {"gluon_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
-                                                              {**cfg_best, "GLUON_MIN_M": 1}), 4),
+        for m in (16, 32, 64, 128, 256, 512):
+            gl = {**cfg_best, "GLUON_MIN_M": 1}
+            small[f"M{m}"] = {"gluon_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, gl), 4),
+                              "gluon_split2_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
+                                                                     {**gl, "GSPLIT": 2}), 4),
+                              "gluon_split4_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
+                                                                     {**gl, "GSPLIT": 4}), 4),
                               "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
         res["small_m_q2_g16_gate"] = small
-        self.log(f"prefill small M (gluon / triton ms): {small}")
+        self.log(f"prefill small M (ms): {small}")
         res["config"] = cfg_best
         self.metrics["prefill_kimi-k3.1-pro"] = res
 
@@ -508,6 +513,7 @@ def main(argv=None) -> int:
             jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, {**shipped("gemm"), **c})) for c in GEMM_SWEEP]
             jobs += [("gemm", (f, i, h, 2048, {**shipped("gemm"), "GLUON": g})) for g in (0, 1)
                      for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")]
+            jobs += [("gemm", ("q2_g16_s8m4", i, h, 128, {**shipped("gemm"), "GSPLIT": sp})) for sp in (2, 4)]
         if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]

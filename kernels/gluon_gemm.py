@@ -159,12 +159,21 @@ def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.cons
     return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
 
+@gluon.jit
+def _gpu_fence(v):
+    # fence.acq_rel.gpu in every thread; v: any int32 scalar, returned (orders the fence by data)
+    return gl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [v], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
 @gluon.jit(do_not_specialize=["M", "N", "K"])      # one build per format and config, any shape
-def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, M, N, K,
+def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, part_p, cnt_p, M, N, K,
                       BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
-                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr):
+                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, SPLIT: gl.constexpr):
     # out [M, N] = x [M, K] @ W [N, K]^T; this program: rows n0 .. n0+BNW of W (16 a warp, 64 a
-    # warpgroup; the warpgroups share each x tile), tokens m0 .. m0+BT
+    # warpgroup; the warpgroups share each x tile), tokens m0 .. m0+BT, K split s of SPLIT (an even
+    # number of K steps each; SPLIT > 1: fp32 parts in part_p [SPLIT, M, N], the last program of a tile
+    # to finish adds them in a fixed order and resets its counter cnt_p[tile] to 0)
     NW: gl.constexpr = gl.num_warps()
     BNW: gl.constexpr = 16 * NW
     BKC: gl.constexpr = x_desc.block_type.shape[1]
@@ -191,16 +200,24 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     for p in gl.static_range(NS):
         mbarrier.init(bars.index(p), count=1)
     kend = gl.cdiv(K, UNIT) * UNIT                     # packed K: padding weights meet TMA's zero x
-    nk = kend // BKC
+    if SPLIT == 1:
+        s_lo = 0
+        s_hi = kend // BKC
+    else:                                              # this split's K steps s_lo .. s_hi (even count)
+        per = (gl.cdiv(kend // BKC, SPLIT) + 1) // 2 * 2
+        s_lo = gl.minimum(gl.program_id(2) * per, kend // BKC)
+        s_hi = gl.minimum(s_lo + per, kend // BKC)
+    nk = s_hi - s_lo
     for p in gl.static_range(NS - 1):
         if p < nk:
             mbarrier.expect(bars.index(p), x_desc.block_type.nbytes)
-            _tma_load(x_desc, [m0, p * BKC], bars.index(p), xs.index(p))
+            _tma_load(x_desc, [m0, (s_lo + p) * BKC], bars.index(p), xs.index(p))
 
-    wd = _load_words(codes_p, N, 0, rows, t3, j3, BITS, UNIT, L3)
-    s2, nm2 = _load_scales(scales_p, mins_p, d_p, dmin_p, N, 0, rows, T, GROUP, SCALE_BITS, MIN_BITS,
+    k0 = gl.minimum(s_lo * BKC, kend - BKC)
+    wd = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3)
+    s2, nm2 = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T, GROUP, SCALE_BITS, MIN_BITS,
                            UNIT, L3)
-    k1 = gl.minimum(BKC, kend - BKC)
+    k1 = gl.minimum((s_lo + 1) * BKC, kend - BKC)
     wn = _load_words(codes_p, N, k1, rows, t3, j3, BITS, UNIT, L3)
     sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
                           UNIT, L3)
@@ -214,7 +231,7 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
             wd = wn
             s2 = sn
             nm2 = nn
-            k2 = gl.minimum((i + 2) * BKC, kend - BKC)
+            k2 = gl.minimum((s_lo + i + 2) * BKC, kend - BKC)
             wn = _load_words(codes_p, N, k2, rows, t3, j3, BITS, UNIT, L3)
             sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k2, rows, T, GROUP, SCALE_BITS,
                                   MIN_BITS, UNIT, L3)
@@ -226,18 +243,37 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
             _cta_barrier()                         # every warpgroup
             if j < nk:
                 mbarrier.expect(bars.index(j % NS), x_desc.block_type.nbytes)
-                _tma_load(x_desc, [m0, j * BKC], bars.index(j % NS), xs.index(j % NS))
+                _tma_load(x_desc, [m0, (s_lo + j) * BKC], bars.index(j % NS), xs.index(j % NS))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for p in gl.static_range(NS):
         mbarrier.invalidate(bars.index(p))
 
     # out[m, n] = acc[n, m]: through a layout with n along lanes, so each store is contiguous
     OUT_L: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NW], [0, 1])
-    res = gl.convert_layout(acc.to(out_p.dtype.element_ty), OUT_L)
     on = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, OUT_L))
     om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT_L))
-    gl.store(out_p + om[None, :].to(gl.int64) * stride_om + on[:, None], res,
-             mask=(on < N)[:, None] & (om < M)[None, :])
+    ok = (on < N)[:, None] & (om < M)[None, :]
+    if SPLIT == 1:
+        res = gl.convert_layout(acc.to(out_p.dtype.element_ty), OUT_L)
+        gl.store(out_p + om[None, :].to(gl.int64) * stride_om + on[:, None], res, mask=ok)
+    else:
+        pm = om[None, :].to(gl.int64) * N + on[:, None]                  # [BNW, BT] into one part [M, N]
+        MN = M.to(gl.int64) * N
+        gl.store(part_p + gl.program_id(2) * MN + pm, gl.convert_layout(acc, OUT_L), mask=ok)
+        # every thread's part is stored and fenced before one thread bumps the counter (release) ...
+        tile = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
+        _gpu_fence(tile)
+        _cta_barrier()
+        done = gl.atomic_add(cnt_p + tile, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT - 1:
+            # ... and the last one reads them all back in a fixed order (acquire; .cg: from L2)
+            _gpu_fence(tile)
+            tot = gl.zeros([BNW, BT], gl.float32, layout=OUT_L)
+            for s in range(SPLIT):
+                tot += gl.load(part_p + s * MN + pm, mask=ok, other=0.0, cache_modifier=".cg")
+            gl.store(out_p + om[None, :].to(gl.int64) * stride_om + on[:, None], tot.to(out_p.dtype.element_ty),
+                     mask=ok)
+            gl.atomic_xchg(cnt_p + tile, 0, sem="relaxed", scope="gpu")
 
 
 def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
@@ -247,10 +283,18 @@ def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
 
 
 def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
-               bt: int = 256, ns: int = 3, num_warps: int = 8) -> None:
-    """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin)."""
+               bt: int = 256, ns: int = 3, num_warps: int = 8, split: int = 1,
+               part: torch.Tensor | None = None, cnt: torch.Tensor | None = None) -> None:
+    """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin).
+    split > 1: K split over that many programs a tile, which need `part` (float32, split * M * n
+    elements) and `cnt` (int32 zeros, one a tile; left at zero)."""
     m, k = x.shape
-    grid = (triton.cdiv(n, 16 * num_warps), triton.cdiv(m, bt))
-    gemm_gluon_kernel[grid](x_descriptor(x, bt), *mats, out, out.stride(0), m, n, k,
+    grid = (triton.cdiv(n, 16 * num_warps), triton.cdiv(m, bt), split)
+    if split == 1:
+        part = cnt = torch.empty(1, dtype=torch.int32, device=x.device)      # not read
+    elif part is None or cnt is None or part.numel() < split * m * n or cnt.numel() < grid[0] * grid[1]:
+        raise ValueError("gemm_gluon: split > 1 needs part (split * M * N float32) and cnt (a zero a tile)")
+    gemm_gluon_kernel[grid](x_descriptor(x, bt), *mats, out, out.stride(0), part, cnt, m, n, k,
                             BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],
-                            MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns, num_warps=num_warps)
+                            MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns, SPLIT=split,
+                            num_warps=num_warps)
