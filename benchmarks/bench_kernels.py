@@ -7,8 +7,8 @@ In one run, at kimi-k3.1-pro's expert shapes (hidden 7168, intermediate 3584) an
  2. the fused MoE call for one layer's top-8 experts at batch 1 in the seed's tier mix (2 x q2_g16_s8m4,
     1 x q2_g32_s8m8, 5 x q1_g32_s8m4: 1.92 bpw), 8 layers with disjoint experts captured in one CUDA
     graph (weights rotate, L2 never serves a repeat), eager timed separately; both launches' configs are
-    swept (GATE_UP_SWEEP, DOWN_SWEEP below) and the best reported beside the default; with --no-sweep the
-    "best" rows are this GPU's tuned.py configs, the ones the library uses;
+    swept (GATE_UP_SWEEP, DOWN_SWEEP below); the "shipped" rows time this GPU's tuned.py configs (what
+    the library runs) beside the portable defaults, and a "best" row the sweep's winner if it differs;
  3. GemLite (2 and 4 bit, groups of 64), 24 calls per layer in a CUDA graph, and single-matrix GEMVs;
  4. prefill: packed GEMM at M = 512 and 2048 against torch.matmul on the unpacked bf16 weights;
  5. the reference path (dequantize to bf16, then torch.matmul), launch overhead, and the profiler's
@@ -77,7 +77,7 @@ GEMM_SWEEP = [dict(GLUON=1, GBT=bt, GNS=ns, GWARPS=w)
 
 def shipped(kind: str) -> dict:
     """The config the library picks for `kind` on this GPU (tuned.py's winners over the defaults): what
-    the "best" rows measure when there is no sweep (--no-sweep)."""
+    the "shipped" rows measure."""
     return config_for(kind, "mix", 2048, 0, 0, "cuda")
 
 
@@ -239,7 +239,8 @@ class Bench:
                 return layer_ms(cfg, part)
 
             default = dict(DEFAULTS["moe"])
-            best = shipped("moe")
+            rows = [("default", default), ("shipped", shipped("moe"))]          # shipped: tuned.py's config
+            cfg = shipped("moe")
             if self.args.sweep:
                 ref = layer_out(default)
                 gu = self._sweep(checked_ms, default, GATE_UP_SWEEP, "gate_up")
@@ -247,17 +248,18 @@ class Bench:
                 best = {**default, **GATE_UP_SWEEP[gu[0][1]], **DOWN_SWEEP[dn[0][1]]}
                 res["sweep_gate_up_us"] = {json.dumps(GATE_UP_SWEEP[i]): (round(t * 1e3, 2) if t < float("inf") else None) for t, i in gu}
                 res["sweep_down_us"] = {json.dumps(DOWN_SWEEP[i]): (round(t * 1e3, 2) if t < float("inf") else None) for t, i in dn}
-            for label, cfg in (("default", default), ("best", best)):
-                ms = layer_ms(cfg)
-                gu_ms, dn_ms = layer_ms(cfg, "gate_up"), layer_ms(cfg, "down")
+                if {**cfg, **best} != cfg:          # the sweep's winner, timed whole, beside the shipped one
+                    rows.append(("best", best))
+                cfg = best
+            for label, rcfg in rows:
+                ms = layer_ms(rcfg)
+                gu_ms, dn_ms = layer_ms(rcfg, "gate_up"), layer_ms(rcfg, "down")
                 gbps = (wbytes + abytes) / (ms * 1e-3) / GB
-                res[label] = {"config": cfg, "graph_us_per_layer": round(ms * 1e3, 2),
+                res[label] = {"config": rcfg, "graph_us_per_layer": round(ms * 1e3, 2),
                               "gate_up_us": round(gu_ms * 1e3, 2), "down_us": round(dn_ms * 1e3, 2),
                               "GBps": round(gbps, 1), "pct_of_read_bw": round(100 * gbps / self.read_gbps, 1)}
-                label_l = label if label == "default" or self.args.sweep else "best = tuned.py"
-                self.log(f"{model} MoE layer [{label_l}] {ms * 1e3:.1f} us = {gbps:.0f} GB/s "
-                         f"({100 * gbps / self.read_gbps:.1f}% of read BW)  cfg={cfg}")
-            cfg = best
+                self.log(f"{model} MoE layer [{label}] {ms * 1e3:.1f} us = {gbps:.0f} GB/s "
+                         f"({100 * gbps / self.read_gbps:.1f}% of read BW)  cfg={rcfg}")
 
             def eager():
                 for i in ids:
@@ -332,7 +334,7 @@ class Bench:
                 res[f"{bits}bit_g64"] = {"layer_bytes": layer_bytes, "graph_us_per_layer_24_calls": round(ms * 1e3, 2),
                                          "GBps": round(gbps, 1), "single_matrix": single}
                 self.log(f"gemlite {model} {bits}-bit: {ms * 1e3:.1f} us/layer, {gbps:.0f} GB/s; single {single}")
-            ours = self.metrics.get(f"moe_{model}", {}).get("best", {}).get("GBps")
+            ours = self.metrics.get(f"moe_{model}", {}).get("shipped", {}).get("GBps")
             if ours:
                 for key in list(res):
                     res[key]["ours_over_gemlite_GBps"] = round(ours / res[key]["GBps"], 2)
@@ -352,21 +354,23 @@ class Bench:
             res["sweep_us_gate_plus_down_q2_g32"] = {json.dumps(GEMV_SWEEP[i]): round(t, 2) for t, i in times}
         self.tuned["gemv"] = cfg_best
         fmts = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
-        per_fmt = {f: cfg_best if self.args.sweep else config_for("gemv", f, 1, 0, 0, "cuda") for f in fmts}
+        # the rows time what the library runs (tuned.py); the sweeps' winners (one format's shapes) only go
+        # to kernels_tuned.json
+        per_fmt = {f: config_for("gemv", f, 1, 0, 0, "cuda") for f in fmts}
         if self.args.sweep:
             # q4's own winner on gate + down (tuned.py's "gemv:q4_g128_f16" entry)
             times = sorted((self._gemv_us("q4_g128_f16", inter, hidden, {**DEFAULTS["gemv"], **c})
                             + self._gemv_us("q4_g128_f16", hidden, inter, {**DEFAULTS["gemv"], **c}), i)
                            for i, c in enumerate(GEMV_SWEEP_Q4))
             res["sweep_us_q4_gate_plus_down"] = {json.dumps(GEMV_SWEEP_Q4[i]): round(t, 2) for t, i in times}
-            per_fmt["q4_g128_f16"] = self.tuned["gemv:q4_g128_f16"] = {**DEFAULTS["gemv"],
-                                                                       **GEMV_SWEEP_Q4[times[0][1]]}
+            self.tuned["gemv:q4_g128_f16"] = {**DEFAULTS["gemv"], **GEMV_SWEEP_Q4[times[0][1]]}
         for fmt in fmts:
             for name, (n, k) in (("gate", (inter, hidden)), ("down", (hidden, inter))):
                 us = self._gemv_us(fmt, n, k, per_fmt[fmt])
                 byts = get_format(fmt).matrix_bytes(n, k) + 2 * (n + k)
                 res[f"{fmt}_{name}"] = {"us": round(us, 2), "GBps": round(byts / (us * 1e-6) / GB, 1)}
-        res["config"] = cfg_best
+        if self.args.sweep:
+            res["sweep_winner"] = cfg_best
         res["config_per_format"] = per_fmt
         self.metrics["gemv_single_kimi-k3.1-pro"] = res
         self.log(f"single GEMV: { {k: v for k, v in res.items() if k not in ('config',) and 'sweep' not in k} }")
