@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 
 from _result import write_result  # noqa: E402
 from strata_plan.kernels import ops  # noqa: E402
@@ -424,6 +425,20 @@ class Bench:
                                                                      {**gl, "GSPLIT": 4}), 4),
                               "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
         res["small_m_q2_g16_gate"] = small
+        # wave quantization: 256-token tiles x 56 row tiles of the gate on 2 programs an SM; if the time
+        # per FLOP follows ceil(waves) / waves, stream-K is what is left to win (KERNELS.md)
+        waves = {}
+        w = torch.randn(inter, hidden, dtype=torch.bfloat16, device=self.dev)
+        slots = 2 * torch.cuda.get_device_properties(self.dev).multi_processor_count
+        for m in (1024, 1536, 2048, 3072, 4096):
+            x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
+            bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
+            ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, cfg_best)
+            tiles = triton.cdiv(m, cfg_best.get("GBT", 256)) * triton.cdiv(inter, 16 * cfg_best.get("GWARPS", 4))
+            waves[f"M{m}"] = {"ms": round(ms, 4), "bf16_ms": round(bf, 4), "over_bf16": round(ms / bf, 3),
+                              "waves": round(tiles / slots, 2)}
+        res["waves_q2_g16_gate"] = waves
+        self.log(f"prefill waves (gate q2_g16): {waves}")
         self.log(f"prefill small M (ms): {small}")
         res["config"] = cfg_best
         self.metrics["prefill_kimi-k3.1-pro"] = res
