@@ -283,7 +283,7 @@ def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
 
 
 def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
-               bt: int = 256, ns: int = 3, num_warps: int = 8, split: int = 1,
+               bt: int = 256, ns: int = 3, num_warps: int = 4, split: int = 1,
                part: torch.Tensor | None = None, cnt: torch.Tensor | None = None) -> None:
     """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin).
     split > 1: K split over that many programs a tile, which need `part` (float32, split * M * n

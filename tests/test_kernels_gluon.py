@@ -74,7 +74,8 @@ def _gluon(x, p, out, **cfg):
 @pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.xdist_group(f)) for f in PACKED])
 def test_gluon_gemm(fmt):
     # one build per format (M, N, K are not specialized), so the shapes loop inside one test: M in {1, 3,
-    # 8, 33, 300}, N not a multiple of 64, K padded to a unit (600) or not a multiple of 64 steps' units
+    # 8, 33, 300}, N not a multiple of the 64-row tile, K = 600 (padded to whole scale units: the padding
+    # weights meet TMA's zeros past K), 1024 and 1536
     for n, k in ((40, 600), (200, 1024), (136, 1536)):
         p = quantize(torch.randn(n, k), fmt).to("cuda")
         for m in (1, 3, 8, 33, 300):
