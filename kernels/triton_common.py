@@ -239,53 +239,6 @@ def _ld_rows(p, r2, STRIDE: tl.constexpr, W4: tl.constexpr, PER: tl.constexpr, m
 
 
 @triton.jit
-def _unit_records(N, rows, u, CG: tl.constexpr):
-    # [BN]: the (unit, row) record index of scale unit u for the rows; past N clamped (CG & 2) or as is
-    if (CG & 2) != 0:
-        return u * N + tl.minimum(rows, N - 1)
-    else:
-        return u * N + rows
-
-
-@triton.jit
-def _unit_words(codes_p, N, rows, row_ok, u, BITS: tl.constexpr, GROUP: tl.constexpr, SB: tl.constexpr,
-                W4: tl.constexpr, CG: tl.constexpr):
-    # the codes of `_unit_loads`: [BN, W4, 4] int32
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    r2 = _unit_records(N, rows, u, CG)[:, None].to(tl.int64)
-    return _ld_rows(codes_p, r2, UNIT // (32 // BITS), W4, 4, row_ok[:, None], CG)
-
-
-@triton.jit
-def _unit_scales(scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
-                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
-                 W4: tl.constexpr, CG: tl.constexpr):
-    # the scales of `_unit_loads`: (sc, mb, d, dmin), or (S, M, 0, 0) for fp16 groups
-    EPW: tl.constexpr = 32 // BITS
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    GPU: tl.constexpr = UNIT // GROUP                      # groups per row and unit
-    ru = _unit_records(N, rows, u, CG)
-    if SB == 0:
-        a = _ld(scales_p + ru, row_ok, 0.0, CG)
-        b = _ld(mins_p + ru, row_ok, 0.0, CG)
-        return a, b, 0, 0
-    else:
-        r2 = ru[:, None].to(tl.int64)
-        m2 = row_ok[:, None]
-        if GROUP // EPW == 1:                              # a group per word
-            sc = _ld_rows(scales_p, r2, GPU, W4, 4, m2, CG)
-        else:
-            sc = _ld_rows(scales_p, r2, GPU, W4, 2, m2, CG)
-        if MIN_BITS == 4:
-            mb = _ld_rows(mins_p, r2, GPU // 2, W4, 2, m2, CG)
-        else:
-            mb = _ld_rows(mins_p, r2, GPU, W4, 2, m2, CG)
-        d = _ld(d_p + ru, row_ok, 0.0, CG)
-        dmin = _ld(dmin_p + ru, row_ok, 0.0, CG)
-        return sc, mb, d, dmin
-
-
-@triton.jit
 def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
                 BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
                 W4: tl.constexpr, CG: tl.constexpr):
@@ -301,10 +254,32 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
     row_ok read as zeros, or (CG & 2) as row N - 1 again: clamped, not masked, so no register is zeroed
     before each load; the callers drop those rows either way. Every tile is read with a warp's lanes
     along the records (`_ld_rows`), so a warp's load covers whole 32-byte sectors."""
-    words = _unit_words(codes_p, N, rows, row_ok, u, BITS, GROUP, SB, W4, CG)
-    sc, mb, d, dmin = _unit_scales(scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u, BITS, GROUP, MIN_BITS, SB,
-                                   W4, CG)
-    return words, sc, mb, d, dmin
+    EPW: tl.constexpr = 32 // BITS
+    UNIT: tl.constexpr = SB if SB > 0 else GROUP
+    GPU: tl.constexpr = UNIT // GROUP                      # groups per row and unit
+    if (CG & 2) != 0:
+        ru = u * N + tl.minimum(rows, N - 1)               # [BN]: (unit, row) record index
+    else:
+        ru = u * N + rows
+    r2 = ru[:, None].to(tl.int64)
+    m2 = row_ok[:, None]
+    words = _ld_rows(codes_p, r2, UNIT // EPW, W4, 4, m2, CG)
+    if SB == 0:
+        a = _ld(scales_p + ru, row_ok, 0.0, CG)
+        b = _ld(mins_p + ru, row_ok, 0.0, CG)
+        return words, a, b, 0, 0
+    else:
+        if GROUP // EPW == 1:                              # a group per word
+            sc = _ld_rows(scales_p, r2, GPU, W4, 4, m2, CG)
+        else:
+            sc = _ld_rows(scales_p, r2, GPU, W4, 2, m2, CG)
+        if MIN_BITS == 4:
+            mb = _ld_rows(mins_p, r2, GPU // 2, W4, 2, m2, CG)
+        else:
+            mb = _ld_rows(mins_p, r2, GPU, W4, 2, m2, CG)
+        d = _ld(d_p + ru, row_ok, 0.0, CG)
+        dmin = _ld(dmin_p + ru, row_ok, 0.0, CG)
+        return words, sc, mb, d, dmin
 
 
 @triton.jit
