@@ -409,33 +409,39 @@ class Bench:
                     tms = self._gemm_ms(fmt, n, k, m, triton_cfg)
                     row[fmt] = {"ms": round(ms, 4), "over_bf16": round(ms / bf, 3),
                                 "triton_ms": round(tms, 4), "triton_over_bf16": round(tms / bf, 3)}
+                    if cfg_best.get("GLUON"):          # the Gluon GEMM with stream-K switched the other way
+                        other = {**cfg_best, "GSTREAM": 1 - cfg_best.get("GSTREAM", 0)}
+                        oms = self._gemm_ms(fmt, n, k, m, other)
+                        row[fmt][f"gstream{other['GSTREAM']}_over_bf16"] = round(oms / bf, 3)
                 res[f"{name}_M{m}"] = row
                 self.log(f"prefill {name} M={m}: bf16 {bf:.3f} ms; " +
-                         ", ".join(f"{f} x{row[f]['over_bf16']} (triton x{row[f]['triton_over_bf16']})"
-                                   for f in row if f.startswith("q")))
-        # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M), and its K splits where the tiles
-        # fill under a wave (GSPLIT): q2_g16 gate, both paths
+                         ", ".join(f"{f} x{row[f]['over_bf16']} (triton x{row[f]['triton_over_bf16']}"
+                                   + "".join(f", {kk} x{v}" for kk, v in row[f].items() if kk.startswith("gstream"))
+                                   + ")" for f in row if f.startswith("q")))
+        # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M), with and without stream-K: q2_g16
+        # gate, both paths
         small = {}
         for m in (16, 32, 64, 128, 256, 512):
             gl = {**cfg_best, "GLUON_MIN_M": 1}
-            small[f"M{m}"] = {"gluon_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, gl), 4),
-                              "gluon_split2_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
-                                                                     {**gl, "GSPLIT": 2}), 4),
-                              "gluon_split4_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
-                                                                     {**gl, "GSPLIT": 4}), 4),
+            small[f"M{m}"] = {"gluon_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
+                                                              {**gl, "GSTREAM": 0}), 4),
+                              "gluon_stream_k_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
+                                                                       {**gl, "GSTREAM": 1}), 4),
                               "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
         res["small_m_q2_g16_gate"] = small
-        # wave quantization: 256-token tiles x 56 row tiles of the gate on 2 programs an SM; if the time
-        # per FLOP follows ceil(waves) / waves, stream-K is what is left to win (KERNELS.md)
+        # wave quantization: 256-token tiles x 56 row tiles of the gate on 2 programs an SM; time over bf16
+        # beside the wave count, data-parallel (a program a tile) and stream-K
         waves = {}
         w = torch.randn(inter, hidden, dtype=torch.bfloat16, device=self.dev)
         slots = 2 * torch.cuda.get_device_properties(self.dev).multi_processor_count
         for m in (1024, 1536, 2048, 3072, 4096):
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
             bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
-            ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, cfg_best)
+            ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, {**cfg_best, "GSTREAM": 0})
+            sk = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, {**cfg_best, "GSTREAM": 1})
             tiles = triton.cdiv(m, cfg_best.get("GBT", 256)) * triton.cdiv(inter, 16 * cfg_best.get("GWARPS", 4))
-            waves[f"M{m}"] = {"ms": round(ms, 4), "bf16_ms": round(bf, 4), "over_bf16": round(ms / bf, 3),
+            waves[f"M{m}"] = {"ms": round(ms, 4), "stream_k_ms": round(sk, 4), "bf16_ms": round(bf, 4),
+                              "over_bf16": round(ms / bf, 3), "stream_k_over_bf16": round(sk / bf, 3),
                               "waves": round(tiles / slots, 2)}
         res["waves_q2_g16_gate"] = waves
         self.log(f"prefill waves (gate q2_g16): {waves}")
@@ -532,7 +538,6 @@ def main(argv=None) -> int:
             jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, {**shipped("gemm"), **c})) for c in GEMM_SWEEP]
             jobs += [("gemm", (f, i, h, 2048, {**shipped("gemm"), "GLUON": g})) for g in (0, 1)
                      for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")]
-            jobs += [("gemm", ("q2_g16_s8m4", i, h, 128, {**shipped("gemm"), "GSPLIT": sp})) for sp in (2, 4)]
         if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]

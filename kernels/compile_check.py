@@ -110,17 +110,15 @@ def _gluon_kernels(arch: int, codes) -> list:
         sig = {"x_desc": desc, "codes_p": P["i32"], "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
                "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
                "out_p": P["bf16"], "stride_om": "i32", "part_p": P["f32"], "cnt_p": P["i32"],
-               "M": "i32", "N": "i32", "K": "i32"}
+               "M": "i32", "N": "i32", "K": "i32", "P": "i32"}
         # as at run time with every int divisible by 16, except those the kernel does not specialize
         fixed = {fn.arg_names[a] if isinstance(a, int) else a for a in fn.do_not_specialize}
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
                  if t.startswith("*") or (t == "i32" and a not in fixed)}
-        for split in ((1, 2) if code == 0 else (1,)):             # SPLIT > 1: K split, parts added at the end
-            consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3,
-                                                                                                 SPLIT=split)
-            src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
-            out.append((f"gemm gluon code={code} SPLIT={split}",
-                        triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
+        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3)
+        src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
+        out.append((f"gemm gluon code={code}",
+                    triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
     return out
 
 

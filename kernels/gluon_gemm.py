@@ -1,7 +1,8 @@
 """Prefill on Hopper, in Gluon: the packed weights dequantized straight into wgmma's register operand.
 
-    gemm_gluon_kernel   grid (cdiv(N, BNW), cdiv(M, BT))   out^T [BNW, BT] = W [BNW, K] @ x [BT, K]^T
-                        BNW = 16 rows a warp (64 a warpgroup), BT tokens (256 on the H200), sm_90 only
+    gemm_gluon_kernel   grid (P,)   out^T [BNW, BT] = W [BNW, K] @ x [BT, K]^T, tile by tile
+                        BNW = 16 rows a warp (64 a warpgroup), BT tokens (256 on the H200), sm_90 only;
+                        P = one program a tile, or fewer that share the tiles' K steps (stream-K)
 
 Why a second GEMM beside `triton_gemm.gemm_kernel`: there the dequantized tile is wgmma's B operand, which
 must sit in shared memory, so every K step stores it there and Triton waits for the MMA before the next
@@ -166,14 +167,23 @@ def _gpu_fence(v):
                                      is_pure=False, pack=1)
 
 
-@gluon.jit(do_not_specialize=["M", "K"])      # N specialized: its divisibility by 16 vectorizes the stores
-def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, part_p, cnt_p, M, N, K,
+@gluon.jit
+def _owner(u, P, U):
+    # the program whose units [q U / P, (q + 1) U / P) hold unit u: the largest q with q U / P <= u
+    return ((u + 1) * P - 1) // U
+
+
+@gluon.jit(do_not_specialize=["M", "K", "P"])      # N specialized: its divisibility by 16 vectorizes the stores
+def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, part_p, cnt_p, M, N, K, P,
                       BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
-                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, SPLIT: gl.constexpr):
-    # out [M, N] = x [M, K] @ W [N, K]^T; this program: rows n0 .. n0+BNW of W (16 a warp, 64 a
-    # warpgroup; the warpgroups share each x tile), tokens m0 .. m0+BT, K split s of SPLIT (an even
-    # number of K steps each; SPLIT > 1: fp32 parts in part_p [SPLIT, M, N], the last program of a tile
-    # to finish adds them in a fixed order and resets its counter cnt_p[tile] to 0)
+                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr):
+    # out [M, N] = x [M, K] @ W [N, K]^T. Tile t: rows n0 .. n0+BNW of W (16 a warp, 64 a warpgroup; the
+    # warpgroups share each x tile), tokens m0 .. m0+BT; t = tm * tiles_n + tn. Work unit: two K steps of a
+    # tile (K units are 128 or 512 weights: whole pairs). Program q of P runs units [q U / P, (q+1) U / P)
+    # of the U in all, tile by tile (stream-K): with P = tiles that is one whole tile each. A tile whose
+    # units span several programs: each stores its fp32 part in part_p [P, 2, BT, BNW] (slot 0: the
+    # program's first tile, 1: its last), and the last to finish adds them in program order (fixed: equal
+    # bits every call) and resets the tile's counter cnt_p[t] to 0.
     NW: gl.constexpr = gl.num_warps()
     BNW: gl.constexpr = 16 * NW
     BKC: gl.constexpr = x_desc.block_type.shape[1]
@@ -183,97 +193,109 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     L3: gl.constexpr = gl.SliceLayout(3, L4)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BT, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    n0 = gl.program_id(0) * BNW
-    m0 = gl.program_id(1) * BT
+    # out^T tiles are stored through a layout with n along lanes, so each store is contiguous
+    OUT_L: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NW], [0, 1])
 
-    rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
-    rows = gl.minimum(rows, N - 1)                     # rows past N read row N - 1 and are not stored
     two = gl.zeros([1, 1, 1, 2], gl.int32, layout=L4)
     t3 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]    # [1, T, 1]
     j3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]    # [1, 1, 8]
     kin = (16 * t3 + 2 * j3) % (32 // BITS)            # [1, T, 8]: a pair's first code inside its word
     sh = BITS * (kin // 4)
     sel = 0x4140 + 0x101 * (kin % 4)                   # bytes kin % 4 and kin % 4 + 1 to bits 0 and 16
+    pn = gl.arange(0, BNW, layout=gl.SliceLayout(1, OUT_L))
+    pm = gl.arange(0, BT, layout=gl.SliceLayout(0, OUT_L))
+    poff = pm[None, :] * BNW + pn[:, None]             # [BNW, BT] into one [BT, BNW] part
 
-    xs = gl.allocate_shared_memory(x_desc.dtype, [NS] + x_desc.block_type.shape, x_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(NS):
         mbarrier.init(bars.index(p), count=1)
     kend = gl.cdiv(K, UNIT) * UNIT                     # packed K: padding weights meet TMA's zero x
-    if SPLIT == 1:
-        s_lo = 0
-        s_hi = kend // BKC
-    else:                                              # this split's K steps s_lo .. s_hi (even count)
-        per = (gl.cdiv(kend // BKC, SPLIT) + 1) // 2 * 2
-        s_lo = gl.minimum(gl.program_id(2) * per, kend // BKC)
-        s_hi = gl.minimum(s_lo + per, kend // BKC)
-    nk = s_hi - s_lo
-    for p in gl.static_range(NS - 1):
-        if p < nk:
-            mbarrier.expect(bars.index(p), x_desc.block_type.nbytes)
-            _tma_load(x_desc, [m0, (s_lo + p) * BKC], bars.index(p), xs.index(p))
+    nk2 = kend // (2 * BKC)                            # units a tile
+    tiles_n = gl.cdiv(N, BNW)
+    U = (tiles_n * gl.cdiv(M, BT)).to(gl.int64) * nk2
+    q = gl.program_id(0)
+    u = q * U // P
+    u_hi = (q + 1) * U // P
+    t_first = u // nk2
+    g = 0                                              # K steps run so far: the stages' phases go on
+    while u < u_hi:
+        t = u // nk2
+        s_lo = ((u - t * nk2) * 2).to(gl.int32)        # this segment: K steps s_lo .. s_hi of tile t
+        s_hi = ((gl.minimum(u_hi, (t + 1) * nk2) - t * nk2) * 2).to(gl.int32)
+        nk = s_hi - s_lo
+        n0 = (t % tiles_n).to(gl.int32) * BNW
+        m0 = (t // tiles_n).to(gl.int32) * BT
+        rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        rows = gl.minimum(rows, N - 1)                 # rows past N read row N - 1 and are not stored
+        # x stages allocated for the K loop only, so the epilogue's layout conversion can reuse them
+        xs = gl.allocate_shared_memory(x_desc.dtype, [NS] + x_desc.block_type.shape, x_desc.layout)
+        for p in gl.static_range(NS - 1):
+            if p < nk:
+                mbarrier.expect(bars.index((g + p) % NS), x_desc.block_type.nbytes)
+                _tma_load(x_desc, [m0, (s_lo + p) * BKC], bars.index((g + p) % NS), xs.index((g + p) % NS))
 
-    k0 = gl.minimum(s_lo * BKC, kend - BKC)
-    wd = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3)
-    s2, nm2 = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T, GROUP, SCALE_BITS, MIN_BITS,
-                           UNIT, L3)
-    k1 = gl.minimum((s_lo + 1) * BKC, kend - BKC)
-    wn = _load_words(codes_p, N, k1, rows, t3, j3, BITS, UNIT, L3)
-    sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
-                          UNIT, L3)
-    acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
-    # step i is dequantized while step i - 1's wgmma runs, then issued, then step i - 1's is retired (one
-    # wgmma in flight); each A tile lives within its own step
-    for i0 in range(0, nk, 2):                     # nk is even (K units are 128 or 512 weights)
-        for h in gl.static_range(2):
-            i = i0 + h
-            a = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
-            wd = wn
-            s2 = sn
-            nm2 = nn
-            k2 = gl.minimum((s_lo + i + 2) * BKC, kend - BKC)
-            wn = _load_words(codes_p, N, k2, rows, t3, j3, BITS, UNIT, L3)
-            sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k2, rows, T, GROUP, SCALE_BITS,
-                                  MIN_BITS, UNIT, L3)
-            st = i % NS
-            mbarrier.wait(bars.index(st), (i // NS) & 1)
-            acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            j = i + NS - 1                         # refill the stage step i - 1 used: retired now in
-            _cta_barrier()                         # every warpgroup
-            if j < nk:
-                mbarrier.expect(bars.index(j % NS), x_desc.block_type.nbytes)
-                _tma_load(x_desc, [m0, (s_lo + j) * BKC], bars.index(j % NS), xs.index(j % NS))
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        k0 = s_lo * BKC
+        wd = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3)
+        s2, nm2 = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T, GROUP, SCALE_BITS, MIN_BITS,
+                               UNIT, L3)
+        k1 = k0 + BKC
+        wn = _load_words(codes_p, N, k1, rows, t3, j3, BITS, UNIT, L3)
+        sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
+                              UNIT, L3)
+        acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
+        # step i is dequantized while step i - 1's wgmma runs, then issued, then step i - 1's is retired
+        # (one wgmma in flight); each A tile lives within its own step
+        for i0 in range(0, nk, 2):
+            for h in gl.static_range(2):
+                i = i0 + h
+                a = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
+                wd = wn
+                s2 = sn
+                nm2 = nn
+                k2 = gl.minimum((s_lo + i + 2) * BKC, kend - BKC)
+                wn = _load_words(codes_p, N, k2, rows, t3, j3, BITS, UNIT, L3)
+                sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k2, rows, T, GROUP, SCALE_BITS,
+                                      MIN_BITS, UNIT, L3)
+                st = (g + i) % NS
+                mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
+                acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                j = i + NS - 1                     # refill the stage step i - 1 used: retired now in
+                _cta_barrier()                     # every warpgroup
+                if j < nk:
+                    mbarrier.expect(bars.index((g + j) % NS), x_desc.block_type.nbytes)
+                    _tma_load(x_desc, [m0, (s_lo + j) * BKC], bars.index((g + j) % NS), xs.index((g + j) % NS))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _cta_barrier()                                 # every warpgroup is done with the stages
+        g += nk
+
+        on = n0 + pn
+        om = m0 + pm
+        ok = (on < N)[:, None] & (om < M)[None, :]
+        optr = out_p + om[None, :].to(gl.int64) * stride_om + on[:, None]
+        if nk == 2 * nk2:                              # the whole tile: stored as it is
+            gl.store(optr, gl.convert_layout(acc.to(out_p.dtype.element_ty), OUT_L), mask=ok)
+        else:
+            slot = 2 * q + (t != t_first).to(gl.int32)
+            gl.store(part_p + slot.to(gl.int64) * (BT * BNW) + poff, gl.convert_layout(acc, OUT_L))
+            # every thread's part is stored and fenced before one thread bumps the counter (release) ...
+            _gpu_fence(slot)
+            _cta_barrier()
+            q_a = _owner(t * nk2, P, U)
+            q_b = _owner(t * nk2 + nk2 - 1, P, U)
+            done = gl.atomic_add(cnt_p + t, 1, sem="acq_rel", scope="gpu")
+            if done == q_b - q_a:
+                # ... and the last one reads them all back in program order (acquire; .cg: from L2)
+                _gpu_fence(slot)
+                tot = gl.zeros([BNW, BT], gl.float32, layout=OUT_L)
+                for qq in range(q_a, q_b + 1):
+                    qs = 2 * qq + (t != (qq * U // P) // nk2).to(gl.int64)
+                    tot += gl.load(part_p + qs * (BT * BNW) + poff, cache_modifier=".cg")
+                gl.store(optr, tot.to(out_p.dtype.element_ty), mask=ok)
+                gl.atomic_xchg(cnt_p + t, 0, sem="relaxed", scope="gpu")
+        u = (t + 1) * nk2
     for p in gl.static_range(NS):
         mbarrier.invalidate(bars.index(p))
-
-    # out[m, n] = acc[n, m]: through a layout with n along lanes, so each store is contiguous
-    OUT_L: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NW], [0, 1])
-    on = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, OUT_L))
-    om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OUT_L))
-    ok = (on < N)[:, None] & (om < M)[None, :]
-    if SPLIT == 1:
-        res = gl.convert_layout(acc.to(out_p.dtype.element_ty), OUT_L)
-        gl.store(out_p + om[None, :].to(gl.int64) * stride_om + on[:, None], res, mask=ok)
-    else:
-        pm = om[None, :].to(gl.int64) * N + on[:, None]                  # [BNW, BT] into one part [M, N]
-        MN = M.to(gl.int64) * N
-        gl.store(part_p + gl.program_id(2) * MN + pm, gl.convert_layout(acc, OUT_L), mask=ok)
-        # every thread's part is stored and fenced before one thread bumps the counter (release) ...
-        tile = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
-        _gpu_fence(tile)
-        _cta_barrier()
-        done = gl.atomic_add(cnt_p + tile, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT - 1:
-            # ... and the last one reads them all back in a fixed order (acquire; .cg: from L2)
-            _gpu_fence(tile)
-            tot = gl.zeros([BNW, BT], gl.float32, layout=OUT_L)
-            for s in range(SPLIT):
-                tot += gl.load(part_p + s * MN + pm, mask=ok, other=0.0, cache_modifier=".cg")
-            gl.store(out_p + om[None, :].to(gl.int64) * stride_om + on[:, None], tot.to(out_p.dtype.element_ty),
-                     mask=ok)
-            gl.atomic_xchg(cnt_p + tile, 0, sem="relaxed", scope="gpu")
 
 
 def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
@@ -283,18 +305,33 @@ def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
 
 
 def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
-               bt: int = 256, ns: int = 3, num_warps: int = 4, split: int = 1,
+               bt: int = 256, ns: int = 3, num_warps: int = 4, programs: int | None = None,
                part: torch.Tensor | None = None, cnt: torch.Tensor | None = None) -> None:
     """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin).
-    split > 1: K split over that many programs a tile, which need `part` (float32, split * M * n
-    elements) and `cnt` (int32 zeros, one a tile; left at zero)."""
+    programs: None, one a tile; else that many, each taking an equal share of all the tiles' K steps
+    (stream-K: `stream_k_programs`), which needs `part` (float32, `part_numel`) and `cnt` (int32 zeros,
+    one a tile; left at zero)."""
     m, k = x.shape
-    grid = (triton.cdiv(n, 16 * num_warps), triton.cdiv(m, bt), split)
-    if split == 1:
-        part = cnt = torch.empty(1, dtype=torch.int32, device=x.device)      # not read
-    elif part is None or cnt is None or part.numel() < split * m * n or cnt.numel() < grid[0] * grid[1]:
-        raise ValueError("gemm_gluon: split > 1 needs part (split * M * N float32) and cnt (a zero a tile)")
-    gemm_gluon_kernel[grid](x_descriptor(x, bt), *mats, out, out.stride(0), part, cnt, m, n, k,
-                            BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],
-                            MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns, SPLIT=split,
-                            num_warps=num_warps)
+    tiles = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt)
+    if programs is None or programs == tiles:
+        programs = tiles
+        part = cnt = torch.empty(1, dtype=torch.int32, device=x.device)      # not read: whole tiles only
+    elif (part is None or cnt is None or part.numel() < part_numel(programs, bt, num_warps)
+          or cnt.numel() < tiles):
+        raise ValueError("gemm_gluon: stream-K needs part (part_numel float32) and cnt (a zero a tile)")
+    gemm_gluon_kernel[(programs,)](x_descriptor(x, bt), *mats, out, out.stride(0), part, cnt, m, n, k, programs,
+                                   BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],
+                                   MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns,
+                                   num_warps=num_warps)
+
+
+def part_numel(programs: int, bt: int, num_warps: int) -> int:
+    """float32 elements of stream-K's parts: two [bt, 16 num_warps] tiles a program."""
+    return programs * 2 * bt * 16 * num_warps
+
+
+def stream_k_programs(m: int, n: int, k: int, unit: int, bt: int, num_warps: int, slots: int) -> int:
+    """Programs for stream-K: one a slot (SMs x programs an SM), fewer where the work has fewer units
+    (two K steps of a tile each); `unit` is the format's scale unit (K is padded to whole units)."""
+    units = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt) * (triton.cdiv(k, unit) * unit // (2 * BK))
+    return max(1, min(slots, units))

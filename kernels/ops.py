@@ -200,15 +200,17 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     m, k = x.shape
     c = format_constants(FORMAT_CODES.index(p.fmt))
     if _gluon_ok(x, p, cfg):
-        bnw, bt = 16 * cfg["GWARPS"], cfg["GBT"]
-        tiles = triton.cdiv(p.n, bnw) * triton.cdiv(m, bt)
-        # K split only where the tiles fill under one wave of GWAVE programs an SM
-        slots = torch.cuda.get_device_properties(x.device).multi_processor_count * cfg.get("GWAVE", 2)
-        split = max(1, min(cfg.get("GSPLIT", 1), slots // tiles))
-        part = scratch(split * m * p.n, dtype=torch.float32, device=x.device) if split > 1 else None
-        cnt = _counters(tiles, x.device) if split > 1 else None
-        gluon_module().gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=bt, ns=cfg["GNS"], num_warps=cfg["GWARPS"],
-                                  split=split, part=part, cnt=cnt)
+        gg, bt, nw = gluon_module(), cfg["GBT"], cfg["GWARPS"]
+        tiles = triton.cdiv(p.n, 16 * nw) * triton.cdiv(m, bt)
+        progs = tiles
+        if cfg.get("GSTREAM"):              # stream-K: one program a slot, sharing all the tiles' K steps
+            slots = torch.cuda.get_device_properties(x.device).multi_processor_count * cfg.get("GWAVE", 2)
+            if tiles % slots:               # (whole waves of tiles need no sharing)
+                progs = gg.stream_k_programs(m, p.n, k, c["SB"] or c["GROUP"], bt, nw, slots)
+        part = scratch(gg.part_numel(progs, bt, nw), dtype=torch.float32, device=x.device) if progs != tiles else None
+        cnt = _counters(tiles, x.device) if progs != tiles else None
+        gg.gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=bt, ns=cfg["GNS"], num_warps=nw, programs=progs,
+                      part=part, cnt=cnt)
         return
     bk = _gemm_bk(p.fmt, cfg["BK"])
     grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(p.n, cfg["BN"]),)

@@ -99,24 +99,26 @@ def test_gluon_gemm_configs(cfg):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.xdist_group("q2_g16_s8m4")
-@pytest.mark.parametrize("split", [2, 3])
-def test_gluon_gemm_k_split(split):
-    # K split over programs: 16 K steps in 3 splits are 6 + 6 + 4; fp32 parts (poisoned first) added by
-    # the last program of each tile in a fixed order, which leaves its counter at zero: a second call
-    # gives the same bits
+@pytest.mark.xdist_group("q1_g32_s8m4")
+@pytest.mark.parametrize("programs", [3, 4, 5, 13, 64])
+def test_gluon_gemm_stream_k(programs):
+    # stream-K: 8 tiles of 8 units (two K steps each) shared by `programs` programs: 3 and 5 take a tile
+    # and parts of others, 4 exactly two whole tiles (no parts), 13 and 64 parts only (64: one unit each,
+    # 8 parts a tile). fp32 parts (poisoned first) are added by the last program of each tile in program
+    # order, which leaves its counter at zero: a second call gives the same bits
+    gg = ops.gluon_module()
     p = quantize(torch.randn(200, 1024), "q1_g32_s8m4").to("cuda")
     x = torch.randn(300, 1024, dtype=torch.bfloat16, device="cuda")
     tiles = 4 * 2                                        # cdiv(200, 64) x cdiv(300, 256)
-    part = torch.full((split * 300 * 200,), float("nan"), device="cuda")
+    part = torch.full((gg.part_numel(programs, 256, 4),), float("nan"), device="cuda")
     cnt = torch.zeros(tiles, dtype=torch.int32, device="cuda")
-    cfg = dict(bt=256, ns=3, num_warps=4, split=split, part=part, cnt=cnt)
+    cfg = dict(bt=256, ns=3, num_warps=4, programs=programs, part=part, cnt=cnt)
     one = _gluon(x, p, torch.full((300, 200), float("nan"), dtype=torch.bfloat16, device="cuda"), **cfg)
     assert rel(one, R.linear(x, p)) < 2e-2 and not cnt.any()
     two = _gluon(x, p, torch.full((300, 200), float("nan"), dtype=torch.bfloat16, device="cuda"), **cfg)
     assert torch.equal(one, two)
-    with pytest.raises(ValueError, match="split > 1 needs"):
-        _gluon(x, p, one, bt=256, ns=3, num_warps=4, split=2)
+    with pytest.raises(ValueError, match="stream-K needs"):
+        _gluon(x, p, one, bt=256, ns=3, num_warps=4, programs=programs)
 
 
 @pytest.mark.gpu
@@ -137,5 +139,5 @@ def test_packed_linear_takes_the_gluon_path(monkeypatch):
     assert rel(packed_linear(x[:40], p, config=cfg), R.linear(x[:40], p)) < 2e-2 and len(calls) == 1
     wide = torch.randn(100, 1540, dtype=torch.bfloat16, device="cuda")[:, :1536]      # rows not 16-byte aligned
     assert rel(packed_linear(wide, p, config=cfg), R.linear(wide, p)) < 2e-2 and len(calls) == 1
-    # GSPLIT: 3 x 1 tiles fill under a wave, so the K is split (4 ways at most here)
-    assert rel(packed_linear(x, p, config={**cfg, "GSPLIT": 4}), R.linear(x, p)) < 2e-2 and len(calls) == 2
+    # GSTREAM: 3 x 1 tiles are not a whole wave, so their 36 units go to 36 programs (stream-K)
+    assert rel(packed_linear(x, p, config={**cfg, "GSTREAM": 1}), R.linear(x, p)) < 2e-2 and len(calls) == 2
