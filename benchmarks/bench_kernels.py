@@ -409,39 +409,31 @@ class Bench:
                     tms = self._gemm_ms(fmt, n, k, m, triton_cfg)
                     row[fmt] = {"ms": round(ms, 4), "over_bf16": round(ms / bf, 3),
                                 "triton_ms": round(tms, 4), "triton_over_bf16": round(tms / bf, 3)}
-                    if cfg_best.get("GLUON"):          # the Gluon GEMM with stream-K switched the other way
-                        other = {**cfg_best, "GSTREAM": 1 - cfg_best.get("GSTREAM", 0)}
-                        oms = self._gemm_ms(fmt, n, k, m, other)
-                        row[fmt][f"gstream{other['GSTREAM']}_over_bf16"] = round(oms / bf, 3)
                 res[f"{name}_M{m}"] = row
                 self.log(f"prefill {name} M={m}: bf16 {bf:.3f} ms; " +
-                         ", ".join(f"{f} x{row[f]['over_bf16']} (triton x{row[f]['triton_over_bf16']}"
-                                   + "".join(f", {kk} x{v}" for kk, v in row[f].items() if kk.startswith("gstream"))
-                                   + ")" for f in row if f.startswith("q")))
-        # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M), with and without stream-K: q2_g16
-        # gate, both paths
+                         ", ".join(f"{f} x{row[f]['over_bf16']} (triton x{row[f]['triton_over_bf16']})"
+                                   for f in row if f.startswith("q")))
+        # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M), and its K split where the tiles leave
+        # SMs idle (GSPLIT: up to 4 ways, one program an SM at most): q2_g16 gate, both paths
         small = {}
         for m in (16, 32, 64, 128, 256, 512):
             gl = {**cfg_best, "GLUON_MIN_M": 1}
             small[f"M{m}"] = {"gluon_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
-                                                              {**gl, "GSTREAM": 0}), 4),
-                              "gluon_stream_k_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
-                                                                       {**gl, "GSTREAM": 1}), 4),
+                                                              {**gl, "GSPLIT": 1}), 4),
+                              "gluon_split_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
+                                                                    {**gl, "GSPLIT": 4}), 4),
                               "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
         res["small_m_q2_g16_gate"] = small
-        # wave quantization: 256-token tiles x 56 row tiles of the gate on 2 programs an SM; time over bf16
-        # beside the wave count, data-parallel (a program a tile) and stream-K
+        # wave quantization: 256-token tiles x 56 row tiles of the gate on 2 programs an SM (KERNELS.md)
         waves = {}
         w = torch.randn(inter, hidden, dtype=torch.bfloat16, device=self.dev)
         slots = 2 * torch.cuda.get_device_properties(self.dev).multi_processor_count
         for m in (1024, 1536, 2048, 3072, 4096):
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
             bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
-            ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, {**cfg_best, "GSTREAM": 0})
-            sk = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, {**cfg_best, "GSTREAM": 1})
+            ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, cfg_best)
             tiles = triton.cdiv(m, cfg_best.get("GBT", 256)) * triton.cdiv(inter, 16 * cfg_best.get("GWARPS", 4))
-            waves[f"M{m}"] = {"ms": round(ms, 4), "stream_k_ms": round(sk, 4), "bf16_ms": round(bf, 4),
-                              "over_bf16": round(ms / bf, 3), "stream_k_over_bf16": round(sk / bf, 3),
+            waves[f"M{m}"] = {"ms": round(ms, 4), "bf16_ms": round(bf, 4), "over_bf16": round(ms / bf, 3),
                               "waves": round(tiles / slots, 2)}
         res["waves_q2_g16_gate"] = waves
         self.log(f"prefill waves (gate q2_g16): {waves}")

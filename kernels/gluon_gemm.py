@@ -309,8 +309,8 @@ def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, 
                part: torch.Tensor | None = None, cnt: torch.Tensor | None = None) -> None:
     """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin).
     programs: None, one a tile; else that many, each taking an equal share of all the tiles' K steps
-    (stream-K: `stream_k_programs`), which needs `part` (float32, `part_numel`) and `cnt` (int32 zeros,
-    one a tile; left at zero)."""
+    (stream-K; s x tiles: a K split s ways), which needs `part` (float32, `part_numel`) and `cnt` (int32
+    zeros, one a tile; left at zero)."""
     m, k = x.shape
     tiles = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt)
     if programs is None or programs == tiles:
@@ -329,9 +329,3 @@ def part_numel(programs: int, bt: int, num_warps: int) -> int:
     """float32 elements of stream-K's parts: two [bt, 16 num_warps] tiles a program."""
     return programs * 2 * bt * 16 * num_warps
 
-
-def stream_k_programs(m: int, n: int, k: int, unit: int, bt: int, num_warps: int, slots: int) -> int:
-    """Programs for stream-K: one a slot (SMs x programs an SM), fewer where the work has fewer units
-    (two K steps of a tile each); `unit` is the format's scale unit (K is padded to whole units)."""
-    units = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt) * (triton.cdiv(k, unit) * unit // (2 * BK))
-    return max(1, min(slots, units))

@@ -202,13 +202,12 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     if _gluon_ok(x, p, cfg):
         gg, bt, nw = gluon_module(), cfg["GBT"], cfg["GWARPS"]
         tiles = triton.cdiv(p.n, 16 * nw) * triton.cdiv(m, bt)
-        progs = tiles
-        if cfg.get("GSTREAM"):              # stream-K: one program a slot, sharing all the tiles' K steps
-            slots = torch.cuda.get_device_properties(x.device).multi_processor_count * cfg.get("GWAVE", 2)
-            if tiles % slots:               # (whole waves of tiles need no sharing)
-                progs = gg.stream_k_programs(m, p.n, k, c["SB"] or c["GROUP"], bt, nw, slots)
-        part = scratch(gg.part_numel(progs, bt, nw), dtype=torch.float32, device=x.device) if progs != tiles else None
-        cnt = _counters(tiles, x.device) if progs != tiles else None
+        # K split (up to GSPLIT ways) where the tiles leave SMs idle: one program an SM at most
+        split = max(1, min(cfg.get("GSPLIT", 1), torch.cuda.get_device_properties(x.device).multi_processor_count
+                           // tiles))
+        progs = tiles * split
+        part = scratch(gg.part_numel(progs, bt, nw), dtype=torch.float32, device=x.device) if split > 1 else None
+        cnt = _counters(tiles, x.device) if split > 1 else None
         gg.gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=bt, ns=cfg["GNS"], num_warps=nw, programs=progs,
                       part=part, cnt=cnt)
         return

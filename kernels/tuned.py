@@ -28,8 +28,7 @@ DEFAULTS: dict[str, dict] = {
     # (triton_common.gemv_rows: 1 DP4A chain in one PTX block, 2 rows clamped, 4 loop unrolled twice),
     # MAXNREG1 / MAXNREG2 / MAXNREG a register cap; both absent: none of them
     # GLUON=1 (tuned entries only): the Hopper GEMM of gluon_gemm from GLUON_MIN_M rows, GBT tokens a tile,
-    # GNS x stages, GWARPS warps; GSTREAM=1: stream-K over GWAVE programs an SM where the tiles are not
-    # whole waves
+    # GNS x stages, GWARPS warps, K split up to GSPLIT ways where the tiles leave SMs idle
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }
@@ -78,9 +77,13 @@ TUNED: dict[str, dict[str, dict]] = {
                     # 8 warps sharing x tiles no faster at M=2048, slower at 512); from M=16 on, where it beat
                     # the Triton GEMM (0.098 against 0.108 ms at 16, 0.062 / 0.109 at 256, q2_g16 gate:
                     # kernels-prefill-20261202T024615Z.json). The Triton GEMM's own winners (DQ, PFM) stay for
-                    # the shapes TMA cannot take. Stream-K (GSTREAM) not yet measured: off.
+                    # the shapes TMA cannot take. K split 2 ways where the tiles leave SMs idle (M <= 256 at
+                    # kimi-k3.1-pro's gate: 0.042-0.087 against 0.060-0.096 ms unsplit, M = 16 .. 256,
+                    # kernels-prefill-20261202T034825Z.json); stream-K over every slot lost everywhere
+                    # (gate M=2048 1.47x bf16 against 1.40x, M=512 2.03x against 1.56x:
+                    # kernels-prefill-20261202T035547Z.json), so GEMMs of whole tiles stay one program a tile.
                     "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 16, "GBT": 256, "GNS": 3,
-                             "GWARPS": 4, "GSTREAM": 0, "GWAVE": 2}},
+                             "GWARPS": 4, "GSPLIT": 2}},
 }
 
 def _device_key(device) -> str | None:

@@ -139,5 +139,5 @@ def test_packed_linear_takes_the_gluon_path(monkeypatch):
     assert rel(packed_linear(x[:40], p, config=cfg), R.linear(x[:40], p)) < 2e-2 and len(calls) == 1
     wide = torch.randn(100, 1540, dtype=torch.bfloat16, device="cuda")[:, :1536]      # rows not 16-byte aligned
     assert rel(packed_linear(wide, p, config=cfg), R.linear(wide, p)) < 2e-2 and len(calls) == 1
-    # GSTREAM: 3 x 1 tiles are not a whole wave, so their 36 units go to 36 programs (stream-K)
-    assert rel(packed_linear(x, p, config={**cfg, "GSTREAM": 1}), R.linear(x, p)) < 2e-2 and len(calls) == 2
+    # GSPLIT: 3 x 1 tiles leave SMs idle, so the K is split (4 ways here: 12 programs of 3 units)
+    assert rel(packed_linear(x, p, config={**cfg, "GSPLIT": 4}), R.linear(x, p)) < 2e-2 and len(calls) == 2
