@@ -32,7 +32,7 @@ def test_all_kernels_compile_for_sm90():
     # its output in 16-byte stores (with N unspecialized they were 2-byte ones, and the GEMM ~10% slower)
     n_st, n_wide = (int(v) for v in gluon.split("st.global ")[1].split()[0].split("/"))
     assert n_st == n_wide > 0, gluon
-    # two programs an SM (tuned GWAVE 2): 228 KB of shared memory an SM, 1 KB of it reserved a program
+    # two programs an SM: 228 KB of shared memory an SM, 1 KB of it reserved a program
     assert int(gluon.split("shared")[1].split()[0]) <= 113 * 1024, gluon
     # --sass reads the decode GEMV's K loop: its DP4As are there, among the other instructions of a step
     gemv = next(line for line in r.stdout.splitlines() if line.startswith("gemv code=0"))
