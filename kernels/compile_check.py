@@ -139,10 +139,12 @@ def _cuobjdump(k, flag: str) -> str | None:
 
 
 def stores(ptx: str) -> str:
-    """Global stores in the PTX as "all/16-byte" (a store left narrow where the data allows 16 bytes
+    """Global stores in the PTX as "all/16-byte/8-byte" (a store left narrow where the data allows 16 bytes
     multiplies the store instructions: the Gluon GEMM's epilogue lost ~10% so once)."""
     st = [ln for ln in ptx.splitlines() if "st.global" in ln]
-    return f"{len(st)}/{sum(1 for ln in st if '.v4.b32' in ln or '.v2.b64' in ln)}"
+    wide = sum(1 for ln in st if any(w in ln for w in (".v4.b32", ".v4.f32", ".v2.b64")))
+    eight = sum(1 for ln in st if any(w in ln for w in (".v2.b32", ".v2.f32", ".b64")) and ".v2.b64" not in ln)
+    return f"{len(st)}/{wide}/{eight}"
 
 
 def registers(k) -> int | None:

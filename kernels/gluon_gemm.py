@@ -181,9 +181,11 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     # warpgroups share each x tile), tokens m0 .. m0+BT; t = tm * tiles_n + tn. Work unit: two K steps of a
     # tile (K units are 128 or 512 weights: whole pairs). Program q of P runs units [q U / P, (q+1) U / P)
     # of the U in all, tile by tile (stream-K): with P = tiles that is one whole tile each. A tile whose
-    # units span several programs: each stores its fp32 part in part_p [P, 2, BT, BNW] (slot 0: the
-    # program's first tile, 1: its last), and the last to finish adds them in program order (fixed: equal
-    # bits every call) and resets the tile's counter cnt_p[t] to 0.
+    # units span programs q_a .. q_b: q_a runs its head last (the end of its range) and owns it; q_a + 1 ..
+    # q_b run their parts first (the start of theirs), store them in part_p [P, BNW, BT] fp32 and count
+    # them in cnt_p[t]; the owner waits for the count, adds the parts in program order (equal bits every
+    # call), stores the tile and resets the count to 0. All P programs must be resident at once (P at
+    # most the SMs' slots), since an owner waits for programs after it.
     NW: gl.constexpr = gl.num_warps()
     BNW: gl.constexpr = 16 * NW
     BKC: gl.constexpr = x_desc.block_type.shape[1]
@@ -204,7 +206,9 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     sel = 0x4140 + 0x101 * (kin % 4)                   # bytes kin % 4 and kin % 4 + 1 to bits 0 and 16
     pn = gl.arange(0, BNW, layout=gl.SliceLayout(1, OUT_L))
     pm = gl.arange(0, BT, layout=gl.SliceLayout(0, OUT_L))
-    poff = pm[None, :] * BNW + pn[:, None]             # [BNW, BT] into one [BT, BNW] part
+    # a part [BNW, BT] in the accumulator's own layout: stored and added without a layout conversion
+    aoff = (gl.arange(0, BNW, layout=gl.SliceLayout(1, ACC))[:, None] * BT
+            + gl.arange(0, BT, layout=gl.SliceLayout(0, ACC))[None, :])
 
     bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(NS):
@@ -216,7 +220,6 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     q = gl.program_id(0)
     u = q * U // P
     u_hi = (q + 1) * U // P
-    t_first = u // nk2
     g = 0                                              # K steps run so far: the stages' phases go on
     while u < u_hi:
         t = u // nk2
@@ -275,24 +278,25 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         optr = out_p + om[None, :].to(gl.int64) * stride_om + on[:, None]
         if nk == 2 * nk2:                              # the whole tile: stored as it is
             gl.store(optr, gl.convert_layout(acc.to(out_p.dtype.element_ty), OUT_L), mask=ok)
+        elif s_lo == 0:
+            # the tile's head, the last segment of this program: it owns the tile, and adds the parts of
+            # programs q + 1 .. q_b (their first segments, run first: done by now, or soon) in that order
+            need = _owner(t * nk2 + nk2 - 1, P, U) - q
+            got = gl.atomic_add(cnt_p + t, 0, sem="acquire", scope="gpu")
+            while got < need:
+                got = gl.atomic_add(cnt_p + t, 0, sem="acquire", scope="gpu")
+            _gpu_fence(nk)
+            for qq in range(q + 1, q + 1 + need):
+                acc += gl.load(part_p + qq.to(gl.int64) * (BT * BNW) + aoff, cache_modifier=".cg")
+            gl.store(optr, gl.convert_layout(acc.to(out_p.dtype.element_ty), OUT_L), mask=ok)
+            gl.atomic_xchg(cnt_p + t, 0, sem="relaxed", scope="gpu")
         else:
-            slot = 2 * q + (t != t_first).to(gl.int32)
-            gl.store(part_p + slot.to(gl.int64) * (BT * BNW) + poff, gl.convert_layout(acc, OUT_L))
-            # every thread's part is stored and fenced before one thread bumps the counter (release) ...
-            _gpu_fence(slot)
+            # the first segment of this program, not the tile's head: its part, for the tile's owner.
+            # Every thread's part is stored and fenced before one thread counts it (release)
+            gl.store(part_p + q.to(gl.int64) * (BT * BNW) + aoff, acc)
+            _gpu_fence(nk)
             _cta_barrier()
-            q_a = _owner(t * nk2, P, U)
-            q_b = _owner(t * nk2 + nk2 - 1, P, U)
-            done = gl.atomic_add(cnt_p + t, 1, sem="acq_rel", scope="gpu")
-            if done == q_b - q_a:
-                # ... and the last one reads them all back in program order (acquire; .cg: from L2)
-                _gpu_fence(slot)
-                tot = gl.zeros([BNW, BT], gl.float32, layout=OUT_L)
-                for qq in range(q_a, q_b + 1):
-                    qs = 2 * qq + (t != (qq * U // P) // nk2).to(gl.int64)
-                    tot += gl.load(part_p + qs * (BT * BNW) + poff, cache_modifier=".cg")
-                gl.store(optr, tot.to(out_p.dtype.element_ty), mask=ok)
-                gl.atomic_xchg(cnt_p + t, 0, sem="relaxed", scope="gpu")
+            gl.atomic_add(cnt_p + t, 1, sem="release", scope="gpu")
         u = (t + 1) * nk2
     for p in gl.static_range(NS):
         mbarrier.invalidate(bars.index(p))
@@ -326,6 +330,6 @@ def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, 
 
 
 def part_numel(programs: int, bt: int, num_warps: int) -> int:
-    """float32 elements of stream-K's parts: two [bt, 16 num_warps] tiles a program."""
-    return programs * 2 * bt * 16 * num_warps
+    """float32 elements of stream-K's parts: one [16 num_warps, bt] tile a program."""
+    return programs * bt * 16 * num_warps
 
