@@ -332,4 +332,3 @@ def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, 
 def part_numel(programs: int, bt: int, num_warps: int) -> int:
     """float32 elements of stream-K's parts: one [16 num_warps, bt] tile a program."""
     return programs * bt * 16 * num_warps
-

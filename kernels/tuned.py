@@ -78,8 +78,8 @@ TUNED: dict[str, dict[str, dict]] = {
                     # the Triton GEMM (0.098 against 0.108 ms at 16, 0.062 / 0.109 at 256, q2_g16 gate:
                     # kernels-prefill-20261202T024615Z.json). The Triton GEMM's own winners (DQ, PFM) stay for
                     # the shapes TMA cannot take. K split 2 ways where the tiles leave SMs idle (M <= 256 at
-                    # kimi-k3.1-pro's gate: 0.042-0.087 against 0.060-0.096 ms unsplit, M = 16 .. 256,
-                    # kernels-prefill-20261202T034825Z.json); stream-K over every slot lost everywhere
+                    # kimi-k3.1-pro's gate: 0.042 against 0.062 ms at 256, 0.074 against 0.093 at 32, even at
+                    # 16 and 128: kernels-prefill-20261202T040748Z.json); stream-K over every slot lost everywhere
                     # (gate M=2048 1.47x bf16 against 1.40x, M=512 2.03x against 1.56x:
                     # kernels-prefill-20261202T035547Z.json), so GEMMs of whole tiles stay one program a tile.
                     "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 16, "GBT": 256, "GNS": 3,
