@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Nsight Compute on the prefill GEMM (the Triton or the Gluon kernel, whichever the config picks), one report per config (JSON overrides of the tuned config), with the
-# warp stall reasons and the instructions where warps stall most (ncu_excess.py ... stall):
+# Nsight Compute on the prefill GEMM (the Triton or the Gluon kernel, whichever the config picks), one
+# report per config (JSON overrides of the tuned config), with the warp stall reasons and the instructions
+# where warps stall most (ncu_excess.py ... stall):
 #   OUT=dir bash benchmarks/ncu_gemm.sh '{}' '{"PFM": 0}' ...
 source benchmarks/device_setup.sh
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tc} PYTHONUNBUFFERED=1

@@ -319,7 +319,9 @@ def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, 
     tiles = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt)
     if programs is None or programs == tiles:
         programs = tiles
-        part = cnt = torch.empty(1, dtype=torch.int32, device=x.device)      # not read: whole tiles only
+        # not read (whole tiles only), but typed as the K split's, so both share one build
+        part = torch.empty(1, dtype=torch.float32, device=x.device)
+        cnt = torch.empty(1, dtype=torch.int32, device=x.device)
     elif (part is None or cnt is None or part.numel() < part_numel(programs, bt, num_warps)
           or cnt.numel() < tiles):
         raise ValueError("gemm_gluon: stream-K needs part (part_numel float32) and cnt (a zero a tile)")

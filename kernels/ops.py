@@ -203,8 +203,7 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
         gg, bt, nw = gluon_module(), cfg["GBT"], cfg["GWARPS"]
         tiles = triton.cdiv(p.n, 16 * nw) * triton.cdiv(m, bt)
         # K split (up to GSPLIT ways) where the tiles leave SMs idle: one program an SM at most
-        split = max(1, min(cfg.get("GSPLIT", 1), torch.cuda.get_device_properties(x.device).multi_processor_count
-                           // tiles))
+        split = max(1, min(cfg.get("GSPLIT", 1), _sm_count(x.device) // tiles))
         progs = tiles * split
         part = scratch(gg.part_numel(progs, bt, nw), dtype=torch.float32, device=x.device) if split > 1 else None
         cnt = _counters(tiles, x.device) if split > 1 else None
