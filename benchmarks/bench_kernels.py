@@ -108,8 +108,7 @@ def _prewarm_job(job):
             arena, offsets, fm, ids, wts, _, _ = _one_layer(hidden, inter, dev)
             full = {**DEFAULTS["moe"], **cfg}
             x = torch.randn(1, hidden, dtype=torch.bfloat16, device=dev)
-            sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, full, overlap=kind == "down" and
-                                 bool(full.get("OVL")))
+            sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, full)
             if kind == "down":
                 ops.moe_down(sc, ids, wts, arena, offsets, fm, hidden, inter,
                              torch.empty(1, hidden, dtype=torch.bfloat16, device=dev), full)
@@ -216,14 +215,12 @@ class Bench:
             res = {"experts": per_layer, "weight_bytes_per_layer": wbytes, "activation_bytes_per_layer": abytes}
 
             def layer_ms(cfg, part="both"):
-                # OVL (the down launch overlapping gate/up) only where both launches run
-                ovl = part == "both" and bool(cfg.get("OVL"))
                 scs = [ops.moe_gate_up(x, i, arena, offsets, fm, hidden, inter, cfg) for i in ids]
 
                 def run():
                     for i, sc in zip(ids, scs):
                         if part in ("both", "gate_up"):
-                            sc2 = ops.moe_gate_up(x, i, arena, offsets, fm, hidden, inter, cfg, overlap=ovl)
+                            sc2 = ops.moe_gate_up(x, i, arena, offsets, fm, hidden, inter, cfg)
                         if part in ("both", "down"):
                             ops.moe_down(sc2 if part == "both" else sc, i, wts, arena, offsets, fm, hidden, inter,
                                          out, cfg)
@@ -231,9 +228,8 @@ class Bench:
 
             def layer_out(cfg):
                 o = torch.empty_like(out)
-                ops.moe_down(ops.moe_gate_up(x, ids[0], arena, offsets, fm, hidden, inter, cfg,
-                                             overlap=bool(cfg.get("OVL"))),
-                             ids[0], wts, arena, offsets, fm, hidden, inter, o, cfg)
+                ops.moe_down(ops.moe_gate_up(x, ids[0], arena, offsets, fm, hidden, inter, cfg), ids[0], wts, arena,
+                             offsets, fm, hidden, inter, o, cfg)
                 return o.float()
 
             def checked_ms(cfg, part):
@@ -265,21 +261,6 @@ class Bench:
                               "GBps": round(gbps, 1), "pct_of_read_bw": round(100 * gbps / self.read_gbps, 1)}
                 self.log(f"{model} MoE layer [{label}] {ms * 1e3:.1f} us = {gbps:.0f} GB/s "
                          f"({100 * gbps / self.read_gbps:.1f}% of read BW)  cfg={rcfg}")
-
-            # the two launches overlapped (OVL, a dependent launch) against one after the other, in
-            # interleaved rounds; the outputs must be equal bit for bit
-            same = bool(torch.equal(layer_out({**cfg, "OVL": 1}), layer_out({**cfg, "OVL": 0})))
-            times = {0: [], 1: []}
-            for _ in range(max(3, self.args.sweep_rounds)):
-                for v in (0, 1):
-                    times[v].append(layer_ms({**cfg, "OVL": v}))
-            med = {v: statistics.median(t) for v, t in times.items()}
-            res["overlap"] = {"graph_us_per_layer_OVL0": round(med[0] * 1e3, 2),
-                              "graph_us_per_layer_OVL1": round(med[1] * 1e3, 2),
-                              "ratio_OVL0_over_OVL1": round(med[0] / med[1], 3), "outputs_equal": same,
-                              "pct_of_read_bw_OVL1": round(100 * (wbytes + abytes) / (med[1] * 1e-3) / GB
-                                                           / self.read_gbps, 1)}
-            self.log(f"{model} MoE overlap: {res['overlap']}")
 
             def eager():
                 for i in ids:
@@ -537,7 +518,6 @@ def main(argv=None) -> int:
         if "moe" in wanted:       # one shape compiles for both models (H, I are run-time ints)
             jobs += [("gate_up", (h, i, c)) for c in (GATE_UP_SWEEP if args.sweep else [shipped("moe")]) + [{}]]
             jobs += [("down", (h, i, c)) for c in (DOWN_SWEEP if args.sweep else [shipped("moe")]) + [{}]]
-            jobs += [("down", (h, i, {**shipped("moe"), "OVL": v})) for v in (0, 1)]    # the overlap rows
         if "gemv_single" in wanted:
             jobs += [("gemv", ("q2_g32_s8m8", n, k, c)) for c in (GEMV_SWEEP if args.sweep else [shipped("gemv")])
                      for n, k in ((i, h), (h, i))]

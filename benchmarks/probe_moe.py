@@ -89,18 +89,11 @@ def main() -> None:
                          hidden, inter, out, cfg)
         p1.zero_()
         p2.zero_()
-        ops.moe_down(ops.moe_gate_up(x, ids[0], arena, offsets, fm, hidden, inter, pcfg,
-                                     overlap=bool(cfg.get("OVL"))),
-                     ids[0], wts, arena, offsets, fm, hidden, inter, out, pcfg)
+        ops.moe_down(ops.moe_gate_up(x, ids[0], arena, offsets, fm, hidden, inter, pcfg), ids[0], wts, arena, offsets,
+                     fm, hidden, inter, out, pcfg)
         torch.cuda.synchronize()
     res["gate_up_probe"] = summarize(p1.cpu())
     res["down_probe"] = summarize(p2.cpu())
-    # both launches on one clock (OVL: down programs start, and wait, while gate/up still runs)
-    r1, r2 = p1[p1[:, 1] > 0].cpu(), p2[p2[:, 1] > 0].cpu()
-    t0, end1 = int(r1[:, 1].min()), int(r1[:, 2].max())
-    res["timeline_us"] = {"gate_up_end": (end1 - t0) / 1e3, "down_first_start": (int(r2[:, 1].min()) - t0) / 1e3,
-                          "down_end": (int(r2[:, 2].max()) - t0) / 1e3,
-                          "down_programs_done_before_gate_up_end": int((r2[:, 2] < end1).sum())}
     short = {k: ({kk: vv for kk, vv in v.items() if kk != "records_sm_start_end_code"} if isinstance(v, dict) else v)
              for k, v in res.items() if k != "config"}
     print(json.dumps(short))

@@ -343,13 +343,12 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 
 
-def _counters(n: int, device: torch.device, role: str = "") -> torch.Tensor:
+def _counters(n: int, device: torch.device) -> torch.Tensor:
     """Zeroed int32 counters for the kernels' last-program reductions (K splits of the GEMV and of both
-    MoE launches, the down launch's expert sum) and the overlapped MoE's ready counts, kept per device,
-    stream and role (every kernel leaves them at zero again). Calls on one stream are ordered, so they
-    never overlap, except the two MoE launches with OVL: those use three roles, one buffer each."""
+    MoE launches, the down launch's expert sum), kept per device and stream (every kernel leaves them at
+    zero again). Calls on one stream are ordered, so they never overlap."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream, role)
+    key = (str(device), stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
@@ -363,8 +362,7 @@ class MoEScratch:
     int8 grid (xq int8 [M, HP] held as int32 [M, HP/4], xdx [M, HP/32], xsum [M, 3*HP/32]: `pack_activations`)
     and each (token, expert) pair's h = silu(g) * u on the same kind of grid for its expert's down matrix
     (hq [P, IP/4], hdx [P, IP/32], hsum [P, 3*IP/32]; hf [P, IP] float32 for bf16 experts). HP, IP: hidden
-    and intermediate padded to 512. With `ready` (cfg OVL = 1) the down launch overlaps the gate/up one
-    and consumes the counts: one down launch per gate/up launch."""
+    and intermediate padded to 512."""
 
     xq: torch.Tensor
     xdx: torch.Tensor
@@ -373,43 +371,36 @@ class MoEScratch:
     hdx: torch.Tensor
     hsum: torch.Tensor
     hf: torch.Tensor
-    ready: torch.Tensor | None = None     # OVL: per-pair counts of h tiles written, and the tile count
-    tiles: int = 0
 
 
-def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: int, cfg: dict,
-                overlap: bool = False) -> MoEScratch:
-    """Launch 1 of the decode MoE: phase A for x, then gate and up of every pair, h packed for down.
-    overlap: count h tiles for an overlapped down launch (sm_90+, or the interpreter), which the caller
-    must then make next on this stream (`fused_moe` does when its config has OVL = 1)."""
+def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: int, cfg: dict) -> MoEScratch:
+    """Launch 1 of the decode MoE: phase A for x, then gate and up of every pair, h packed for down."""
     m, topk = ids.shape
     dev = x.device
     hp, ip = _cdiv(hidden, 512) * 512, _cdiv(inter, 512) * 512      # padded to every scale unit
     p = m * topk
-    bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
-    assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
-    nt = ip // bn1
-    ovl = int(overlap and (dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] >= 9))
     sc = MoEScratch(xq=scratch(m, hp // 4, dtype=torch.int32, device=dev),
                     xdx=scratch(m, hp // 32, dtype=torch.float32, device=dev),
                     xsum=scratch(m, 3 * hp // 32, dtype=torch.float32, device=dev),
                     hq=scratch(p, ip // 4, dtype=torch.int32, device=dev),
                     hdx=scratch(p, ip // 32, dtype=torch.float32, device=dev),
                     hsum=scratch(p, 3 * ip // 32, dtype=torch.float32, device=dev),
-                    hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev),
-                    ready=_counters(p, dev, "ready") if ovl else None, tiles=nt)
+                    hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev))
+    bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
+    assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
+    nt = ip // bn1
     want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
     split, ku = _moe_split(want, hp)
     grid = (nt, m, _cdiv(topk, jchunk) * split)
     gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
-    cnt = _counters(p * nt, dev, "gate_up") if split > 1 else _dummy(dev)
+    cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
     triton_moe.gate_up_kernel[grid](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
-        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt,
-        sc.ready if ovl else _dummy(dev), _probe(cfg, "probe1", dev), m, hidden, inter, ku,
+        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, _probe(cfg, "probe1", dev), m, hidden,
+        inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
         CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 1),
-        USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cfg.get("CG1", 0), OVL=ovl,
+        USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cfg.get("CG1", 0),
         **_maxnreg(cfg, "MAXNREG1"))
     return sc
 
@@ -441,27 +432,23 @@ def _moe_split(want: int, kp: int) -> tuple[int, int]:
 
 def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden: int, inter: int,
              out: torch.Tensor, cfg: dict) -> None:
-    """Launch 2 of the decode MoE: every pair's down projection, weighted and summed into out [M, H].
-    With sc.ready (OVL) a dependent launch that overlaps the gate/up launch which made sc; that launch
-    must be the last one on this stream (the down programs wait for its counts and reset them)."""
+    """Launch 2 of the decode MoE: every pair's down projection, weighted and summed into out [M, H]."""
     m, topk = ids.shape
     dev = out.device
-    ovl = int(sc.ready is not None)
     nt = _cdiv(hidden, cfg["BN2"])
     split, ku = _moe_split(cfg.get("SPLIT2", 1), _cdiv(inter, 512) * 512)
     part = scratch(m * topk * split, nt * cfg["BN2"], dtype=torch.float32, device=dev)
     triton_moe.down_kernel[(nt, m, topk * split)](
         ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
-        part, _counters(m * nt, dev, "down"), sc.ready if ovl else _dummy(dev), sc.tiles, out, out.stride(0),
-        _probe(cfg, "probe2", dev), hidden, inter, ku, TOPK=topk,
+        part, _counters(m * nt, dev), out, out.stride(0), _probe(cfg, "probe2", dev), hidden, inter, ku, TOPK=topk,
         FMASK=fm.mask, BN=cfg["BN2"], SPLIT=split, BK16=cfg["BK16"], NS=cfg.get("NS2", 1),
-        USE_ASM=USE_ASM, num_warps=cfg["warps2"], PROBE=int("probe2" in cfg), CG=cfg.get("CG2", 0), OVL=ovl,
-        **_maxnreg(cfg, "MAXNREG2"), **({"launch_pdl": True} if ovl and dev.type == "cuda" else {}))
+        USE_ASM=USE_ASM, num_warps=cfg["warps2"], PROBE=int("probe2" in cfg), CG=cfg.get("CG2", 0),
+        **_maxnreg(cfg, "MAXNREG2"))
 
 
 def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:
-    sc = moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg, overlap=bool(cfg.get("OVL")))
-    moe_down(sc, ids, wts, arena, offsets, fm, hidden, inter, out, cfg)
+    moe_down(moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg), ids, wts, arena, offsets, fm,
+             hidden, inter, out, cfg)
 
 
 def _moe_grouped(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:

@@ -17,14 +17,6 @@ offset of each matrix's segments (codes, scales, mins, d, dmin) inside a blob.
       part[m, j, s, rows] = w[m, j] * W_down[e_j][rows, split s] @ h[m, j]; the last program of each
       (m, rows) to finish (an atomic counter) sums the parts in a fixed order and writes out[m, rows]
 
-OVL = 1 overlaps the two launches (programmatic dependent launch, sm_90): gate/up lets the down grid
-start at once, and each of its programs counts the h tile it wrote at ready[p] (release); a down
-program waits (acquire) only for its own pair's NT1 tiles, so the down work of the experts whose
-gate/up finishes first (the cheaper formats: down takes pairs in that order) runs on the SMs the
-gate/up launch leaves idle while its costlier programs finish. The last down program of a pair resets
-ready[p]. Without a dependent launch (or in the interpreter) the down grid starts after gate/up and
-every wait passes at once.
-
 K splits are about filling the GPU, not about bytes. At batch 1 the gate/up grid is at most one wave
 of programs, and at Kimi-K2's I = 2048 it does not even fill the SMs. Splits measured: +21% at K2
 (gate/up 39.7 -> 32.9 us on the H200), a loss where the grid already fills the GPU. A persistent
@@ -139,66 +131,10 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _launch_dependents(v, USE_ASM: tl.constexpr):
-    """griddepcontrol.launch_dependents: a dependent launch (the down grid) may start once every program
-    of this grid has said so. v: any int32 scalar, returned (orders the instruction)."""
-    if USE_ASM:
-        return tl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n\tmov.b32 $0, $1;", "=r,r", [v],
-                                         dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        return v
-
-
-@triton.jit
-def _nanosleep(v, USE_ASM: tl.constexpr):
-    if USE_ASM:
-        return tl.inline_asm_elementwise("nanosleep.u32 256;\n\tmov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    else:
-        return v
-
-
-@triton.jit
-def _signal_ready(rdy, v, USE_ASM: tl.constexpr):
-    # every thread's h stores are fenced before one thread counts the tile (release)
-    gpu_fence(v, USE_ASM)
-    tl.debug_barrier()
-    tl.atomic_add(rdy, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _wait_ready(rdy, n_tiles, n_readers, v, USE_ASM: tl.constexpr):
-    """Wait until the pair's n_tiles gate/up tiles are counted at rdy (acquire, then a fence in every
-    thread), then count this reader; the last of the pair's n_readers programs resets rdy to 0."""
-    c = tl.atomic_add(rdy, 0, sem="acquire", scope="gpu")
-    while c < n_tiles:
-        c = tl.atomic_add(rdy, _nanosleep(v, USE_ASM) * 0, sem="acquire", scope="gpu")
-    gpu_fence(v, USE_ASM)
-    if tl.atomic_add(rdy, 1, sem="relaxed", scope="gpu") == n_tiles + n_readers - 1:
-        tl.atomic_xchg(rdy, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _slot_by_finish(ids_p, codes_p, m, r, TOPK: tl.constexpr):
-    """The slot of token m whose gate/up is expected to finish r-th: formats by cost (1-bit, 2-bit of 32,
-    2-bit of 16, 4-bit, bf16: codes 2, 1, 0, 3, 4 of KERNEL_FORMATS), ties by slot. Scalar code (a
-    [TOPK, TOPK] comparison took the down kernel from 72 to 95 registers)."""
-    sel = r * 0
-    seen = r * 0
-    for cost in tl.static_range(5):
-        want = 2 if cost == 0 else 1 if cost == 1 else 0 if cost == 2 else cost
-        for t in tl.static_range(TOPK):
-            hit = (tl.load(codes_p + tl.load(ids_p + m * TOPK + t)) == want).to(tl.int32)
-            sel = tl.where((hit != 0) & (seen == r), t, sel)
-            seen += hit
-    return sel
-
-
-@triton.jit
 def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p, hf_p,
-                  gpart_p, cnt_p, rdy_p, H, I, p, nt, NT, s, k_lo, k_hi,
+                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi,
                   FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, BK16: tl.constexpr,
-                  NS: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr, OVL: tl.constexpr):
+                  NS: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
     # one work item: gate and up rows nt*BN .. of pair p's expert over inputs k_lo .. k_hi (x on the grid
     # at xq, xdx, xsum), then h = silu(g) * u packed for down (with SPLIT > 1, by the last of the splits)
     HP = tl.cdiv(H, 512) * 512
@@ -232,26 +168,21 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
                 quantize_store(tl.reshape(h, [BN // 32, 32]), n0, IP,
                                (hq_p + p * (IP // 4)).to(tl.pointer_type(tl.int8)),
                                hdx_p + p * (IP // 32), hsum_p + p * (3 * IP // 32))
-        if OVL:
-            _signal_ready(rdy_p + p, p, USE_ASM)
 
 
 @triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
-                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, rdy_p, probe_p, M, H, I, KU,
+                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, probe_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
                    SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
                    NS: tl.constexpr, USE_ASM: tl.constexpr, PROBE: tl.constexpr = 0,
-                   CG: tl.constexpr = 0, OVL: tl.constexpr = 0):
+                   CG: tl.constexpr = 0):
     # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
     #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
     #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
     # PROBE=1: record each program's SM, start and end time at probe_p (benchmarks/probe_moe.py)
     # CG: code-generation options of the K loop (triton_common.gemv_rows; the tuned ones in tuned.py)
-    # OVL: the down grid may start now (a dependent launch); h tiles are counted at rdy_p[pair]
-    if OVL:
-        _launch_dependents(tl.program_id(0), USE_ASM)
     if PROBE:
         t_start = probe_clock(tl.program_id(0), USE_ASM)
     HP = tl.cdiv(H, 512) * 512
@@ -276,8 +207,8 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
         j = jc * JCHUNK + jj
         if j < TOPK:
             _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
-                          hf_p, gpart_p, cnt_p, rdy_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
-                          FMASK, BN, SPLIT, BK16, NS, CG, USE_ASM, OVL)
+                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
+                          FMASK, BN, SPLIT, BK16, NS, CG, USE_ASM)
     if PROBE:
         probe_mark(probe_p, tl.program_id(0) + NT * (tl.program_id(1) + M * tl.program_id(2)), t_start,
                    tl.load(codes_p + tl.load(ids_p + m * TOPK + jc * JCHUNK)) + 8 * s, USE_ASM)
@@ -285,15 +216,13 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
 
 @triton.jit
 def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hsum_p, hf_p,
-                part_p, cnt_p, rdy_p, NT1, out_p, stride_om, probe_p, H, I, KU,
+                part_p, cnt_p, out_p, stride_om, probe_p, H, I, KU,
                 TOPK: tl.constexpr, FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                 BK16: tl.constexpr, NS: tl.constexpr, USE_ASM: tl.constexpr,
-                PROBE: tl.constexpr = 0, CG: tl.constexpr = 0, OVL: tl.constexpr = 0):
+                PROBE: tl.constexpr = 0, CG: tl.constexpr = 0):
     # program (row tile nt, token m, z = s * TOPK + j): part = w[m, j] * W_down[e_j][rows, K split s] @ h[m, j]
     # over inputs s*KU*512 .. (s+1)*KU*512 of I. The last of the TOPK * SPLIT programs of (m, nt) to finish
     # (counter cnt[m, nt]) adds the parts in a fixed order, writes out[m, rows] once and resets the counter.
-    # OVL: slot j is the (z % TOPK)-th to finish its gate/up, and the program first waits for its pair's
-    # NT1 h tiles at rdy_p[p] (module docstring)
     if PROBE:
         t_start = probe_clock(tl.program_id(0), USE_ASM)
     nt = tl.program_id(0)
@@ -307,8 +236,6 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     k_hi = tl.minimum(k_lo + KU * 512, IP)
     rows = nt * BN + tl.arange(0, BN)
     ok = rows < H
-    if OVL:
-        j = _slot_by_finish(ids_p, codes_p, m, j, TOPK)
     p = m * TOPK + j
     e = tl.load(ids_p + p)
     code = tl.load(codes_p + e)
@@ -317,8 +244,6 @@ def down_kernel(ids_p, wts_p, codes_p, offs_p, arena_p, table_p, hq_p, hdx_p, hs
     hq = hq_p + p * (IP // 4)
     hdx = hdx_p + p * (IP // 32)
     hsum = hsum_p + p * (3 * IP // 32)
-    if OVL:
-        _wait_ready(rdy_p + p, NT1, NT * SPLIT, p, USE_ASM)
     part, _unused = _packed_rows_any(base, table_p, code, 2, 2, H, I, k_lo, k_hi, rows, ok, hq, hdx, hsum, IP,
                                      FMASK, 1, NS, CG, USE_ASM)
     if (FMASK & 16) != 0:

@@ -240,35 +240,12 @@ def test_moe_launches_with_code_generation_candidates(mixed_arena):
     check_moe_launches(arena, offsets, hidden, inter, 2, NS1=2, NS2=3)     # codes staged through shared memory
 
 
-@pytest.mark.parametrize("split1", [1, 2])
-def test_moe_launches_overlapped(mixed_arena, split1):
-    # OVL: gate/up counts each pair's h tiles and the down launch (a dependent launch on sm_90) waits for
-    # its pair's count; the same arithmetic as without, so the outputs are equal bit for bit, and the
-    # counts are back at zero after each call (the interpreter runs the launches one after the other: the
-    # overlap itself is checked on the GPU, test_fused_moe_overlapped_in_a_cuda_graph)
-    arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, 2, OVL=1, SPLIT1=split1, BN1=32)
-    cfg = dict(ops.config_for("moe", "mix", 3, hidden, inter, DEVICE), SPLIT1=split1, CHUNK=128)
-    x = torch.randn(3, hidden, dtype=torch.bfloat16, device=DEVICE)
-    ids, wts = route(3, len(MIX), 4)
-    plain = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config={**cfg, "OVL": 0})
-    for _ in range(2):
-        ovl = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config={**cfg, "OVL": 1})
-        assert torch.equal(ovl, plain)
-        assert ready_counts_are_zero()
-
-
-def ready_counts_are_zero() -> bool:
-    bufs = [b for (_, _, role), b in ops._COUNTERS.items() if role == "ready"]
-    return bool(bufs) and not any(b.any() for b in bufs)
-
-
 def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
     fm = ops.ExpertFormats.from_names(MIX, DEVICE)
     cfg = dict(ops.config_for("moe", "mix", m, hidden, inter, DEVICE), **overrides)
     x = torch.randn(m, hidden, device=DEVICE)
     ids, wts = route(m, len(MIX), 3)
-    sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg, overlap=bool(cfg.get("OVL")))
+    sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg)
     hp, ip = sc.xq.shape[1] * 4, sc.hq.shape[1] * 4
     silu = torch.nn.functional.silu
     ref = torch.zeros(m, hidden, dtype=torch.float64)
@@ -342,32 +319,6 @@ def test_fused_moe_in_a_cuda_graph():
     torch.cuda.synchronize()
     assert rel(out, fused_moe(x, ids, wts, arena, offsets, fmt, hidden, inter)) < 1e-6
     assert not torch.equal(out, eager)
-
-
-@gpu
-@pytest.mark.gpu
-def test_fused_moe_overlapped_in_a_cuda_graph():
-    # OVL on the GPU: the down grid really starts beside gate/up (a dependent launch), several layers a
-    # graph as the engine and the benchmark run them; equal bits to the launches one after the other
-    hidden, inter = 2048, 1536
-    names = ["q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q1_g32_s8m4", "q4_g128_f16", "bf16"] * 2
-    arena, offsets = make_arena(names, hidden, inter, scale=0.02)
-    fm = ops.ExpertFormats.from_names(names, DEVICE)
-    cfg = ops.config_for("moe", "mix", 1, hidden, inter, DEVICE)
-    for m in (1, 4):
-        x = torch.randn(m, hidden, dtype=torch.bfloat16, device=DEVICE)
-        routes = [route(m, len(names), 8) for _ in range(6)]
-        plain = [fused_moe(x, i, w, arena, offsets, fm, hidden, inter, config={**cfg, "OVL": 0}) for i, w in routes]
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = [fused_moe(x, i, w, arena, offsets, fm, hidden, inter, config={**cfg, "OVL": 1}) for i, w in routes]
-        for _ in range(3):
-            for o in outs:
-                o.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert all(torch.equal(o, p) for o, p in zip(outs, plain))
-        assert ready_counts_are_zero()
 
 
 @gpu
