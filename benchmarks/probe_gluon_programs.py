@@ -4,7 +4,7 @@ program an SM, NS 3 for two). Checks every variant against the first one's outpu
 
     python3 benchmarks/probe_gluon_programs.py OUT.json [NS:P ...]
 
-P is a number or `tiles` / `2tiles` (skipped past the SM count); default: 3:tiles 3:2tiles 3:132 3:264.
+P is a number or `tiles` / `2tiles` (skipped past the SM count) / `2tiles2` (past twice that: two an SM); default: 3:tiles 3:2tiles 3:132 3:264.
 CUDA-graph medians, q2_g16 / q1_g32 at kimi-k3.1-pro's gate and down shapes, bf16 matmul beside them."""
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ CASES = (("q2_g16_s8m4", "gate", (3584, 7168), (16, 128, 256, 512, 1024, 2048, 4
 
 
 def programs(spec: str, tiles: int, sms: int) -> int | None:
-    p = tiles if spec == "tiles" else 2 * tiles if spec == "2tiles" else int(spec)
-    return None if spec == "2tiles" and p > sms else p
+    p = tiles if spec == "tiles" else 2 * tiles if spec.startswith("2tiles") else int(spec)
+    return None if (spec == "2tiles" and p > sms) or (spec == "2tiles2" and p > 2 * sms) else p
 
 
 def main() -> None:
