@@ -42,12 +42,24 @@ BK = 64     # K per step: four k16 MMA steps; divides every format's scale unit 
 
 
 @triton.constexpr_function
-def pair_layout(BNW, T):
+def shared_pairs(BITS):
+    """Pairs a thread expands from one byte permute: its two pairs of a k16 step (j = c and c + 4) take
+    the same bytes of the same word at 2-bit (lanes s and s + 2), and at 1-bit so do its pairs of steps
+    t and t + 1 (lanes + 4); 4-bit pairs each have their own word."""
+    return 2 if BITS == 2 else 4 if BITS == 1 else 1
+
+
+@triton.constexpr_function
+def pair_layout(BNW, T, BITS):
     """[BNW, T, 8, 2] (weight row, k16 step, pair j = 4e + c, weight of the pair) as wgmma's A fragment:
-    registers the pair's two weights, t, e, row + 8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and
-    up (64 a warpgroup). Reshaped to [BNW, 16 T] it is the A operand's layout itself (up to the order of
-    a thread's registers), which the kernel asserts at compile time."""
-    reg = [[0, 0, 0, 1]] + [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)] + [[0, 0, 4, 0], [8, 0, 0, 0]]
+    registers the pair's two weights, then the pairs that share a byte permute (e, and at 1-bit t's low
+    bit: `shared_pairs`), t, row + 8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and up (64 a
+    warpgroup). Reshaped to [BNW, 16 T] it is the A operand's layout itself (up to the order of a
+    thread's registers), which the kernel asserts at compile time."""
+    tb = [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)]
+    shared = [[0, 0, 4, 0]] + tb[:1] if BITS == 1 else [[0, 0, 4, 0]] if BITS == 2 else []
+    rest = [b for b in tb + [[0, 0, 4, 0]] if b not in shared]
+    reg = [[0, 0, 0, 1]] + shared + rest + [[8, 0, 0, 0]]
     lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
     warp = [[16 << i, 0, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T, 8, 2])
@@ -69,12 +81,35 @@ def pair_asm(BITS):
     $1 the code word, $3 the PRMT selector (its bytes b, b + 1 to bits 0 and 16), $5 the shift to the
     pair's lane, $7 / $9 the bf16 pairs (S, S) and (-M, -M). Masked to the two codes with the bf16 bits
     of 128 above them (LOP3 truth table 0xea: (t & mask) | magic), v * 1 - 128 is exact, then q * S - M
-    rounds once: $0 holds both bf16 weights."""
+    rounds once: $0 holds both bf16 weights. The 4-bit formats' expansion (`shared_pairs` 1)."""
     mask = ((1 << BITS) - 1) * 0x00010001
     return ("{\n\t.reg .b32 t, one, c;\n\tprmt.b32 t, $1, 0, $3;\n\tshr.u32 t, t, $5;\n\t"
             f"lop3.b32 t, t, {mask:#x}, 0x43004300, 0xea;\n\t"
             "mov.b32 one, 0x3F803F80;\n\tmov.b32 c, 0xC300C300;\n\t"
             "fma.rn.bf16x2 t, t, one, c;\n\tfma.rn.bf16x2 $0, t, $7, $9;\n\t}")
+
+
+@triton.constexpr_function
+def pairs_asm(NP):
+    """PTX for NP pairs that share a byte permute (`shared_pairs`; pack = 2 NP, each input comes once per
+    weight, pair i reads copy 2i). Inputs: the word, the PRMT selector, then per pair the mask of its
+    codes at their place p in the permuted word (p < 4), the bf16 pairs (2^-p, 2^-p) and (-128 2^-p,
+    -128 2^-p), (S, S), (-M, -M). Pairs NP/2 and up sit 4 bits higher: one shift serves them all. The
+    masked codes with 128's bf16 bits above are 128 + q 2^p exactly, the first FMA gives q exactly, the
+    second q * S - M rounded once: $i holds pair i's two bf16 weights."""
+    E = 2 * NP
+    op = lambda k, i: f"${NP + k * E + 2 * i}"                     # input k's copy for pair i
+    body = [f"prmt.b32 t, {op(0, 0)}, 0, {op(1, 0)};", "shr.u32 h, t, 4;"]
+    for i in range(NP):
+        body += [f"lop3.b32 v, {'h' if i >= NP // 2 else 't'}, {op(2, i)}, 0x43004300, 0xea;",
+                 f"fma.rn.bf16x2 v, v, {op(3, i)}, {op(4, i)};", f"fma.rn.bf16x2 ${i}, v, {op(5, i)}, {op(6, i)};"]
+    return "{\n\t.reg .b32 t, h, v;\n\t" + "\n\t".join(body) + "\n\t}"
+
+
+@triton.constexpr_function
+def pairs_constraints(NP):
+    # NP outputs (two bf16 each), then 2 NP copies of each of `pairs_asm`'s 7 inputs
+    return ",".join(["=r"] * NP + ["r"] * (2 * NP * 7))
 
 
 @gluon.jit
@@ -152,10 +187,26 @@ def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GR
 def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.constexpr):
     # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in wgmma's A layout; `two` is a
     # [1, 1, 1, 2] zero that spreads every input over the pair's two weights (moves no data)
-    w = gl.inline_asm_elementwise(pair_asm(BITS), "=r,r,r,r,r,r,r,r,r,r,r",
-                                  [gl.expand_dims(words, 3) + two, gl.expand_dims(sel, 3) + two,
-                                   gl.expand_dims(sh, 3) + two, gl.expand_dims(s2, 3) + two,
-                                   gl.expand_dims(nm2, 3) + two], dtype=gl.bfloat16, is_pure=True, pack=2)
+    NP: gl.constexpr = shared_pairs(BITS)
+    if NP == 1:
+        w = gl.inline_asm_elementwise(pair_asm(BITS), "=r,r,r,r,r,r,r,r,r,r,r",
+                                      [gl.expand_dims(words, 3) + two, gl.expand_dims(sel, 3) + two,
+                                       gl.expand_dims(sh, 3) + two, gl.expand_dims(s2, 3) + two,
+                                       gl.expand_dims(nm2, 3) + two], dtype=gl.bfloat16, is_pure=True, pack=2)
+    else:
+        # the pair's codes at p = sh mod 4 of the permuted word (the shift by 4 is shared), as masks and
+        # the bf16 pairs of 2^-p and -128 2^-p
+        hi = (sh >= 4).to(gl.int32)
+        p = sh - 4 * hi
+        mask = (((1 << BITS) - 1) << p) * 0x00010001
+        e = 127 - p                                            # bf16 2^-p: exponent 127 - p, mantissa 0
+        scl = (e << 7) * 0x00010001
+        off = ((0x100 | (e + 7)) << 7) * 0x00010001           # -128 2^-p: sign, exponent 134 - p
+        w = gl.inline_asm_elementwise(pairs_asm(NP), pairs_constraints(NP),
+                                      [gl.expand_dims(words, 3) + two, gl.expand_dims(sel, 3) + two,
+                                       gl.expand_dims(mask, 3) + two, gl.expand_dims(scl, 3) + two,
+                                       gl.expand_dims(off, 3) + two, gl.expand_dims(s2, 3) + two,
+                                       gl.expand_dims(nm2, 3) + two], dtype=gl.bfloat16, is_pure=True, pack=2 * NP)
     w = gl.reshape(w, [w.shape[0], w.shape[1] * 16])
     return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
@@ -191,7 +242,7 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     BKC: gl.constexpr = x_desc.block_type.shape[1]
     T: gl.constexpr = BKC // 16
     UNIT: gl.constexpr = SB if SB > 0 else GROUP
-    L4: gl.constexpr = pair_layout(BNW, T)
+    L4: gl.constexpr = pair_layout(BNW, T, BITS)
     L3: gl.constexpr = gl.SliceLayout(3, L4)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BT, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)

@@ -49,6 +49,73 @@ def test_pair_expansion_constants(bits):
         assert _lop3(lut, t, mask, magic) == (t & mask) | magic
 
 
+def _bf16(bits: int) -> float:
+    return torch.tensor([bits & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
+
+
+def _bf16_bits(v: float) -> int:
+    return torch.tensor([v], dtype=torch.float64).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF
+
+
+def _run_ptx(asm: str, regs: dict) -> dict:
+    """The few PTX instructions of the pair expansion, on Python ints: prmt (default mode), shr.u32,
+    lop3.b32, fma.rn.bf16x2 (each half rounded once to bf16 from the exact float64 result)."""
+    val = lambda a: regs[a] if a in regs else int(a, 0)
+    for line in asm.split("\n"):
+        line = line.strip().rstrip(";")
+        if not line or line[0] in "{}." or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        d, *a = [v.strip() for v in args.split(",")]
+        if op == "prmt.b32":
+            src = val(a[0]) | val(a[1]) << 32
+            regs[d] = sum(((src >> 8 * (val(a[2]) >> 4 * i & 7)) & 0xFF) << 8 * i for i in range(4))
+        elif op == "shr.u32":
+            regs[d] = val(a[0]) >> val(a[1])
+        elif op == "lop3.b32":
+            regs[d] = _lop3(val(a[3]), val(a[0]), val(a[1]), val(a[2]))
+        elif op == "fma.rn.bf16x2":
+            x, y, z = val(a[0]), val(a[1]), val(a[2])
+            regs[d] = sum(_bf16_bits(_bf16(x >> s) * _bf16(y >> s) + _bf16(z >> s)) << s for s in (0, 16))
+        else:
+            raise AssertionError(f"unexpected PTX {op}")
+    return regs
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_shared_pair_expansion(bits):
+    # pairs_asm run instruction by instruction in Python, with the per-pair constants the kernel computes
+    # (_dequant: codes at p = sh mod 4 of the permuted word, the bf16 pairs of 2^-p and -128 2^-p): every
+    # pair gives q * S - M for its own two codes (S and M chosen exact in bf16)
+    pytest.importorskip("triton.experimental.gluon")
+    from strata_plan.kernels import gluon_gemm as gg
+    fn = lambda f, *a: f.fn(*a) if hasattr(f, "fn") else f(*a)
+    np_ = fn(gg.shared_pairs, bits)
+    asm = fn(gg.pairs_asm, np_)
+    g = torch.Generator().manual_seed(bits)
+    S, M = 0.375, -1.25
+    for word in torch.randint(0, 2**31 - 1, (24,), generator=g).tolist() + [0, 2**32 - 1]:
+        for c in range(4):                                  # the thread's lane in its quad
+            ins, want = {}, {}
+            for i in range(np_):                            # pair i: e = i % 2, and at 1-bit t % 2 = i // 2
+                e, t = i % 2, i // 2
+                kin = (16 * t + 2 * (4 * e + c)) % (32 // bits)
+                sh = bits * (kin // 4)
+                sel = 0x4140 + 0x101 * (kin % 4)
+                p = sh - 4 * (sh >= 4)
+                ex = 127 - p
+                consts = [word, sel, ((1 << bits) - 1 << p) * 0x10001, (ex << 7) * 0x10001,
+                          ((0x100 | ex + 7) << 7) * 0x10001, _bf16_bits(S) * 0x10001, _bf16_bits(-M) * 0x10001]
+                for k, v in enumerate(consts):
+                    ins[f"${np_ + k * 2 * np_ + 2 * i}"] = v
+                b = kin % 4                                 # codes kin, kin + 1: bytes b, b + 1 of lane sh
+                want[i] = [((word >> 8 * (b + h)) >> sh) & ((1 << bits) - 1) for h in (0, 1)]
+            out = _run_ptx(asm, dict(ins))
+            for i in range(np_):
+                got = [_bf16(out[f"${i}"] >> s) for s in (0, 16)]
+                assert got == [q * S - M for q in want[i]], (word, c, i)
+
+
 def test_gluon_needs_a_recent_triton(monkeypatch):
     # Gluon's API moves between Triton releases: older ones run the Triton GEMM instead of failing
     import triton
