@@ -63,6 +63,9 @@ TUNED: dict[str, dict[str, dict]] = {
     # 1529-1587: kernels-20261202T011615Z.json, commit b040ba6), so the GEMV keeps CG=1. GEMM: scale bytes
     # a step ahead (PFM=1) 0.328 against 0.339 ms (q2_g16 gate, M = 2048); BM 256 with it 0.320, but 4.3x
     # bf16 at M = 512.
+    # kernels-moe-sweep-20261202T045314Z.json (commit 0035cee, 3 interleaved rounds): explicit gate/up K
+    # splits 2 / 3 / 4 lost to the automatic choice (kimi-k3.1-pro 53.0 / 57.6 / 60.6 us against 45.7; Kimi-K2,
+    # whose automatic choice is 2, 27.0 / 31.7 / 33.9 against 27.0), down split 2 ways too (24.0 against 22.3).
     "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
                             "BN2": 64, "warps2": 4, "NS2": 1, "SPLIT2": 1,
                             "CG1": 3, "MAXNREG1": 128, "CG2": 3},
@@ -81,7 +84,9 @@ TUNED: dict[str, dict[str, dict]] = {
                     # kimi-k3.1-pro's gate: 0.042 against 0.062 ms at 256, 0.074 against 0.093 at 32, even at
                     # 16 and 128: kernels-prefill-20261202T040748Z.json); stream-K over every slot lost everywhere
                     # (gate M=2048 1.47x bf16 against 1.40x, M=512 2.03x against 1.56x:
-                    # kernels-prefill-20261202T035547Z.json), so GEMMs of whole tiles stay one program a tile.
+                    # kernels-prefill-20261202T035547Z.json), so GEMMs of whole tiles stay one program a tile;
+                    # a K split at two programs an SM (M = 512 gate, 224 programs) lost too (0.0664 against
+                    # 0.0629 ms: benchmarks/data/probe-gluon-programs-0035cee-2tiles2.json).
                     "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 16, "GBT": 256, "GNS": 3,
                              "GWARPS": 4, "GSPLIT": 2}},
 }
