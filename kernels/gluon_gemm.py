@@ -18,7 +18,8 @@ of k16 step t covers the two consecutive weights k = 16t + 2j, 16t + 2j + 1. Cod
 4s + b of a word in byte b, bits BITS*s (formats.py), so a pair (bytes b, b + 1 of lane s) is one byte
 permute (PRMT puts them at bits 0 and 16), one shift and one mask away from two bf16 values 128 + q, and
 two bf16x2 FMAs give q*S - M for both (`triton_common._bf16_pair_affine`'s arithmetic). The four lanes of
-a quad read the same code word (one transaction) and each keeps its own four codes.
+a quad read the same code word (one transaction) and each keeps its own four codes. At 2 and 1 bits a
+thread's pairs that take the same bytes share the permute and one shift (`pairs_asm`).
 
 Gluon cannot run in the interpreter, so this path is tested on the GPU only (`tests/test_kernels_gluon.py`,
 marker gpu), against the same torch reference as the Triton GEMM, which stays the path on every other

@@ -1,7 +1,8 @@
 """The Gluon prefill GEMM (kernels/gluon_gemm.py) against the plain-torch reference.
 
-Gluon kernels cannot run in Triton's interpreter, so on a machine without a GPU only two things are
+Gluon kernels cannot run in Triton's interpreter, so on a machine without a GPU only three things are
 checked: the constants of the PTX that expands a pair of codes (here, by evaluating its logic op in
+Python), the PTX that expands the pairs sharing a byte permute (run instruction by instruction in
 Python), and that the kernel compiles for sm_90 (tests/test_kernels_compile.py). Everything else needs an
 sm_90 GPU (H100/H200) and skips with that reason elsewhere; the same tests then run there.
 
