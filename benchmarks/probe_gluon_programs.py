@@ -4,7 +4,8 @@ program an SM, NS 3 for two). Checks every variant against the first one's outpu
 
     python3 benchmarks/probe_gluon_programs.py OUT.json [NS:P ...]
 
-P is a number or `tiles` / `2tiles` (skipped past the SM count) / `2tiles2` (past twice that: two an SM); default: 3:tiles 3:2tiles 3:132 3:264.
+P is a number or `tiles` / `2tiles` (skipped past the SM count) / `2tiles2` (past twice that: two an SM);
+NS:P:1 and NS:P:2 time the kernel's PROF diagnostics (the MMA pipeline alone, the dequantization alone); default: 3:tiles 3:2tiles 3:132 3:264.
 CUDA-graph medians, q2_g16 / q1_g32 at kimi-k3.1-pro's gate and down shapes, bf16 matmul beside them."""
 from __future__ import annotations
 
@@ -41,20 +42,23 @@ def main() -> None:
             o = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
             tiles = triton.cdiv(n, 64) * triton.cdiv(m, 256)
             row, base = {}, None
-            for ns, spec in specs:
+            for ns, spec, *prof in specs:
                 p = programs(spec, tiles, sms)
-                if p is None or f"ns{ns}_P{p}" in row:
+                prof = int(prof[0]) if prof else 0
+                key = f"ns{ns}_P{p}" + (f"_prof{prof}" if prof else "")
+                if p is None or key in row:
                     continue
                 part = torch.empty(gg.part_numel(p, 256, 4), device=dev)
                 cnt = torch.zeros(tiles, dtype=torch.int32, device=dev)
 
                 def f():
-                    gg.gemm_gluon(x, mats, c, n, o, bt=256, ns=int(ns), num_warps=4, programs=p, part=part, cnt=cnt)
+                    gg.gemm_gluon(x, mats, c, n, o, bt=256, ns=int(ns), num_warps=4, programs=p, part=part, cnt=cnt,
+                                  prof=prof)
                 f()
                 torch.cuda.synchronize()
                 base = o.clone() if base is None else base
                 err = ((o.float() - base.float()).norm() / base.float().norm()).item()
-                row[f"ns{ns}_P{p}"] = {"ms": round(B.graph_ms(f, reps=10), 4), "rel_err_vs_first": float(f"{err:.2e}")}
+                row[key] = {"ms": round(B.graph_ms(f, reps=10), 4), "rel_err_vs_first": float(f"{err:.2e}")}
             w = torch.randn(n, k, dtype=torch.bfloat16, device=dev)
             row["bf16_ms"] = round(B.graph_ms(lambda: torch.matmul(x, w.T), reps=10), 4)
             res[f"{fmt}_{name}_M{m}_tiles{tiles}"] = row

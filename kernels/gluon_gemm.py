@@ -228,7 +228,10 @@ def _owner(u, P, U):
 @gluon.jit(do_not_specialize=["M", "K", "P"])      # N specialized: its divisibility by 16 vectorizes the stores
 def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, part_p, cnt_p, M, N, K, P,
                       BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
-                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr):
+                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, PROF: gl.constexpr = 0):
+    # PROF (diagnostics, wrong outputs): 1 the MMA pipeline alone (every step multiplies the first step's
+    # weights: no weight loads, no dequantization), 2 the dequantization alone (no MMA; the tiles are
+    # summed so that they stay live)
     # out [M, N] = x [M, K] @ W [N, K]^T. Tile t: rows n0 .. n0+BNW of W (16 a warp, 64 a warpgroup; the
     # warpgroups share each x tile), tokens m0 .. m0+BT; t = tm * tiles_n + tn. Work unit: two K steps of a
     # tile (K units are 128 or 512 weights: whole pairs). Program q of P runs units [q U / P, (q+1) U / P)
@@ -298,12 +301,19 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
                               UNIT, L3)
         acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
+        if PROF == 1:
+            a0 = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
+        if PROF == 2:
+            chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)
         # step i is dequantized while step i - 1's wgmma runs, then issued, then step i - 1's is retired
         # (one wgmma in flight); each A tile lives within its own step
         for i0 in range(0, nk, 2):
             for h in gl.static_range(2):
                 i = i0 + h
-                a = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
+                if PROF == 1:
+                    a = a0
+                else:
+                    a = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
                 wd = wn
                 s2 = sn
                 nm2 = nn
@@ -313,14 +323,20 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
                                       MIN_BITS, UNIT, L3)
                 st = (g + i) % NS
                 mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
-                acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if PROF == 2:
+                    chk = chk + a
+                else:
+                    acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 j = i + NS - 1                     # refill the stage step i - 1 used: retired now in
                 _cta_barrier()                     # every warpgroup
                 if j < nk:
                     mbarrier.expect(bars.index((g + j) % NS), x_desc.block_type.nbytes)
                     _tma_load(x_desc, [m0, (s_lo + j) * BKC], bars.index((g + j) % NS), xs.index((g + j) % NS))
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if PROF == 2:
+            acc = acc + gl.convert_layout(gl.sum(chk.to(gl.float32), axis=1), gl.SliceLayout(1, ACC))[:, None]
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()                                 # every warpgroup is done with the stages
         g += nk
 
@@ -362,11 +378,12 @@ def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
 
 def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
                bt: int = 256, ns: int = 3, num_warps: int = 4, programs: int | None = None,
-               part: torch.Tensor | None = None, cnt: torch.Tensor | None = None) -> None:
+               part: torch.Tensor | None = None, cnt: torch.Tensor | None = None, prof: int = 0) -> None:
     """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin).
     programs: None, one a tile; else that many, each taking an equal share of all the tiles' K steps
     (stream-K; s x tiles: a K split s ways), which needs `part` (float32, `part_numel`) and `cnt` (int32
-    zeros, one a tile; left at zero)."""
+    zeros, one a tile; left at zero). prof: the kernel's PROF diagnostics (1 MMA alone, 2 dequantization
+    alone: wrong outputs, for benchmarks/probe_gluon_programs.py)."""
     m, k = x.shape
     tiles = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt)
     if programs is None or programs == tiles:
@@ -380,7 +397,7 @@ def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, 
     gemm_gluon_kernel[(programs,)](x_descriptor(x, bt), *mats, out, out.stride(0), part, cnt, m, n, k, programs,
                                    BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],
                                    MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns,
-                                   num_warps=num_warps)
+                                   num_warps=num_warps, PROF=prof)
 
 
 def part_numel(programs: int, bt: int, num_warps: int) -> int:
