@@ -301,10 +301,10 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
                               UNIT, L3)
         acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
+        chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)      # PROF 2's sum (dead code otherwise)
+        a0 = chk
         if PROF == 1:
             a0 = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
-        if PROF == 2:
-            chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)
         # step i is dequantized while step i - 1's wgmma runs, then issued, then step i - 1's is retired
         # (one wgmma in flight); each A tile lives within its own step
         for i0 in range(0, nk, 2):
