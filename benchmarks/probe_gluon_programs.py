@@ -6,7 +6,7 @@ program an SM, NS 3 for two). Checks every variant against the first one's outpu
 
 P is a number or `tiles` / `2tiles` (skipped past the SM count) / `2tiles2` (past twice that: two an SM);
 NS:P:1 and NS:P:2 time the kernel's PROF diagnostics (the MMA pipeline alone, the dequantization alone); default: 3:tiles 3:2tiles 3:132 3:264.
-CUDA-graph medians, q2_g16 / q1_g32 at kimi-k3.1-pro's gate and down shapes, bf16 matmul beside them."""
+CUDA-graph medians, q2_g16 / q1_g32 / q4_g128 at kimi-k3.1-pro's gate and down shapes, bf16 matmul beside them."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,9 @@ from strata_plan.kernels.triton_common import FORMAT_CODES, format_constants
 
 CASES = (("q2_g16_s8m4", "gate", (3584, 7168), (16, 128, 256, 512, 1024, 2048, 4096)),
          ("q2_g16_s8m4", "down", (7168, 3584), (512, 2048)),
-         ("q1_g32_s8m4", "gate", (3584, 7168), (512, 2048)))
+         ("q1_g32_s8m4", "gate", (3584, 7168), (512, 2048)),
+         ("q4_g128_f16", "gate", (3584, 7168), (512, 2048)),
+         ("q4_g128_f16", "down", (7168, 3584), (512, 2048)))
 
 
 def programs(spec: str, tiles: int, sms: int) -> int | None:

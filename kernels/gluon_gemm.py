@@ -53,12 +53,13 @@ def shared_pairs(BITS):
 @triton.constexpr_function
 def pair_layout(BNW, T, BITS):
     """[BNW, T, 8, 2] (weight row, k16 step, pair j = 4e + c, weight of the pair) as wgmma's A fragment:
-    registers the pair's two weights, then the pairs that share a byte permute (e, and at 1-bit t's low
-    bit: `shared_pairs`), t, row + 8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and up (64 a
-    warpgroup). Reshaped to [BNW, 16 T] it is the A operand's layout itself (up to the order of a
-    thread's registers), which the kernel asserts at compile time."""
+    registers the pair's two weights, then e (and at 1-bit t's low bit: the pairs that share a byte
+    permute, `shared_pairs`; at 4-bit e then t make a row's words consecutive, `_load_words`), t, row +
+    8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and up (64 a warpgroup). Reshaped to [BNW, 16 T]
+    it is the A operand's layout itself (up to the order of a thread's registers), which the kernel
+    asserts at compile time."""
     tb = [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)]
-    shared = [[0, 0, 4, 0]] + tb[:1] if BITS == 1 else [[0, 0, 4, 0]] if BITS == 2 else []
+    shared = [[0, 0, 4, 0]] + tb[:1] if BITS == 1 else [[0, 0, 4, 0]]
     rest = [b for b in tb + [[0, 0, 4, 0]] if b not in shared]
     reg = [[0, 0, 0, 1]] + shared + rest + [[8, 0, 0, 0]]
     lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
@@ -113,6 +114,18 @@ def pairs_constraints(NP):
     return ",".join(["=r"] * NP + ["r"] * (2 * NP * 7))
 
 
+@triton.constexpr_function
+def word_quad_layout(BNW, T):
+    """[BNW, 2T, 4] (weight row, word of the step, lane c of the quad) for 4-bit codes: a row's 2T words
+    of a K step in consecutive registers (one vector load), the quad's four lanes on the same words.
+    Reshaped to [BNW, T, 8] (word 2t + e, c -> t, j = 4e + c) it is `pair_layout` without the weight
+    dimension."""
+    reg = [[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)] + [[8, 0, 0]]
+    lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warp = [[16 << i, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, 2 * T, 4])
+
+
 @gluon.jit
 def _pair_bits(x):
     # float32 -> int32 holding round-to-bf16(x) in both halves (one F2FP)
@@ -147,8 +160,16 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
         w = gl.load(codes_p + r2[:, None] * WPU + wi[None, :])                                # [BNW, T]
         return gl.expand_dims(gl.convert_layout(w, gl.SliceLayout(2, L3), assert_trivial=True), 2)
     else:
-        wi = w0 + (16 * t3 + 2 * j3) // EPW                                # [1, T, 8]
-        return gl.load(codes_p + ru[:, None, None] * WPU + wi)
+        # 4-bit: pair j = 4e + c of step t reads word 2t + e, so a row's 2T words of the step are one
+        # 32-byte run: loaded as [BNW, 2T, 4] (two 16-byte loads a row), then reshaped to the pairs
+        T: gl.constexpr = t3.shape[1]
+        LW: gl.constexpr = word_quad_layout(ru.shape[0], T)
+        wv = gl.arange(0, 2 * T, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
+        cv = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
+        r3 = gl.convert_layout(ru, gl.SliceLayout(1, gl.SliceLayout(2, LW)), assert_trivial=True)
+        wi = gl.multiple_of(w0, 2 * T) + wv
+        w = gl.load(codes_p + r3[:, None, None] * WPU + wi[None, :, None] + 0 * cv[None, None, :])
+        return gl.convert_layout(gl.reshape(w, [ru.shape[0], T, 8]), L3, assert_trivial=True)
 
 
 @gluon.jit
