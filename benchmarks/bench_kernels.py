@@ -56,13 +56,12 @@ GB = 1e9
 # scales (PF=2), gate/up's phase A in one load (CG1 & 16), the loop unrolled (CG & 4: 15-40% slower), and
 # codes staged through shared memory by cp.async (NS >= 2: 1.5-1.8x slower in every launch,
 # kernels-20261202T021427Z.json) -- the last two still run as options (tested), not in these lists.
-# L2 prefetch of the unit D steps ahead (CG & (64 D); + 512: the codes only): the gate/up SMs are latency
-# bound (an SM running 4 programs gets through 1.17x the work of one running 3, probe_moe.py), and the
-# loads no longer fetch sectors they do not use (when they did, on 2026-12-01, the prefetch lost)
-GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=3 + l2, MAXNREG1=128)
-                 for l2 in (0, 64, 128, 192, 64 + 512, 128 + 512)]
-DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=1, CG2=3 + l2, MAXNREG2=mx) for l2, mx in
-              ((0, 0), (64, 0), (128, 0), (64 + 512, 72), (128 + 512, 72))]
+# K splits of gate/up beyond one wave: the probe (probe_moe.py, kimi-k3.1-pro) shows SMs that run 4 of the
+# 448 programs ending at 39 us, those with 3 at 35, and the launch spanning 43: more, smaller programs
+# let the SMs' slots refill as programs end
+GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=s, WAVE1=4, CHUNK=4096, CG1=3, MAXNREG1=128) for s in (0, 2, 3, 4)]
+DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=s, CG2=cg, MAXNREG2=mx) for s, cg, mx in
+              ((1, 3, 0), (1, 39, 72), (2, 3, 0))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
 GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=131072, NS=1, MAXSPLIT=ms) for bn, w, ms in

@@ -64,9 +64,8 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq, PFM=dq), arch,
                 num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    # SPLIT: K splits; CG: the code-generation candidates (39: all; 3 + 128: the H200's with the L2
-    # prefetch 2 steps ahead); PROBE: timing records
-    for split, cg, probe in ((1, 0, 0), (2, 7, 1), (1, 39, 0), (1, 3, 0), (1, 3 + 128, 0), (1, 3 + 128 + 512, 0)):
+    # SPLIT: K splits; CG: the code-generation candidates (39: all); PROBE: timing records
+    for split, cg, probe in ((1, 0, 0), (2, 7, 1), (1, 39, 0)):
         tag = f"FMASK={fmask} SPLIT={split} CG={cg}" + (" PROBE" if probe else "")
         out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],

@@ -153,21 +153,6 @@ def probe_mark(probe_p, idx, t0, code, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def l2_prefetch(p, nbytes, USE_ASM: tl.constexpr):
-    """Thread 0 of the program asks L2 to fetch bytes [p, p + nbytes) of global memory, rounded out to
-    16-byte granules (cp.async.bulk.prefetch.L2: one instruction, no registers held, nothing waits on
-    it). p: a pointer scalar, nbytes an int32 scalar > 0. A no-op in the interpreter."""
-    if USE_ASM:
-        a = p.to(tl.int64, bitcast=True)
-        lo = a & -16
-        n = (((a + nbytes + 15) & -16) - lo).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{\n\t.reg .pred p;\n\t.reg .b32 t;\n\tmov.u32 t, %tid.x;\n\tsetp.eq.u32 p, t, 0;\n\t"
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.b32 $0, 0;\n\t}",
-            "=r,l,r", [lo, n], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def mma(a, b, acc, INTERP: tl.constexpr):
     """acc + a @ b with a, b rounded to bf16 (tensor cores, fp32 accumulate). The interpreter's bf16 dot
     is wrong (it multiplies raw bits), so there the bf16 values are widened to fp32 first: exact."""
@@ -237,30 +222,6 @@ def _ld(ptr, mask, other, CG: tl.constexpr):
         return tl.load(ptr)
     else:
         return tl.load(ptr, mask=mask, other=other)
-
-
-@triton.jit
-def _unit_prefetch(codes_p, scales_p, mins_p, d_p, dmin_p, N, n0, nr, u, BITS: tl.constexpr,
-                   GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
-                   CODES_ONLY: tl.constexpr, USE_ASM: tl.constexpr):
-    """L2 prefetch of scale unit u of the nr rows from n0: each segment's records of those rows are one
-    contiguous run (unit-major storage), so a few bulk prefetches cover it (`l2_prefetch`); CODES_ONLY:
-    the codes' run alone (71-80% of the bytes, one instruction)."""
-    EPW: tl.constexpr = 32 // BITS
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    GPU: tl.constexpr = UNIT // GROUP
-    r = (u * N + n0).to(tl.int64)
-    l2_prefetch(codes_p + r * (UNIT // EPW), nr * (UNIT // EPW * 4), USE_ASM)
-    if CODES_ONLY:
-        pass
-    elif SB == 0:
-        l2_prefetch(scales_p + r, nr * 2, USE_ASM)                      # fp16 S, M a record
-        l2_prefetch(mins_p + r, nr * 2, USE_ASM)
-    else:
-        l2_prefetch(scales_p + r * (GPU * SCALE_BITS // 8), nr * (GPU * SCALE_BITS // 8), USE_ASM)
-        l2_prefetch(mins_p + r * (GPU * MIN_BITS // 8), nr * (GPU * MIN_BITS // 8), USE_ASM)
-        l2_prefetch(d_p + r, nr * 2, USE_ASM)
-        l2_prefetch(dmin_p + r, nr * 2, USE_ASM)
 
 
 @triton.jit
@@ -508,10 +469,7 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     CG: code-generation options (the H200's measured best are in tuned.py): CG & 1 the DP4A chain as one
     PTX block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop
     unrolled that many times more (so ptxas can issue a step's loads before the previous step's
-    arithmetic), (CG >> 6) & 7 = D > 0: each step first asks L2 for the unit D steps ahead
-    (`_unit_prefetch`: a few bulk prefetches by one thread, no registers held; CG & 512: the codes
-    only), so a step's loads wait on L2 rather than on DRAM (lost on 2026-12-01, when the loads fetched 2-8x the sectors they used;
-    a candidate again since they do not)."""
+    arithmetic)."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
@@ -519,28 +477,9 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     W4: tl.constexpr = WPU // 4
     BN: tl.constexpr = rows.shape[0]
     UNROLL: tl.constexpr = ((CG >> 2) & 3) + 1
-    L2D: tl.constexpr = (CG >> 6) & 7                    # L2 prefetch distance in K steps (0: none)
-    L2C: tl.constexpr = (CG & 512) != 0                  # ... of the codes only
     acc_a = tl.zeros([BN, W4], tl.float32)
     acc_b = tl.zeros([BN, W4], tl.float32)
-    if L2D > 0:                                          # the first L2D - 1 units after w_lo
-        n0 = tl.min(rows, 0)
-        nr = tl.minimum(N - n0, BN)
-        for i in tl.static_range(1, L2D):
-            ui = tl.minimum(w_lo // WPU + i, w_hi // WPU - 1)
-            _unit_prefetch(a_codes, a_scales, a_mins, a_d, a_dmin, N, n0, nr, ui,
-                           BITS, GROUP, SCALE_BITS, MIN_BITS, SB, L2C, USE_ASM)
-            if NMAT == 2:
-                _unit_prefetch(b_codes, b_scales, b_mins, b_d, b_dmin, N, n0, nr, ui,
-                               BITS, GROUP, SCALE_BITS, MIN_BITS, SB, L2C, USE_ASM)
     for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
-        if L2D > 0:                                      # the unit L2D steps ahead (the last one near the end)
-            ui = tl.minimum(t // WPU + L2D, w_hi // WPU - 1)
-            _unit_prefetch(a_codes, a_scales, a_mins, a_d, a_dmin, N, n0, nr, ui,
-                           BITS, GROUP, SCALE_BITS, MIN_BITS, SB, L2C, USE_ASM)
-            if NMAT == 2:
-                _unit_prefetch(b_codes, b_scales, b_mins, b_d, b_dmin, N, n0, nr, ui,
-                               BITS, GROUP, SCALE_BITS, MIN_BITS, SB, L2C, USE_ASM)
         x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
         la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, t // WPU,
                          BITS, GROUP, MIN_BITS, SB, W4, CG)

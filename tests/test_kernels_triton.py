@@ -137,7 +137,6 @@ def test_gemv_code_generation_candidates():
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 0}), plain) < 1e-5   # masked rows
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 33}), plain) < 1e-5  # x lanes per lane
     assert rel(packed_linear(x, p, backend="triton", config={**cfg, "NS": 2}), plain) < 1e-5  # codes staged
-    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 1 + 64 * 2}), plain) < 1e-5  # L2 ahead
 
 
 def test_torch_backend_is_the_reference():
@@ -233,14 +232,12 @@ def test_moe_launches_with_k_splits():
 def test_moe_launches_with_code_generation_candidates(mixed_arena):
     # CG: the K loop's code-generation candidates (triton_common.gemv_rows: 1 the DP4A chain in one PTX
     # block, GPU only; 2 rows past N clamped instead of masked; 4 the loop unrolled twice; 32 the
-    # activation lanes loaded one lane at a time; 64 D: the unit D steps ahead prefetched to L2, GPU
-    # only) and a register cap, checked launch by launch on the
+    # activation lanes loaded one lane at a time) and a register cap, checked launch by launch on the
     # kernels' own grids like the shipped code
     arena, offsets, hidden, inter = mixed_arena
     check_moe_launches(arena, offsets, hidden, inter, 3, CG1=7, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
     check_moe_launches(arena, offsets, hidden, inter, 2, CG1=35, CG2=35)     # 32: x lanes loaded lane by lane
     check_moe_launches(arena, offsets, hidden, inter, 2, NS1=2, NS2=3)     # codes staged through shared memory
-    check_moe_launches(arena, offsets, hidden, inter, 2, CG1=3 + 64 * 2, CG2=3 + 64)   # L2 prefetch ahead
 
 
 def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
