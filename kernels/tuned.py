@@ -66,6 +66,8 @@ TUNED: dict[str, dict[str, dict]] = {
     # kernels-moe-sweep-20261202T045314Z.json (commit 0035cee, 3 interleaved rounds): explicit gate/up K
     # splits 2 / 3 / 4 lost to the automatic choice (kimi-k3.1-pro 53.0 / 57.6 / 60.6 us against 45.7; Kimi-K2,
     # whose automatic choice is 2, 27.0 / 31.7 / 33.9 against 27.0), down split 2 ways too (24.0 against 22.3).
+    # kernels-moe-sweep-20261202T052930Z.json (commit 42f8e7e, reverted): the L2 prefetch of the unit 1-3 steps
+    # ahead lost in gate/up (43.3-48.0 us against 42.6) and tied in down (21.5-24.9 against 22.2).
     "nvidia h200": {"moe": {"BN1": 64, "warps1": 4, "NS1": 1, "SPLIT1": 0, "WAVE1": 4, "CHUNK": 4096,
                             "BN2": 64, "warps2": 4, "NS2": 1, "SPLIT2": 1,
                             "CG1": 3, "MAXNREG1": 128, "CG2": 3},
