@@ -56,12 +56,8 @@ GB = 1e9
 # scales (PF=2), gate/up's phase A in one load (CG1 & 16), the loop unrolled (CG & 4: 15-40% slower), and
 # codes staged through shared memory by cp.async (NS >= 2: 1.5-1.8x slower in every launch,
 # kernels-20261202T021427Z.json) -- the last two still run as options (tested), not in these lists.
-# K splits of gate/up beyond one wave: the probe (probe_moe.py, kimi-k3.1-pro) shows SMs that run 4 of the
-# 448 programs ending at 39 us, those with 3 at 35, and the launch spanning 43: more, smaller programs
-# let the SMs' slots refill as programs end
-GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=s, WAVE1=4, CHUNK=4096, CG1=3, MAXNREG1=128) for s in (0, 2, 3, 4)]
-DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=s, CG2=cg, MAXNREG2=mx) for s, cg, mx in
-              ((1, 3, 0), (1, 39, 72), (2, 3, 0))]
+GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)]
+DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=1, CG2=cg, MAXNREG2=mx) for cg, mx in ((3, 0), (39, 72))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
 GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=131072, NS=1, MAXSPLIT=ms) for bn, w, ms in

@@ -1,8 +1,9 @@
 """Where the decode MoE launches spend their time: every program's SM, start and end (%globaltimer), on
 the H200 through the device tool. One layer in the tier mix, the launch configs tuned.py ships (or
 --cfg JSON overrides), graph-replay medians of both launches over 8 rotating layers, then one probed
-call of each launch, replayed in a CUDA graph after the other layers (PROBE=1: a separate build that records, per program, the SM id and the start and
-end times in ns, plus the expert's format code).
+call of each launch, replayed in a CUDA graph after the other layers (PROBE=1: a separate build that
+records, per program, the SM id and the start and end times in ns, plus the expert's format code), and
+both launches on one clock (`timeline_us`: the gap between them as a graph runs them).
 
     python benchmarks/probe_moe.py --out OUT.json [--model kimi-k3.1-pro] [--cfg '{"BN2": 64}']
 
