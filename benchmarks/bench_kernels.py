@@ -527,7 +527,8 @@ def main(argv=None) -> int:
             jobs += [("gemv", (f, 16384, 7168, {})) for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4",
                                                               "q4_g128_f16", "bf16")]
         if "prefill" in wanted:
-            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, {**shipped("gemm"), **c})) for c in GEMM_SWEEP]
+            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, {**shipped("gemm"), **c}))
+                     for c in (GEMM_SWEEP if args.sweep else [])]
             jobs += [("gemm", (f, i, h, 2048, {**shipped("gemm"), "GLUON": g})) for g in (0, 1)
                      for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")]
         if "gemlite" in wanted and args.gemlite != "off":

@@ -29,6 +29,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+def _host(f, *args):
+    # a triton.constexpr_function called from Python (3.9 wraps it: the plain function is .fn)
+    return f.fn(*args) if hasattr(f, "fn") else f(*args)
+
+
 def _lop3(lut: int, a: int, b: int, c: int) -> int:
     """PTX lop3.b32: bit i of the result is bit (a_i << 2 | b_i << 1 | c_i) of lut (a = 0xF0 etc.)."""
     return sum(((lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i for i in range(32))
@@ -40,7 +45,7 @@ def test_pair_expansion_constants(bits):
     # the compiler and gave 1e35-sized outputs on the H200 once)
     pytest.importorskip("triton.experimental.gluon")
     from strata_plan.kernels.gluon_gemm import pair_asm
-    asm = pair_asm.fn(bits) if hasattr(pair_asm, "fn") else pair_asm(bits)
+    asm = _host(pair_asm, bits)
     line = next(s for s in asm.split("\n") if "lop3.b32" in s)
     _, mask, magic, lut = [v.strip().rstrip(";") for v in line.split("lop3.b32")[1].split(",")][1:]
     mask, magic, lut = int(mask, 16), int(magic, 16), int(lut, 16)
@@ -90,9 +95,8 @@ def test_shared_pair_expansion(bits):
     # pair gives q * S - M for its own two codes (S and M chosen exact in bf16)
     pytest.importorskip("triton.experimental.gluon")
     from strata_plan.kernels import gluon_gemm as gg
-    fn = lambda f, *a: f.fn(*a) if hasattr(f, "fn") else f(*a)
-    np_ = fn(gg.shared_pairs, bits)
-    asm = fn(gg.pairs_asm, np_)
+    np_ = _host(gg.shared_pairs, bits)
+    asm = _host(gg.pairs_asm, np_)
     g = torch.Generator().manual_seed(bits)
     S, M = 0.375, -1.25
     for word in torch.randint(0, 2**31 - 1, (24,), generator=g).tolist() + [0, 2**32 - 1]:
@@ -172,8 +176,8 @@ def test_gluon_gemm_configs(cfg):
 def test_gluon_gemm_stream_k(programs):
     # stream-K: 8 tiles of 8 units (two K steps each) shared by `programs` programs: 3 and 5 take a tile
     # and parts of others, 4 exactly two whole tiles (no parts), 13 and 64 parts only (64: one unit each,
-    # 8 parts a tile). fp32 parts (poisoned first) are added by the last program of each tile in program
-    # order, which leaves its counter at zero: a second call gives the same bits
+    # 8 parts a tile). fp32 parts (poisoned first) are added by the program that runs the tile's head, in
+    # program order, which leaves the tile's counter at zero: a second call gives the same bits
     gg = ops.gluon_module()
     p = quantize(torch.randn(200, 1024), "q1_g32_s8m4").to("cuda")
     x = torch.randn(300, 1024, dtype=torch.bfloat16, device="cuda")
