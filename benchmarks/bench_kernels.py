@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 
 from _result import write_result  # noqa: E402
 from strata_plan.kernels import ops  # noqa: E402
@@ -69,11 +70,10 @@ GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=131072, NS=1, MAXSPLIT=ms) for bn
 GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, MAXSPLIT=ms, CG=cg) for th, ms, cg in
                               ((262144, 16, 1), (57344, 16, 1), (57344, 16, 33), (57344, 32, 1), (114688, 32, 1))]
 # prefill GEMM on Hopper: the Gluon kernel (kernels/gluon_gemm.py), tokens a tile (GBT), x stages (GNS),
-# warps (GWARPS: 8 = two warpgroups sharing each x tile, or with GKG 2 each expanded weight tile). The
-# Triton GEMM's own sweep (BM, BN, DQ, PFM) ended on 2026-12-02 (KERNELS.md); its shipped config is
-# measured beside the Gluon one in every run.
-GEMM_SWEEP = [dict(GLUON=1, GBT=bt, GNS=ns, GWARPS=w, GKG=kg)
-              for bt, ns, w, kg in ((256, 3, 4, 1), (256, 2, 4, 1), (256, 4, 8, 1), (128, 4, 4, 1), (512, 3, 8, 2))]
+# warps (GWARPS: 8 = two warpgroups sharing each x tile). The Triton GEMM's own sweep (BM, BN, DQ, PFM)
+# ended on 2026-12-02 (KERNELS.md); its shipped config is measured beside the Gluon one in every run.
+GEMM_SWEEP = [dict(GLUON=1, GBT=bt, GNS=ns, GWARPS=w)
+              for bt, ns, w in ((256, 3, 4), (256, 2, 4), (256, 4, 8), (128, 4, 4))]
 
 
 def shipped(kind: str) -> dict:
@@ -432,7 +432,7 @@ class Bench:
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
             bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
             ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, cfg_best)
-            tiles = ops.gluon_module().tiles(m, inter, cfg_best["GBT"], cfg_best["GWARPS"], cfg_best.get("GKG", 1))
+            tiles = triton.cdiv(m, cfg_best.get("GBT", 256)) * triton.cdiv(inter, 16 * cfg_best.get("GWARPS", 4))
             waves[f"M{m}"] = {"ms": round(ms, 4), "bf16_ms": round(bf, 4), "over_bf16": round(ms / bf, 3),
                               "waves": round(tiles / slots, 2)}
         res["waves_q2_g16_gate"] = waves

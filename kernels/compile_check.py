@@ -105,7 +105,7 @@ def _gluon_kernels(arch: int, codes) -> list:
     fn = gluon_gemm.gemm_gluon_kernel
     desc = mangle_type(gluon_gemm.x_descriptor(torch.empty(256, 512, dtype=torch.bfloat16), 256))
     out = []
-    for code, kg in ((code, kg) for code in codes for kg in (1, 2)):
+    for code in codes:
         c = format_constants(code)
         sig = {"x_desc": desc, "codes_p": P["i32"], "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
                "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
@@ -115,12 +115,10 @@ def _gluon_kernels(arch: int, codes) -> list:
         fixed = {fn.arg_names[a] if isinstance(a, int) else a for a in fn.do_not_specialize}
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
                  if t.startswith("*") or (t == "i32" and a not in fixed)}
-        # KG 2: two warpgroups of 256 tokens (the descriptor's 256-row boxes, two a stage)
-        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256 * kg, NS=3, KG=kg,
-                                                                                           PROF=0)
+        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3, PROF=0)
         src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
-        out.append((f"gemm gluon code={code}" + (f" kg={kg}" if kg > 1 else ""),
-                    triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4 * kg})))
+        out.append((f"gemm gluon code={code}",
+                    triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
     return out
 
 

@@ -31,8 +31,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # Names that differ between Triton 3.6 (the GPU machine's) and 3.9 (CI's compile check): the TMA copy to
@@ -52,38 +51,29 @@ def shared_pairs(BITS):
 
 
 @triton.constexpr_function
-def _group_bit(bases, KG):
-    # (bases left in registers, warp bases): with KG = 2 warpgroups the last of the k16-step bases moves
-    # to the warps: warpgroup g expands steps g T/2 .. (g + 1) T/2 - 1 of every K step
-    return (bases, []) if KG == 1 else (bases[:-1], bases[-1:])
-
-
-@triton.constexpr_function
-def pair_layout(BNW, T, BITS, KG=1):
+def pair_layout(BNW, T, BITS):
     """[BNW, T, 8, 2] (weight row, k16 step, pair j = 4e + c, weight of the pair) as wgmma's A fragment:
     registers the pair's two weights, then e (and at 1-bit t's low bit: the pairs that share a byte
     permute, `shared_pairs`; at 4-bit e then t make a row's words consecutive, `_load_words`), t, row +
     8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and up (64 a warpgroup). Reshaped to [BNW, 16 T]
     it is the A operand's layout itself (up to the order of a thread's registers), which the kernel
-    asserts at compile time. KG = 2: the top k16-step bit on the warps (`_group_bit`), so each warpgroup
-    expands half of every K step (T = 4: a 1-bit thread's pairs that share a permute stay its own)."""
-    tb, wg = _group_bit([[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)], KG)
+    asserts at compile time."""
+    tb = [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)]
     shared = [[0, 0, 4, 0]] + tb[:1] if BITS == 1 else [[0, 0, 4, 0]]
     rest = [b for b in tb + [[0, 0, 4, 0]] if b not in shared]
     reg = [[0, 0, 0, 1]] + shared + rest + [[8, 0, 0, 0]]
     lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
-    warp = [[16 << i, 0, 0, 0] for i in range((BNW // 16).bit_length() - 1)] + wg
+    warp = [[16 << i, 0, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T, 8, 2])
 
 
 @triton.constexpr_function
-def row_step_layout(BNW, T, KG=1):
+def row_step_layout(BNW, T):
     """[BNW, T] (weight row, k16 step): `pair_layout` without its pair dimensions, each value held by the
     four lanes of a quad, the k16 steps in consecutive registers (so a row's words load as one vector)."""
-    tb, wg = _group_bit([[0, 1 << i] for i in range(T.bit_length() - 1)], KG)
-    reg = tb + [[8, 0]]
+    reg = [[0, 1 << i] for i in range(T.bit_length() - 1)] + [[8, 0]]
     lane = [[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]]
-    warp = [[16 << i, 0] for i in range((BNW // 16).bit_length() - 1)] + wg
+    warp = [[16 << i, 0] for i in range((BNW // 16).bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T])
 
 
@@ -125,15 +115,14 @@ def pairs_constraints(NP):
 
 
 @triton.constexpr_function
-def word_quad_layout(BNW, T, KG=1):
+def word_quad_layout(BNW, T):
     """[BNW, 2T, 4] (weight row, word of the step, lane c of the quad) for 4-bit codes: a row's 2T words
     of a K step in consecutive registers (one vector load), the quad's four lanes on the same words.
     Reshaped to [BNW, T, 8] (word 2t + e, c -> t, j = 4e + c) it is `pair_layout` without the weight
     dimension."""
-    tb, wg = _group_bit([[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)], KG)
-    reg = tb + [[8, 0, 0]]
+    reg = [[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)] + [[8, 0, 0]]
     lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
-    warp = [[16 << i, 0, 0] for i in range((BNW // 16).bit_length() - 1)] + wg
+    warp = [[16 << i, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, 2 * T, 4])
 
 
@@ -152,7 +141,7 @@ def _scaled(d, v):
 
 @gluon.jit
 def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.constexpr,
-                L3: gl.constexpr, KG: gl.constexpr):
+                L3: gl.constexpr):
     # the code word of every pair of the K step at k0, int32 [BNW, T, 8] (or [BNW, T, 1] when a word
     # holds a whole k16 step or more: its pairs broadcast it)
     EPW: gl.constexpr = 32 // BITS
@@ -161,7 +150,7 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
     ru = (u * N + rows).to(gl.int64)                                  # [BNW] (unit, row) record
     w0 = (k0 - u * UNIT) // EPW
     if EPW >= 16:
-        LR: gl.constexpr = row_step_layout(ru.shape[0], t3.shape[1], KG)
+        LR: gl.constexpr = row_step_layout(ru.shape[0], t3.shape[1])
         t2 = gl.arange(0, t3.shape[1], layout=gl.SliceLayout(0, LR))
         r2 = gl.convert_layout(ru, gl.SliceLayout(1, LR), assert_trivial=True)
         if EPW == 16:       # word t of the step: the 4 words as one 16-byte load
@@ -174,7 +163,7 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
         # 4-bit: pair j = 4e + c of step t reads word 2t + e, so a row's 2T words of the step are one
         # 32-byte run: loaded as [BNW, 2T, 4] (two 16-byte loads a row), then reshaped to the pairs
         T: gl.constexpr = t3.shape[1]
-        LW: gl.constexpr = word_quad_layout(ru.shape[0], T, KG)
+        LW: gl.constexpr = word_quad_layout(ru.shape[0], T)
         wv = gl.arange(0, 2 * T, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
         cv = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
         r3 = gl.convert_layout(ru, gl.SliceLayout(1, gl.SliceLayout(2, LW)), assert_trivial=True)
@@ -185,10 +174,9 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
 
 @gluon.jit
 def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GROUP: gl.constexpr,
-                 SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr,
-                 KG: gl.constexpr):
+                 SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr):
     # (S, S) and (-M, -M) as bf16 pairs of every (row, k16 step) of the step at k0: int32 [BNW, T, 1]
-    L2: gl.constexpr = row_step_layout(rows.shape[0], T, KG)
+    L2: gl.constexpr = row_step_layout(rows.shape[0], T)
     GPU: gl.constexpr = UNIT // GROUP
     u = k0 // UNIT
     ru = gl.convert_layout((u * N + rows).to(gl.int64), gl.SliceLayout(1, L2), assert_trivial=True)
@@ -218,10 +206,9 @@ def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GR
 
 
 @gluon.jit
-def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr):
-    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in `pair_layout` reshaped (wgmma's A
-    # layout at KG = 1); `two` is a [1, 1, 1, 2] zero that spreads every input over the pair's two weights
-    # (moves no data)
+def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.constexpr):
+    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in wgmma's A layout; `two` is a
+    # [1, 1, 1, 2] zero that spreads every input over the pair's two weights (moves no data)
     NP: gl.constexpr = shared_pairs(BITS)
     if NP == 1:
         w = gl.inline_asm_elementwise(pair_asm(BITS), "=r,r,r,r,r,r,r,r,r,r,r",
@@ -242,7 +229,8 @@ def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr):
                                        gl.expand_dims(mask, 3) + two, gl.expand_dims(scl, 3) + two,
                                        gl.expand_dims(off, 3) + two, gl.expand_dims(s2, 3) + two,
                                        gl.expand_dims(nm2, 3) + two], dtype=gl.bfloat16, is_pure=True, pack=2 * NP)
-    return gl.reshape(w, [w.shape[0], w.shape[1] * 16])
+    w = gl.reshape(w, [w.shape[0], w.shape[1] * 16])
+    return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
 
 @gluon.jit
@@ -258,42 +246,15 @@ def _owner(u, P, U):
     return ((u + 1) * P - 1) // U
 
 
-@gluon.jit
-def _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3, j3, BITS: gl.constexpr, GROUP: gl.constexpr,
-               SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr,
-               KG: gl.constexpr):
-    # the K step at k0: code words [BNW, T, 8] (or [BNW, T, 1]) and the (S, S), (-M, -M) pairs [BNW, T, 1]
-    w = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3, KG)
-    s, m = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3.shape[1], GROUP, SCALE_BITS, MIN_BITS, UNIT,
-                        L3, KG)
-    return w, s, m
-
-
-@gluon.jit
-def _load_x(x_desc, bar, dst, m0, k):
-    # x [BT, BK] at (m0, k) into stage dst as BT / XB TMA copies (a TMA box holds at most 256 rows)
-    XB: gl.constexpr = x_desc.block_type.shape[0]
-    BT: gl.constexpr = dst.shape[0]
-    mbarrier.expect(bar, (BT // XB) * x_desc.block_type.nbytes)
-    for h in gl.static_range(BT // XB):
-        _tma_load(x_desc, [m0 + h * XB, k], bar, dst.slice(h * XB, XB))
-
-
 @gluon.jit(do_not_specialize=["M", "K", "P"])      # N specialized: its divisibility by 16 vectorizes the stores
 def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, part_p, cnt_p, M, N, K, P,
                       BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
-                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, KG: gl.constexpr = 1,
-                      PROF: gl.constexpr = 0):
-    # KG, warpgroups a tile: 1, each warpgroup its own 16-row-a-warp slice of W's rows, every A tile in
-    # its registers; 2, the two warpgroups take halves of the BT tokens and share one A tile [64, BK] a
-    # step: each expands half of its k16 steps into shared memory (NA buffers), then both wgmmas read
-    # all of it: half the expansion a multiply-add, at one more barrier a step.
+                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, PROF: gl.constexpr = 0):
     # PROF (diagnostics, wrong outputs): 1 the MMA pipeline alone (every step multiplies the first step's
-    # weights, or at KG = 2 whatever the A buffers hold: no weight loads, no dequantization), 2 the
-    # dequantization alone (no MMA; at KG = 1 the tiles are summed so that they stay live), 3 that without
-    # the x tiles' copies either
-    # out [M, N] = x [M, K] @ W [N, K]^T. Tile t: rows n0 .. n0+BNW of W, tokens m0 .. m0+BT;
-    # t = tm * tiles_n + tn. Work unit: two K steps of a
+    # weights: no weight loads, no dequantization), 2 the dequantization alone (no MMA; the tiles are
+    # summed so that they stay live)
+    # out [M, N] = x [M, K] @ W [N, K]^T. Tile t: rows n0 .. n0+BNW of W (16 a warp, 64 a warpgroup; the
+    # warpgroups share each x tile), tokens m0 .. m0+BT; t = tm * tiles_n + tn. Work unit: two K steps of a
     # tile (K units are 128 or 512 weights: whole pairs). Program q of P runs units [q U / P, (q+1) U / P)
     # of the U in all, tile by tile (stream-K): with P = tiles that is one whole tile each. A tile whose
     # units span programs q_a .. q_b: q_a runs its head last (the end of its range) and owns it; q_a + 1 ..
@@ -302,17 +263,14 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     # call), stores the tile and resets the count to 0. All P programs must be resident at once (P at
     # most the SMs' slots), since an owner waits for programs after it.
     NW: gl.constexpr = gl.num_warps()
-    BNW: gl.constexpr = 16 * NW // KG
+    BNW: gl.constexpr = 16 * NW
     BKC: gl.constexpr = x_desc.block_type.shape[1]
     T: gl.constexpr = BKC // 16
     UNIT: gl.constexpr = SB if SB > 0 else GROUP
-    NA: gl.constexpr = 2                               # A tiles in shared memory at KG = 2
-    L4: gl.constexpr = pair_layout(BNW, T, BITS, KG)
+    L4: gl.constexpr = pair_layout(BNW, T, BITS)
     L3: gl.constexpr = gl.SliceLayout(3, L4)
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW // KG, KG],
-                                                  instr_shape=[16, BT // KG, 16])
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BT, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    A_S: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     # out^T tiles are stored through a layout with n along lanes, so each store is contiguous
     OUT_L: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NW], [0, 1])
 
@@ -348,64 +306,56 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         m0 = (t // tiles_n).to(gl.int32) * BT
         rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         rows = gl.minimum(rows, N - 1)                 # rows past N read row N - 1 and are not stored
-        # shared memory allocated for the K loop only, so the epilogue's layout conversion can reuse it
-        xs = gl.allocate_shared_memory(x_desc.dtype, [NS, BT, BKC], x_desc.layout)
-        if KG > 1:
-            a_s = gl.allocate_shared_memory(gl.bfloat16, [NA, BNW, BKC], A_S)
+        # x stages allocated for the K loop only, so the epilogue's layout conversion can reuse them
+        xs = gl.allocate_shared_memory(x_desc.dtype, [NS] + x_desc.block_type.shape, x_desc.layout)
         for p in gl.static_range(NS - 1):
-            if p < nk and PROF != 3:
-                _load_x(x_desc, bars.index((g + p) % NS), xs.index((g + p) % NS), m0, (s_lo + p) * BKC)
+            if p < nk:
+                mbarrier.expect(bars.index((g + p) % NS), x_desc.block_type.nbytes)
+                _tma_load(x_desc, [m0, (s_lo + p) * BKC], bars.index((g + p) % NS), xs.index((g + p) % NS))
 
         k0 = s_lo * BKC
-        wd, s2, nm2 = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3, j3, BITS, GROUP,
-                                 SCALE_BITS, MIN_BITS, UNIT, L3, KG)
-        wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0 + BKC, rows, t3, j3, BITS, GROUP,
-                                SCALE_BITS, MIN_BITS, UNIT, L3, KG)
+        wd = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3)
+        s2, nm2 = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T, GROUP, SCALE_BITS, MIN_BITS,
+                               UNIT, L3)
+        k1 = k0 + BKC
+        wn = _load_words(codes_p, N, k1, rows, t3, j3, BITS, UNIT, L3)
+        sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
+                              UNIT, L3)
         acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
-        if KG == 1:
-            chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)      # PROF 2's sum (dead code otherwise)
-            a0 = chk
-            if PROF == 1:
-                a0 = gl.convert_layout(_dequant(wd, s2, nm2, sel, sh, two, BITS), A_L, assert_trivial=True)
+        chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)      # PROF 2's sum (dead code otherwise)
+        a0 = chk
+        if PROF == 1:
+            a0 = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
         # step i is dequantized while step i - 1's wgmma runs, then issued, then step i - 1's is retired
-        # (one wgmma in flight); at KG = 1 each A tile lives within its own step, at KG = 2 in buffer i % NA
-        # until step i + 1's closing barrier says every warpgroup has retired it
+        # (one wgmma in flight); each A tile lives within its own step
         for i0 in range(0, nk, 2):
             for h in gl.static_range(2):
                 i = i0 + h
-                if KG == 1:
-                    if PROF == 1:
-                        a = a0
-                    else:
-                        a = gl.convert_layout(_dequant(wd, s2, nm2, sel, sh, two, BITS), A_L, assert_trivial=True)
-                elif PROF != 1:
-                    a_s.index(i % NA).store(_dequant(wd, s2, nm2, sel, sh, two, BITS))
-                    fence_async_shared()
+                if PROF == 1:
+                    a = a0
+                else:
+                    a = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
                 wd = wn
                 s2 = sn
                 nm2 = nn
                 k2 = gl.minimum((s_lo + i + 2) * BKC, kend - BKC)
-                wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k2, rows, t3, j3, BITS, GROUP,
-                                        SCALE_BITS, MIN_BITS, UNIT, L3, KG)
-                if KG > 1:
-                    _cta_barrier()                     # A tile i whole
-                    a = a_s.index(i % NA)
+                wn = _load_words(codes_p, N, k2, rows, t3, j3, BITS, UNIT, L3)
+                sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k2, rows, T, GROUP, SCALE_BITS,
+                                      MIN_BITS, UNIT, L3)
                 st = (g + i) % NS
-                if PROF != 3:
-                    mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
-                if PROF >= 2:
-                    if KG == 1:
-                        chk = chk + a
+                mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
+                if PROF == 2:
+                    chk = chk + a
                 else:
                     acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                j = i + NS - 1                         # refill the stage step i - 1 used: retired now in
-                _cta_barrier()                         # every warpgroup
-                if j < nk and PROF != 3:
-                    _load_x(x_desc, bars.index((g + j) % NS), xs.index((g + j) % NS), m0, (s_lo + j) * BKC)
-        if PROF >= 2:
-            if KG == 1:
-                acc = acc + gl.convert_layout(gl.sum(chk.to(gl.float32), axis=1), gl.SliceLayout(1, ACC))[:, None]
+                j = i + NS - 1                     # refill the stage step i - 1 used: retired now in
+                _cta_barrier()                     # every warpgroup
+                if j < nk:
+                    mbarrier.expect(bars.index((g + j) % NS), x_desc.block_type.nbytes)
+                    _tma_load(x_desc, [m0, (s_lo + j) * BKC], bars.index((g + j) % NS), xs.index((g + j) % NS))
+        if PROF == 2:
+            acc = acc + gl.convert_layout(gl.sum(chk.to(gl.float32), axis=1), gl.SliceLayout(1, ACC))[:, None]
         else:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()                                 # every warpgroup is done with the stages
@@ -441,48 +391,36 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         mbarrier.invalidate(bars.index(p))
 
 
-BOX = 256   # TMA box rows at most: a tile of more tokens is copied in 256-row boxes
-
-
 def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
-    """TMA descriptor of x [M, K] bf16 (K a multiple of 8, rows 16-byte aligned) in [min(bt, BOX), BK] boxes."""
-    box = [min(bt, BOX), BK]
-    return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, gl.bfloat16))
-
-
-def tiles(m: int, n: int, bt: int = 256, num_warps: int = 4, kg: int = 1) -> int:
-    """Output tiles of `gemm_gluon_kernel`: [16 num_warps / kg rows of W, bt tokens]."""
-    return triton.cdiv(n, 16 * num_warps // kg) * triton.cdiv(m, bt)
+    """TMA descriptor of x [M, K] bf16 (K a multiple of 8, rows 16-byte aligned) in [bt, BK] tiles."""
+    layout = gl.NVMMASharedLayout.get_default_for([bt, BK], gl.bfloat16)
+    return TensorDescriptor.from_tensor(x, [bt, BK], layout)
 
 
 def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
-               bt: int = 256, ns: int = 3, num_warps: int = 4, kg: int = 1, programs: int | None = None,
+               bt: int = 256, ns: int = 3, num_warps: int = 4, programs: int | None = None,
                part: torch.Tensor | None = None, cnt: torch.Tensor | None = None, prof: int = 0) -> None:
     """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin).
-    kg: warpgroups a tile (the kernel's KG; 2 needs num_warps 8: two warpgroups of bt / 2 tokens sharing
-    each expanded A tile through shared memory). programs: None, one a tile; else that many, each taking
-    an equal share of all the tiles' K steps (stream-K; s x tiles: a K split s ways), which needs `part`
-    (float32, `part_numel`) and `cnt` (int32 zeros, one a tile; left at zero). prof: the kernel's PROF
-    diagnostics (1 MMA alone, 2 dequantization alone: wrong outputs, for
-    benchmarks/probe_gluon_programs.py)."""
+    programs: None, one a tile; else that many, each taking an equal share of all the tiles' K steps
+    (stream-K; s x tiles: a K split s ways), which needs `part` (float32, `part_numel`) and `cnt` (int32
+    zeros, one a tile; left at zero). prof: the kernel's PROF diagnostics (1 MMA alone, 2 dequantization
+    alone: wrong outputs, for benchmarks/probe_gluon_programs.py)."""
     m, k = x.shape
-    if kg not in (1, 2) or (kg == 2 and (num_warps != 8 or bt > 2 * BOX)):
-        raise ValueError(f"gemm_gluon: kg={kg} with num_warps={num_warps}, bt={bt}: kg 2 needs 8 warps, bt <= 512")
-    nt = tiles(m, n, bt, num_warps, kg)
-    if programs is None or programs == nt:
-        programs = nt
+    tiles = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt)
+    if programs is None or programs == tiles:
+        programs = tiles
         # not read (whole tiles only), but typed as the K split's, so both share one build
         part = torch.empty(1, dtype=torch.float32, device=x.device)
         cnt = torch.empty(1, dtype=torch.int32, device=x.device)
-    elif (part is None or cnt is None or part.numel() < part_numel(programs, bt, num_warps, kg)
-          or cnt.numel() < nt):
+    elif (part is None or cnt is None or part.numel() < part_numel(programs, bt, num_warps)
+          or cnt.numel() < tiles):
         raise ValueError("gemm_gluon: stream-K needs part (part_numel float32) and cnt (a zero a tile)")
     gemm_gluon_kernel[(programs,)](x_descriptor(x, bt), *mats, out, out.stride(0), part, cnt, m, n, k, programs,
                                    BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],
-                                   MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns, KG=kg,
+                                   MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns,
                                    num_warps=num_warps, PROF=prof)
 
 
-def part_numel(programs: int, bt: int, num_warps: int, kg: int = 1) -> int:
-    """float32 elements of stream-K's parts: one [16 num_warps / kg, bt] tile a program."""
-    return programs * bt * 16 * num_warps // kg
+def part_numel(programs: int, bt: int, num_warps: int) -> int:
+    """float32 elements of stream-K's parts: one [16 num_warps, bt] tile a program."""
+    return programs * bt * 16 * num_warps

@@ -200,14 +200,14 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     m, k = x.shape
     c = format_constants(FORMAT_CODES.index(p.fmt))
     if _gluon_ok(x, p, cfg):
-        gg, bt, nw, kg = gluon_module(), cfg["GBT"], cfg["GWARPS"], cfg.get("GKG", 1)
-        tiles = gg.tiles(m, p.n, bt, nw, kg)
+        gg, bt, nw = gluon_module(), cfg["GBT"], cfg["GWARPS"]
+        tiles = triton.cdiv(p.n, 16 * nw) * triton.cdiv(m, bt)
         # K split (up to GSPLIT ways) where the tiles leave SMs idle: one program an SM at most
         split = max(1, min(cfg.get("GSPLIT", 1), _sm_count(x.device) // tiles))
         progs = tiles * split
-        part = scratch(gg.part_numel(progs, bt, nw, kg), dtype=torch.float32, device=x.device) if split > 1 else None
+        part = scratch(gg.part_numel(progs, bt, nw), dtype=torch.float32, device=x.device) if split > 1 else None
         cnt = _counters(tiles, x.device) if split > 1 else None
-        gg.gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=bt, ns=cfg["GNS"], num_warps=nw, kg=kg, programs=progs,
+        gg.gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=bt, ns=cfg["GNS"], num_warps=nw, programs=progs,
                       part=part, cnt=cnt)
         return
     bk = _gemm_bk(p.fmt, cfg["BK"])

@@ -28,8 +28,7 @@ DEFAULTS: dict[str, dict] = {
     # (triton_common.gemv_rows: 1 DP4A chain in one PTX block, 2 rows clamped, 4 loop unrolled twice),
     # MAXNREG1 / MAXNREG2 / MAXNREG a register cap; both absent: none of them
     # GLUON=1 (tuned entries only): the Hopper GEMM of gluon_gemm from GLUON_MIN_M rows, GBT tokens a tile,
-    # GNS x stages, GWARPS warps, GKG warpgroups sharing each expanded weight tile (gluon_gemm's KG; 1 when
-    # absent), K split up to GSPLIT ways where the tiles leave SMs idle
+    # GNS x stages, GWARPS warps, K split up to GSPLIT ways where the tiles leave SMs idle
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }

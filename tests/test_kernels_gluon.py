@@ -143,20 +143,17 @@ def _gluon(x, p, out, **cfg):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("kg", [1, 2])
 @pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.xdist_group(f)) for f in PACKED])
-def test_gluon_gemm(fmt, kg):
-    # one build per format and KG (M, N, K are not specialized), so the shapes loop inside one test: M in
-    # {1, 3, 8, 33, 300} (KG 2: 300 tokens are both warpgroups' halves of a 512-token tile, 33 the first
-    # only), N not a multiple of the 64-row tile, K = 600 (padded to whole scale units: the padding
+def test_gluon_gemm(fmt):
+    # one build per format (M, N, K are not specialized), so the shapes loop inside one test: M in {1, 3,
+    # 8, 33, 300}, N not a multiple of the 64-row tile, K = 600 (padded to whole scale units: the padding
     # weights meet TMA's zeros past K), 1024 and 1536
-    cfg = dict(bt=256, ns=3, num_warps=4) if kg == 1 else dict(bt=512, ns=3, num_warps=8, kg=2)
     for n, k in ((40, 600), (200, 1024), (136, 1536)):
         p = quantize(torch.randn(n, k), fmt).to("cuda")
         for m in (1, 3, 8, 33, 300):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            err = rel(_gluon(x, p, out, **cfg), R.linear(x, p))
+            err = rel(_gluon(x, p, out), R.linear(x, p))
             assert err < 2e-2, (m, n, k, err)
 
 
@@ -164,7 +161,7 @@ def test_gluon_gemm(fmt, kg):
 @hopper
 @pytest.mark.xdist_group("q2_g16_s8m4")
 @pytest.mark.parametrize("cfg", [dict(bt=256, ns=3, num_warps=8), dict(bt=128, ns=4, num_warps=4),
-                                 dict(bt=256, ns=2, num_warps=4), dict(bt=256, ns=4, num_warps=8, kg=2)])
+                                 dict(bt=256, ns=2, num_warps=4)])
 def test_gluon_gemm_configs(cfg):
     p = quantize(torch.randn(200, 1024), "q2_g16_s8m4").to("cuda")
     x = torch.randn(300, 1024, dtype=torch.bfloat16, device="cuda")
@@ -175,28 +172,25 @@ def test_gluon_gemm_configs(cfg):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.xdist_group("q1_g32_s8m4")
-@pytest.mark.parametrize("kg", [1, 2])
 @pytest.mark.parametrize("programs", [3, 4, 5, 13, 64])
-def test_gluon_gemm_stream_k(programs, kg):
+def test_gluon_gemm_stream_k(programs):
     # stream-K: 8 tiles of 8 units (two K steps each) shared by `programs` programs: 3 and 5 take a tile
     # and parts of others, 4 exactly two whole tiles (no parts), 13 and 64 parts only (64: one unit each,
     # 8 parts a tile). fp32 parts (poisoned first) are added by the program that runs the tile's head, in
     # program order, which leaves the tile's counter at zero: a second call gives the same bits
     gg = ops.gluon_module()
-    m, tile = (300, dict(bt=256, ns=3, num_warps=4)) if kg == 1 else (600, dict(bt=512, ns=3, num_warps=8, kg=2))
     p = quantize(torch.randn(200, 1024), "q1_g32_s8m4").to("cuda")
-    x = torch.randn(m, 1024, dtype=torch.bfloat16, device="cuda")
-    tiles = gg.tiles(m, 200, tile["bt"], tile["num_warps"], kg)
-    assert tiles == 4 * 2                                # cdiv(200, 64) x cdiv(m, bt)
-    part = torch.full((gg.part_numel(programs, tile["bt"], tile["num_warps"], kg),), float("nan"), device="cuda")
+    x = torch.randn(300, 1024, dtype=torch.bfloat16, device="cuda")
+    tiles = 4 * 2                                        # cdiv(200, 64) x cdiv(300, 256)
+    part = torch.full((gg.part_numel(programs, 256, 4),), float("nan"), device="cuda")
     cnt = torch.zeros(tiles, dtype=torch.int32, device="cuda")
-    cfg = dict(tile, programs=programs, part=part, cnt=cnt)
-    one = _gluon(x, p, torch.full((m, 200), float("nan"), dtype=torch.bfloat16, device="cuda"), **cfg)
+    cfg = dict(bt=256, ns=3, num_warps=4, programs=programs, part=part, cnt=cnt)
+    one = _gluon(x, p, torch.full((300, 200), float("nan"), dtype=torch.bfloat16, device="cuda"), **cfg)
     assert rel(one, R.linear(x, p)) < 2e-2 and not cnt.any()
-    two = _gluon(x, p, torch.full((m, 200), float("nan"), dtype=torch.bfloat16, device="cuda"), **cfg)
+    two = _gluon(x, p, torch.full((300, 200), float("nan"), dtype=torch.bfloat16, device="cuda"), **cfg)
     assert torch.equal(one, two)
     with pytest.raises(ValueError, match="stream-K needs"):
-        _gluon(x, p, one, programs=programs, **tile)
+        _gluon(x, p, one, bt=256, ns=3, num_warps=4, programs=programs)
 
 
 @pytest.mark.gpu
