@@ -10,7 +10,9 @@ In one run, at kimi-k3.1-pro's expert shapes (hidden 7168, intermediate 3584) an
     swept (GATE_UP_SWEEP, DOWN_SWEEP below); the "shipped" rows time this GPU's tuned.py configs (what
     the library runs) beside the portable defaults, and a "best" row the sweep's winner if it differs;
  3. GemLite (2 and 4 bit, groups of 64), 24 calls per layer in a CUDA graph, and single-matrix GEMVs;
- 4. prefill: packed GEMM at M = 512 and 2048 against torch.matmul on the unpacked bf16 weights;
+ 4. prefill: packed GEMM at M = 512 and 2048 against torch.matmul on the unpacked bf16 weights, in short
+    bursts from an idle GPU and, each cell again, back to back for --sustained-s seconds with the SM
+    clock and board power (kernels.bench.sustained: what a long prefill runs at);
  5. the reference path (dequantize to bf16, then torch.matmul), launch overhead, and the profiler's
     measure_gemv_gbps for each format.
 Sections run in that order and are skipped (and said so) once the time budget is spent. The result goes
@@ -30,7 +32,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 from _result import write_result  # noqa: E402
 from strata_plan.kernels import ops  # noqa: E402
@@ -72,6 +73,7 @@ GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, MAXSPLI
 # prefill GEMM on Hopper: the Gluon kernel (kernels/gluon_gemm.py), tokens a tile (GBT), x stages (GNS),
 # warps (GWARPS: 8 = two warpgroups sharing each x tile). The Triton GEMM's own sweep (BM, BN, DQ, PFM)
 # ended on 2026-12-02 (KERNELS.md); its shipped config is measured beside the Gluon one in every run.
+PREFILL_FORMATS = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
 GEMM_SWEEP = [dict(GLUON=1, GBT=bt, GNS=ns, GWARPS=w)
               for bt, ns, w in ((256, 3, 4), (256, 2, 4), (256, 4, 8), (128, 4, 4))]
 
@@ -404,7 +406,7 @@ class Bench:
                 x = torch.randn(m, k, dtype=torch.bfloat16, device=self.dev)
                 bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
                 row = {"bf16_matmul_ms": round(bf, 4), "bf16_TFLOPs": round(2 * m * n * k / (bf * 1e-3) / 1e12, 1)}
-                for fmt in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16"):
+                for fmt in PREFILL_FORMATS:
                     ms = self._gemm_ms(fmt, n, k, m, cfg_best)
                     tms = self._gemm_ms(fmt, n, k, m, triton_cfg)
                     row[fmt] = {"ms": round(ms, 4), "over_bf16": round(ms / bf, 3),
@@ -413,6 +415,13 @@ class Bench:
                 self.log(f"prefill {name} M={m}: bf16 {bf:.3f} ms; " +
                          ", ".join(f"{f} x{row[f]['over_bf16']} (triton x{row[f]['triton_over_bf16']})"
                                    for f in row if f.startswith("q")))
+                if self.args.sustained_s > 0:
+                    row["sustained"] = sus = {"bf16": B.sustained(lambda: torch.matmul(x, w.T), self.args.sustained_s)}
+                    for fmt in PREFILL_FORMATS:
+                        r = self._gemm_sustained(fmt, n, k, m, cfg_best)
+                        sus[fmt] = {**r, "over_bf16": round(r["ms"] / sus["bf16"]["ms"], 3)}
+                    self.log(f"prefill {name} M={m} sustained: bf16 {sus['bf16']} " +
+                             ", ".join(f"{f} x{sus[f]['over_bf16']} ({sus[f]['sm_mhz']} MHz)" for f in PREFILL_FORMATS))
         # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M), and its K split where the tiles leave
         # SMs idle (GSPLIT: up to 4 ways, one program an SM at most): q2_g16 gate, both paths
         small = {}
@@ -432,20 +441,42 @@ class Bench:
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
             bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
             ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, cfg_best)
-            tiles = triton.cdiv(m, cfg_best.get("GBT", 256)) * triton.cdiv(inter, 16 * cfg_best.get("GWARPS", 4))
+            tiles = ops.gluon_module().tiles(m, inter, cfg_best["GBT"], cfg_best["GWARPS"])
             waves[f"M{m}"] = {"ms": round(ms, 4), "bf16_ms": round(bf, 4), "over_bf16": round(ms / bf, 3),
                               "waves": round(tiles / slots, 2)}
         res["waves_q2_g16_gate"] = waves
         self.log(f"prefill waves (gate q2_g16): {waves}")
+        if self.args.sustained_s > 0:
+            # 64-row tiles (4 warps) against 128-row ones (8 warps: half the x traffic a multiply-add, one
+            # program an SM) in bursts and back to back, q2_g16 gate
+            warps = {}
+            for m in (512, 1024, 2048, 4096):
+                x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
+                bf = B.sustained(lambda: torch.matmul(x, w.T), self.args.sustained_s)
+                r = warps[f"M{m}"] = {"bf16": bf}
+                for nw in (4, 8):
+                    c = {**cfg_best, "GWARPS": nw}
+                    su = self._gemm_sustained("q2_g16_s8m4", inter, hidden, m, c)
+                    r[f"w{nw}"] = {**su, "over_bf16": round(su["ms"] / bf["ms"], 3),
+                                   "burst_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, c), 4)}
+            res["warps_q2_g16_gate"] = warps
+            self.log(f"prefill warps (gate q2_g16, sustained over bf16): " +
+                     str({mm: {k2: v["over_bf16"] for k2, v in r.items() if k2 != "bf16"} for mm, r in warps.items()}))
         self.log(f"prefill small M (ms): {small}")
         res["config"] = cfg_best
         self.metrics["prefill_kimi-k3.1-pro"] = res
 
-    def _gemm_ms(self, fmt, n, k, m, cfg):
+    def _gemm_call(self, fmt, n, k, m, cfg):
         p = B.random_packed(fmt, n, k, self.dev)
         x = torch.randn(m, k, dtype=torch.bfloat16, device=self.dev)
         o = torch.empty(m, n, dtype=torch.bfloat16, device=self.dev)
-        return B.graph_ms(lambda: ops.packed_linear(x, p, out=o, config=cfg), reps=self.args.reps)
+        return lambda: ops.packed_linear(x, p, out=o, config=cfg)
+
+    def _gemm_ms(self, fmt, n, k, m, cfg):
+        return B.graph_ms(self._gemm_call(fmt, n, k, m, cfg), reps=self.args.reps)
+
+    def _gemm_sustained(self, fmt, n, k, m, cfg):
+        return B.sustained(self._gemm_call(fmt, n, k, m, cfg), self.args.sustained_s)
 
     # 5 -------------------------------------------------------------------------------------------
     def reference_path(self):
@@ -503,6 +534,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-rounds", type=int, default=1,
                     help="time every MoE sweep candidate this many times in turn and keep the medians")
     ap.add_argument("--gemlite", choices=("fast", "off"), default="fast")
+    ap.add_argument("--sustained-s", type=float, default=2.0,
+                    help="seconds each prefill cell also runs back to back (at the power limit); 0: bursts only")
     ap.add_argument("--sections", default="moe,gemlite,gemv_single,prefill,reference_path,launch_overhead,measure_gemv_gbps")
     ap.add_argument("--name", default="kernels", help="benchmark name of the result JSON")
     args = ap.parse_args(argv)
@@ -539,7 +572,7 @@ def main(argv=None) -> int:
             return 0
     b.section("bandwidth", b.bandwidth, 5)
     wanted = args.sections.split(",")
-    for name, need in (("moe", 30), ("gemlite", 40), ("gemv_single", 20), ("prefill", 20), ("reference_path", 5),
+    for name, need in (("moe", 30), ("gemlite", 40), ("gemv_single", 20), ("prefill", 100), ("reference_path", 5),
                        ("launch_overhead", 5), ("measure_gemv_gbps", 10)):
         if name in wanted and not (name == "gemlite" and args.gemlite == "off"):
             b.section(name, getattr(b, "gemv_gbps" if name == "measure_gemv_gbps" else name), need)

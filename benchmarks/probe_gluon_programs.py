@@ -2,10 +2,12 @@
 sharing all the tiles' K steps), beside one a tile, at several stage counts (NS 4 leaves room for one
 program an SM, NS 3 for two). Checks every variant against the first one's output.
 
-    python3 benchmarks/probe_gluon_programs.py OUT.json [NS:P ...]
+    python3 benchmarks/probe_gluon_programs.py OUT.json [NS:P[:PROF[:NW]] ...]
 
 P is a number or `tiles` / `2tiles` (skipped past the SM count) / `2tiles2` (past twice that: two an SM);
-NS:P:1 and NS:P:2 time the kernel's PROF diagnostics (the MMA pipeline alone, the dequantization alone).
+NS:P:1, NS:P:2 and NS:P:3 time the kernel's PROF diagnostics (the MMA pipeline alone, the dequantization
+alone, that without the x copies); NS:P:PROF:NW runs NW warps (default 4; 8: 128-row tiles, `tiles` counts
+those).
 Default: 3:tiles 3:2tiles 3:132 3:264. CUDA-graph medians, q2_g16 / q1_g32 / q4_g128 at kimi-k3.1-pro's
 gate and down shapes, bf16 matmul beside them."""
 from __future__ import annotations
@@ -14,7 +16,6 @@ import json
 import sys
 
 import torch
-import triton
 
 from strata_plan.kernels import bench as B
 from strata_plan.kernels import ops
@@ -43,19 +44,19 @@ def main() -> None:
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
             o = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-            tiles = triton.cdiv(n, 64) * triton.cdiv(m, 256)
             row, base = {}, None
-            for ns, spec, *prof in specs:
+            for ns, spec, *opt in specs:
+                prof, nw = (int(opt[0]) if opt else 0), (int(opt[1]) if len(opt) > 1 else 4)
+                tiles = gg.tiles(m, n, 256, nw)
                 p = programs(spec, tiles, sms)
-                prof = int(prof[0]) if prof else 0
-                key = f"ns{ns}_P{p}" + (f"_prof{prof}" if prof else "")
+                key = f"ns{ns}_P{p}" + (f"_prof{prof}" if prof else "") + (f"_w{nw}" if nw != 4 else "")
                 if p is None or key in row:
                     continue
-                part = torch.empty(gg.part_numel(p, 256, 4), device=dev)
+                part = torch.empty(gg.part_numel(p, 256, nw), device=dev)
                 cnt = torch.zeros(tiles, dtype=torch.int32, device=dev)
 
                 def f():
-                    gg.gemm_gluon(x, mats, c, n, o, bt=256, ns=int(ns), num_warps=4, programs=p, part=part, cnt=cnt,
+                    gg.gemm_gluon(x, mats, c, n, o, bt=256, ns=int(ns), num_warps=nw, programs=p, part=part, cnt=cnt,
                                   prof=prof)
                 f()
                 torch.cuda.synchronize()
@@ -64,8 +65,8 @@ def main() -> None:
                 row[key] = {"ms": round(B.graph_ms(f, reps=10), 4), "rel_err_vs_first": float(f"{err:.2e}")}
             w = torch.randn(n, k, dtype=torch.bfloat16, device=dev)
             row["bf16_ms"] = round(B.graph_ms(lambda: torch.matmul(x, w.T), reps=10), 4)
-            res[f"{fmt}_{name}_M{m}_tiles{tiles}"] = row
-            print(fmt, name, m, tiles, {kk: v["ms"] if isinstance(v, dict) else v for kk, v in row.items()}, flush=True)
+            res[f"{fmt}_{name}_M{m}"] = row
+            print(fmt, name, m, {kk: v["ms"] if isinstance(v, dict) else v for kk, v in row.items()}, flush=True)
     with open(out, "w") as fh:
         json.dump(res, fh, indent=1)
 

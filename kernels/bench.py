@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -93,6 +95,48 @@ def graph_ms(fn: Callable[[], None], reps: int = 20) -> float:
     """Median milliseconds of one replay of a graph holding fn."""
     g = graph_of(fn)
     return statistics.median(event_times(g.replay, reps=reps, warmup=2))
+
+
+def sustained(fn: Callable[[], None], seconds: float = 2.0, calls: int = 20) -> dict:
+    """fn run back to back for `seconds` (a graph of `calls` calls, replayed), as a long prefill runs it,
+    rather than in short bursts from an idle GPU: at the board's power limit the clock drops, by how much
+    depends on the work. Returns ms a call (events around the whole run), and the median SM clock (MHz)
+    and board power (W) that NVML reads every 20 ms after the first half second (None without NVML)."""
+    g = graph_of(lambda: [fn() for _ in range(calls)])
+    samples, stop = [], threading.Event()
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception:                                   # no NVML: times only
+        h = None
+
+    def watch() -> None:
+        t0 = time.perf_counter()
+        while h is not None and not stop.wait(0.02):
+            if time.perf_counter() - t0 > 0.5:
+                samples.append((pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                                pynvml.nvmlDeviceGetPowerUsage(h) / 1000))
+
+    th = threading.Thread(target=watch)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    torch.cuda.synchronize()
+    th.start()
+    t0, reps = time.perf_counter(), 0
+    a.record()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            g.replay()
+        reps += 10
+        torch.cuda.synchronize()
+    b.record()
+    torch.cuda.synchronize()
+    stop.set()
+    th.join()
+    return {"ms": round(a.elapsed_time(b) / (reps * calls), 4),
+            "sm_mhz": statistics.median(c for c, _ in samples) if samples else None,
+            "watts": round(statistics.median(w for _, w in samples), 1) if samples else None}
 
 
 def measure_gemv_gbps(fmt: str, n: int, k: int, device="cuda", m: int = 1, reps: int = 20) -> float:

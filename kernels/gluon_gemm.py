@@ -252,7 +252,7 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
                       SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, PROF: gl.constexpr = 0):
     # PROF (diagnostics, wrong outputs): 1 the MMA pipeline alone (every step multiplies the first step's
     # weights: no weight loads, no dequantization), 2 the dequantization alone (no MMA; the tiles are
-    # summed so that they stay live)
+    # summed so that they stay live), 3 that without the x tiles' copies either
     # out [M, N] = x [M, K] @ W [N, K]^T. Tile t: rows n0 .. n0+BNW of W (16 a warp, 64 a warpgroup; the
     # warpgroups share each x tile), tokens m0 .. m0+BT; t = tm * tiles_n + tn. Work unit: two K steps of a
     # tile (K units are 128 or 512 weights: whole pairs). Program q of P runs units [q U / P, (q+1) U / P)
@@ -309,7 +309,7 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         # x stages allocated for the K loop only, so the epilogue's layout conversion can reuse them
         xs = gl.allocate_shared_memory(x_desc.dtype, [NS] + x_desc.block_type.shape, x_desc.layout)
         for p in gl.static_range(NS - 1):
-            if p < nk:
+            if p < nk and PROF != 3:
                 mbarrier.expect(bars.index((g + p) % NS), x_desc.block_type.nbytes)
                 _tma_load(x_desc, [m0, (s_lo + p) * BKC], bars.index((g + p) % NS), xs.index((g + p) % NS))
 
@@ -322,7 +322,7 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
                               UNIT, L3)
         acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
-        chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)      # PROF 2's sum (dead code otherwise)
+        chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)      # PROF 2/3's sum (dead code otherwise)
         a0 = chk
         if PROF == 1:
             a0 = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
@@ -343,18 +343,19 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
                 sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k2, rows, T, GROUP, SCALE_BITS,
                                       MIN_BITS, UNIT, L3)
                 st = (g + i) % NS
-                mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
-                if PROF == 2:
+                if PROF != 3:
+                    mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
+                if PROF >= 2:
                     chk = chk + a
                 else:
                     acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 j = i + NS - 1                     # refill the stage step i - 1 used: retired now in
                 _cta_barrier()                     # every warpgroup
-                if j < nk:
+                if j < nk and PROF != 3:
                     mbarrier.expect(bars.index((g + j) % NS), x_desc.block_type.nbytes)
                     _tma_load(x_desc, [m0, (s_lo + j) * BKC], bars.index((g + j) % NS), xs.index((g + j) % NS))
-        if PROF == 2:
+        if PROF >= 2:
             acc = acc + gl.convert_layout(gl.sum(chk.to(gl.float32), axis=1), gl.SliceLayout(1, ACC))[:, None]
         else:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -397,6 +398,11 @@ def x_descriptor(x: torch.Tensor, bt: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(x, [bt, BK], layout)
 
 
+def tiles(m: int, n: int, bt: int = 256, num_warps: int = 4) -> int:
+    """Output tiles of `gemm_gluon_kernel`: [16 num_warps rows of W, bt tokens]."""
+    return triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt)
+
+
 def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
                bt: int = 256, ns: int = 3, num_warps: int = 4, programs: int | None = None,
                part: torch.Tensor | None = None, cnt: torch.Tensor | None = None, prof: int = 0) -> None:
@@ -404,16 +410,17 @@ def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, 
     programs: None, one a tile; else that many, each taking an equal share of all the tiles' K steps
     (stream-K; s x tiles: a K split s ways), which needs `part` (float32, `part_numel`) and `cnt` (int32
     zeros, one a tile; left at zero). prof: the kernel's PROF diagnostics (1 MMA alone, 2 dequantization
-    alone: wrong outputs, for benchmarks/probe_gluon_programs.py)."""
+    alone, 3 without the x copies: wrong outputs, for benchmarks/probe_gluon_programs.py and
+    probe_clocks.py)."""
     m, k = x.shape
-    tiles = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt)
-    if programs is None or programs == tiles:
-        programs = tiles
+    nt = tiles(m, n, bt, num_warps)
+    if programs is None or programs == nt:
+        programs = nt
         # not read (whole tiles only), but typed as the K split's, so both share one build
         part = torch.empty(1, dtype=torch.float32, device=x.device)
         cnt = torch.empty(1, dtype=torch.int32, device=x.device)
     elif (part is None or cnt is None or part.numel() < part_numel(programs, bt, num_warps)
-          or cnt.numel() < tiles):
+          or cnt.numel() < nt):
         raise ValueError("gemm_gluon: stream-K needs part (part_numel float32) and cnt (a zero a tile)")
     gemm_gluon_kernel[(programs,)](x_descriptor(x, bt), *mats, out, out.stride(0), part, cnt, m, n, k, programs,
                                    BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],

@@ -201,7 +201,7 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     c = format_constants(FORMAT_CODES.index(p.fmt))
     if _gluon_ok(x, p, cfg):
         gg, bt, nw = gluon_module(), cfg["GBT"], cfg["GWARPS"]
-        tiles = triton.cdiv(p.n, 16 * nw) * triton.cdiv(m, bt)
+        tiles = gg.tiles(m, p.n, bt, nw)
         # K split (up to GSPLIT ways) where the tiles leave SMs idle: one program an SM at most
         split = max(1, min(cfg.get("GSPLIT", 1), _sm_count(x.device) // tiles))
         progs = tiles * split
