@@ -433,10 +433,10 @@ class Bench:
                                                                     {**gl, "GSPLIT": 4}), 4),
                               "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
         res["small_m_q2_g16_gate"] = small
-        # wave quantization: 256-token tiles x 56 row tiles of the gate on 2 programs an SM (KERNELS.md)
+        # wave quantization: 256-token tiles x the gate's row tiles on the SMs' program slots (KERNELS.md)
         waves = {}
         w = torch.randn(inter, hidden, dtype=torch.bfloat16, device=self.dev)
-        slots = 2 * torch.cuda.get_device_properties(self.dev).multi_processor_count
+        sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
         for m in (1024, 1536, 2048, 3072, 4096):
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
             bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
@@ -444,7 +444,7 @@ class Bench:
             nw = 8 if m >= cfg_best.get("GWARPS8_MIN_M", 1 << 62) else cfg_best["GWARPS"]
             tiles = ops.gluon_module().tiles(m, inter, cfg_best["GBT"], nw)
             waves[f"M{m}"] = {"ms": round(ms, 4), "bf16_ms": round(bf, 4), "over_bf16": round(ms / bf, 3),
-                              "waves": round(tiles / slots, 2)}
+                              "waves": round(tiles / (sms * 8 // nw), 2)}     # 2 programs an SM at 4 warps, 1 at 8
         res["waves_q2_g16_gate"] = waves
         self.log(f"prefill waves (gate q2_g16): {waves}")
         if self.args.sustained_s > 0:
