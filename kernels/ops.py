@@ -201,7 +201,8 @@ def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     c = format_constants(FORMAT_CODES.index(p.fmt))
     if _gluon_ok(x, p, cfg):
         gg, bt = gluon_module(), cfg["GBT"]
-        nw = 8 if m >= cfg.get("GWARPS8_MIN_M", 1 << 62) else cfg["GWARPS"]      # 128-row tiles from there
+        big = m >= cfg.get("GWARPS8_MIN_M", 1 << 62) and k >= cfg.get("GWARPS8_MIN_K", 0)
+        nw = 8 if big else cfg["GWARPS"]                     # 128-row tiles for large M and long K
         tiles = gg.tiles(m, p.n, bt, nw)
         # K split (up to GSPLIT ways) where the tiles leave SMs idle: one program an SM at most
         split = max(1, min(cfg.get("GSPLIT", 1), _sm_count(x.device) // tiles))

@@ -28,8 +28,8 @@ DEFAULTS: dict[str, dict] = {
     # (triton_common.gemv_rows: 1 DP4A chain in one PTX block, 2 rows clamped, 4 loop unrolled twice),
     # MAXNREG1 / MAXNREG2 / MAXNREG a register cap; both absent: none of them
     # GLUON=1 (tuned entries only): the Hopper GEMM of gluon_gemm from GLUON_MIN_M rows, GBT tokens a tile,
-    # GNS x stages, GWARPS warps (8 from GWARPS8_MIN_M rows on), K split up to GSPLIT ways where the tiles
-    # leave SMs idle
+    # GNS x stages, GWARPS warps (8 from GWARPS8_MIN_M rows and GWARPS8_MIN_K columns on), K split up to
+    # GSPLIT ways where the tiles leave SMs idle
     # fused MoE prefill: grouped GEMMs
     "moe_grouped": {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 3},
 }
@@ -91,12 +91,15 @@ TUNED: dict[str, dict[str, dict]] = {
                     # a K split at two programs an SM (M = 512 gate, 224 programs) lost too (0.0664 against
                     # 0.0629 ms: benchmarks/data/probe-gluon-programs-0035cee-2tiles2.json).
                     # 8 warps (128-row tiles: half the x traffic a multiply-add, one program an SM) from
-                    # M = 1024: even in short bursts, faster back to back at the power limit, where the
-                    # energy a call sets the time (q2_g16 gate over bf16: 1.266 / 1.262 against 1.319 /
-                    # 1.309 at M = 1024 / 2048; 1.378 against 1.31 at 512, too few tiles:
-                    # kernels-prefill-20261202T061142Z.json)
+                    # M = 1024 at K >= 7168 (the gate/up shape): back to back at the power limit, where the
+                    # energy a call sets the time, q2_g16 over bf16 1.262-1.266 against 1.309-1.326 at
+                    # M = 1024 and 2048 (kernels-prefill-20261202T061142Z .. 061452Z); 1.38-1.39 against
+                    # 1.31-1.32 at M = 512 (too few tiles). In short bursts even or faster (q2_g32 gate
+                    # M=2048 1.24-1.25 against 1.33). At K = 3584 (down) slower both ways (q2_g16 M=2048
+                    # 1.56-1.64 against 1.41 in bursts, 1.38 against 1.35 back to back): one program an SM
+                    # leaves the short tiles' prologue and epilogue uncovered
                     "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 16, "GBT": 256, "GNS": 3,
-                             "GWARPS": 4, "GWARPS8_MIN_M": 1024, "GSPLIT": 2}},
+                             "GWARPS": 4, "GWARPS8_MIN_M": 1024, "GWARPS8_MIN_K": 7168, "GSPLIT": 2}},
 }
 
 def _device_key(device) -> str | None:
