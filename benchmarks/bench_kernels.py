@@ -441,8 +441,7 @@ class Bench:
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
             bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
             ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, cfg_best)
-            nw = 8 if (m >= cfg_best.get("GWARPS8_MIN_M", 1 << 62)
-                       and hidden >= cfg_best.get("GWARPS8_MIN_K", 0)) else cfg_best["GWARPS"]
+            nw = ops.gluon_warps(m, hidden, cfg_best)
             tiles = ops.gluon_module().tiles(m, inter, cfg_best["GBT"], nw)
             waves[f"M{m}"] = {"ms": round(ms, 4), "bf16_ms": round(bf, 4), "over_bf16": round(ms / bf, 3),
                               "waves": round(tiles / (sms * 8 // nw), 2)}     # 2 programs an SM at 4 warps, 1 at 8

@@ -196,13 +196,19 @@ def _gluon_ok(x: torch.Tensor, p: PackedMatrix, cfg: dict) -> bool:
             and gluon_module() is not None)
 
 
+def gluon_warps(m: int, k: int, cfg: dict) -> int:
+    """Warps of the Gluon GEMM for x [m, k]: 8 (128-row tiles) from GWARPS8_MIN_M rows and GWARPS8_MIN_K
+    columns on, GWARPS below."""
+    big = m >= cfg.get("GWARPS8_MIN_M", 1 << 62) and k >= cfg.get("GWARPS8_MIN_K", 0)
+    return 8 if big else cfg["GWARPS"]
+
+
 def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
     m, k = x.shape
     c = format_constants(FORMAT_CODES.index(p.fmt))
     if _gluon_ok(x, p, cfg):
         gg, bt = gluon_module(), cfg["GBT"]
-        big = m >= cfg.get("GWARPS8_MIN_M", 1 << 62) and k >= cfg.get("GWARPS8_MIN_K", 0)
-        nw = 8 if big else cfg["GWARPS"]                     # 128-row tiles for large M and long K
+        nw = gluon_warps(m, k, cfg)
         tiles = gg.tiles(m, p.n, bt, nw)
         # K split (up to GSPLIT ways) where the tiles leave SMs idle: one program an SM at most
         split = max(1, min(cfg.get("GSPLIT", 1), _sm_count(x.device) // tiles))
