@@ -92,9 +92,9 @@ TUNED: dict[str, dict[str, dict]] = {
                     # 0.0629 ms: benchmarks/data/probe-gluon-programs-0035cee-2tiles2.json).
                     # 8 warps (128-row tiles: half the x traffic a multiply-add, one program an SM) from
                     # M = 1024 at K >= 7168 (the gate/up shape): back to back at the power limit, where the
-                    # energy a call sets the time, q2_g16 over bf16 1.262-1.266 against 1.309-1.326 at
-                    # M = 1024 and 2048 (kernels-prefill-20261202T061142Z .. 061452Z); 1.38-1.39 against
-                    # 1.31-1.32 at M = 512 (too few tiles). In short bursts even or faster (q2_g32 gate
+                    # energy a call sets the time, q2_g16 over bf16 1.26-1.28 against 1.31-1.33 at
+                    # M = 1024 and 2048 (the warps rows of kernels-prefill-20261202T061142Z .. 061650Z);
+                    # 1.38-1.39 against 1.31-1.32 at M = 512 (too few tiles). In short bursts even or faster (q2_g32 gate
                     # M=2048 1.24-1.25 against 1.33). At K = 3584 (down) slower both ways (q2_g16 M=2048
                     # 1.56-1.64 against 1.41 in bursts, 1.38 against 1.35 back to back): one program an SM
                     # leaves the short tiles' prologue and epilogue uncovered

@@ -397,3 +397,16 @@ def test_prefill_gemm_real_shape(m, bm):
     assert rel(packed_linear(x, p, config=cfg), ref) < 2e-2
     assert rel(packed_linear(x, p, config={**cfg, "DQ": 1}), ref) < 2e-2          # bf16x2 dequantization
     assert rel(packed_linear(x, p, config={**cfg, "DQ": 1, "PFM": 1}), ref) < 2e-2  # scale bytes a step ahead
+
+
+@pytest.mark.gpu
+@gpu
+def test_sustained_timing_agrees_with_bursts():
+    # back to back the clock may fall (power limit), so the call may be slower, never much faster, than in
+    # bursts: same work, same kernel; the clock and power come from NVML when it is there
+    from strata_plan.kernels import bench as B
+    a = torch.randn(2048, 2048, device=DEVICE, dtype=torch.bfloat16)
+    burst = B.graph_ms(lambda: torch.matmul(a, a), reps=10)
+    run = B.sustained(lambda: torch.matmul(a, a), seconds=0.8)
+    assert 0.7 * burst < run["ms"] < 3 * burst, (burst, run)
+    assert run["sm_mhz"] is None or run["sm_mhz"] > 0

@@ -16,3 +16,14 @@ def test_config_for_layers_gpu_and_format_entries(monkeypatch):
 
 def test_config_for_without_a_gpu_is_the_defaults():
     assert tuned.config_for("gemv", "q4_g128_f16", 1, 8, 64, "cpu") == tuned.DEFAULTS["gemv"]
+
+
+def test_gluon_warps_rule():
+    # 8 warps (128-row tiles) only where both the rows and the reduction are long enough; 4 elsewhere
+    from strata_plan.kernels import ops
+    cfg = {"GWARPS": 4, "GWARPS8_MIN_M": 1024, "GWARPS8_MIN_K": 7168}
+    assert ops.gluon_warps(2048, 7168, cfg) == 8 and ops.gluon_warps(1024, 8192, cfg) == 8
+    assert ops.gluon_warps(1023, 7168, cfg) == 4 and ops.gluon_warps(2048, 3584, cfg) == 4
+    assert ops.gluon_warps(4096, 7168, {"GWARPS": 4}) == 4          # no rule: GWARPS
+    h200 = tuned.TUNED["nvidia h200"]["gemm"]                        # the shipped H200 entry carries the rule
+    assert ops.gluon_warps(2048, 7168, h200) == 8 and ops.gluon_warps(512, 7168, h200) == 4
