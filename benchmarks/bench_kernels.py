@@ -9,6 +9,7 @@ In one run, at kimi-k3.1-pro's expert shapes (hidden 7168, intermediate 3584) an
     graph (weights rotate, L2 never serves a repeat), eager timed separately; both launches' configs are
     swept (GATE_UP_SWEEP, DOWN_SWEEP below); the "shipped" rows time this GPU's tuned.py configs (what
     the library runs) beside the portable defaults, and a "best" row the sweep's winner if it differs;
+    the shipped row again with every layer back to back (--sustained-s, with the SM clock and power);
  3. GemLite (2 and 4 bit, groups of 64), 24 calls per layer in a CUDA graph, and single-matrix GEMVs;
  4. prefill: packed GEMM at M = 512 and 2048 against torch.matmul on the unpacked bf16 weights, in short
     bursts from an idle GPU and, each cell again, back to back for --sustained-s seconds with the SM
@@ -216,7 +217,8 @@ class Bench:
             abytes = 2 * hidden * 2 + TOPK * (inter + inter // 32 * 4 + inter // 8 * 4)   # x, out, packed h
             res = {"experts": per_layer, "weight_bytes_per_layer": wbytes, "activation_bytes_per_layer": abytes}
 
-            def layer_ms(cfg, part="both"):
+            def layers_run(cfg, part="both"):
+                # the LAYERS layers once (part: both launches, or gate/up or down alone)
                 scs = [ops.moe_gate_up(x, i, arena, offsets, fm, hidden, inter, cfg) for i in ids]
 
                 def run():
@@ -226,7 +228,10 @@ class Bench:
                         if part in ("both", "down"):
                             ops.moe_down(sc2 if part == "both" else sc, i, wts, arena, offsets, fm, hidden, inter,
                                          out, cfg)
-                return B.graph_ms(run, reps=self.args.reps) / LAYERS
+                return run
+
+            def layer_ms(cfg, part="both"):
+                return B.graph_ms(layers_run(cfg, part), reps=self.args.reps) / LAYERS
 
             def layer_out(cfg):
                 o = torch.empty_like(out)
@@ -263,6 +268,15 @@ class Bench:
                               "GBps": round(gbps, 1), "pct_of_read_bw": round(100 * gbps / self.read_gbps, 1)}
                 self.log(f"{model} MoE layer [{label}] {ms * 1e3:.1f} us = {gbps:.0f} GB/s "
                          f"({100 * gbps / self.read_gbps:.1f}% of read BW)  cfg={rcfg}")
+                if label == "shipped" and self.args.sustained_s > 0:
+                    # every layer back to back for --sustained-s seconds, as a long decode runs them
+                    su = B.sustained(layers_run(rcfg), self.args.sustained_s, calls=5)
+                    us = su["ms"] / LAYERS * 1e3
+                    gb = (wbytes + abytes) / (us * 1e-6) / GB
+                    res[label]["sustained"] = {"us_per_layer": round(us, 2), "sm_mhz": su["sm_mhz"],
+                                               "watts": su["watts"], "pct_of_read_bw": round(100 * gb / self.read_gbps, 1)}
+                    self.log(f"{model} MoE layer [{label}] back to back {us:.1f} us "
+                             f"({100 * gb / self.read_gbps:.1f}% of read BW) at {su['sm_mhz']} MHz, {su['watts']} W")
 
             def eager():
                 for i in ids:
@@ -536,7 +550,7 @@ def main(argv=None) -> int:
                     help="time every MoE sweep candidate this many times in turn and keep the medians")
     ap.add_argument("--gemlite", choices=("fast", "off"), default="fast")
     ap.add_argument("--sustained-s", type=float, default=2.0,
-                    help="seconds each prefill cell also runs back to back (at the power limit); 0: bursts only")
+                    help="seconds each prefill cell and the shipped MoE layer also run back to back; 0: bursts only")
     ap.add_argument("--sections", default="moe,gemlite,gemv_single,prefill,reference_path,launch_overhead,measure_gemv_gbps")
     ap.add_argument("--name", default="kernels", help="benchmark name of the result JSON")
     args = ap.parse_args(argv)
