@@ -107,8 +107,10 @@ def sustained(fn: Callable[[], None], seconds: float = 2.0, calls: int = 20) -> 
     try:
         import pynvml
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-    except Exception:                                   # no NVML: times only
+        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+        h = (pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}") if uuid is not None     # NVML's numbering ignores
+             else pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device()))    # CUDA_VISIBLE_DEVICES
+    except Exception:                                   # no NVML (or no such GPU in it): times only
         h = None
 
     def watch() -> None:
