@@ -97,6 +97,18 @@ def graph_ms(fn: Callable[[], None], reps: int = 20) -> float:
     return statistics.median(event_times(g.replay, reps=reps, warmup=2))
 
 
+def nvml_handle(pynvml, index: int):
+    """NVML's handle of torch's CUDA device `index`, found by UUID (NVML numbers GPUs without regard to
+    CUDA_VISIBLE_DEVICES), by index where torch gives no UUID."""
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except pynvml.NVMLError:
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
 def sustained(fn: Callable[[], None], seconds: float = 2.0, calls: int = 20) -> dict:
     """fn run back to back for `seconds` (a graph of `calls` calls, replayed), as a long prefill runs it,
     rather than in short bursts from an idle GPU: at the board's power limit the clock drops, by how much
@@ -107,9 +119,7 @@ def sustained(fn: Callable[[], None], seconds: float = 2.0, calls: int = 20) -> 
     try:
         import pynvml
         pynvml.nvmlInit()
-        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
-        h = (pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}") if uuid is not None     # NVML's numbering ignores
-             else pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device()))    # CUDA_VISIBLE_DEVICES
+        h = nvml_handle(pynvml, torch.cuda.current_device())
     except Exception:                                   # no NVML (or no such GPU in it): times only
         h = None
 

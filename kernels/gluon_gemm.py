@@ -206,6 +206,23 @@ def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GR
 
 
 @gluon.jit
+def _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3, j3, BITS: gl.constexpr, GROUP: gl.constexpr,
+               SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr):
+    # the K step at k0: its code words and its (S, S), (-M, -M) pairs
+    w = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3)
+    s, m = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3.shape[1], GROUP, SCALE_BITS, MIN_BITS, UNIT,
+                        L3)
+    return w, s, m
+
+
+@gluon.jit
+def _load_x(x_desc, bar, dst, m0, k):
+    # the x tile [BT, BK] at (m0, k) into one stage, counted on its barrier
+    mbarrier.expect(bar, x_desc.block_type.nbytes)
+    _tma_load(x_desc, [m0, k], bar, dst)
+
+
+@gluon.jit
 def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.constexpr):
     # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in wgmma's A layout; `two` is a
     # [1, 1, 1, 2] zero that spreads every input over the pair's two weights (moves no data)
@@ -310,17 +327,13 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         xs = gl.allocate_shared_memory(x_desc.dtype, [NS] + x_desc.block_type.shape, x_desc.layout)
         for p in gl.static_range(NS - 1):
             if p < nk and PROF != 3:
-                mbarrier.expect(bars.index((g + p) % NS), x_desc.block_type.nbytes)
-                _tma_load(x_desc, [m0, (s_lo + p) * BKC], bars.index((g + p) % NS), xs.index((g + p) % NS))
+                _load_x(x_desc, bars.index((g + p) % NS), xs.index((g + p) % NS), m0, (s_lo + p) * BKC)
 
         k0 = s_lo * BKC
-        wd = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3)
-        s2, nm2 = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T, GROUP, SCALE_BITS, MIN_BITS,
-                               UNIT, L3)
-        k1 = k0 + BKC
-        wn = _load_words(codes_p, N, k1, rows, t3, j3, BITS, UNIT, L3)
-        sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k1, rows, T, GROUP, SCALE_BITS, MIN_BITS,
-                              UNIT, L3)
+        wd, s2, nm2 = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3, j3, BITS, GROUP,
+                                 SCALE_BITS, MIN_BITS, UNIT, L3)
+        wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0 + BKC, rows, t3, j3, BITS, GROUP,
+                                SCALE_BITS, MIN_BITS, UNIT, L3)
         acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
         chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)      # PROF 2/3's sum (dead code otherwise)
         a0 = chk
@@ -339,9 +352,8 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
                 s2 = sn
                 nm2 = nn
                 k2 = gl.minimum((s_lo + i + 2) * BKC, kend - BKC)
-                wn = _load_words(codes_p, N, k2, rows, t3, j3, BITS, UNIT, L3)
-                sn, nn = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k2, rows, T, GROUP, SCALE_BITS,
-                                      MIN_BITS, UNIT, L3)
+                wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k2, rows, t3, j3, BITS, GROUP,
+                                        SCALE_BITS, MIN_BITS, UNIT, L3)
                 st = (g + i) % NS
                 if PROF != 3:
                     mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
@@ -353,8 +365,7 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
                 j = i + NS - 1                     # refill the stage step i - 1 used: retired now in
                 _cta_barrier()                     # every warpgroup
                 if j < nk and PROF != 3:
-                    mbarrier.expect(bars.index((g + j) % NS), x_desc.block_type.nbytes)
-                    _tma_load(x_desc, [m0, (s_lo + j) * BKC], bars.index((g + j) % NS), xs.index((g + j) % NS))
+                    _load_x(x_desc, bars.index((g + j) % NS), xs.index((g + j) % NS), m0, (s_lo + j) * BKC)
         if PROF >= 2:
             acc = acc + gl.convert_layout(gl.sum(chk.to(gl.float32), axis=1), gl.SliceLayout(1, ACC))[:, None]
         else:

@@ -94,10 +94,10 @@ TUNED: dict[str, dict[str, dict]] = {
                     # M = 1024 at K >= 7168 (the gate/up shape): back to back at the power limit, where the
                     # energy a call sets the time, q2_g16 over bf16 1.26-1.28 against 1.31-1.33 at
                     # M = 1024 and 2048 (the warps rows of kernels-prefill-20261202T061142Z .. 061650Z);
-                    # 1.38-1.39 against 1.31-1.32 at M = 512 (too few tiles). In short bursts even or faster (q2_g32 gate
-                    # M=2048 1.24-1.25 against 1.33). At K = 3584 (down) slower both ways (q2_g16 M=2048
-                    # 1.56-1.64 against 1.41 in bursts, 1.38 against 1.35 back to back): one program an SM
-                    # leaves the short tiles' prologue and epilogue uncovered
+                    # 1.38-1.39 against 1.31-1.32 at M = 512 (too few tiles). In short bursts even or
+                    # faster (q2_g32 gate M=2048 1.24-1.27 against 1.33). At K = 3584 (down) slower both
+                    # ways (q2_g16 M=2048 1.56-1.64 against 1.41 in bursts, 1.38 against 1.35 back to
+                    # back): one program an SM leaves the short tiles' prologue and epilogue uncovered
                     "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 16, "GBT": 256, "GNS": 3,
                              "GWARPS": 4, "GWARPS8_MIN_M": 1024, "GWARPS8_MIN_K": 7168, "GSPLIT": 2}},
 }

@@ -99,16 +99,6 @@ def _host_seconds(enqueue: Callable[[], None]) -> float:
 # ---------------------------------------------------------------- identity and link
 
 
-def _nvml_handle(pynvml, index: int):
-    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    if uuid is not None:
-        try:
-            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-        except pynvml.NVMLError:
-            pass
-    return pynvml.nvmlDeviceGetHandleByIndex(index)
-
-
 def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -117,12 +107,14 @@ def identity(index: int, load: Callable[[Callable[[], None]], None]) -> Identity
     """Name, memory, driver and PCIe link from NVML (the link from sysfs if NVML cannot read it); the link
     is sampled while `load` runs copies."""
     import pynvml
+
+    from strata_plan.kernels.bench import nvml_handle
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
         return _identity_sysfs(index, load, f"NVML unusable ({e})")
     try:
-        h = _nvml_handle(pynvml, index)
+        h = nvml_handle(pynvml, index)
         mem = pynvml.nvmlDeviceGetMemoryInfo(h)
         name, driver = _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlSystemGetDriverVersion())
         try:
