@@ -64,19 +64,16 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
                 consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq, PFM=dq), arch,
                 num_stages=4)))
     arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    # SPLIT: K splits; CG: the code-generation candidates (39: all); PROBE: timing records; TAIL: the
-    # gate/up's tail-split grid (gate/up only)
-    for split, cg, probe, tail in ((1, 0, 0, 0), (2, 7, 1, 0), (1, 39, 0, 0), (2, 3, 0, 1)):
-        tag = f"FMASK={fmask} SPLIT={split} CG={cg}" + (" PROBE" if probe else "") + (" TAIL" if tail else "")
+    # SPLIT: K splits; CG: the code-generation candidates (39: all); PROBE: timing records
+    for split, cg, probe in ((1, 0, 0), (2, 7, 1), (1, 39, 0)):
+        tag = f"FMASK={fmask} SPLIT={split} CG={cg}" + (" PROBE" if probe else "")
         out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
             "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
-            "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32",
-            "WHOLE": "i32"}, dict(TOPK=8, FMASK=fmask, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
-                                  USE_ASM=True, PROBE=probe, CG=cg, TAIL=tail),
+            "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32"},
+            dict(TOPK=8, FMASK=fmask, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
+                 USE_ASM=True, PROBE=probe, CG=cg),
             arch, 4)))
-        if tail:
-            continue
         out.append((f"moe down {tag}", _compile(triton_moe.down_kernel, {
             "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
             "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],

@@ -396,38 +396,21 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
                     hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev))
     bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
     assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
-    grid, split, ku, whole = gate_up_grid(ip // bn1, m, topk, hp, cfg, _sm_count(dev))
+    nt = ip // bn1
+    want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
+    split, ku = _moe_split(want, hp)
+    grid = (nt, m, _cdiv(topk, jchunk) * split)
     gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
-    cnt = _counters(p * (ip // bn1), dev) if split > 1 else _dummy(dev)
+    cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
     triton_moe.gate_up_kernel[grid](
         x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
         sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, _probe(cfg, "probe1", dev), m, hidden,
-        inter, ku, whole,
+        inter, ku,
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
         CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 1),
         USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cfg.get("CG1", 0),
-        TAIL=int(len(grid) == 1), **_maxnreg(cfg, "MAXNREG1"))
+        **_maxnreg(cfg, "MAXNREG1"))
     return sc
-
-
-def gate_up_grid(nt: int, m: int, topk: int, hp: int, cfg: dict, sms: int) -> tuple[tuple, int, int, int]:
-    """(grid, K splits, 512-input units a split, whole items) of the gate/up launch for nt row tiles of
-    m * topk pairs over a row of hp inputs on `sms` SMs holding WAVE1 programs each.
-
-    SPLIT1 = 0 picks the split that comes nearest to filling those slots. TAIL1 = 1, where the items
-    (tiles x pairs) number between half the slots and all of them: a 1-D grid of exactly one program
-    a slot, the first `whole` items whole and the rest in two K halves (gate_up_kernel's TAIL), so that
-    no SM holds WAVE1 whole items while others hold one fewer (kimi-k3.1-pro at batch 1: 448 items on
-    528 slots, 52 SMs running 4 and 80 running 3; with the tail split each runs 4 programs, 3 or 3.5
-    items' work)."""
-    jchunk = min(cfg["JCHUNK"], topk)
-    items, slots = nt * m * topk, sms * cfg.get("WAVE1", 4)
-    want = cfg.get("SPLIT1", 1) or max(1, round(slots / items))
-    split, ku = _moe_split(want, hp)
-    if cfg.get("TAIL1") and split == 1 and jchunk == 1 and items < slots < 2 * items and hp > 512:
-        split, ku = _moe_split(2, hp)
-        return (slots,), split, ku, 2 * items - slots
-    return (nt, m, _cdiv(topk, jchunk) * split), split, ku, 0
 
 
 def _maxnreg(cfg: dict, key: str) -> dict:

@@ -132,12 +132,11 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p, hf_p,
-                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi, nparts,
+                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi,
                   FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, BK16: tl.constexpr,
                   NS: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
     # one work item: gate and up rows nt*BN .. of pair p's expert over inputs k_lo .. k_hi (x on the grid
-    # at xq, xdx, xsum), then h = silu(g) * u packed for down (by the last of the item's nparts K splits:
-    # SPLIT, or at run time 1 or 2 in the tail-split grid)
+    # at xq, xdx, xsum), then h = silu(g) * u packed for down (with SPLIT > 1, by the last of the splits)
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     n0 = nt * BN
@@ -155,11 +154,10 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
             if code == 4:
                 g = gemv_rows_bf16(blob_segment(base, table_p, 4, 0, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
                 u = gemv_rows_bf16(blob_segment(base, table_p, 4, 1, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
-    last = nparts < 2
+    last = True
     if SPLIT > 1:
-        if nparts > 1:
-            last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, nparts, s, IP,
-                                    cnt_p + p * NT + nt, USE_ASM)
+        last, g, u = _split_sum(g, u, gpart_p + p.to(tl.int64) * SPLIT * 2 * IP + n0, SPLIT, s, IP,
+                                cnt_p + p * NT + nt, USE_ASM)
     if last:
         h = tl.where(ok, g * tl.sigmoid(g) * u, 0.0)                                  # [BN]
         if (FMASK & 16) != 0:
@@ -174,19 +172,15 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
 
 @triton.jit
 def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
-                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, probe_p, M, H, I, KU, WHOLE,
+                   xq_p, xdx_p, xsum_p, hq_p, hdx_p, hsum_p, hf_p, gpart_p, cnt_p, probe_p, M, H, I, KU,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
                    SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
                    NS: tl.constexpr, USE_ASM: tl.constexpr, PROBE: tl.constexpr = 0,
-                   CG: tl.constexpr = 0, TAIL: tl.constexpr = 0):
+                   CG: tl.constexpr = 0):
     # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
     #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
     #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
-    # TAIL=1 (JCHUNK = 1, SPLIT = 2): the tail-split grid (WHOLE + 2 * (items - WHOLE),): items i = nt +
-    #   NT * (m + M * j) below WHOLE run whole, one program each; the rest in two K halves, programs
-    #   WHOLE + 2 * (i - WHOLE) + s. Sized so the grid fills every slot of the GPU once, the halves
-    #   (the highest block ids, so the last round of each SM) even out what the SMs hold.
     # PROBE=1: record each program's SM, start and end time at probe_p (benchmarks/probe_moe.py)
     # CG: code-generation options of the K loop (triton_common.gemv_rows; the tuned ones in tuned.py)
     if PROBE:
@@ -194,27 +188,13 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     NT = IP // BN
+    nt = tl.program_id(0)
+    m = tl.program_id(1)
     JC: tl.constexpr = (TOPK + JCHUNK - 1) // JCHUNK
-    if TAIL:
-        tl.static_assert(JCHUNK == 1 and SPLIT == 2)
-        b = tl.program_id(0)
-        half = b >= WHOLE
-        item = tl.where(half, WHOLE + (b - WHOLE) // 2, b)
-        s = tl.where(half, (b - WHOLE) % 2, 0)
-        nparts = tl.where(half, 2, 1)
-        nt = item % NT
-        m = (item // NT) % M
-        jc = item // NT // M
-        k_lo = s * KU * 512
-        k_hi = tl.where(half, tl.minimum(k_lo + KU * 512, HP), HP)
-    else:
-        nt = tl.program_id(0)
-        m = tl.program_id(1)
-        jc = tl.program_id(2) % JC
-        s = tl.program_id(2) // JC
-        nparts = SPLIT
-        k_lo = s * KU * 512
-        k_hi = tl.minimum(k_lo + KU * 512, HP)
+    jc = tl.program_id(2) % JC
+    s = tl.program_id(2) // JC
+    k_lo = s * KU * 512
+    k_hi = tl.minimum(k_lo + KU * 512, HP)
     x_row = x_p + m * stride_xm
     xq = xq_p + m * (HP // 4)
     xdx = xdx_p + m * (HP // 32)
@@ -227,7 +207,7 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
         j = jc * JCHUNK + jj
         if j < TOPK:
             _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
-                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi, nparts,
+                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
                           FMASK, BN, SPLIT, BK16, NS, CG, USE_ASM)
     if PROBE:
         probe_mark(probe_p, tl.program_id(0) + NT * (tl.program_id(1) + M * tl.program_id(2)), t_start,

@@ -229,26 +229,6 @@ def test_moe_launches_with_k_splits():
     assert torch.equal(a, b)
 
 
-def test_moe_gate_up_tail_split_grid():
-    # TAIL1: one gate/up program a slot, the last items in two K halves (ops.gate_up_grid): rows of 1100
-    # inputs are 3 units of 512, so the halves are 2 units and 1; slots between the items and twice them
-    hidden, inter = 1100, 520
-    arena, offsets = make_arena(MIX, hidden, inter)
-    items = (1024 // 32) * 3                               # row tiles of the padded I, 3 pairs
-    wave = max(1, 5 * items // 4 // ops._sm_count(torch.device(DEVICE)))   # slots: ~1.25 x items
-    over = dict(BN1=32, SPLIT1=0, WAVE1=wave, TAIL1=1, CHUNK=256)
-    cfg = dict(ops.config_for("moe", "mix", 1, hidden, inter, DEVICE), **over)
-    grid, split, ku, whole = ops.gate_up_grid(1024 // 32, 1, 3, 1536, cfg, ops._sm_count(torch.device(DEVICE)))
-    assert len(grid) == 1 and split == 2 and ku == 2 and 0 < whole < items
-    assert whole + 2 * (items - whole) == grid[0]          # every item's programs, one a slot
-    check_moe_launches(arena, offsets, hidden, inter, 1, **over)
-    x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
-    ids, wts = route(1, len(MIX), 3)
-    a = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
-    b = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
-    assert torch.equal(a, b)                               # halves added in a fixed order, counters reset
-
-
 def test_moe_launches_with_code_generation_candidates(mixed_arena):
     # CG: the K loop's code-generation candidates (triton_common.gemv_rows: 1 the DP4A chain in one PTX
     # block, GPU only; 2 rows past N clamped instead of masked; 4 the loop unrolled twice; 32 the
