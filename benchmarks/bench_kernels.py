@@ -58,7 +58,11 @@ GB = 1e9
 # scales (PF=2), gate/up's phase A in one load (CG1 & 16), the loop unrolled (CG & 4: 15-40% slower), and
 # codes staged through shared memory by cp.async (NS >= 2: 1.5-1.8x slower in every launch,
 # kernels-20261202T021427Z.json) -- the last two still run as options (tested), not in these lists.
-GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)]
+# More programs an SM through a lower register cap (7 at 72, 8 at 64 registers: 32-row tiles spill nothing
+# there, Triton 3.6; 64-row tiles spill), with 32-row tiles to fill them: last measured before the loads'
+# fix of 757ba5a.
+GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)] + [
+    dict(BN1=32, warps1=4, NS1=1, SPLIT1=1, WAVE1=4, CHUNK=4096, CG1=3, MAXNREG1=mx) for mx in (72, 64)]
 DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=1, CG2=cg, MAXNREG2=mx) for cg, mx in ((3, 0), (39, 72))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
