@@ -14,6 +14,8 @@ In one run, at kimi-k3.1-pro's expert shapes (hidden 7168, intermediate 3584) an
  4. prefill: packed GEMM at M = 512 and 2048 against torch.matmul on the unpacked bf16 weights, in short
     bursts from an idle GPU and, each cell again, back to back for --sustained-s seconds with the SM
     clock and board power (kernels.bench.sustained: what a long prefill runs at);
+ 4b. the fused MoE call for prefill chunks (M = 512, 2048: the grouped path) on a whole layer of 384
+    experts, against its bound (bf16 FLOP rate or read bandwidth, measured in the same run);
  5. the reference path (dequantize to bf16, then torch.matmul), launch overhead, and the profiler's
     measure_gemv_gbps for each format.
 Sections run in that order and are skipped (and said so) once the time budget is spent. The result goes
@@ -127,6 +129,14 @@ def _prewarm_job(job):
             fmt, n, k, m, cfg = args
             ops.packed_linear(torch.randn(m, k, dtype=torch.bfloat16, device=dev), B.random_packed(fmt, n, k, dev),
                               config={**DEFAULTS["gemm"], **cfg})
+        elif kind == "moe_grouped":         # the grouped prefill kernels at moe_prefill's block size (BM
+            m, n_exp = args                 # follows M * top-k / experts; H and I are run-time ints)
+            names = [f for f, c in zip(tier_mix().formats, tier_mix().counts(n_exp)) for _ in range(c)]
+            arena, offsets = B.random_expert_blobs(names, 512, 512, dev)
+            ids = torch.topk(torch.randn(m, n_exp, device=dev), TOPK, dim=-1).indices.to(torch.int32)
+            ops.fused_moe(torch.randn(m, 512, dtype=torch.bfloat16, device=dev), ids,
+                          torch.full((m, TOPK), 1.0 / TOPK, device=dev), arena, offsets,
+                          ops.ExpertFormats.from_names(names, dev), 512, 512)
         elif kind == "gemlite":
             n, k, bits = args
             lin = _gemlite_linear(n, k, bits, dev)
@@ -497,6 +507,48 @@ class Bench:
     def _gemm_sustained(self, fmt, n, k, m, cfg):
         return B.sustained(self._gemm_call(fmt, n, k, m, cfg), self.args.sustained_s)
 
+    # 4b ------------------------------------------------------------------------------------------
+    def moe_prefill(self):
+        """fused_moe for a prefill chunk (M > 16: the grouped GEMM path, tokens sorted by expert) on a
+        whole kimi-k3.1-pro layer: 384 experts in the tier mix (about 7.1 GB packed), top-8 of random
+        logits. Eager (the sort's bincount syncs the host, so no graph), events, medians. Set against its
+        bound in the same run: max(FLOPs / bf16 matmul rate, bytes of the experts touched / read BW)."""
+        hidden, inter = SHAPES["kimi-k3.1-pro"]
+        n_exp = 384
+        names = [f for f, c in zip(tier_mix().formats, tier_mix().counts(n_exp)) for _ in range(c)]
+        names = [names[i] for i in torch.randperm(n_exp).tolist()]          # formats interleaved over ids
+        arena, offsets = B.random_expert_blobs(names, hidden, inter, self.dev)
+        fm = ops.ExpertFormats.from_names(names, self.dev)
+        expert_bytes = torch.tensor([expert_layout(f, hidden, inter).payload_bytes for f in names], dtype=torch.float64)
+        w = torch.randn(inter, hidden, dtype=torch.bfloat16, device=self.dev)
+        xb = torch.randn(2048, hidden, dtype=torch.bfloat16, device=self.dev)
+        bf = B.graph_ms(lambda: torch.matmul(xb, w.T), reps=self.args.reps)
+        bf16_rate = 2 * 2048 * inter * hidden / (bf * 1e-3)                  # FLOP/s, dense bf16 GEMM
+        res = {"experts": n_exp, "top_k": TOPK, "arena_GB": round(arena.numel() / GB, 2),
+               "bf16_matmul_TFLOPs": round(bf16_rate / 1e12, 1), "read_GBps": round(self.read_gbps, 1)}
+        for m in (512, 2048):
+            logits = torch.randn(m, n_exp, device=self.dev)
+            top = torch.topk(logits, TOPK, dim=-1)
+            ids, wts = top.indices.to(torch.int32), torch.softmax(top.values, -1)
+            x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
+            out = torch.empty(m, hidden, dtype=torch.bfloat16, device=self.dev)
+            ms = statistics.median(B.event_times(
+                lambda: ops.fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, out=out), reps=self.args.reps))
+            touched = torch.unique(ids.long()).cpu()
+            nbytes = float(expert_bytes[touched].sum()) + 2 * m * hidden * 2        # weights + x in, out
+            flops = 2 * 3 * hidden * inter * m * TOPK
+            t_flop, t_byte = flops / bf16_rate * 1e3, nbytes / (self.read_gbps * GB) * 1e3
+            res[f"M{m}"] = {"ms": round(ms, 3), "TFLOPs": round(flops / (ms * 1e-3) / 1e12, 1),
+                            "experts_touched": len(touched), "weight_GB": round(nbytes / GB, 3),
+                            "bound_ms": round(max(t_flop, t_byte), 3),
+                            "bound_by": "bf16 FLOPs" if t_flop >= t_byte else "read BW",
+                            "over_bound": round(ms / max(t_flop, t_byte), 2)}
+            self.log(f"MoE prefill M={m}: {ms:.3f} ms eager, {res[f'M{m}']['TFLOPs']} TFLOP/s, "
+                     f"{len(touched)} experts touched; bound {max(t_flop, t_byte):.3f} ms "
+                     f"({res[f'M{m}']['bound_by']}): x{res[f'M{m}']['over_bound']}")
+        self.metrics["moe_prefill_kimi-k3.1-pro"] = res
+        del arena
+
     # 5 -------------------------------------------------------------------------------------------
     def reference_path(self):
         hidden, inter = SHAPES["kimi-k3.1-pro"]
@@ -555,7 +607,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gemlite", choices=("fast", "off"), default="fast")
     ap.add_argument("--sustained-s", type=float, default=2.0,
                     help="seconds each prefill cell and the shipped MoE layer also run back to back; 0: bursts only")
-    ap.add_argument("--sections", default="moe,gemlite,gemv_single,prefill,reference_path,launch_overhead,measure_gemv_gbps")
+    ap.add_argument("--sections", default="moe,gemlite,gemv_single,prefill,moe_prefill,reference_path,launch_overhead,"
+                    "measure_gemv_gbps")
     ap.add_argument("--name", default="kernels", help="benchmark name of the result JSON")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -583,6 +636,8 @@ def main(argv=None) -> int:
                      for c in (GEMM_SWEEP if args.sweep else [])]
             jobs += [("gemm", (f, i, h, 2048, {**shipped("gemm"), "GLUON": g})) for g in (0, 1)
                      for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")]
+        if "moe_prefill" in wanted:
+            jobs += [("moe_grouped", (m, 384)) for m in (512, 2048)]
         if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]
@@ -591,7 +646,8 @@ def main(argv=None) -> int:
             return 0
     b.section("bandwidth", b.bandwidth, 5)
     wanted = args.sections.split(",")
-    for name, need in (("moe", 30), ("gemlite", 40), ("gemv_single", 20), ("prefill", 100), ("reference_path", 5),
+    for name, need in (("moe", 30), ("gemlite", 40), ("gemv_single", 20), ("prefill", 100), ("moe_prefill", 20),
+                       ("reference_path", 5),
                        ("launch_overhead", 5), ("measure_gemv_gbps", 10)):
         if name in wanted and not (name == "gemlite" and args.gemlite == "off"):
             b.section(name, getattr(b, "gemv_gbps" if name == "measure_gemv_gbps" else name), need)
