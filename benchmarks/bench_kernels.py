@@ -80,6 +80,10 @@ GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, MAXSPLI
 # prefill GEMM on Hopper: the Gluon kernel (kernels/gluon_gemm.py), tokens a tile (GBT), x stages (GNS),
 # warps (GWARPS: 8 = two warpgroups sharing each x tile). The Triton GEMM's own sweep (BM, BN, DQ, PFM)
 # ended on 2026-12-02 (KERNELS.md); its shipped config is measured beside the Gluon one in every run.
+# fused MoE prefill (the grouped Triton kernels): the bf16x2 dequantization and scale prefetch of the GEMM
+# (DQ, PFM), tile widths, warps, stages
+MOE_GROUPED_SWEEP = [dict(DQ=1, PFM=1), dict(DQ=1, PFM=1, BN=64), dict(DQ=1, PFM=1, BN=256, num_warps=8),
+                     dict(DQ=1, PFM=1, num_warps=8), dict(DQ=1, PFM=1, num_stages=2), dict(DQ=1, PFM=1, num_stages=4)]
 PREFILL_FORMATS = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
 GEMM_SWEEP = [dict(GLUON=1, GBT=bt, GNS=ns, GWARPS=w)
               for bt, ns, w in ((256, 3, 4), (256, 2, 4), (256, 4, 8), (128, 4, 4))]
@@ -130,13 +134,14 @@ def _prewarm_job(job):
             ops.packed_linear(torch.randn(m, k, dtype=torch.bfloat16, device=dev), B.random_packed(fmt, n, k, dev),
                               config={**DEFAULTS["gemm"], **cfg})
         elif kind == "moe_grouped":         # the grouped prefill kernels at moe_prefill's block size (BM
-            m, n_exp = args                 # follows M * top-k / experts; H and I are run-time ints)
+            m, n_exp, cfg = args            # follows M * top-k / experts; H and I are run-time ints)
             names = [f for f, c in zip(tier_mix().formats, tier_mix().counts(n_exp)) for _ in range(c)]
             arena, offsets = B.random_expert_blobs(names, 512, 512, dev)
             ids = torch.topk(torch.randn(m, n_exp, device=dev), TOPK, dim=-1).indices.to(torch.int32)
             ops.fused_moe(torch.randn(m, 512, dtype=torch.bfloat16, device=dev), ids,
                           torch.full((m, TOPK), 1.0 / TOPK, device=dev), arena, offsets,
-                          ops.ExpertFormats.from_names(names, dev), 512, 512)
+                          ops.ExpertFormats.from_names(names, dev), 512, 512,
+                          config={**config_for("moe_grouped", "mix", m, 512, 512, dev), **cfg})
         elif kind == "gemlite":
             n, k, bits = args
             lin = _gemlite_linear(n, k, bits, dev)
@@ -526,14 +531,28 @@ class Bench:
         bf16_rate = 2 * 2048 * inter * hidden / (bf * 1e-3)                  # FLOP/s, dense bf16 GEMM
         res = {"experts": n_exp, "top_k": TOPK, "arena_GB": round(arena.numel() / GB, 2),
                "bf16_matmul_TFLOPs": round(bf16_rate / 1e12, 1), "read_GBps": round(self.read_gbps, 1)}
+        shipped_cfg = config_for("moe_grouped", "mix", 2048, hidden, inter, self.dev)
         for m in (512, 2048):
             logits = torch.randn(m, n_exp, device=self.dev)
             top = torch.topk(logits, TOPK, dim=-1)
             ids, wts = top.indices.to(torch.int32), torch.softmax(top.values, -1)
             x = torch.randn(m, hidden, dtype=torch.bfloat16, device=self.dev)
             out = torch.empty(m, hidden, dtype=torch.bfloat16, device=self.dev)
-            ms = statistics.median(B.event_times(
-                lambda: ops.fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, out=out), reps=self.args.reps))
+            def run(cfg):
+                return statistics.median(B.event_times(
+                    lambda: ops.fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, out=out, config=cfg),
+                    reps=self.args.reps))
+            ms = run(shipped_cfg)
+            if self.args.sweep:
+                ref = out.float().clone()
+                sweep = {}
+                for c in MOE_GROUPED_SWEEP:
+                    cfg = {**shipped_cfg, **c}
+                    ops.fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, out=out, config=cfg)
+                    err = float((out.float() - ref).norm() / ref.norm())
+                    sweep[json.dumps(c)] = round(run(cfg), 3) if err < 1e-2 else f"wrong output (rel {err:.2e})"
+                res[f"sweep_ms_M{m}"] = sweep
+                self.log(f"MoE prefill M={m} sweep: {sweep}")
             touched = torch.unique(ids.long()).cpu()
             nbytes = float(expert_bytes[touched].sum()) + 2 * m * hidden * 2        # weights + x in, out
             flops = 2 * 3 * hidden * inter * m * TOPK
@@ -637,7 +656,7 @@ def main(argv=None) -> int:
             jobs += [("gemm", (f, i, h, 2048, {**shipped("gemm"), "GLUON": g})) for g in (0, 1)
                      for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")]
         if "moe_prefill" in wanted:
-            jobs += [("moe_grouped", (m, 384)) for m in (512, 2048)]
+            jobs += [("moe_grouped", (m, 384, c)) for m in (512, 2048) for c in [{}] + (MOE_GROUPED_SWEEP if args.sweep else [])]
         if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]
