@@ -60,11 +60,10 @@ GB = 1e9
 # scales (PF=2), gate/up's phase A in one load (CG1 & 16), the loop unrolled (CG & 4: 15-40% slower), and
 # codes staged through shared memory by cp.async (NS >= 2: 1.5-1.8x slower in every launch,
 # kernels-20261202T021427Z.json) -- the last two still run as options (tested), not in these lists.
-# More programs an SM through a lower register cap (7 at 72, 8 at 64 registers: 32-row tiles spill nothing
-# there, Triton 3.6; 64-row tiles spill), with 32-row tiles to fill them: last measured before the loads'
-# fix of 757ba5a.
-GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)] + [
-    dict(BN1=32, warps1=4, NS1=1, SPLIT1=1, WAVE1=4, CHUNK=4096, CG1=3, MAXNREG1=mx) for mx in (72, 64)]
+# Also dropped on 2026-12-02, night (kernels-moe-sweep-20261202T065722Z, -070305Z): a tail-split grid (the
+# last items in two K halves, one program a slot: 43.0 against 44.8 us, the layer 64.2 against 65.0, within
+# the spread) and 32-row tiles at 72 / 64 registers (7-8 programs an SM: 45.3 / 48.7 against 42.7 us).
+GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)]
 DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=1, CG2=cg, MAXNREG2=mx) for cg, mx in ((3, 0), (39, 72))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
@@ -82,8 +81,10 @@ GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, MAXSPLI
 # ended on 2026-12-02 (KERNELS.md); its shipped config is measured beside the Gluon one in every run.
 # fused MoE prefill (the grouped Triton kernels): the bf16x2 dequantization and scale prefetch of the GEMM
 # (DQ, PFM), tile widths, warps, stages
-MOE_GROUPED_SWEEP = [dict(DQ=1, PFM=1), dict(DQ=1, PFM=1, BN=64), dict(DQ=1, PFM=1, BN=256, num_warps=8),
-                     dict(DQ=1, PFM=1, num_warps=8), dict(DQ=1, PFM=1, num_stages=2), dict(DQ=1, PFM=1, num_stages=4)]
+# (kernels-moe-prefill-20261202T071035Z.json: DQ=1 PFM=1 14.4 / 15.4 ms at M = 512 / 2048 against 19.7 /
+# 19.1 without, now tuned.py's; 64- or 256-wide tiles and 8 warps slower; stages 2 / 4 split the two M)
+MOE_GROUPED_SWEEP = [dict(DQ=0, PFM=0), dict(DQ=1, PFM=1, num_stages=2), dict(DQ=1, PFM=1, num_stages=4),
+                     dict(DQ=1, PFM=1, BN=256, num_warps=8)]
 PREFILL_FORMATS = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
 GEMM_SWEEP = [dict(GLUON=1, GBT=bt, GNS=ns, GWARPS=w)
               for bt, ns, w in ((256, 3, 4), (256, 2, 4), (256, 4, 8), (128, 4, 4))]
@@ -557,7 +558,12 @@ class Bench:
             nbytes = float(expert_bytes[touched].sum()) + 2 * m * hidden * 2        # weights + x in, out
             flops = 2 * 3 * hidden * inter * m * TOPK
             t_flop, t_byte = flops / bf16_rate * 1e3, nbytes / (self.read_gbps * GB) * 1e3
+            # every touched expert's weights are expanded once a block of its tokens (one block at these M);
+            # the same experts in bf16 would read 3 H I 2 bytes each (a bf16 MoE layer of this size: 59 GB)
+            weights = len(touched) * 3 * hidden * inter
             res[f"M{m}"] = {"ms": round(ms, 3), "TFLOPs": round(flops / (ms * 1e-3) / 1e12, 1),
+                            "Gweights_expanded_per_s": round(weights / (ms * 1e-3) / 1e9, 1),
+                            "bf16_weights_read_ms": round(2 * weights / (self.read_gbps * GB) * 1e3, 3),
                             "experts_touched": len(touched), "weight_GB": round(nbytes / GB, 3),
                             "bound_ms": round(max(t_flop, t_byte), 3),
                             "bound_by": "bf16 FLOPs" if t_flop >= t_byte else "read BW",

@@ -98,6 +98,10 @@ TUNED: dict[str, dict[str, dict]] = {
                     # faster (q2_g32 gate M=2048 1.24-1.27 against 1.33). At K = 3584 (down) slower both
                     # ways (q2_g16 M=2048 1.56-1.64 against 1.41 in bursts, 1.38 against 1.35 back to
                     # back): one program an SM leaves the short tiles' prologue and epilogue uncovered
+                    # fused MoE prefill (the grouped Triton kernels): the GEMM's bf16x2 dequantization and
+                    # scale prefetch, 14.4 / 15.4 ms against 19.7 / 19.1 without at M = 512 / 2048 on a
+                    # whole 384-expert kimi-k3.1-pro layer (kernels-moe-prefill-20261202T071035Z.json)
+                    "moe_grouped": {"DQ": 1, "PFM": 1},
                     "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 16, "GBT": 256, "GNS": 3,
                              "GWARPS": 4, "GWARPS8_MIN_M": 1024, "GWARPS8_MIN_K": 7168, "GSPLIT": 2}},
 }
