@@ -51,7 +51,16 @@ def shared_pairs(BITS):
 
 
 @triton.constexpr_function
-def pair_layout(BNW, T, BITS):
+def row_bases(BNW, NWP=0):
+    """(row offsets held in registers, row offsets on the warps) of a [BNW, ...] tile spread over NWP warps
+    of 16 rows each (0: BNW / 16 warps, one 16-row slice each); rows past 16 NWP go to registers."""
+    rows = [16 << i for i in range((BNW // 16).bit_length() - 1)]
+    nw = (NWP or BNW // 16).bit_length() - 1
+    return rows[nw:], rows[:nw]
+
+
+@triton.constexpr_function
+def pair_layout(BNW, T, BITS, NWP=0):
     """[BNW, T, 8, 2] (weight row, k16 step, pair j = 4e + c, weight of the pair) as wgmma's A fragment:
     registers the pair's two weights, then e (and at 1-bit t's low bit: the pairs that share a byte
     permute, `shared_pairs`; at 4-bit e then t make a row's words consecutive, `_load_words`), t, row +
@@ -61,19 +70,21 @@ def pair_layout(BNW, T, BITS):
     tb = [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)]
     shared = [[0, 0, 4, 0]] + tb[:1] if BITS == 1 else [[0, 0, 4, 0]]
     rest = [b for b in tb + [[0, 0, 4, 0]] if b not in shared]
-    reg = [[0, 0, 0, 1]] + shared + rest + [[8, 0, 0, 0]]
+    regrows, warprows = row_bases(BNW, NWP)
+    reg = [[0, 0, 0, 1]] + shared + rest + [[8, 0, 0, 0]] + [[r, 0, 0, 0] for r in regrows]
     lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
-    warp = [[16 << i, 0, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
+    warp = [[r, 0, 0, 0] for r in warprows]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T, 8, 2])
 
 
 @triton.constexpr_function
-def row_step_layout(BNW, T):
+def row_step_layout(BNW, T, NWP=0):
     """[BNW, T] (weight row, k16 step): `pair_layout` without its pair dimensions, each value held by the
     four lanes of a quad, the k16 steps in consecutive registers (so a row's words load as one vector)."""
-    reg = [[0, 1 << i] for i in range(T.bit_length() - 1)] + [[8, 0]]
+    regrows, warprows = row_bases(BNW, NWP)
+    reg = [[0, 1 << i] for i in range(T.bit_length() - 1)] + [[8, 0]] + [[r, 0] for r in regrows]
     lane = [[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]]
-    warp = [[16 << i, 0] for i in range((BNW // 16).bit_length() - 1)]
+    warp = [[r, 0] for r in warprows]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T])
 
 
@@ -115,14 +126,15 @@ def pairs_constraints(NP):
 
 
 @triton.constexpr_function
-def word_quad_layout(BNW, T):
+def word_quad_layout(BNW, T, NWP=0):
     """[BNW, 2T, 4] (weight row, word of the step, lane c of the quad) for 4-bit codes: a row's 2T words
     of a K step in consecutive registers (one vector load), the quad's four lanes on the same words.
     Reshaped to [BNW, T, 8] (word 2t + e, c -> t, j = 4e + c) it is `pair_layout` without the weight
     dimension."""
-    reg = [[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)] + [[8, 0, 0]]
+    regrows, warprows = row_bases(BNW, NWP)
+    reg = [[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)] + [[8, 0, 0]] + [[r, 0, 0] for r in regrows]
     lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
-    warp = [[16 << i, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
+    warp = [[r, 0, 0] for r in warprows]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, 2 * T, 4])
 
 
@@ -141,7 +153,7 @@ def _scaled(d, v):
 
 @gluon.jit
 def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.constexpr,
-                L3: gl.constexpr):
+                L3: gl.constexpr, NWP: gl.constexpr = 0):
     # the code word of every pair of the K step at k0, int32 [BNW, T, 8] (or [BNW, T, 1] when a word
     # holds a whole k16 step or more: its pairs broadcast it)
     EPW: gl.constexpr = 32 // BITS
@@ -150,7 +162,7 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
     ru = (u * N + rows).to(gl.int64)                                  # [BNW] (unit, row) record
     w0 = (k0 - u * UNIT) // EPW
     if EPW >= 16:
-        LR: gl.constexpr = row_step_layout(ru.shape[0], t3.shape[1])
+        LR: gl.constexpr = row_step_layout(ru.shape[0], t3.shape[1], NWP)
         t2 = gl.arange(0, t3.shape[1], layout=gl.SliceLayout(0, LR))
         r2 = gl.convert_layout(ru, gl.SliceLayout(1, LR), assert_trivial=True)
         if EPW == 16:       # word t of the step: the 4 words as one 16-byte load
@@ -163,7 +175,7 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
         # 4-bit: pair j = 4e + c of step t reads word 2t + e, so a row's 2T words of the step are one
         # 32-byte run: loaded as [BNW, 2T, 4] (two 16-byte loads a row), then reshaped to the pairs
         T: gl.constexpr = t3.shape[1]
-        LW: gl.constexpr = word_quad_layout(ru.shape[0], T)
+        LW: gl.constexpr = word_quad_layout(ru.shape[0], T, NWP)
         wv = gl.arange(0, 2 * T, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
         cv = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
         r3 = gl.convert_layout(ru, gl.SliceLayout(1, gl.SliceLayout(2, LW)), assert_trivial=True)
@@ -174,9 +186,10 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
 
 @gluon.jit
 def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GROUP: gl.constexpr,
-                 SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr):
+                 SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr,
+                 NWP: gl.constexpr = 0):
     # (S, S) and (-M, -M) as bf16 pairs of every (row, k16 step) of the step at k0: int32 [BNW, T, 1]
-    L2: gl.constexpr = row_step_layout(rows.shape[0], T)
+    L2: gl.constexpr = row_step_layout(rows.shape[0], T, NWP)
     GPU: gl.constexpr = UNIT // GROUP
     u = k0 // UNIT
     ru = gl.convert_layout((u * N + rows).to(gl.int64), gl.SliceLayout(1, L2), assert_trivial=True)
@@ -207,11 +220,12 @@ def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GR
 
 @gluon.jit
 def _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3, j3, BITS: gl.constexpr, GROUP: gl.constexpr,
-               SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr):
-    # the K step at k0: its code words and its (S, S), (-M, -M) pairs
-    w = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3)
+               SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr,
+               NWP: gl.constexpr = 0):
+    # the K step at k0: its code words and its (S, S), (-M, -M) pairs (NWP: `row_bases`)
+    w = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3, NWP)
     s, m = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3.shape[1], GROUP, SCALE_BITS, MIN_BITS, UNIT,
-                        L3)
+                        L3, NWP)
     return w, s, m
 
 
@@ -224,7 +238,13 @@ def _load_x(x_desc, bar, dst, m0, k):
 
 @gluon.jit
 def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.constexpr):
-    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in wgmma's A layout; `two` is a
+    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in wgmma's A layout
+    return gl.convert_layout(expand(words, s2, nm2, sel, sh, two, BITS), A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def expand(words, s2, nm2, sel, sh, two, BITS: gl.constexpr):
+    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in `pair_layout` reshaped; `two` is a
     # [1, 1, 1, 2] zero that spreads every input over the pair's two weights (moves no data)
     NP: gl.constexpr = shared_pairs(BITS)
     if NP == 1:
@@ -246,8 +266,7 @@ def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.cons
                                        gl.expand_dims(mask, 3) + two, gl.expand_dims(scl, 3) + two,
                                        gl.expand_dims(off, 3) + two, gl.expand_dims(s2, 3) + two,
                                        gl.expand_dims(nm2, 3) + two], dtype=gl.bfloat16, is_pure=True, pack=2 * NP)
-    w = gl.reshape(w, [w.shape[0], w.shape[1] * 16])
-    return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
+    return gl.reshape(w, [w.shape[0], w.shape[1] * 16])
 
 
 @gluon.jit
