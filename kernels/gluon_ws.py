@@ -6,16 +6,17 @@ Why: in `gemm_gluon_kernel` the same warps expand a K step's weights and issue i
 waits whenever the expansion runs late (in short bursts the whole takes ~1.36x the longer of the two
 alone: KERNELS.md). Here the work is split by warps, Machete's / CUTLASS's producer-consumer shape:
 
-  expand partition (4 warps, the worker)   loads each K step's code words and scales, expands them to
-        bf16 (`gluon_gemm.expand`, the same arithmetic) into one of NA shared-memory A tiles [BNW, BK],
-        and issues the TMA copies of x into NS stages, NS - 1 steps ahead
+  expand partition (4 warps)   loads each K step's code words and scales (the next step's while it
+        expands this one), expands them to bf16 (`gluon_gemm.expand`, the same arithmetic) into one of NA
+        shared-memory A tiles [BNW, BK]
   MMA partition (BNW / 16 warps, the default)   waits for step i's A tile and x stage, issues its wgmma
-        (A and B both from shared memory), retires step i - 1's and hands its A tile and x stage back
+        (A and B both from shared memory), retires step i - 1's, hands its A tile back and refills its x
+        stage by TMA with step i - 1 + NS (so x needs no empty barrier: the stage's reader refills it)
 
 Barriers, one per stage, each completed once a use: a_ready (the expand partition's arrival after its
-stores and an async-proxy fence), x_ready (TMA's byte count), a_empty and x_empty (the MMA partition's
-arrival once the wgmma that read the stage has retired). A stage's n-th fill waits for empty's phase
-n - 1 (the first fill passes at once).
+stores and an async-proxy fence), x_ready (TMA's byte count), a_empty (the MMA partition's arrival once
+the wgmma that read the tile has retired). A tile's n-th fill waits for a_empty's phase n - 1 (the first
+fill passes at once). (A separate x-loading warp would make 13 warps: setmaxnreg works by warpgroups.)
 """
 from __future__ import annotations
 
@@ -30,11 +31,15 @@ from .gluon_gemm import _cta_barrier, _load_step, _load_x, expand, pair_layout, 
 
 
 @gluon.jit
-def _mma_partition(a_s, xs, a_ready, a_empty, x_ready, x_empty, nk, BNW: gl.constexpr, BT: gl.constexpr,
+def _mma_partition(x_desc, a_s, xs, a_ready, a_empty, x_ready, m0, nk, BNW: gl.constexpr, BT: gl.constexpr,
                    NA: gl.constexpr, NS: gl.constexpr):
     NW: gl.constexpr = gl.num_warps()
+    BKC: gl.constexpr = x_desc.block_type.shape[1]
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BT, 16])
     acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
+    for p in gl.static_range(NS):
+        if p < nk:
+            _load_x(x_desc, x_ready.index(p), xs.index(p), m0, p * BKC)
     for i in range(nk):
         mbarrier.wait(a_ready.index(i % NA), (i // NA) & 1)
         mbarrier.wait(x_ready.index(i % NS), (i // NS) & 1)
@@ -42,16 +47,17 @@ def _mma_partition(a_s, xs, a_ready, a_empty, x_ready, x_empty, nk, BNW: gl.cons
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         _cta_barrier()                                 # every warpgroup has retired step i - 1
         if i > 0:
-            mbarrier.arrive(a_empty.index((i - 1) % NA))
-            mbarrier.arrive(x_empty.index((i - 1) % NS))
+            mbarrier.arrive(a_empty.index((i - 1) % NA))          # its A tile back to the expand warps
+            j = i - 1 + NS                                        # and its x stage refilled, NS steps on
+            if j < nk:
+                _load_x(x_desc, x_ready.index(j % NS), xs.index(j % NS), m0, j * BKC)
     return (warpgroup_mma_wait(num_outstanding=0, deps=(acc,)),)     # a tuple: the region's results
 
 
 @gluon.jit
-def _expand_partition(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, a_s, xs, a_ready, a_empty, x_ready, x_empty,
-                      N, n0, m0, nk, kend, BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr,
-                      MIN_BITS: gl.constexpr, UNIT: gl.constexpr, BNW: gl.constexpr, BKC: gl.constexpr,
-                      NA: gl.constexpr, NS: gl.constexpr):
+def _expand_partition(codes_p, scales_p, mins_p, d_p, dmin_p, a_s, a_ready, a_empty, N, n0, nk, kend,
+                      BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
+                      UNIT: gl.constexpr, BNW: gl.constexpr, BKC: gl.constexpr, NA: gl.constexpr):
     NWP: gl.constexpr = gl.num_warps()
     T: gl.constexpr = BKC // 16
     L4: gl.constexpr = pair_layout(BNW, T, BITS, NWP)
@@ -64,9 +70,6 @@ def _expand_partition(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, a_s, xs, a
     sel = 0x4140 + 0x101 * (kin % 4)
     rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
     rows = gl.minimum(rows, N - 1)                     # rows past N read row N - 1 and are not stored
-    for p in gl.static_range(NS - 1):
-        if p < nk:
-            _load_x(x_desc, x_ready.index(p), xs.index(p), m0, p * BKC)
     wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, 0, rows, t3, j3, BITS, GROUP, SCALE_BITS,
                             MIN_BITS, UNIT, L3, NWP)
     for i in range(nk):
@@ -76,10 +79,6 @@ def _expand_partition(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, a_s, xs, a
         k2 = gl.minimum((i + 1) * BKC, kend - BKC)     # the next step's bytes in flight during this one
         wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k2, rows, t3, j3, BITS, GROUP,
                                 SCALE_BITS, MIN_BITS, UNIT, L3, NWP)
-        j = i + NS - 1
-        if j < nk:
-            mbarrier.wait(x_empty.index(j % NS), ((j // NS) & 1) ^ 1)
-            _load_x(x_desc, x_ready.index(j % NS), xs.index(j % NS), m0, j * BKC)
         a = expand(wd, s2, nm2, sel, sh, two, BITS)
         mbarrier.wait(a_empty.index(i % NA), ((i // NA) & 1) ^ 1)
         a_s.index(i % NA).store(a)
@@ -110,21 +109,18 @@ def gemm_ws_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride
     xs = gl.allocate_shared_memory(x_desc.dtype, [NS, BT, BKC], x_desc.layout)
     a_s = gl.allocate_shared_memory(gl.bfloat16, [NA, BNW, BKC], A_S)
     x_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    x_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     a_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
     a_empty = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(NS):
         mbarrier.init(x_ready.index(p), count=1)
-        mbarrier.init(x_empty.index(p), count=1)
     for p in gl.static_range(NA):
         mbarrier.init(a_ready.index(p), count=1)
         mbarrier.init(a_empty.index(p), count=1)
 
     res = gl.warp_specialize([
-        (_mma_partition, (a_s, xs, a_ready, a_empty, x_ready, x_empty, nk, BNW, BT, NA, NS)),
-        (_expand_partition, (x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, a_s, xs, a_ready, a_empty, x_ready,
-                             x_empty, N, n0, m0, nk, kend, BITS, GROUP, SCALE_BITS, MIN_BITS, UNIT, BNW, BKC, NA,
-                             NS)),
+        (_mma_partition, (x_desc, a_s, xs, a_ready, a_empty, x_ready, m0, nk, BNW, BT, NA, NS)),
+        (_expand_partition, (codes_p, scales_p, mins_p, d_p, dmin_p, a_s, a_ready, a_empty, N, n0, nk, kend,
+                             BITS, GROUP, SCALE_BITS, MIN_BITS, UNIT, BNW, BKC, NA)),
     ], [4], [REGS])
     acc = res[0]
 
