@@ -119,6 +119,20 @@ def _gluon_kernels(arch: int, codes) -> list:
         src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
         out.append((f"gemm gluon code={code}",
                     triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
+    # the warp-specialized candidate (gluon_ws), one format: 8 MMA warps and 4 expand warps
+    from . import gluon_ws
+    fn = gluon_ws.gemm_ws_kernel
+    c = format_constants(codes[0])
+    sig = {"x_desc": desc, "codes_p": P["i32"], "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
+           "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
+           "out_p": P["bf16"], "stride_om": "i32", "M": "i32", "N": "i32", "K": "i32"}
+    fixed = {fn.arg_names[a] if isinstance(a, int) else a for a in fn.do_not_specialize}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
+             if t.startswith("*") or (t == "i32" and a not in fixed)}
+    consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3, NA=2, REGS=152)
+    src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
+    out.append((f"gemm gluon_ws code={codes[0]}",
+                triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 8})))
     return out
 
 
