@@ -28,11 +28,12 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--sustained-s", type=float, default=0.0)
     ap.add_argument("--quick", action="store_true", help="q2_g16 gate at M = 2048 only, every variant")
+    ap.add_argument("--formats", default=",".join(FORMATS))
     a = ap.parse_args()
     dev = torch.device("cuda")
     res = {"gpu": torch.cuda.get_device_name(dev), "cells": {}}
     cells = [("q2_g16_s8m4", "gate", 2048)] if a.quick else [
-        (f, s, m) for f in FORMATS for s in SHAPES for m in (512, 2048)]
+        (f, s, m) for f in a.formats.split(",") for s in SHAPES for m in (512, 2048)]
     for fmt, shape, m in cells:
         n, k = SHAPES[shape]
         c = format_constants(FORMAT_CODES.index(fmt))
