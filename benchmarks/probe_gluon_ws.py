@@ -20,7 +20,8 @@ from strata_plan.kernels.tuned import config_for
 
 SHAPES = {"gate": (3584, 7168), "down": (7168, 3584)}
 FORMATS = ("q2_g16_s8m4", "q1_g32_s8m4", "q4_g128_f16")
-VARIANTS = ((8, 3, 2), (8, 3, 3), (4, 3, 2))         # --quick: all three; otherwise the first
+# (MMA warps, x stages, A tiles, expand warps, their registers); --quick: all; otherwise the first
+VARIANTS = ((4, 3, 2, 8, 160), (4, 3, 3, 8, 160), (8, 3, 3, 4, 152))
 
 
 def main() -> None:
@@ -47,12 +48,12 @@ def main() -> None:
         row = {"bf16_ms": B.graph_ms(lambda: torch.matmul(x, w.T), reps=10),
                "shipped_ms": B.graph_ms(lambda: ops.packed_linear(x, p, out=o, config=cfg), reps=10)}
         calls = {"bf16": lambda: torch.matmul(x, w.T), "shipped": lambda: ops.packed_linear(x, p, out=o, config=cfg)}
-        for nw, ns, na in (VARIANTS if a.quick else VARIANTS[:1]):
-            key = f"ws_w{nw}_ns{ns}_na{na}"
+        for nw, ns, na, xw, rg in (VARIANTS if a.quick else VARIANTS[:1]):
+            key = f"ws_w{nw}_ns{ns}_na{na}_xw{xw}"
             o.fill_(float("nan"))
 
-            def f(nw=nw, ns=ns, na=na):
-                gluon_ws.gemm_ws(x, mats, c, n, o, bt=256, ns=ns, na=na, num_warps=nw)
+            def f(nw=nw, ns=ns, na=na, xw=xw, rg=rg):
+                gluon_ws.gemm_ws(x, mats, c, n, o, bt=256, ns=ns, na=na, num_warps=nw, xw=xw, regs=rg)
             f()
             torch.cuda.synchronize()
             err = float((o.float() - ref).norm() / ref.norm())

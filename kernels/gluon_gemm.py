@@ -52,11 +52,18 @@ def shared_pairs(BITS):
 
 @triton.constexpr_function
 def row_bases(BNW, NWP=0):
-    """(row offsets held in registers, row offsets on the warps) of a [BNW, ...] tile spread over NWP warps
-    of 16 rows each (0: BNW / 16 warps, one 16-row slice each); rows past 16 NWP go to registers."""
+    """(row offsets held in registers, row offsets on the warps, k16-step bits on the warps) of a
+    [BNW, ...] tile spread over NWP warps (0: BNW / 16, one 16-row slice each): rows past 16 NWP go to
+    registers; with more warps than 16-row slices, the top k16-step bits go to the warps too."""
     rows = [16 << i for i in range((BNW // 16).bit_length() - 1)]
     nw = (NWP or BNW // 16).bit_length() - 1
-    return rows[nw:], rows[:nw]
+    return rows[nw:], rows[:nw], max(0, nw - len(rows))
+
+
+@triton.constexpr_function
+def _split_steps(tb, extra):
+    # (k16-step bases left in registers, those moved to the warps: the top `extra`)
+    return (tb[:len(tb) - extra], tb[len(tb) - extra:]) if extra else (tb, [])
 
 
 @triton.constexpr_function
@@ -67,13 +74,13 @@ def pair_layout(BNW, T, BITS, NWP=0):
     8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and up (64 a warpgroup). Reshaped to [BNW, 16 T]
     it is the A operand's layout itself (up to the order of a thread's registers), which the kernel
     asserts at compile time."""
-    tb = [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)]
+    regrows, warprows, extra = row_bases(BNW, NWP)
+    tb, tw = _split_steps([[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)], extra)
     shared = [[0, 0, 4, 0]] + tb[:1] if BITS == 1 else [[0, 0, 4, 0]]
     rest = [b for b in tb + [[0, 0, 4, 0]] if b not in shared]
-    regrows, warprows = row_bases(BNW, NWP)
     reg = [[0, 0, 0, 1]] + shared + rest + [[8, 0, 0, 0]] + [[r, 0, 0, 0] for r in regrows]
     lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
-    warp = [[r, 0, 0, 0] for r in warprows]
+    warp = [[r, 0, 0, 0] for r in warprows] + tw
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T, 8, 2])
 
 
@@ -81,10 +88,11 @@ def pair_layout(BNW, T, BITS, NWP=0):
 def row_step_layout(BNW, T, NWP=0):
     """[BNW, T] (weight row, k16 step): `pair_layout` without its pair dimensions, each value held by the
     four lanes of a quad, the k16 steps in consecutive registers (so a row's words load as one vector)."""
-    regrows, warprows = row_bases(BNW, NWP)
-    reg = [[0, 1 << i] for i in range(T.bit_length() - 1)] + [[8, 0]] + [[r, 0] for r in regrows]
+    regrows, warprows, extra = row_bases(BNW, NWP)
+    tb, tw = _split_steps([[0, 1 << i] for i in range(T.bit_length() - 1)], extra)
+    reg = tb + [[8, 0]] + [[r, 0] for r in regrows]
     lane = [[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]]
-    warp = [[r, 0] for r in warprows]
+    warp = [[r, 0] for r in warprows] + tw
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T])
 
 
@@ -131,10 +139,11 @@ def word_quad_layout(BNW, T, NWP=0):
     of a K step in consecutive registers (one vector load), the quad's four lanes on the same words.
     Reshaped to [BNW, T, 8] (word 2t + e, c -> t, j = 4e + c) it is `pair_layout` without the weight
     dimension."""
-    regrows, warprows = row_bases(BNW, NWP)
-    reg = [[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)] + [[8, 0, 0]] + [[r, 0, 0] for r in regrows]
+    regrows, warprows, extra = row_bases(BNW, NWP)
+    wb, ww = _split_steps([[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)], extra)
+    reg = wb + [[8, 0, 0]] + [[r, 0, 0] for r in regrows]
     lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
-    warp = [[r, 0, 0] for r in warprows]
+    warp = [[r, 0, 0] for r in warprows] + ww
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, 2 * T, 4])
 
 

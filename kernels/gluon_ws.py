@@ -90,9 +90,11 @@ def _expand_partition(codes_p, scales_p, mins_p, d_p, dmin_p, a_s, a_ready, a_em
 @gluon.jit(do_not_specialize=["M", "K"])
 def gemm_ws_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, M, N, K,
                    BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
-                   SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, NA: gl.constexpr, REGS: gl.constexpr):
+                   SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, NA: gl.constexpr, REGS: gl.constexpr,
+                   XW: gl.constexpr = 4):
     # out [M, N] = x [M, K] @ W [N, K]^T; tile t: rows n0 .. n0 + BNW of W (16 an MMA warp), tokens
-    # m0 .. m0 + BT; t = tm * tiles_n + tn. REGS: the expand partition's registers a thread.
+    # m0 .. m0 + BT; t = tm * tiles_n + tn. XW warps expand (more warps than 16-row slices share a K step:
+    # `gluon_gemm.row_bases`), REGS: their registers a thread.
     NW: gl.constexpr = gl.num_warps()
     BNW: gl.constexpr = 16 * NW
     BKC: gl.constexpr = x_desc.block_type.shape[1]
@@ -121,7 +123,7 @@ def gemm_ws_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride
         (_mma_partition, (x_desc, a_s, xs, a_ready, a_empty, x_ready, m0, nk, BNW, BT, NA, NS)),
         (_expand_partition, (codes_p, scales_p, mins_p, d_p, dmin_p, a_s, a_ready, a_empty, N, n0, nk, kend,
                              BITS, GROUP, SCALE_BITS, MIN_BITS, UNIT, BNW, BKC, NA)),
-    ], [4], [REGS])
+    ], [XW], [REGS])
     acc = res[0]
 
     pn = gl.arange(0, BNW, layout=gl.SliceLayout(1, OUT_L))
@@ -134,11 +136,11 @@ def gemm_ws_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride
 
 
 def gemm_ws(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
-            bt: int = 256, ns: int = 3, na: int = 2, num_warps: int = 8, regs: int = 152) -> None:
+            bt: int = 256, ns: int = 3, na: int = 2, num_warps: int = 8, regs: int = 152, xw: int = 4) -> None:
     """out [M, n] = x @ W^T with `gemm_ws_kernel`; W as `ops._matrix_args`, consts its format's."""
     m, k = x.shape
     tiles = triton.cdiv(n, 16 * num_warps) * triton.cdiv(m, bt)
     gemm_ws_kernel[(tiles,)](x_descriptor(x, bt), *mats, out, out.stride(0), m, n, k,
                              BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],
-                             MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns, NA=na, REGS=regs,
+                             MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns, NA=na, REGS=regs, XW=xw,
                              num_warps=num_warps)
