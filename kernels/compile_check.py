@@ -119,7 +119,7 @@ def _gluon_kernels(arch: int, codes) -> list:
         src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
         out.append((f"gemm gluon code={code}",
                     triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
-    # the warp-specialized candidate (gluon_ws), one format: 8 MMA warps and 4 expand warps
+    # the warp-specialized candidate (gluon_ws), one format: 4 MMA warps and 8 expand warps
     from . import gluon_ws
     fn = gluon_ws.gemm_ws_kernel
     c = format_constants(codes[0])
@@ -129,10 +129,10 @@ def _gluon_kernels(arch: int, codes) -> list:
     fixed = {fn.arg_names[a] if isinstance(a, int) else a for a in fn.do_not_specialize}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
              if t.startswith("*") or (t == "i32" and a not in fixed)}
-    consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3, NA=2, REGS=152)
+    consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3, NA=2, REGS=160, XW=8)
     src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
     out.append((f"gemm gluon_ws code={codes[0]}",
-                triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 8})))
+                triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
     return out
 
 
