@@ -517,7 +517,7 @@ class Bench:
     def moe_prefill(self):
         """fused_moe for a prefill chunk (M > 16: the grouped GEMM path, tokens sorted by expert) on a
         whole kimi-k3.1-pro layer: 384 experts in the tier mix (about 7.1 GB packed), top-8 of random
-        logits. Eager (the sort's bincount syncs the host, so no graph), events, medians. Set against its
+        logits. Eager (a call of 15 ms hides its launches), events, medians. Set against its
         bound in the same run: max(FLOPs / bf16 matmul rate, bytes of the experts touched / read BW)."""
         hidden, inter = SHAPES["kimi-k3.1-pro"]
         n_exp = 384

@@ -101,38 +101,30 @@ def _gluon_kernels(arch: int, codes) -> list:
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    from . import gluon_gemm
-    fn = gluon_gemm.gemm_gluon_kernel
+    from . import gluon_gemm, gluon_ws
     desc = mangle_type(gluon_gemm.x_descriptor(torch.empty(256, 512, dtype=torch.bfloat16), 256))
-    out = []
-    for code in codes:
+
+    def build(fn, code: int, extra_sig: dict, extra_consts: dict, num_warps: int):
         c = format_constants(code)
         sig = {"x_desc": desc, "codes_p": P["i32"], "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
                "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
-               "out_p": P["bf16"], "stride_om": "i32", "part_p": P["f32"], "cnt_p": P["i32"],
-               "M": "i32", "N": "i32", "K": "i32", "P": "i32"}
+               "out_p": P["bf16"], "stride_om": "i32", **extra_sig}
         # as at run time with every int divisible by 16, except those the kernel does not specialize
         fixed = {fn.arg_names[a] if isinstance(a, int) else a for a in fn.do_not_specialize}
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
                  if t.startswith("*") or (t == "i32" and a not in fixed)}
-        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3, PROF=0)
+        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | extra_consts
         src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
-        out.append((f"gemm gluon code={code}",
-                    triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+    out = [(f"gemm gluon code={code}",
+            build(gluon_gemm.gemm_gluon_kernel, code,
+                  {"part_p": P["f32"], "cnt_p": P["i32"], "M": "i32", "N": "i32", "K": "i32", "P": "i32"},
+                  dict(BT=256, NS=3, PROF=0), 4)) for code in codes]
     # the warp-specialized candidate (gluon_ws), one format: 4 MMA warps and 8 expand warps
-    from . import gluon_ws
-    fn = gluon_ws.gemm_ws_kernel
-    c = format_constants(codes[0])
-    sig = {"x_desc": desc, "codes_p": P["i32"], "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
-           "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
-           "out_p": P["bf16"], "stride_om": "i32", "M": "i32", "N": "i32", "K": "i32"}
-    fixed = {fn.arg_names[a] if isinstance(a, int) else a for a in fn.do_not_specialize}
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
-             if t.startswith("*") or (t == "i32" and a not in fixed)}
-    consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3, NA=2, REGS=160, XW=8)
-    src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
     out.append((f"gemm gluon_ws code={codes[0]}",
-                triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
+                build(gluon_ws.gemm_ws_kernel, codes[0], {"M": "i32", "N": "i32", "K": "i32"},
+                      dict(BT=256, NS=3, NA=2, REGS=160, XW=8), 4)))
     return out
 
 

@@ -73,7 +73,8 @@ def pair_layout(BNW, T, BITS, NWP=0):
     permute, `shared_pairs`; at 4-bit e then t make a row's words consecutive, `_load_words`), t, row +
     8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and up (64 a warpgroup). Reshaped to [BNW, 16 T]
     it is the A operand's layout itself (up to the order of a thread's registers), which the kernel
-    asserts at compile time."""
+    asserts at compile time. NWP: the warps that expand the tile when they are not one a 16-row slice
+    (`row_bases`; gluon_ws's expand warps)."""
     regrows, warprows, extra = row_bases(BNW, NWP)
     tb, tw = _split_steps([[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)], extra)
     shared = [[0, 0, 4, 0]] + tb[:1] if BITS == 1 else [[0, 0, 4, 0]]

@@ -6,7 +6,7 @@ Why: in `gemm_gluon_kernel` the same warps expand a K step's weights and issue i
 waits whenever the expansion runs late (in short bursts the whole takes ~1.36x the longer of the two
 alone: KERNELS.md). Here the work is split by warps, Machete's / CUTLASS's producer-consumer shape:
 
-  expand partition (4 warps)   loads each K step's code words and scales (the next step's while it
+  expand partition (XW warps)  loads each K step's code words and scales (the next step's while it
         expands this one), expands them to bf16 (`gluon_gemm.expand`, the same arithmetic) into one of NA
         shared-memory A tiles [BNW, BK]
   MMA partition (BNW / 16 warps, the default)   waits for step i's A tile and x stage, issues its wgmma

@@ -223,7 +223,8 @@ def _blocks(ids: torch.Tensor, n_experts: int, bm: int):
     flat = ids.reshape(-1).to(torch.int64)
     p = flat.numel()
     order = torch.argsort(flat, stable=True).to(torch.int32)
-    counts = torch.bincount(flat, minlength=n_experts)[:n_experts]
+    # scatter_add, not bincount: torch's CUDA bincount reads the largest id back to the host (a sync)
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     nblk = (counts + bm - 1) // bm
     blk_end = torch.cumsum(nblk, 0)
     pair_start = torch.cumsum(counts, 0) - counts

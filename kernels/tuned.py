@@ -78,6 +78,10 @@ TUNED: dict[str, dict[str, dict]] = {
                     # 8.94 us with 16 splits against 12.79 with 8; kernels-20261202T011003Z.json (commit
                     # 8e21776): gate + down 18.5 us against 22.3 for the shared config, 19.8 with CG 33
                     "gemv:q4_g128_f16": {"THREADS": 57344, "MAXSPLIT": 16, "CG": 1},
+                    # fused MoE prefill (the grouped Triton kernels): the GEMM's bf16x2 dequantization and
+                    # scale prefetch, 14.4 / 15.4 ms against 19.7 / 19.1 without at M = 512 / 2048 on a
+                    # whole 384-expert kimi-k3.1-pro layer (kernels-moe-prefill-20261202T071035Z.json)
+                    "moe_grouped": {"DQ": 1, "PFM": 1},
                     # GEMM: the Gluon kernel (gluon_gemm: weights dequantized into wgmma's register
                     # operand), 256-token tiles, 3 x stages, 4 warps (kernels-gluon-probe-20261202T023343Z.json:
                     # 8 warps sharing x tiles no faster at M=2048, slower at 512); from M=16 on, where it beat
@@ -98,10 +102,6 @@ TUNED: dict[str, dict[str, dict]] = {
                     # faster (q2_g32 gate M=2048 1.24-1.27 against 1.33). At K = 3584 (down) slower both
                     # ways (q2_g16 M=2048 1.56-1.64 against 1.41 in bursts, 1.38 against 1.35 back to
                     # back): one program an SM leaves the short tiles' prologue and epilogue uncovered
-                    # fused MoE prefill (the grouped Triton kernels): the GEMM's bf16x2 dequantization and
-                    # scale prefetch, 14.4 / 15.4 ms against 19.7 / 19.1 without at M = 512 / 2048 on a
-                    # whole 384-expert kimi-k3.1-pro layer (kernels-moe-prefill-20261202T071035Z.json)
-                    "moe_grouped": {"DQ": 1, "PFM": 1},
                     "gemm": {"DQ": 1, "PFM": 1, "GLUON": 1, "GLUON_MIN_M": 16, "GBT": 256, "GNS": 3,
                              "GWARPS": 4, "GWARPS8_MIN_M": 1024, "GWARPS8_MIN_K": 7168, "GSPLIT": 2}},
 }
