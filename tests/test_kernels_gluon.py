@@ -227,7 +227,7 @@ def test_gluon_ws_gemm(fmt):
     c = format_constants(FORMAT_CODES.index(fmt))
     for n, k in ((40, 600), (200, 1024), (136, 1536)):
         p = quantize(torch.randn(n, k), fmt).to("cuda")
-        for m in (1, 33, 300):
+        for m in (1, 3, 8, 33, 300):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             for nw, xw in ((8, 4), (4, 8)):             # MMA warps, expand warps
                 out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
