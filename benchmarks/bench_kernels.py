@@ -83,6 +83,7 @@ GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, MAXSPLI
 # (DQ, PFM), tile widths, warps, stages
 # (kernels-moe-prefill-20261202T071035Z.json: DQ=1 PFM=1 14.4 / 15.4 ms at M = 512 / 2048 against 19.7 /
 # 19.1 without, now tuned.py's; 64- or 256-wide tiles and 8 warps slower; stages 2 / 4 split the two M)
+MOE_PREFILL_EXPERTS = 384           # routed experts of a kimi-k3.1-pro layer (planner/models/kimi-k3.1-pro.json)
 MOE_GROUPED_SWEEP = [dict(DQ=0, PFM=0), dict(DQ=1, PFM=1, num_stages=2), dict(DQ=1, PFM=1, num_stages=4),
                      dict(DQ=1, PFM=1, BN=256, num_warps=8)]
 PREFILL_FORMATS = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
@@ -98,8 +99,7 @@ def shipped(kind: str) -> dict:
 
 def tier_layers(hidden, inter, device):
     """LAYERS layers of TOPK experts each, every layer in the tier mix, all experts distinct."""
-    counts = tier_mix().counts(TOPK)
-    per_layer = [f for f, c in zip(tier_mix().formats, counts) for _ in range(c)]
+    per_layer = tier_mix().names(TOPK)
     names = per_layer * LAYERS
     arena, offsets = B.random_expert_blobs(names, hidden, inter, device)
     fm = ops.ExpertFormats.from_names(names, device)
@@ -136,7 +136,7 @@ def _prewarm_job(job):
                               config={**DEFAULTS["gemm"], **cfg})
         elif kind == "moe_grouped":         # the grouped prefill kernels at moe_prefill's block size (BM
             m, n_exp, cfg = args            # follows M * top-k / experts; H and I are run-time ints)
-            names = [f for f, c in zip(tier_mix().formats, tier_mix().counts(n_exp)) for _ in range(c)]
+            names = tier_mix().names(n_exp)
             arena, offsets = B.random_expert_blobs(names, 512, 512, dev)
             ids = torch.topk(torch.randn(m, n_exp, device=dev), TOPK, dim=-1).indices.to(torch.int32)
             ops.fused_moe(torch.randn(m, 512, dtype=torch.bfloat16, device=dev), ids,
@@ -154,8 +154,7 @@ def _prewarm_job(job):
 
 
 def _one_layer(hidden, inter, dev):
-    counts = tier_mix().counts(TOPK)
-    names = [f for f, c in zip(tier_mix().formats, counts) for _ in range(c)]
+    names = tier_mix().names(TOPK)
     arena, offsets = B.random_expert_blobs(names, hidden, inter, dev)
     fm = ops.ExpertFormats.from_names(names, dev)
     ids = torch.arange(TOPK, device=dev, dtype=torch.int32)[None]
@@ -520,8 +519,8 @@ class Bench:
         logits. Eager (a call of 15 ms hides its launches), events, medians. Set against its
         bound in the same run: max(FLOPs / bf16 matmul rate, bytes of the experts touched / read BW)."""
         hidden, inter = SHAPES["kimi-k3.1-pro"]
-        n_exp = 384
-        names = [f for f, c in zip(tier_mix().formats, tier_mix().counts(n_exp)) for _ in range(c)]
+        n_exp = MOE_PREFILL_EXPERTS
+        names = tier_mix().names(n_exp)
         names = [names[i] for i in torch.randperm(n_exp).tolist()]          # formats interleaved over ids
         arena, offsets = B.random_expert_blobs(names, hidden, inter, self.dev)
         fm = ops.ExpertFormats.from_names(names, self.dev)
@@ -660,9 +659,10 @@ def main(argv=None) -> int:
             jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, {**shipped("gemm"), **c}))
                      for c in (GEMM_SWEEP if args.sweep else [])]
             jobs += [("gemm", (f, i, h, 2048, {**shipped("gemm"), "GLUON": g})) for g in (0, 1)
-                     for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")]
+                     for f in PREFILL_FORMATS]
         if "moe_prefill" in wanted:
-            jobs += [("moe_grouped", (m, 384, c)) for m in (512, 2048) for c in [{}] + (MOE_GROUPED_SWEEP if args.sweep else [])]
+            jobs += [("moe_grouped", (m, MOE_PREFILL_EXPERTS, c)) for m in (512, 2048)
+                     for c in [{}] + (MOE_GROUPED_SWEEP if args.sweep else [])]
         if "gemlite" in wanted and args.gemlite != "off":
             for hidden, inter in SHAPES.values():
                 jobs += [("gemlite", (n, k, bits)) for bits in (2, 4) for n, k in ((inter, hidden), (hidden, inter))]

@@ -22,7 +22,7 @@ def main() -> None:
     cfg = {**config_for("moe", "mix", 1, 0, 0, "cuda"), **(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})}
     hidden, inter = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (7168, 3584)
     dev = torch.device("cuda")
-    names = [f for f, c in zip(tier_mix().formats, tier_mix().counts(8)) for _ in range(c)]
+    names = tier_mix().names(8)
     arena, offsets = B.random_expert_blobs(names, hidden, inter, dev)
     fm = ops.ExpertFormats.from_names(names, dev)
     ids = torch.arange(8, device=dev, dtype=torch.int32)[None]

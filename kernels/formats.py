@@ -206,14 +206,13 @@ class TierMix:
             counts[i] += 1
         return tuple(counts)
 
+    def names(self, n_experts: int) -> list[str]:
+        """The format of each of `n_experts` experts in tier order (`counts` of each, most used tier first)."""
+        return [name for name, c in zip(self.formats, self.counts(n_experts)) for _ in range(c)]
+
     def assign(self, popularity_order: list[int] | tuple[int, ...]) -> dict[int, str]:
         """Expert id -> format, given expert ids sorted from most to least used."""
-        out, i = {}, 0
-        for name, c in zip(self.formats, self.counts(len(popularity_order))):
-            for e in popularity_order[i:i + c]:
-                out[e] = name
-            i += c
-        return out
+        return dict(zip(popularity_order, self.names(len(popularity_order))))
 
 
 def tier_mix(target_bpw: float = SEED_TARGET_BPW, formats: tuple[str, ...] = TIER_FORMATS,

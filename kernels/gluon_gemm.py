@@ -240,6 +240,20 @@ def _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3, j3, BITS
 
 
 @gluon.jit
+def pair_constants(L4: gl.constexpr, T: gl.constexpr, BITS: gl.constexpr):
+    # what `expand` takes besides a step's words and scales, in `pair_layout` L4: the zero `two`, the
+    # k16-step and pair indices t3 [1, T, 1] and j3 [1, 1, 8], and each pair's PRMT selector and shift
+    L3: gl.constexpr = gl.SliceLayout(3, L4)
+    two = gl.zeros([1, 1, 1, 2], gl.int32, layout=L4)
+    t3 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]    # [1, T, 1]
+    j3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]    # [1, 1, 8]
+    kin = (16 * t3 + 2 * j3) % (32 // BITS)            # [1, T, 8]: a pair's first code inside its word
+    sh = BITS * (kin // 4)
+    sel = 0x4140 + 0x101 * (kin % 4)                   # bytes kin % 4 and kin % 4 + 1 to bits 0 and 16
+    return two, t3, j3, sel, sh
+
+
+@gluon.jit
 def _load_x(x_desc, bar, dst, m0, k):
     # the x tile [BT, BK] at (m0, k) into one stage, counted on its barrier
     mbarrier.expect(bar, x_desc.block_type.nbytes)
@@ -320,12 +334,7 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     # out^T tiles are stored through a layout with n along lanes, so each store is contiguous
     OUT_L: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NW], [0, 1])
 
-    two = gl.zeros([1, 1, 1, 2], gl.int32, layout=L4)
-    t3 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]    # [1, T, 1]
-    j3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]    # [1, 1, 8]
-    kin = (16 * t3 + 2 * j3) % (32 // BITS)            # [1, T, 8]: a pair's first code inside its word
-    sh = BITS * (kin // 4)
-    sel = 0x4140 + 0x101 * (kin % 4)                   # bytes kin % 4 and kin % 4 + 1 to bits 0 and 16
+    two, t3, j3, sel, sh = pair_constants(L4, T, BITS)
     pn = gl.arange(0, BNW, layout=gl.SliceLayout(1, OUT_L))
     pm = gl.arange(0, BT, layout=gl.SliceLayout(0, OUT_L))
     # a part [BNW, BT] in the accumulator's own layout: stored and added without a layout conversion

@@ -27,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .gluon_gemm import _cta_barrier, _load_step, _load_x, expand, pair_layout, x_descriptor
+from .gluon_gemm import _cta_barrier, _load_step, _load_x, expand, pair_constants, pair_layout, x_descriptor
 
 
 @gluon.jit
@@ -62,12 +62,7 @@ def _expand_partition(codes_p, scales_p, mins_p, d_p, dmin_p, a_s, a_ready, a_em
     T: gl.constexpr = BKC // 16
     L4: gl.constexpr = pair_layout(BNW, T, BITS, NWP)
     L3: gl.constexpr = gl.SliceLayout(3, L4)
-    two = gl.zeros([1, 1, 1, 2], gl.int32, layout=L4)
-    t3 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]    # [1, T, 1]
-    j3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]    # [1, 1, 8]
-    kin = (16 * t3 + 2 * j3) % (32 // BITS)            # as in gemm_gluon_kernel
-    sh = BITS * (kin // 4)
-    sel = 0x4140 + 0x101 * (kin % 4)
+    two, t3, j3, sel, sh = pair_constants(L4, T, BITS)
     rows = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
     rows = gl.minimum(rows, N - 1)                     # rows past N read row N - 1 and are not stored
     wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, 0, rows, t3, j3, BITS, GROUP, SCALE_BITS,
