@@ -304,12 +304,13 @@ def test_fused_moe_refuses_bad_arguments(mixed_arena):
 
 @gpu
 @pytest.mark.gpu
-def test_fused_moe_in_a_cuda_graph():
+@pytest.mark.parametrize("m", [1, 64])     # 64: the grouped path (no host sync while it sorts the pairs)
+def test_fused_moe_in_a_cuda_graph(m):
     hidden, inter = 1024, 512
     arena, offsets = make_arena(["q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q1_g32_s8m4"], hidden, inter)
     fmt = ops.ExpertFormats.from_names(["q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q1_g32_s8m4"], DEVICE)
-    x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
-    ids, wts = route(1, 4, 4)
+    x = torch.randn(m, hidden, dtype=torch.bfloat16, device=DEVICE)
+    ids, wts = route(m, 4, 4)
     eager = fused_moe(x, ids, wts, arena, offsets, fmt, hidden, inter)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
