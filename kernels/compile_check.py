@@ -101,7 +101,7 @@ def _gluon_kernels(arch: int, codes) -> list:
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    from . import gluon_gemm, gluon_ws
+    from . import gluon_gemm
     desc = mangle_type(gluon_gemm.x_descriptor(torch.empty(256, 512, dtype=torch.bfloat16), 256))
 
     def build(fn, code: int, extra_sig: dict, extra_consts: dict, num_warps: int):
@@ -117,15 +117,10 @@ def _gluon_kernels(arch: int, codes) -> list:
         src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
         return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
 
-    out = [(f"gemm gluon code={code}",
-            build(gluon_gemm.gemm_gluon_kernel, code,
-                  {"part_p": P["f32"], "cnt_p": P["i32"], "M": "i32", "N": "i32", "K": "i32", "P": "i32"},
-                  dict(BT=256, NS=3, PROF=0), 4)) for code in codes]
-    # the warp-specialized candidate (gluon_ws), one format: 4 MMA warps and 8 expand warps
-    out.append((f"gemm gluon_ws code={codes[0]}",
-                build(gluon_ws.gemm_ws_kernel, codes[0], {"M": "i32", "N": "i32", "K": "i32"},
-                      dict(BT=256, NS=3, NA=2, REGS=160, XW=8), 4)))
-    return out
+    return [(f"gemm gluon code={code}",
+             build(gluon_gemm.gemm_gluon_kernel, code,
+                   {"part_p": P["f32"], "cnt_p": P["i32"], "M": "i32", "N": "i32", "K": "i32", "P": "i32"},
+                   dict(BT=256, NS=3, PROF=0), 4)) for code in codes]
 
 
 def _cuobjdump(k, flag: str) -> str | None:

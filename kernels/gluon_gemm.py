@@ -51,49 +51,29 @@ def shared_pairs(BITS):
 
 
 @triton.constexpr_function
-def row_bases(BNW, NWP=0):
-    """(row offsets held in registers, row offsets on the warps, k16-step bits on the warps) of a
-    [BNW, ...] tile spread over NWP warps (0: BNW / 16, one 16-row slice each): rows past 16 NWP go to
-    registers; with more warps than 16-row slices, the top k16-step bits go to the warps too."""
-    rows = [16 << i for i in range((BNW // 16).bit_length() - 1)]
-    nw = (NWP or BNW // 16).bit_length() - 1
-    return rows[nw:], rows[:nw], max(0, nw - len(rows))
-
-
-@triton.constexpr_function
-def _split_steps(tb, extra):
-    # (k16-step bases left in registers, those moved to the warps: the top `extra`)
-    return (tb[:len(tb) - extra], tb[len(tb) - extra:]) if extra else (tb, [])
-
-
-@triton.constexpr_function
-def pair_layout(BNW, T, BITS, NWP=0):
+def pair_layout(BNW, T, BITS):
     """[BNW, T, 8, 2] (weight row, k16 step, pair j = 4e + c, weight of the pair) as wgmma's A fragment:
     registers the pair's two weights, then e (and at 1-bit t's low bit: the pairs that share a byte
     permute, `shared_pairs`; at 4-bit e then t make a row's words consecutive, `_load_words`), t, row +
     8; lanes 0-1 c, lanes 2-4 rows 0-7; warps rows 16 and up (64 a warpgroup). Reshaped to [BNW, 16 T]
     it is the A operand's layout itself (up to the order of a thread's registers), which the kernel
-    asserts at compile time. NWP: the warps that expand the tile when they are not one a 16-row slice
-    (`row_bases`; gluon_ws's expand warps)."""
-    regrows, warprows, extra = row_bases(BNW, NWP)
-    tb, tw = _split_steps([[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)], extra)
+    asserts at compile time."""
+    tb = [[0, 1 << i, 0, 0] for i in range(T.bit_length() - 1)]
     shared = [[0, 0, 4, 0]] + tb[:1] if BITS == 1 else [[0, 0, 4, 0]]
     rest = [b for b in tb + [[0, 0, 4, 0]] if b not in shared]
-    reg = [[0, 0, 0, 1]] + shared + rest + [[8, 0, 0, 0]] + [[r, 0, 0, 0] for r in regrows]
+    reg = [[0, 0, 0, 1]] + shared + rest + [[8, 0, 0, 0]]
     lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
-    warp = [[r, 0, 0, 0] for r in warprows] + tw
+    warp = [[16 << i, 0, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T, 8, 2])
 
 
 @triton.constexpr_function
-def row_step_layout(BNW, T, NWP=0):
+def row_step_layout(BNW, T):
     """[BNW, T] (weight row, k16 step): `pair_layout` without its pair dimensions, each value held by the
     four lanes of a quad, the k16 steps in consecutive registers (so a row's words load as one vector)."""
-    regrows, warprows, extra = row_bases(BNW, NWP)
-    tb, tw = _split_steps([[0, 1 << i] for i in range(T.bit_length() - 1)], extra)
-    reg = tb + [[8, 0]] + [[r, 0] for r in regrows]
+    reg = [[0, 1 << i] for i in range(T.bit_length() - 1)] + [[8, 0]]
     lane = [[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]]
-    warp = [[r, 0] for r in warprows] + tw
+    warp = [[16 << i, 0] for i in range((BNW // 16).bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, T])
 
 
@@ -135,16 +115,14 @@ def pairs_constraints(NP):
 
 
 @triton.constexpr_function
-def word_quad_layout(BNW, T, NWP=0):
+def word_quad_layout(BNW, T):
     """[BNW, 2T, 4] (weight row, word of the step, lane c of the quad) for 4-bit codes: a row's 2T words
     of a K step in consecutive registers (one vector load), the quad's four lanes on the same words.
     Reshaped to [BNW, T, 8] (word 2t + e, c -> t, j = 4e + c) it is `pair_layout` without the weight
     dimension."""
-    regrows, warprows, extra = row_bases(BNW, NWP)
-    wb, ww = _split_steps([[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)], extra)
-    reg = wb + [[8, 0, 0]] + [[r, 0, 0] for r in regrows]
+    reg = [[0, 1 << i, 0] for i in range((2 * T).bit_length() - 1)] + [[8, 0, 0]]
     lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
-    warp = [[r, 0, 0] for r in warprows] + ww
+    warp = [[16 << i, 0, 0] for i in range((BNW // 16).bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BNW, 2 * T, 4])
 
 
@@ -163,7 +141,7 @@ def _scaled(d, v):
 
 @gluon.jit
 def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.constexpr,
-                L3: gl.constexpr, NWP: gl.constexpr = 0):
+                L3: gl.constexpr):
     # the code word of every pair of the K step at k0, int32 [BNW, T, 8] (or [BNW, T, 1] when a word
     # holds a whole k16 step or more: its pairs broadcast it)
     EPW: gl.constexpr = 32 // BITS
@@ -172,7 +150,7 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
     ru = (u * N + rows).to(gl.int64)                                  # [BNW] (unit, row) record
     w0 = (k0 - u * UNIT) // EPW
     if EPW >= 16:
-        LR: gl.constexpr = row_step_layout(ru.shape[0], t3.shape[1], NWP)
+        LR: gl.constexpr = row_step_layout(ru.shape[0], t3.shape[1])
         t2 = gl.arange(0, t3.shape[1], layout=gl.SliceLayout(0, LR))
         r2 = gl.convert_layout(ru, gl.SliceLayout(1, LR), assert_trivial=True)
         if EPW == 16:       # word t of the step: the 4 words as one 16-byte load
@@ -185,7 +163,7 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
         # 4-bit: pair j = 4e + c of step t reads word 2t + e, so a row's 2T words of the step are one
         # 32-byte run: loaded as [BNW, 2T, 4] (two 16-byte loads a row), then reshaped to the pairs
         T: gl.constexpr = t3.shape[1]
-        LW: gl.constexpr = word_quad_layout(ru.shape[0], T, NWP)
+        LW: gl.constexpr = word_quad_layout(ru.shape[0], T)
         wv = gl.arange(0, 2 * T, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
         cv = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
         r3 = gl.convert_layout(ru, gl.SliceLayout(1, gl.SliceLayout(2, LW)), assert_trivial=True)
@@ -196,10 +174,9 @@ def _load_words(codes_p, N, k0, rows, t3, j3, BITS: gl.constexpr, UNIT: gl.const
 
 @gluon.jit
 def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GROUP: gl.constexpr,
-                 SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr,
-                 NWP: gl.constexpr = 0):
+                 SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr):
     # (S, S) and (-M, -M) as bf16 pairs of every (row, k16 step) of the step at k0: int32 [BNW, T, 1]
-    L2: gl.constexpr = row_step_layout(rows.shape[0], T, NWP)
+    L2: gl.constexpr = row_step_layout(rows.shape[0], T)
     GPU: gl.constexpr = UNIT // GROUP
     u = k0 // UNIT
     ru = gl.convert_layout((u * N + rows).to(gl.int64), gl.SliceLayout(1, L2), assert_trivial=True)
@@ -230,27 +207,12 @@ def _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, T: gl.constexpr, GR
 
 @gluon.jit
 def _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3, j3, BITS: gl.constexpr, GROUP: gl.constexpr,
-               SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr,
-               NWP: gl.constexpr = 0):
-    # the K step at k0: its code words and its (S, S), (-M, -M) pairs (NWP: `row_bases`)
-    w = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3, NWP)
+               SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr, UNIT: gl.constexpr, L3: gl.constexpr):
+    # the K step at k0: its code words and its (S, S), (-M, -M) pairs
+    w = _load_words(codes_p, N, k0, rows, t3, j3, BITS, UNIT, L3)
     s, m = _load_scales(scales_p, mins_p, d_p, dmin_p, N, k0, rows, t3.shape[1], GROUP, SCALE_BITS, MIN_BITS, UNIT,
-                        L3, NWP)
+                        L3)
     return w, s, m
-
-
-@gluon.jit
-def pair_constants(L4: gl.constexpr, T: gl.constexpr, BITS: gl.constexpr):
-    # what `expand` takes besides a step's words and scales, in `pair_layout` L4: the zero `two`, the
-    # k16-step and pair indices t3 [1, T, 1] and j3 [1, 1, 8], and each pair's PRMT selector and shift
-    L3: gl.constexpr = gl.SliceLayout(3, L4)
-    two = gl.zeros([1, 1, 1, 2], gl.int32, layout=L4)
-    t3 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]    # [1, T, 1]
-    j3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]    # [1, 1, 8]
-    kin = (16 * t3 + 2 * j3) % (32 // BITS)            # [1, T, 8]: a pair's first code inside its word
-    sh = BITS * (kin // 4)
-    sel = 0x4140 + 0x101 * (kin % 4)                   # bytes kin % 4 and kin % 4 + 1 to bits 0 and 16
-    return two, t3, j3, sel, sh
 
 
 @gluon.jit
@@ -262,13 +224,7 @@ def _load_x(x_desc, bar, dst, m0, k):
 
 @gluon.jit
 def _dequant(words, s2, nm2, sel, sh, two, BITS: gl.constexpr, A_LAYOUT: gl.constexpr):
-    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in wgmma's A layout
-    return gl.convert_layout(expand(words, s2, nm2, sel, sh, two, BITS), A_LAYOUT, assert_trivial=True)
-
-
-@gluon.jit
-def expand(words, s2, nm2, sel, sh, two, BITS: gl.constexpr):
-    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in `pair_layout` reshaped; `two` is a
+    # pairs [BNW, T, 8] (words, scales broadcast) -> bf16 [BNW, 16 T] in wgmma's A layout; `two` is a
     # [1, 1, 1, 2] zero that spreads every input over the pair's two weights (moves no data)
     NP: gl.constexpr = shared_pairs(BITS)
     if NP == 1:
@@ -290,7 +246,8 @@ def expand(words, s2, nm2, sel, sh, two, BITS: gl.constexpr):
                                        gl.expand_dims(mask, 3) + two, gl.expand_dims(scl, 3) + two,
                                        gl.expand_dims(off, 3) + two, gl.expand_dims(s2, 3) + two,
                                        gl.expand_dims(nm2, 3) + two], dtype=gl.bfloat16, is_pure=True, pack=2 * NP)
-    return gl.reshape(w, [w.shape[0], w.shape[1] * 16])
+    w = gl.reshape(w, [w.shape[0], w.shape[1] * 16])
+    return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
 
 @gluon.jit
@@ -334,7 +291,12 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
     # out^T tiles are stored through a layout with n along lanes, so each store is contiguous
     OUT_L: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NW], [0, 1])
 
-    two, t3, j3, sel, sh = pair_constants(L4, T, BITS)
+    two = gl.zeros([1, 1, 1, 2], gl.int32, layout=L4)
+    t3 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]    # [1, T, 1]
+    j3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]    # [1, 1, 8]
+    kin = (16 * t3 + 2 * j3) % (32 // BITS)            # [1, T, 8]: a pair's first code inside its word
+    sh = BITS * (kin // 4)
+    sel = 0x4140 + 0x101 * (kin % 4)                   # bytes kin % 4 and kin % 4 + 1 to bits 0 and 16
     pn = gl.arange(0, BNW, layout=gl.SliceLayout(1, OUT_L))
     pm = gl.arange(0, BT, layout=gl.SliceLayout(0, OUT_L))
     # a part [BNW, BT] in the accumulator's own layout: stored and added without a layout conversion

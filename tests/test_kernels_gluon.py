@@ -213,24 +213,3 @@ def test_packed_linear_takes_the_gluon_path(monkeypatch):
     assert rel(packed_linear(wide, p, config=cfg), R.linear(wide, p)) < 2e-2 and len(calls) == 1
     # GSPLIT: 3 x 1 tiles leave SMs idle, so the K is split (4 ways here: 12 programs of 3 units)
     assert rel(packed_linear(x, p, config={**cfg, "GSPLIT": 4}), R.linear(x, p)) < 2e-2 and len(calls) == 2
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.xdist_group(f)) for f in PACKED])
-def test_gluon_ws_gemm(fmt):
-    # the warp-specialized candidate (kernels/gluon_ws.py: expand warps fill shared-memory A tiles, MMA
-    # warps issue wgmma from them) on the shapes of test_gluon_gemm, at 128-row tiles (8 MMA warps, 4
-    # expand warps) and 64-row ones (4 MMA warps, 8 expand warps sharing each K step); same arithmetic,
-    # same tolerance
-    from strata_plan.kernels import gluon_ws
-    c = format_constants(FORMAT_CODES.index(fmt))
-    for n, k in ((40, 600), (200, 1024), (136, 1536)):
-        p = quantize(torch.randn(n, k), fmt).to("cuda")
-        for m in (1, 3, 8, 33, 300):
-            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            for nw, xw in ((8, 4), (4, 8)):             # MMA warps, expand warps
-                out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-                gluon_ws.gemm_ws(x, ops._matrix_args(p), c, n, out, num_warps=nw, xw=xw, regs=160 if xw == 8 else 152)
-                err = rel(out, R.linear(x, p))
-                assert err < 2e-2, (m, n, k, nw, xw, err)
