@@ -324,27 +324,6 @@ def test_fused_moe_in_a_cuda_graph(m):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_fused_moe_tma_candidate(m):
-    # the gate/up launch with its weight tiles by TMA (TMA1, a sweep candidate: 64-row tiles of an
-    # intermediate size divisible by 64; 576 leaves the padded rows 576 .. 1023 to skip) against the plain
-    # loads: the same arithmetic, summed in another thread layout, so equal to float rounding
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs a Hopper GPU or newer")
-    hidden, inter = 1000, 576
-    arena, offsets = make_arena(MIX, hidden, inter)
-    x = torch.randn(m, hidden, dtype=torch.bfloat16, device=DEVICE)
-    ids, wts = route(m, len(MIX), 4)
-    base = dict(ops.config_for("moe", "mix", m, hidden, inter, x.device), BN1=64, SPLIT1=1)
-    want = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, config=base)
-    for ns in (2, 3):
-        out = torch.full_like(want, float("nan"))
-        fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, out=out, config={**base, "TMA1": 1, "NS1": ns})
-        assert rel(out, want) < 1e-5, (ns, rel(out, want))
-
-
-@gpu
-@pytest.mark.gpu
 def test_kimi_expert_shape_layer():
     # one real-size layer (hidden 7168, intermediate 2048: Kimi-K2) against the q8 reference
     hidden, inter = 7168, 2048
