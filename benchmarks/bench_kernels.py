@@ -63,10 +63,7 @@ GB = 1e9
 # Also dropped on 2026-12-02, night (kernels-moe-sweep-20261202T065722Z, -070305Z): a tail-split grid (the
 # last items in two K halves, one program a slot: 43.0 against 44.8 us, the layer 64.2 against 65.0, within
 # the spread) and 32-row tiles at 72 / 64 registers (7-8 programs an SM: 45.3 / 48.7 against 42.7 us).
-GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)] + [
-    # the weight tiles by TMA, NS1 - 1 steps ahead (triton_common.gemv_rows_tma)
-    dict(BN1=64, warps1=4, NS1=ns, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=3, TMA1=1, MAXNREG1=mx)
-    for ns, mx in ((2, 168), (2, 0), (3, 168), (3, 0))]
+GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)]
 DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=1, CG2=cg, MAXNREG2=mx) for cg, mx in ((3, 0), (39, 72))]
 # GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
 # gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)

@@ -409,26 +409,8 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
         TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
         CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 1),
         USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cfg.get("CG1", 0),
-        **_maxnreg(cfg, "MAXNREG1"), **_tma_args(cfg.get("TMA1", 0), arena, inter, bn1))
+        **_maxnreg(cfg, "MAXNREG1"))
     return sc
-
-
-def _tma_args(want: int, arena: torch.Tensor, rows: int, bn: int) -> dict:
-    """The gate/up launch's weight tiles by TMA (a sweep candidate, `triton_common.gemv_rows_tma`): the
-    six descriptors over the arena and TMA=1, where the launch can take them (a Hopper GPU or newer,
-    64-row tiles of a matrix with a multiple of 64 rows, so every tile starts on a 128-byte row);
-    otherwise nothing (the plain loads)."""
-    if not (want and USE_ASM and arena.is_cuda and bn == 64 and rows % 64 == 0
-            and torch.cuda.get_device_capability(arena.device)[0] >= 9):
-        return {}
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    r = arena.numel() // 128
-    flat = arena[: r * 128]
-    i32, u8, f16 = flat.view(torch.int32).view(r, 32), flat.view(r, 128), flat.view(torch.float16).view(r, 64)
-    return dict(dw2=TensorDescriptor.from_tensor(i32, [64, 32]), dw1=TensorDescriptor.from_tensor(i32, [32, 32]),
-                db16=TensorDescriptor.from_tensor(u8, [16, 128]), db8=TensorDescriptor.from_tensor(u8, [8, 128]),
-                db4=TensorDescriptor.from_tensor(u8, [4, 128]), dh=TensorDescriptor.from_tensor(f16, [1, 64]),
-                TMA=1)
 
 
 def _maxnreg(cfg: dict, key: str) -> dict:

@@ -283,27 +283,7 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
 
 
 @triton.jit
-def _ldg(ptr, LDA: tl.constexpr):
-    """tl.load(ptr) of 4-byte elements, or (LDA) the same load as inline PTX, which Triton's software
-    pipeliner does not see: the TMA K loop keeps its small activation-side loads (L1 hits) synchronous
-    instead of staging each through cp.async and shared memory."""
-    if LDA:
-        v = tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=True,
-                                      pack=1)
-        return v.to(ptr.dtype.element_ty, bitcast=True)
-    else:
-        return tl.load(ptr)
-
-
-@triton.jit
-def _ldg4(ptr):
-    # four consecutive int32 words at each (16-byte aligned) pointer, as inline PTX (`_ldg`)
-    return tl.inline_asm_elementwise("ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptr],
-                                     dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-
-
-@triton.jit
-def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr, CG: tl.constexpr = 0, LDA: tl.constexpr = 0):
+def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr, CG: tl.constexpr = 0):
     """The int8 activations of a thread's 4 code words t + 4j .. t + 4j + 3, as S tensors [1, W4, 4]:
     X_s of word c is activation word c*S + s (its four int8s are the inputs of the codes in lane s of
     the code word's four bytes). One contiguous [4*S] int32 load a thread, then split; Triton moves
@@ -311,18 +291,6 @@ def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr, CG: tl.constexpr = 0, L
     does not move loads across a barrier. CG & 32: S loads of 4 words each (stride S), which Triton
     lays out as the codes are: no shared memory, no barrier, 4*S 4-byte loads (L1 hits)."""
     j3 = tl.arange(0, W4)[None, :, None]
-    if LDA:
-        # a thread's S activation words of each code word are contiguous (16-byte aligned for S >= 4)
-        base = xq_p + (t + j3 * 4 + tl.arange(0, 4)[None, None, :]) * S                 # [1, W4, 4]
-        if S == 2:
-            x0, x1 = tl.inline_asm_elementwise("ld.global.v2.b32 {$0, $1}, [$2];", "=r,=r,l", [base],
-                                               dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-            return x0, x1, x0, x0, x0, x0, x0, x0
-        x0, x1, x2, x3 = _ldg4(base)
-        if S == 4:
-            return x0, x1, x2, x3, x0, x0, x0, x0
-        x4, x5, x6, x7 = _ldg4(base + 4)
-        return x0, x1, x2, x3, x4, x5, x6, x7
     if (CG & 32) != 0:
         base = xq_p + (t + j3 * 4 + tl.arange(0, 4)[None, None, :]) * S                 # [1, W4, 4]
         x0 = tl.load(base)
@@ -365,7 +333,7 @@ def _pairs(v):
 @triton.jit
 def _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t,
                BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
-               W4: tl.constexpr, LDA: tl.constexpr = 0):
+               W4: tl.constexpr):
     """acc [BN, W4] += this unit's  sum_g S_g * dx * isum_g - M_g * xsum_g  for each thread's 4 words.
 
     isum [BN, W4, 4]: sum over each word of q * x8. Group scales multiply the integer sums (sc * isum
@@ -379,29 +347,29 @@ def _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t,
     w0 = t + j3 * 4                                        # first word of each thread's four
     if SB == 0:
         # fp16 S, M per group of 128 (one group per unit, 16 words): dx per 4 words (one thread's four)
-        dx = _ldg(xdx_p + w0 // 4, LDA)                                                     # [1, W4, 1]
-        xs = _ldg(xsum_p + XP // 16 + w0 // 4, LDA)                                          # [1, W4, 1]
+        dx = tl.load(xdx_p + w0 // 4)                                                     # [1, W4, 1]
+        xs = tl.load(xsum_p + XP // 16 + w0 // 4)                                          # [1, W4, 1]
         st = tl.sum(i2f(isum) * dx, 2)                                                    # [BN, W4]
         acc = tl.fma(sc.to(tl.float32)[:, None], st, acc)                                 # S [BN]
         acc = tl.fma(-mb.to(tl.float32)[:, None], tl.sum(xs, 2), acc)                     # M [BN]
         return acc
     else:
         if BITS == 2:
-            dx = _ldg(xdx_p + w0 // 2 + i2, LDA)                                            # [1, W4, 2]
+            dx = tl.load(xdx_p + w0 // 2 + i2)                                            # [1, W4, 2]
             if GROUP == 16:
                 a = _pairs(isum * sc.to(tl.int32))                     # a group per word, dx per 2 words
-                xe = _ldg(xsum_p + w0 + i2 * 2, LDA)                     # sums of 16: words 4j, 4j+2
-                xo = _ldg(xsum_p + w0 + i2 * 2 + 1, LDA)                 # words 4j+1, 4j+3
+                xe = tl.load(xsum_p + w0 + i2 * 2)                     # sums of 16: words 4j, 4j+2
+                xo = tl.load(xsum_p + w0 + i2 * 2 + 1)                 # words 4j+1, 4j+3
             else:
                 a = _pairs(isum) * sc.to(tl.int32)                     # a group (and dx) per 2 words
-                xe = _ldg(xsum_p + XP // 16 + w0 // 2 + i2, LDA)         # sums of 32: the thread's 2 groups
+                xe = tl.load(xsum_p + XP // 16 + w0 // 2 + i2)         # sums of 32: the thread's 2 groups
                 xo = xe
             st = tl.sum(i2f(a) * dx, 2)
         else:
-            dx = _ldg(xdx_p + w0 + i4, LDA)                                                 # [1, W4, 4]
+            dx = tl.load(xdx_p + w0 + i4)                                                 # [1, W4, 4]
             st = tl.sum(i2f(isum * sc.to(tl.int32)) * dx, 2)           # group and dx per word
-            xe = _ldg(xsum_p + XP // 16 + w0 + i2 * 2, LDA)              # sums of 32: words 4j, 4j+2
-            xo = _ldg(xsum_p + XP // 16 + w0 + i2 * 2 + 1, LDA)
+            xe = tl.load(xsum_p + XP // 16 + w0 + i2 * 2)              # sums of 32: words 4j, 4j+2
+            xo = tl.load(xsum_p + XP // 16 + w0 + i2 * 2 + 1)
         mbi = mb.to(tl.int32)
         if MIN_BITS == 4:
             mt = tl.sum(u2f(mbi & 15) * xe + u2f(mbi >> 4) * xo, 2)    # byte k: groups 2k (low), 2k+1 (high)
@@ -467,11 +435,11 @@ def _lane_dots(w, x0, x1, x2, x3, x4, x5, x6, x7, BITS: tl.constexpr, CG: tl.con
 @triton.jit
 def _unit_dot(acc, loads, x0, x1, x2, x3, x4, x5, x6, x7,
               xdx_p, xsum_p, XP, t, BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr,
-              SB: tl.constexpr, W4: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr, LDA: tl.constexpr = 0):
+              SB: tl.constexpr, W4: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
     # acc [BN, W4] += one unit of one matrix, from its loads (words, sc, mb, d, dmin)
     words, sc, mb, d, dmin = loads
     isum = _lane_dots(words, x0, x1, x2, x3, x4, x5, x6, x7, BITS, CG, USE_ASM)
-    return _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, LDA)
+    return _unit_fold(acc, isum, sc, mb, d, dmin, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4)
 
 
 @triton.jit
@@ -522,91 +490,6 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
                              BITS, GROUP, MIN_BITS, SB, W4, CG)
             acc_b = _unit_dot(acc_b, lb, x0, x1, x2, x3, x4, x5, x6,
                               x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM)
-    return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
-
-
-# ------------------------------------------- phase B with the weight tiles by TMA (a sweep candidate)
-#
-# The arena is read through six host tensor descriptors, one a tile shape (`ops._tma_descriptors`):
-# int32 [*, 32] views in [64, 32] (2-bit codes of 64 rows) and [32, 32] blocks (1- and 4-bit codes),
-# uint8 [*, 128] views in [16, 128], [8, 128], [4, 128] blocks (scale and min bytes: 32, 16, 8 a row)
-# and an fp16 [*, 64] view in [1, 64] blocks (d, dmin, or q4's S and M: 2 bytes a row). A 64-row tile
-# of any segment is then one contiguous run starting on a 128-byte row of the view (blob offsets are
-# multiples of 256 and N a multiple of 64), loaded at (byte >> 7, 0). The software pipeliner turns
-# each descriptor load into a TMA copy NS - 1 steps ahead: bytes in flight that hold no registers.
-
-
-@triton.jit
-def _tile_tma(tma, byte, RB: tl.constexpr, ELT: tl.constexpr):
-    """The 64 records of RB bytes each starting at arena byte `byte` (int64, a multiple of 128): int32
-    [64, RB / 4] (ELT 32), uint8 [64, RB] (ELT 8) or fp16 [64] (ELT 16, RB 2). tma: the six descriptors."""
-    dw2, dw1, db16, db8, db4, dh = tma
-    r = (byte >> 7).to(tl.int32)
-    if ELT == 32:
-        if RB == 128:
-            return dw2.load([r, 0])                                            # [64, 32]
-        else:
-            return tl.reshape(dw1.load([r, 0]), [64, RB // 4])                 # [32, 32] -> [64, 16]
-    elif ELT == 8:
-        if RB == 32:
-            return tl.reshape(db16.load([r, 0]), [64, 32])
-        elif RB == 16:
-            return tl.reshape(db8.load([r, 0]), [64, 16])
-        else:
-            return tl.reshape(db4.load([r, 0]), [64, 8])
-    else:
-        return tl.reshape(dh.load([r, 0]), [64])
-
-
-@triton.jit
-def _unit_loads_tma(tma, segs, rec,
-                    BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
-                    W4: tl.constexpr):
-    """`_unit_loads` for 64 rows from the arena by TMA: segs = the matrix's five segment byte offsets
-    (codes, scales, mins, d, dmin; int64), rec = u * N + n0, the tile's first (unit, row) record."""
-    EPW: tl.constexpr = 32 // BITS
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    GPU: tl.constexpr = UNIT // GROUP
-    c0, c1, c2, c3, c4 = segs
-    r = rec.to(tl.int64)
-    words = tl.reshape(_tile_tma(tma, c0 + r * (UNIT // EPW * 4), UNIT // EPW * 4, 32),
-                       [64, W4, 4])
-    if SB == 0:
-        a = _tile_tma(tma, c1 + r * 2, 2, 16)
-        b = _tile_tma(tma, c2 + r * 2, 2, 16)
-        return words, a, b, 0, 0
-    else:
-        sc = tl.reshape(_tile_tma(tma, c1 + r * GPU, GPU, 8), [64, W4, GPU // W4])
-        MB: tl.constexpr = GPU // 2 if MIN_BITS == 4 else GPU
-        mb = tl.reshape(_tile_tma(tma, c2 + r * MB, MB, 8), [64, W4, 2])
-        d = _tile_tma(tma, c3 + r * 2, 2, 16)
-        dmin = _tile_tma(tma, c4 + r * 2, 2, 16)
-        return words, sc, mb, d, dmin
-
-
-@triton.jit
-def gemv_rows_tma(tma, segs_a, segs_b, N, n0, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
-                  BITS: tl.constexpr, GROUP: tl.constexpr, MIN_BITS: tl.constexpr, SB: tl.constexpr,
-                  NMAT: tl.constexpr, NS: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
-    """`gemv_rows` for rows n0 .. n0 + 63 with the weight tiles by TMA (tma: the descriptors above; segs_a,
-    segs_b: each matrix's five segment byte offsets in the arena). Same arithmetic, same results."""
-    S: tl.constexpr = 8 // BITS
-    EPW: tl.constexpr = 32 // BITS
-    UNIT: tl.constexpr = SB if SB > 0 else GROUP
-    WPU: tl.constexpr = UNIT // EPW
-    W4: tl.constexpr = WPU // 4
-    acc_a = tl.zeros([64, W4], tl.float32)
-    acc_b = tl.zeros([64, W4], tl.float32)
-    for t in tl.range(w_lo, w_hi, WPU, num_stages=NS):
-        rec = (t // WPU) * N + n0
-        x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG, USE_ASM)
-        la = _unit_loads_tma(tma, segs_a, rec, BITS, GROUP, MIN_BITS, SB, W4)
-        acc_a = _unit_dot(acc_a, la, x0, x1, x2, x3, x4, x5, x6, x7,
-                          xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM, USE_ASM)
-        if NMAT == 2:
-            lb = _unit_loads_tma(tma, segs_b, rec, BITS, GROUP, MIN_BITS, SB, W4)
-            acc_b = _unit_dot(acc_b, lb, x0, x1, x2, x3, x4, x5, x6,
-                              x7, xdx_p, xsum_p, XP, t, BITS, GROUP, MIN_BITS, SB, W4, CG, USE_ASM, USE_ASM)
     return tl.sum(acc_a, 1), tl.sum(acc_b, 1)
 
 

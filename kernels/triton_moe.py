@@ -31,8 +31,8 @@ full (zeros past H and I), so the GEMV reads whole padded rows unmasked. The gat
 """
 from __future__ import annotations
 
-from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gemv_rows_tma, gpu_fence, probe_clock, probe_mark,
-                            quantize_store, quantize_x_row, tl, triton)
+from .triton_common import (blob_segment, gemv_rows, gemv_rows_bf16, gpu_fence, probe_clock, probe_mark, quantize_store,
+                            quantize_x_row, tl, triton)
 
 # The kernels' branches spell out each format's constants; they must match the registry (checked in ops).
 KERNEL_FORMATS = {
@@ -45,21 +45,12 @@ KERNEL_FORMATS = {
 
 
 @triton.jit
-def _segs(eoff, table_p, CODE: tl.constexpr, mat):
-    # the five segment byte offsets (codes, scales, mins, d, dmin) of matrix `mat` of the blob at eoff
-    t = table_p + (CODE * 3 + mat) * 5
-    return (eoff + tl.load(t), eoff + tl.load(t + 1), eoff + tl.load(t + 2), eoff + tl.load(t + 3),
-            eoff + tl.load(t + 4))
-
-
-@triton.jit
-def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP, tma, eoff, n0,
+def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                  CODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr,
                  MIN_BITS: tl.constexpr, SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
-                 CG: tl.constexpr, USE_ASM: tl.constexpr, TMA: tl.constexpr):
+                 CG: tl.constexpr, USE_ASM: tl.constexpr):
     # inputs k_lo .. k_hi (multiples of 512) of the [N, K] matrices mat_a (and mat_b if NMAT=2) of an expert
-    # blob against the int8 grid: (f32 [BN], f32 [BN]); zeros where the range starts past the matrix's K.
-    # TMA: the weight tiles by the descriptors `tma` (64 rows; eoff: the blob's byte offset in the arena)
+    # blob against the int8 grid: (f32 [BN], f32 [BN]); zeros where the range starts past the matrix's K
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     BN: tl.constexpr = rows.shape[0]
@@ -68,13 +59,7 @@ def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, 
     w_hi = tl.minimum(k_hi, KP) // EPW
     a = tl.zeros([BN], tl.float32)
     b = tl.zeros([BN], tl.float32)
-    if TMA:
-        tl.static_assert(BN == 64)
-        if w_lo < w_hi:
-            a, b = gemv_rows_tma(tma, _segs(eoff, table_p, CODE, mat_a), _segs(eoff, table_p, CODE, mat_b), N,
-                                 n0, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
-                                 BITS, GROUP, MIN_BITS, SB, NMAT, NS, CG, USE_ASM)
-    elif w_lo < w_hi:
+    if w_lo < w_hi:
         a, b = gemv_rows(blob_segment(base, table_p, CODE, mat_a, 0, 32),
                          blob_segment(base, table_p, CODE, mat_a, 1, SCALE_BITS),
                          blob_segment(base, table_p, CODE, mat_a, 2, MIN_BITS),
@@ -93,7 +78,7 @@ def _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, 
 @triton.jit
 def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
                      FMASK: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr,
-                     CG: tl.constexpr, USE_ASM: tl.constexpr, tma=None, eoff=0, n0=0, TMA: tl.constexpr = 0):
+                     CG: tl.constexpr, USE_ASM: tl.constexpr):
     # `_matrix_rows` for the packed expert of run-time format code `code` (branches only for the codes in
     # FMASK; zeros for bf16, which the callers read themselves)
     BN: tl.constexpr = rows.shape[0]
@@ -102,19 +87,19 @@ def _packed_rows_any(base, table_p, code, mat_a, mat_b, N, K, k_lo, k_hi, rows, 
     if (FMASK & 1) != 0:
         if code == 0:
             a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                                tma, eoff, n0, 0, 2, 16, 8, 4, 512, NMAT, NS, CG, USE_ASM, TMA)
+                                0, 2, 16, 8, 4, 512, NMAT, NS, CG, USE_ASM)
     if (FMASK & 2) != 0:
         if code == 1:
             a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                                tma, eoff, n0, 1, 2, 32, 8, 8, 512, NMAT, NS, CG, USE_ASM, TMA)
+                                1, 2, 32, 8, 8, 512, NMAT, NS, CG, USE_ASM)
     if (FMASK & 4) != 0:
         if code == 2:
             a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                                tma, eoff, n0, 2, 1, 32, 8, 4, 512, NMAT, NS, CG, USE_ASM, TMA)
+                                2, 1, 32, 8, 4, 512, NMAT, NS, CG, USE_ASM)
     if (FMASK & 8) != 0:
         if code == 3:
             a, b = _matrix_rows(base, table_p, mat_a, mat_b, N, K, k_lo, k_hi, rows, ok, xq_p, xdx_p, xsum_p, XP,
-                                tma, eoff, n0, 3, 4, 128, 16, 16, 0, NMAT, NS, CG, USE_ASM, TMA)
+                                3, 4, 128, 16, 16, 0, NMAT, NS, CG, USE_ASM)
     return a, b
 
 
@@ -147,9 +132,9 @@ def _split_sum(v, w, part_p, n_parts, idx, IP, cnt, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p, hf_p,
-                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi, tma,
+                  gpart_p, cnt_p, H, I, p, nt, NT, s, k_lo, k_hi,
                   FMASK: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, BK16: tl.constexpr,
-                  NS: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr, TMA: tl.constexpr):
+                  NS: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
     # one work item: gate and up rows nt*BN .. of pair p's expert over inputs k_lo .. k_hi (x on the grid
     # at xq, xdx, xsum), then h = silu(g) * u packed for down (with SPLIT > 1, by the last of the splits)
     HP = tl.cdiv(H, 512) * 512
@@ -159,13 +144,12 @@ def _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum
     ok = rows < I
     e = tl.load(ids_p + p)
     code = tl.load(codes_p + e)
-    eoff = tl.multiple_of(tl.load(offs_p + e), 256)
-    base = arena_p + eoff
+    base = arena_p + tl.multiple_of(tl.load(offs_p + e), 256)
     g = tl.zeros([BN], tl.float32)
     u = tl.zeros([BN], tl.float32)
     if n0 < I:                                            # rows past I (padding) stay zero
         g, u = _packed_rows_any(base, table_p, code, 0, 1, I, H, k_lo, k_hi, rows, ok, xq, xdx, xsum, HP,
-                                FMASK, 2, NS, CG, USE_ASM, tma, eoff, n0, TMA)
+                                FMASK, 2, NS, CG, USE_ASM)
         if (FMASK & 16) != 0:
             if code == 4:
                 g = gemv_rows_bf16(blob_segment(base, table_p, 4, 0, 0, 17), H, k_lo, k_hi, rows, ok, x_row, BK16)
@@ -192,18 +176,15 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
                    TOPK: tl.constexpr, FMASK: tl.constexpr, JCHUNK: tl.constexpr, BN: tl.constexpr,
                    SPLIT: tl.constexpr, BK16: tl.constexpr, CHUNK: tl.constexpr,
                    NS: tl.constexpr, USE_ASM: tl.constexpr, PROBE: tl.constexpr = 0,
-                   CG: tl.constexpr = 0, dw2=None, dw1=None, db16=None, db8=None, db4=None, dh=None,
-                   TMA: tl.constexpr = 0):
+                   CG: tl.constexpr = 0):
     # grid (NT, M, JC * SPLIT): program (row tile nt, token m, z = s * JC + jc) does rows nt*BN .. of I
     #   for experts jc*JCHUNK .. of the token, over inputs s*KU*512 .. (s+1)*KU*512 of H (K split s of
     #   SPLIT). With SPLIT > 1 the partial g, u go to gpart f32 [P, SPLIT, 2, IP] and the last of the SPLIT
     #   programs of (pair, nt) to finish (counter cnt[p * NT + nt]) adds them.
     # PROBE=1: record each program's SM, start and end time at probe_p (benchmarks/probe_moe.py)
     # CG: code-generation options of the K loop (triton_common.gemv_rows; the tuned ones in tuned.py)
-    # TMA=1: the weight tiles by TMA through the descriptors dw2 .. dh (`triton_common.gemv_rows_tma`)
     if PROBE:
         t_start = probe_clock(tl.program_id(0), USE_ASM)
-    tma = (dw2, dw1, db16, db8, db4, dh)
     HP = tl.cdiv(H, 512) * 512
     IP = tl.cdiv(I, 512) * 512
     NT = IP // BN
@@ -226,8 +207,8 @@ def gate_up_kernel(x_p, stride_xm, ids_p, codes_p, offs_p, arena_p, table_p,
         j = jc * JCHUNK + jj
         if j < TOPK:
             _gate_up_pair(x_row, ids_p, codes_p, offs_p, arena_p, table_p, xq, xdx, xsum, hq_p, hdx_p, hsum_p,
-                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi, tma,
-                          FMASK, BN, SPLIT, BK16, NS, CG, USE_ASM, TMA)
+                          hf_p, gpart_p, cnt_p, H, I, m * TOPK + j, nt, NT, s, k_lo, k_hi,
+                          FMASK, BN, SPLIT, BK16, NS, CG, USE_ASM)
     if PROBE:
         probe_mark(probe_p, tl.program_id(0) + NT * (tl.program_id(1) + M * tl.program_id(2)), t_start,
                    tl.load(codes_p + tl.load(ids_p + m * TOPK + jc * JCHUNK)) + 8 * s, USE_ASM)
