@@ -102,25 +102,24 @@ def _gluon_kernels(arch: int, codes) -> list:
     from triton.runtime.jit import mangle_type
 
     from . import gluon_gemm
+    fn = gluon_gemm.gemm_gluon_kernel
     desc = mangle_type(gluon_gemm.x_descriptor(torch.empty(256, 512, dtype=torch.bfloat16), 256))
-
-    def build(fn, code: int, extra_sig: dict, extra_consts: dict, num_warps: int):
+    out = []
+    for code in codes:
         c = format_constants(code)
         sig = {"x_desc": desc, "codes_p": P["i32"], "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
                "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
-               "out_p": P["bf16"], "stride_om": "i32", **extra_sig}
+               "out_p": P["bf16"], "stride_om": "i32", "part_p": P["f32"], "cnt_p": P["i32"],
+               "M": "i32", "N": "i32", "K": "i32", "P": "i32"}
         # as at run time with every int divisible by 16, except those the kernel does not specialize
         fixed = {fn.arg_names[a] if isinstance(a, int) else a for a in fn.do_not_specialize}
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
                  if t.startswith("*") or (t == "i32" and a not in fixed)}
-        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | extra_consts
+        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3, PROF=0)
         src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
-        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
-
-    return [(f"gemm gluon code={code}",
-             build(gluon_gemm.gemm_gluon_kernel, code,
-                   {"part_p": P["f32"], "cnt_p": P["i32"], "M": "i32", "N": "i32", "K": "i32", "P": "i32"},
-                   dict(BT=256, NS=3, PROF=0), 4)) for code in codes]
+        out.append((f"gemm gluon code={code}",
+                    triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
+    return out
 
 
 def _cuobjdump(k, flag: str) -> str | None:
