@@ -1,0 +1,425 @@
+"""The tiered expert store (the Strata loader): every routed expert where the plan puts it, on the device
+before the kernel reads it, and counters that say how well that went.
+
+    store = ExpertStore.open(packed_dir, plan, device, plan_path="plan.yaml")
+    store.hint(j, ids, scores, depth)      # router lookahead: MoE layer j will probably use ids
+    offs = store.ensure(j, ids)            # every id of this token resident; returns offsets [E] on device
+    fused_moe(x, topk_ids, topk_w, store.arena, offs, store.formats[j], H, I)
+    store.release(j)                       # after the MoE call is queued: its slots may be reused after it
+    for wave in store.waves(j, ids): ...   # prefill: a chunk's experts in waves through the free slots
+    store.counters.to_data(); store.close()
+
+Tiers (the plan's `layers[j].vram / ram / nvme`):
+1. VRAM: one device arena `[static experts | dynamic slots | poison slot]`. Static experts are laid out
+   back to back (4 KiB-aligned blobs) and loaded at start; the dynamic slots (the plan's cache slots plus
+   its staging slots, `residency.Residency`) receive fetched experts. `offsets[j]` (int64 [L, E] on the
+   device, one row per MoE layer) is the residency map the kernel reads: a resident expert's byte offset
+   in the arena, else the poison slot (0xFF bytes: NaN scales, so a kernel that read a non-resident
+   expert would produce NaN; `poison=True` also checks on the host that none is routed there).
+2. Pinned RAM: the plan's RAM experts in page-locked host regions, filled at start.
+3. NVMe: the packed files, read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
+   `staging.nvme_reads` shape (split into requests, queue depth) into pinned bounce buffers, then copied.
+Everything is allocated at start; per token the store allocates no tensors (`offsets` rows go through a
+ring of preallocated pinned rows). Correctness never depends on prefetch: `ensure` fetches and waits for
+whatever is missing. On a CPU device (CI) tier 1 is a CPU tensor, tier 2 ordinary memory, tier 3 real
+files.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import psutil
+import torch
+
+from strata_plan.errors import UserError
+from strata_plan.kernels.formats import EXPERT_ALIGN
+
+from .counters import StoreCounters
+from .directio import BlobFile, aligned_empty, aligned_view
+from .residency import DEMAND, LATE, Residency
+from .transfer import Fetch, FetchError, Transfers
+
+POISON_BYTE = 0xFF          # fp16 0xFFFF is NaN: every scale of a poisoned blob is NaN
+RING = 64                   # pinned offsets rows in flight
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    prefetch: bool = True          # act on hints (off: the LRU-only and on-demand baselines)
+    verify: bool = False           # sha256 of every NVMe read against the index (start-up loads are always checked)
+    poison: bool = False           # host check that no routed id points at the poison slot
+    readers: int = 0               # reader threads; 0: the plan's largest queue depth (at least 4)
+    chunk_bytes: int = 8 << 20     # copy chunk
+    chunks_in_flight: int = 3      # chunks queued on the copy stream: a demand copy waits behind at most these
+    speculative_cap: int = 0       # bytes of hinted fetches in flight at once; 0: the staging slots' bytes
+    allow_buffered: bool = True    # a filesystem without O_DIRECT: warn and read buffered (benchmarks pass False)
+
+
+@dataclass(frozen=True)
+class Wave:
+    """One prefill wave of a layer: these experts are resident now (offsets), the MoE runs for them."""
+
+    offsets: torch.Tensor          # int64 [E] on the device
+    experts: tuple[int, ...]
+    mask: torch.Tensor             # bool [E] on the device: expert in this wave
+
+
+def _fits_plan(plan, index, plan_path: str) -> None:
+    """The plan places exactly the packed model's experts in the packed formats (budgets may differ)."""
+    if plan.model != index.model or plan.n_experts != index.n_experts:
+        raise UserError(plan_path, "model", f"plan is for {plan.model} ({plan.n_experts} experts), the packed model "
+                        f"is {index.model} ({index.n_experts})", "plan for the packed model, or pack the plan's model")
+    by_layer: dict[int, dict[int, str]] = {}
+    for e in index.entries:
+        by_layer.setdefault(e.layer, {})[e.expert] = e.format
+    if sorted(by_layer) != [l.layer for l in plan.layers]:
+        raise UserError(plan_path, "layers", f"plan places MoE layers {[l.layer for l in plan.layers]}, the packed "
+                        f"model has {sorted(by_layer)}", "plan for the packed model's geometry")
+    for l in plan.layers:
+        for fmt, ids in (l.formats or {}).items():
+            for e in ids:
+                if by_layer[l.layer].get(e) != fmt:
+                    raise UserError(plan_path, f"layers[{l.layer}].formats", f"expert {e} is {fmt} in the plan and "
+                                    f"{by_layer[l.layer].get(e)} in the packed model",
+                                    "pack again with --plan, or plan with the packed formats")
+
+
+class ExpertStore:
+    def __init__(self, folder: Path, index, plan, device: torch.device, options: StoreOptions = StoreOptions(),
+                 plan_path: str = "plan"):
+        self.folder, self.index, self.plan, self.device, self.opt = Path(folder), index, plan, device, options
+        _fits_plan(plan, index, plan_path)
+        self.n_layers, self.E = len(plan.layers), plan.n_experts
+        self.top_k = plan.top_k
+        ent = {(e.layer, e.expert): e for e in index.entries}
+        self.entries = [[ent[(l.layer, x)] for x in range(self.E)] for l in plan.layers]   # [j][e]
+        self.nbytes = np.array([[e.nbytes for e in row] for row in self.entries], dtype=np.int64)
+        self.tier = [dict([(e, "vram") for e in l.vram] + [(e, "ram") for e in l.ram] + [(e, "nvme") for e in l.nvme])
+                     for l in plan.layers]
+        # ---- sizes ---------------------------------------------------------------------------------
+        static_bytes = int(sum(self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.vram))
+        dyn = [self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.ram + l.nvme]
+        self.slot_bytes = int(max(dyn, default=EXPERT_ALIGN))
+        self.n_slots = plan.cache.total_slots + max(plan.staging.vram_slots, self.top_k)
+        self.dyn_base = static_bytes
+        self.poison_offset = self.dyn_base + self.n_slots * self.slot_bytes
+        arena_bytes = self.poison_offset + self.slot_bytes
+        ram_bytes = int(sum(self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.ram))
+        has_nvme = any(l.nvme for l in plan.layers)
+        bounce = max(plan.staging.host_slots, 2 * self.top_k) if has_nvme else 0
+        self._check_capacity(arena_bytes, ram_bytes + bounce * self.slot_bytes, plan_path)
+        # ---- files ---------------------------------------------------------------------------------
+        self.files: dict[str, BlobFile] = {}
+        for j, row in enumerate(self.entries):
+            for e in row:
+                self._file(e)
+        # ---- allocate once ---------------------------------------------------------------------------
+        self.arena = torch.empty(arena_bytes, dtype=torch.uint8, device=device)
+        self.arena[self.poison_offset:].fill_(POISON_BYTE)
+        self._ram_backing, self.ram = aligned_empty(max(ram_bytes, EXPERT_ALIGN), pin=device.type == "cuda")
+        self.ram_offset: dict[tuple[int, int], int] = {}
+        self.static_offset: dict[tuple[int, int], int] = {}
+        self.offsets_host = np.full((self.n_layers, self.E), self.poison_offset, dtype=np.int64)
+        self.offsets = torch.full((self.n_layers, self.E), self.poison_offset, dtype=torch.int64, device=device)
+        self._ring = torch.empty((RING, self.E), dtype=torch.int64, pin_memory=device.type == "cuda")
+        self._ring_events: list = [None] * RING
+        self._ring_i = 0
+        self.formats = [torch.tensor([self._fmt_code(e.format) for e in row], dtype=torch.int32, device=device)
+                        for row in self.entries]
+        readers = options.readers or max([4] + [r.queue_depth for r in (plan.staging.nvme_reads or {}).values()])
+        self.transfers = Transfers(self.arena, bounce, self.slot_bytes, readers=readers,
+                                   chunk_bytes=options.chunk_bytes, chunks_in_flight=options.chunks_in_flight)
+        self.split = {f: r.split for f, r in (plan.staging.nvme_reads or {}).items()}
+        self.split_prefill = {f: r.split for f, r in (plan.staging.nvme_reads_prefill or {}).items()}
+        self.compute_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self.residency = Residency([l.vram for l in plan.layers], [l.cache_slots for l in plan.layers], self.n_slots)
+        self.counters = StoreCounters(self.n_layers)
+        self._hints: list[dict[int, set[int]]] = [{} for _ in range(self.n_layers)]
+        self._inflight_spec: list[Fetch] = []
+        self.spec_cap = options.speculative_cap or plan.staging.vram_slots * self.slot_bytes
+        self._old_switch = sys.getswitchinterval()
+        sys.setswitchinterval(2e-4)     # wake the copy and reader threads promptly (restored on close)
+        self.load_s = self._load()
+
+    # ---- start-up ---------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, folder, plan, device, options: StoreOptions = StoreOptions(), plan_path: str = "plan"):
+        from strata_plan.kernels.pack import load_index
+        return cls(Path(folder), load_index(folder), plan, torch.device(device), options, plan_path)
+
+    @staticmethod
+    def _fmt_code(name: str) -> int:
+        from strata_plan.kernels.reference import FORMAT_CODES
+        return FORMAT_CODES.index(name)
+
+    def _check_capacity(self, vram: int, ram: int, plan_path: str) -> None:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            if vram > free:
+                raise UserError(plan_path, "memory.budgets.vram_bytes", f"needs {vram / 1e9:.2f} GB of VRAM for experts "
+                                f"and slots, {free / 1e9:.2f} GB is free on {torch.cuda.get_device_name(self.device)}",
+                                "plan again with a smaller --vram-gb")
+        avail = psutil.virtual_memory().available
+        if ram > avail:
+            raise UserError(plan_path, "memory.budgets.ram_bytes", f"needs {ram / 1e9:.2f} GB of pinned RAM, "
+                            f"{avail / 1e9:.2f} GB is available", "plan again with a smaller --ram-gb")
+
+    def _file(self, e) -> BlobFile:
+        f = self.files.get(e.file)
+        if f is None:
+            path = self.folder / e.file
+            if not path.exists():
+                raise UserError(str(path), "", f"is missing (layer {e.layer}, expert {e.expert})",
+                                "pack the model again into this folder")
+            f = BlobFile.open(path, warn=True)
+            if not f.direct and not self.opt.allow_buffered:
+                raise UserError(str(path), "", "is on a filesystem without O_DIRECT: the NVMe tier would be served "
+                                "by the page cache", "put the packed model on a local disk (ext4, xfs)")
+            self.files[e.file] = f
+        if e.offset + e.nbytes > os.fstat(f.fd).st_size:
+            raise UserError(str(f.path), "", f"is truncated: layer {e.layer}, expert {e.expert} needs bytes up to "
+                            f"{e.offset + e.nbytes}", "pack the model again into this folder")
+        return f
+
+    def _load(self) -> float:
+        """Read the static experts into the arena and the RAM experts into pinned RAM, checking sha256."""
+        t0 = time.perf_counter()
+        _, bounce = aligned_empty(self.slot_bytes_any(), pin=self.device.type == "cuda")
+        view = aligned_view(bounce)
+        off, ram_off = 0, 0
+        for j, l in enumerate(self.plan.layers):
+            for e in l.vram:
+                ent = self.entries[j][e]
+                self._file(ent).read_into(view, ent.offset, ent.nbytes)
+                self._check_sha(ent, view[:ent.nbytes])
+                self.arena[off:off + ent.nbytes].copy_(bounce[:ent.nbytes])
+                self.static_offset[(j, e)] = off
+                self.offsets_host[j, e] = off
+                off += ent.nbytes
+            for e in l.ram:
+                ent = self.entries[j][e]
+                dst = aligned_view(self.ram[ram_off:ram_off + ent.nbytes])
+                self._file(ent).read_into(dst, ent.offset, ent.nbytes)
+                self._check_sha(ent, dst)
+                self.ram_offset[(j, e)] = ram_off
+                ram_off += ent.nbytes
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.offsets.copy_(torch.from_numpy(self.offsets_host))
+        return time.perf_counter() - t0
+
+    def slot_bytes_any(self) -> int:
+        return int(self.nbytes.max())
+
+    @staticmethod
+    def _check_sha(ent, data) -> None:
+        want = getattr(ent, "sha256", "")
+        if want and hashlib.sha256(data).hexdigest() != want:
+            raise UserError(ent.file, f"layer {ent.layer} expert {ent.expert}", "checksum mismatch (the blob changed "
+                            "since it was packed)", "pack the model again")
+
+    # ---- decode -----------------------------------------------------------------------------------------
+    def hint(self, j: int, ids: Sequence[int], scores: Sequence[float] | None = None, depth: int = 1) -> None:
+        """MoE layer j will probably use `ids` (router lookahead at `depth`): fetch the missing ones, best
+        score first, while free slots (beyond one token's demand) and the speculative cap allow."""
+        ids = [int(e) for e in ids if e >= 0]
+        if scores is not None:
+            ids = [e for _, e in sorted(zip([-float(s) for s in scores], ids))]
+        self._hints[j][depth] = set(ids)
+        if not self.opt.prefetch:
+            return
+        self._inflight_spec = [f for f in self._inflight_spec if not f.done()]
+        inflight = sum(f.nbytes for f in self._inflight_spec)
+        c = self.counters.layers[j]
+        res = self.residency
+        for e in ids:
+            if res.is_resident(j, e):
+                continue
+            nb = int(self.nbytes[j, e])
+            if res.n_free() <= self.top_k or inflight + nb > self.spec_cap:
+                c.dropped_hints += 1
+                continue
+            slot, _ = res.take(j, e, by_hint=True, steal=False)
+            slot.fetch = self._fetch(j, e, slot, demand=False)
+            self._inflight_spec.append(slot.fetch)
+            inflight += nb
+            c.prefetch_bytes += nb
+
+    def _fetch(self, j: int, e: int, slot, demand: bool, prefill: bool = False) -> Fetch:
+        ent = self.entries[j][e]
+        tier = self.tier[j][e]
+        f = Fetch(j, e, self.dyn_base + slot.index * self.slot_bytes, ent.nbytes, demand, after=slot.release)
+        c = self.counters.layers[j]
+        c.bytes_from[tier] += ent.nbytes
+        c.fetches_from[tier] += 1
+        if tier == "ram":
+            o = self.ram_offset[(j, e)]
+            f.ram = self.ram[o:o + ent.nbytes]
+            return self.transfers.copy_now(f) if demand else self.transfers.submit(f)
+        f.file, f.file_offset = self._file(ent), ent.offset
+        f.split = (self.split_prefill if prefill else self.split).get(ent.format, 1)
+        f.sha256 = getattr(ent, "sha256", "") if self.opt.verify else ""
+        return self.transfers.submit(f)
+
+    def ensure(self, j: int, ids: Sequence[int]) -> torch.Tensor:
+        """Make every expert of `ids` (one token's routed ids in slot order, each once) resident for MoE
+        layer j and return its offsets row (int64 [E] on the device). The compute stream is made to wait
+        for the copies it needs (no host wait for a copy, only for reads to be issued)."""
+        ids = [int(e) for e in ids]
+        res, c = self.residency, self.counters.layers[j]
+        kinds = res.classify(j, ids, done=lambda s: s.fetch is None or s.fetch.done())
+        for d, hinted in self._hints[j].items():
+            used = set(ids)
+            c.hint_guesses[d] = c.hint_guesses.get(d, 0) + len(hinted)
+            c.hint_right[d] = c.hint_right.get(d, 0) + len(hinted & used)
+            c.hint_used[d] = c.hint_used.get(d, 0) + len(used)
+        self._hints[j] = {}
+        waits = []
+        for e, kind in zip(ids, kinds):
+            c.uses[kind] += 1
+            if kind == DEMAND:
+                slot, stolen = res.take(j, e, by_hint=False, steal=True)
+                if slot is None:
+                    raise RuntimeError(f"no free slot for layer {j} expert {e}: {self.n_slots} slots")
+                if stolen is not None:
+                    self._drop_fetch(stolen)
+                slot.pinned = True
+                slot.fetch = self._fetch(j, e, slot, demand=True)
+                waits.append(slot.fetch)
+            elif kind == LATE:
+                waits.append(res.slot_of(j, e).fetch)
+        t0 = time.perf_counter()
+        for f in waits:
+            f.wait_enqueued()
+            if f.event is not None:
+                self.compute_stream.wait_event(f.event)
+        c.wait_s += time.perf_counter() - t0
+        for s in res.touch(j, ids):
+            self._drop_fetch(s)
+        return self._publish(j)
+
+    def _drop_fetch(self, s) -> None:
+        """A hinted fetch no token used: cancel it if its copy is not queued yet, count it as wasted."""
+        c = self.counters.layers[s.layer]
+        if s.fetch is not None:
+            self.transfers.cancel(s.fetch)
+        c.wasted_bytes += int(self.nbytes[s.layer, s.expert])
+        c.wasted_fetches += 1
+
+    def _publish(self, j: int) -> torch.Tensor:
+        """Write layer j's residency into its offsets row on the device (stream-ordered, no allocation)."""
+        row = self.offsets_host[j]
+        row.fill(self.poison_offset)
+        static = self.plan.layers[j].vram
+        for e in static:
+            row[e] = self.static_offset[(j, e)]
+        for e, i in self.residency.where[j].items():
+            row[e] = self.dyn_base + i * self.slot_bytes
+        if self.device.type != "cuda":
+            self.offsets[j].copy_(torch.from_numpy(row))
+            return self.offsets[j]
+        k = self._ring_i
+        self._ring_i = (k + 1) % RING
+        if self._ring_events[k] is not None:
+            self._ring_events[k].synchronize()
+        self._ring[k].numpy()[:] = row
+        self.offsets[j].copy_(self._ring[k], non_blocking=True)
+        ev = self._ring_events[k] or torch.cuda.Event()
+        ev.record(self.compute_stream)
+        self._ring_events[k] = ev
+        return self.offsets[j]
+
+    def release(self, j: int) -> None:
+        """Layer j's kernel is queued on the compute stream: its slots may be overwritten once it ran."""
+        ev = None
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record(self.compute_stream)
+        self.residency.release(j, ev)
+
+    def check_routed(self, j: int, topk_ids: torch.Tensor) -> None:
+        """Poison mode: fail loudly if any routed id of layer j points at the poison slot."""
+        ids = topk_ids.flatten().tolist()
+        bad = [e for e in ids if e >= 0 and self.offsets_host[j, e] == self.poison_offset]
+        if bad:
+            raise FetchError(f"layer {j}: experts {sorted(set(bad))} are routed but not resident (poison slot)")
+
+    # ---- prefill ----------------------------------------------------------------------------------------
+    def waves(self, j: int, ids: Sequence[int]) -> Iterator[Wave]:
+        """A chunk's experts of layer j (unique ids) in waves: first everything resident plus as many
+        fetched as half the free slots hold, then the next half-slot batches, each fetched while the
+        previous wave computes. The caller runs the MoE for each wave's experts (ids outside the wave
+        skipped) before asking for the next wave; the slots a wave read are reused only after it ran.
+        The LRU cache is not changed by prefill, and prefill uses are not counted as decode uses."""
+        res = self.residency
+        ids = [int(e) for e in dict.fromkeys(int(e) for e in ids)]
+        resident = [e for e in ids if res.is_resident(j, e)]
+        missing = [e for e in ids if not res.is_resident(j, e)]
+        for e in resident:
+            s = res.slot_of(j, e)
+            if s is not None:
+                s.pinned = True
+        width = max(1, res.n_free() // 2)
+        batches = [missing[a:a + width] for a in range(0, len(missing), width)]
+        pending = self._prefill_fetch(j, batches[0]) if batches else []
+        first, ev = True, None
+        for b in range(max(1, len(batches))):
+            current = pending
+            pending = self._prefill_fetch(j, batches[b + 1]) if b + 1 < len(batches) else []
+            for slot in current:
+                slot.fetch.wait_enqueued()
+                if slot.fetch.event is not None:
+                    self.compute_stream.wait_event(slot.fetch.event)
+            members = (resident if first else []) + [s.expert for s in current]
+            first = False
+            row = self._publish(j)
+            mask = self._mask(j, members)
+            yield Wave(row, tuple(members), mask)
+            ev = None
+            if self.device.type == "cuda":
+                ev = torch.cuda.Event()
+                ev.record(self.compute_stream)
+            for slot in current:                # transient: the LRU cache is left as it was
+                slot.release = ev
+                slot.pinned = False
+                res._drop(slot)
+        res.release(j, ev)                      # the cached slots the waves read
+
+    def _prefill_fetch(self, j: int, experts: list[int]) -> list:
+        out = []
+        for e in experts:
+            slot, stolen = self.residency.take(j, e, by_hint=False, steal=True)
+            if slot is None:
+                raise RuntimeError(f"no free slot for a prefill wave of layer {j}")
+            if stolen is not None:
+                self._drop_fetch(stolen)
+            slot.pinned = True
+            slot.fetch = self._fetch(j, e, slot, demand=True, prefill=True)
+            out.append(slot)
+        return out
+
+    def _mask(self, j: int, members: list[int]) -> torch.Tensor:
+        m = np.zeros(self.E, dtype=np.bool_)
+        m[members] = True
+        return torch.from_numpy(m).to(self.device, non_blocking=False)
+
+    # ---- end ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        self.transfers.close()
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+        sys.setswitchinterval(self._old_switch)
+
+    def __enter__(self) -> "ExpertStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,272 @@
+"""Moving expert blobs to the device arena: NVMe reads on a reader pool, host-to-device copies ordered
+by one copy thread on one copy stream.
+
+    t = Transfers(arena, bounce_slots=..., slot_bytes=..., readers=8)
+    f = Fetch(layer, expert, dst_offset, nbytes, demand=True, ram=view)           # from pinned RAM
+    f = Fetch(layer, expert, dst_offset, nbytes, demand=False, file=blob, file_offset=o, split=4)  # NVMe
+    t.submit(f); ...; f.wait_enqueued(); compute_stream.wait_event(f.event)
+
+NVMe fetches are read with O_DIRECT (`directio.BlobFile`) into one of `bounce_slots` pinned buffers,
+as `split` requests on the reader threads (queue depth = requests in flight over all fetches), then
+copied. Copies over one PCIe link serialize whatever their streams' priorities, so the store orders them
+itself: one copy thread takes demand fetches before prefetches and enqueues each blob in chunks of
+`chunk_bytes`, keeping at most `chunks_in_flight` chunks queued on the copy stream, so a demand copy
+never waits behind more than that many prefetch chunks. A copy into a slot first waits (on the GPU) for
+the event of the last kernel that read the slot (`Fetch.after`). A fetch can be cancelled until its copy
+is enqueued (a dropped prefetch). On a CPU device the copies are plain synchronous copies and `event`
+is None. Busy times (reader threads in preadv, the copy stream from first enqueue to last completion)
+are accumulated for the benchmark.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .directio import BlobFile, aligned_empty, aligned_view
+
+
+class FetchError(RuntimeError):
+    """A read or copy of one expert failed: the message names the layer, the expert and the file."""
+
+
+@dataclass(eq=False)
+class Fetch:
+    layer: int
+    expert: int
+    dst_offset: int                  # byte offset in the arena
+    nbytes: int
+    demand: bool
+    ram: torch.Tensor | None = None  # uint8 view of the blob in pinned RAM
+    file: BlobFile | None = None     # or: where it lies on NVMe
+    file_offset: int = 0
+    split: int = 1
+    sha256: str = ""                 # checked after the read when set (--verify)
+    after: Any = None                # event the copy must wait for (the slot's last reader)
+    event: Any = None                # recorded after the copy; None on CPU
+    start: Any = None                # recorded before the copy (timing events, CUDA only)
+    seq: int = 0
+    cancelled: bool = False
+    error: BaseException | None = None
+    enqueued: threading.Event = field(default_factory=threading.Event)
+    t_submit: float = 0.0
+    _parts_left: int = 0
+    _bounce: int = -1
+
+    @property
+    def source(self) -> str:
+        return "nvme" if self.file is not None else "ram"
+
+    def done(self) -> bool:
+        """The blob is in the arena (its copy finished), without waiting."""
+        return self.enqueued.is_set() and self.error is None and (self.event is None or self.event.query())
+
+    def wait_enqueued(self) -> None:
+        self.enqueued.wait()
+        if self.error is not None:
+            raise self.error
+
+    def describe(self) -> str:
+        where = f"{self.file.path} at offset {self.file_offset}" if self.file is not None else "pinned RAM"
+        return f"layer {self.layer}, expert {self.expert} ({where})"
+
+
+class Transfers:
+    def __init__(self, arena: torch.Tensor, bounce_slots: int, slot_bytes: int, readers: int = 8,
+                 chunk_bytes: int = 8 << 20, chunks_in_flight: int = 3):
+        self.arena = arena
+        self.cuda = arena.is_cuda
+        self.copy_stream = torch.cuda.Stream(arena.device) if self.cuda else None
+        self.chunk_bytes, self.chunks_in_flight = chunk_bytes, max(1, chunks_in_flight)
+        self._bounce = [aligned_empty(slot_bytes, pin=self.cuda) for _ in range(bounce_slots)]
+        self._bounce_views = [aligned_view(v) for _, v in self._bounce]
+        self._free_bounce = deque(range(bounce_slots))
+        self._lock = threading.Condition()
+        self._reads: list = []       # heap of (not demand, seq, part, fetch, a, n)
+        self._waiting: list = []     # heap of (not demand, seq, fetch): NVMe fetches waiting for a bounce buffer
+        self._copies: list = []      # heap of (not demand, seq, fetch)
+        self._seq = itertools.count()
+        self._closed = False
+        self.read_busy_s = 0.0       # summed over reader threads
+        self.read_bytes = 0
+        self.copy_bytes = 0
+        self.timed: list[Fetch] = []  # CUDA fetches whose start/end events give the copy stream's busy time
+        self._threads = [threading.Thread(target=self._read_loop, name=f"strata-read-{i}", daemon=True)
+                         for i in range(readers if bounce_slots else 0)]
+        self._threads.append(threading.Thread(target=self._copy_loop, name="strata-copy", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    # ---- API ---------------------------------------------------------------------------------------
+    def submit(self, f: Fetch) -> Fetch:
+        f.seq, f.t_submit = next(self._seq), time.perf_counter()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("transfers are closed")
+            if f.file is None:
+                heapq.heappush(self._copies, (not f.demand, f.seq, f))
+            else:
+                heapq.heappush(self._waiting, (not f.demand, f.seq, f))
+                self._admit()
+            self._lock.notify_all()
+        return f
+
+    def copy_now(self, f: Fetch) -> Fetch:
+        """Enqueue a RAM fetch's copy from the calling thread (a demand miss: no hop to the copy thread)."""
+        f.seq, f.t_submit = next(self._seq), time.perf_counter()
+        self._enqueue_copy(f, self.ram_source(f), window=None)
+        return f
+
+    def cancel(self, f: Fetch) -> bool:
+        """Drop a fetch whose copy is not enqueued yet; True if it was dropped (else it lands anyway)."""
+        with self._lock:
+            if f.enqueued.is_set():
+                return False
+            f.cancelled = True
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        for t in self._threads:
+            t.join(timeout=10)
+        if self.cuda:
+            self.copy_stream.synchronize()
+
+    @staticmethod
+    def ram_source(f: Fetch) -> torch.Tensor:
+        return f.ram
+
+    # ---- reader threads ------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """(lock held) Give waiting NVMe fetches bounce buffers, best first, and queue their parts."""
+        while self._waiting and self._free_bounce:
+            _, _, f = heapq.heappop(self._waiting)
+            if f.cancelled:
+                f.enqueued.set()
+                continue
+            f._bounce = self._free_bounce.popleft()
+            step = -(-f.nbytes // max(1, f.split) // 4096) * 4096
+            parts = [(a, min(step, f.nbytes - a)) for a in range(0, f.nbytes, step)]
+            f._parts_left = len(parts)
+            for i, (a, n) in enumerate(parts):
+                heapq.heappush(self._reads, (not f.demand, f.seq, i, f, a, n))
+
+    def _read_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._reads and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                _, _, _, f, a, n = heapq.heappop(self._reads)
+            t0 = time.perf_counter()
+            try:
+                if f.error is None:
+                    f.file.read_into(self._bounce_views[f._bounce][a:], f.file_offset + a, n)
+            except OSError as e:
+                f.error = FetchError(f"read error for {f.describe()}: {e.strerror or e}")
+            dt = time.perf_counter() - t0
+            with self._lock:
+                self.read_busy_s += dt
+                self.read_bytes += n
+                f._parts_left -= 1
+                if f._parts_left == 0:
+                    if f.error is None and f.sha256:
+                        got = hashlib.sha256(self._bounce_views[f._bounce][:f.nbytes]).hexdigest()
+                        if got != f.sha256:
+                            f.error = FetchError(f"checksum mismatch for {f.describe()}: the blob changed since "
+                                                 f"it was packed; pack the model again")
+                    if f.error is not None or f.cancelled:
+                        self._free_bounce.append(f._bounce)
+                        f.enqueued.set()
+                        self._admit()
+                    else:
+                        heapq.heappush(self._copies, (not f.demand, f.seq, f))
+                    self._lock.notify_all()
+
+    # ---- the copy thread -----------------------------------------------------------------------------
+    def _copy_loop(self) -> None:
+        window: deque = deque()          # (event, fetch whose bounce frees when it completes, or None)
+        while True:
+            with self._lock:
+                while not self._copies and not self._closed:
+                    if window:
+                        break
+                    self._lock.wait()
+                if self._closed:
+                    return
+                item = heapq.heappop(self._copies)[2] if self._copies else None
+                if item is not None and item.cancelled:
+                    self._release_bounce(item)
+                    item.enqueued.set()
+                    continue
+            if item is None:                      # nothing new: retire the oldest chunk in flight
+                self._retire(window)
+                continue
+            src = self._bounce[item._bounce][1][:item.nbytes] if item.file is not None else item.ram
+            try:
+                self._enqueue_copy(item, src, window)
+            except Exception as e:               # noqa: BLE001 - reported on the fetch, raised by the store
+                item.error = FetchError(f"copy failed for {item.describe()}: {e}")
+                item.enqueued.set()
+
+    def _retire(self, window: deque) -> None:
+        ev, f = window.popleft()
+        ev.synchronize()                          # releases the GIL while it waits
+        if f is not None:
+            with self._lock:
+                self._release_bounce(f)
+
+    def _release_bounce(self, f: Fetch) -> None:
+        """(lock held) Return a fetch's bounce buffer and admit waiting reads."""
+        if f._bounce >= 0:
+            self._free_bounce.append(f._bounce)
+            f._bounce = -1
+            self._admit()
+            self._lock.notify_all()
+
+    def _enqueue_copy(self, f: Fetch, src: torch.Tensor, window: deque | None) -> None:
+        dst = self.arena[f.dst_offset:f.dst_offset + f.nbytes]
+        if not self.cuda:
+            dst.copy_(src)
+            self.copy_bytes += f.nbytes
+            with self._lock:
+                self._release_bounce(f)
+            f.enqueued.set()
+            return
+        with torch.cuda.stream(self.copy_stream):
+            if f.after is not None:
+                self.copy_stream.wait_event(f.after)
+            f.start = torch.cuda.Event(enable_timing=True)
+            f.start.record(self.copy_stream)
+            for a in range(0, f.nbytes, self.chunk_bytes):
+                b = min(f.nbytes, a + self.chunk_bytes)
+                if window is not None:
+                    while len(window) >= self.chunks_in_flight:
+                        self._retire(window)
+                dst[a:b].copy_(src[a:b], non_blocking=True)
+                if window is not None:
+                    ev = torch.cuda.Event()
+                    ev.record(self.copy_stream)
+                    window.append((ev, f if b == f.nbytes and f.file is not None else None))
+            f.event = torch.cuda.Event(enable_timing=True)
+            f.event.record(self.copy_stream)
+        self.copy_bytes += f.nbytes
+        self.timed.append(f)
+        f.enqueued.set()
+
+    def copy_busy_s(self) -> float:
+        """Seconds the copy stream spent copying (each copy's start-to-end; copies on one stream do not
+        overlap). Waits for the copies to finish."""
+        if self.cuda:
+            self.copy_stream.synchronize()
+        return sum(f.start.elapsed_time(f.event) for f in self.timed) / 1e3

@@ -1,0 +1,216 @@
+"""The tiered expert store on the CPU: tier 1 a CPU tensor, tier 2 ordinary memory, tier 3 real files read
+with O_DIRECT where the filesystem allows it. Every tier returns the packed bytes; the cache policy is the
+routing package's brute-force LRU; prefetch and tier splits never change an MoE output."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from strata_plan.engine.residency import CACHED, DEMAND, STATIC
+from strata_plan.engine.store import ExpertStore, StoreOptions
+from strata_plan.errors import UserError
+from strata_plan.kernels import ops
+from strata_plan.kernels.formats import expert_layout
+from strata_plan.kernels.pack import INDEX_FORMAT, INDEX_VERSION
+from strata_plan.planner.plan import CachePlan, load_plan
+from strata_plan.planner.routing.reference import simulate_cache
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
+TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
+H, I = 256, 32          # the fixture's hidden and moe_intermediate sizes
+
+
+def sane_blob(fmt: str, rng: np.random.Generator) -> np.ndarray:
+    """A random expert blob of `fmt` whose scales are finite and small, so MoE outputs are finite."""
+    lay = expert_layout(fmt, H, I)
+    blob = rng.integers(0, 256, lay.nbytes, dtype=np.uint8)
+    for s in lay.segments:
+        if s.dtype in ("float16", "bfloat16"):
+            n = s.nbytes // 2
+            vals = torch.from_numpy(rng.uniform(0.001, 0.02, n).astype(np.float32))
+            blob[s.offset:s.offset + s.nbytes] = vals.to(getattr(torch, s.dtype)).view(torch.uint8).numpy()
+    return blob
+
+
+@pytest.fixture(scope="module")
+def plan_path(tmp_path_factory):
+    pytest.importorskip("optuna")
+    from strata_plan.cli import main
+    d = tmp_path_factory.mktemp("plan")
+    out = d / "plan.yaml"
+    assert main(["plan", "--profile", "rtx-4090", "--model", str(FIXTURE), "--stats", str(TRACE), "--trials", "3",
+                 "--out", str(out), "--json"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, plan_path):
+    return write_packed(load_plan(plan_path), tmp_path_factory.mktemp("packed"))
+
+
+def write_packed(plan, d: Path):
+    """A packed folder in the plan's formats with random (sane) blobs; returns (folder, blobs[j][e])."""
+    rng = np.random.default_rng(0)
+    entries, blobs = [], []
+    for j, l in enumerate(plan.layers):
+        row, off, parts = [], 0, []
+        name = f"experts-layer{l.layer:03d}.bin"
+        for e in range(plan.n_experts):
+            b = sane_blob(l.format_of(e), rng)
+            entries.append({"layer": l.layer, "expert": e, "file": name, "offset": off, "nbytes": int(b.size),
+                            "format": l.format_of(e), "sha256": hashlib.sha256(b.tobytes()).hexdigest()})
+            row.append(b)
+            parts.append(b)
+            off += b.size
+        (d / name).write_bytes(np.concatenate(parts).tobytes())
+        blobs.append(row)
+    index = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "model": plan.model, "hidden": H,
+             "moe_intermediate": I, "n_experts": plan.n_experts, "source": "test", "config_sha256": "",
+             "entries": [{k: v for k, v in e.items() if k != "sha256"} for e in entries]}
+    (d / "index.json").write_text(json.dumps(index))
+    return d, blobs
+
+
+def tiers(plan, vram: int, ram: int, cache: int, depth: int | None = None):
+    """The plan with, per layer, `vram` static experts, `ram` in RAM, the rest on NVMe, `cache` LRU slots."""
+    layers = []
+    for l in plan.layers:
+        order = l.vram + l.ram + l.nvme
+        layers.append(dataclasses.replace(l, vram=order[:vram], ram=order[vram:vram + ram], nvme=order[vram + ram:],
+                                          cache_slots=min(cache, plan.n_experts - vram)))
+    total = sum(l.cache_slots for l in layers)
+    out = dataclasses.replace(plan, layers=tuple(layers), cache=CachePlan("lru", plan.cache.slot_bytes, total))
+    return out if depth is None else dataclasses.replace(out, prefetch_depth=depth)
+
+
+def routes(n_tokens: int, n_layers: int, E: int, k: int, seed: int = 1) -> np.ndarray:
+    """Skewed routing [T, L, k]: distinct ids per token and layer, most used first."""
+    rng = np.random.default_rng(seed)
+    p = np.arange(1, E + 1, dtype=float) ** -1.1
+    p /= p.sum()
+    return np.stack([[rng.choice(E, k, replace=False, p=p) for _ in range(n_layers)] for _ in range(n_tokens)])
+
+
+def open_store(packed, plan, **kw):
+    return ExpertStore.open(packed[0], plan, "cpu", StoreOptions(**kw), plan_path="plan.yaml")
+
+
+@pytest.mark.parametrize("split", [(32, 0, 0), (0, 32, 0), (0, 0, 2), (3, 9, 4)])
+def test_every_tier_returns_the_packed_bytes(packed, plan_path, split):
+    plan = tiers(load_plan(plan_path), *split)
+    ids = routes(12, len(plan.layers), plan.n_experts, plan.top_k)
+    with open_store(packed, plan) as store:
+        for t in range(len(ids)):
+            for j in range(len(plan.layers)):
+                offs = store.ensure(j, ids[t, j].tolist())
+                for e in ids[t, j].tolist():
+                    o, want = int(offs[e]), packed[1][j][e]
+                    assert np.array_equal(store.arena[o:o + want.size].numpy(), want), (t, j, e)
+                store.release(j)
+
+
+@pytest.mark.parametrize("static,cache", [(0, 0), (4, 3), (8, 1), (2, 12)])
+def test_cache_policy_is_the_planners_lru(packed, plan_path, static, cache):
+    plan = tiers(load_plan(plan_path), static, 6, cache)
+    ids = routes(60, len(plan.layers), plan.n_experts, plan.top_k, seed=3)
+    with open_store(packed, plan, prefetch=False) as store:
+        for t in range(len(ids)):
+            for j in range(len(plan.layers)):
+                store.ensure(j, ids[t, j].tolist())
+                store.release(j)
+        for j, l in enumerate(plan.layers):
+            c = store.counters.layers[j]
+            hits = (c.uses[STATIC] + c.uses[CACHED]) / c.n_uses
+            assert hits == pytest.approx(simulate_cache(ids[:, j], set(l.vram), l.cache_slots), abs=1e-12)
+            assert c.uses[DEMAND] == c.fetches_from["ram"] + c.fetches_from["nvme"]
+
+
+def moe_run(store, plan, x, ids, weights, hints: bool):
+    """Decode through the store with the torch reference MoE; hints = next layers' true ids (depth 1, 2)."""
+    outs = []
+    L = len(plan.layers)
+    for t in range(len(ids)):
+        for j in range(L):
+            if hints:
+                for d in (1, 2):
+                    if j + d < L:
+                        store.hint(j + d, ids[t, j + d].tolist(), None, depth=d)
+            offs = store.ensure(j, ids[t, j].tolist())
+            store.check_routed(j, torch.from_numpy(ids[t, j]))
+            outs.append(ops.fused_moe(x[t:t + 1], torch.from_numpy(ids[t, j][None]).long(), weights[t:t + 1],
+                                      store.arena, offs, store.formats[j], H, I, backend="torch"))
+            store.release(j)
+    return torch.cat(outs)
+
+
+def test_prefetch_and_tier_splits_never_change_the_moe_output(packed, plan_path):
+    base = load_plan(plan_path)
+    L, E, k = len(base.layers), base.n_experts, base.top_k
+    ids = routes(6, L, E, k, seed=5)
+    x = torch.randn(len(ids), H)
+    w = torch.rand(len(ids), k)
+    results = []
+    for split, hints in [((32, 0, 0), False), ((3, 9, 4), False), ((3, 9, 4), True), ((0, 0, 0), True)]:
+        plan = tiers(base, *split, depth=2)
+        with open_store(packed, plan, poison=True) as store:
+            results.append(moe_run(store, plan, x, ids, w, hints))
+            data = store.counters.to_data()
+            assert data["uses"] == len(ids) * L * k
+            assert sum(data["by_kind"].values()) == data["uses"]
+            if hints and split[0] == 0:
+                assert data["by_kind"]["prefetched"] > 0 and data["lookahead"]["1"]["precision"] == 1.0
+    assert all(torch.isfinite(r).all() for r in results)
+    for r in results[1:]:
+        assert torch.equal(r, results[0])
+
+
+def test_prefill_waves_cover_each_expert_once_and_match(packed, plan_path):
+    plan = tiers(load_plan(plan_path), 4, 10, 2)
+    E, k = plan.n_experts, plan.top_k
+    ids = torch.from_numpy(routes(40, 1, E, k, seed=9)[:, 0]).long()       # 40 tokens of layer 0
+    x = torch.randn(40, H)
+    w = torch.rand(40, k)
+    with open_store(packed, plan) as store:
+        seen, out = [], torch.zeros(40, H)
+        for wave in store.waves(0, ids.flatten().tolist()):
+            seen += wave.experts
+            masked = torch.where(wave.mask[ids], ids, torch.full_like(ids, -1))
+            keep = masked >= 0
+            out += ops.fused_moe(x, masked.clamp(min=0), w * keep, store.arena, wave.offsets, store.formats[0], H, I,
+                                 backend="torch")
+        assert sorted(seen) == sorted(set(ids.flatten().tolist()))
+    full = tiers(load_plan(plan_path), 32, 0, 0)
+    with open_store(packed, full) as store:
+        ref = ops.fused_moe(x, ids, w, store.arena, store.ensure(0, range(E)), store.formats[0], H, I, backend="torch")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_packed_folders_and_plans_are_one_line(packed, plan_path, tmp_path):
+    plan = load_plan(plan_path)
+    other = dataclasses.replace(plan, model="something-else")
+    with pytest.raises(UserError, match="model"):
+        open_store(packed, other)
+    l0 = plan.layers[0]
+    (a, ids_a), (b, ids_b) = list(l0.formats.items())[:2]
+    swapped = {a: ids_b, b: ids_a, **{f: v for f, v in l0.formats.items() if f not in (a, b)}}
+    wrong = dataclasses.replace(plan, layers=(dataclasses.replace(l0, formats=swapped),) + plan.layers[1:])
+    with pytest.raises(UserError, match="formats"):
+        open_store(packed, wrong)
+    folder = tmp_path / "p"
+    folder.mkdir()
+    for f in packed[0].iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    victim = sorted(folder.glob("experts-*.bin"))[-1]
+    victim.write_bytes(victim.read_bytes()[:-4096])
+    with pytest.raises(UserError, match="truncated"):
+        open_store((folder, None), plan)
+    victim.unlink()
+    with pytest.raises(UserError, match="missing"):
+        open_store((folder, None), plan)
