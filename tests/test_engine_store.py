@@ -214,3 +214,33 @@ def test_bad_packed_folders_and_plans_are_one_line(packed, plan_path, tmp_path):
     victim.unlink()
     with pytest.raises(UserError, match="missing"):
         open_store((folder, None), plan)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_bytes_arrive_and_nothing_is_allocated_per_token(packed, plan_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    plan = tiers(load_plan(plan_path), 3, 9, 4, depth=2)
+    ids = routes(30, len(plan.layers), plan.n_experts, plan.top_k, seed=11)
+    with ExpertStore.open(packed[0], plan, "cuda", StoreOptions(), plan_path="plan.yaml") as store:
+        def run(tokens):
+            for t in tokens:
+                for j in range(len(plan.layers)):
+                    if j + 1 < len(plan.layers):
+                        store.hint(j + 1, ids[t, j + 1].tolist(), None, depth=1)
+                    offs = store.ensure(j, ids[t, j].tolist())
+                    got = [store.arena[o:o + packed[1][j][e].size] for e in ids[t, j].tolist()
+                           for o in [int(offs[e])]]
+                    for e, g in zip(ids[t, j].tolist(), got):
+                        assert np.array_equal(g.cpu().numpy(), packed[1][j][e])
+                    store.release(j)
+        run(range(5))
+        torch.cuda.synchronize()
+        n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
+        for t in range(5, 30):
+            for j in range(len(plan.layers)):
+                store.ensure(j, ids[t, j].tolist())
+                store.release(j)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == n0
+        run(range(5, 10))
