@@ -50,8 +50,9 @@ from strata_plan.planner.spec import load_spec  # noqa: E402
 BASE_PLAN = Path(__file__).resolve().parent / "data" / "plan-kimi-k3.1-pro-h200.yaml"
 
 
-def build_packed(folder: Path, spec, n_layers: int) -> list[str]:
-    """Random blobs of the tier mix's formats (most used ids first), one file a layer; returns formats."""
+def build_packed(folder: Path, spec, n_layers: int) -> tuple[list[str], list[dict]]:
+    """Random blobs of the tier mix's formats (most used ids first), one file a layer; returns (formats,
+    index entries)."""
     folder.mkdir(parents=True, exist_ok=True)
     names = tier_mix().names(spec.n_routed)
     sizes = [expert_bytes(f, spec.hidden, spec.moe_intermediate) for f in names]
@@ -77,11 +78,16 @@ def build_packed(folder: Path, spec, n_layers: int) -> list[str]:
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+    return names, entries
+
+
+def write_index(folder: Path, spec, entries: list[dict], n_layers: int) -> None:
+    """index.json for the first `n_layers` MoE layers of the packed files (the runs use 2 or all)."""
+    keep = set(spec.moe_layers[:n_layers])
     index = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "model": spec.name, "hidden": spec.hidden,
              "moe_intermediate": spec.moe_intermediate, "n_experts": spec.n_routed, "source": "bench_store synthetic",
-             "config_sha256": spec.config_sha256, "entries": entries}
+             "config_sha256": spec.config_sha256, "entries": [e for e in entries if e["layer"] in keep]}
     (folder / "index.json").write_text(json.dumps(index))
-    return names
 
 
 def plan_for(base, n_layers: int, names: list[str], vram: float, ram: float, cache: int = 0, depth: int = 0):
@@ -174,7 +180,7 @@ def main() -> int:
     metrics, notes = {}, []
     try:
         t0 = time.perf_counter()
-        names = build_packed(folder, spec, a.layers)
+        names, entries = build_packed(folder, spec, a.layers)
         metrics["build_s"] = time.perf_counter() - t0
         metrics["packed_gb"] = sum(expert_bytes(f, spec.hidden, spec.moe_intermediate) for f in names) * a.layers / 1e9
         print(f"built {metrics['packed_gb']:.1f} GB in {metrics['build_s']:.0f} s", flush=True)
@@ -187,6 +193,7 @@ def main() -> int:
 
         # ---- pinned RAM -> VRAM -----------------------------------------------------------------------
         plan = plan_for(base, a.ram_layers, names, 0.08, 0.92)
+        write_index(folder, spec, entries, a.ram_layers)
         with ExpertStore.open(folder, plan, dev, StoreOptions(prefetch=False), "bench") as store:
             metrics["ram_load_s"] = store.load_s
             ids = ids_all[:200, :a.ram_layers]
@@ -215,6 +222,7 @@ def main() -> int:
             metrics["cuda_allocations_per_200_calls"] = torch.cuda.memory_stats()["allocation.all.allocated"] - n0
         # ---- NVMe -> VRAM ---------------------------------------------------------------------------
         plan = plan_for(base, a.layers, names, 0.08, 0.0)
+        write_index(folder, spec, entries, a.layers)
         rd = plan.staging.nvme_reads[names[0]]
         with ExpertStore.open(folder, plan, dev, StoreOptions(prefetch=False, allow_buffered=False), "bench") as store:
             threads = store.transfers._threads.__len__() - 1
