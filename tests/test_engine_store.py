@@ -185,7 +185,8 @@ def test_prefill_waves_cover_each_expert_once_and_match(packed, plan_path):
     full = tiers(load_plan(plan_path), 32, 0, 0)
     with open_store(packed, full) as store:
         ref = ops.fused_moe(x, ids, w, store.arena, store.ensure(0, range(E)), store.formats[0], H, I, backend="torch")
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # the waves add the same float32 terms in another order: rounding only, relative to the output's scale
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
 
 
 def test_bad_packed_folders_and_plans_are_one_line(packed, plan_path, tmp_path):
