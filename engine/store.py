@@ -117,9 +117,13 @@ class ExpertStore:
         self._check_capacity(arena_bytes, ram_bytes + bounce * self.slot_bytes, plan_path)
         # ---- files ---------------------------------------------------------------------------------
         self.files: dict[str, BlobFile] = {}
-        for j, row in enumerate(self.entries):
-            for e in row:
-                self._file(e)
+        try:
+            for row in self.entries:
+                for e in row:
+                    self._file(e)
+        except BaseException:
+            self._close_files()
+            raise
         # ---- allocate once ---------------------------------------------------------------------------
         self.arena = torch.empty(arena_bytes, dtype=torch.uint8, device=device)
         self.arena[self.poison_offset:].fill_(POISON_BYTE)
@@ -146,7 +150,11 @@ class ExpertStore:
         self.spec_cap = options.speculative_cap or plan.staging.vram_slots * self.slot_bytes
         self._old_switch = sys.getswitchinterval()
         sys.setswitchinterval(2e-4)     # wake the copy and reader threads promptly (restored on close)
-        self.load_s = self._load()
+        try:
+            self.load_s = self._load()
+        except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
+            self.close()
+            raise
 
     # ---- start-up ---------------------------------------------------------------------------------------
     @classmethod
@@ -255,7 +263,7 @@ class ExpertStore:
     def _fetch(self, j: int, e: int, slot, demand: bool, prefill: bool = False) -> Fetch:
         ent = self.entries[j][e]
         tier = self.tier[j][e]
-        f = Fetch(j, e, self.dyn_base + slot.index * self.slot_bytes, ent.nbytes, demand, after=slot.release)
+        f = Fetch(ent.layer, e, self.dyn_base + slot.index * self.slot_bytes, ent.nbytes, demand, after=slot.release)
         c = self.counters.layers[j]
         c.bytes_from[tier] += ent.nbytes
         c.fetches_from[tier] += 1
@@ -263,7 +271,7 @@ class ExpertStore:
             o = self.ram_offset[(j, e)]
             f.ram = self.ram[o:o + ent.nbytes]
             return self.transfers.copy_now(f) if demand else self.transfers.submit(f)
-        f.file, f.file_offset = self._file(ent), ent.offset
+        f.file, f.file_offset = self.files[ent.file], ent.offset
         f.split = (self.split_prefill if prefill else self.split).get(ent.format, 1)
         f.sha256 = getattr(ent, "sha256", "") if self.opt.verify else ""
         return self.transfers.submit(f)
@@ -412,11 +420,17 @@ class ExpertStore:
 
     # ---- end ------------------------------------------------------------------------------------------
     def close(self) -> None:
-        self.transfers.close()
+        """Stop the reader and copy threads, wait for queued copies, close the files. Idempotent."""
+        if getattr(self, "transfers", None) is not None:
+            self.transfers.close()
+            self.transfers = None
+        self._close_files()
+        sys.setswitchinterval(self._old_switch)
+
+    def _close_files(self) -> None:
         for f in self.files.values():
             f.close()
         self.files.clear()
-        sys.setswitchinterval(self._old_switch)
 
     def __enter__(self) -> "ExpertStore":
         return self

@@ -4,6 +4,7 @@ routing package's brute-force LRU; prefetch and tier splits never change an MoE 
 from __future__ import annotations
 
 import dataclasses
+import os
 import hashlib
 import json
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 from strata_plan.engine.residency import CACHED, DEMAND, STATIC
 from strata_plan.engine.store import ExpertStore, StoreOptions
+from strata_plan.engine.transfer import FetchError
 from strata_plan.errors import UserError
 from strata_plan.kernels import ops
 from strata_plan.kernels.formats import expert_layout
@@ -241,3 +243,30 @@ def test_on_the_gpu_bytes_arrive_and_nothing_is_allocated_per_token(packed, plan
         torch.cuda.synchronize()
         assert torch.cuda.memory_stats()["allocation.all.allocated"] == n0
         run(range(5, 10))
+
+
+def test_a_read_error_during_a_run_is_raised_naming_the_expert(packed, plan_path, tmp_path):
+    import threading
+    folder = tmp_path / "p"
+    folder.mkdir()
+    for f in packed[0].iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    plan = tiers(load_plan(plan_path), 0, 0, 0)
+    before = threading.active_count()
+    store = open_store((folder, None), plan)
+    last = plan.n_experts - 1
+    victim = folder / store.entries[0][last].file
+    store.files[victim.name].fd, old = os.open(os.devnull, os.O_RDONLY), store.files[victim.name].fd   # reads hit EOF
+    os.close(old)
+    with pytest.raises(FetchError, match=f"layer {plan.layers[0].layer}, expert {last} .*{victim.name}"):
+        store.ensure(0, [last])
+    store.close()
+    assert threading.active_count() == before
+
+
+def test_a_plan_needing_more_ram_than_the_machine_has_is_refused_before_loading(packed, plan_path, monkeypatch):
+    import psutil
+    plan = tiers(load_plan(plan_path), 0, 32, 0)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 1000})())
+    with pytest.raises(UserError, match="memory.budgets.ram_bytes.*--ram-gb"):
+        open_store(packed, plan)
