@@ -1,0 +1,101 @@
+"""Text in, text out: the checkpoint's tokenizer (`tokenizers`, tokenizer.json), greedy and sampled
+decoding (temperature, top-p) and a `generate` loop over `MoEModel.prefill` / `decode_step`.
+
+    tok = load_tokenizer(folder)
+    ids = generate(model, encode_prompt(tok, "def main():", folder, model.cfg), max_new_tokens=64, chunk=512,
+                   sampling=Sampling(temperature=0.7, top_p=0.9, seed=1), on_token=print)
+    text = tok.decode(ids)
+
+Each new token is copied to the host once (to stream it and to stop at an end-of-sequence id); the
+sampling itself stays on the device.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from strata_plan.errors import UserError
+
+from .config import ModelConfig
+
+
+def load_tokenizer(folder: str | Path):
+    from tokenizers import Tokenizer
+    p = Path(folder) / "tokenizer.json"
+    if not p.exists():
+        raise UserError(str(p), "", "file not found", "use a checkpoint folder with its tokenizer.json (copy it "
+                        "into a packed folder)")
+    return Tokenizer.from_file(str(p))
+
+
+def encode_prompt(tokenizer, text: str, folder: str | Path, cfg: ModelConfig) -> list[int]:
+    """The prompt's ids, with the BOS id in front when the checkpoint's tokenizer_config.json asks for it
+    (`add_bos_token`) and the tokenizer did not already put it there."""
+    ids = tokenizer.encode(text).ids
+    tc = Path(folder) / "tokenizer_config.json"
+    add_bos = tc.exists() and bool(json.loads(tc.read_text(encoding="utf-8")).get("add_bos_token", False))
+    if add_bos and cfg.bos_id is not None and (not ids or ids[0] != cfg.bos_id):
+        ids = [cfg.bos_id, *ids]
+    return ids
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0           # 0: greedy (argmax)
+    top_p: float = 1.0                 # keep the smallest set of most likely tokens whose mass reaches top_p
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise UserError("--temperature", str(self.temperature), "negative", "use 0 (greedy) or more")
+        if not 0 < self.top_p <= 1:
+            raise UserError("--top-p", str(self.top_p), "outside (0, 1]", "use a mass in (0, 1]")
+
+
+def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits float32 [V] -> the next token, int64 [1] on the logits' device (no host copy)."""
+    if s.temperature == 0:
+        return logits.argmax().reshape(1)
+    probs = torch.softmax(logits.float() / s.temperature, dim=-1)
+    if s.top_p < 1:
+        p, order = probs.sort(descending=True)
+        drop = (p.cumsum(0) - p) >= s.top_p                 # the mass before this token already reaches top_p
+        probs = torch.zeros_like(probs).scatter_(0, order, p.masked_fill(drop, 0.0))
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, sampling: Sampling = Sampling(),
+             eos_ids: Sequence[int] | None = None, on_token: Callable[[int], None] | None = None) -> list[int]:
+    """Prefill the prompt (in chunks of `chunk`) from an empty cache and decode up to `max_new_tokens`
+    tokens, stopping after an end-of-sequence id (default: the config's `eos_token_id`). Returns the
+    new ids."""
+    if max_new_tokens < 1:
+        raise UserError("--max-tokens", str(max_new_tokens), "must be at least 1", "ask for one token or more")
+    n = len(prompt_ids)
+    if n == 0:
+        raise UserError("--prompt", "", "the prompt has no tokens", "give a non-empty prompt")
+    if n + max_new_tokens - 1 > model.context:
+        raise UserError("--prompt", "", f"{n} prompt tokens + {max_new_tokens} new ones exceed the context of "
+                        f"{model.context} tokens", "shorten the prompt, lower --max-tokens or raise the context")
+    eos = set(model.cfg.eos_ids if eos_ids is None else eos_ids)
+    gen = None
+    if sampling.seed is not None:
+        gen = torch.Generator(device=model.device)
+        gen.manual_seed(sampling.seed)
+    model.reset()
+    logits = model.prefill(list(prompt_ids), chunk)
+    out: list[int] = []
+    for i in range(max_new_tokens):
+        token = sample(logits, sampling, gen)
+        t = int(token)                                      # the host copy: stream it, check for EOS
+        out.append(t)
+        if on_token is not None:
+            on_token(t)
+        if t in eos or i + 1 == max_new_tokens:
+            break
+        logits = model.decode_step(token)
+    return out

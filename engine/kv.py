@@ -1,0 +1,60 @@
+"""Static key/value caches of a whole context, allocated once.
+
+MLA (DeepSeek-V3 family) caches the compressed latent: per token and layer the normalised
+`kv_lora_rank` latent and the rotated `qk_rope_head_dim` key, one row of `kv_lora_rank +
+qk_rope_head_dim` values shared by every head; exactly what `ModelSpec.kv_cache_bytes` counts (at BF16,
+2 bytes a value). GQA caches rotated keys and values per KV head: `2 * kv_heads * head_dim` values.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+class MLACache:
+    def __init__(self, cfg: ModelConfig, context: int, device, dtype: torch.dtype):
+        a = cfg.spec.attention
+        self.rank = a.kv_lora_rank
+        self.rows = torch.zeros(cfg.n_layers, context, a.kv_lora_rank + a.qk_rope_head_dim, device=device, dtype=dtype)
+
+    @property
+    def values_per_token_layer(self) -> int:
+        return self.rows.shape[-1]
+
+    def write(self, layer: int, start: int, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
+        """latent [T, rank], k_rope [T, rope] for positions start..start+T-1."""
+        t = latent.shape[0]
+        self.rows[layer, start:start + t, :self.rank] = latent
+        self.rows[layer, start:start + t, self.rank:] = k_rope
+
+    def view(self, layer: int, length: int) -> torch.Tensor:
+        """[length, rank + rope]: latent then rotated key of positions 0..length-1."""
+        return self.rows[layer, :length]
+
+
+class GQACache:
+    def __init__(self, cfg: ModelConfig, context: int, device, dtype: torch.dtype):
+        a = cfg.spec.attention
+        self.k = torch.zeros(cfg.n_layers, a.kv_heads, context, a.head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+
+    @property
+    def values_per_token_layer(self) -> int:
+        return 2 * self.k.shape[1] * self.k.shape[3]
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, kv_heads, head_dim] for positions start..start+T-1."""
+        t = k.shape[0]
+        self.k[layer, :, start:start + t] = k.transpose(0, 1)
+        self.v[layer, :, start:start + t] = v.transpose(0, 1)
+
+    def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [kv_heads, length, head_dim]."""
+        return self.k[layer, :, :length], self.v[layer, :, :length]
+
+
+def make_cache(cfg: ModelConfig, context: int, device, dtype: torch.dtype) -> MLACache | GQACache:
+    cache = (MLACache if cfg.is_mla else GQACache)(cfg, context, device, dtype)
+    assert 2 * cache.values_per_token_layer == cfg.spec.attention.kv_bytes_per_token_layer   # BF16 bytes, as planned
+    return cache

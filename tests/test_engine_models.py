@@ -1,0 +1,140 @@
+"""The engine's forward passes against transformers: the committed trained DeepSeek-V3 fixture and tiny
+random-weight DeepSeek-V3 (q_lora, grouped routing, yarn, half-split rope), Qwen3-MoE and Mixtral
+models built from a config. BF16-stored expert weights (`TorchExperts`), everything computed in float32.
+
+Per model: the prompt's logits from a prefill in several chunks, the logits of several decode steps
+(transformers' own cache, teacher-forced on its greedy tokens), and greedy generation token for token.
+
+Tolerance: |engine - transformers| <= 2e-4 + 1e-4 |transformers| per logit. Both run the same float32
+weights; they differ only in the order of float32 sums (MLA's absorbed form against transformers'
+expanded keys, fused SDPA against eager softmax, expert outputs summed per expert), about 1e-7 relative
+per operation, which grows to ~1e-5 on logits of size ~20 over the fixture's 6 layers (measured: 1.1e-5).
+The tolerance is 10-20x that; a real mistake (rope layout, softmax scale, a bias, a norm) moves logits
+by 1e-2 or more, which `test_the_comparison_can_fail` shows for one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from strata_plan.engine.config import ModelConfig  # noqa: E402
+from strata_plan.engine.experts import TorchExperts  # noqa: E402
+from strata_plan.engine.generate import generate  # noqa: E402
+from strata_plan.engine.model import MoEModel  # noqa: E402
+from strata_plan.engine.weights import TensorSource  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
+ATOL, RTOL = 2e-4, 1e-4
+CHUNK, NEW = 16, 6
+
+
+def _close(got, ref):
+    torch.testing.assert_close(got, ref.float(), atol=ATOL, rtol=RTOL)
+
+
+def _hf(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                                             experts_implementation="eager").eval()
+
+
+def _engine(folder, context=64, cfg=None):
+    cfg = cfg or ModelConfig.load(folder)
+    return MoEModel(cfg, TensorSource(folder), TorchExperts.from_checkpoint(folder, cfg, dtype=torch.float32),
+                    context=context, dtype=torch.float32)
+
+
+def _random_model(tmp_path_factory, name, cls, config, seed=0):
+    """A random-weight model saved in bf16 (like a real checkpoint), its router biases random too."""
+    torch.manual_seed(seed)
+    model = cls(config)
+    for n, b in model.named_buffers():
+        if n.endswith("e_score_correction_bias"):
+            b.copy_(torch.rand_like(b) * 0.2)
+    d = tmp_path_factory.mktemp(name)
+    model.to(torch.bfloat16).save_pretrained(d)
+    return d
+
+
+TINY = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, max_position_embeddings=128, initializer_range=0.1,
+            tie_word_embeddings=False)
+
+CONFIGS = {
+    "deepseek-v3": lambda: (transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(
+        **TINY, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, num_key_value_heads=4,
+        n_shared_experts=1, n_routed_experts=16, num_experts_per_tok=4, first_k_dense_replace=2, kv_lora_rank=32,
+        q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=4, topk_group=2,
+        routed_scaling_factor=1.5, norm_topk_prob=True, rope_interleave=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})),
+    "qwen3-moe": lambda: (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+        **TINY, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, num_key_value_heads=2, head_dim=16,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[2], decoder_sparse_step=1)),
+    "mixtral": lambda: (transformers.MixtralForCausalLM, transformers.MixtralConfig(
+        **TINY, intermediate_size=32, num_hidden_layers=3, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=12)),
+}
+
+
+@pytest.fixture(scope="module", params=["fixture", *CONFIGS])
+def pair(request, tmp_path_factory):
+    """(transformers model, engine model, prompt ids, folder)."""
+    if request.param == "fixture":
+        folder = FIXTURE
+        prompt = np.load(FIXTURE / "heldout_tokens.npz")["tokens"][:37].tolist()
+    else:
+        cls, config = CONFIGS[request.param]()
+        folder = _random_model(tmp_path_factory, request.param, cls, config)
+        prompt = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
+    return _hf(folder), _engine(folder), prompt, folder
+
+
+def test_layer_kinds_match_transformers(pair):
+    hf, engine, _, _ = pair
+    hf_moe = tuple(i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "gate"))
+    assert engine.cfg.moe_layers == hf_moe and 0 < len(hf_moe) <= len(hf.model.layers)
+    if engine.cfg.family != "mixtral":
+        assert len(hf_moe) < len(hf.model.layers)           # the configs above have dense layers too
+
+
+def test_chunked_prefill_matches_transformers(pair):
+    hf, engine, prompt, _ = pair
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits[0]
+    assert float(ref.abs().max()) > 1.0                     # logits large enough for the tolerance to mean something
+    engine.reset()
+    got = engine.prefill(prompt, chunk=CHUNK, all_logits=True)     # 37 tokens: chunks of 16, 16, 5
+    assert got.shape == ref.shape and engine.pos == len(prompt)
+    _close(got, ref)
+
+
+def test_decode_steps_and_greedy_generation_match_transformers(pair):
+    hf, engine, prompt, _ = pair
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
+                          output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+    hf_tokens = out.sequences[0, len(prompt):].tolist()
+    engine.reset()
+    logits = engine.prefill(prompt, chunk=CHUNK)
+    for step, token in enumerate(hf_tokens):
+        _close(logits, out.logits[step][0])                  # step 0: prefill's last logits; then decode steps
+        if step + 1 < len(hf_tokens):
+            logits = engine.decode_step(token)
+    assert generate(engine, prompt, NEW, chunk=CHUNK, eos_ids=()) == hf_tokens
+
+
+def test_the_comparison_can_fail():
+    """The fixture with its rope pairs read in the other layout: far outside the tolerance."""
+    cfg = ModelConfig.load(FIXTURE)
+    wrong = dataclasses.replace(cfg, rope=dataclasses.replace(cfg.rope, interleave=False))
+    prompt = np.load(FIXTURE / "heldout_tokens.npz")["tokens"][:24].tolist()
+    right, bad = (_engine(FIXTURE, cfg=c).prefill(prompt, chunk=8, all_logits=True) for c in (cfg, wrong))
+    assert float((right - bad).abs().max()) > 100 * ATOL
