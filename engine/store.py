@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +108,7 @@ class ExpertStore:
         static_bytes = int(sum(self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.vram))
         dyn = [self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.ram + l.nvme]
         self.slot_bytes = int(max(dyn, default=EXPERT_ALIGN))
-        self.n_slots = plan.cache.total_slots + max(plan.staging.vram_slots, self.top_k)
+        self.n_slots = plan.cache.total_slots + max(plan.staging.vram_slots, (plan.prefetch_depth + 1) * self.top_k)
         self.dyn_base = static_bytes
         self.poison_offset = self.dyn_base + self.n_slots * self.slot_bytes
         arena_bytes = self.poison_offset + self.slot_bytes
@@ -147,6 +148,7 @@ class ExpertStore:
         self.counters = StoreCounters(self.n_layers)
         self._hints: list[dict[int, set[int]]] = [{} for _ in range(self.n_layers)]
         self._inflight_spec: list[Fetch] = []
+        self._lock = threading.RLock()      # hints may come from the lookahead thread
         self.spec_cap = options.speculative_cap or plan.staging.vram_slots * self.slot_bytes
         self._old_switch = sys.getswitchinterval()
         sys.setswitchinterval(2e-4)     # wake the copy and reader threads promptly (restored on close)
@@ -240,6 +242,10 @@ class ExpertStore:
         ids = [int(e) for e in ids if e >= 0]
         if scores is not None:
             ids = [e for _, e in sorted(zip([-float(s) for s in scores], ids))]
+        with self._lock:
+            self._hint(j, ids, depth)
+
+    def _hint(self, j: int, ids: list[int], depth: int) -> None:
         self._hints[j][depth] = set(ids)
         if not self.opt.prefetch:
             return
@@ -281,6 +287,22 @@ class ExpertStore:
         layer j and return its offsets row (int64 [E] on the device). The compute stream is made to wait
         for the copies it needs (no host wait for a copy, only for reads to be issued)."""
         ids = [int(e) for e in ids]
+        with self._lock:
+            waits = self._claim(j, ids)
+        c = self.counters.layers[j]
+        t0 = time.perf_counter()
+        for f in waits:
+            f.wait_enqueued()
+            if f.event is not None:
+                self.compute_stream.wait_event(f.event)
+        c.wait_s += time.perf_counter() - t0
+        with self._lock:
+            for s in self.residency.touch(j, ids):
+                self._drop_fetch(s)
+            return self._publish(j)
+
+    def _claim(self, j: int, ids: list[int]) -> list[Fetch]:
+        """(lock held) Count how each use is served, fetch what is missing; the fetches to wait for."""
         res, c = self.residency, self.counters.layers[j]
         kinds = res.classify(j, ids, done=lambda s: s.fetch is None or s.fetch.done())
         for d, hinted in self._hints[j].items():
@@ -303,15 +325,7 @@ class ExpertStore:
                 waits.append(slot.fetch)
             elif kind == LATE:
                 waits.append(res.slot_of(j, e).fetch)
-        t0 = time.perf_counter()
-        for f in waits:
-            f.wait_enqueued()
-            if f.event is not None:
-                self.compute_stream.wait_event(f.event)
-        c.wait_s += time.perf_counter() - t0
-        for s in res.touch(j, ids):
-            self._drop_fetch(s)
-        return self._publish(j)
+        return waits
 
     def _drop_fetch(self, s) -> None:
         """A hinted fetch no token used: cancel it if its copy is not queued yet, count it as wasted."""
@@ -350,7 +364,8 @@ class ExpertStore:
         if self.device.type == "cuda":
             ev = torch.cuda.Event()
             ev.record(self.compute_stream)
-        self.residency.release(j, ev)
+        with self._lock:
+            self.residency.release(j, ev)
 
     def check_routed(self, j: int, topk_ids: torch.Tensor) -> None:
         """Poison mode: fail loudly if any routed id of layer j points at the poison slot."""

@@ -1,0 +1,111 @@
+"""A plan, executed: the model runtime over the tiered expert store.
+
+    with Engine.open(packed_dir, plan_path) as eng:           # device: cuda if there is one, else cpu
+        ids = eng.generate(eng.encode("def main():"), max_new_tokens=32, on_token=print)
+
+`EngineOptions.mode` picks the loop:
+- "plan":      the plan as written: static set, LRU cache, router-lookahead prefetch at the plan's depth;
+- "lru":       the same store without lookahead (the LRU-only baseline);
+- "on-demand": no cache and no prefetch: every non-static expert fetched when the router asks (the plain,
+               non-overlapped reference loop; tests hold the others to it).
+The dense weights (attention, norms, routers, shared experts, embeddings, lm_head) are read from the
+packed folder's `dense.safetensors` onto the device; the routed experts stay where the plan puts them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from strata_plan.errors import UserError
+from strata_plan.planner.plan import CachePlan, load_plan
+
+from .generate import Sampling, encode_prompt, generate, load_tokenizer
+from .model import MoEModel
+from .store import ExpertStore, StoreOptions
+from .store_experts import StoreExperts
+
+MODES = ("plan", "lru", "on-demand")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    mode: str = "plan"
+    device: str = ""                 # "" = cuda if available, else cpu
+    backend: str = "auto"            # fused_moe backend: Triton on CUDA, the torch reference on CPU
+    verify: bool = False
+    poison: bool = False
+    allow_buffered: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise UserError("--mode", self.mode, "unknown", f"use one of {', '.join(MODES)}")
+
+
+def baseline(plan, mode: str):
+    """The plan run as `mode`: "lru" keeps the cache and drops the lookahead; "on-demand" drops both
+    (the plan's VRAM static set only)."""
+    if mode == "plan":
+        return plan
+    if mode == "lru":
+        return dataclasses.replace(plan, prefetch_depth=0)
+    layers = tuple(dataclasses.replace(l, cache_slots=0) for l in plan.layers)
+    return dataclasses.replace(plan, layers=layers, prefetch_depth=0,
+                               cache=CachePlan(plan.cache.policy, plan.cache.slot_bytes, 0))
+
+
+class Engine:
+    def __init__(self, folder: Path, plan, store: ExpertStore, model: MoEModel, experts: StoreExperts,
+                 options: EngineOptions):
+        self.folder, self.plan, self.store, self.model, self.experts, self.opt = folder, plan, store, model, experts, options
+
+    @classmethod
+    def open(cls, packed: str | Path, plan, options: EngineOptions = EngineOptions(), replay=None,
+             plan_path: str = "plan") -> "Engine":
+        """`plan`: a plan path or a loaded Plan. `replay`: an `engine.replay.Replay` (routing replayed)."""
+        folder = Path(packed)
+        if not isinstance(plan, type(None)) and isinstance(plan, (str, Path)):
+            plan_path, plan = str(plan), load_plan(plan)
+        plan = baseline(plan, options.mode)
+        device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
+                                                                    verify=options.verify, poison=options.poison,
+                                                                    allow_buffered=options.allow_buffered), plan_path)
+        try:
+            experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,
+                                   depth=plan.prefetch_depth if options.mode == "plan" else 0,
+                                   backend=options.backend, replay=replay)
+            model = MoEModel.load(folder, experts, context=plan.context, device=device, dtype=dtype)
+        except BaseException:
+            store.close()
+            raise
+        experts.model = model
+        if experts.depth:
+            model.after_moe = experts.after_moe
+        return cls(folder, plan, store, model, experts, options)
+
+    # ---- text ---------------------------------------------------------------------------------------
+    def tokenizer(self):
+        return load_tokenizer(self.folder)
+
+    def encode(self, text: str) -> list[int]:
+        return encode_prompt(self.tokenizer(), text, self.folder, self.model.cfg)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling = Sampling(),
+                 on_token: Callable[[int], None] | None = None) -> list[int]:
+        return generate(self.model, prompt_ids, max_new_tokens, self.plan.prefill_chunk, sampling,
+                        on_token=on_token)
+
+    def close(self) -> None:
+        self.experts.close()
+        self.store.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,142 @@
+"""The routed-expert call on the tiered store: `engine.experts.Experts` for the decode loop.
+
+    experts = StoreExperts(store, hidden, intermediate, depth=plan.prefetch_depth)
+    model = MoEModel.load(folder, experts, context, device)
+    model.after_moe = experts.after_moe          # router lookahead (omit for the on-demand / LRU-only runs)
+    experts.model = model
+
+Per MoE layer j and call:
+1. the router's ids come to the host: the one device-to-host round trip of the layer (`host_sync_s`);
+2. decode (one token): `store.ensure(j, ids)` makes every routed expert resident and
+   returns the layer's offsets row; one `fused_moe` call reads the arena; `store.release(j)`;
+   several tokens (prefill): the chunk's experts in waves (`store.waves`), `fused_moe` per wave with the ids of the other
+   waves skipped (-1), the partial outputs summed;
+3. lookahead (`after_moe`): the gates of MoE layers j+1..j+d on the layer's output (`model.route`, the
+   definition of planner/routing/TRACE.md) are computed on the device and copied to pinned host memory;
+   a hint thread waits for that copy (not the main thread) and calls `store.hint(j+d, ids, scores, d)`.
+On a CPU device the hints are given inline. `replay` replaces the router's ids by a replayed routing
+(`engine.replay`): the data movement is real, the text is not.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import torch
+
+from strata_plan.kernels.ops import fused_moe
+
+
+
+class StoreExperts:
+    def __init__(self, store, hidden: int, intermediate: int, depth: int = 0, backend: str = "auto", replay=None):
+        self.store, self.hidden, self.intermediate, self.backend = store, hidden, intermediate, backend
+        self.depth = depth
+        self.model = None
+        self.replay = replay                  # engine.replay.Replay or None
+        self.host_sync_s = 0.0                # time the main thread waited for the router's ids
+        self.syncs = 0
+        self.moe_s = 0.0                      # host time in ensure + launch + release
+        self.cuda = store.device.type == "cuda"
+        n = store.n_layers
+        if self.cuda and depth:
+            self._ring = [torch.empty((depth, 2, store.top_k), dtype=torch.float32, pin_memory=True) for _ in range(2 * n)]
+            self._ring_i = 0
+            self._hints: queue.Queue = queue.Queue()
+            self._pending = 0
+            self._done = threading.Condition()
+            self._error: BaseException | None = None
+            self._thread = threading.Thread(target=self._hint_loop, name="strata-hints", daemon=True)
+            self._thread.start()
+        else:
+            self._thread = None
+
+    # ---- the Experts interface -------------------------------------------------------------------
+    def __call__(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        if self.replay is not None:
+            topk_ids, topk_weights = self.replay.route(j, x.shape[0], x.device)
+        ids = topk_ids.cpu()                  # the layer's one round trip
+        self.host_sync_s += time.perf_counter() - t0
+        self.syncs += 1
+        self.drain()                          # hints of earlier layers are given before this layer's ensure
+        t1 = time.perf_counter()
+        store = self.store
+        if x.shape[0] == 1:
+            used = list(dict.fromkeys(ids.flatten().tolist()))    # slot order, each expert once
+            offs = store.ensure(j, used)
+            if store.opt.poison:
+                store.check_routed(j, ids)
+            out = fused_moe(x, topk_ids, topk_weights, store.arena, offs, store.formats[j], self.hidden,
+                            self.intermediate, backend=self.backend)
+            store.release(j)
+        else:
+            out = torch.zeros_like(x)
+            skip = torch.full_like(topk_ids, -1)
+            for wave in store.waves(j, ids.flatten().tolist()):
+                masked = torch.where(wave.mask[topk_ids], topk_ids, skip)
+                out += fused_moe(x, masked, topk_weights, store.arena, wave.offsets, store.formats[j], self.hidden,
+                                 self.intermediate, backend=self.backend)
+        self.moe_s += time.perf_counter() - t1
+        return out
+
+    # ---- lookahead ---------------------------------------------------------------------------------
+    def after_moe(self, j: int, out: torch.Tensor) -> None:
+        """MoE layer j's output [M, H] (decode only): hints for layers j+1..j+depth from their gates."""
+        L = self.store.n_layers
+        if not self.depth or out.shape[0] != 1 or j + 1 >= L:
+            return
+        targets = list(range(j + 1, min(L, j + 1 + self.depth)))
+        if self.replay is not None:
+            for d, jj in enumerate(targets, 1):
+                ids, scores = self.replay.hint(j, d)
+                self.store.hint(jj, ids, scores, depth=d)
+            return
+        routed = [self.model.route(jj, out) for jj in targets]     # [(ids [1, k], weights [1, k])]
+        if not self.cuda:
+            for d, (jj, (ids, w)) in enumerate(zip(targets, routed), 1):
+                self.store.hint(jj, ids[0].tolist(), w[0].tolist(), depth=d)
+            return
+        buf = self._ring[self._ring_i]
+        self._ring_i = (self._ring_i + 1) % len(self._ring)     # drained every layer: never reused in flight
+        for d, (ids, w) in enumerate(routed):
+            buf[d, 0].copy_(ids[0].float(), non_blocking=True)
+            buf[d, 1].copy_(w[0], non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        with self._done:
+            self._pending += 1
+        self._hints.put((targets, buf, ev))
+
+    def _hint_loop(self) -> None:
+        while True:
+            item = self._hints.get()
+            if item is None:
+                return
+            targets, buf, ev = item
+            try:
+                ev.synchronize()                  # releases the GIL while the gates run
+                for d, jj in enumerate(targets, 1):
+                    self.store.hint(jj, buf[d - 1, 0].long().tolist(), buf[d - 1, 1].tolist(), depth=d)
+            except BaseException as e:            # noqa: BLE001 - raised on the main thread's next call
+                self._error = e
+            with self._done:
+                self._pending -= 1
+                self._done.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every queued hint has been given; raise what the hint thread raised."""
+        if self._thread is None:
+            return
+        with self._done:
+            while self._pending:
+                self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._hints.put(None)
+            self._thread.join(timeout=10)
+            self._thread = None

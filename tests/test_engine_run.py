@@ -1,0 +1,92 @@
+"""The decode loop over the tiered store, on the CPU: the committed fixture MoE packed with BF16 experts.
+
+The plan's tiers, its cache and its lookahead change where experts are read from and when, never what is
+computed: every mode (plan with prefetch, LRU-only, on-demand) and every tier split gives bit-identical
+logits and tokens, and the engine's greedy tokens are transformers' (the model's own tolerance argument is
+in test_engine_models.py)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from strata_plan.engine.engine import Engine, EngineOptions
+from strata_plan.errors import UserError
+from strata_plan.planner.plan import CachePlan, load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
+PROMPT = [5, 17, 99, 3, 250, 1024, 7, 7, 42, 311, 12, 8]
+
+
+@pytest.fixture(scope="module")
+def packed_bf16(tmp_path_factory):
+    from strata_plan.cli import main
+    out = tmp_path_factory.mktemp("fx") / "packed"
+    assert main(["pack", str(FIXTURE), "--out", str(out), "--format", "bf16", "--json"]) == 0
+    return out
+
+
+def bf16_plan(vram: int, ram: int, cache: int, depth: int):
+    """The fixture's plan with every expert in bf16 (as packed) and, per layer, the `vram` most used static,
+    the next `ram` in pinned RAM, the rest on NVMe; `cache` LRU slots; lookahead `depth`."""
+    plan = load_plan(FIXTURE / "plan-rtx-4090.yaml")
+    layers = []
+    for l in plan.layers:
+        order = l.vram + l.ram + l.nvme
+        layers.append(dataclasses.replace(l, vram=order[:vram], ram=order[vram:vram + ram], nvme=order[vram + ram:],
+                                          cache_slots=cache, formats={"bf16": tuple(range(plan.n_experts))}))
+    return dataclasses.replace(plan, layers=tuple(layers), prefetch_depth=depth, prefill_chunk=5,
+                               cache=CachePlan("lru", plan.cache.slot_bytes, cache * len(layers)))
+
+
+def run(packed, plan, mode: str, new: int = 5):
+    """(prompt logits [V], logits of each decode step, greedy tokens, store counters)."""
+    with Engine.open(packed, plan, EngineOptions(mode=mode, device="cpu", poison=True)) as eng:
+        m = eng.model
+        m.reset()
+        logits = [m.prefill(PROMPT, chunk=plan.prefill_chunk)]
+        tokens = []
+        for _ in range(new):
+            tokens.append(int(logits[-1].argmax()))
+            logits.append(m.decode_step(tokens[-1]))
+        return torch.stack(logits), tokens, eng.store.counters.to_data()
+
+
+def test_tiers_modes_and_prefetch_never_change_logits(packed_bf16):
+    ref_logits, ref_tokens, _ = run(packed_bf16, bf16_plan(32, 0, 0, 0), "on-demand")
+    for plan, mode in [(bf16_plan(4, 10, 3, 2), "plan"), (bf16_plan(4, 10, 3, 2), "lru"),
+                       (bf16_plan(0, 0, 0, 1), "plan"), (bf16_plan(2, 6, 0, 0), "on-demand")]:
+        logits, tokens, counters = run(packed_bf16, plan, mode)
+        assert torch.equal(logits, ref_logits), (mode, plan.layers[0].cache_slots)
+        assert tokens == ref_tokens
+        assert counters["uses"] == 5 * 5 * plan.top_k          # 5 decode tokens x 5 MoE layers x top-k
+        if mode == "plan" and plan.prefetch_depth:
+            assert counters["lookahead"]["1"]["guesses"] > 0
+        if mode != "plan":
+            assert counters["prefetch_bytes"] == 0
+
+
+def test_greedy_tokens_are_transformers(packed_bf16):
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(FIXTURE, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, use_cache=True)[0, len(PROMPT):]
+    with Engine.open(packed_bf16, bf16_plan(3, 9, 2, 2), EngineOptions(device="cpu")) as eng:
+        got = eng.generate(PROMPT, max_new_tokens=6)
+    assert got == want.tolist()
+
+
+def test_user_mistakes_are_one_line(packed_bf16, tmp_path):
+    plan = bf16_plan(32, 0, 0, 0)
+    with pytest.raises(UserError, match="formats"):
+        Engine.open(packed_bf16, load_plan(FIXTURE / "plan-rtx-4090.yaml"), EngineOptions(device="cpu"))
+    with Engine.open(packed_bf16, plan, EngineOptions(device="cpu")) as eng:
+        with pytest.raises(UserError, match="exceed the context"):
+            eng.generate(PROMPT * 200, max_new_tokens=4)
+        with pytest.raises(UserError, match="max-tokens"):
+            eng.generate(PROMPT, max_new_tokens=0)
+    with pytest.raises(UserError, match="--mode"):
+        EngineOptions(mode="fast")
