@@ -1,0 +1,101 @@
+"""`strata-plan bench`'s measurement: prefill and decode tok/s of a plan run by the engine, and what the
+store did, beside the planner's prediction for the same plan.
+
+    r = measure(packed_dir, plan_path, mode="plan", tokens=64, warmup=32, replay=None)
+    r["measured"]["decode_tok_s"], r["counters"], r["time_per_token"]
+
+Decode: after `warmup` tokens (which fill the LRU cache; at least the statistics' warm-up), `tokens`
+greedy tokens are timed one by one (each ends when its sampled id reaches the host, so every token's
+GPU work is included); tok/s = 1 / median seconds per token, and the mean beside it. Prefill: one chunk
+of the plan's `prefill_chunk` tokens after one warm-up chunk. Counters and link busy times cover the
+timed decode tokens only. Every figure here is measured on this machine; `predicted` figures come from
+the cost model and are labelled so by the caller.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from .counters import StoreCounters
+from .engine import Engine, EngineOptions
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32, replay=None,
+            device: str = "", prompt: list[int] | None = None, seed: int = 0, progress=None) -> dict:
+    opts = EngineOptions(mode=mode, device=device)
+    with Engine.open(packed, plan, opts, replay=replay) as eng:
+        m, store, ex = eng.model, eng.store, eng.experts
+        dev = m.device
+        V = m.cfg.vocab
+        rng = np.random.default_rng(seed)
+        chunk = eng.plan.prefill_chunk
+        n_prefill = min(chunk, max(1, m.context - tokens - warmup - 1) // 2)
+        # ---- prefill: one warm-up chunk, one timed chunk ---------------------------------------------
+        m.reset()
+        m.prefill(rng.integers(0, V, n_prefill).tolist(), chunk)
+        _sync(dev)
+        t0 = time.perf_counter()
+        logits = m.prefill(prompt or rng.integers(0, V, n_prefill).tolist(), chunk)
+        _sync(dev)
+        prefill_s = time.perf_counter() - t0
+        # ---- decode ------------------------------------------------------------------------------------
+        tok = logits.argmax()
+        for i in range(warmup):
+            tok = m.decode_step(tok).argmax()
+            if progress:
+                progress("warm-up", i + 1, warmup)
+        int(tok)
+        store.counters = StoreCounters(store.n_layers)
+        tr = store.transfers
+        read0, rbytes0, copy0, nt0 = tr.read_busy_s, tr.read_bytes, tr.copy_busy_s(), len(tr.timed)
+        sync0, moe0, syncs0 = ex.host_sync_s, ex.moe_s, ex.syncs
+        per = []
+        t_all = time.perf_counter()
+        for i in range(tokens):
+            t1 = time.perf_counter()
+            tok = m.decode_step(tok).argmax()
+            int(tok)                                  # the token on the host: its GPU work is done
+            per.append(time.perf_counter() - t1)
+            if progress:
+                progress("decode", i + 1, tokens)
+        wall = time.perf_counter() - t_all
+        copy_s = tr.copy_busy_s() - copy0
+        c = store.counters.to_data()
+        n = tokens
+        L = store.n_layers
+        med = statistics.median(per)
+        return {
+            "mode": mode,
+            "measured": {
+                "decode_tok_s": 1.0 / med, "decode_tok_s_mean": n / wall,
+                "prefill_tok_s": n_prefill / prefill_s, "prefill_tokens": n_prefill,
+                "decode_s_per_token": {"median": med, "p10": float(np.percentile(per, 10)),
+                                       "p90": float(np.percentile(per, 90))},
+            },
+            "bytes_per_token": {"ram": c["bytes_from"]["ram"] / n, "nvme": c["bytes_from"]["nvme"] / n,
+                                "pcie": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / n,
+                                "wasted": c["wasted_bytes"] / n},
+            "links": {"copy_busy_s_per_token": copy_s / n, "pcie_gbps_during_copies":
+                      sum(f.nbytes for f in tr.timed[nt0:]) / copy_s / 1e9 if copy_s else 0.0,
+                      "pcie_gbps_wall": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / wall / 1e9,
+                      "reader_busy_s_per_token": (tr.read_busy_s - read0) / n,
+                      "nvme_gbps_wall": (tr.read_bytes - rbytes0) / wall / 1e9},
+            "time_per_token": {"router_round_trip_s": (ex.host_sync_s - sync0) / n,
+                               "round_trips": (ex.syncs - syncs0) / n,
+                               "store_and_launch_host_s": (ex.moe_s - moe0) / n,
+                               "store_wait_s": sum(x["wait_s"] for x in c["layers"]) / n,
+                               "per_moe_layer_s": med / L},
+            "counters": {k: v for k, v in c.items() if k != "layers"},
+            "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],
+            "replay": None if replay is None else replay.source,
+            "plan": {"prefetch_depth": eng.plan.prefetch_depth, "cache_slots": eng.plan.cache.total_slots,
+                     "n_moe_layers": L, "predicted": eng.plan.predicted.decode_tok_s},
+        }
