@@ -16,7 +16,7 @@ from safetensors.torch import load_file  # noqa: E402
 from strata_plan.cli import main as cli_main  # noqa: E402
 from strata_plan.kernels import dequantize, pack_expert, unpack_expert  # noqa: E402
 from strata_plan.kernels.formats import EXPERT_ALIGN, tier_mix  # noqa: E402
-from strata_plan.kernels.pack import formats_from_mix, load_index  # noqa: E402
+from strata_plan.engine.pack import formats_from_mix, load_index  # noqa: E402
 from strata_plan.planner.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
