@@ -1,13 +1,18 @@
-"""`strata-plan pack`: turn a Hugging Face MoE checkpoint into what the engine reads.
+"""`strata-plan pack`: turn a Hugging Face MoE checkpoint (or random weights in a model's geometry) into what
+the engine reads.
 
     strata-plan pack CHECKPOINT --out DIR (--plan PLAN.yaml | --bpw 1.92 [--stats S] | --format NAME)
+    strata-plan pack --synthetic MODEL [--moe-layers N] --out DIR (--plan PLAN.yaml | --bpw 1.92 | --format NAME)
 
-Every routed expert is quantized with `pack_expert` into one blob of its format (`formats.expert_layout`:
-gate, up, down, padded to 4 KiB), and the blobs of one MoE layer go one after another into
-`experts-layer{L:03d}.bin` (L = decoder layer), so every blob starts on a 4 KiB boundary of its file: one
-O_DIRECT read per expert. `index.json` lists every blob (layer, expert, file, offset, nbytes, format);
-`dense.safetensors` holds every other tensor of the checkpoint unchanged (attention, norms, routers and
-their biases, shared experts, dense MLPs, embeddings, lm_head); `config.json` is copied.
+Every routed expert is quantized with `pack_expert` (on the GPU when there is one) into one blob of its format
+(`formats.expert_layout`: gate, up, down, padded to 4 KiB), and the blobs of one MoE layer go one after another
+into `experts-layer{L:03d}.bin` (L = decoder layer), so every blob starts on a 4 KiB boundary of its file: one
+O_DIRECT read per expert. `index.json` (engine/packed.py) lists every blob with its sha256, and the sha256 of
+`dense.safetensors` and of the plan; `dense.safetensors` holds every other tensor of the checkpoint (attention,
+norms, routers and their biases, shared experts, dense MLPs, embeddings, lm_head) unchanged, or as BF16 where
+the checkpoint stores FP8 blocks (engine/fp8.py: dequantized on the fly, scale tensors left out); tensors of
+layers past `num_hidden_layers` (DeepSeek-V3's multi-token-prediction layer) are left out; `config.json` is
+copied. `--synthetic` writes random weights instead (engine/synthetic.py).
 
 Which format each expert gets: from a plan (its per-layer `formats`), or from a tier mix at a target
 bits-per-weight (`formats.tier_mix`; the most used experts by `--stats`, else ids 0.. first, take the
@@ -17,64 +22,39 @@ checkpoints use, or transformers' fused `mlp.experts.gate_up_proj` / `down_proj`
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
-import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from strata_plan.engine import fp8
+from strata_plan.engine.files import AtomicFile, BlobWriter, write_safetensors
+from strata_plan.engine.packed import DENSE_FILE, PackedEntry, PackIndex, write_index
 from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
-from strata_plan.yamlio import atomic_write_bytes, atomic_write_text
 
-INDEX_FORMAT = "strata-plan/packed-experts"
-INDEX_VERSION = 2        # 2: codes lane-major in 32-bit words and every tensor unit-major (FORMATS.md)
 PER_EXPERT = {"mlp.experts": ("gate_proj", "up_proj", "down_proj"),
               "block_sparse_moe.experts": ("w1", "w3", "w2")}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-@dataclass(frozen=True)
-class PackedEntry:
-    layer: int          # decoder layer index
-    expert: int
-    file: str           # relative to the index
-    offset: int         # bytes, a multiple of formats.EXPERT_ALIGN
-    nbytes: int
-    format: str
-
-
-@dataclass(frozen=True)
-class PackIndex:
-    model: str
-    hidden: int
-    moe_intermediate: int
-    n_experts: int
-    source: str
-    config_sha256: str
-    entries: tuple[PackedEntry, ...]
-
-    @property
-    def expert_bytes(self) -> int:
-        return sum(e.nbytes for e in self.entries)
-
-    def bytes_by_format(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for e in self.entries:
-            out[e.format] = out.get(e.format, 0) + e.nbytes
-        return out
-
-    def to_data(self) -> dict:
-        d = asdict(self)
-        d["entries"] = [asdict(e) for e in self.entries]
-        return {"format": INDEX_FORMAT, "version": INDEX_VERSION, **d}
+def default_device() -> str:
+    """Where packing computes: the GPU when there is one."""
+    try:
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
 
 
 class Checkpoint:
-    """Tensor names -> safetensors file of a checkpoint folder (one file, or shards with an index)."""
+    """Tensor names -> safetensors file of a checkpoint folder (one file, or shards with an index); FP8 block-
+    quantized weights come back dequantized (`get`), their `weight_scale_inv` tensors are not listed."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, config: dict | None = None):
         self.folder = folder
         index = folder / "model.safetensors.index.json"
         if index.exists():
@@ -86,37 +66,79 @@ class Checkpoint:
         else:
             raise UserError(str(folder), "model.safetensors", "no safetensors weights found",
                             "pass a Hugging Face checkpoint folder (model.safetensors or its index)")
+        self.block = fp8.block_size(config or {})
         self._open: dict[Path, object] = {}
 
-    def get(self, name: str):
+    def _file(self, name: str):
         from safetensors import safe_open
         path = self.where[name]
         if path not in self._open:
             self._open[path] = safe_open(str(path), "pt")
-        return self._open[path].get_tensor(name)
+        return self._open[path]
+
+    @property
+    def names(self) -> list[str]:
+        """Every weight name but the FP8 scale tensors, sorted."""
+        return sorted(n for n in self.where if not n.endswith(fp8.SCALE_SUFFIX))
+
+    def stored_dtype(self, name: str):
+        import torch
+        code = self._file(name).get_slice(name).get_dtype()
+        return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}[code]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._file(name).get_slice(name).get_shape())
+
+    def get(self, name: str, device: str = "cpu", dtype=None):
+        """Tensor `name` on `device`; FP8 weights dequantized with their block scales (to `dtype`, else float32)."""
+        t = self._file(name).get_tensor(name).to(device)
+        if fp8.is_fp8(t.dtype):
+            scale = name + fp8.SCALE_SUFFIX
+            if scale not in self.where or t.dim() != 2:
+                raise UserError(str(self.where[name]), name, f"{t.dtype} weight without a 2-D block scale {scale}",
+                                "use a checkpoint that ships weight_scale_inv per 128x128 block (DeepSeek-V3 style), "
+                                "or a BF16 one")
+            s = self._file(scale).get_tensor(scale)
+            want = fp8.scale_shape(tuple(t.shape), self.block)
+            if tuple(s.shape) != want:
+                raise UserError(str(self.where[scale]), scale, f"shape {tuple(s.shape)} for a {tuple(t.shape)} weight "
+                                f"in {self.block[0]}x{self.block[1]} blocks (expected {want})",
+                                "set quantization_config.weight_block_size in config.json to the checkpoint's blocks")
+            return fp8.dequant_block_fp8(t, s, self.block, dtype)
+        return t if dtype is None else t.to(dtype)
 
 
-def expert_weights(ckpt: Checkpoint, layer: int, n_experts: int):
-    """(tensor names the layer's experts use, function expert -> (gate [I, H], up [I, H], down [H, I]))."""
+def expert_weights(ckpt: Checkpoint, layer: int, n_experts: int, device: str = "cpu"):
+    """(tensor names the layer's experts use, function expert -> float32 (gate [I, H], up [I, H], down [H, I]))."""
+    import torch
+    f32 = torch.float32
     for prefix, (g, u, d) in PER_EXPERT.items():
         base = f"model.layers.{layer}.{prefix}"
         names = [f"{base}.{e}.{m}.weight" for e in range(n_experts) for m in (g, u, d)]
         if all(n in ckpt.where for n in names):
-            return set(names), lambda e: tuple(ckpt.get(f"{base}.{e}.{m}.weight") for m in (g, u, d))
+            return set(names), lambda e: tuple(ckpt.get(f"{base}.{e}.{m}.weight", device, f32) for m in (g, u, d))
     fused = (f"model.layers.{layer}.mlp.experts.gate_up_proj", f"model.layers.{layer}.mlp.experts.down_proj")
     if all(n in ckpt.where for n in fused):
-        gate_up, down = ckpt.get(fused[0]), ckpt.get(fused[1])          # [E, 2I, H], [E, H, I]
+        gate_up, down = (ckpt._file(n).get_tensor(n) for n in fused)          # [E, 2I, H], [E, H, I]
         inter = gate_up.shape[1] // 2
-        return set(fused), lambda e: (gate_up[e, :inter], gate_up[e, inter:], down[e])
+        return set(fused), lambda e: tuple(w.to(device, f32) for w in (gate_up[e, :inter], gate_up[e, inter:], down[e]))
     raise UserError(str(ckpt.folder), f"model.layers.{layer}", f"routed-expert tensors of {n_experts} experts not found",
                     "use a checkpoint with mlp.experts.N.{gate,up,down}_proj, block_sparse_moe.experts.N.w1/w2/w3 "
                     "or fused mlp.experts.gate_up_proj/down_proj tensors")
 
 
-def formats_from_plan(plan_path: str, spec) -> list[dict[int, str]]:
+def formats_from_plan(plan_path: str, spec) -> tuple[list[dict[int, str]], str]:
+    """(each MoE layer's expert -> format, sha256 of the plan file) of a plan made for `spec`'s config."""
     from strata_plan.planner.plan import load_plan
     plan = load_plan(plan_path, spec)
-    return [{e: f for f, ids in (lp.formats or {}).items() for e in ids} for lp in plan.layers]
+    if plan.sources.model.sha256 != spec.config_sha256:
+        raise UserError(plan_path, "sources.model.sha256", f"plan was made for {plan.model}'s config "
+                        f"{plan.sources.model.sha256[:12]}, this is {spec.name} ({spec.config_sha256[:12]})",
+                        f"plan again with --model {spec.source or spec.name}")
+    sha = hashlib.sha256(Path(plan_path).read_bytes()).hexdigest()
+    return [{e: f for f, ids in (lp.formats or {}).items() for e in ids} for lp in plan.layers], sha
 
 
 def formats_from_mix(spec, bpw: float | None, fmt: str | None, stats_path: str | None) -> list[dict[int, str]]:
@@ -137,91 +159,81 @@ def formats_from_mix(spec, bpw: float | None, fmt: str | None, stats_path: str |
     return [mix.assign(list(range(spec.n_routed))) for _ in spec.moe_layers]
 
 
-def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_formats: list[dict[int, str]],
-                    device: str = "cpu", progress=None) -> PackIndex:
-    """Pack every routed expert of the checkpoint in `folder` into `out` (see the module docstring)."""
-    import torch
-    from safetensors.torch import save as save_safetensors
-
-    from strata_plan.kernels import pack_expert
-    from strata_plan.planner.spec import load_spec
-    folder, out = Path(folder), Path(out)
-    spec = load_spec(str(folder))
+def check_layer_formats(spec, layer_formats: list[dict[int, str]]) -> None:
     if len(layer_formats) != spec.n_moe_layers:
         raise UserError("--plan", "layers", f"{len(layer_formats)} MoE layers for {spec.name}'s {spec.n_moe_layers}",
                         f"plan again for {spec.name}")
-    ckpt = Checkpoint(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    expert_tensor_names: set[str] = set()
+
+
+def write_layers(out: Path, spec, layer_formats: list[dict[int, str]], make_blob, progress=None) -> list[PackedEntry]:
+    """One `experts-layerLLL.bin` per MoE layer: make_blob(layer, expert, fmt) -> uint8 array of the blob, written
+    in expert order while the next one is made; returns the entries with their sha256."""
     entries: list[PackedEntry] = []
     for layer, fmts in zip(spec.moe_layers, layer_formats):
-        names, weights = expert_weights(ckpt, layer, spec.n_routed)
-        expert_tensor_names |= names
         file = f"experts-layer{layer:03d}.bin"
-        offset = 0
-        with _AtomicFile(out / file) as f:
+        rows, offset = [], 0
+        with AtomicFile(out / file) as f, BlobWriter(f) as w:
             for e in range(spec.n_routed):
-                gate, up, down = (w.to(device=device, dtype=torch.float32) for w in weights(e))
-                blob = pack_expert(gate, up, down, fmts[e]).cpu().numpy()
+                blob = make_blob(layer, e, fmts[e])
                 assert blob.nbytes % F.EXPERT_ALIGN == 0 and blob.nbytes == spec.routed_expert_bytes(fmts[e])
-                f.write(blob.tobytes())
-                entries.append(PackedEntry(layer, e, file, offset, blob.nbytes, fmts[e]))
+                rows.append((e, offset, blob.nbytes, fmts[e], w.put(blob)))
                 offset += blob.nbytes
+        entries += [PackedEntry(layer, e, file, off, n, fmt, sha.result()) for e, off, n, fmt, sha in rows]
         if progress:
             progress(layer, offset)
-    dense = {n: ckpt.get(n).contiguous() for n in sorted(ckpt.where) if n not in expert_tensor_names}
-    atomic_write_bytes(out / "dense.safetensors", save_safetensors(dense, metadata={"format": "pt"}))
+    return entries
+
+
+def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_formats: list[dict[int, str]],
+                    device: str | None = None, plan_sha256: str = "", progress=None) -> PackIndex:
+    """Pack every routed expert of the checkpoint in `folder` into `out` (see the module docstring)."""
+    import torch
+
+    from strata_plan.kernels import pack_expert
+    from strata_plan.planner.spec import load_spec
+    device = device or default_device()
+    folder, out = Path(folder), Path(out)
+    spec = load_spec(str(folder))
+    check_layer_formats(spec, layer_formats)
+    config = json.loads((folder / "config.json").read_text())
+    ckpt = Checkpoint(folder, config)
+    out.mkdir(parents=True, exist_ok=True)
+    expert_names: set[str] = set()
+    getters = {}
+    for layer in spec.moe_layers:
+        names, getters[layer] = expert_weights(ckpt, layer, spec.n_routed, device)
+        expert_names |= names
+
+    def make_blob(layer: int, e: int, fmt: str):
+        gate, up, down = getters[layer](e)
+        return pack_expert(gate, up, down, fmt).cpu().numpy()
+
+    entries = write_layers(out, spec, layer_formats, make_blob, progress)
+    dense = [n for n in ckpt.names if n not in expert_names and _layer_of(n) < spec.n_layers]
+    out_dtype = {n: torch.bfloat16 if fp8.is_fp8(ckpt.stored_dtype(n)) else ckpt.stored_dtype(n) for n in dense}
+    dense_nbytes, dense_sha = write_safetensors(out / DENSE_FILE, [(n, out_dtype[n], ckpt.shape(n)) for n in dense],
+                                                lambda n: ckpt.get(n, device, out_dtype[n]))
     shutil.copyfile(folder / "config.json", out / "config.json")
     index = PackIndex(spec.name, spec.hidden, spec.moe_intermediate, spec.n_routed, str(folder), spec.config_sha256,
-                      tuple(entries))
-    atomic_write_text(out / "index.json", json.dumps(index.to_data(), indent=1) + "\n")
+                      plan_sha256, dense_nbytes, dense_sha, tuple(entries), folder=str(out))
+    write_index(out, index)
     return index
 
 
-class _AtomicFile:
-    """A file written under a temporary name in the same folder and renamed into place when closed
-    cleanly (removed on any error, Ctrl-C included)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        self.f = os.fdopen(fd, "wb")
-        return self.f
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            Path(self.tmp).unlink(missing_ok=True)
-
-
-def load_index(path: str | os.PathLike) -> PackIndex:
-    """Read `index.json` of a packed folder (or the folder)."""
-    p = Path(path)
-    p = p / "index.json" if p.is_dir() else p
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(str(p), "", f"cannot read the index ({e.__class__.__name__})", "pass a folder written by "
-                        "`strata-plan pack`") from None
-    if data.get("format") != INDEX_FORMAT or data.get("version") != INDEX_VERSION:
-        raise UserError(str(p), "format", f"got {data.get('format')!r} v{data.get('version')}",
-                        f"pack again with this strata-plan ({INDEX_FORMAT} v{INDEX_VERSION})")
-    entries = tuple(PackedEntry(**e) for e in data.pop("entries"))
-    data.pop("format"), data.pop("version")
-    return PackIndex(**data, entries=entries)
+def _layer_of(name: str) -> int:
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else -1
 
 
 # ---- command line ---------------------------------------------------------------------------------
 def register(sub) -> None:
     p = sub.add_parser("pack", help="quantize a checkpoint's routed experts into packed 4 KiB-aligned blobs",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", help="Hugging Face checkpoint folder (config.json + safetensors)")
+    p.add_argument("checkpoint", nargs="?", help="Hugging Face checkpoint folder (config.json + safetensors)")
+    p.add_argument("--synthetic", metavar="MODEL", help="instead of a checkpoint: random weights in this model's "
+                   "geometry (a shipped name or config.json; NAME@Nmoe or --moe-layers cuts it after N MoE layers)")
+    p.add_argument("--moe-layers", type=int, help="with --synthetic: keep the first N MoE layers")
+    p.add_argument("--seed", type=int, default=0, help="with --synthetic: random seed (default 0)")
     p.add_argument("--out", required=True, help="folder to write the packed model to")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--plan", help="plan YAML (strata-plan plan): each expert's format")
@@ -229,7 +241,7 @@ def register(sub) -> None:
     g.add_argument("--format", help=f"one format for every expert ({', '.join(F.FORMATS)})")
     p.add_argument("--stats", help="with --bpw: routing statistics YAML or trace .npz (most used experts get "
                                    "the first tier); default: expert ids in order")
-    p.add_argument("--device", default="cpu", help="where to quantize (cpu or cuda)")
+    p.add_argument("--device", help="where to quantize or generate (default: cuda when there is a GPU, else cpu)")
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=cmd_pack)
 
@@ -240,15 +252,30 @@ def cmd_pack(args) -> int:
         raise UserError("--format", args.format, "unknown format", f"use one of {', '.join(F.FORMATS)}")
     if args.stats and not args.bpw:
         raise UserError("--stats", args.stats, "only orders experts for a tier mix", "use it with --bpw")
-    spec = load_spec(args.checkpoint)
-    layer_formats = (formats_from_plan(args.plan, spec) if args.plan
-                     else formats_from_mix(spec, args.bpw, args.format, args.stats))
+    if bool(args.checkpoint) == bool(args.synthetic):
+        raise UserError("CHECKPOINT / --synthetic", str(args.checkpoint or args.synthetic),
+                        "give exactly one: a checkpoint folder or --synthetic MODEL", "see `strata-plan pack --help`")
+    if args.moe_layers is not None and not args.synthetic:
+        raise UserError("--moe-layers", str(args.moe_layers), "only cuts a --synthetic model",
+                        "pack the whole checkpoint, or use --synthetic MODEL")
+    spec = load_spec(args.synthetic, args.moe_layers) if args.synthetic else load_spec(args.checkpoint)
+    plan_sha = ""
+    if args.plan:
+        layer_formats, plan_sha = formats_from_plan(args.plan, spec)
+    else:
+        layer_formats = formats_from_mix(spec, args.bpw, args.format, args.stats)
+    device = args.device or default_device()
     t0 = time.perf_counter()
-    index = pack_checkpoint(args.checkpoint, args.out, layer_formats, args.device)
-    summary = {"out": str(args.out), "model": index.model, "experts": len(index.entries),
-               "expert_bytes": index.expert_bytes, "bytes_by_format": index.bytes_by_format(),
-               "dense_bytes": (Path(args.out) / "dense.safetensors").stat().st_size,
-               "seconds": round(time.perf_counter() - t0, 2)}
+    if args.synthetic:
+        from strata_plan.engine.synthetic import pack_synthetic
+        index = pack_synthetic(spec, args.out, layer_formats, device, args.seed, plan_sha)
+    else:
+        index = pack_checkpoint(args.checkpoint, args.out, layer_formats, device, plan_sha)
+    seconds = time.perf_counter() - t0
+    summary = {"out": str(args.out), "model": index.model, "source": index.source, "device": device,
+               "experts": len(index.entries), "expert_bytes": index.expert_bytes,
+               "bytes_by_format": index.bytes_by_format(), "dense_bytes": index.dense_nbytes,
+               "seconds": round(seconds, 2), "experts_per_s": round(len(index.entries) / seconds, 2)}
     if args.json:
         print(json.dumps(summary))
     else:
@@ -264,5 +291,6 @@ def cmd_pack(args) -> int:
             t.add_row(f, str(counts[f]), f"{n / 1e6:.2f}")
         t.add_row("dense (safetensors)", "", f"{summary['dense_bytes'] / 1e6:.2f}")
         Console().print(t)
-        print(f"{summary['experts']} experts in {summary['seconds']} s; index: {Path(args.out) / 'index.json'}")
+        print(f"{summary['experts']} experts in {summary['seconds']} s on {device} "
+              f"({summary['experts_per_s']} experts/s); index: {Path(args.out) / 'index.json'}")
     return 0
