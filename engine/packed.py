@@ -1,9 +1,9 @@
 """The packed model folder as the engine reads it: `index.json`, checked strictly, and the checks that tie a
 packed folder to a plan and every byte to its sha256.
 
-    index = load_index(DIR)                     # strict: format, version, fields, every file present and long enough
-    check_plan_matches(index, plan, plan_path)  # model, experts, layers and each expert's format must be the packed ones
-    verify_blob(index, entry, data)             # sha256 of one expert blob as read; a mismatch names layer, expert, file
+    index = load_index(DIR)                     # strict: format, version, fields, files present and long enough
+    check_plan_matches(index, plan, plan_path)  # model, experts, layers, each expert's format: the packed ones
+    verify_blob(index, entry, data)             # sha256 of one blob as read; a mismatch names layer, expert, file
     verify_dense(index)                         # sha256 of dense.safetensors
 
 A plan with other budgets or tier splits (vram/ram/nvme ids, cache slots, staging) and the same formats runs

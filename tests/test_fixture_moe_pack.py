@@ -101,6 +101,24 @@ def test_dense_weights_carried_over_unchanged(planned, original):
     assert json.loads((out / "config.json").read_text()) == json.loads((FIXTURE / "config.json").read_text())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16", "bf16"])
+def test_pack_expert_on_the_gpu_is_as_good_as_on_the_cpu(original, fmt):
+    # packing quantizes on the GPU when there is one: same layout, same error (reductions may round differently)
+    weights = [w.float() for w in _expert(original, 3, 5)]
+    inter, hidden = weights[0].shape
+
+    def errors(blob):
+        mats = unpack_expert(blob, fmt, hidden, inter)
+        return [float((dequantize(mats[m]) - w).norm() / w.norm()) for m, w in zip(("gate", "up", "down"), weights)]
+
+    cpu = pack_expert(*weights, fmt)
+    gpu = pack_expert(*(w.cuda() for w in weights), fmt)
+    assert gpu.device.type == "cuda" and gpu.shape == cpu.shape
+    assert all(g <= c * 1.02 + 1e-6 for g, c in zip(errors(gpu.cpu()), errors(cpu)))
+
+
 def test_bf16_format_round_trips_exactly(tmp_path, original, one_thread):
     assert cli_main(["pack", str(FIXTURE), "--out", str(tmp_path), "--format", "bf16", "--json"]) == 0
     index = load_index(tmp_path)

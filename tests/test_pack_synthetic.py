@@ -156,3 +156,17 @@ def test_bad_synthetic_input_is_one_line_exit_2(tmp_path, capsys, args, field):
     assert cli_main(["pack", *args, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0] and "fix:" in err[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_synthetic_build_on_the_gpu(tmp_path):
+    assert cli_main(["pack", "--synthetic", f"{FIXTURE}@2moe", "--bpw", "1.92", "--out", str(tmp_path),
+                     "--device", "cuda", "--json"]) == 0
+    index = load_index(tmp_path)
+    assert "cuda" in index.source
+    verify_all(index)
+    r = index.entries[-1]
+    blob = torch.from_numpy(np.fromfile(tmp_path / r.file, dtype=np.uint8, count=r.nbytes, offset=r.offset))
+    for p in unpack_expert(blob, r.format, index.hidden, index.moe_intermediate).values():
+        assert torch.isfinite(dequantize(p)).all()
