@@ -121,9 +121,15 @@ def expert_weights(ckpt: Checkpoint, layer: int, n_experts: int, device: str = "
             return set(names), lambda e: tuple(ckpt.get(f"{base}.{e}.{m}.weight", device, f32) for m in (g, u, d))
     fused = (f"model.layers.{layer}.mlp.experts.gate_up_proj", f"model.layers.{layer}.mlp.experts.down_proj")
     if all(n in ckpt.where for n in fused):
-        gate_up, down = (ckpt._file(n).get_tensor(n) for n in fused)          # [E, 2I, H], [E, H, I]
-        inter = gate_up.shape[1] // 2
-        return set(fused), lambda e: tuple(w.to(device, f32) for w in (gate_up[e, :inter], gate_up[e, inter:], down[e]))
+        loaded: list = []                     # [E, 2I, H], [E, H, I], read on the layer's first expert only
+
+        def expert(e: int):
+            if not loaded:
+                loaded.extend(ckpt._file(n).get_tensor(n) for n in fused)
+            gate_up, down = loaded
+            inter = gate_up.shape[1] // 2
+            return tuple(w.to(device, f32) for w in (gate_up[e, :inter], gate_up[e, inter:], down[e]))
+        return set(fused), expert
     raise UserError(str(ckpt.folder), f"model.layers.{layer}", f"routed-expert tensors of {n_experts} experts not found",
                     "use a checkpoint with mlp.experts.N.{gate,up,down}_proj, block_sparse_moe.experts.N.w1/w2/w3 "
                     "or fused mlp.experts.gate_up_proj/down_proj tensors")
@@ -205,14 +211,18 @@ def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_for
         expert_names |= names
 
     def make_blob(layer: int, e: int, fmt: str):
+        for done in [l for l in getters if l < layer]:
+            del getters[done]                 # a fused layer's tensors are freed once its experts are packed
         gate, up, down = getters[layer](e)
         return pack_expert(gate, up, down, fmt).cpu().numpy()
 
     entries = write_layers(out, spec, layer_formats, make_blob, progress)
     dense = [n for n in ckpt.names if n not in expert_names and _layer_of(n) < spec.n_layers]
-    out_dtype = {n: torch.bfloat16 if fp8.is_fp8(ckpt.stored_dtype(n)) else ckpt.stored_dtype(n) for n in dense}
-    dense_nbytes, dense_sha = write_safetensors(out / DENSE_FILE, [(n, out_dtype[n], ckpt.shape(n)) for n in dense],
-                                                lambda n: ckpt.get(n, device, out_dtype[n]))
+    is_fp8 = {n: fp8.is_fp8(ckpt.stored_dtype(n)) for n in dense}
+    out_dtype = {n: torch.bfloat16 if is_fp8[n] else ckpt.stored_dtype(n) for n in dense}
+    dense_nbytes, dense_sha = write_safetensors(  # only FP8 tensors visit the device (to be dequantized there)
+        out / DENSE_FILE, [(n, out_dtype[n], ckpt.shape(n)) for n in dense],
+        lambda n: ckpt.get(n, device if is_fp8[n] else "cpu", out_dtype[n]))
     shutil.copyfile(folder / "config.json", out / "config.json")
     index = PackIndex(spec.name, spec.hidden, spec.moe_intermediate, spec.n_routed, str(folder), spec.config_sha256,
                       plan_sha256, dense_nbytes, dense_sha, tuple(entries), folder=str(out))
