@@ -63,6 +63,34 @@ def sha256_gbps(nbytes: int) -> float:
     return best
 
 
+def quantize_metrics(spec, mix, device: str, experts: int, read_gbps: float) -> dict:
+    """Parts 1 and 2 of the module docstring."""
+    from strata_plan.kernels import formats as F
+    metrics: dict = {}
+    per_expert = {}
+    for fmt in (*mix.formats, F.NATIVE_FORMAT):
+        s = time_quantize(fmt, spec, device, experts)
+        per_expert[fmt] = s
+        nb = spec.routed_expert_bytes(fmt)
+        metrics[f"experts_per_s_{fmt}"] = round(1 / s, 3)
+        metrics[f"blob_GBps_{fmt}"] = round(nb / s / 1e9, 4)
+        print(f"{fmt:12s} {1 / s:8.3f} experts/s  {s * 1e3:9.1f} ms/expert  {nb / s / 1e9:.3f} GB/s of blobs (measured)")
+    counts = mix.counts(spec.n_routed)
+    layer_s = sum(c * per_expert[f] for f, c in zip(mix.formats, counts))
+    seed_s = spec.n_moe_layers * layer_s
+    n_experts = spec.n_moe_layers * spec.n_routed
+    read_s = spec.native_bytes / (read_gbps * 1e9)
+    metrics.update({"model_experts": n_experts, "model_mix_experts_per_s": round(n_experts / seed_s, 3),
+                    "model_quantize_hours_estimated": round(seed_s / 3600, 3),
+                    "model_source_bytes": spec.native_bytes, "model_source_read_hours_at_read_gbps": round(read_s / 3600, 3),
+                    "read_gbps_assumed": read_gbps,
+                    "model_pack_hours_estimated": round(max(seed_s, read_s) / 3600, 3)})
+    print(f"whole {spec.name}: {n_experts} experts, quantize {seed_s / 3600:.2f} h (estimated from the measured "
+          f"per-expert times), source read {read_s / 3600:.2f} h at {read_gbps} GB/s (assumed): "
+          f"pack ~{max(seed_s, read_s) / 3600:.2f} h")
+    return metrics
+
+
 def main() -> None:
     import torch
 
@@ -72,7 +100,7 @@ def main() -> None:
     from strata_plan.planner.spec import load_spec
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=MODEL, help=f"model spec (default {MODEL}, the seed)")
-    ap.add_argument("--experts", type=int, default=6, help="timed experts per format (after one warm-up)")
+    ap.add_argument("--experts", type=int, default=6, help="timed experts per format after one warm-up (0: skip)")
     ap.add_argument("--device", default=None, help="default: cuda when there is a GPU")
     ap.add_argument("--synthetic-layers", type=int, default=1, help="MoE layers of the synthetic build (0: skip)")
     ap.add_argument("--dir", help="folder for the synthetic build (default: a temporary folder, removed after)")
@@ -85,27 +113,8 @@ def main() -> None:
     metrics: dict = {"model": spec.name, "device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none",
                      "expert_shape": f"H={spec.hidden} I={spec.moe_intermediate}",
                      "load_avg_1min_at_start": round(os.getloadavg()[0], 2)}
-    per_expert = {}
-    for fmt in (*mix.formats, F.NATIVE_FORMAT):
-        s = time_quantize(fmt, spec, device, args.experts)
-        per_expert[fmt] = s
-        nb = spec.routed_expert_bytes(fmt)
-        metrics[f"experts_per_s_{fmt}"] = round(1 / s, 3)
-        metrics[f"blob_GBps_{fmt}"] = round(nb / s / 1e9, 4)
-        print(f"{fmt:12s} {1 / s:8.3f} experts/s  {s * 1e3:9.1f} ms/expert  {nb / s / 1e9:.3f} GB/s of blobs (measured)")
-    counts = mix.counts(spec.n_routed)
-    layer_s = sum(c * per_expert[f] for f, c in zip(mix.formats, counts))
-    seed_s = spec.n_moe_layers * layer_s
-    n_experts = spec.n_moe_layers * spec.n_routed
-    read_s = spec.native_bytes / (args.read_gbps * 1e9)
-    metrics.update({"model_experts": n_experts, "model_mix_experts_per_s": round(n_experts / seed_s, 3),
-                    "model_quantize_hours_estimated": round(seed_s / 3600, 3),
-                    "model_source_bytes": spec.native_bytes, "model_source_read_hours_at_read_gbps": round(read_s / 3600, 3),
-                    "read_gbps_assumed": args.read_gbps,
-                    "model_pack_hours_estimated": round(max(seed_s, read_s) / 3600, 3)})
-    print(f"whole {spec.name}: {n_experts} experts, quantize {seed_s / 3600:.2f} h (estimated from the measured "
-          f"per-expert times), source read {read_s / 3600:.2f} h at {args.read_gbps} GB/s (assumed): "
-          f"pack ~{max(seed_s, read_s) / 3600:.2f} h")
+    if args.experts:
+        metrics.update(quantize_metrics(spec, mix, device, args.experts, args.read_gbps))
     sha = sha256_gbps(spec.routed_expert_bytes(mix.formats[0]))
     metrics["sha256_GBps_one_core"] = round(sha, 3)
     metrics["sha256_seconds_per_GB_one_core"] = round(1 / sha, 3)
