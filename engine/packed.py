@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 from pathlib import Path
 
 from strata_plan.engine.files import sha256_bytes
@@ -73,11 +74,12 @@ class PackIndex:
             out.setdefault(e.layer, {})[e.expert] = e.format
         return out
 
+    @cached_property
+    def _by_key(self) -> dict[tuple[int, int], PackedEntry]:
+        return {(e.layer, e.expert): e for e in self.entries}
+
     def entry(self, layer: int, expert: int) -> PackedEntry:
-        for e in self.entries:
-            if e.layer == layer and e.expert == expert:
-                return e
-        raise KeyError((layer, expert))
+        return self._by_key[(layer, expert)]
 
     def path(self, name: str) -> Path:
         return Path(self.folder) / name
