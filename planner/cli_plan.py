@@ -15,6 +15,8 @@ def register(sub) -> None:
     p.add_argument("--profile", required=True, help="hardware profile: a shipped name (rtx-4090, ...) or a YAML path")
     p.add_argument("--gpu-preset", help="use this shipped profile's GPU with the host of --profile")
     p.add_argument("--model", required=True, help="shipped model name (kimi-k3.1-pro, ...) or a config.json path")
+    p.add_argument("--moe-layers", type=int, help="plan the model cut after this many MoE layers (the spec "
+                   "NAME@Nmoe, what `strata-plan pack --synthetic` builds)")
     p.add_argument("--stats", help="routing statistics YAML (strata-plan stats) or a routing trace .npz")
     p.add_argument("--prior", help="named routing prior (default: uniform) or a prior YAML path")
     p.add_argument("--context", type=int, default=8192, help="tokens of KV cache to hold (default 8192)")
@@ -64,7 +66,8 @@ def cmd_plan(args) -> int:
     kw = dict(stats=args.stats, prior=args.prior, gpu_preset=args.gpu_preset, context=args.context, chunk=args.chunk,
               trials=args.trials, objective=args.objective, mix_weight=0.5 if args.mix_weight is None else args.mix_weight,
               vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb, study_db=args.study_db, seed=args.seed)
-    plan = _with_progress(args.trials, lambda on_trial: make_plan(args.profile, args.model, on_trial=on_trial, **kw))
+    model = args.model if args.moe_layers is None else f"{args.model}@{args.moe_layers}moe"
+    plan = _with_progress(args.trials, lambda on_trial: make_plan(args.profile, model, on_trial=on_trial, **kw))
     path = save_plan(plan, args.out)
     if args.json:
         print(json.dumps(plan_summary(plan, str(path)), indent=2))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -422,8 +423,29 @@ def shipped_models() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
 
 
-def load_spec(model: str) -> ModelSpec:
-    """A shipped spec by name (`kimi-k3.1-pro`, `deepseek-v3`, ...) or a path to a config.json (or its folder)."""
+TRUNCATED = re.compile(r"^(?P<base>.+)@(?P<n>\d+)moe$")
+
+
+def load_spec(model: str, moe_layers: int | None = None) -> ModelSpec:
+    """A shipped spec by name (`kimi-k3.1-pro`, `deepseek-v3`, ...) or a path to a config.json (or its folder).
+
+    `NAME@5moe` (or `moe_layers=5`) is the same model cut after its 5th MoE layer (`truncate_config`): what
+    `strata-plan pack --synthetic` builds and `strata-plan plan` plans for benchmarks without a checkpoint."""
+    m = TRUNCATED.match(model)
+    if m and not Path(model).exists():
+        if moe_layers is not None and moe_layers != int(m["n"]):
+            raise UserError("--moe-layers", str(moe_layers), f"{model} already names {m['n']} MoE layers", "pass one")
+        model, moe_layers = m["base"], int(m["n"])
+    cfg, name, where, p = load_config(model)
+    if moe_layers is not None:
+        cfg = truncate_config(cfg, moe_layers, where)
+        name = f"{name}@{moe_layers}moe"
+    spec = spec_from_config(cfg, name, where)
+    return _replace(spec, source=str(p))
+
+
+def load_config(model: str) -> tuple[dict, str, str, Path]:
+    """(config dict, spec name, where for messages, path) of a shipped spec name or a config.json path."""
     p = Path(model)
     if p.is_dir():
         p = p / "config.json"
@@ -440,8 +462,32 @@ def load_spec(model: str) -> ModelSpec:
         cfg = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(where, "", f"not valid JSON ({e.__class__.__name__})", "pass a Hugging Face config.json") from None
-    spec = spec_from_config(cfg, name, where)
-    return _replace(spec, source=str(p))
+    return cfg, name, where, p
+
+
+def truncate_config(cfg: dict, n_moe: int, where: str = "config.json") -> dict:
+    """The config of the model's decoder layers up to and including its `n_moe`-th MoE layer (the dense layers
+    before it kept): the layer count and every per-layer list cut to match. Checked: the truncated config reads
+    back as exactly those layers."""
+    full = spec_from_config(cfg, "", where)
+    if not 1 <= n_moe <= full.n_moe_layers:
+        raise UserError(where, "--moe-layers", f"{n_moe} MoE layers asked, the model has {full.n_moe_layers}",
+                        f"pass 1..{full.n_moe_layers}")
+    n = full.moe_layers[n_moe - 1] + 1
+    out = json.loads(json.dumps(cfg))
+    inner = out["text_config"] if out.get("model_type") == "llama4" and out.get("text_config") else out
+    inner["n_layers" if full.model_type == "dbrx" else "num_hidden_layers"] = n
+    for key in ("layer_types", "no_rope_layers"):
+        if isinstance(inner.get(key), list):
+            inner[key] = inner[key][:n]
+    for key in ("moe_layers", "mlp_only_layers"):
+        if isinstance(inner.get(key), list):
+            inner[key] = [i for i in inner[key] if i < n]
+    cut = spec_from_config(out, "", where)
+    if cut.layer_kinds != full.layer_kinds[:n] or cut.n_moe_layers != n_moe:
+        raise UserError(where, "num_hidden_layers", f"cannot cut {full.model_type} after {n_moe} MoE layers "
+                        "(its layer pattern changes)", "use the whole model")
+    return out
 
 
 def _replace(spec: ModelSpec, **kw: Any) -> ModelSpec:

@@ -18,7 +18,7 @@ COMMAND_MODULES = (
     "strata_plan.planner.cli_stats",   # stats
     "strata_plan.planner.cli_plan",    # plan, compare-tables
     "strata_plan.profiler.cli",        # profile
-    "strata_plan.kernels.cli",         # pack
+    "strata_plan.engine.pack",          # pack
     "strata_plan.cli_export",          # export (llama.cpp), what-if
 )
 

@@ -2,7 +2,11 @@
 its planned format, the index says where, the dense weights are carried over unchanged."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +20,9 @@ from safetensors.torch import load_file  # noqa: E402
 from strata_plan.cli import main as cli_main  # noqa: E402
 from strata_plan.kernels import dequantize, pack_expert, unpack_expert  # noqa: E402
 from strata_plan.kernels.formats import EXPERT_ALIGN, tier_mix  # noqa: E402
-from strata_plan.kernels.pack import formats_from_mix, load_index  # noqa: E402
+from strata_plan.engine.pack import formats_from_mix  # noqa: E402
+from strata_plan.engine.packed import check_plan_matches, load_index, read_blob, verify_all  # noqa: E402
+from strata_plan.errors import UserError  # noqa: E402
 from strata_plan.planner.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +50,9 @@ def planned(tmp_path_factory, one_thread):
     plan = d / "plan.yaml"
     assert cli_main(["plan", "--profile", "rtx-4090", "--model", str(FIXTURE), "--stats", str(TRACE), "--trials", "5",
                      "--out", str(plan), "--json"]) == 0
-    assert cli_main(["pack", str(FIXTURE), "--out", str(d / "packed"), "--plan", str(plan), "--json"]) == 0
+    # on the CPU: the blobs are compared bit for bit with pack_expert on the CPU below
+    assert cli_main(["pack", str(FIXTURE), "--out", str(d / "packed"), "--plan", str(plan), "--device", "cpu",
+                     "--json"]) == 0
     return plan, d / "packed"
 
 
@@ -93,6 +101,24 @@ def test_dense_weights_carried_over_unchanged(planned, original):
     assert all(torch.equal(dense[n], original[n]) for n in expected)
     assert any(n.endswith("e_score_correction_bias") and dense[n].dtype == torch.float32 for n in dense)
     assert json.loads((out / "config.json").read_text()) == json.loads((FIXTURE / "config.json").read_text())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16", "bf16"])
+def test_pack_expert_on_the_gpu_is_as_good_as_on_the_cpu(original, fmt):
+    # packing quantizes on the GPU when there is one: same layout, same error (reductions may round differently)
+    weights = [w.float() for w in _expert(original, 3, 5)]
+    inter, hidden = weights[0].shape
+
+    def errors(blob):
+        mats = unpack_expert(blob, fmt, hidden, inter)
+        return [float((dequantize(mats[m]) - w).norm() / w.norm()) for m, w in zip(("gate", "up", "down"), weights)]
+
+    cpu = pack_expert(*weights, fmt)
+    gpu = pack_expert(*(w.cuda() for w in weights), fmt)
+    assert gpu.device.type == "cuda" and gpu.shape == cpu.shape
+    assert all(g <= c * 1.02 + 1e-6 for g, c in zip(errors(gpu.cpu()), errors(cpu)))
 
 
 def test_bf16_format_round_trips_exactly(tmp_path, original, one_thread):
@@ -147,11 +173,90 @@ def test_plan_for_another_model_is_refused(planned, tmp_path, capsys):
     assert "n_experts" in capsys.readouterr().err
 
 
-def test_index_of_the_old_blob_layout_is_refused(tmp_path):
-    # version 1 blobs (byte-ordered codes, row-major tensors) would decode to garbage: refuse, say how to fix
-    from strata_plan.errors import UserError
-    (tmp_path / "index.json").write_text(json.dumps({"format": "strata-plan/packed-experts", "version": 1,
-                                                     "entries": []}))
+def test_index_of_an_older_version_is_refused(tmp_path):
+    # version 1 blobs (byte-ordered codes, row-major tensors) would decode to garbage; version 2 has no checksums
+    for v in (1, 2):
+        (tmp_path / "index.json").write_text(json.dumps({"format": "strata-plan/packed-experts", "version": v,
+                                                         "entries": []}))
+        with pytest.raises(UserError) as e:
+            load_index(tmp_path)
+        assert "pack the checkpoint again" in str(e.value) and f"v{v}" in str(e.value)
+
+
+def test_checksums_of_every_blob_dense_and_plan(planned):
+    plan_path, out = planned
+    index = load_index(out)
+    assert index.plan_sha256 == hashlib.sha256(plan_path.read_bytes()).hexdigest()
+    assert verify_all(index) == index.expert_bytes + (out / "dense.safetensors").stat().st_size
+    assert len({e.sha256 for e in index.entries}) == len(index.entries)
+
+
+def _copy(out, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(out, dst)
+    return dst
+
+
+def test_a_damaged_blob_names_its_layer_expert_and_file(planned, tmp_path):
+    _, out = planned
+    dst = _copy(out, tmp_path)
+    index = load_index(dst)
+    r = index.entries[100]
+    with open(dst / r.file, "r+b") as f:
+        f.seek(r.offset + 5000)
+        b = f.read(1)
+        f.seek(r.offset + 5000)
+        f.write(bytes([b[0] ^ 1]))
+    read_blob(index, index.entries[99])                       # the neighbours are fine
     with pytest.raises(UserError) as e:
-        load_index(tmp_path)
-    assert "pack again" in str(e.value) and "v1" in str(e.value)
+        read_blob(index, r)
+    line = e.value.line()
+    assert r.file in line and f"layer {r.layer} expert {r.expert}" in line and "fix:" in line
+    with pytest.raises(UserError):
+        verify_all(index)
+
+
+@pytest.mark.parametrize("damage, field", [
+    (lambda d: (d / "experts-layer003.bin").unlink(), "missing"),
+    (lambda d: os.truncate(d / "experts-layer005.bin", 4096 * 3), "truncated"),
+    (lambda d: (d / "dense.safetensors").unlink(), "dense.safetensors"),
+    (lambda d: (d / "index.json").write_text((d / "index.json").read_text()[:-50]), "JSONDecodeError"),
+    (lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"sha256"', '"sha"', 1)),
+     "entries[0].sha"),
+])
+def test_a_damaged_folder_is_refused_in_one_line(planned, tmp_path, damage, field):
+    _, out = planned
+    dst = _copy(out, tmp_path)
+    damage(dst)
+    with pytest.raises(UserError) as e:
+        load_index(dst)
+    line = e.value.line()
+    assert field in line and "fix:" in line and "\n" not in line
+
+
+def test_a_plan_with_other_tiers_runs_a_plan_with_other_formats_is_refused(planned):
+    from strata_plan.planner.plan import load_plan
+    plan_path, out = planned
+    index = load_index(out)
+    plan = load_plan(plan_path)
+    check_plan_matches(index, plan, str(plan_path))
+    # other budgets: every expert moved to another tier, cache slots dropped; formats kept
+    moved = tuple(dataclasses.replace(lp, vram=(), ram=lp.nvme, nvme=lp.vram + lp.ram, cache_slots=0)
+                  for lp in plan.layers)
+    other = dataclasses.replace(plan, layers=moved, cache=dataclasses.replace(plan.cache, total_slots=0))
+    check_plan_matches(index, other, "other.yaml")
+    # one expert in another format
+    lp = plan.layers[2]
+    f_old = lp.format_of(7)
+    f_new = next(f for f in lp.formats if f != f_old)
+    fmts = {f: tuple(e for e in ids if e != 7) + ((7,) if f == f_new else ()) for f, ids in lp.formats.items()}
+    changed = dataclasses.replace(plan, layers=plan.layers[:2] + (dataclasses.replace(lp, formats=fmts),)
+                                  + plan.layers[3:])
+    with pytest.raises(UserError) as e:
+        check_plan_matches(index, changed, "changed.yaml")
+    assert "expert 7" in str(e.value) and f_new in str(e.value) and f"layer={lp.layer}" in str(e.value)
+    # another model's config
+    src = dataclasses.replace(plan.sources, model=dataclasses.replace(plan.sources.model, sha256="0" * 64))
+    with pytest.raises(UserError) as e:
+        check_plan_matches(index, dataclasses.replace(plan, sources=src), "another.yaml")
+    assert "sources.model.sha256" in str(e.value)
