@@ -6,7 +6,8 @@ Builds (every run) a packed folder of `--layers` MoE layers x 384 experts in the
 (random blobs of the real formats' byte sizes, 18.5 MB mean; 7.1 GB a layer), written with large writes,
 fsynced and dropped from the page cache. Routing is replayed from the skewed prior (`olmoe-like`, ids =
 popularity ranks) and the store is driven as the decode loop drives it (ensure, release; no kernel), the
-experts most used first in the plan's static VRAM set (8% of each layer's experts), side by side in one run:
+experts most used first in the plan's static VRAM set (8% of each layer's experts), side by side in one run
+(the plan: `benchmarks/data/plan-kimi-k3.1-pro-{N}moe-h200.yaml`, re-tiered):
 
 - ram:  every other expert in pinned RAM. Store bytes/s (bytes fetched / wall time) against plain pinned
         copies of the same blob sequence into VRAM on one stream (the profiler's pinned H2D method).
@@ -16,7 +17,7 @@ experts most used first in the plan's static VRAM set (8% of each layer's expert
         copy-stream busy times reported.
 - cold: mincore() page-cache residency of the expert files before and after the nvme runs.
 - ensure: host time of one `ensure` + `release` of 8 experts that are all resident (static).
-- alloc: CUDA allocations made by 200 ensure/release calls with misses (must be 0).
+- alloc: CUDA allocations made by 25 ensure/release calls with misses (must be 0).
 Writes benchmarks/results/store-<time>.json (or --out-dir).
 """
 from __future__ import annotations
@@ -40,69 +41,47 @@ from _result import write_result  # noqa: E402
 
 from strata_plan.engine.directio import BlobFile, aligned_empty, aligned_view, page_cache_residency  # noqa: E402
 from strata_plan.engine.store import ExpertStore, StoreOptions  # noqa: E402
-from strata_plan.kernels.formats import expert_bytes, tier_mix  # noqa: E402
-from strata_plan.kernels.pack import INDEX_FORMAT, INDEX_VERSION  # noqa: E402
+from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
+from strata_plan.kernels.formats import tier_mix  # noqa: E402
 from strata_plan.planner.plan import CachePlan, NvmeRead, load_plan  # noqa: E402
 from strata_plan.planner.routing.priors import load_prior  # noqa: E402
 from strata_plan.planner.routing.sample import sample_experts  # noqa: E402
 from strata_plan.planner.spec import load_spec  # noqa: E402
 
-BASE_PLAN = Path(__file__).resolve().parent / "data" / "plan-kimi-k3.1-pro-h200.yaml"
+DATA = Path(__file__).resolve().parent / "data"
+# `strata-plan plan --model kimi-k3.1-pro --moe-layers N --profile h200 --prior olmoe-like --trials 10`: the
+# runs re-tier them; they give the truncated spec's sources, staging and NVMe read shape.
+BASE_PLAN = DATA / "plan-kimi-k3.1-pro-{n}moe-h200.yaml"
 
 
-def build_packed(folder: Path, spec, n_layers: int) -> tuple[list[str], list[dict]]:
-    """Random blobs of the tier mix's formats (most used ids first), one file a layer; returns (formats,
-    index entries)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    names = tier_mix().names(spec.n_routed)
-    sizes = [expert_bytes(f, spec.hidden, spec.moe_intermediate) for f in names]
-    gen = torch.Generator(device="cuda" if torch.cuda.is_available() else "cpu").manual_seed(0)
-    chunk = torch.empty(max(sizes) * 16, dtype=torch.uint8, device=gen.device)
-    host = torch.empty_like(chunk, device="cpu", pin_memory=torch.cuda.is_available())
-    entries = []
-    for j, layer in enumerate(spec.moe_layers[:n_layers]):
-        name = f"experts-layer{layer:03d}.bin"
-        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        off = 0
-        for a in range(0, len(sizes), 16):
-            n = sum(sizes[a:a + 16])
-            chunk[:n].random_(0, 256, generator=gen)
-            host[:n].copy_(chunk[:n])
-            view = memoryview(host.numpy())[:n]
-            while view:
-                view = view[os.write(fd, view):]
-            for e in range(a, min(a + 16, len(sizes))):
-                entries.append({"layer": layer, "expert": e, "file": name, "offset": off, "nbytes": sizes[e],
-                                "format": names[e]})
-                off += sizes[e]
+def build_packed(folder: Path, spec, plan) -> float:
+    """The synthetic packed model of `spec` in `plan`'s formats (engine/synthetic.py), built on the GPU,
+    dropped from the page cache; returns seconds."""
+    t0 = time.perf_counter()
+    pack_synthetic(spec, folder, [{e: l.format_of(e) for e in range(plan.n_experts)} for l in plan.layers],
+                   device="cuda" if torch.cuda.is_available() else "cpu")
+    for f in folder.glob("experts-*.bin"):
+        fd = os.open(f, os.O_RDONLY)
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
-    return names, entries
+    return time.perf_counter() - t0
 
 
-def write_index(folder: Path, spec, entries: list[dict], n_layers: int) -> None:
-    """index.json for the first `n_layers` MoE layers of the packed files (the runs use 2 or all)."""
-    keep = set(spec.moe_layers[:n_layers])
-    index = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "model": spec.name, "hidden": spec.hidden,
-             "moe_intermediate": spec.moe_intermediate, "n_experts": spec.n_routed, "source": "bench_store synthetic",
-             "config_sha256": spec.config_sha256, "entries": [e for e in entries if e["layer"] in keep]}
-    (folder / "index.json").write_text(json.dumps(index))
-
-
-def plan_for(base, n_layers: int, names: list[str], vram: float, ram: float, cache: int = 0, depth: int = 0):
-    """The base plan cut to `n_layers`, every layer with ids 0.. (most used) as the first `vram` share
-    static, the next `ram` share in RAM, the rest on NVMe, in the packed formats."""
+def plan_for(base, vram: float, ram: float, cache: int = 0, depth: int = 0):
+    """The base plan with, every layer, ids 0.. (most used: the replay numbers ids by popularity rank) the
+    first `vram` share static, the next `ram` share in RAM, the rest on NVMe; formats by rank as the tier
+    mix assigns them."""
     E = base.n_experts
     s, m = round(vram * E), round(ram * E)
     fmts: dict[str, list[int]] = {}
-    for e, f in enumerate(names):
+    for e, f in enumerate(tier_mix().names(E)):
         fmts.setdefault(f, []).append(e)
     layers = tuple(dataclasses.replace(l, vram=tuple(range(s)), ram=tuple(range(s, s + m)), nvme=tuple(range(s + m, E)),
                                        cache_slots=cache, formats={f: tuple(v) for f, v in fmts.items()})
-                   for l in base.layers[:n_layers])
+                   for l in base.layers)
     return dataclasses.replace(base, layers=layers, prefetch_depth=depth,
-                               cache=CachePlan("lru", base.cache.slot_bytes, cache * n_layers))
+                               cache=CachePlan("lru", base.cache.slot_bytes, cache * len(layers)))
 
 
 def replay(store, ids: np.ndarray) -> float:
@@ -169,20 +148,17 @@ def main() -> int:
     ap.add_argument("--dir", required=True, help="folder for the packed model (removed at the end)")
     ap.add_argument("--layers", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=24, help="decode tokens replayed per nvme round")
-    ap.add_argument("--ram-layers", type=int, default=2, help="layers in the pinned-RAM runs")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
-    spec = load_spec("kimi-k3.1-pro")
-    base = load_plan(BASE_PLAN)
+    base = load_plan(str(BASE_PLAN).format(n=a.layers))
+    spec = load_spec(f"kimi-k3.1-pro@{a.layers}moe")
     folder = Path(a.dir)
     metrics, notes = {}, []
     try:
-        t0 = time.perf_counter()
-        names, entries = build_packed(folder, spec, a.layers)
-        metrics["build_s"] = time.perf_counter() - t0
-        metrics["packed_gb"] = sum(expert_bytes(f, spec.hidden, spec.moe_intermediate) for f in names) * a.layers / 1e9
+        metrics["build_s"] = build_packed(folder, spec, plan_for(base, 1.0, 0.0))
+        metrics["packed_gb"] = sum(f.stat().st_size for f in folder.glob("experts-*.bin")) / 1e9
         print(f"built {metrics['packed_gb']:.1f} GB in {metrics['build_s']:.0f} s", flush=True)
         prior = load_prior("olmoe-like")
         E, k = spec.n_routed, spec.top_k
@@ -192,11 +168,10 @@ def main() -> int:
         metrics["page_cache_before"] = max(page_cache_residency(f) for f in files)
 
         # ---- pinned RAM -> VRAM -----------------------------------------------------------------------
-        plan = plan_for(base, a.ram_layers, names, 0.08, 0.92)
-        write_index(folder, spec, entries, a.ram_layers)
+        plan = plan_for(base, 0.08, 0.92)
         with ExpertStore.open(folder, plan, dev, StoreOptions(prefetch=False), "bench") as store:
             metrics["ram_load_s"] = store.load_s
-            ids = ids_all[:200, :a.ram_layers]
+            ids = ids_all[:100]
             seq = misses(store, ids)
             st, pl = [], []
             for r in range(a.rounds):
@@ -218,12 +193,11 @@ def main() -> int:
             metrics["ensure_resident_us"] = statistics.median(times[200:]) * 1e6
             torch.cuda.synchronize()
             n0 = torch.cuda.memory_stats()["allocation.all.allocated"]
-            replay(store, ids[:25])
-            metrics["cuda_allocations_per_200_calls"] = torch.cuda.memory_stats()["allocation.all.allocated"] - n0
+            replay(store, ids[:5])
+            metrics["cuda_allocations_per_25_ensure"] = torch.cuda.memory_stats()["allocation.all.allocated"] - n0
         # ---- NVMe -> VRAM ---------------------------------------------------------------------------
-        plan = plan_for(base, a.layers, names, 0.08, 0.0)
-        write_index(folder, spec, entries, a.layers)
-        rd = plan.staging.nvme_reads[names[0]]
+        plan = plan_for(base, 0.08, 0.0)
+        rd = next(iter(plan.staging.nvme_reads.values()))
         with ExpertStore.open(folder, plan, dev, StoreOptions(prefetch=False, allow_buffered=False), "bench") as store:
             threads = store.transfers._threads.__len__() - 1
             st, pl = [], []

@@ -45,7 +45,7 @@ class TorchExperts:
 
     @staticmethod
     def from_checkpoint(folder: str | Path, cfg: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16) -> "TorchExperts":
-        from strata_plan.kernels.pack import Checkpoint, expert_weights
+        from strata_plan.engine.pack import Checkpoint, expert_weights
         ckpt = Checkpoint(Path(folder))
         layers = []
         for layer in cfg.moe_layers:
@@ -82,7 +82,7 @@ class PackedExperts:
 
     def __init__(self, folder: str | Path, cfg: ModelConfig, device="cpu", backend: str = "torch"):
         from strata_plan.kernels.ops import ExpertFormats
-        from strata_plan.kernels.pack import load_index
+        from strata_plan.engine.packed import load_index
         folder = Path(folder)
         index = load_index(folder)
         self.hidden, self.intermediate, self.backend = index.hidden, index.moe_intermediate, backend

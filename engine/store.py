@@ -26,11 +26,10 @@ files.
 """
 from __future__ import annotations
 
-import hashlib
-import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -42,6 +41,7 @@ import torch
 from strata_plan.errors import UserError
 from strata_plan.kernels.formats import EXPERT_ALIGN
 
+from .packed import check_plan_matches, load_index, verify_blob
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
 from .residency import DEMAND, LATE, Residency
@@ -72,31 +72,11 @@ class Wave:
     mask: torch.Tensor             # bool [E] on the device: expert in this wave
 
 
-def _fits_plan(plan, index, plan_path: str) -> None:
-    """The plan places exactly the packed model's experts in the packed formats (budgets may differ)."""
-    if plan.model != index.model or plan.n_experts != index.n_experts:
-        raise UserError(plan_path, "model", f"plan is for {plan.model} ({plan.n_experts} experts), the packed model "
-                        f"is {index.model} ({index.n_experts})", "plan for the packed model, or pack the plan's model")
-    by_layer: dict[int, dict[int, str]] = {}
-    for e in index.entries:
-        by_layer.setdefault(e.layer, {})[e.expert] = e.format
-    if sorted(by_layer) != [l.layer for l in plan.layers]:
-        raise UserError(plan_path, "layers", f"plan places MoE layers {[l.layer for l in plan.layers]}, the packed "
-                        f"model has {sorted(by_layer)}", "plan for the packed model's geometry")
-    for l in plan.layers:
-        for fmt, ids in (l.formats or {}).items():
-            for e in ids:
-                if by_layer[l.layer].get(e) != fmt:
-                    raise UserError(plan_path, f"layers[{l.layer}].formats", f"expert {e} is {fmt} in the plan and "
-                                    f"{by_layer[l.layer].get(e)} in the packed model",
-                                    "pack again with --plan, or plan with the packed formats")
-
-
 class ExpertStore:
     def __init__(self, folder: Path, index, plan, device: torch.device, options: StoreOptions = StoreOptions(),
                  plan_path: str = "plan"):
         self.folder, self.index, self.plan, self.device, self.opt = Path(folder), index, plan, device, options
-        _fits_plan(plan, index, plan_path)
+        check_plan_matches(index, plan, plan_path)
         self.n_layers, self.E = len(plan.layers), plan.n_experts
         self.top_k = plan.top_k
         ent = {(e.layer, e.expert): e for e in index.entries}
@@ -161,7 +141,6 @@ class ExpertStore:
     # ---- start-up ---------------------------------------------------------------------------------------
     @classmethod
     def open(cls, folder, plan, device, options: StoreOptions = StoreOptions(), plan_path: str = "plan"):
-        from strata_plan.kernels.pack import load_index
         return cls(Path(folder), load_index(folder), plan, torch.device(device), options, plan_path)
 
     @staticmethod
@@ -182,58 +161,59 @@ class ExpertStore:
                             f"{avail / 1e9:.2f} GB is available", "plan again with a smaller --ram-gb")
 
     def _file(self, e) -> BlobFile:
+        """The open blob file of an entry (load_index checked that it exists and is long enough)."""
         f = self.files.get(e.file)
         if f is None:
             path = self.folder / e.file
-            if not path.exists():
-                raise UserError(str(path), "", f"is missing (layer {e.layer}, expert {e.expert})",
-                                "pack the model again into this folder")
             f = BlobFile.open(path, warn=True)
             if not f.direct and not self.opt.allow_buffered:
+                f.close()
                 raise UserError(str(path), "", "is on a filesystem without O_DIRECT: the NVMe tier would be served "
                                 "by the page cache", "put the packed model on a local disk (ext4, xfs)")
             self.files[e.file] = f
-        if e.offset + e.nbytes > os.fstat(f.fd).st_size:
-            raise UserError(str(f.path), "", f"is truncated: layer {e.layer}, expert {e.expert} needs bytes up to "
-                            f"{e.offset + e.nbytes}", "pack the model again into this folder")
         return f
 
     def _load(self) -> float:
-        """Read the static experts into the arena and the RAM experts into pinned RAM, checking sha256."""
+        """Read the static experts into the arena and the RAM experts into pinned RAM; every blob's sha256 is
+        checked against the index on hashing threads while the next one is read."""
         t0 = time.perf_counter()
-        _, bounce = aligned_empty(self.slot_bytes_any(), pin=self.device.type == "cuda")
-        view = aligned_view(bounce)
-        off, ram_off = 0, 0
-        for j, l in enumerate(self.plan.layers):
-            for e in l.vram:
-                ent = self.entries[j][e]
-                self._file(ent).read_into(view, ent.offset, ent.nbytes)
-                self._check_sha(ent, view[:ent.nbytes])
-                self.arena[off:off + ent.nbytes].copy_(bounce[:ent.nbytes])
-                self.static_offset[(j, e)] = off
-                self.offsets_host[j, e] = off
-                off += ent.nbytes
-            for e in l.ram:
-                ent = self.entries[j][e]
-                dst = aligned_view(self.ram[ram_off:ram_off + ent.nbytes])
-                self._file(ent).read_into(dst, ent.offset, ent.nbytes)
-                self._check_sha(ent, dst)
-                self.ram_offset[(j, e)] = ram_off
-                ram_off += ent.nbytes
-        if self.device.type == "cuda":
+        pin = self.device.type == "cuda"
+        bounces = [aligned_empty(self.slot_bytes_any(), pin=pin)[1] for _ in range(4)]
+        checks = []
+        off, ram_off, i = 0, 0, 0
+        with ThreadPoolExecutor(8) as pool:
+            for j, l in enumerate(self.plan.layers):
+                for e in l.vram:
+                    ent = self.entries[j][e]
+                    bounce = bounces[i % len(bounces)]
+                    if i >= len(bounces):
+                        checks[i - len(bounces)].result()       # its bounce buffer is free again
+                    i += 1
+                    if pin:
+                        torch.cuda.current_stream(self.device).synchronize()
+                    self._file(ent).read_into(aligned_view(bounce), ent.offset, ent.nbytes)
+                    checks.append(pool.submit(verify_blob, self.index, ent, bounce[:ent.nbytes]))
+                    self.arena[off:off + ent.nbytes].copy_(bounce[:ent.nbytes], non_blocking=pin)
+                    self.static_offset[(j, e)] = off
+                    self.offsets_host[j, e] = off
+                    off += ent.nbytes
+            for j, l in enumerate(self.plan.layers):
+                for e in l.ram:
+                    ent = self.entries[j][e]
+                    dst = self.ram[ram_off:ram_off + ent.nbytes]
+                    self._file(ent).read_into(aligned_view(dst), ent.offset, ent.nbytes)
+                    checks.append(pool.submit(verify_blob, self.index, ent, dst))
+                    self.ram_offset[(j, e)] = ram_off
+                    ram_off += ent.nbytes
+            for c in checks:
+                c.result()
+        if pin:
             torch.cuda.synchronize(self.device)
         self.offsets.copy_(torch.from_numpy(self.offsets_host))
         return time.perf_counter() - t0
 
     def slot_bytes_any(self) -> int:
         return int(self.nbytes.max())
-
-    @staticmethod
-    def _check_sha(ent, data) -> None:
-        want = getattr(ent, "sha256", "")
-        if want and hashlib.sha256(data).hexdigest() != want:
-            raise UserError(ent.file, f"layer {ent.layer} expert {ent.expert}", "checksum mismatch (the blob changed "
-                            "since it was packed)", "pack the model again")
 
     # ---- decode -----------------------------------------------------------------------------------------
     def hint(self, j: int, ids: Sequence[int], scores: Sequence[float] | None = None, depth: int = 1) -> None:
@@ -279,7 +259,7 @@ class ExpertStore:
             return self.transfers.copy_now(f) if demand else self.transfers.submit(f)
         f.file, f.file_offset = self.files[ent.file], ent.offset
         f.split = (self.split_prefill if prefill else self.split).get(ent.format, 1)
-        f.sha256 = getattr(ent, "sha256", "") if self.opt.verify else ""
+        f.sha256 = ent.sha256 if self.opt.verify else ""
         return self.transfers.submit(f)
 
     def ensure(self, j: int, ids: Sequence[int]) -> torch.Tensor:

@@ -14,7 +14,7 @@ class TensorSource:
     """name -> tensor of a safetensors file, a packed folder or a checkpoint folder."""
 
     def __init__(self, path: str | Path):
-        from strata_plan.kernels.pack import Checkpoint
+        from strata_plan.engine.pack import Checkpoint
         p = Path(path)
         self.path = p
         if p.is_file():

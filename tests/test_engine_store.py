@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +16,8 @@ from strata_plan.engine.store import ExpertStore, StoreOptions
 from strata_plan.engine.transfer import FetchError
 from strata_plan.errors import UserError
 from strata_plan.kernels import ops
-from strata_plan.kernels.formats import expert_layout
-from strata_plan.kernels.pack import INDEX_FORMAT, INDEX_VERSION
+from strata_plan.engine.synthetic import pack_synthetic
+from strata_plan.planner.spec import load_spec
 from strata_plan.planner.plan import CachePlan, load_plan
 from strata_plan.planner.routing.reference import simulate_cache
 
@@ -27,18 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
 TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
 H, I = 256, 32          # the fixture's hidden and moe_intermediate sizes
-
-
-def sane_blob(fmt: str, rng: np.random.Generator) -> np.ndarray:
-    """A random expert blob of `fmt` whose scales are finite and small, so MoE outputs are finite."""
-    lay = expert_layout(fmt, H, I)
-    blob = rng.integers(0, 256, lay.nbytes, dtype=np.uint8)
-    for s in lay.segments:
-        if s.dtype in ("float16", "bfloat16"):
-            n = s.nbytes // 2
-            vals = torch.from_numpy(rng.uniform(0.001, 0.02, n).astype(np.float32))
-            blob[s.offset:s.offset + s.nbytes] = vals.to(getattr(torch, s.dtype)).view(torch.uint8).numpy()
-    return blob
 
 
 @pytest.fixture(scope="module")
@@ -54,25 +40,11 @@ def packed(tmp_path_factory, plan_path):
 
 
 def write_packed(plan, d: Path):
-    """A packed folder in the plan's formats with random (sane) blobs; returns (folder, blobs[j][e])."""
-    rng = np.random.default_rng(0)
-    entries, blobs = [], []
-    for j, l in enumerate(plan.layers):
-        row, off, parts = [], 0, []
-        name = f"experts-layer{l.layer:03d}.bin"
-        for e in range(plan.n_experts):
-            b = sane_blob(l.format_of(e), rng)
-            entries.append({"layer": l.layer, "expert": e, "file": name, "offset": off, "nbytes": int(b.size),
-                            "format": l.format_of(e), "sha256": hashlib.sha256(b.tobytes()).hexdigest()})
-            row.append(b)
-            parts.append(b)
-            off += b.size
-        (d / name).write_bytes(np.concatenate(parts).tobytes())
-        blobs.append(row)
-    index = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "model": plan.model, "hidden": H,
-             "moe_intermediate": I, "n_experts": plan.n_experts, "source": "test", "config_sha256": "",
-             "entries": [{k: v for k, v in e.items() if k != "sha256"} for e in entries]}
-    (d / "index.json").write_text(json.dumps(index))
+    """A synthetic packed fixture in the plan's formats (random, sane blobs); returns (folder, blobs[j][e])."""
+    spec = load_spec(str(FIXTURE))
+    index = pack_synthetic(spec, d, [{e: l.format_of(e) for e in range(plan.n_experts)} for l in plan.layers])
+    blobs = [[np.fromfile(d / index.entry(l.layer, e).file, dtype=np.uint8, count=index.entry(l.layer, e).nbytes,
+                          offset=index.entry(l.layer, e).offset) for e in range(plan.n_experts)] for l in plan.layers]
     return d, blobs
 
 
@@ -193,8 +165,9 @@ def test_prefill_waves_cover_each_expert_once_and_match(packed, plan_path):
 
 def test_bad_packed_folders_and_plans_are_one_line(packed, plan_path, tmp_path):
     plan = load_plan(plan_path)
-    other = dataclasses.replace(plan, model="something-else")
-    with pytest.raises(UserError, match="model"):
+    src = plan.sources
+    other = dataclasses.replace(plan, sources=dataclasses.replace(src, model=dataclasses.replace(src.model, sha256="0" * 64)))
+    with pytest.raises(UserError, match="sources.model"):
         open_store(packed, other)
     l0 = plan.layers[0]
     (a, ids_a), (b, ids_b) = list(l0.formats.items())[:2]
@@ -207,7 +180,12 @@ def test_bad_packed_folders_and_plans_are_one_line(packed, plan_path, tmp_path):
     for f in packed[0].iterdir():
         (folder / f.name).write_bytes(f.read_bytes())
     victim = sorted(folder.glob("experts-*.bin"))[-1]
-    victim.write_bytes(victim.read_bytes()[:-4096])
+    data = bytearray(victim.read_bytes())
+    data[-5000] ^= 0xFF                          # a damaged blob: refused at start-up, naming it
+    victim.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=f"{victim.name}.*layer {plan.layers[-1].layer} expert .*checksum"):
+        open_store((folder, None), tiers(plan, 32, 0, 0))
+    victim.write_bytes(bytes(data[:-4096]))
     with pytest.raises(UserError, match="truncated"):
         open_store((folder, None), plan)
     victim.unlink()
