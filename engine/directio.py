@@ -125,3 +125,25 @@ def page_cache_residency(path: str | os.PathLike) -> float:
             libc.munmap(ctypes.c_void_p(addr), size)
     finally:
         os.close(fd)
+
+
+def plain_read_gbps(paths, block: int, threads: int, nbytes: int, seed: int = 0) -> float:
+    """The reference the NVMe tier is held to: `nbytes` read with O_DIRECT from random `block`-aligned
+    offsets of `paths`, `threads` requests in flight, no copies. GB/s (1e9 bytes)."""
+    import random
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    files = [BlobFile.open(p, warn=False) for p in paths]
+    try:
+        spots = [(f, o) for f in files for o in range(0, os.fstat(f.fd).st_size - block + 1, block)]
+        random.Random(seed).shuffle(spots)
+        spots = spots[:max(1, nbytes // block)]
+        bufs = [aligned_empty(block, pin=False) for _ in range(threads)]
+        views = [aligned_view(v) for _, v in bufs]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda i: spots[i][0].read_into(views[i % threads], spots[i][1], block), range(len(spots))))
+        return len(spots) * block / (time.perf_counter() - t0) / 1e9
+    finally:
+        for f in files:
+            f.close()

@@ -1,0 +1,103 @@
+"""The engine on a synthetic kimi-k3.1-pro-shaped model (5 MoE layers), routing replayed from the skewed
+prior: measured decode tok/s of each plan against the planner's prediction, and against the LRU-only and
+on-demand baselines built from the same plan.
+
+    python3 benchmarks/bench_engine.py --dir /root/kimi5 --out-dir $OUT [--tokens 48] [--warmup 32]
+
+The plans (`benchmarks/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
+`strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60
+--context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0.01` (RAM-rich: 8.5% of routed bytes static in VRAM,
+2.3% cache, the rest in pinned RAM) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's proportions: 12% VRAM,
+25% pinned RAM, 63% NVMe). The packed folder is built each run (engine/synthetic.py, random weights in the
+plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.from_prior("olmoe-like")`
+with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
+of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
+the warm-up), bytes per tier per token, link figures, round trips; for the NVMe plan also a plain O_DIRECT
+read of the same files at the store's reader count, interleaved. Writes engine-<time>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _result import write_result  # noqa: E402
+
+from strata_plan.engine.bench import measure  # noqa: E402
+from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  # noqa: E402
+from strata_plan.engine.replay import Replay  # noqa: E402
+from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
+from strata_plan.planner.plan import load_plan  # noqa: E402
+from strata_plan.planner.spec import load_spec  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+PLANS = {"ramrich": DATA / "plan-kimi5-h200-ramrich.yaml", "seed": DATA / "plan-kimi5-h200-seed.yaml"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--warmup", type=int, default=32)
+    ap.add_argument("--plans", default="ramrich,seed")
+    ap.add_argument("--modes", default="plan,lru,on-demand")
+    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    plans = {k: load_plan(PLANS[k]) for k in a.plans.split(",")}
+    first = next(iter(plans.values()))
+    for k, p in plans.items():
+        assert all(l.formats == l0.formats for l, l0 in zip(p.layers, first.layers)), f"{k}: other formats"
+    spec = load_spec(first.model)
+    folder = Path(a.dir)
+    out, metrics = {}, {}
+    try:
+        t0 = time.perf_counter()
+        if not (folder / "index.json").exists():
+            pack_synthetic(spec, folder, [{e: l.format_of(e) for e in range(first.n_experts)} for l in first.layers],
+                           device="cuda" if torch.cuda.is_available() else "cpu")
+        files = sorted(folder.glob("experts-*.bin"))
+        for f in files:
+            fd = os.open(f, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        metrics["build_s"] = time.perf_counter() - t0
+        print(f"packed {sum(f.stat().st_size for f in files) / 1e9:.1f} GB in {metrics['build_s']:.0f} s", flush=True)
+        for name, plan in plans.items():
+            for mode in a.modes.split(","):
+                replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k,
+                                           tokens=4096, seed=11)
+                r = measure(folder, plan, mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay)
+                out[f"{name}/{mode}"] = r
+                m = r["measured"]
+                print(f"{name:8s} {mode:9s} decode {m['decode_tok_s']:8.2f} tok/s (predicted for the plan "
+                      f"{r['plan']['predicted']:.2f}) hit {r['hit_rate']:.3f} resident {r['resident_hit_rate']:.3f} "
+                      f"pcie {r['bytes_per_token']['pcie'] / 1e9:.3f} GB/tok copy busy "
+                      f"{r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
+                metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
+                metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
+                metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
+                metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
+            metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
+            if any(l.nvme for l in plan.layers):
+                metrics[f"{name}.plain_odirect_gbps"] = plain_read_gbps(files, 10 << 20, threads=4, nbytes=2 << 30)
+        metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)
+    finally:
+        if not a.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    path = write_result("engine", metrics, out_dir=a.out_dir, extra={"runs": out})
+    print(json.dumps(metrics, indent=1))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
