@@ -235,6 +235,18 @@ def _layer_of(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+def check_free_space(out: str | os.PathLike, spec, layer_formats: list[dict[int, str]]) -> None:
+    """Refuse before writing anything when the folder's file system cannot hold the packed model."""
+    need = sum(spec.routed_expert_bytes(f) for fmts in layer_formats for f in fmts.values()) + spec.dense_bytes
+    probe = Path(out).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        raise UserError(str(out), "free space", f"{free / 1e9:.1f} GB free, the packed {spec.name} needs about "
+                        f"{need / 1e9:.1f} GB", "free space or choose another --out")
+
+
 # ---- command line ---------------------------------------------------------------------------------
 def register(sub) -> None:
     p = sub.add_parser("pack", help="quantize a checkpoint's routed experts into packed 4 KiB-aligned blobs",
@@ -275,12 +287,17 @@ def cmd_pack(args) -> int:
     else:
         layer_formats = formats_from_mix(spec, args.bpw, args.format, args.stats)
     device = args.device or default_device()
+    check_free_space(args.out, spec, layer_formats)
     t0 = time.perf_counter()
-    if args.synthetic:
-        from strata_plan.engine.synthetic import pack_synthetic
-        index = pack_synthetic(spec, args.out, layer_formats, device, args.seed, plan_sha)
-    else:
-        index = pack_checkpoint(args.checkpoint, args.out, layer_formats, device, plan_sha)
+    try:
+        if args.synthetic:
+            from strata_plan.engine.synthetic import pack_synthetic
+            index = pack_synthetic(spec, args.out, layer_formats, device, args.seed, plan_sha)
+        else:
+            index = pack_checkpoint(args.checkpoint, args.out, layer_formats, device, plan_sha)
+    except OSError as e:
+        raise UserError(str(e.filename or args.out), "write", e.strerror or str(e),
+                        "free space or choose another --out, then pack again") from None
     seconds = time.perf_counter() - t0
     summary = {"out": str(args.out), "model": index.model, "source": index.source, "device": device,
                "experts": len(index.entries), "expert_bytes": index.expert_bytes,

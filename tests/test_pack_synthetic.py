@@ -170,3 +170,15 @@ def test_synthetic_build_on_the_gpu(tmp_path):
     blob = torch.from_numpy(np.fromfile(tmp_path / r.file, dtype=np.uint8, count=r.nbytes, offset=r.offset))
     for p in unpack_expert(blob, r.format, index.hidden, index.moe_intermediate).values():
         assert torch.isfinite(dequantize(p)).all()
+
+
+def test_too_little_disk_is_refused_before_writing(tmp_path, capsys, monkeypatch):
+    import collections
+    import shutil
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 10**6, 10**6))
+    assert cli_main(["pack", "--synthetic", f"{FIXTURE}@1moe", "--bpw", "1.92", "--out", str(tmp_path / "o"),
+                     "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "free space" in err[0] and "fix:" in err[0]
+    assert not (tmp_path / "o").exists()
