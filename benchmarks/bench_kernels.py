@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from dataclasses import asdict
 import statistics
 import sys
 import time
@@ -41,57 +43,37 @@ from strata_plan.kernels import ops  # noqa: E402
 from strata_plan.kernels import bench as B  # noqa: E402
 from strata_plan.kernels.formats import expert_layout, get_format, tier_mix  # noqa: E402
 from strata_plan.kernels.quantizer import dequantize  # noqa: E402
-from strata_plan.kernels.tuned import DEFAULTS, config_for  # noqa: E402
+from strata_plan.kernels import tuned  # noqa: E402
+from strata_plan.kernels.tuned import config_for, make  # noqa: E402
 
 SHAPES = {"kimi-k3.1-pro": (7168, 3584), "kimi-k2": (7168, 2048)}
 LAYERS = 8
 TOPK = 8
 GB = 1e9
 
-# sweep candidates: gate/up and down are timed as separate launches, so each is tuned on its own
-# (rows per program, warps; SPLIT: K splits over programs, 0 = enough to fill the GPU; CHUNK: inputs
-# packed per step of phase A). A warp covers 4 rows of a 2-bit K step and 8 of a 1-bit one; few rows per
-# thread keep registers low and occupancy high (ncu_moe.sh). CG / MAXNREG: code-generation candidates of
-# the K loop (triton_common.gemv_rows) with a register cap that keeps the programs an SM has today (4
-# gate/up, 7 down: read statically with Triton 3.6, KERNELS.md); CG & 32 loads the activation lanes one
-# lane at a time (won the GEMV sweep twice, tied or lost in the MoE launches and at the gate shapes).
-# Measured and dropped (KERNELS.md): a persistent gate/up (kernels-20261201T205031Z), weighted K splits,
-# cost-ordered items, more warps an SM (2026-12-01); register prefetch of a whole K step (PF=1) or of its
-# scales (PF=2), gate/up's phase A in one load (CG1 & 16), the loop unrolled (CG & 4: 15-40% slower), and
-# codes staged through shared memory by cp.async (NS >= 2: 1.5-1.8x slower in every launch,
-# kernels-20261202T021427Z.json) -- the last two still run as options (tested), not in these lists.
-# Also dropped on 2026-12-02, night (kernels-moe-sweep-20261202T065722Z, -070305Z): a tail-split grid (the
-# last items in two K halves, one program a slot: 43.0 against 44.8 us, the layer 64.2 against 65.0, within
-# the spread) and 32-row tiles at 72 / 64 registers (7-8 programs an SM: 45.3 / 48.7 against 42.7 us).
-GATE_UP_SWEEP = [dict(BN1=64, warps1=4, NS1=1, SPLIT1=0, WAVE1=4, CHUNK=4096, CG1=cg, MAXNREG1=128) for cg in (3, 35)]
-DOWN_SWEEP = [dict(BN2=64, warps2=4, NS2=1, SPLIT2=1, CG2=cg, MAXNREG2=mx) for cg, mx in ((3, 0), (39, 72))]
-# GEMV: MAXSPLIT 16 lets the 3584-row gate shape reach as many programs as the 7168-row down shape (q4's
-# gate ran at 992 GB/s against 1420 on down with 8: kernels-20261201T195309Z.json)
-GEMV_SWEEP = [dict(BN=bn, num_warps=w, THREADS=131072, NS=1, MAXSPLIT=ms) for bn, w, ms in
-              ((64, 4, 8), (64, 4, 16), (128, 8, 8))] + [
-    dict(BN=64, num_warps=4, THREADS=131072, NS=1, MAXSPLIT=8, CG=cg, MAXNREG=mx) for cg, mx in ((0, 0), (33, 0))]
-# q4 (gate + down, its own winner): the shared list plus more K splits and threads. THREADS 57344 with
-# MAXSPLIT 16 gives 896 programs at both shapes (16 splits of the 3584-row gate, 8 of the 7168-row down):
-# the gate's winner in kernels-20261202T005042Z.json had 16 splits (8.94 us against 12.79 with 8), but
-# the same config split the down matrix 16 ways too (13.74 us, against 9.1 with 8 the run before)
-GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(BN=64, num_warps=4, THREADS=th, NS=1, MAXSPLIT=ms, CG=cg) for th, ms, cg in
-                              ((262144, 16, 1), (57344, 16, 1), (57344, 16, 33), (57344, 32, 1), (114688, 32, 1))]
-# prefill GEMM on Hopper: the Gluon kernel (kernels/gluon_gemm.py), tokens a tile (GBT), x stages (GNS),
-# warps (GWARPS: 8 = two warpgroups sharing each x tile). The Triton GEMM's own sweep (BM, BN, DQ, PFM)
-# ended on 2026-12-02 (KERNELS.md); its shipped config is measured beside the Gluon one in every run.
-# fused MoE prefill (the grouped Triton kernels): the bf16x2 dequantization and scale prefetch of the GEMM
-# (DQ, PFM), tile widths, warps, stages
-# (kernels-moe-prefill-20261202T071035Z.json: DQ=1 PFM=1 14.4 / 15.4 ms at M = 512 / 2048 against 19.7 /
-# 19.1 without, now tuned.py's; 64- or 256-wide tiles and 8 warps slower; stages 2 / 4 split the two M)
+# Sweep candidates, as named fields of the configs (kernels/tuned.py): gate/up and down are timed as
+# separate launches, so each is tuned on its own. Only options the kernels still carry are swept; what
+# was measured and dropped, with its result files, is in docs/kernels-log.md.
+GATE_UP_SWEEP = [dict(rows1=64, warps1=4, split1=0, wave1=4, chunk=4096, dp4a_block1=True, clamp_rows1=True,
+                      max_registers1=mx) for mx in (128, 0)]
+DOWN_SWEEP = [dict(rows2=64, warps2=4, split2=1, dp4a_block2=True, clamp_rows2=True, max_registers2=mx) for mx in (0, 72)]
+GEMV_SWEEP = [dict(rows=bn, warps=w, threads=131072, max_split=ms, dp4a_block=True) for bn, w, ms in
+              ((64, 4, 8), (64, 4, 16), (128, 8, 8))] + [dict(rows=64, warps=4, threads=131072, max_split=8)]
+# q4 (gate + down): its own winner, more K splits and threads
+GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(rows=64, warps=4, threads=th, max_split=ms, dp4a_block=True) for th, ms in
+                              ((262144, 16), (57344, 16), (57344, 32), (114688, 32))]
+# fused MoE prefill (the grouped Triton kernels) and the Hopper prefill GEMM (the Gluon kernel)
 MOE_PREFILL_EXPERTS = 384           # routed experts of a kimi-k3.1-pro layer (planner/models/kimi-k3.1-pro.json)
-MOE_GROUPED_SWEEP = [dict(DQ=0, PFM=0), dict(DQ=1, PFM=1, num_stages=2), dict(DQ=1, PFM=1, num_stages=4),
-                     dict(DQ=1, PFM=1, BN=256, num_warps=8)]
+MOE_GROUPED_SWEEP = [dict(bf16x2_dequant=False, prefetch_scales=False),
+                     dict(bf16x2_dequant=True, prefetch_scales=True, stages=2),
+                     dict(bf16x2_dequant=True, prefetch_scales=True, stages=4),
+                     dict(bf16x2_dequant=True, prefetch_scales=True, block_n=256, warps=8)]
 PREFILL_FORMATS = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
-GEMM_SWEEP = [dict(GLUON=1, GBT=bt, GNS=ns, GWARPS=w)
+GEMM_SWEEP = [dict(gluon=True, gluon_tokens=bt, gluon_stages=ns, gluon_warps=w)
               for bt, ns, w in ((256, 3, 4), (256, 2, 4), (256, 4, 8), (128, 4, 4))]
 
 
-def shipped(kind: str) -> dict:
+def shipped(kind: str):
     """The config the library picks for `kind` on this GPU (tuned.py's winners over the defaults): what
     the "shipped" rows measure."""
     return config_for(kind, "mix", 2048, 0, 0, "cuda")
@@ -120,7 +102,7 @@ def _prewarm_job(job):
         if kind in ("gate_up", "down"):
             hidden, inter, cfg = args
             arena, offsets, fm, ids, wts, _, _ = _one_layer(hidden, inter, dev)
-            full = {**DEFAULTS["moe"], **cfg}
+            full = make("moe", cfg) if isinstance(cfg, dict) else cfg
             x = torch.randn(1, hidden, dtype=torch.bfloat16, device=dev)
             sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, full)
             if kind == "down":
@@ -129,11 +111,11 @@ def _prewarm_job(job):
         elif kind == "gemv":
             fmt, n, k, cfg = args
             ops.packed_linear(torch.randn(1, k, dtype=torch.bfloat16, device=dev), B.random_packed(fmt, n, k, dev),
-                              config={**DEFAULTS["gemv"], **cfg})
+                              config=make("gemv", cfg) if isinstance(cfg, dict) else cfg)
         elif kind == "gemm":
             fmt, n, k, m, cfg = args
             ops.packed_linear(torch.randn(m, k, dtype=torch.bfloat16, device=dev), B.random_packed(fmt, n, k, dev),
-                              config={**DEFAULTS["gemm"], **cfg})
+                              config=make("gemm", cfg) if isinstance(cfg, dict) else cfg)
         elif kind == "moe_grouped":         # the grouped prefill kernels at moe_prefill's block size (BM
             m, n_exp, cfg = args            # follows M * top-k / experts; H and I are run-time ints)
             names = tier_mix().names(n_exp)
@@ -142,7 +124,7 @@ def _prewarm_job(job):
             ops.fused_moe(torch.randn(m, 512, dtype=torch.bfloat16, device=dev), ids,
                           torch.full((m, TOPK), 1.0 / TOPK, device=dev), arena, offsets,
                           ops.ExpertFormats.from_names(names, dev), 512, 512,
-                          config={**config_for("moe_grouped", "mix", m, 512, 512, dev), **cfg})
+                          config=make("moe_grouped", cfg, config_for("moe_grouped", "mix", m, 512, 512, dev)))
         elif kind == "gemlite":
             n, k, bits = args
             lin = _gemlite_linear(n, k, bits, dev)
@@ -265,24 +247,24 @@ class Bench:
                     raise RuntimeError(f"output {err:.2e} away from the default config's")
                 return layer_ms(cfg, part)
 
-            default = dict(DEFAULTS["moe"])
+            default = tuned.MoEConfig()
             rows = [("default", default), ("shipped", shipped("moe"))]          # shipped: tuned.py's config
             cfg = shipped("moe")
             if self.args.sweep:
                 ref = layer_out(default)
                 gu = self._sweep(checked_ms, default, GATE_UP_SWEEP, "gate_up")
                 dn = self._sweep(checked_ms, default, DOWN_SWEEP, "down")
-                best = {**default, **GATE_UP_SWEEP[gu[0][1]], **DOWN_SWEEP[dn[0][1]]}
+                best = make("moe", {**GATE_UP_SWEEP[gu[0][1]], **DOWN_SWEEP[dn[0][1]]}, default)
                 res["sweep_gate_up_us"] = {json.dumps(GATE_UP_SWEEP[i]): (round(t * 1e3, 2) if t < float("inf") else None) for t, i in gu}
                 res["sweep_down_us"] = {json.dumps(DOWN_SWEEP[i]): (round(t * 1e3, 2) if t < float("inf") else None) for t, i in dn}
-                if {**cfg, **best} != cfg:          # the sweep's winner, timed whole, beside the shipped one
+                if best != cfg:                     # the sweep's winner, timed whole, beside the shipped one
                     rows.append(("best", best))
                 cfg = best
             for label, rcfg in rows:
                 ms = layer_ms(rcfg)
                 gu_ms, dn_ms = layer_ms(rcfg, "gate_up"), layer_ms(rcfg, "down")
                 gbps = (wbytes + abytes) / (ms * 1e-3) / GB
-                res[label] = {"config": rcfg, "graph_us_per_layer": round(ms * 1e3, 2),
+                res[label] = {"config": asdict(rcfg), "graph_us_per_layer": round(ms * 1e3, 2),
                               "gate_up_us": round(gu_ms * 1e3, 2), "down_us": round(dn_ms * 1e3, 2),
                               "GBps": round(gbps, 1), "pct_of_read_bw": round(100 * gbps / self.read_gbps, 1)}
                 self.log(f"{model} MoE layer [{label}] {ms * 1e3:.1f} us = {gbps:.0f} GB/s "
@@ -312,14 +294,14 @@ class Bench:
             self.tuned[f"moe_{model}"] = cfg
             self.log(f"{model} eager {ms_e * 1e3:.1f} us/layer (events), {host_us:.1f} us/layer wall")
 
-    def _sweep(self, checked_ms, default: dict, cands: list[dict], part: str) -> list[tuple[float, int]]:
+    def _sweep(self, checked_ms, default, cands: list[dict], part: str) -> list[tuple[float, int]]:
         """(median ms, index) of every candidate, best first, over --sweep-rounds rounds that each time
         every candidate once in turn (so clock drift falls on all of them); a failed one is infinite."""
         times: list[list[float]] = [[] for _ in cands]
         for _ in range(self.args.sweep_rounds):
             for i, c in enumerate(cands):
                 if not times[i] or times[i][-1] < float("inf"):
-                    times[i].append(self._try_ms(checked_ms, {**default, **c}, part))
+                    times[i].append(self._try_ms(checked_ms, make("moe", c, default), part))
         return sorted((statistics.median(t), i) for i, t in enumerate(times))
 
     def _try_ms(self, fn, *args) -> float:
@@ -383,10 +365,10 @@ class Bench:
         if self.args.sweep:
             times = []
             for i, c in enumerate(GEMV_SWEEP):
-                times.append((self._gemv_us("q2_g32_s8m8", inter, hidden, {**DEFAULTS["gemv"], **c})
-                              + self._gemv_us("q2_g32_s8m8", hidden, inter, {**DEFAULTS["gemv"], **c}), i))
+                times.append((self._gemv_us("q2_g32_s8m8", inter, hidden, make("gemv", c))
+                              + self._gemv_us("q2_g32_s8m8", hidden, inter, make("gemv", c)), i))
             times.sort()
-            cfg_best = {**DEFAULTS["gemv"], **GEMV_SWEEP[times[0][1]]}
+            cfg_best = make("gemv", GEMV_SWEEP[times[0][1]])
             res["sweep_us_gate_plus_down_q2_g32"] = {json.dumps(GEMV_SWEEP[i]): round(t, 2) for t, i in times}
         self.tuned["gemv"] = cfg_best
         fmts = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
@@ -395,19 +377,19 @@ class Bench:
         per_fmt = {f: config_for("gemv", f, 1, 0, 0, "cuda") for f in fmts}
         if self.args.sweep:
             # q4's own winner on gate + down (tuned.py's "gemv:q4_g128_f16" entry)
-            times = sorted((self._gemv_us("q4_g128_f16", inter, hidden, {**DEFAULTS["gemv"], **c})
-                            + self._gemv_us("q4_g128_f16", hidden, inter, {**DEFAULTS["gemv"], **c}), i)
+            times = sorted((self._gemv_us("q4_g128_f16", inter, hidden, make("gemv", c))
+                            + self._gemv_us("q4_g128_f16", hidden, inter, make("gemv", c)), i)
                            for i, c in enumerate(GEMV_SWEEP_Q4))
             res["sweep_us_q4_gate_plus_down"] = {json.dumps(GEMV_SWEEP_Q4[i]): round(t, 2) for t, i in times}
-            self.tuned["gemv:q4_g128_f16"] = {**DEFAULTS["gemv"], **GEMV_SWEEP_Q4[times[0][1]]}
+            self.tuned["gemv:q4_g128_f16"] = make("gemv", GEMV_SWEEP_Q4[times[0][1]])
         for fmt in fmts:
             for name, (n, k) in (("gate", (inter, hidden)), ("down", (hidden, inter))):
                 us = self._gemv_us(fmt, n, k, per_fmt[fmt])
                 byts = get_format(fmt).matrix_bytes(n, k) + 2 * (n + k)
                 res[f"{fmt}_{name}"] = {"us": round(us, 2), "GBps": round(byts / (us * 1e-6) / GB, 1)}
         if self.args.sweep:
-            res["sweep_winner"] = cfg_best
-        res["config_per_format"] = per_fmt
+            res["sweep_winner"] = asdict(cfg_best)
+        res["config_per_format"] = {f: asdict(c) for f, c in per_fmt.items()}
         self.metrics["gemv_single_kimi-k3.1-pro"] = res
         self.log(f"single GEMV: { {k: v for k, v in res.items() if k not in ('config',) and 'sweep' not in k} }")
 
@@ -428,11 +410,11 @@ class Bench:
         res = {}
         cfg_best = shipped("gemm")
         if self.args.sweep:     # one shape only, so its winner goes to kernels_tuned.json, not to the rows below
-            times = sorted((self._gemm_ms("q2_g16_s8m4", inter, hidden, 2048, {**cfg_best, **c}), i)
+            times = sorted((self._gemm_ms("q2_g16_s8m4", inter, hidden, 2048, make("gemm", c, cfg_best)), i)
                            for i, c in enumerate(GEMM_SWEEP))
-            self.tuned["gemm"] = {**cfg_best, **GEMM_SWEEP[times[0][1]]}
+            self.tuned["gemm"] = make("gemm", GEMM_SWEEP[times[0][1]], cfg_best)
             res["sweep_ms_q2_g16_M2048_gate"] = {json.dumps(GEMM_SWEEP[i]): round(t, 4) for t, i in times}
-        triton_cfg = {**cfg_best, "GLUON": 0}           # the Triton GEMM, the path on every other GPU
+        triton_cfg = make("gemm", {"gluon": False}, cfg_best)   # the Triton GEMM, the path on every other GPU
         for name, (n, k) in (("gate", (inter, hidden)), ("down", (hidden, inter))):
             w = torch.randn(n, k, dtype=torch.bfloat16, device=self.dev)
             for m in (512, 2048):
@@ -455,15 +437,15 @@ class Bench:
                         sus[fmt] = {**r, "over_bf16": round(r["ms"] / sus["bf16"]["ms"], 3)}
                     self.log(f"prefill {name} M={m} sustained: bf16 {sus['bf16']} " +
                              ", ".join(f"{f} x{sus[f]['over_bf16']} ({sus[f]['sm_mhz']} MHz)" for f in PREFILL_FORMATS))
-        # where the Gluon kernel starts to pay (tuned.py's GLUON_MIN_M), and its K split where the tiles leave
-        # SMs idle (GSPLIT: up to 4 ways, one program an SM at most): q2_g16 gate, both paths
+        # where the Gluon kernel starts to pay (gluon_min_m), and its K split where the tiles leave SMs idle
+        # (gluon_split: up to 4 ways, one program an SM at most): q2_g16 gate, both paths
         small = {}
         for m in (16, 32, 64, 128, 256, 512):
-            gl = {**cfg_best, "GLUON_MIN_M": 1}
+            gl = make("gemm", {"gluon_min_m": 1}, cfg_best)
             small[f"M{m}"] = {"gluon_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
-                                                              {**gl, "GSPLIT": 1}), 4),
+                                                              make("gemm", {"gluon_split": 1}, gl)), 4),
                               "gluon_split_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m,
-                                                                    {**gl, "GSPLIT": 4}), 4),
+                                                                    make("gemm", {"gluon_split": 4}, gl)), 4),
                               "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
         res["small_m_q2_g16_gate"] = small
         # wave quantization: 256-token tiles x the gate's row tiles on the SMs' program slots (KERNELS.md)
@@ -475,7 +457,7 @@ class Bench:
             bf = B.graph_ms(lambda: torch.matmul(x, w.T), reps=self.args.reps)
             ms = self._gemm_ms("q2_g16_s8m4", inter, hidden, m, cfg_best)
             nw = ops.gluon_warps(m, hidden, cfg_best)
-            tiles = ops.gluon_module().tiles(m, inter, cfg_best["GBT"], nw)
+            tiles = ops.gluon_module().tiles(m, inter, cfg_best.gluon_tokens, nw)
             waves[f"M{m}"] = {"ms": round(ms, 4), "bf16_ms": round(bf, 4), "over_bf16": round(ms / bf, 3),
                               "waves": round(tiles / (sms * 8 // nw), 2)}     # 2 programs an SM at 4 warps, 1 at 8
         res["waves_q2_g16_gate"] = waves
@@ -489,7 +471,7 @@ class Bench:
                 bf = B.sustained(lambda: torch.matmul(x, w.T), self.args.sustained_s)
                 r = warps[f"M{m}"] = {"bf16": bf}
                 for nw in (4, 8):
-                    c = {**cfg_best, "GWARPS": nw, "GWARPS8_MIN_M": 1 << 62}
+                    c = make("gemm", {"gluon_warps": nw, "gluon_warps8_min_m": 1 << 62}, cfg_best)
                     su = self._gemm_sustained("q2_g16_s8m4", inter, hidden, m, c)
                     r[f"w{nw}"] = {**su, "over_bf16": round(su["ms"] / bf["ms"], 3),
                                    "burst_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, c), 4)}
@@ -497,7 +479,7 @@ class Bench:
             self.log(f"prefill warps (gate q2_g16, sustained over bf16): " +
                      str({mm: {k2: v["over_bf16"] for k2, v in r.items() if k2 != "bf16"} for mm, r in warps.items()}))
         self.log(f"prefill small M (ms): {small}")
-        res["config"] = cfg_best
+        res["config"] = asdict(cfg_best)
         self.metrics["prefill_kimi-k3.1-pro"] = res
 
     def _gemm_call(self, fmt, n, k, m, cfg):
@@ -547,7 +529,7 @@ class Bench:
                 ref = out.float().clone()
                 sweep = {}
                 for c in MOE_GROUPED_SWEEP:
-                    cfg = {**shipped_cfg, **c}
+                    cfg = make("moe_grouped", c, shipped_cfg)
                     ops.fused_moe(x, ids, wts, arena, offsets, fm, hidden, inter, out=out, config=cfg)
                     err = float((out.float() - ref).norm() / ref.norm())
                     sweep[json.dumps(c)] = round(run(cfg), 3) if err < 1e-2 else f"wrong output (rel {err:.2e})"
@@ -656,9 +638,9 @@ def main(argv=None) -> int:
             jobs += [("gemv", (f, 16384, 7168, {})) for f in ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4",
                                                               "q4_g128_f16", "bf16")]
         if "prefill" in wanted:
-            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, {**shipped("gemm"), **c}))
+            jobs += [("gemm", ("q2_g16_s8m4", i, h, 2048, make("gemm", c, shipped("gemm"))))
                      for c in (GEMM_SWEEP if args.sweep else [])]
-            jobs += [("gemm", (f, i, h, 2048, {**shipped("gemm"), "GLUON": g})) for g in (0, 1)
+            jobs += [("gemm", (f, i, h, 2048, make("gemm", {"gluon": bool(g)}, shipped("gemm")))) for g in (0, 1)
                      for f in PREFILL_FORMATS]
         if "moe_prefill" in wanted:
             jobs += [("moe_grouped", (m, MOE_PREFILL_EXPERTS, c)) for m in (512, 2048)
@@ -678,11 +660,18 @@ def main(argv=None) -> int:
             b.section(name, getattr(b, "gemv_gbps" if name == "measure_gemv_gbps" else name), need)
     b.metrics["elapsed_s"] = round(time.time() - b.t0, 1)
     cmd = "python benchmarks/bench_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    winners = {k: asdict(v) for k, v in b.tuned.items()}
     path = write_result(args.name, b.metrics, command=cmd, notes="; ".join(b.notes), out_dir=args.out_dir,
-                        extra={"tuned": b.tuned})
+                        extra={"tuned": winners})
     b.log(f"wrote {path}")
-    if args.out_dir:
-        Path(args.out_dir, "kernels_tuned.json").write_text(json.dumps(b.tuned, indent=1))
+    if args.out_dir and args.sweep:
+        # the winners as a kernels/configs/<gpu>.json file (copy it there to ship it), with their source
+        gpu = torch.cuda.get_device_name(0)
+        major, minor = torch.cuda.get_device_capability(0)
+        entries = {("moe" if k == "moe_kimi-k3.1-pro" else k): v for k, v in b.tuned.items() if k != "moe_kimi-k2"}
+        data = tuned.config_file(gpu, gpu.lower().replace("nvidia ", ""), f"sm_{major}{minor}", entries,
+                                 f"benchmarks/results/{path.name}", os.environ.get("STRATA_GIT_SHA", "unknown"))
+        Path(args.out_dir, gpu.lower().replace(" ", "-") + ".json").write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 

@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 source benchmarks/device_setup.sh
 python3 -c "import torch, triton, strata_plan.kernels.ops as o; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" || exit 3
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
-(timeout "$TEST_S" python3 -m pytest tests/test_kernels_triton.py tests/test_kernels_quantize.py tests/test_kernels_gluon.py -q -rfE --tb=short --dist loadgroup \
+(timeout "$TEST_S" python3 -m pytest tests/test_kernels_triton.py tests/test_kernels_moe_calls.py tests/test_kernels_quantize.py tests/test_kernels_gluon.py -q -rfE --tb=short --dist loadgroup \
    -n 6 -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} > "$OUT/tests.log" 2>&1; echo "tests exit $?" >> "$OUT/tests.log") &
 TESTS=$!
 timeout 160 python3 benchmarks/bench_kernels.py --prewarm 8 --prewarm-only "$@" 2>&1 | tail -3

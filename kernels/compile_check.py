@@ -1,6 +1,11 @@
 """Compile every Triton kernel for a GPU target on a machine without one (no driver needed).
 
-    STRATA_TRITON_COMPILE_ONLY=1 python -m strata_plan.kernels.compile_check [--arch 90]
+    STRATA_TRITON_COMPILE_ONLY=1 python -m strata_plan.kernels.compile_check [--arch 80,89,90,120] [--quick]
+
+The architectures are those of every GPU the hardware profiles name: sm_80 (A100), sm_89 (RTX 4090),
+sm_90 (H100 / H200; also the Gluon GEMM, Hopper only) and sm_120 (RTX 5090, RTX PRO 6000). --quick
+builds one format of the single-format kernels and the MoE kernels at their shipped settings only (what
+CI runs for every architecture); without it, every format and every config the libraries can select.
 
 The interpreter (TRITON_INTERPRET=1) runs the kernels' Python, but it forgives things the compiler does
 not (a Python global read inside a jitted function, a type mismatch between branches); this builds the
@@ -33,54 +38,22 @@ def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_sta
                                    **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
-def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
+def kernels(arch: int = 90, quick: bool = False, fmask: int = 31, smoke: bool = False):
     """(name, compiled kernel) for every kernel, at the formats and configs that exercise all branches.
     quick: one format of the single-format kernels; fmask: the format codes the MoE kernels carry (31:
-    all five; 7 is the benchmark's tier mix)."""
+    all five; 7 is the benchmark's tier mix); smoke: only the decode kernels the engine calls every token
+    (the GEMV of one format, the fused MoE's two launches at their shipped settings): CI's check of the
+    architectures other than sm_90."""
     from . import triton_gemm, triton_gemv, triton_moe
     out = []
+    if smoke:
+        return _decode_kernels(arch, fmask, ((1, 3),), (0,))
     out.append(("quantize_x", _compile(
         triton_gemv.quantize_x_kernel,
         {"x_p": P["bf16"], "stride_xm": "i32", "K": "i32", "KPAD": "i32", "xq_p": P["i32"], "xdx_p": P["f32"],
          "xsum_p": P["f32"]}, dict(CHUNK=1024), arch)))
-    for code in ((0,) if quick else range(5)):
-        c = format_constants(code)
-        packed = c["BITS"] != 16
-        sig = {"x_p": P["bf16"], "stride_xm": "i32", "codes_p": P["i32"] if packed else P["bf16"],
-               "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
-               "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
-               "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"], "part_p": P["f32"], "cnt_p": P["i32"],
-               "out_p": P["bf16"], "stride_om": "i32",
-               "M": "i32", "N": "i32", "K": "i32", "WSPLIT": "i32"}
-        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")}
-        out.append((f"gemv code={code}", _compile(triton_gemv.gemv_kernel, sig, dict(
-            consts, BN=64, BK16=128, SPLIT=2, NS=2, CHUNK=512, USE_ASM=True, CG=0), arch, num_warps=4,
-            num_stages=2)))
-        gsig = {**sig, "codes_p": P["i32"] if packed else P["bf16"]}     # the GEMM reads codes as words too
-        for k in ("xq_p", "xdx_p", "xsum_p", "part_p", "cnt_p", "WSPLIT"):
-            gsig.pop(k)
-        for dq in ((0, 1) if packed else (0,)):      # DQ=1: bf16x2 dequantization (inline PTX), PFM with it
-            out.append((f"gemm code={code} DQ={dq}", _compile(triton_gemm.gemm_kernel, gsig, dict(
-                consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq, PFM=dq), arch,
-                num_stages=4)))
-    arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
-    # SPLIT: K splits; CG: the code-generation candidates (39: all); PROBE: timing records
-    for split, cg, probe in ((1, 0, 0), (2, 7, 1), (1, 39, 0)):
-        tag = f"FMASK={fmask} SPLIT={split} CG={cg}" + (" PROBE" if probe else "")
-        out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
-            "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
-            "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
-            "cnt_p": P["i32"], "probe_p": P["i64"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32"},
-            dict(TOPK=8, FMASK=fmask, JCHUNK=1, BN=64, SPLIT=split, BK16=128, CHUNK=1024, NS=1,
-                 USE_ASM=True, PROBE=probe, CG=cg),
-            arch, 4)))
-        out.append((f"moe down {tag}", _compile(triton_moe.down_kernel, {
-            "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
-            "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
-            "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "probe_p": P["i64"], "H": "i32", "I": "i32",
-            "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, NS=1, USE_ASM=True, PROBE=probe,
-                          CG=cg),
-            arch, 4)))
+    out += _decode_kernels(arch, fmask, ((1, 3),) if quick else ((1, 0), (2, 3), (1, 3)),
+                           (0,) if quick else range(5), gemm=True)
     blocks = {"order_p": P["i32"], "blk_e_p": P["i32"], "blk_start_p": P["i32"], "blk_cnt_p": P["i32"],
               "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
     out.append(("moe grouped gate_up", _compile(triton_gemm.grouped_gate_up, {
@@ -91,6 +64,49 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31):
         dict(FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, PFM=1, INTERP=False), arch)))
     if arch == 90:                                  # Hopper only (wgmma): the Gluon prefill GEMM
         out += _gluon_kernels(arch, (0,) if quick else range(4))
+    return out
+
+
+def _decode_kernels(arch: int, fmask: int, moe_variants, codes, gemm: bool = False) -> list:
+    """Phase A, the GEMV of each format code (and with gemm, the Triton GEMM's builds) and the fused MoE
+    decode launches for each (SPLIT, CG) variant."""
+    from . import triton_gemm, triton_gemv, triton_moe
+    out = []
+    for code in codes:
+        c = format_constants(code)
+        packed = c["BITS"] != 16
+        sig = {"x_p": P["bf16"], "stride_xm": "i32", "codes_p": P["i32"] if packed else P["bf16"],
+               "scales_p": P["f16"] if c["SCALE_BITS"] == 16 else P["u8"],
+               "mins_p": P["f16"] if c["MIN_BITS"] == 16 else P["u8"], "d_p": P["f16"], "dmin_p": P["f16"],
+               "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"], "part_p": P["f32"], "cnt_p": P["i32"],
+               "out_p": P["bf16"], "stride_om": "i32",
+               "M": "i32", "N": "i32", "K": "i32", "WSPLIT": "i32"}
+        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")}
+        out.append((f"gemv code={code}", _compile(triton_gemv.gemv_kernel, sig, dict(
+            consts, BN=64, BK16=128, SPLIT=2, CHUNK=512, USE_ASM=True, CG=1), arch, num_warps=4)))
+        gsig = {**sig, "codes_p": P["i32"] if packed else P["bf16"]}     # the GEMM reads codes as words too
+        for k in ("xq_p", "xdx_p", "xsum_p", "part_p", "cnt_p", "WSPLIT"):
+            gsig.pop(k)
+        for dq in ((0, 1) if packed else (0,)) if gemm else ():   # DQ=1: bf16x2 dequantization, PFM with it
+            out.append((f"gemm code={code} DQ={dq}", _compile(triton_gemm.gemm_kernel, gsig, dict(
+                consts, BM=128, BN=128, BK=64, GROUP_M=8, EVEN_K=True, INTERP=False, DQ=dq, PFM=dq), arch,
+                num_stages=4)))
+    arena = {"ids_p": P["i32"], "codes_p": P["i32"], "offs_p": P["i64"], "arena_p": P["u8"], "table_p": P["i64"]}
+    # SPLIT: K splits; CG: the K loop's code generation (0: the defaults; 3: the H200's shipped options)
+    for split, cg in moe_variants:
+        tag = f"FMASK={fmask} SPLIT={split} CG={cg}"
+        out.append((f"moe gate_up {tag}", _compile(triton_moe.gate_up_kernel, {
+            "x_p": P["bf16"], "stride_xm": "i32", **arena, "xq_p": P["i32"], "xdx_p": P["f32"], "xsum_p": P["f32"],
+            "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "gpart_p": P["f32"],
+            "cnt_p": P["i32"], "M": "i32", "H": "i32", "I": "i32", "KU": "i32"},
+            dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, CHUNK=1024, USE_ASM=True, CG=cg),
+            arch, 4)))
+        out.append((f"moe down {tag}", _compile(triton_moe.down_kernel, {
+            "ids_p": P["i32"], "wts_p": P["f32"], **{k: v for k, v in arena.items() if k != "ids_p"},
+            "hq_p": P["i32"], "hdx_p": P["f32"], "hsum_p": P["f32"], "hf_p": P["f32"], "part_p": P["f32"],
+            "cnt_p": P["i32"], "out_p": P["bf16"], "stride_om": "i32", "H": "i32", "I": "i32",
+            "KU": "i32"}, dict(TOPK=8, FMASK=fmask, BN=64, SPLIT=split, BK16=128, USE_ASM=True, CG=cg),
+            arch, 4)))
     return out
 
 
@@ -115,7 +131,7 @@ def _gluon_kernels(arch: int, codes) -> list:
         fixed = {fn.arg_names[a] if isinstance(a, int) else a for a in fn.do_not_specialize}
         attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
                  if t.startswith("*") or (t == "i32" and a not in fixed)}
-        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3, PROF=0)
+        consts = {k: c[k] for k in ("BITS", "GROUP", "SCALE_BITS", "MIN_BITS", "SB")} | dict(BT=256, NS=3)
         src = GluonASTSource(fn, {**sig, **{k: "constexpr" for k in consts}}, consts, attrs)
         out.append((f"gemm gluon code={code}",
                     triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})))
@@ -177,10 +193,17 @@ def sass_loop(k) -> tuple[int, int] | None:
     return len(body), sum(1 for i in body if "IDP" in i)
 
 
+ARCHS = (80, 89, 90, 120)      # A100; RTX 4090; H100 / H200; RTX 5090 / RTX PRO 6000
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
-    ap.add_argument("--quick", action="store_true", help="one format of the single-format kernels")
+    ap.add_argument("--arch", default=",".join(map(str, ARCHS)),
+                    help="compute capabilities x10, comma-separated (default: every GPU the profiles name)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one format of the single-format kernels, the MoE kernels at their shipped settings")
+    ap.add_argument("--smoke", action="store_true",
+                    help="only the decode GEMV (one format) and the fused MoE decode launches (CI, other archs)")
     ap.add_argument("--sass", action="store_true",
                     help="also count registers, and the SASS instructions (and DP4As) of each kernel's longest loop")
     ap.add_argument("--fmask", type=int, default=31,
@@ -189,16 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     if INTERPRET:
         print("kernels are interpreted here: set STRATA_TRITON_COMPILE_ONLY=1 (and not TRITON_INTERPRET)")
         return 2
-    t = time.time()
-    for name, k in kernels(a.arch, a.quick, a.fmask):
-        md = k.metadata
-        loop = sass_loop(k) if a.sass else None
-        regs = registers(k) if a.sass else None
-        print(f"{name:38s} shared {md.shared:6d} B  dp4a {k.asm['ptx'].count('dp4a'):4d}  "
-              f"wgmma {k.asm['ptx'].count('wgmma.mma_async'):3d}  cp.async {k.asm['ptx'].count('cp.async'):4d}  "
-              f"st.global {stores(k.asm['ptx'])}"
-              + (f"  regs {regs}" if regs else "") + (f"  loop: {loop[0]} SASS, {loop[1]} IDP" if loop else ""))
-    print(f"all kernels compiled for sm_{a.arch} in {time.time() - t:.1f}s")
+    for arch in (int(v) for v in a.arch.split(",")):
+        t = time.time()
+        for name, k in kernels(arch, a.quick, a.fmask, a.smoke):
+            md = k.metadata
+            loop = sass_loop(k) if a.sass else None
+            regs = registers(k) if a.sass else None
+            print(f"sm_{arch} {name:38s} shared {md.shared:6d} B  dp4a {k.asm['ptx'].count('dp4a'):4d}  "
+                  f"wgmma {k.asm['ptx'].count('wgmma.mma_async'):3d}  cp.async {k.asm['ptx'].count('cp.async'):4d}  "
+                  f"st.global {stores(k.asm['ptx'])}"
+                  + (f"  regs {regs}" if regs else "") + (f"  loop: {loop[0]} SASS, {loop[1]} IDP" if loop else ""))
+        print(f"all kernels compiled for sm_{arch} in {time.time() - t:.1f}s")
     return 0
 
 

@@ -266,10 +266,7 @@ def _owner(u, P, U):
 @gluon.jit(do_not_specialize=["M", "K", "P"])      # N specialized: its divisibility by 16 vectorizes the stores
 def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, stride_om, part_p, cnt_p, M, N, K, P,
                       BITS: gl.constexpr, GROUP: gl.constexpr, SCALE_BITS: gl.constexpr, MIN_BITS: gl.constexpr,
-                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, PROF: gl.constexpr = 0):
-    # PROF (diagnostics, wrong outputs): 1 the MMA pipeline alone (every step multiplies the first step's
-    # weights: no weight loads, no dequantization), 2 the dequantization alone (no MMA; the tiles are
-    # summed so that they stay live), 3 that without the x tiles' copies either
+                      SB: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr):
     # out [M, N] = x [M, K] @ W [N, K]^T. Tile t: rows n0 .. n0+BNW of W (16 a warp, 64 a warpgroup; the
     # warpgroups share each x tile), tokens m0 .. m0+BT; t = tm * tiles_n + tn. Work unit: two K steps of a
     # tile (K units are 128 or 512 weights: whole pairs). Program q of P runs units [q U / P, (q+1) U / P)
@@ -326,7 +323,7 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         # x stages allocated for the K loop only, so the epilogue's layout conversion can reuse them
         xs = gl.allocate_shared_memory(x_desc.dtype, [NS] + x_desc.block_type.shape, x_desc.layout)
         for p in gl.static_range(NS - 1):
-            if p < nk and PROF != 3:
+            if p < nk:
                 _load_x(x_desc, bars.index((g + p) % NS), xs.index((g + p) % NS), m0, (s_lo + p) * BKC)
 
         k0 = s_lo * BKC
@@ -335,19 +332,12 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
         wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k0 + BKC, rows, t3, j3, BITS, GROUP,
                                 SCALE_BITS, MIN_BITS, UNIT, L3)
         acc = gl.zeros([BNW, BT], gl.float32, layout=ACC)
-        chk = gl.zeros([BNW, BKC], gl.bfloat16, layout=A_L)      # PROF 2/3's sum (dead code otherwise)
-        a0 = chk
-        if PROF == 1:
-            a0 = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
         # step i is dequantized while step i - 1's wgmma runs, then issued, then step i - 1's is retired
         # (one wgmma in flight); each A tile lives within its own step
         for i0 in range(0, nk, 2):
             for h in gl.static_range(2):
                 i = i0 + h
-                if PROF == 1:
-                    a = a0
-                else:
-                    a = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
+                a = _dequant(wd, s2, nm2, sel, sh, two, BITS, A_L)
                 wd = wn
                 s2 = sn
                 nm2 = nn
@@ -355,21 +345,14 @@ def gemm_gluon_kernel(x_desc, codes_p, scales_p, mins_p, d_p, dmin_p, out_p, str
                 wn, sn, nn = _load_step(codes_p, scales_p, mins_p, d_p, dmin_p, N, k2, rows, t3, j3, BITS, GROUP,
                                         SCALE_BITS, MIN_BITS, UNIT, L3)
                 st = (g + i) % NS
-                if PROF != 3:
-                    mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
-                if PROF >= 2:
-                    chk = chk + a
-                else:
-                    acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                mbarrier.wait(bars.index(st), ((g + i) // NS) & 1)
+                acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 j = i + NS - 1                     # refill the stage step i - 1 used: retired now in
                 _cta_barrier()                     # every warpgroup
-                if j < nk and PROF != 3:
+                if j < nk:
                     _load_x(x_desc, bars.index((g + j) % NS), xs.index((g + j) % NS), m0, (s_lo + j) * BKC)
-        if PROF >= 2:
-            acc = acc + gl.convert_layout(gl.sum(chk.to(gl.float32), axis=1), gl.SliceLayout(1, ACC))[:, None]
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()                                 # every warpgroup is done with the stages
         g += nk
 
@@ -416,13 +399,11 @@ def tiles(m: int, n: int, bt: int = 256, num_warps: int = 4) -> int:
 
 def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, out: torch.Tensor,
                bt: int = 256, ns: int = 3, num_warps: int = 4, programs: int | None = None,
-               part: torch.Tensor | None = None, cnt: torch.Tensor | None = None, prof: int = 0) -> None:
+               part: torch.Tensor | None = None, cnt: torch.Tensor | None = None) -> None:
     """out [M, n] = x @ W^T, W given as `ops._matrix_args` (codes as int32 words, scales, mins, d, dmin).
     programs: None, one a tile; else that many, each taking an equal share of all the tiles' K steps
     (stream-K; s x tiles: a K split s ways), which needs `part` (float32, `part_numel`) and `cnt` (int32
-    zeros, one a tile; left at zero). prof: the kernel's PROF diagnostics (1 MMA alone, 2 dequantization
-    alone, 3 without the x copies: wrong outputs, for benchmarks/probe_gluon_programs.py and
-    probe_clocks.py)."""
+    zeros, one a tile; left at zero)."""
     m, k = x.shape
     nt = tiles(m, n, bt, num_warps)
     if programs is None or programs == nt:
@@ -436,7 +417,7 @@ def gemm_gluon(x: torch.Tensor, mats: list[torch.Tensor], consts: dict, n: int, 
     gemm_gluon_kernel[(programs,)](x_descriptor(x, bt), *mats, out, out.stride(0), part, cnt, m, n, k, programs,
                                    BITS=consts["BITS"], GROUP=consts["GROUP"], SCALE_BITS=consts["SCALE_BITS"],
                                    MIN_BITS=consts["MIN_BITS"], SB=consts["SB"], BT=bt, NS=ns,
-                                   num_warps=num_warps, PROF=prof)
+                                   num_warps=num_warps)
 
 
 def part_numel(programs: int, bt: int, num_warps: int) -> int:

@@ -12,6 +12,7 @@ no GPU); "torch" forces the reference. Outputs have x's dtype.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -24,7 +25,7 @@ from .quantizer import PackedMatrix
 from .triton_common import (BF16_CODE, FORMAT_CODES, INTERPRET, INTERPRETER_OK, USE_ASM, format_constants,
                             tile_words_limit, triton)
 from . import triton_gemm, triton_gemv, triton_moe
-from .tuned import config_for
+from .tuned import GemmConfig, GemvConfig, MoEConfig, MoEGroupedConfig, config_for, resolve
 
 GEMV_MAX_M = 8            # decode kernel up to this many rows; the tensor-core GEMM above
 POISON_SCRATCH = False    # tests: fill every scratch buffer with NaN / garbage, so a read of an unwritten
@@ -59,9 +60,9 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
-def _chunk(cfg: dict, k: int) -> int:
-    """Inputs packed per step of phase A: the config's CHUNK, or less for short rows (powers of two >= 32)."""
-    return min(cfg.get("CHUNK", 1024), max(32, triton.next_power_of_2(k)))
+def _chunk(chunk: int, k: int) -> int:
+    """Inputs packed per step of phase A: the config's chunk, or less for short rows (powers of two >= 32)."""
+    return min(chunk, max(32, triton.next_power_of_2(k)))
 
 
 def scratch(*shape: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -90,8 +91,9 @@ def _check_linear(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor | None) ->
 
 
 def packed_linear(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor | None = None,
-                  backend: str = "auto", config: dict | None = None) -> torch.Tensor:
-    """x [M, K] @ W^T for a packed W [N, K]: [M, N] in x's dtype, written into `out` if given."""
+                  backend: str = "auto", config: GemvConfig | GemmConfig | dict | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T for a packed W [N, K]: [M, N] in x's dtype, written into `out` if given. config: a
+    `GemvConfig` (M <= GEMV_MAX_M) / `GemmConfig`, or a dict of named fields over the shipped one."""
     _check_linear(x, p, out)
     if out is None:
         out = torch.empty(x.shape[0], p.n, dtype=x.dtype, device=x.device)
@@ -101,9 +103,9 @@ def packed_linear(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor | None = N
         return out.copy_(reference.linear(x, p).to(x.dtype))
     x = x if x.stride(1) == 1 else x.contiguous()
     if x.shape[0] <= GEMV_MAX_M:
-        _gemv(x, p, out, config or config_for("gemv", p.fmt, x.shape[0], p.n, p.k, x.device))
+        _gemv(x, p, out, resolve("gemv", config, config_for("gemv", p.fmt, x.shape[0], p.n, p.k, x.device)))
     else:
-        _gemm(x, p, out, config or config_for("gemm", p.fmt, x.shape[0], p.n, p.k, x.device))
+        _gemm(x, p, out, resolve("gemm", config, config_for("gemm", p.fmt, x.shape[0], p.n, p.k, x.device)))
     return out
 
 
@@ -117,7 +119,7 @@ def _matrix_args(p: PackedMatrix) -> list[torch.Tensor]:
     return [codes] + [segs.get(n, _dummy(p.device)) for n in _SEGS[1:]]
 
 
-def pack_activations(x: torch.Tensor, kp: int, cfg: dict | None = None):
+def pack_activations(x: torch.Tensor, kp: int, chunk: int = 1024):
     """Phase A of the decode GEMV: x [M, K] on the int8 grid over kp >= K inputs (zeros past K), the same
     for every code width. Returns xq int32 [M, kp/4] (the int8 values, four a word), xdx f32 [M, kp/32],
     xsum f32 [M, 3*kp/32] (the exact sums of x per 16 inputs, then per 32)."""
@@ -125,32 +127,32 @@ def pack_activations(x: torch.Tensor, kp: int, cfg: dict | None = None):
     xq = scratch(m, kp // 4, dtype=torch.int32, device=x.device)
     xdx = scratch(m, kp // 32, dtype=torch.float32, device=x.device)
     xsum = scratch(m, 3 * kp // 32, dtype=torch.float32, device=x.device)
-    triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, CHUNK=_chunk(cfg or {}, kp),
+    triton_gemv.quantize_x_kernel[(m,)](x, x.stride(0), k, kp, xq, xdx, xsum, CHUNK=_chunk(chunk, kp),
                                         num_warps=4)
     return xq, xdx, xsum
 
 
-def _gemv_split(n: int, row_words: int, bkw: int, cfg: dict) -> int:
-    """K splits of the GEMV: enough (rows x splits) threads to keep HBM busy (at most MAXSPLIT), whole K
+def _gemv_split(n: int, row_words: int, bkw: int, cfg: GemvConfig) -> int:
+    """K splits of the GEMV: enough (rows x splits) threads to keep HBM busy (at most max_split), whole K
     steps per split."""
-    want = cfg.get("SPLIT") or max(1, min(cfg.get("MAXSPLIT", 8), _cdiv(cfg.get("THREADS", 32768), n)))
+    want = cfg.split or max(1, min(cfg.max_split, _cdiv(cfg.threads, n)))
     return max(1, min(want, row_words // bkw))
 
 
-def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
+def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: GemvConfig) -> None:
     """One launch: every program quantizes its K slice of x, runs phase B, and with a K split the last
     program of each row tile adds the parts (`triton_gemv.gemv_kernel`)."""
     m, k = x.shape
     code = FORMAT_CODES.index(p.fmt)
     c = format_constants(code)
     common = dict(BITS=c["BITS"], GROUP=c["GROUP"], SCALE_BITS=c["SCALE_BITS"], MIN_BITS=c["MIN_BITS"],
-                  SB=c["SB"], BN=cfg["BN"], BK16=cfg["BK16"], USE_ASM=USE_ASM, num_warps=cfg["num_warps"])
-    nt = _cdiv(p.n, cfg["BN"])
+                  SB=c["SB"], BN=cfg.rows, BK16=cfg.bf16_block, USE_ASM=USE_ASM, num_warps=cfg.warps)
+    nt = _cdiv(p.n, cfg.rows)
     if c["BITS"] == 16:
         d = _dummy(x.device)
         triton_gemv.gemv_kernel[(nt * m,)](
             x, x.stride(0), *_matrix_args(p), d, d, d, d, d, out, out.stride(0), m, p.n, k, 0,
-            SPLIT=1, NS=1, CHUNK=32, **common)
+            SPLIT=1, CHUNK=32, **common)
         return
     bkw = tile_words_limit(code)                     # a K step is one scale unit
     kp, epw = p.kp, 32 // c["BITS"]
@@ -162,12 +164,12 @@ def _gemv(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> Non
     xq = scratch(m, kp // 4, dtype=torch.int32, device=dev)
     xdx = scratch(m, kp // 32, dtype=torch.float32, device=dev)
     xsum = scratch(m, 3 * kp // 32, dtype=torch.float32, device=dev)
-    part = scratch(split, m, nt * cfg["BN"], dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
+    part = scratch(split, m, nt * cfg.rows, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
     cnt = _counters(m * nt, dev) if split > 1 else _dummy(dev)
     triton_gemv.gemv_kernel[(nt * split * m,)](
         x, x.stride(0), *_matrix_args(p), xq, xdx, xsum, part, cnt, out, out.stride(0), m, p.n, k, wsplit,
-        SPLIT=split, NS=cfg.get("NS", 1), CHUNK=min(_chunk(cfg, kp), (wsplit * epw) & -(wsplit * epw)),
-        CG=cfg.get("CG", 0), **common, **_maxnreg(cfg, "MAXNREG"))
+        SPLIT=split, CHUNK=min(_chunk(cfg.chunk, kp), (wsplit * epw) & -(wsplit * epw)),
+        CG=cfg.cg, **common, **_maxnreg(cfg.max_registers))
 
 
 GLUON_MIN_TRITON = (3, 6)    # the oldest Triton the Gluon GEMM was run on (3.6) or compiled with (3.9)
@@ -186,47 +188,61 @@ def gluon_module():
         return None
 
 
-def _gluon_ok(x: torch.Tensor, p: PackedMatrix, cfg: dict) -> bool:
-    """The Gluon GEMM (`gluon_gemm`: wgmma, x by TMA) takes this call: asked for by the config (GLUON,
-    from GLUON_MIN_M rows on), an sm_90 GPU, packed weights, bf16 x laid out as TMA needs (K a multiple
+def _gluon_ok(x: torch.Tensor, p: PackedMatrix, cfg: GemmConfig) -> bool:
+    """The Gluon GEMM (`gluon_gemm`: wgmma, x by TMA) takes this call: asked for by the config (gluon,
+    from gluon_min_m rows on), an sm_90 GPU, packed weights, bf16 x laid out as TMA needs (K a multiple
     of 8, rows 16-byte aligned), and a Triton that has it. Anything else runs the Triton GEMM."""
-    return (bool(cfg.get("GLUON")) and x.shape[0] >= cfg.get("GLUON_MIN_M", 1) and not p.format.is_bf16
+    return (cfg.gluon and x.shape[0] >= cfg.gluon_min_m and not p.format.is_bf16
             and x.dtype == torch.bfloat16 and x.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0)
             and x.shape[1] % 8 == 0 and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
             and gluon_module() is not None)
 
 
-def gluon_warps(m: int, k: int, cfg: dict) -> int:
-    """Warps of the Gluon GEMM for x [m, k]: 8 (128-row tiles) from GWARPS8_MIN_M rows and GWARPS8_MIN_K
-    columns on, GWARPS below."""
-    big = m >= cfg.get("GWARPS8_MIN_M", 1 << 62) and k >= cfg.get("GWARPS8_MIN_K", 0)
-    return 8 if big else cfg["GWARPS"]
+def gluon_warps(m: int, k: int, cfg: GemmConfig) -> int:
+    """Warps of the Gluon GEMM for x [m, k]: 8 (128-row tiles) from gluon_warps8_min_m rows and
+    gluon_warps8_min_k columns on, gluon_warps below."""
+    big = m >= cfg.gluon_warps8_min_m and k >= cfg.gluon_warps8_min_k
+    return 8 if big else cfg.gluon_warps
 
 
-def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: dict) -> None:
+def _gemm(x: torch.Tensor, p: PackedMatrix, out: torch.Tensor, cfg: GemmConfig) -> None:
     m, k = x.shape
     c = format_constants(FORMAT_CODES.index(p.fmt))
     if _gluon_ok(x, p, cfg):
-        gg, bt = gluon_module(), cfg["GBT"]
+        gg, bt = gluon_module(), cfg.gluon_tokens
         nw = gluon_warps(m, k, cfg)
         tiles = gg.tiles(m, p.n, bt, nw)
-        # K split (up to GSPLIT ways) where the tiles leave SMs idle: one program an SM at most
-        split = max(1, min(cfg.get("GSPLIT", 1), _sm_count(x.device) // tiles))
+        # K split (up to gluon_split ways) where the tiles leave SMs idle: one program an SM at most
+        split = max(1, min(cfg.gluon_split, _sm_count(x.device) // tiles))
         progs = tiles * split
         part = scratch(gg.part_numel(progs, bt, nw), dtype=torch.float32, device=x.device) if split > 1 else None
         cnt = _counters(tiles, x.device) if split > 1 else None
-        gg.gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=bt, ns=cfg["GNS"], num_warps=nw, programs=progs,
+        gg.gemm_gluon(x, _matrix_args(p), c, p.n, out, bt=bt, ns=cfg.gluon_stages, num_warps=nw, programs=progs,
                       part=part, cnt=cnt)
         return
-    bk = _gemm_bk(p.fmt, cfg["BK"])
-    grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(p.n, cfg["BN"]),)
+    bk = _gemm_bk(p.fmt, cfg.block_k)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n),)
     triton_gemm.gemm_kernel[grid](x, x.stride(0), *_matrix_args(p), out, out.stride(0), m, p.n, k,
                                   BITS=c["BITS"], GROUP=c["GROUP"], SCALE_BITS=c["SCALE_BITS"],
-                                  MIN_BITS=c["MIN_BITS"], SB=c["SB"], BM=cfg["BM"], BN=cfg["BN"], BK=bk,
-                                  GROUP_M=cfg.get("GROUP_M", 8), EVEN_K=k % bk == 0, INTERP=INTERPRET,
-                                  DQ=cfg.get("DQ", 0), PFM=cfg.get("PFM", 0),
-                                  num_warps=cfg["num_warps"],
-                                  num_stages=cfg["num_stages"])
+                                  MIN_BITS=c["MIN_BITS"], SB=c["SB"], BM=cfg.block_m, BN=cfg.block_n, BK=bk,
+                                  GROUP_M=cfg.group_m, EVEN_K=k % bk == 0, INTERP=INTERPRET,
+                                  DQ=int(cfg.bf16x2_dequant), PFM=int(cfg.prefetch_scales),
+                                  num_warps=cfg.warps, num_stages=cfg.stages)
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counters(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters for the last-program reductions of the GEMV's and the Gluon GEMM's K
+    splits, kept per device and stream (every kernel leaves them at zero again). Calls on one stream
+    are ordered, so they never overlap."""
+    key = (str(device), _stream_id(device))
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _gemm_bk(fmt: str, bk: int) -> int:
@@ -268,25 +284,6 @@ def _expert_formats(names: tuple[str, ...], device: str) -> ExpertFormats:
     return ExpertFormats(torch.tensor(codes, dtype=torch.int32, device=device), mask)
 
 
-def _resolve_formats(formats, n_experts: int, device) -> ExpertFormats:
-    if isinstance(formats, ExpertFormats):
-        if formats.codes.numel() != n_experts:
-            raise ValueError(f"fused_moe: {formats.codes.numel()} format codes for {n_experts} experts")
-        return formats
-    if isinstance(formats, str):
-        return ExpertFormats.from_names((formats,) * n_experts, device)
-    if isinstance(formats, torch.Tensor):
-        codes = formats.to(device=device, dtype=torch.int32)
-        mask = 0
-        for c in torch.unique(codes).tolist():     # one device sync: prefer ExpertFormats
-            mask |= 1 << int(c)
-        return ExpertFormats(codes, mask)
-    names = list(formats)
-    if len(names) != n_experts:
-        raise ValueError(f"fused_moe: {len(names)} formats for {n_experts} experts (offsets)")
-    return ExpertFormats.from_names(names, device)
-
-
 @lru_cache(maxsize=64)
 def _layout_table(hidden: int, intermediate: int, device: str) -> torch.Tensor:
     """int64 [codes, 3 matrices, 5 segments]: byte offset of each segment inside an expert blob."""
@@ -299,7 +296,17 @@ def _layout_table(hidden: int, intermediate: int, device: str) -> torch.Tensor:
     return t.to(device)
 
 
-def _check_moe(x, topk_ids, topk_weights, arena, offsets, hidden, intermediate, out):
+def _check_moe_static(arena, offsets, hidden, intermediate):
+    if hidden <= 0 or intermediate <= 0:
+        raise ValueError(f"fused_moe: hidden and intermediate must be positive, got {hidden}, {intermediate}")
+    if arena.dtype != torch.uint8 or arena.dim() != 1:
+        raise ValueError(f"fused_moe: arena must be a 1-D uint8 tensor of expert blobs, got {arena.dtype} {tuple(arena.shape)}")
+    if offsets.dim() != 1 or offsets.dtype != torch.int64:
+        raise ValueError(f"fused_moe: offsets must be int64 [E] (byte offset of each expert blob), got {offsets.dtype}")
+
+
+def _check_moe(x, topk_ids, topk_weights, arena, offsets, hidden, out):
+    """Shapes, dtypes and devices of one call: attribute reads only (no sync, no allocation)."""
     if x.dim() != 2 or x.shape[1] != hidden or not x.is_floating_point():
         raise ValueError(f"fused_moe: x must be a float tensor [M, hidden={hidden}], got {tuple(x.shape)} {x.dtype}")
     m = x.shape[0]
@@ -307,61 +314,13 @@ def _check_moe(x, topk_ids, topk_weights, arena, offsets, hidden, intermediate, 
         raise ValueError(f"fused_moe: topk_ids must be int32/int64 [M={m}, k], got {tuple(topk_ids.shape)} {topk_ids.dtype}")
     if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
         raise ValueError(f"fused_moe: topk_weights must be float {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}")
-    if arena.dtype != torch.uint8 or arena.dim() != 1:
-        raise ValueError(f"fused_moe: arena must be a 1-D uint8 tensor of expert blobs, got {arena.dtype} {tuple(arena.shape)}")
-    if offsets.dim() != 1 or offsets.dtype != torch.int64:
-        raise ValueError(f"fused_moe: offsets must be int64 [E] (byte offset of each expert blob), got {offsets.dtype}")
+    dev = x.device
     for t in (topk_ids, topk_weights, arena, offsets):
-        if t.device != x.device:
-            raise ValueError(f"fused_moe: every tensor must be on {x.device}; one is on {t.device}")
-    if out is not None and (tuple(out.shape) != (m, hidden) or out.dtype != x.dtype or out.stride(1) != 1):
-        raise ValueError(f"fused_moe: out must be {x.dtype} [{m}, {hidden}] with unit column stride")
-
-
-def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, arena: torch.Tensor,
-              offsets: torch.Tensor, formats, hidden: int, intermediate: int, out: torch.Tensor | None = None,
-              backend: str = "auto", config: dict | None = None) -> torch.Tensor:
-    """out[m] = sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m]), SwiGLU experts read packed.
-
-    arena: uint8 tensor holding expert blobs (`formats.expert_layout`); offsets: int64 [E], each a
-    multiple of 256 (blobs are placed at 4 KiB multiples); formats: one name for all experts, a name per
-    expert, or an `ExpertFormats`. Returns [M, hidden] in x's dtype."""
-    _check_moe(x, topk_ids, topk_weights, arena, offsets, hidden, intermediate, out)
-    fm = _resolve_formats(formats, offsets.numel(), x.device)
-    m, topk = topk_ids.shape
-    if out is None:
-        out = torch.empty(m, hidden, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
-    if not _use_triton(x, backend):
-        return out.copy_(reference.moe(x, topk_ids, topk_weights, arena, offsets, fm.codes, hidden,
-                                       intermediate).to(x.dtype))
-    x = x if x.stride(1) == 1 else x.contiguous()
-    ids = topk_ids.contiguous()
-    wts = topk_weights.contiguous()
-    if m > MOE_DECODE_MAX_M:
-        cfg = config or config_for("moe_grouped", "mix", m, hidden, intermediate, x.device)
-        _moe_grouped(x, ids, wts, arena, offsets, fm, hidden, intermediate, out, cfg)
-    else:
-        cfg = config or config_for("moe", "mix", m, hidden, intermediate, x.device)
-        _moe_decode(x, ids, wts, arena, offsets, fm, hidden, intermediate, out, cfg)
-    return out
-
-
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _counters(n: int, device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters for the kernels' last-program reductions (K splits of the GEMV and of both
-    MoE launches, the down launch's expert sum), kept per device and stream (every kernel leaves them at
-    zero again). Calls on one stream are ordered, so they never overlap."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+        if t.device != dev:
+            raise ValueError(f"fused_moe: every tensor must be on {dev}; one is on {t.device}")
+    if out is not None and (tuple(out.shape) != (m, hidden) or out.dtype != x.dtype or out.stride(1) != 1
+                            or out.device != dev):
+        raise ValueError(f"fused_moe: out must be {x.dtype} [{m}, {hidden}] with unit column stride on {dev}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -369,8 +328,9 @@ class MoEScratch:
     """What the gate/up launch leaves for the down launch (and for tests): the token activations on the
     int8 grid (xq int8 [M, HP] held as int32 [M, HP/4], xdx [M, HP/32], xsum [M, 3*HP/32]: `pack_activations`)
     and each (token, expert) pair's h = silu(g) * u on the same kind of grid for its expert's down matrix
-    (hq [P, IP/4], hdx [P, IP/32], hsum [P, 3*IP/32]; hf [P, IP] float32 for bf16 experts). HP, IP: hidden
-    and intermediate padded to 512."""
+    (hq [P, IP/4], hdx [P, IP/32], hsum [P, 3*IP/32]; hf [P, IP] float32 for bf16 experts); the K splits'
+    parts (gpart [P, SPLIT1, 2, IP] f32, part [P * SPLIT2, NT2 * BN2] f32) and the launches' zeroed
+    counters (every kernel leaves them at zero). HP, IP: hidden and intermediate padded to 512."""
 
     xq: torch.Tensor
     xdx: torch.Tensor
@@ -379,49 +339,230 @@ class MoEScratch:
     hdx: torch.Tensor
     hsum: torch.Tensor
     hf: torch.Tensor
+    gpart: torch.Tensor
+    part: torch.Tensor
+    cnt1: torch.Tensor
+    cnt2: torch.Tensor
+
+    @staticmethod
+    def new(m: int, topk: int, hp: int, ip: int, bf16: bool, split1: int, split2: int, nt1: int, nt2: int,
+            bn2: int, device) -> "MoEScratch":
+        p = m * topk
+        f32, i32 = torch.float32, torch.int32
+        return MoEScratch(
+            xq=torch.empty(m, hp // 4, dtype=i32, device=device), xdx=torch.empty(m, hp // 32, dtype=f32, device=device),
+            xsum=torch.empty(m, 3 * hp // 32, dtype=f32, device=device),
+            hq=torch.empty(p, ip // 4, dtype=i32, device=device), hdx=torch.empty(p, ip // 32, dtype=f32, device=device),
+            hsum=torch.empty(p, 3 * ip // 32, dtype=f32, device=device),
+            hf=torch.empty(p, ip if bf16 else 1, dtype=f32, device=device),
+            gpart=torch.empty(p * split1 * 2 * ip if split1 > 1 else 1, dtype=f32, device=device),
+            part=torch.empty(p * split2, nt2 * bn2, dtype=f32, device=device),
+            cnt1=torch.zeros(p * nt1 if split1 > 1 else 1, dtype=i32, device=device),
+            cnt2=torch.zeros(m * nt2, dtype=i32, device=device))
+
+    def poison(self) -> None:
+        """Tests (POISON_SCRATCH): NaN / garbage in every buffer a kernel must write before it reads."""
+        for t in (self.xq, self.xdx, self.xsum, self.hq, self.hdx, self.hsum, self.hf, self.gpart, self.part):
+            t.fill_(float("nan") if t.dtype.is_floating_point else 0x7F7F7F7F)
 
 
-def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: int, cfg: dict) -> MoEScratch:
-    """Launch 1 of the decode MoE: phase A for x, then gate and up of every pair, h packed for down."""
-    m, topk = ids.shape
-    dev = x.device
+_SCRATCH: dict[tuple, MoEScratch] = {}
+
+
+def _stream_id(device: torch.device) -> int:
+    """The current stream of `device` as an int (0 on CPU): scratch is shared by the calls of one stream,
+    which run in order."""
+    return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+
+
+@dataclass(frozen=True)
+class _DecodeLaunch:
+    """Everything about one decode call shape that does not change from call to call: grids, K splits,
+    the launch options, and the scratch it uses (cached per device, stream and shape)."""
+    grid1: tuple
+    grid2: tuple
+    ku1: int
+    ku2: int
+    kw1: dict
+    kw2: dict
+    sc: MoEScratch
+
+
+class PreparedMoE:
+    """`fused_moe` with everything that does not change between calls resolved once: the expert formats
+    (codes on the device and the mask of those present), the layout table, the launch configs, and per
+    call shape (tokens, top-k, stream) the grids and the scratch. A call then checks shapes and launches
+    two kernels: no host sync, no allocation (except `out` when not given).
+
+        moe = prepare_moe(formats, n_experts, hidden, intermediate, device)     # once per layer
+        moe(x, topk_ids, topk_weights, arena, offsets, out=out)                  # every token
+
+    `fused_moe` keeps one of these per (formats, hidden, intermediate, device) in a small cache, so
+    calling it directly costs the same after the first call; pass formats as an `ExpertFormats` (or one
+    name, or a tensor of codes) there: a list of names is hashed every call."""
+
+    def __init__(self, fm: ExpertFormats, hidden: int, intermediate: int, device,
+                 config: MoEConfig | None = None, grouped_config: MoEGroupedConfig | None = None):
+        self.fm, self.hidden, self.inter = fm, hidden, intermediate
+        self.device = torch.device(device)
+        self.n_experts = fm.codes.numel()
+        self.table = _layout_table(hidden, intermediate, str(self.device))
+        self.hp, self.ip = _cdiv(hidden, 512) * 512, _cdiv(intermediate, 512) * 512
+        self.cfg = config or config_for("moe", "mix", 1, hidden, intermediate, self.device)
+        self.grouped_cfg = grouped_config or config_for("moe_grouped", "mix", MOE_DECODE_MAX_M + 1, hidden,
+                                                        intermediate, self.device)
+        self._launches: dict[tuple, _DecodeLaunch] = {}
+
+    def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, arena: torch.Tensor,
+                 offsets: torch.Tensor, out: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+        _check_moe(x, topk_ids, topk_weights, arena, offsets, self.hidden, out)
+        if arena.dtype != torch.uint8 or offsets.dtype != torch.int64 or offsets.shape[0] != self.n_experts:
+            _check_moe_static(arena, offsets, self.hidden, self.inter)
+            raise ValueError(f"fused_moe: {self.n_experts} format codes for {offsets.shape[0]} experts (offsets)")
+        m = x.shape[0]
+        if out is None:
+            out = torch.empty(m, self.hidden, dtype=x.dtype, device=x.device)
+        if m == 0:
+            return out
+        if not _use_triton(x, backend):
+            return out.copy_(reference.moe(x, topk_ids, topk_weights, arena, offsets, self.fm.codes, self.hidden,
+                                           self.inter).to(x.dtype))
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        wts = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
+        if m > MOE_DECODE_MAX_M:
+            _moe_grouped(x, ids, wts, arena, offsets, self.fm, self.hidden, self.inter, out, self.grouped_cfg,
+                         self.table)
+            return out
+        topk = ids.shape[1]
+        key = (m, topk, _stream_id(x.device))
+        ln = self._launches.get(key)
+        if ln is None:
+            ln = self._launches[key] = _decode_launch(m, topk, self.fm, self.hidden, self.inter, self.cfg, x.device)
+        if POISON_SCRATCH:
+            ln.sc.poison()
+        sc = ln.sc
+        triton_moe.gate_up_kernel[ln.grid1](
+            x, x.stride(0), ids, self.fm.codes, offsets, arena, self.table, sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx,
+            sc.hsum, sc.hf, sc.gpart, sc.cnt1, m, self.hidden, self.inter, ln.ku1, **ln.kw1)
+        triton_moe.down_kernel[ln.grid2](
+            ids, wts, self.fm.codes, offsets, arena, self.table, sc.hq, sc.hdx, sc.hsum, sc.hf, sc.part, sc.cnt2,
+            out, out.stride(0), self.hidden, self.inter, ln.ku2, **ln.kw2)
+        return out
+
+
+def _decode_launch(m: int, topk: int, fm: ExpertFormats, hidden: int, inter: int, cfg: MoEConfig, dev,
+                   fresh: bool = False) -> _DecodeLaunch:
+    """Grids, K splits and launch options of the two decode launches for m tokens of topk experts, and
+    their scratch: shared by every call of this shape on this device and stream (fresh: its own)."""
     hp, ip = _cdiv(hidden, 512) * 512, _cdiv(inter, 512) * 512      # padded to every scale unit
-    p = m * topk
-    sc = MoEScratch(xq=scratch(m, hp // 4, dtype=torch.int32, device=dev),
-                    xdx=scratch(m, hp // 32, dtype=torch.float32, device=dev),
-                    xsum=scratch(m, 3 * hp // 32, dtype=torch.float32, device=dev),
-                    hq=scratch(p, ip // 4, dtype=torch.int32, device=dev),
-                    hdx=scratch(p, ip // 32, dtype=torch.float32, device=dev),
-                    hsum=scratch(p, 3 * ip // 32, dtype=torch.float32, device=dev),
-                    hf=scratch(p, ip if fm.mask >> BF16_CODE & 1 else 1, dtype=torch.float32, device=dev))
-    bn1, jchunk = cfg["BN1"], min(cfg["JCHUNK"], topk)
+    bn1, bn2 = cfg.rows1, cfg.rows2
     assert bn1 % 32 == 0 and 512 % bn1 == 0, "gate/up row tile: a multiple of 32 (h is packed per 32) dividing 512"
-    nt = ip // bn1
-    want = cfg.get("SPLIT1", 1) or max(1, round(_sm_count(dev) * cfg.get("WAVE1", 4) / (nt * p)))
-    split, ku = _moe_split(want, hp)
-    grid = (nt, m, _cdiv(topk, jchunk) * split)
-    gpart = scratch(p, split, 2, ip, dtype=torch.float32, device=dev) if split > 1 else _dummy(dev)
-    cnt = _counters(p * nt, dev) if split > 1 else _dummy(dev)
-    triton_moe.gate_up_kernel[grid](
-        x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)),
-        sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, gpart, cnt, _probe(cfg, "probe1", dev), m, hidden,
-        inter, ku,
-        TOPK=topk, FMASK=fm.mask, JCHUNK=jchunk, BN=bn1, SPLIT=split, BK16=cfg["BK16"],
-        CHUNK=min(_chunk(cfg, hp), 1 << (ku * 512).bit_length() - 1), NS=cfg.get("NS1", 1),
-        USE_ASM=USE_ASM, num_warps=cfg["warps1"], PROBE=int("probe1" in cfg), CG=cfg.get("CG1", 0),
-        **_maxnreg(cfg, "MAXNREG1"))
-    return sc
+    nt1, nt2 = ip // bn1, _cdiv(hidden, bn2)
+    want = cfg.split1 or max(1, round(_sm_count(dev) * cfg.wave1 / (nt1 * m * topk)))
+    split1, ku1 = _moe_split(want, hp)
+    split2, ku2 = _moe_split(cfg.split2, ip)
+    bf16 = bool(fm.mask >> BF16_CODE & 1)
+    skey = (str(dev), _stream_id(dev), m, topk, hp, ip, bf16, split1, split2, nt1, nt2, bn2)
+    sc = None if fresh else _SCRATCH.get(skey)
+    if sc is None:
+        sc = MoEScratch.new(m, topk, hp, ip, bf16, split1, split2, nt1, nt2, bn2, dev)
+        if not fresh:
+            _SCRATCH[skey] = sc
+    kw1 = dict(TOPK=topk, FMASK=fm.mask, BN=bn1, SPLIT=split1, BK16=cfg.bf16_block,
+               CHUNK=min(_chunk(cfg.chunk, hp), 1 << (ku1 * 512).bit_length() - 1), USE_ASM=USE_ASM,
+               num_warps=cfg.warps1, CG=cfg.cg1, **_maxnreg(cfg.max_registers1))
+    kw2 = dict(TOPK=topk, FMASK=fm.mask, BN=bn2, SPLIT=split2, BK16=cfg.bf16_block, USE_ASM=USE_ASM,
+               num_warps=cfg.warps2, CG=cfg.cg2, **_maxnreg(cfg.max_registers2))
+    return _DecodeLaunch(grid1=(nt1, m, topk * split1), grid2=(nt2, m, topk * split2), ku1=ku1, ku2=ku2,
+                         kw1=kw1, kw2=kw2, sc=sc)
 
 
-def _maxnreg(cfg: dict, key: str) -> dict:
-    """The launch's register cap (cfg[key], a sweep candidate; none by default) as a launch option."""
-    return {"maxnreg": int(cfg[key])} if cfg.get(key) else {}
+_PREPARED: dict[tuple, PreparedMoE] = {}
+_TENSOR_FORMATS: dict[int, tuple] = {}
 
 
-def _probe(cfg: dict, key: str, dev) -> torch.Tensor:
-    """The int64 buffer [programs, 4] a launch records its programs' SM and times in (cfg[key]: only
-    benchmarks/probe_moe.py sets it), or a dummy when the launch is not probed."""
-    return cfg[key] if key in cfg else _dummy(dev)
+def _formats_of_tensor(codes: torch.Tensor, device) -> ExpertFormats:
+    """ExpertFormats of a tensor of format codes, computed once per tensor (and per in-place change: its
+    version counter), since the mask of the codes present costs a device sync."""
+    hit = _TENSOR_FORMATS.get(id(codes))
+    if hit is not None and hit[0]() is codes and hit[1] == codes._version:
+        return hit[2]
+    c = codes.to(device=device, dtype=torch.int32)
+    mask = 0
+    for v in torch.unique(c).tolist():
+        mask |= 1 << int(v)
+    fm = ExpertFormats(c, mask)
+    if len(_TENSOR_FORMATS) > 256:
+        _TENSOR_FORMATS.clear()
+    _TENSOR_FORMATS[id(codes)] = (weakref.ref(codes), codes._version, fm)
+    return fm
+
+
+def _resolve_formats(formats, n_experts: int, device) -> ExpertFormats:
+    if isinstance(formats, ExpertFormats):
+        if formats.codes.numel() != n_experts:
+            raise ValueError(f"fused_moe: {formats.codes.numel()} format codes for {n_experts} experts")
+        return formats
+    if isinstance(formats, str):
+        return ExpertFormats.from_names((formats,) * n_experts, device)
+    if isinstance(formats, torch.Tensor):
+        if formats.numel() != n_experts:
+            raise ValueError(f"fused_moe: {formats.numel()} format codes for {n_experts} experts")
+        return _formats_of_tensor(formats, device)
+    names = tuple(formats)
+    if len(names) != n_experts:
+        raise ValueError(f"fused_moe: {len(names)} formats for {n_experts} experts (offsets)")
+    return ExpertFormats.from_names(names, device)
+
+
+def prepare_moe(formats, n_experts: int, hidden: int, intermediate: int, device,
+                config: MoEConfig | None = None, grouped_config: MoEGroupedConfig | None = None) -> PreparedMoE:
+    """The `PreparedMoE` for these formats (one name, a name per expert, an `ExpertFormats` or a tensor
+    of format codes), shapes and device; cached unless a config is given (then this GPU's shipped
+    configs: `tuned.config_for`)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    fm = _resolve_formats(formats, n_experts, dev)
+    if config is not None or grouped_config is not None:
+        return PreparedMoE(fm, hidden, intermediate, dev, config, grouped_config)
+    key = (fm, hidden, intermediate, dev)
+    pm = _PREPARED.get(key)
+    if pm is None:
+        if len(_PREPARED) > 1024:
+            _PREPARED.clear()
+        pm = _PREPARED[key] = PreparedMoE(fm, hidden, intermediate, dev)
+    return pm
+
+
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, arena: torch.Tensor,
+              offsets: torch.Tensor, formats, hidden: int, intermediate: int, out: torch.Tensor | None = None,
+              backend: str = "auto", config: MoEConfig | MoEGroupedConfig | dict | None = None) -> torch.Tensor:
+    """out[m] = sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m]), SwiGLU experts read packed.
+
+    arena: uint8 tensor holding expert blobs (`formats.expert_layout`); offsets: int64 [E], each a
+    multiple of 256 (blobs are placed at 4 KiB multiples); formats: one name for all experts, a name per
+    expert, an `ExpertFormats` or a tensor of format codes. topk_ids may hold -1: that pair is skipped
+    (contributes nothing). Returns [M, hidden] in x's dtype. The formats, tables, configs and scratch
+    are resolved once and cached (`PreparedMoE`). `config` (a sweep's candidate: a `MoEConfig` for
+    M <= MOE_DECODE_MAX_M, a `MoEGroupedConfig` above, or a dict of named fields over the shipped one of
+    the path the call takes) bypasses that cache."""
+    _check_moe_static(arena, offsets, hidden, intermediate)
+    if config is not None:
+        kind = "moe" if x.shape[0] <= MOE_DECODE_MAX_M else "moe_grouped"
+        cfg = resolve(kind, config, config_for(kind, "mix", x.shape[0], hidden, intermediate, x.device))
+        pm = PreparedMoE(_resolve_formats(formats, offsets.numel(), x.device), hidden, intermediate, x.device,
+                         cfg if kind == "moe" else None, cfg if kind == "moe_grouped" else None)
+    else:
+        pm = prepare_moe(formats, offsets.shape[0], hidden, intermediate, x.device)
+    return pm(x, topk_ids, topk_weights, arena, offsets, out=out, backend=backend)
+
+
+def _maxnreg(cap: int) -> dict:
+    """A launch's register cap (0: none) as a launch option."""
+    return {"maxnreg": int(cap)} if cap else {}
 
 
 @lru_cache(maxsize=16)
@@ -438,27 +579,34 @@ def _moe_split(want: int, kp: int) -> tuple[int, int]:
     return _cdiv(units, ku), ku
 
 
-def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden: int, inter: int,
-             out: torch.Tensor, cfg: dict) -> None:
-    """Launch 2 of the decode MoE: every pair's down projection, weighted and summed into out [M, H]."""
+def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: int, cfg: MoEConfig | dict | None,
+                fresh: bool = False) -> MoEScratch:
+    """Launch 1 of the decode MoE on its own (tests, benchmarks): phase A for x, then gate and up of every
+    pair, h packed for down. Returns the scratch holding it (fresh: not the shared cached one)."""
     m, topk = ids.shape
-    dev = out.device
-    nt = _cdiv(hidden, cfg["BN2"])
-    split, ku = _moe_split(cfg.get("SPLIT2", 1), _cdiv(inter, 512) * 512)
-    part = scratch(m * topk * split, nt * cfg["BN2"], dtype=torch.float32, device=dev)
-    triton_moe.down_kernel[(nt, m, topk * split)](
-        ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(dev)), sc.hq, sc.hdx, sc.hsum, sc.hf,
-        part, _counters(m * nt, dev), out, out.stride(0), _probe(cfg, "probe2", dev), hidden, inter, ku, TOPK=topk,
-        FMASK=fm.mask, BN=cfg["BN2"], SPLIT=split, BK16=cfg["BK16"], NS=cfg.get("NS2", 1),
-        USE_ASM=USE_ASM, num_warps=cfg["warps2"], PROBE=int("probe2" in cfg), CG=cfg.get("CG2", 0),
-        **_maxnreg(cfg, "MAXNREG2"))
+    cfg = resolve("moe", cfg, config_for("moe", "mix", m, hidden, inter, x.device))
+    ln = _decode_launch(m, topk, fm, hidden, inter, cfg, x.device, fresh)
+    if POISON_SCRATCH:
+        ln.sc.poison()
+    sc = ln.sc
+    triton_moe.gate_up_kernel[ln.grid1](
+        x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(x.device)), sc.xq, sc.xdx,
+        sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, sc.gpart, sc.cnt1, m, hidden, inter, ln.ku1, **ln.kw1)
+    return sc
 
 
-def _moe_decode(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:
-    moe_down(moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg), ids, wts, arena, offsets, fm,
-             hidden, inter, out, cfg)
+def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden: int, inter: int,
+             out: torch.Tensor, cfg: MoEConfig | dict | None) -> None:
+    """Launch 2 of the decode MoE on its own: every pair's down projection, weighted and summed into out."""
+    m, topk = ids.shape
+    cfg = resolve("moe", cfg, config_for("moe", "mix", m, hidden, inter, out.device))
+    ln = _decode_launch(m, topk, fm, hidden, inter, cfg, out.device)
+    triton_moe.down_kernel[ln.grid2](
+        ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(out.device)), sc.hq, sc.hdx, sc.hsum,
+        sc.hf, sc.part, sc.cnt2, out, out.stride(0), hidden, inter, ln.ku2, **ln.kw2)
 
 
-def _moe_grouped(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg) -> None:
-    triton_gemm.moe_grouped(x, ids, wts, arena, offsets, fm.codes, fm.mask, _layout_table(hidden, inter, str(x.device)),
+def _moe_grouped(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg, table=None) -> None:
+    triton_gemm.moe_grouped(x, ids, wts, arena, offsets, fm.codes, fm.mask,
+                            table if table is not None else _layout_table(hidden, inter, str(x.device)),
                             hidden, inter, out, cfg, scratch)

@@ -112,13 +112,16 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, are
     """The MoE expert call, one token and one expert at a time (float32 [M, H]).
 
     out[m] = sum_j w[m, j] * down_e(silu(gate_e(x[m])) * up_e(x[m])), e = topk_ids[m, j].
-    With q8=True the projections run on the int8 activation grid, as the decode kernels do."""
+    With q8=True the projections run on the int8 activation grid, as the decode kernels do. An id < 0 is
+    a skipped pair: it contributes nothing."""
     names = expert_formats(formats, offsets.numel())
     lin = linear_q8 if q8 else linear
     out = torch.zeros(x.shape[0], hidden, dtype=torch.float64 if q8 else torch.float32, device=x.device)
     for m in range(x.shape[0]):
         for j in range(topk_ids.shape[1]):
             e = int(topk_ids[m, j])
+            if e < 0:
+                continue
             mats = unpack_expert(arena[int(offsets[e]):], names[e], hidden, intermediate)
             xm = x[m:m + 1]
             h = torch.nn.functional.silu(lin(xm, mats["gate"]).float()) * lin(xm, mats["up"]).float()

@@ -129,30 +129,6 @@ def gpu_fence(v, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def probe_clock(v, USE_ASM: tl.constexpr):
-    """%globaltimer (ns) as int64 for the timing probe; v: any int32 scalar (orders the read)."""
-    if USE_ASM:
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [v], dtype=tl.int64, is_pure=False,
-                                         pack=1)
-    else:
-        return v.to(tl.int64)
-
-
-@triton.jit
-def probe_mark(probe_p, idx, t0, code, USE_ASM: tl.constexpr):
-    """Timing probe (benchmarks/probe_moe.py): record (SM id, start, end ns, code) of program idx as
-    int64 at probe_p[4 * idx]; t0 from `probe_clock`. Nothing to record in the interpreter."""
-    if USE_ASM:
-        t1 = probe_clock(idx, USE_ASM)
-        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [idx], dtype=tl.int32, is_pure=False, pack=1)
-        q = probe_p + idx.to(tl.int64) * 4
-        tl.store(q, sm.to(tl.int64))
-        tl.store(q + 1, t0)
-        tl.store(q + 2, t1)
-        tl.store(q + 3, code.to(tl.int64))
-
-
-@triton.jit
 def mma(a, b, acc, INTERP: tl.constexpr):
     """acc + a @ b with a, b rounded to bf16 (tensor cores, fp32 accumulate). The interpreter's bf16 dot
     is wrong (it multiplies raw bits), so there the bf16 values are widened to fp32 first: exact."""
@@ -283,25 +259,14 @@ def _unit_loads(codes_p, scales_p, mins_p, d_p, dmin_p, N, rows, row_ok, u,
 
 
 @triton.jit
-def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr, CG: tl.constexpr = 0):
+def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr):
     """The int8 activations of a thread's 4 code words t + 4j .. t + 4j + 3, as S tensors [1, W4, 4]:
     X_s of word c is activation word c*S + s (its four int8s are the inputs of the codes in lane s of
     the code word's four bytes). One contiguous [4*S] int32 load a thread, then split; Triton moves
-    the split tiles to the codes' layout through shared memory, with two barriers a step, and ptxas
-    does not move loads across a barrier. CG & 32: S loads of 4 words each (stride S), which Triton
-    lays out as the codes are: no shared memory, no barrier, 4*S 4-byte loads (L1 hits)."""
+    the split tiles to the codes' layout through shared memory, with two barriers a step. (S loads of
+    4 words each, lane by lane, needs neither: it won the GEMV sweep twice and lost or tied in the MoE
+    launches and at the gate shapes, and was removed: docs/kernels-log.md.)"""
     j3 = tl.arange(0, W4)[None, :, None]
-    if (CG & 32) != 0:
-        base = xq_p + (t + j3 * 4 + tl.arange(0, 4)[None, None, :]) * S                 # [1, W4, 4]
-        x0 = tl.load(base)
-        x1 = tl.load(base + 1)
-        if S == 2:
-            return x0, x1, x0, x0, x0, x0, x0, x0
-        x2 = tl.load(base + 2)
-        x3 = tl.load(base + 3)
-        if S == 4:
-            return x0, x1, x2, x3, x0, x0, x0, x0
-        return x0, x1, x2, x3, tl.load(base + 4), tl.load(base + 5), tl.load(base + 6), tl.load(base + 7)
     x = tl.load(xq_p + (t + j3 * 4) * S + tl.arange(0, 4 * S)[None, None, :])       # [1, W4, 4*S]
     if S == 2:
         a, b = tl.split(tl.reshape(x, [1, W4, 4, 2]))
@@ -446,8 +411,7 @@ def _unit_dot(acc, loads, x0, x1, x2, x3, x4, x5, x6, x7,
 def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins, b_d, b_dmin,
               N, rows, row_ok, xq_p, xdx_p, xsum_p, XP, w_lo, w_hi,
               BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-              SB: tl.constexpr, NMAT: tl.constexpr, NS: tl.constexpr, CG: tl.constexpr,
-              USE_ASM: tl.constexpr):
+              SB: tl.constexpr, NMAT: tl.constexpr, CG: tl.constexpr, USE_ASM: tl.constexpr):
     """sum_k w[rows, k] * x[k] over code words w_lo .. w_hi of one packed matrix (a), or of two
     matrices of the same shape and format at once (NMAT=2: gate and up share the activation loads).
 
@@ -462,25 +426,21 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     activations in registers for all of its rows (BN / (32/W4 * warps) of them). The per-row partial
     sums are added across threads once, at the end.
 
-    NS: Triton's pipeline stages for the loop (NS >= 2 stages the codes through shared memory by
-    cp.async). Prefetching into registers instead (all of step t+1's bytes, or only its scales) lost
-    every sweep from 2026-11-29 to 2026-12-02 and was removed; on the H200 NS = 1 beats staging too.
+    One pipeline stage, loop not unrolled: staging the codes through shared memory (cp.async), register
+    prefetch of the next step and unrolling all lost on the H200 and were removed (docs/kernels-log.md).
 
-    CG: code-generation options (the H200's measured best are in tuned.py): CG & 1 the DP4A chain as one
-    PTX block a word, CG & 2 rows past N clamped instead of masked, (CG >> 2) & 3 the plain loop
-    unrolled that many times more (so ptxas can issue a step's loads before the previous step's
-    arithmetic)."""
+    CG: code-generation options (the H200's are in configs/): CG & 1 the DP4A chain as one PTX block a
+    word, CG & 2 rows past N clamped instead of masked."""
     S: tl.constexpr = 8 // BITS
     EPW: tl.constexpr = 32 // BITS
     UNIT: tl.constexpr = SB if SB > 0 else GROUP
     WPU: tl.constexpr = UNIT // EPW                      # words per unit: 32 (2-bit), 16 (1-bit, 4-bit)
     W4: tl.constexpr = WPU // 4
     BN: tl.constexpr = rows.shape[0]
-    UNROLL: tl.constexpr = ((CG >> 2) & 3) + 1
     acc_a = tl.zeros([BN, W4], tl.float32)
     acc_b = tl.zeros([BN, W4], tl.float32)
-    for t in tl.range(w_lo, w_hi, WPU, num_stages=NS, loop_unroll_factor=UNROLL):
-        x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S, CG)
+    for t in tl.range(w_lo, w_hi, WPU, num_stages=1, loop_unroll_factor=1):
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x_lanes(xq_p, t, W4, S)
         la = _unit_loads(a_codes, a_scales, a_mins, a_d, a_dmin, N, rows, row_ok, t // WPU,
                          BITS, GROUP, MIN_BITS, SB, W4, CG)
         acc_a = _unit_dot(acc_a, la, x0, x1, x2, x3, x4, x5, x6, x7,

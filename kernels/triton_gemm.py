@@ -219,12 +219,15 @@ def grouped_down(h_p, wts_p, order_p, blk_e_p, blk_start_p, blk_cnt_p, codes_p, 
 def _blocks(ids: torch.Tensor, n_experts: int, bm: int):
     """Sort (token, expert) pairs by expert and cut each expert's run into blocks of at most bm pairs.
 
-    No host sync: the block count is bounded by cdiv(P, bm) + min(E, P); unused blocks have expert -1."""
+    No host sync: the block count is bounded by cdiv(P, bm) + min(E, P); unused blocks have expert -1.
+    Skipped pairs (id < 0) sort last, into a bucket past the experts that gets no block."""
     flat = ids.reshape(-1).to(torch.int64)
+    flat = torch.where(flat < 0, n_experts, flat)
     p = flat.numel()
     order = torch.argsort(flat, stable=True).to(torch.int32)
     # scatter_add, not bincount: torch's CUDA bincount reads the largest id back to the host (a sync)
-    counts = torch.zeros(n_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(n_experts + 1, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, flat, torch.ones_like(flat))[:n_experts]
     nblk = (counts + bm - 1) // bm
     blk_end = torch.cumsum(nblk, 0)
     pair_start = torch.cumsum(counts, 0) - counts
@@ -245,23 +248,23 @@ def moe_grouped(x, ids, wts, arena, offsets, codes, fmask, table, hidden, inter,
     `scratch(*shape, dtype=, device=)` allocates the intermediates (ops.scratch)."""
     m, topk = ids.shape
     # rows per block: about the pairs an expert gets on average (no host sync to count them exactly)
-    bm = max(16, min(cfg["BM"], triton.next_power_of_2(triton.cdiv(m * topk, offsets.numel()))))
-    bk = cfg["BK"]
+    bm = max(16, min(cfg.block_m, triton.next_power_of_2(triton.cdiv(m * topk, offsets.numel()))))
+    bk = cfg.block_k
     if fmask & 0b1111:
         bk = min(bk, 128)              # K tiles divide every packed format's scale unit
     order, blk_e, start, cnt = _blocks(ids, offsets.numel(), bm)
     h = scratch(m * topk, inter, dtype=torch.bfloat16, device=x.device)
     y = scratch(m * topk, hidden, dtype=torch.float32, device=x.device)
     nb = blk_e.numel()
-    grouped_gate_up[(nb, triton.cdiv(inter, cfg["BN"]))](
+    dq, pfm = int(cfg.bf16x2_dequant), int(cfg.prefetch_scales)
+    grouped_gate_up[(nb, triton.cdiv(inter, cfg.block_n))](
         x, x.stride(0), order, blk_e, start, cnt, codes, offsets, arena, table, h, hidden, inter,
-        TOPK=topk, FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, DQ=cfg.get("DQ", 0), PFM=cfg.get("PFM", 0),
-        INTERP=INTERPRET, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
-    grouped_down[(nb, triton.cdiv(hidden, cfg["BN"]))](
+        TOPK=topk, FMASK=fmask, BM=bm, BN=cfg.block_n, BK=bk, DQ=dq, PFM=pfm, INTERP=INTERPRET,
+        num_warps=cfg.warps, num_stages=cfg.stages)
+    grouped_down[(nb, triton.cdiv(hidden, cfg.block_n))](
         h, wts, order, blk_e, start, cnt, codes, offsets, arena, table, y, hidden, inter,
-        FMASK=fmask, BM=bm, BN=cfg["BN"], BK=bk, DQ=cfg.get("DQ", 0), PFM=cfg.get("PFM", 0), INTERP=INTERPRET,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        FMASK=fmask, BM=bm, BN=cfg.block_n, BK=bk, DQ=dq, PFM=pfm, INTERP=INTERPRET,
+        num_warps=cfg.warps, num_stages=cfg.stages)
+    y.masked_fill_((ids < 0).reshape(-1, 1), 0.0)               # skipped pairs: no block wrote their rows
     torch.sum(y.view(m, topk, hidden), dim=1, out=out) if out.dtype == torch.float32 else \
         out.copy_(y.view(m, topk, hidden).sum(1))

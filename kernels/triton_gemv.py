@@ -31,7 +31,7 @@ def quantize_x_kernel(x_p, stride_xm, K, KPAD, xq_p, xdx_p, xsum_p, CHUNK: tl.co
 def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xdx_p, xsum_p, part_p, cnt_p,
                 out_p, stride_om, M, N, K, WSPLIT,
                 BITS: tl.constexpr, GROUP: tl.constexpr, SCALE_BITS: tl.constexpr, MIN_BITS: tl.constexpr,
-                SB: tl.constexpr, BN: tl.constexpr, BK16: tl.constexpr, SPLIT: tl.constexpr, NS: tl.constexpr,
+                SB: tl.constexpr, BN: tl.constexpr, BK16: tl.constexpr, SPLIT: tl.constexpr,
                 CHUNK: tl.constexpr, USE_ASM: tl.constexpr,
                 CG: tl.constexpr = 0):
     # out [M, N] = x [M, K] @ W[N, K]^T; program's K slice: code words sp*WSPLIT .. (sp+1)*WSPLIT.
@@ -59,7 +59,7 @@ def gemv_kernel(x_p, stride_xm, codes_p, scales_p, mins_p, d_p, dmin_p, xq_p, xd
         tl.debug_barrier()          # phase A's stores are read by every thread of the program below
         acc, _unused = gemv_rows(codes_p, scales_p, mins_p, d_p, dmin_p, codes_p, scales_p, mins_p, d_p, dmin_p,
                                  N, rows, ok, xq, xdx, xsum, KP, w_lo, w_hi,
-                                 BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 1, NS, CG, USE_ASM)
+                                 BITS, GROUP, SCALE_BITS, MIN_BITS, SB, 1, CG, USE_ASM)
         if SPLIT == 1:
             tl.store(out_p + m * stride_om + rows, acc.to(out_p.dtype.element_ty), mask=ok)
         else:

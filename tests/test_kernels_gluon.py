@@ -197,19 +197,19 @@ def test_gluon_gemm_stream_k(programs):
 @hopper
 @pytest.mark.xdist_group("q1_g32_s8m4")
 def test_packed_linear_takes_the_gluon_path(monkeypatch):
-    # with GLUON in the config and M at least GLUON_MIN_M, packed_linear runs the Gluon kernel (and only
+    # with gluon in the config and M at least gluon_min_m, packed_linear runs the Gluon kernel (and only
     # then); a strided x (not what TMA can read) goes to the Triton GEMM
     gluon_gemm = ops.gluon_module()
     calls = []
     real = gluon_gemm.gemm_gluon
     monkeypatch.setattr(gluon_gemm, "gemm_gluon", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     p = quantize(torch.randn(136, 1536), "q1_g32_s8m4").to("cuda")
-    cfg = {**ops.config_for("gemm", p.fmt, 100, p.n, p.k, "cuda"), "GLUON": 1, "GLUON_MIN_M": 65, "GBT": 256,
-           "GNS": 3, "GWARPS": 4}
+    cfg = {"gluon": True, "gluon_min_m": 65, "gluon_tokens": 256, "gluon_stages": 3, "gluon_warps": 4,
+           "gluon_split": 1, "gluon_warps8_min_m": 1 << 62}
     x = torch.randn(100, 1536, dtype=torch.bfloat16, device="cuda")
     assert rel(packed_linear(x, p, config=cfg), R.linear(x, p)) < 2e-2 and len(calls) == 1
     assert rel(packed_linear(x[:40], p, config=cfg), R.linear(x[:40], p)) < 2e-2 and len(calls) == 1
     wide = torch.randn(100, 1540, dtype=torch.bfloat16, device="cuda")[:, :1536]      # rows not 16-byte aligned
     assert rel(packed_linear(wide, p, config=cfg), R.linear(wide, p)) < 2e-2 and len(calls) == 1
-    # GSPLIT: 3 x 1 tiles leave SMs idle, so the K is split (4 ways here: 12 programs of 3 units)
-    assert rel(packed_linear(x, p, config={**cfg, "GSPLIT": 4}), R.linear(x, p)) < 2e-2 and len(calls) == 2
+    # gluon_split: 3 x 1 tiles leave SMs idle, so the K is split (4 ways here: 12 programs of 3 units)
+    assert rel(packed_linear(x, p, config={**cfg, "gluon_split": 4}), R.linear(x, p)) < 2e-2 and len(calls) == 2

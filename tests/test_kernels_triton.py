@@ -109,12 +109,11 @@ def test_phase_a_rows_that_are_not_whole_chunks(chunk):
 def test_gemv_split_k_and_one_split_agree():
     p = quantize(torch.randn(50, 2048), "q2_g16_s8m4").to(DEVICE)
     x = torch.randn(2, 2048, device=DEVICE)
-    cfg = ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE)
-    one = packed_linear(x, p, backend="triton", config={**cfg, "SPLIT": 1})
-    four = packed_linear(x, p, backend="triton", config={**cfg, "SPLIT": 4})
+    one = packed_linear(x, p, backend="triton", config={"split": 1})
+    four = packed_linear(x, p, backend="triton", config={"split": 4})
     assert rel(four, one) < 1e-6 and rel(one, R.linear_q8(x, p)) < 1e-5
     # the last program of each row tile adds the parts in a fixed order and resets its counter
-    again = packed_linear(x, p, backend="triton", config={**cfg, "SPLIT": 4})
+    again = packed_linear(x, p, backend="triton", config={"split": 4})
     assert torch.equal(again, four)
 
 
@@ -127,16 +126,14 @@ def test_packed_linear_refuses_bad_shapes():
 
 
 def test_gemv_code_generation_candidates():
-    # the GEMV's K loop with every CG candidate (rows clamped, loop unrolled; the DP4A chain on a GPU),
-    # and with none (rows masked: what the portable defaults run; on the H200 the tuned config clamps)
+    # the GEMV's K loop with the shipped CG options (1: the DP4A chain in one PTX block, GPU only; 2: rows
+    # past N clamped) and a register cap, and with none (rows masked: what the portable defaults run)
     p = quantize(torch.randn(77, 1100), "q1_g32_s8m4").to(DEVICE)
     x = torch.randn(2, 1100, device=DEVICE)
     cfg = ops.config_for("gemv", p.fmt, 2, p.n, p.k, DEVICE)
     plain = packed_linear(x, p, backend="triton", config=cfg)
-    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 7, "MAXNREG": 96}), plain) < 1e-5
-    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 0}), plain) < 1e-5   # masked rows
-    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "CG": 33}), plain) < 1e-5  # x lanes per lane
-    assert rel(packed_linear(x, p, backend="triton", config={**cfg, "NS": 2}), plain) < 1e-5  # codes staged
+    assert rel(packed_linear(x, p, backend="triton", config={"dp4a_block": True, "clamp_rows": True, "max_registers": 96}), plain) < 1e-5
+    assert rel(packed_linear(x, p, backend="triton", config={"dp4a_block": False, "clamp_rows": False}), plain) < 1e-5   # masked rows
 
 
 def test_torch_backend_is_the_reference():
@@ -209,7 +206,7 @@ def test_fused_moe_single_format(fmt):
 @pytest.mark.parametrize("m", [1, 3])
 def test_moe_launches_on_their_own_grids(mixed_arena, m):
     arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, m, BN1=32)
+    check_moe_launches(arena, offsets, hidden, inter, m, rows1=32)
 
 
 def test_moe_launches_with_k_splits():
@@ -219,9 +216,9 @@ def test_moe_launches_with_k_splits():
     hidden, inter = 1100, 520
     split1, split2 = 3, 5
     arena, offsets = make_arena(MIX, hidden, inter)
-    check_moe_launches(arena, offsets, hidden, inter, 1, SPLIT1=split1, SPLIT2=split2, CHUNK=256)
+    check_moe_launches(arena, offsets, hidden, inter, 1, split1=split1, split2=split2, chunk=256)
     # the counters are back at zero after a call, and the parts are added in a fixed order
-    cfg = dict(ops.config_for("moe", "mix", 1, hidden, inter, DEVICE), SPLIT1=split1, SPLIT2=split2)
+    cfg = {"split1": split1, "split2": split2}
     x = torch.randn(1, hidden, dtype=torch.bfloat16, device=DEVICE)
     ids, wts = route(1, len(MIX), 3)
     a = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config=cfg)
@@ -230,22 +227,20 @@ def test_moe_launches_with_k_splits():
 
 
 def test_moe_launches_with_code_generation_candidates(mixed_arena):
-    # CG: the K loop's code-generation candidates (triton_common.gemv_rows: 1 the DP4A chain in one PTX
-    # block, GPU only; 2 rows past N clamped instead of masked; 4 the loop unrolled twice; 32 the
-    # activation lanes loaded one lane at a time) and a register cap, checked launch by launch on the
-    # kernels' own grids like the shipped code
+    # CG: the K loop's shipped code-generation options (triton_common.gemv_rows: 1 the DP4A chain in one
+    # PTX block, GPU only; 2 rows past N clamped instead of masked) with register caps, checked launch by
+    # launch on the kernels' own grids like the portable defaults
     arena, offsets, hidden, inter = mixed_arena
-    check_moe_launches(arena, offsets, hidden, inter, 3, CG1=7, CG2=7, MAXNREG1=128, MAXNREG2=72, BN1=32, BN2=32)
-    check_moe_launches(arena, offsets, hidden, inter, 2, CG1=35, CG2=35)     # 32: x lanes loaded lane by lane
-    check_moe_launches(arena, offsets, hidden, inter, 2, NS1=2, NS2=3)     # codes staged through shared memory
+    check_moe_launches(arena, offsets, hidden, inter, 3, dp4a_block1=True, clamp_rows1=True,
+                       dp4a_block2=True, clamp_rows2=True, max_registers1=128, max_registers2=72, rows1=32, rows2=32)
 
 
 def check_moe_launches(arena, offsets, hidden, inter, m, **overrides):
     fm = ops.ExpertFormats.from_names(MIX, DEVICE)
-    cfg = dict(ops.config_for("moe", "mix", m, hidden, inter, DEVICE), **overrides)
+    cfg = overrides
     x = torch.randn(m, hidden, device=DEVICE)
     ids, wts = route(m, len(MIX), 3)
-    sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg)
+    sc = ops.moe_gate_up(x, ids, arena, offsets, fm, hidden, inter, cfg, fresh=True)
     hp, ip = sc.xq.shape[1] * 4, sc.hq.shape[1] * 4
     silu = torch.nn.functional.silu
     ref = torch.zeros(m, hidden, dtype=torch.float64)
@@ -343,15 +338,15 @@ def test_fused_moe_prefill_bf16_pair_dequantization(mixed_arena):
     m = ops.MOE_DECODE_MAX_M + 5
     x = torch.randn(m, hidden, dtype=torch.bfloat16, device=DEVICE)
     ids, wts = route(m, len(MIX), 3)
-    cfg = ops.config_for("moe_grouped", "mix", m, hidden, inter, DEVICE)
-    f32 = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton", config={**cfg, "DQ": 0})
+    f32 = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton",
+                    config={"bf16x2_dequant": False, "prefetch_scales": False})
     pairs = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton",
-                      config={**cfg, "DQ": 1, "PFM": 0})
+                      config={"bf16x2_dequant": True, "prefetch_scales": False})
     assert rel(pairs, f32) < 2e-2 and rel(pairs, R.moe(x, ids, wts, arena, offsets, MIX, hidden, inter)) < 3e-2
     # PFM=1 loads each K tile's scale bytes a step ahead: the same bytes reach the same arithmetic, so
     # the output equals PFM=0's bit for bit (as the GEMM's, `test_gemm_scale_prefetch_is_exact`)
     ahead = fused_moe(x, ids, wts, arena, offsets, MIX, hidden, inter, backend="triton",
-                      config={**cfg, "DQ": 1, "PFM": 1})
+                      config={"bf16x2_dequant": True, "prefetch_scales": True})
     assert torch.equal(ahead, pairs)
 
 
@@ -365,9 +360,10 @@ def test_gemm_bf16_pair_dequantization(fmt):
     n, k, m = 72, 1100, 33
     p = quantize(torch.randn(n, k), fmt).to(DEVICE)
     x = torch.randn(m, k, device=DEVICE)
-    cfg = ops.config_for("gemm", p.fmt, m, n, k, DEVICE)
-    f32 = packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton", config={**cfg, "DQ": 0})
-    pairs = packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton", config={**cfg, "DQ": 1})
+    f32 = packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton",
+                        config={"bf16x2_dequant": False, "gluon": False})
+    pairs = packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton",
+                          config={"bf16x2_dequant": True, "gluon": False})
     assert rel(pairs, f32) < 1.5e-2 and rel(pairs, R.linear(x, p)) < 2e-2
 
 
@@ -378,10 +374,10 @@ def test_gemm_scale_prefetch_is_exact(fmt):
     n, k, m = 40, 1100, 17
     p = quantize(torch.randn(n, k), fmt).to(DEVICE)
     x = torch.randn(m, k, device=DEVICE)
-    cfg = ops.config_for("gemm", p.fmt, m, n, k, DEVICE)
     for dq in ((0, 1) if fmt != "bf16" else (0,)):
         outs = [packed_linear(x, p, out=nan_like((m, n), torch.float32), backend="triton",
-                              config={**cfg, "DQ": dq, "PFM": pf}) for pf in (0, 1)]
+                              config={"bf16x2_dequant": bool(dq), "prefetch_scales": bool(pf), "gluon": False})
+                for pf in (0, 1)]
         assert torch.equal(outs[0], outs[1]), (fmt, dq)
 
 
@@ -392,12 +388,12 @@ def test_prefill_gemm_real_shape(m, bm):
     # bm 256: two warpgroups share each dequantized weight tile (a benchmark sweep candidate)
     p = quantize(torch.randn(3584, 7168, device=DEVICE) * 0.02, "q2_g16_s8m4")
     x = torch.randn(m, 7168, dtype=torch.bfloat16, device=DEVICE)
-    cfg = dict(ops.config_for("gemm", p.fmt, m, p.n, p.k, DEVICE), BM=bm, num_warps=8 if bm == 256 else 4,
-               num_stages=3)
+    cfg = dict(block_m=bm, warps=8 if bm == 256 else 4, stages=3, gluon=False, bf16x2_dequant=False,
+               prefetch_scales=False)
     ref = R.linear(x, p)
     assert rel(packed_linear(x, p, config=cfg), ref) < 2e-2
-    assert rel(packed_linear(x, p, config={**cfg, "DQ": 1}), ref) < 2e-2          # bf16x2 dequantization
-    assert rel(packed_linear(x, p, config={**cfg, "DQ": 1, "PFM": 1}), ref) < 2e-2  # scale bytes a step ahead
+    assert rel(packed_linear(x, p, config={**cfg, "bf16x2_dequant": True}), ref) < 2e-2   # bf16x2 dequantization
+    assert rel(packed_linear(x, p, config={**cfg, "bf16x2_dequant": True, "prefetch_scales": True}), ref) < 2e-2
 
 
 @pytest.mark.gpu

@@ -3,8 +3,8 @@ Compute prints with `--section SourceCounters --page source --print-source sass 
 instructions with the most excessive global sectors (sectors fetched beyond what the addresses need).
 
     ncu --section SourceCounters --page source --print-source sass --csv -k regex:gate_up_kernel \
-        --launch-skip 1 -c 1 python3 benchmarks/ncu_moe.py '{}' > src.csv
-    python3 benchmarks/ncu_excess.py src.csv [top N] [stall]
+        --launch-skip 1 -c 1 python3 benchmarks/tools/ncu_moe.py '{}' > src.csv
+    python3 benchmarks/tools/ncu_excess.py src.csv [top N] [stall]
 
 With `stall` it lists the instructions where the sampled warps stalled most instead (the column "Warp
 Stall Sampling (All Samples)"), with each one's share of all samples.

@@ -2,12 +2,11 @@
 sharing all the tiles' K steps), beside one a tile, at several stage counts (NS 4 leaves room for one
 program an SM, NS 3 for two). Checks every variant against the first one's output.
 
-    python3 benchmarks/probe_gluon_programs.py OUT.json [NS:P[:PROF[:NW]] ...]
+    python3 benchmarks/tools/probe_gluon_programs.py OUT.json [NS:P[:NW] ...]
 
 P is a number or `tiles` / `2tiles` (skipped past the SM count) / `2tiles2` (past twice that: two an SM);
-NS:P:1, NS:P:2 and NS:P:3 time the kernel's PROF diagnostics (the MMA pipeline alone, the dequantization
-alone, that without the x copies); NS:P:PROF:NW runs NW warps (default 4; 8: 128-row tiles, `tiles` counts
-those).
+NS:P:NW runs NW warps (default 4; 8: 128-row tiles, `tiles` counts those). (The kernel's PROF diagnostics,
+MMA or dequantization alone, were removed from the shipped kernel: docs/kernels-log.md.)
 Default: 3:tiles 3:2tiles 3:132 3:264. CUDA-graph medians, q2_g16 / q1_g32 / q4_g128 at kimi-k3.1-pro's
 gate and down shapes, bf16 matmul beside them."""
 from __future__ import annotations
@@ -46,18 +45,17 @@ def main() -> None:
             o = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
             row, base = {}, None
             for ns, spec, *opt in specs:
-                prof, nw = (int(opt[0]) if opt else 0), (int(opt[1]) if len(opt) > 1 else 4)
+                nw = int(opt[0]) if opt else 4
                 tiles = gg.tiles(m, n, 256, nw)
                 p = programs(spec, tiles, sms)
-                key = f"ns{ns}_P{p}" + (f"_prof{prof}" if prof else "") + (f"_w{nw}" if nw != 4 else "")
+                key = f"ns{ns}_P{p}" + (f"_w{nw}" if nw != 4 else "")
                 if p is None or key in row:
                     continue
                 part = torch.empty(gg.part_numel(p, 256, nw), device=dev)
                 cnt = torch.zeros(tiles, dtype=torch.int32, device=dev)
 
                 def f():
-                    gg.gemm_gluon(x, mats, c, n, o, bt=256, ns=int(ns), num_warps=nw, programs=p, part=part, cnt=cnt,
-                                  prof=prof)
+                    gg.gemm_gluon(x, mats, c, n, o, bt=256, ns=int(ns), num_warps=nw, programs=p, part=part, cnt=cnt)
                 f()
                 torch.cuda.synchronize()
                 base = o.clone() if base is None else base

@@ -1,7 +1,7 @@
 """One kimi-k3.1-pro MoE layer (top 8 in the seed's tier mix, batch 1) run a few times, for Nsight Compute.
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy ... \
-        -k regex:"gate_up_kernel|down_kernel" python3 benchmarks/ncu_moe.py '{"BN1": 128}' [hidden inter]
+        -k regex:"gate_up_kernel|down_kernel" python3 benchmarks/tools/ncu_moe.py '{"rows1": 128}' [hidden inter]
 
 The JSON argument overrides the launch config this GPU gets (`kernels/tuned.py: config_for`). ncu flushes the caches before each
 profiled launch, so one layer's weights are enough (no rotation needed as in bench_kernels.py)."""
@@ -15,11 +15,11 @@ import torch
 from strata_plan.kernels import bench as B
 from strata_plan.kernels import ops
 from strata_plan.kernels.formats import tier_mix
-from strata_plan.kernels.tuned import config_for
+from strata_plan.kernels.tuned import config_for, make
 
 
 def main() -> None:
-    cfg = {**config_for("moe", "mix", 1, 0, 0, "cuda"), **(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})}
+    cfg = make("moe", json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}, config_for("moe", "mix", 1, 0, 0, "cuda"))
     hidden, inter = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (7168, 3584)
     dev = torch.device("cuda")
     names = tier_mix().names(8)

@@ -1,4 +1,4 @@
-"""Medians over the rounds of benchmarks/ab_kernels.sh: python benchmarks/ab_summary.py OUT_DIR"""
+"""Medians over the rounds of benchmarks/tools/ab_kernels.sh: python benchmarks/tools/ab_summary.py OUT_DIR"""
 import json
 import statistics
 import sys

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Side-by-side timing of several source trees of the package in one GPU session (the device tool):
-#   OUT=dir bash benchmarks/ab_kernels.sh ROUNDS DIR... -- [bench_kernels.py args]
+#   OUT=dir bash benchmarks/tools/ab_kernels.sh ROUNDS DIR... -- [bench_kernels.py args]
 # Each DIR holds a copy of the tree (strata_plan/ kernels/ planner/ profiler/ engine/ profiles/
 # benchmarks/bench_kernels.py benchmarks/_result.py), e.g. `git archive REV ... | tar -x -C DIR`. Every
 # tree is imported through its own path shim; rounds alternate the trees (A B C, A B C, ...) so that
 # clock or temperature drift falls on all of them. Results: $OUT/<dir name>-<round>/*.json, then a table
-# of medians over rounds (benchmarks/ab_summary.py).
+# of medians over rounds (benchmarks/tools/ab_summary.py).
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tc}
 ROUNDS=$1; shift; DIRS=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do DIRS+=("$1"); shift; done; shift
