@@ -132,6 +132,21 @@ def test_decode_steps_and_greedy_generation_match_transformers(pair):
     assert generate(engine, prompt, NEW, chunk=CHUNK, eos_ids=()) == hf_tokens
 
 
+def test_static_decode_steps_equal_the_sliced_ones(pair):
+    """Decode with the position on the device and attention over the whole (masked) cache, as a CUDA graph
+    would replay it: the same logits as the steps that attend over the filled part only."""
+    _, engine, prompt, _ = pair
+    runs = []
+    for static in (False, True):
+        engine.reset()
+        logits = [engine.prefill(prompt, chunk=CHUNK)]
+        for token in (3, 5, 7, 9):
+            logits.append(engine.decode_step(token, static=static))
+        runs.append(torch.stack(logits))
+    torch.testing.assert_close(runs[1], runs[0], atol=1e-5, rtol=1e-5)
+    assert engine.pos == len(prompt) + 4 and int(engine.at) == engine.pos - 1
+
+
 def test_the_comparison_can_fail():
     """The fixture with its rope pairs read in the other layout: far outside the tolerance."""
     cfg = ModelConfig.load(FIXTURE)

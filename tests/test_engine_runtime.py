@@ -211,8 +211,9 @@ def test_bad_input_is_one_line(engine, tmp_path):
 @pytest.mark.gpu
 def test_cuda_bf16_forward_makes_no_host_sync_and_matches_cpu(cfg, engine, packed_bf16):
     """On a GPU: the fixture in bf16 through the packed Triton MoE (`fused_moe`, backend auto) stays near
-    the float32 CPU reference, and the dense forward (experts replaced by a gather that needs no ids on
-    the host) runs under CUDA's sync debug mode set to error."""
+    the float32 CPU reference; with the experts replaced by a gather that needs no ids on the host, decode
+    steps (sliced and static) run under CUDA's sync debug mode set to error, and a static step captured
+    in a CUDA graph replays the eager steps' logits."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     dev = "cuda"
@@ -222,7 +223,10 @@ def test_cuda_bf16_forward_makes_no_host_sync_and_matches_cpu(cfg, engine, packe
     gpu = MoEModel.load(packed_bf16, PackedExperts(packed_bf16, cfg, device=dev, backend="auto"), context=64,
                         device=dev, dtype=torch.bfloat16)
     got = gpu.prefill(prompt, chunk=16, all_logits=True).cpu()
-    assert float((got - ref).abs().max()) < 0.25
+    # the same kernels in Triton's interpreter on the CPU, bf16: mean |error| 0.034, top-1 97.5% (torch bf16
+    # experts: 0.031, 97.5%); the maximum (~1) comes from a near-tied expert choice flipping
+    assert float((got - ref).abs().mean()) < 0.1
+    assert float((got.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
     torch_exp = TorchExperts.from_checkpoint(FIXTURE, cfg, device=dev, dtype=torch.bfloat16)
 
     def gathered(i, x, ids, w):                          # no host sync: every expert's weights gathered per slot
@@ -237,7 +241,36 @@ def test_cuda_bf16_forward_makes_no_host_sync_and_matches_cpu(cfg, engine, packe
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(3):
-            token = gpu.decode_step(token).argmax().reshape(1)
+        for static in (False, True):
+            for _ in range(3):
+                token = gpu.decode_step(token, static=static).argmax().reshape(1)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+    # the whole static step captured once in a CUDA graph, replayed at three positions: the eager steps' logits
+    steps = [11, 22, 33]
+    gpu.reset()
+    gpu.prefill(prompt, chunk=16)
+    eager = [gpu.decode_step(t) for t in steps]
+    gpu.reset()
+    gpu.prefill(prompt, chunk=16)
+    buf = torch.zeros(1, dtype=torch.long, device=dev)
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            gpu.at.fill_(gpu.pos)
+            gpu.step_at(buf)                                 # warm-up (writes position pos, rewritten below)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = gpu.step_at(buf)
+        replayed = []
+        for t in steps:
+            buf.fill_(t)
+            gpu.at.fill_(gpu.pos)
+            graph.replay()
+            gpu.pos += 1
+            replayed.append(out.clone())
+    for a, b in zip(replayed, eager):
+        assert float((a - b).abs().max()) < 0.05
