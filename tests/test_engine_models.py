@@ -104,6 +104,16 @@ def test_layer_kinds_match_transformers(pair):
         assert len(hf_moe) < len(hf.model.layers)           # the configs above have dense layers too
 
 
+@pytest.mark.parametrize("step, only", [(1, []), (2, []), (2, [3]), (3, [0, 4])])
+def test_qwen3_moe_layer_pattern_matches_transformers(step, only):
+    config = CONFIGS["qwen3-moe"]()[1]
+    config.num_hidden_layers, config.decoder_sparse_step, config.mlp_only_layers = 6, step, only
+    cfg = ModelConfig.from_dict(config.to_dict())
+    with torch.device("meta"):
+        hf = transformers.Qwen3MoeForCausalLM(config)
+    assert cfg.moe_layers == tuple(i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "gate"))
+
+
 def test_chunked_prefill_matches_transformers(pair):
     hf, engine, prompt, _ = pair
     ids = torch.tensor([prompt])

@@ -190,6 +190,9 @@ def test_bad_input_is_one_line(engine, tmp_path):
         generate(engine, [1, 2], 0, chunk=4)
     with pytest.raises(UserError, match="exceed the context of 128"):
         generate(engine, list(range(120)), 10, chunk=64)
+    assert TensorSource(FIXTURE / "model.safetensors").names == TensorSource(FIXTURE).names
+    with pytest.raises(UserError, match="tensor missing"):
+        TensorSource(FIXTURE).get("model.layers.99.mlp.gate.weight")
     with pytest.raises(UserError, match="tokenizer.json"):
         load_tokenizer(tmp_path)
     cfg = json.loads((ROOT / "planner" / "models" / "gpt-oss-20b.json").read_text())
