@@ -2,8 +2,10 @@
 decoding (temperature, top-p) and a `generate` loop over `MoEModel.prefill` / `decode_step`.
 
     tok = load_tokenizer(folder)
+    stream = TextStream(tok)
     ids = generate(model, encode_prompt(tok, "def main():", folder, model.cfg), max_new_tokens=64, chunk=512,
-                   sampling=Sampling(temperature=0.7, top_p=0.9, seed=1), on_token=print)
+                   sampling=Sampling(temperature=0.7, top_p=0.9, seed=1),
+                   on_token=lambda t: print(stream.push(t), end="", flush=True))
     text = tok.decode(ids)
 
 Each new token is copied to the host once (to stream it and to stop at an end-of-sequence id); the
@@ -41,6 +43,22 @@ def encode_prompt(tokenizer, text: str, folder: str | Path, cfg: ModelConfig) ->
     if add_bos and cfg.bos_id is not None and (not ids or ids[0] != cfg.bos_id):
         ids = [cfg.bos_id, *ids]
     return ids
+
+
+class TextStream:
+    """Incremental detokenizer for streaming: push(id) returns the text the new token adds, held back
+    while the text ends in an incomplete character (a byte-level token can split one)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.sent = text[self.sent:], len(text)
+        return new
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ pytest.importorskip("safetensors")
 
 from strata_plan.engine.config import ModelConfig  # noqa: E402
 from strata_plan.engine.experts import PackedExperts, TorchExperts  # noqa: E402
-from strata_plan.engine.generate import Sampling, encode_prompt, generate, load_tokenizer, sample  # noqa: E402
+from strata_plan.engine.generate import Sampling, TextStream, encode_prompt, generate, load_tokenizer, sample  # noqa: E402
 from strata_plan.engine.kv import MLACache, make_cache  # noqa: E402
 from strata_plan.engine.model import MoEModel  # noqa: E402
 from strata_plan.engine.weights import TensorSource  # noqa: E402
@@ -181,6 +181,10 @@ def test_tokenizer_and_prompt_encoding(cfg, engine):
     assert ids == tok.encode("def main():\n    return 0\n").ids          # the fixture's tokenizer adds no BOS
     new = generate(engine, ids, 8, chunk=4, eos_ids=())
     assert len(new) == 8 and isinstance(tok.decode(new), str)
+    text = "x = 'naïve ☃ 数据'\n"                   # multi-byte characters split over byte-level tokens
+    stream = TextStream(tok)
+    pieces = [stream.push(t) for t in tok.encode(text).ids]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces) and "" in pieces
 
 
 # ---- bad input -----------------------------------------------------------------------------------
