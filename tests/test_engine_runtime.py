@@ -16,7 +16,8 @@ pytest.importorskip("safetensors")
 
 from strata_plan.engine.config import ModelConfig  # noqa: E402
 from strata_plan.engine.experts import PackedExperts, TorchExperts  # noqa: E402
-from strata_plan.engine.generate import Sampling, TextStream, encode_prompt, generate, load_tokenizer, sample  # noqa: E402
+from strata_plan.engine.generate import (Sampling, TextStream, encode_prompt, generate, generate_text,  # noqa: E402
+                                         load_tokenizer, sample)  # noqa: E402
 from strata_plan.engine.kv import MLACache, make_cache  # noqa: E402
 from strata_plan.engine.model import MoEModel  # noqa: E402
 from strata_plan.engine.weights import TensorSource  # noqa: E402
@@ -177,10 +178,13 @@ def test_generation_stops_at_eos(engine):
 
 def test_tokenizer_and_prompt_encoding(cfg, engine):
     tok = load_tokenizer(FIXTURE)
-    ids = encode_prompt(tok, "def main():\n    return 0\n", FIXTURE, cfg)
-    assert ids == tok.encode("def main():\n    return 0\n").ids          # the fixture's tokenizer adds no BOS
-    new = generate(engine, ids, 8, chunk=4, eos_ids=())
-    assert len(new) == 8 and isinstance(tok.decode(new), str)
+    prompt = "def main():\n    return 0\n"
+    ids = encode_prompt(tok, prompt, cfg, FIXTURE)
+    assert ids == tok.encode(prompt).ids                               # the fixture's tokenizer adds no BOS
+    new = generate(engine, ids, 8, chunk=4)
+    pieces = []
+    assert generate_text(engine, tok, prompt, 8, chunk=4, folder=FIXTURE, on_text=pieces.append) == tok.decode(new)
+    assert "".join(pieces) == tok.decode(new)
     text = "x = 'naïve ☃ 数据'\n"                   # multi-byte characters split over byte-level tokens
     stream = TextStream(tok)
     pieces = [stream.push(t) for t in tok.encode(text).ids]
