@@ -10,6 +10,11 @@ MLA, two forms that compute the same thing:
   (q_lat[h] = W_uk[h]^T q_nope[h], [heads, kv_lora_rank]) and its value half applied after the
   weighted sum, so the scores are one product of [T*heads, rank + rope] queries with the cached rows
   [S, rank + rope] and nothing is expanded: reads S * (rank + rope) values a layer.
+
+Static decode (`at` given: an int64 [1] device tensor holding the query's position): rope, the cache
+write and the mask read the position on the device and the query attends over the whole cache with
+later positions masked, so every shape is fixed and the step can be captured in a CUDA graph (it reads
+the whole context's cache, not only the filled part).
 """
 from __future__ import annotations
 
@@ -33,6 +38,14 @@ def visible(start: int, t: int, window: int, device) -> torch.Tensor | None:
     m = k <= q
     if window > 0:
         m &= k > q - window
+    return m
+
+
+def visible_at(positions: torch.Tensor, at: torch.Tensor, window: int) -> torch.Tensor:
+    """bool [1, context]: the keys a query at device position `at` sees (static decode)."""
+    m = positions[None, :] <= at[:, None]
+    if window > 0:
+        m &= positions[None, :] > at[:, None] - window
     return m
 
 
@@ -81,22 +94,26 @@ class MLAAttention:
         self.o, self.o_b = w("o_proj", bias)
 
     def __call__(self, x: torch.Tensor, start: int, cache: MLACache, rope: RotaryTable,
-                 absorbed: bool | None = None) -> torch.Tensor:
+                 absorbed: bool | None = None, at: torch.Tensor | None = None) -> torch.Tensor:
         t, h, r = x.shape[0], self.heads, self.rank
         if self.q is not None:
             q = F.linear(x, self.q)
         else:
             q = F.linear(rms_norm(F.linear(x, self.q_a, self.q_a_b), self.q_a_norm, self.eps), self.q_b)
         q = q.view(t, h, self.nope + self.rope_dim)
-        q_nope, q_rope = q[..., :self.nope], rope.apply(q[..., self.nope:], start)          # [T, H, nope], [T, H, rope]
+        q_nope, q_rope = q[..., :self.nope], rope.apply(q[..., self.nope:], start, at)      # [T, H, nope], [T, H, rope]
         ckv = F.linear(x, self.kv_a, self.kv_a_b)                                             # [T, rank + rope]
         latent = rms_norm(ckv[:, :r], self.kv_norm, self.eps)
-        k_rope = rope.apply(ckv[:, None, r:], start)[:, 0]
-        cache.write(self.layer, start, latent, k_rope)
-        s = start + t
+        k_rope = rope.apply(ckv[:, None, r:], start, at)[:, 0]
+        if at is None:
+            cache.write(self.layer, start, latent, k_rope)
+            s = start + t
+        else:
+            cache.write_at(self.layer, at, latent, k_rope)
+            s, absorbed = cache.rows.shape[1], True
         rows = cache.view(self.layer, s)                                                      # [S, rank + rope]
         if absorbed if absorbed is not None else t == 1:
-            mask = visible(start, t, 0, x.device)
+            mask = visible(start, t, 0, x.device) if at is None else visible_at(cache.positions, at, 0)
             q_lat = torch.einsum("thn,hnr->thr", q_nope, self.w_uk)                           # [T, H, rank]
             qc = torch.cat([q_lat, q_rope], dim=-1).view(t, h, r + self.rope_dim)
             scores = (qc.reshape(t * h, -1) @ rows.T).view(t, h, s) * self.scale              # [T, H, S]
@@ -126,21 +143,26 @@ class GQAAttention:
         self.q_norm = src.get(p + "q_norm.weight", device, dtype) if a.qk_norm else None
         self.k_norm = src.get(p + "k_norm.weight", device, dtype) if a.qk_norm else None
 
-    def __call__(self, x: torch.Tensor, start: int, cache: GQACache, rope: RotaryTable) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, start: int, cache: GQACache, rope: RotaryTable,
+                 at: torch.Tensor | None = None) -> torch.Tensor:
         t, g = x.shape[0], self.heads // self.kv_heads
         q = F.linear(x, self.wq, self.bq).view(t, self.heads, self.dim)
         k = F.linear(x, self.wk, self.bk).view(t, self.kv_heads, self.dim)
         v = F.linear(x, self.wv, self.bv).view(t, self.kv_heads, self.dim)
         if self.q_norm is not None:
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        q, k = rope.apply(q, start), rope.apply(k, start)
-        cache.write(self.layer, start, k, v)
-        s = start + t
+        q, k = rope.apply(q, start, at), rope.apply(k, start, at)
+        if at is None:
+            cache.write(self.layer, start, k, v)
+            s = start + t
+        else:
+            cache.write_at(self.layer, at, k, v)
+            s = cache.k.shape[2]
         keys, values = cache.view(self.layer, s)                                              # [KV, S, D]
         if t == 1:
             # query head j reads KV head j // g: [KV, g, D] against [KV, S, D], nothing expanded
             qg = q.view(self.kv_heads, g, self.dim)
-            mask = visible(start, 1, self.window, x.device)
+            mask = visible(start, 1, self.window, x.device) if at is None else visible_at(cache.positions, at, self.window)
             o = _softmax_v((qg @ keys.transpose(1, 2)) * self.scale, mask, values)           # [KV, g, D]
         else:
             keys = keys[:, None].expand(self.kv_heads, g, s, self.dim).reshape(self.heads, s, self.dim)

@@ -140,12 +140,13 @@ class ModelConfig:
             if scoring != "sigmoid" or method != "noaux_tc":
                 raise UserError(where, "topk_method", f"{scoring}/{method}", "the engine routes DeepSeek-V3's "
                                 "sigmoid scores with noaux_tc (grouped top-k with the correction bias)")
-            n_group, topk_group = int(cfg.get("n_group") or 1), int(cfg.get("topk_group") or 1)
+            # missing fields take transformers' DeepseekV3Config defaults
+            n_group, topk_group = int(cfg.get("n_group", 8) or 1), int(cfg.get("topk_group", 4) or 1)
             if spec.n_routed % n_group or topk_group > n_group:
                 raise UserError(where, "n_group", f"{spec.n_routed} experts in {n_group} groups, {topk_group} kept",
                                 "correct the config")
             router = RouterConfig("sigmoid_grouped", spec.n_routed, spec.top_k, bool(cfg.get("norm_topk_prob", True)),
-                                  float(cfg.get("routed_scaling_factor", 1.0)), n_group, topk_group, True)
+                                  float(cfg.get("routed_scaling_factor", 2.5)), n_group, topk_group, True)
             rope_dim, interleave = a.qk_rope_head_dim, bool(cfg.get("rope_interleave", True))
         else:
             norm = bool(cfg.get("norm_topk_prob", False)) if family == "qwen3_moe" else True
@@ -162,7 +163,8 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
         bos = cfg.get("bos_token_id")
-        return ModelConfig(family, spec, float(cfg.get("rms_norm_eps", 1e-6)), _rope(cfg, rope_dim, interleave, max_pos, where),
+        eps = float(cfg.get("rms_norm_eps", 1e-5 if family == "mixtral" else 1e-6))        # transformers' defaults
+        return ModelConfig(family, spec, eps, _rope(cfg, rope_dim, interleave, max_pos, 1e6 if family == "mixtral" else 1e4, where),
                            router, max_pos, bool(cfg.get("attention_bias", False)), sliding, eos_ids,
                            int(bos) if bos is not None else None, where)
 
@@ -171,12 +173,12 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _rope(cfg: dict, dim: int, interleave: bool, max_pos: int, where: str) -> RopeConfig:
+def _rope(cfg: dict, dim: int, interleave: bool, max_pos: int, default_theta: float, where: str) -> RopeConfig:
     """Both spellings: transformers 5's `rope_parameters` and the older `rope_theta` + `rope_scaling`."""
     params: dict[str, Any] = dict(cfg.get("rope_parameters") or {})
     scaling = cfg.get("rope_scaling") or {}
     params = {**scaling, **params}
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", default_theta)))
     kind = params.get("rope_type") or params.get("type") or "default"
     if kind == "default":
         return RopeConfig(dim, theta, interleave)

@@ -2,9 +2,10 @@
 decoding (temperature, top-p) and a `generate` loop over `MoEModel.prefill` / `decode_step`.
 
     tok = load_tokenizer(folder)
-    ids = generate(model, encode_prompt(tok, "def main():", folder, model.cfg), max_new_tokens=64, chunk=512,
-                   sampling=Sampling(temperature=0.7, top_p=0.9, seed=1), on_token=print)
-    text = tok.decode(ids)
+    text = generate_text(model, tok, "def main():", max_new_tokens=64, chunk=512, folder=folder,
+                         sampling=Sampling(temperature=0.7, top_p=0.9, seed=1),
+                         on_text=lambda s: print(s, end="", flush=True))
+    # or by ids: generate(model, encode_prompt(tok, "def main():", model.cfg, folder), 64, chunk=512)
 
 Each new token is copied to the host once (to stream it and to stop at an end-of-sequence id); the
 sampling itself stays on the device.
@@ -32,15 +33,31 @@ def load_tokenizer(folder: str | Path):
     return Tokenizer.from_file(str(p))
 
 
-def encode_prompt(tokenizer, text: str, folder: str | Path, cfg: ModelConfig) -> list[int]:
-    """The prompt's ids, with the BOS id in front when the checkpoint's tokenizer_config.json asks for it
-    (`add_bos_token`) and the tokenizer did not already put it there."""
+def encode_prompt(tokenizer, text: str, cfg: ModelConfig, folder: str | Path | None = None) -> list[int]:
+    """The prompt's ids, with the BOS id in front when the checkpoint's tokenizer_config.json (in `folder`)
+    asks for it (`add_bos_token`) and the tokenizer did not already put it there."""
     ids = tokenizer.encode(text).ids
-    tc = Path(folder) / "tokenizer_config.json"
-    add_bos = tc.exists() and bool(json.loads(tc.read_text(encoding="utf-8")).get("add_bos_token", False))
+    tc = Path(folder) / "tokenizer_config.json" if folder is not None else None
+    add_bos = tc is not None and tc.exists() and bool(json.loads(tc.read_text(encoding="utf-8")).get("add_bos_token", False))
     if add_bos and cfg.bos_id is not None and (not ids or ids[0] != cfg.bos_id):
         ids = [cfg.bos_id, *ids]
     return ids
+
+
+class TextStream:
+    """Incremental detokenizer for streaming: push(id) returns the text the new token adds, held back
+    while the text ends in an incomplete character (a byte-level token can split one)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.sent = text[self.sent:], len(text)
+        return new
 
 
 @dataclass(frozen=True)
@@ -99,3 +116,19 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
             break
         logits = model.decode_step(token)
     return out
+
+
+def generate_text(model, tokenizer, prompt: str, max_new_tokens: int, chunk: int, sampling: Sampling = Sampling(),
+                  folder: str | Path | None = None, on_text: Callable[[str], None] | None = None) -> str:
+    """`generate` from text to text: encode (`encode_prompt`), decode, and stream the new text piece by
+    piece to `on_text` (`TextStream`). Returns the new text (special tokens skipped)."""
+    stream = TextStream(tokenizer)
+
+    def token(t: int) -> None:
+        piece = stream.push(t)
+        if on_text is not None and piece:
+            on_text(piece)
+
+    new = generate(model, encode_prompt(tokenizer, prompt, model.cfg, folder), max_new_tokens, chunk, sampling,
+                   on_token=token)
+    return tokenizer.decode(new)

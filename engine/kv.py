@@ -4,6 +4,9 @@ MLA (DeepSeek-V3 family) caches the compressed latent: per token and layer the n
 `kv_lora_rank` latent and the rotated `qk_rope_head_dim` key, one row of `kv_lora_rank +
 qk_rope_head_dim` values shared by every head; exactly what `ModelSpec.kv_cache_bytes` counts (at BF16,
 2 bytes a value). GQA caches rotated keys and values per KV head: `2 * kv_heads * head_dim` values.
+
+Positions are written either at host integers (`write`, slices) or at positions held on the device
+(`write_at`, for a decode step with static shapes that a CUDA graph can capture).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ class MLACache:
         a = cfg.spec.attention
         self.rank = a.kv_lora_rank
         self.rows = torch.zeros(cfg.n_layers, context, a.kv_lora_rank + a.qk_rope_head_dim, device=device, dtype=dtype)
+        self.positions = torch.arange(context, device=device)                    # for masks over the whole cache
 
     @property
     def values_per_token_layer(self) -> int:
@@ -28,6 +32,10 @@ class MLACache:
         self.rows[layer, start:start + t, :self.rank] = latent
         self.rows[layer, start:start + t, self.rank:] = k_rope
 
+    def write_at(self, layer: int, at: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
+        """The same at positions given on the device (int64 [T]): no host integer, graph-capturable."""
+        self.rows[layer].index_copy_(0, at, torch.cat([latent, k_rope], dim=-1))
+
     def view(self, layer: int, length: int) -> torch.Tensor:
         """[length, rank + rope]: latent then rotated key of positions 0..length-1."""
         return self.rows[layer, :length]
@@ -38,6 +46,7 @@ class GQACache:
         a = cfg.spec.attention
         self.k = torch.zeros(cfg.n_layers, a.kv_heads, context, a.head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
+        self.positions = torch.arange(context, device=device)
 
     @property
     def values_per_token_layer(self) -> int:
@@ -48,6 +57,11 @@ class GQACache:
         t = k.shape[0]
         self.k[layer, :, start:start + t] = k.transpose(0, 1)
         self.v[layer, :, start:start + t] = v.transpose(0, 1)
+
+    def write_at(self, layer: int, at: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The same at positions given on the device (int64 [T]): no host integer, graph-capturable."""
+        self.k[layer].index_copy_(1, at, k.transpose(0, 1))
+        self.v[layer].index_copy_(1, at, v.transpose(0, 1))
 
     def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [kv_heads, length, head_dim]."""

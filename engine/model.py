@@ -18,8 +18,14 @@ is `route(i + d, out)` = the router of MoE layer i+d applied to the post_attenti
 decoder layer holding MoE layer i+d) of `out`, exactly as `benchmarks/moe/trace.py` computes the traces'
 `lookahead_experts` (planner/routing/TRACE.md).
 
-Host syncs: none in the model itself (positions are host integers, tensors stay on the device); the
-experts implementation makes the one copy of the router's ids it needs.
+A faster loop can run a layer's pieces apart: `attention_part` (attention, residual, post-attention
+norm), `layer.router(y)`, the experts call, `moe_output` (residual + shared experts). With
+`decode_step(token, static=True)` the position lives in the device tensor `model.at` and attention spans
+the whole cache, masked: a step's shapes and addresses do not change, so `attention_part` + router can
+be captured in a CUDA graph once and replayed at every position (after `model.at.fill_(model.pos)`).
+
+Host syncs: none in the model itself (positions are host integers or `model.at`, tensors stay on the
+device); the experts implementation makes the one copy of the router's ids it needs.
 """
 from __future__ import annotations
 
@@ -72,6 +78,7 @@ class MoEModel:
         self.rope = RotaryTable(cfg.rope, context, device, dtype)
         self.cache = make_cache(cfg, context, device, dtype)
         self.pos = 0                                  # tokens in the cache
+        self.at = torch.zeros(1, dtype=torch.long, device=device)    # the position of a static decode step
         self.after_moe: Callable[[int, torch.Tensor], None] | None = None
 
     @staticmethod
@@ -90,31 +97,62 @@ class MoEModel:
         layer = self.moe[moe_index]
         return layer.router(rms_norm(hidden, layer.post_norm, self.cfg.rms_eps))
 
-    def _layer(self, layer: DecoderLayer, x: torch.Tensor, start: int) -> torch.Tensor:
+    # the pieces of one decoder layer (a fast loop may run them apart: graphs around the expert call)
+    def attention_part(self, layer: DecoderLayer, x: torch.Tensor, start: int,
+                       at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, y): the residual stream after attention [T, H] and its post-attention norm, the MLP's input."""
         eps = self.cfg.rms_eps
-        h = x + layer.attn(rms_norm(x, layer.in_norm, eps), start, self.cache, self.rope)
-        y = rms_norm(h, layer.post_norm, eps)
+        h = x + layer.attn(rms_norm(x, layer.in_norm, eps), start, self.cache, self.rope, at=at)
+        return h, rms_norm(h, layer.post_norm, eps)
+
+    @staticmethod
+    def moe_output(layer: DecoderLayer, h: torch.Tensor, y: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """The decoder layer's output from the routed experts' sum: h + (routed + shared(y))."""
+        return h + (routed + layer.shared(y) if layer.shared is not None else routed)
+
+    def _layer(self, layer: DecoderLayer, x: torch.Tensor, start: int, at: torch.Tensor | None) -> torch.Tensor:
+        h, y = self.attention_part(layer, x, start, at)
         if layer.moe_index is None:
             return h + layer.mlp(y)
         ids, w = layer.router(y)
-        routed = self.experts(layer.moe_index, y, ids, w)
-        out = h + (routed + layer.shared(y) if layer.shared is not None else routed)
+        out = self.moe_output(layer, h, y, self.experts(layer.moe_index, y, ids, w))
         if self.after_moe is not None:
             self.after_moe(layer.moe_index, out)
         return out
 
-    def forward(self, token_ids: torch.Tensor, all_logits: bool = False) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits of residual-stream states x [..., H] (final norm, lm_head)."""
+        return F.linear(rms_norm(x, self.norm, self.cfg.rms_eps), self.lm_head).float()
+
+    def forward(self, token_ids: torch.Tensor, all_logits: bool = False, static: bool = False) -> torch.Tensor:
         """Run tokens [T] (int64, on the device) at positions pos..pos+T-1 and append them to the cache.
-        Returns float32 logits [V] of the last token, or [T, V] with all_logits."""
+        Returns float32 logits [V] of the last token, or [T, V] with all_logits. static (T = 1 only): the
+        position is read from the device tensor `self.at` (set here) and attention spans the whole cache
+        with later positions masked, so every shape is the same at every step (see attention.py)."""
         t = token_ids.shape[0]
         if self.pos + t > self.context:
             raise ValueError(f"{self.pos} cached + {t} new tokens exceed the context of {self.context}")
-        x = F.embedding(token_ids, self.embed)                                             # [T, H]
-        for layer in self.layers:
-            x = self._layer(layer, x, self.pos)
+        if static:
+            if t != 1:
+                raise ValueError(f"a static step runs one token, got {t}")
+            self.at.fill_(self.pos)
+            out = self.step_at(token_ids)
+        else:
+            x = F.embedding(token_ids, self.embed)                                         # [T, H]
+            for layer in self.layers:
+                x = self._layer(layer, x, self.pos, None)
+            out = self.logits(x if all_logits else x[-1])
         self.pos += t
-        x = x if all_logits else x[-1]
-        return F.linear(rms_norm(x, self.norm, self.cfg.rms_eps), self.lm_head).float()
+        return out
+
+    def step_at(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """One token [1] at the position held in `self.at`; reads and changes no host state (the caller sets
+        `at` before and advances `pos` after), so the whole step can be captured in a CUDA graph when the
+        experts call is graph-safe. Returns float32 logits [V]."""
+        x = F.embedding(token_ids, self.embed)
+        for layer in self.layers:
+            x = self._layer(layer, x, 0, self.at)
+        return self.logits(x[-1])
 
     @torch.inference_mode()
     def prefill(self, token_ids, chunk: int, all_logits: bool = False) -> torch.Tensor:
@@ -131,11 +169,11 @@ class MoEModel:
         return torch.cat(out) if all_logits else out[-1]
 
     @torch.inference_mode()
-    def decode_step(self, token) -> torch.Tensor:
+    def decode_step(self, token, static: bool = False) -> torch.Tensor:
         """One token (an int, or a one-element int64 tensor already on the device: no host copy) at position
-        pos. Returns float32 logits [V]."""
+        pos. Returns float32 logits [V]. static: shapes independent of the position (`forward`)."""
         if isinstance(token, torch.Tensor):
             ids = token.reshape(1).to(device=self.device, dtype=torch.long)
         else:
             ids = torch.tensor([int(token)], dtype=torch.long, device=self.device)
-        return self.forward(ids)
+        return self.forward(ids, static=static)

@@ -49,13 +49,16 @@ class RotaryTable:
         self.sin = (angles.sin() * scale).to(device=device, dtype=dtype)
         self.interleave = rope.interleave
 
-    def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """Rotate x [T, heads, dim] for positions start..start+T-1. Interleaved input pairs come out in the
-        half-split layout (as transformers' `apply_rotary_pos_emb_interleave`); queries and keys get the
-        same permutation, so their dot products are those of the pairwise rotation."""
+    def apply(self, x: torch.Tensor, start: int, at: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate x [T, heads, dim] for positions start..start+T-1 (or, with `at`, an int64 [T] device
+        tensor of positions). Interleaved input pairs come out in the half-split layout (as transformers'
+        `apply_rotary_pos_emb_interleave`); queries and keys get the same permutation, so their dot
+        products are those of the pairwise rotation."""
         t = x.shape[0]
-        cos = self.cos[start:start + t, None, :]             # [T, 1, dim/2]
-        sin = self.sin[start:start + t, None, :]
+        if at is None:
+            cos, sin = self.cos[start:start + t, None, :], self.sin[start:start + t, None, :]     # [T, 1, dim/2]
+        else:
+            cos, sin = self.cos.index_select(0, at)[:, None, :], self.sin.index_select(0, at)[:, None, :]
         if self.interleave:
             x1, x2 = x[..., 0::2], x[..., 1::2]
         else:

@@ -43,3 +43,14 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproce
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models on a busy 2-core runner: a second torch thread only spins (the fixture's decode step
+    measured 100x slower with 2 threads than with 1 while other jobs ran)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
