@@ -27,6 +27,11 @@ TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
 H, I = 256, 32          # the fixture's hidden and moe_intermediate sizes
 
 
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread):
+    yield
+
+
 @pytest.fixture(scope="module")
 def plan_path():
     """The fixture's committed plan (`strata-plan plan --profile rtx-4090 --model tests/data/fixture-moe --stats
