@@ -36,6 +36,7 @@ from strata_plan.engine.packed import DENSE_FILE, PackedEntry, PackIndex, write_
 from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 PER_EXPERT = {"mlp.experts": ("gate_proj", "up_proj", "down_proj"),
               "block_sparse_moe.experts": ("w1", "w3", "w2")}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -224,6 +225,9 @@ def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_for
         out / DENSE_FILE, [(n, out_dtype[n], ckpt.shape(n)) for n in dense],
         lambda n: ckpt.get(n, device if is_fp8[n] else "cpu", out_dtype[n]))
     shutil.copyfile(folder / "config.json", out / "config.json")
+    for name in TOKENIZER_FILES:                 # `strata-plan run --packed DIR` tokenizes from the packed folder
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, out / name)
     index = PackIndex(spec.name, spec.hidden, spec.moe_intermediate, spec.n_routed, str(folder), spec.config_sha256,
                       plan_sha256, dense_nbytes, dense_sha, tuple(entries), folder=str(out))
     write_index(out, index)
