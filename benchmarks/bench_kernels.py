@@ -7,7 +7,7 @@ In one run, at kimi-k3.1-pro's expert shapes (hidden 7168, intermediate 3584) an
  2. the fused MoE call for one layer's top-8 experts at batch 1 in the seed's tier mix (2 x q2_g16_s8m4,
     1 x q2_g32_s8m8, 5 x q1_g32_s8m4: 1.92 bpw), 8 layers with disjoint experts captured in one CUDA
     graph (weights rotate, L2 never serves a repeat), eager timed separately; both launches' configs are
-    swept (GATE_UP_SWEEP, DOWN_SWEEP below); the "shipped" rows time this GPU's tuned.py configs (what
+    swept (GATE_UP_SWEEP, DOWN_SWEEP below); the "shipped" rows time this GPU's shipped configs (kernels/configs/; what
     the library runs) beside the portable defaults, and a "best" row the sweep's winner if it differs;
     the shipped row again with every layer back to back (--sustained-s, with the SM clock and power);
  3. GemLite (2 and 4 bit, groups of 64), 24 calls per layer in a CUDA graph, and single-matrix GEMVs;
@@ -74,7 +74,7 @@ GEMM_SWEEP = [dict(gluon=True, gluon_tokens=bt, gluon_stages=ns, gluon_warps=w)
 
 
 def shipped(kind: str):
-    """The config the library picks for `kind` on this GPU (tuned.py's winners over the defaults): what
+    """The config the library picks for `kind` on this GPU (its configs/ file over the defaults): what
     the "shipped" rows measure."""
     return config_for(kind, "mix", 2048, 0, 0, "cuda")
 
@@ -248,7 +248,7 @@ class Bench:
                 return layer_ms(cfg, part)
 
             default = tuned.MoEConfig()
-            rows = [("default", default), ("shipped", shipped("moe"))]          # shipped: tuned.py's config
+            rows = [("default", default), ("shipped", shipped("moe"))]          # shipped: configs/'s
             cfg = shipped("moe")
             if self.args.sweep:
                 ref = layer_out(default)
@@ -372,11 +372,11 @@ class Bench:
             res["sweep_us_gate_plus_down_q2_g32"] = {json.dumps(GEMV_SWEEP[i]): round(t, 2) for t, i in times}
         self.tuned["gemv"] = cfg_best
         fmts = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "q4_g128_f16")
-        # the rows time what the library runs (tuned.py); the sweeps' winners (one format's shapes) only go
-        # to kernels_tuned.json
+        # the rows time what the library runs (configs/); the sweeps' winners (one format's shapes) only go
+        # to the result's "tuned" and <out-dir>/<gpu>.json
         per_fmt = {f: config_for("gemv", f, 1, 0, 0, "cuda") for f in fmts}
         if self.args.sweep:
-            # q4's own winner on gate + down (tuned.py's "gemv:q4_g128_f16" entry)
+            # q4's own winner on gate + down (the "gemv:q4_g128_f16" entry)
             times = sorted((self._gemv_us("q4_g128_f16", inter, hidden, make("gemv", c))
                             + self._gemv_us("q4_g128_f16", hidden, inter, make("gemv", c)), i)
                            for i, c in enumerate(GEMV_SWEEP_Q4))
@@ -409,7 +409,7 @@ class Bench:
         hidden, inter = SHAPES["kimi-k3.1-pro"]
         res = {}
         cfg_best = shipped("gemm")
-        if self.args.sweep:     # one shape only, so its winner goes to kernels_tuned.json, not to the rows below
+        if self.args.sweep:     # one shape only, so its winner goes to the result's "tuned", not to the rows below
             times = sorted((self._gemm_ms("q2_g16_s8m4", inter, hidden, 2048, make("gemm", c, cfg_best)), i)
                            for i, c in enumerate(GEMM_SWEEP))
             self.tuned["gemm"] = make("gemm", GEMM_SWEEP[times[0][1]], cfg_best)
@@ -448,7 +448,7 @@ class Bench:
                                                                     make("gemm", {"gluon_split": 4}, gl)), 4),
                               "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
         res["small_m_q2_g16_gate"] = small
-        # wave quantization: 256-token tiles x the gate's row tiles on the SMs' program slots (KERNELS.md)
+        # wave quantization: 256-token tiles x the gate's row tiles on the SMs' program slots (docs/kernels-log.md)
         waves = {}
         w = torch.randn(inter, hidden, dtype=torch.bfloat16, device=self.dev)
         sms = torch.cuda.get_device_properties(self.dev).multi_processor_count

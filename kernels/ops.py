@@ -500,13 +500,18 @@ def _formats_of_tensor(codes: torch.Tensor, device) -> ExpertFormats:
     return fm
 
 
+@lru_cache(maxsize=64)
+def _one_format(name: str, n_experts: int, device: str) -> ExpertFormats:
+    return ExpertFormats.from_names((name,) * n_experts, device)
+
+
 def _resolve_formats(formats, n_experts: int, device) -> ExpertFormats:
     if isinstance(formats, ExpertFormats):
         if formats.codes.numel() != n_experts:
             raise ValueError(f"fused_moe: {formats.codes.numel()} format codes for {n_experts} experts")
         return formats
     if isinstance(formats, str):
-        return ExpertFormats.from_names((formats,) * n_experts, device)
+        return _one_format(formats, n_experts, str(device))
     if isinstance(formats, torch.Tensor):
         if formats.numel() != n_experts:
             raise ValueError(f"fused_moe: {formats.numel()} format codes for {n_experts} experts")

@@ -206,7 +206,7 @@ def _ld_rows(p, r2, STRIDE: tl.constexpr, W4: tl.constexpr, PER: tl.constexpr, m
     # [W4, BN, PER] and permuted (free: a layout change): Triton lays lanes along the vector dimension
     # and then along the lower-numbered of two equally contiguous dimensions, so here a warp's lanes run
     # along each record. Loaded as [BN, W4, PER], the lanes ran along rows instead and every warp load
-    # fetched 2-8x the 32-byte sectors it needed (Nsight Compute; KERNELS.md, 2026-12-02)
+    # fetched 2-8x the 32-byte sectors it needed (Nsight Compute; docs/kernels-log.md, 2026-12-02)
     BN: tl.constexpr = r2.shape[0]
     r3 = tl.reshape(r2, [1, BN, 1])
     offs = r3 * STRIDE + tl.arange(0, W4)[:, None, None] * PER + tl.arange(0, PER)[None, None, :]

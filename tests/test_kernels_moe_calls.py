@@ -94,7 +94,8 @@ def test_prepared_call_reuses_its_scratch_and_allocates_nothing(arena, monkeypat
     first = fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out, backend="triton").clone()
     pm = ops.prepare_moe(fm, len(MIX), hidden, inter, DEVICE)
     assert ops.prepare_moe(fm, len(MIX), hidden, inter, DEVICE) is pm          # resolved once
-    (launch,) = pm._launches.values()
+    launch = pm._launches[(1, ids.shape[1], ops._stream_id(x.device))]
+    n_launches = len(pm._launches)
     buffers = [t.data_ptr() for t in vars(launch.sc).values()]
     # count every tensor the kernels' Python creates during a warm call (the interpreter's own work on
     # CPU is not the library's: only calls made from strata_plan/kernels count)
@@ -112,9 +113,10 @@ def test_prepared_call_reuses_its_scratch_and_allocates_nothing(arena, monkeypat
     again = fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out, backend="triton")
     assert made == []
     assert again is out and torch.equal(again, first)
-    assert [t.data_ptr() for t in vars(launch.sc).values()] == buffers and len(pm._launches) == 1
+    assert [t.data_ptr() for t in vars(launch.sc).values()] == buffers and len(pm._launches) == n_launches
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")     # codes set to 0 below: experts read as the wrong format
 def test_formats_as_a_tensor_are_resolved_once(arena, monkeypatch):
     a, offsets, hidden, inter = arena
     codes = ops.ExpertFormats.from_names(MIX, DEVICE).codes.clone()

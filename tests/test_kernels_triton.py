@@ -94,7 +94,7 @@ def test_phase_a_rows_that_are_not_whole_chunks(chunk):
     # 1632 = 51 blocks of 32: whole chunks, then the rest in halving pieces down to one block of 32
     kp, k = 1632, 1600
     x = torch.randn(2, k, device=DEVICE) * torch.rand(2, k, device=DEVICE) ** 4 * 10      # uneven block scales
-    xq, xdx, xsum = ops.pack_activations(x, kp, {"CHUNK": chunk})
+    xq, xdx, xsum = ops.pack_activations(x, kp, chunk)
     x8 = R.unpack_activation_words(xq, kp)
     x8_ref, dx_ref = R.quantize_activations(x, kp)
     # the same rounding caveat as above: a step apart where 127 / max|x| divides differently
