@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -215,54 +214,3 @@ def load_index(path: str | os.PathLike) -> PackIndex:
     entries = tuple(PackedEntry(**e) for e in data.pop("entries"))
     data.pop("format"), data.pop("version")
     return PackIndex(**data, entries=entries)
-
-
-# ---- command line ---------------------------------------------------------------------------------
-def register(sub) -> None:
-    p = sub.add_parser("pack", help="quantize a checkpoint's routed experts into packed 4 KiB-aligned blobs",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", help="Hugging Face checkpoint folder (config.json + safetensors)")
-    p.add_argument("--out", required=True, help="folder to write the packed model to")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--plan", help="plan YAML (strata-plan plan): each expert's format")
-    g.add_argument("--bpw", type=float, help="tier mix of the three tier formats at this mean bits per weight")
-    g.add_argument("--format", help=f"one format for every expert ({', '.join(F.FORMATS)})")
-    p.add_argument("--stats", help="with --bpw: routing statistics YAML or trace .npz (most used experts get "
-                                   "the first tier); default: expert ids in order")
-    p.add_argument("--device", default="cpu", help="where to quantize (cpu or cuda)")
-    p.add_argument("--json", action="store_true", help="machine-readable summary")
-    p.set_defaults(func=cmd_pack)
-
-
-def cmd_pack(args) -> int:
-    from strata_plan.planner.spec import load_spec
-    if args.format is not None and args.format not in F.FORMATS:
-        raise UserError("--format", args.format, "unknown format", f"use one of {', '.join(F.FORMATS)}")
-    if args.stats and not args.bpw:
-        raise UserError("--stats", args.stats, "only orders experts for a tier mix", "use it with --bpw")
-    spec = load_spec(args.checkpoint)
-    layer_formats = (formats_from_plan(args.plan, spec) if args.plan
-                     else formats_from_mix(spec, args.bpw, args.format, args.stats))
-    t0 = time.perf_counter()
-    index = pack_checkpoint(args.checkpoint, args.out, layer_formats, args.device)
-    summary = {"out": str(args.out), "model": index.model, "experts": len(index.entries),
-               "expert_bytes": index.expert_bytes, "bytes_by_format": index.bytes_by_format(),
-               "dense_bytes": (Path(args.out) / "dense.safetensors").stat().st_size,
-               "seconds": round(time.perf_counter() - t0, 2)}
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        from rich.console import Console
-        from rich.table import Table
-        t = Table(title=f"packed {index.model} into {args.out}")
-        for c in ("format", "experts", "MB"):
-            t.add_column(c, justify="right" if c != "format" else "left")
-        counts: dict[str, int] = {}
-        for e in index.entries:
-            counts[e.format] = counts.get(e.format, 0) + 1
-        for f, n in index.bytes_by_format().items():
-            t.add_row(f, str(counts[f]), f"{n / 1e6:.2f}")
-        t.add_row("dense (safetensors)", "", f"{summary['dense_bytes'] / 1e6:.2f}")
-        Console().print(t)
-        print(f"{summary['experts']} experts in {summary['seconds']} s; index: {Path(args.out) / 'index.json'}")
-    return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -171,47 +170,6 @@ def layer_regex(layers) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# The problem a saved plan was made for
-# ------------------------------------------------------------------------------------------------
-def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | None = None):
-    """Rebuild the planning problem of a saved plan from its sources (model, profile, statistics) and budgets,
-    refusing inputs whose sha256 differs from the ones the plan records. `profile`/`stats` override the
-    recorded names (a measured profile is recorded by name only: pass its YAML path)."""
-    from strata_plan.planner.capacity import Budget
-    from strata_plan.planner.make import make_problem
-    from strata_plan.planner.plan import check_plan_model, sha256_of
-    from strata_plan.schema import to_data
-    src = plan.sources
-    model = src.model.path if src.model.path and Path(src.model.path).is_file() else src.model.name
-    preset = src.gpu_preset or None
-    prof_name = src.profile.name
-    if preset and prof_name.endswith(f"+{preset}"):
-        prof_name = prof_name[: -len(preset) - 1]
-    st = src.statistics
-    stats_arg = stats or (st.path if st.kind != "prior" else None) or None
-    prior = st.name.removeprefix("prior ") if st.kind == "prior" and not stats else None
-    try:
-        problem = make_problem(profile or prof_name, model, stats_arg, prior, preset, plan.context, plan.prefill_chunk)
-    except UserError as e:
-        if profile is None and e.field == prof_name:
-            raise UserError(where, "sources.profile", f"profile {prof_name!r} is not a shipped profile",
-                            "pass --profile PATH, the profile YAML the plan was made with") from None
-        raise
-    if problem.spec.config_sha256 != src.model.sha256:
-        raise UserError(where, "sources.model", f"{model} is not the model config the plan was made for",
-                        "plan again, or restore the model's config.json")
-    if sha256_of(to_data(problem.profile)) != src.profile.sha256:
-        raise UserError(where, "sources.profile", f"profile {profile or prof_name} differs from the one the plan "
-                        "was made for", "pass --profile PATH, the profile YAML the plan was made with")
-    if sha256_of(to_data(problem.stats)) != st.sha256:
-        raise UserError(where, "sources.statistics", f"routing statistics {stats or st.name} differ from the ones "
-                        "the plan was made for", "pass --stats PATH, the statistics the plan was made with")
-    check_plan_model(plan, problem.spec, where)
-    b = plan.memory.budgets
-    return problem.replace(budget=Budget(b.vram_bytes, b.ram_bytes, b.nvme_bytes, b.vram_reserve_bytes))
-
-
-# ------------------------------------------------------------------------------------------------
 # Layer-granular placement
 # ------------------------------------------------------------------------------------------------
 def _page_cache(problem, on_gpu: np.ndarray, ram_bytes: float) -> np.ndarray:
@@ -317,3 +275,13 @@ def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: st
     return LlamaCppExport(plan.model, plan_path, gpu_buffer, plan.context, layers, fp.vram, problem.budget.vram,
                           fp.ram_experts, fp.nvme_experts, planned, predicted, cpu_expert_bound(problem, on_gpu),
                           streamed, _notes(plan, layers, problem, streamed, fits))
+
+
+def export_text(plan, problem, plan_path: str, gguf: str = "MODEL.gguf", gpu_buffer: str = GPU_BUFFER,
+                as_json: bool = False) -> str:
+    """What `strata-plan export` prints and writes, and the wizard's Save step writes: the shell script, or
+    its JSON."""
+    if as_json:
+        import json
+        return json.dumps(export_llama_cpp(plan, problem, plan_path, gpu_buffer).as_data(), indent=2) + "\n"
+    return export_llama_cpp(plan, problem, plan_path, gpu_buffer).shell(gguf)

@@ -9,7 +9,8 @@ import pytest
 
 from strata_plan.cli import main
 from strata_plan.planner.capacity import Budget
-from strata_plan.planner.export import LayerChoice, export_llama_cpp, layer_regex, problem_for_plan
+from strata_plan.planner.export import LayerChoice, export_llama_cpp, layer_regex
+from strata_plan.planner.make import problem_for_plan
 from strata_plan.planner.make import make_plan
 from strata_plan.planner.plan import load_plan, save_plan
 

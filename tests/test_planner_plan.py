@@ -112,7 +112,7 @@ def test_kimi_plan_on_a_24_gb_card_streams_dense_weights(cli, tmp_path):
     r = cli("plan", "--profile", "rtx-4090", "--model", "kimi-k3.1-pro", "--prior", "olmoe-like", "--trials", "6",
             "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert "predicted tok/s" in r.stdout and "physical bound" in r.stdout and "wrote" in r.stdout
+    assert "predicted" in r.stdout and "physical" in r.stdout and "wrote" in r.stdout
     plan = load_plan(out, load_spec("kimi-k3.1-pro"))
     assert len(plan.layers) == 92 and plan.dense.streamed_layers
     assert plan.predicted.bytes_per_token["ram"] > 10e9          # streamed dense weights dominate

@@ -22,10 +22,10 @@ def in_tmp(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def planned():
     """A finished search and its analysis, shared by the Result and Save snapshots."""
-    from strata_plan.planner.export import problem_for_plan
+    from strata_plan.planner.make import problem_for_plan
     from strata_plan.planner.make import make_plan
     from strata_plan.tui.result import WHATIF_TRIALS
-    from strata_plan.tui.whatif import what_if
+    from strata_plan.planner.whatif import what_if
     plan = make_plan(**CHOICES.plan_call())
     problem = problem_for_plan(plan, "plan", CHOICES.profile)
     return plan, problem, what_if(plan, problem, trials=WHATIF_TRIALS)

@@ -49,11 +49,11 @@ class SaveScreen(StepScreen):
 
     def export(self, profile: str, plan_path: str) -> tuple[object, str]:
         """(problem, export text) of the session's plan, its profile read from `profile`."""
-        from strata_plan.cli_export import export_text
-        from strata_plan.planner.export import GPU_BUFFER, problem_for_plan
+        from strata_plan.planner.export import export_text
+        from strata_plan.planner.make import problem_for_plan
         s = self.session
         problem = problem_for_plan(s.plan, plan_path, profile, s.plan_choices.stats or None)
-        return problem, export_text(s.plan, problem, plan_path, "MODEL.gguf", GPU_BUFFER, as_json=False)
+        return problem, export_text(s.plan, problem, plan_path)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if self.session.plan is not None:

@@ -93,8 +93,9 @@ class SearchScreen(StepScreen):
         """`make_plan` with Optuna's per-trial callback recording the best score so far (a list append, safe
         under the GIL); the interface reads it on a timer, so the search never waits for drawing."""
         from strata_plan.planner.make import make_plan
+        from strata_plan.planner.optuna_log import silence
         worker = get_current_worker()
-        _quiet_optuna()
+        silence()
 
         def on_trial(number: int, value: float) -> None:
             if worker.is_cancelled:
@@ -140,14 +141,3 @@ class SearchScreen(StepScreen):
                       f"tok/s decode); the plan, predicted:")
         self.query_one("#search-result", Static).update(rows_text(plan_rows(plan)[:2]))
 
-
-def _quiet_optuna() -> None:
-    """Optuna logs a stopped trial as a warning on stderr, which would draw over the wizard: drop its
-    handler (and give its logger a silent one, or Python's last-resort handler prints warnings anyway)."""
-    import logging
-
-    import optuna
-    optuna.logging.disable_default_handler()
-    log = logging.getLogger("optuna")
-    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
-        log.addHandler(logging.NullHandler())
