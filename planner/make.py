@@ -144,9 +144,9 @@ def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | 
     st = src.statistics
     if stats:
         routing_stats = load_routing(spec, stats=stats)
-    elif st.kind == "prior":
+    elif not st.path:                               # a prior named on the command line
         routing_stats = load_routing(spec, prior=st.name.removeprefix("prior "))
-    else:
+    else:                                           # a statistics file or trace (of a prior, or measured)
         if not Path(st.path).is_file():
             raise UserError(where, "sources.statistics.path", f"{st.path}: file not found (the routing statistics "
                             "the plan was made with)", "pass --stats PATH to read them from elsewhere")

@@ -1,8 +1,8 @@
 """Optuna's log, kept out of the user's way. Optuna is imported here, lazily.
 
 A trial stopped by Ctrl-C is logged by Optuna as a failed trial with its whole traceback (a warning with
-exc_info) before the KeyboardInterrupt reaches the command line, which then prints its one line:
-`drop_interrupted_trials()` removes those records and nothing else. The wizard draws over the terminal, so
+exc_info, then "failed with value None") before the KeyboardInterrupt reaches the command line, which then
+prints its one line: `drop_interrupted_trials()` removes those records and nothing else. The wizard draws over the terminal, so
 `silence()` drops Optuna's log altogether.
 """
 from __future__ import annotations
@@ -11,9 +11,20 @@ import logging
 
 
 class _DropInterrupted(logging.Filter):
+    """Drops the record of a trial that failed by KeyboardInterrupt, and the line Optuna logs after it
+    ("Trial N failed with value None.")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trial = ""                   # "Trial N " of the last interrupted trial
+
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, KeyboardInterrupt)
+        message = record.getMessage()
+        if isinstance(exc, KeyboardInterrupt):
+            self.trial = " ".join(message.split()[:2]) + " "
+            return False
+        return not (self.trial and message.startswith(self.trial + "failed with value"))
 
 
 def drop_interrupted_trials() -> None:
