@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from strata_plan.cli import main
 from strata_plan.planner.routing import load_stats, load_trace
 
 SLICE = str(Path(__file__).parent / "data" / "routing_mixtral_slice.jsonl")
@@ -40,7 +41,7 @@ def test_prior_for_a_model_prints_and_writes_only_when_asked(tmp_path, cli):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["olmoe.yaml"]
 
 
-def test_user_mistakes_exit_2_with_one_line(tmp_path, cli):
+def test_user_mistakes_exit_2_with_one_line(tmp_path, cli, capsys, monkeypatch):
     stats = tmp_path / "s.yaml"
     assert cli("stats", "uniform", "--model", "mixtral-8x7b", "--out", str(stats)).returncode == 0
     cases = [
@@ -59,10 +60,12 @@ def test_user_mistakes_exit_2_with_one_line(tmp_path, cli):
         (["stats", "uniform", "--model", "mixtral-8x7b", "--out", str(stats)], "already exists"),
         (["stats", "uniform", "--model", "mixtral-8x7b", "--save-trace", str(stats)], "already exists"),
     ]
-    for args, words in cases:
-        r = cli(*args, cwd=tmp_path)
-        assert r.returncode == 2, (args, r.stderr)
-        assert r.stderr.count("\n") == 1 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    monkeypatch.chdir(tmp_path)
+    for args, words in cases:              # in-process: a user's mistake returns 2, anything else raises here
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == 2, (args, err)
+        assert err.count("\n") == 1 and words in err and "Traceback" not in err, (args, err)
     before = stats.read_text()
-    assert cli("stats", "olmoe-like", "--model", "mixtral-8x7b", "--out", str(stats), "--force").returncode == 0
+    assert main(["stats", "olmoe-like", "--model", "mixtral-8x7b", "--out", str(stats), "--force"]) == 0
     assert stats.read_text() != before
