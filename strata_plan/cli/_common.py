@@ -19,9 +19,45 @@ def print_json(data) -> None:
     print(json.dumps(data, indent=2))
 
 
+class _Console:
+    """A rich Console whose `print` first fits tables to the width (see `fit`)."""
+
+    def __init__(self, con) -> None:
+        self.con = con
+
+    def print(self, *objects, **kw) -> None:
+        from rich.table import Table
+        for o in objects:
+            if isinstance(o, Table):
+                fit(o, self.con.width)
+        self.con.print(*objects, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.con, name)
+
+
 def console(stderr: bool = False):
     from rich.console import Console
-    return Console(stderr=stderr)
+    return _Console(Console(stderr=stderr))
+
+
+def fit(t, width: int) -> None:
+    """Give a table's columns widths that break lines between words, never inside one, when the table is
+    wider than `width` (rich alone squeezes the widest columns and folds their words): each column gets its
+    longest word, and what is left goes to the columns in proportion to what more they would use."""
+    import re
+    cols = t.columns
+    lines = [[str(c.header)] + [str(x) for x in c.cells] for c in cols]
+    longest = [max((len(w) for s in cells for w in re.split(r"\s+", s)), default=1) for cells in lines]
+    natural = [max((len(line) for s in cells for line in s.splitlines()), default=1) for cells in lines]
+    room = width - (3 * len(cols) + 1)                 # padding of one either side and a rule per column
+    if sum(natural) <= room or sum(longest) > room:
+        return                                         # fits as it is, or cannot without folding a word
+    spare, want = room - sum(longest), [n - m for n, m in zip(natural, longest)]
+    total = sum(want) or 1
+    widths = [m + spare * w // total for m, w in zip(longest, want)]
+    for c, w in zip(cols, widths):
+        c.width = w
 
 
 def table(*columns: str, title: str | None = None, keep: int = 1):

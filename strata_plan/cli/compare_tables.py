@@ -72,7 +72,7 @@ def print_comparison(result, md: str, con=None) -> None:
         t = table(*headers)
         for r in rows:
             t.add_row(*r)
-        if Measurement.get(con, con.options, t).maximum <= con.width:
+        if Measurement.get(con, con.options.update_width(10**6), t).maximum <= con.width:
             con.print(t)
             continue
         for r in rows:

@@ -134,9 +134,13 @@ class SearchScreen(StepScreen):
         self.query_one("#stop", Button).disabled = True
         self.query_one("#search-status", Label).update(message)
 
+    def primary(self) -> str:
+        return "next" if self.session.plan_is_current else "start"
+
     def _finished(self, plan, choices) -> None:
         s = self.session
-        s.plan, s.plan_choices, s.problem, s.whatif = plan, choices, None, None
+        s.plan, s.plan_choices, s.problem, s.whatif, s.saved = plan, choices, None, None, ()
+        self.recheck()
         self._stopped(f"done: {plan.search.trials} trials (greedy start {fmt_tok(plan.search.greedy_decode_tok_s)} "
                       f"tok/s decode); the plan, predicted:")
         self.query_one("#search-result", Static).update(rows_text(plan_rows(plan)[:2]))
