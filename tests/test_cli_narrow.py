@@ -2,8 +2,6 @@
 compare-tables prints one block per profile when its rows do not fit."""
 from __future__ import annotations
 
-import io
-
 from strata_plan.cli import main
 
 
@@ -28,16 +26,23 @@ def test_lists_keep_every_name_whole_at_80_columns(capsys, monkeypatch):
     whole(capsys.readouterr().out, *(load_profile(n).gpu.name for n in shipped_profiles()))
 
 
-def test_compare_tables_at_80_columns_prints_every_cell_whole():
-    from rich.console import Console
+def test_compare_tables_at_80_columns_prints_every_cell_whole_and_writes_the_table(tmp_path, capsys, monkeypatch):
+    from strata_plan.planner import compare
+    results, real = [], compare.compare_tables
 
-    from strata_plan.cli.compare_tables import print_comparison
-    from strata_plan.planner.compare import compare_tables, table_cells, to_markdown
-    result = compare_tables(profiles=["rtx-pro-6000"], trials=2, tokens=256)
-    con = Console(width=80, file=io.StringIO(), color_system=None)
-    print_comparison(result, to_markdown(result), con)
-    text = con.file.getvalue()
+    def kept(**kw):
+        results.append(real(**kw))
+        return results[-1]
+    monkeypatch.setattr(compare, "compare_tables", kept)
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "table.md"
+    assert main(["compare-tables", "--profiles", "rtx-pro-6000", "--trials", "2", "--tokens", "256",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| rtx-pro-6000 |" in out.read_text() and f"wrote {out}" in text
     for phase in ("decode", "prefill"):
-        headers, rows = table_cells(result, phase)
+        headers, rows = compare.table_cells(results[0], phase)
         whole(text, *headers, *(c for r in rows for c in r))
     assert "rtx-pro-6000" in text.split()
+    assert main(["compare-tables", "--profiles", "rtx-9999", "--trials", "2"]) == 2
+    assert "unknown profile name" in capsys.readouterr().err
