@@ -165,8 +165,10 @@ def test_ctrl_c_during_the_search_prints_one_line_and_no_optuna_traceback(tmp_pa
 
     import strata_plan.planner.search as search
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.enable_default_handler()             # as in a fresh process (the wizard's tests drop it)
     for h in logging.getLogger("optuna").handlers:     # Optuna's handler writes where stderr was when it was made
-        monkeypatch.setattr(h, "stream", sys.stderr)
+        if isinstance(h, logging.StreamHandler):
+            monkeypatch.setattr(h, "stream", sys.stderr)
     evaluate = search.evaluate
 
     def interrupted(*a, **k):

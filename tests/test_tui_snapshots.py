@@ -31,6 +31,15 @@ def planned():
     return plan, problem, what_if(plan, problem, trials=WHATIF_TRIALS)
 
 
+async def steady(pilot) -> None:
+    """A focused text field blinks its cursor: stop the blinking so the picture does not depend on when it
+    is taken."""
+    from textual.widgets import Input
+    for field in pilot.app.screen.query(Input):
+        field.cursor_blink = False
+    await pilot.pause()
+
+
 def session_at(planned) -> Session:
     plan, problem, whatif = planned
     return Session(CHOICES, plan=plan, plan_choices=CHOICES, problem=problem, whatif=whatif)
@@ -76,7 +85,7 @@ def test_search_finished(snap_compare):
         await pilot.pause()
         pilot.app.screen.start(CHOICES)
         await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
+        await steady(pilot)
     assert snap_compare(WizardApp(Session(CHOICES)), terminal_size=SIZE, run_before=run_before)
 
 
@@ -101,7 +110,7 @@ def test_save(snap_compare, planned):
         pilot.app.goto(4)
         await pilot.pause()
         pilot.app.screen.save()
-        await pilot.pause()
+        await steady(pilot)
     assert snap_compare(WizardApp(session_at(planned)), terminal_size=SIZE, run_before=run_before)
 
 
@@ -111,5 +120,5 @@ def test_save_scrolled_to_the_llama_cpp_export(snap_compare, planned):
         await pilot.pause()
         pilot.app.screen.save()
         pilot.app.screen.query_one("#body").scroll_end(animate=False)
-        await pilot.pause()
+        await steady(pilot)
     assert snap_compare(WizardApp(session_at(planned)), terminal_size=SIZE, run_before=run_before)

@@ -19,26 +19,18 @@ def print_json(data) -> None:
     print(json.dumps(data, indent=2))
 
 
-class _Console:
-    """A rich Console whose `print` first fits tables to the width (see `fit`)."""
-
-    def __init__(self, con) -> None:
-        self.con = con
-
-    def print(self, *objects, **kw) -> None:
-        from rich.table import Table
-        for o in objects:
-            if isinstance(o, Table):
-                fit(o, self.con.width)
-        self.con.print(*objects, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self.con, name)
-
-
 def console(stderr: bool = False):
+    """A rich Console whose `print` first fits tables to its width (see `fit`)."""
     from rich.console import Console
-    return _Console(Console(stderr=stderr))
+    from rich.table import Table
+
+    class _Console(Console):
+        def print(self, *objects, **kw) -> None:
+            for o in objects:
+                if isinstance(o, Table):
+                    fit(o, self.width)
+            super().print(*objects, **kw)
+    return _Console(stderr=stderr)
 
 
 def fit(t, width: int) -> None:
