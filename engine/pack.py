@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 from strata_plan.engine import fp8
@@ -249,79 +248,3 @@ def check_free_space(out: str | os.PathLike, spec, layer_formats: list[dict[int,
     if free < need:
         raise UserError(str(out), "free space", f"{free / 1e9:.1f} GB free, the packed {spec.name} needs about "
                         f"{need / 1e9:.1f} GB", "free space or choose another --out")
-
-
-# ---- command line ---------------------------------------------------------------------------------
-def register(sub) -> None:
-    p = sub.add_parser("pack", help="quantize a checkpoint's routed experts into packed 4 KiB-aligned blobs",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", nargs="?", help="Hugging Face checkpoint folder (config.json + safetensors)")
-    p.add_argument("--synthetic", metavar="MODEL", help="instead of a checkpoint: random weights in this model's "
-                   "geometry (a shipped name or config.json; NAME@Nmoe or --moe-layers cuts it after N MoE layers)")
-    p.add_argument("--moe-layers", type=int, help="with --synthetic: keep the first N MoE layers")
-    p.add_argument("--seed", type=int, default=0, help="with --synthetic: random seed (default 0)")
-    p.add_argument("--out", required=True, help="folder to write the packed model to")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--plan", help="plan YAML (strata-plan plan): each expert's format")
-    g.add_argument("--bpw", type=float, help="tier mix of the three tier formats at this mean bits per weight")
-    g.add_argument("--format", help=f"one format for every expert ({', '.join(F.FORMATS)})")
-    p.add_argument("--stats", help="with --bpw: routing statistics YAML or trace .npz (most used experts get "
-                                   "the first tier); default: expert ids in order")
-    p.add_argument("--device", help="where to quantize or generate (default: cuda when there is a GPU, else cpu)")
-    p.add_argument("--json", action="store_true", help="machine-readable summary")
-    p.set_defaults(func=cmd_pack)
-
-
-def cmd_pack(args) -> int:
-    from strata_plan.planner.spec import load_spec
-    if args.format is not None and args.format not in F.FORMATS:
-        raise UserError("--format", args.format, "unknown format", f"use one of {', '.join(F.FORMATS)}")
-    if args.stats and not args.bpw:
-        raise UserError("--stats", args.stats, "only orders experts for a tier mix", "use it with --bpw")
-    if bool(args.checkpoint) == bool(args.synthetic):
-        raise UserError("CHECKPOINT / --synthetic", str(args.checkpoint or args.synthetic),
-                        "give exactly one: a checkpoint folder or --synthetic MODEL", "see `strata-plan pack --help`")
-    if args.moe_layers is not None and not args.synthetic:
-        raise UserError("--moe-layers", str(args.moe_layers), "only cuts a --synthetic model",
-                        "pack the whole checkpoint, or use --synthetic MODEL")
-    spec = load_spec(args.synthetic, args.moe_layers) if args.synthetic else load_spec(args.checkpoint)
-    plan_sha = ""
-    if args.plan:
-        layer_formats, plan_sha = formats_from_plan(args.plan, spec)
-    else:
-        layer_formats = formats_from_mix(spec, args.bpw, args.format, args.stats)
-    device = args.device or default_device()
-    check_free_space(args.out, spec, layer_formats)
-    t0 = time.perf_counter()
-    try:
-        if args.synthetic:
-            from strata_plan.engine.synthetic import pack_synthetic
-            index = pack_synthetic(spec, args.out, layer_formats, device, args.seed, plan_sha)
-        else:
-            index = pack_checkpoint(args.checkpoint, args.out, layer_formats, device, plan_sha)
-    except OSError as e:
-        raise UserError(str(e.filename or args.out), "write", e.strerror or str(e),
-                        "free space or choose another --out, then pack again") from None
-    seconds = time.perf_counter() - t0
-    summary = {"out": str(args.out), "model": index.model, "source": index.source, "device": device,
-               "experts": len(index.entries), "expert_bytes": index.expert_bytes,
-               "bytes_by_format": index.bytes_by_format(), "dense_bytes": index.dense_nbytes,
-               "seconds": round(seconds, 2), "experts_per_s": round(len(index.entries) / seconds, 2)}
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        from rich.console import Console
-        from rich.table import Table
-        t = Table(title=f"packed {index.model} into {args.out}")
-        for c in ("format", "experts", "MB"):
-            t.add_column(c, justify="right" if c != "format" else "left")
-        counts: dict[str, int] = {}
-        for e in index.entries:
-            counts[e.format] = counts.get(e.format, 0) + 1
-        for f, n in index.bytes_by_format().items():
-            t.add_row(f, str(counts[f]), f"{n / 1e6:.2f}")
-        t.add_row("dense (safetensors)", "", f"{summary['dense_bytes'] / 1e6:.2f}")
-        Console().print(t)
-        print(f"{summary['experts']} experts in {summary['seconds']} s on {device} "
-              f"({summary['experts_per_s']} experts/s); index: {Path(args.out) / 'index.json'}")
-    return 0

@@ -1,5 +1,5 @@
 """Dense (non-routed) tensors by their checkpoint names, from a packed folder (`dense.safetensors`, see
-`strata_plan.kernels.pack`), a Hugging Face checkpoint folder (`model.safetensors` or its sharded index)
+`strata_plan.engine.pack`), a Hugging Face checkpoint folder (`model.safetensors` or its sharded index)
 or one safetensors file. Each tensor is read when asked for and moved to the device in the dtype asked."""
 from __future__ import annotations
 

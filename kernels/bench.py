@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from strata_plan.nvml import nvml_handle
+
 from .formats import expert_layout, get_format
 from .quantizer import PackedMatrix
 
@@ -95,18 +97,6 @@ def graph_ms(fn: Callable[[], None], reps: int = 20) -> float:
     """Median milliseconds of one replay of a graph holding fn."""
     g = graph_of(fn)
     return statistics.median(event_times(g.replay, reps=reps, warmup=2))
-
-
-def nvml_handle(pynvml, index: int):
-    """NVML's handle of torch's CUDA device `index`, found by UUID (NVML numbers GPUs without regard to
-    CUDA_VISIBLE_DEVICES), by index where torch gives no UUID."""
-    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    if uuid is not None:
-        try:
-            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-        except pynvml.NVMLError:
-            pass
-    return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
 def sustained(fn: Callable[[], None], seconds: float = 2.0, calls: int = 20) -> dict:

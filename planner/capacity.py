@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strata_plan.errors import UserError
+from strata_plan.units import fmt_bytes, fmt_bytes_pair
 
 RUNTIME_RESERVE = 1_000_000_000
 """VRAM held back for the CUDA context, cuBLAS/Triton workspaces and allocator slack (an estimate: a CUDA
@@ -107,12 +108,11 @@ def check_working_set(spec, budget: Budget, context: int, chunk: int, slot_bytes
     need = (budget.reserve + spec.kv_cache_bytes(context) + workspace_bytes(spec, chunk)
             + staging_slots(spec, 0) * slot_bytes + max(layer, spec.lm_head_bytes))
     if need > budget.vram:
-        raise UserError("--vram-gb", f"{budget.vram / 1e9:.2f} GB",
-                        f"below the working set of {need / 1e9:.2f} GB (runtime reserve "
-                        f"{budget.reserve / 1e9:.2f}, KV cache at context {context} "
-                        f"{spec.kv_cache_bytes(context) / 1e9:.2f}, prefill workspace, staging and one layer)",
+        have, needed = fmt_bytes_pair(budget.vram, need)
+        raise UserError("--vram-gb", have, f"below the working set of {needed} (runtime reserve "
+                        f"{fmt_bytes(budget.reserve)}, KV cache at context {context} "
+                        f"{fmt_bytes(spec.kv_cache_bytes(context))}, prefill workspace, staging and one layer)",
                         "raise --vram-gb, lower --context or lower --chunk")
     if spec.embedding_bytes > budget.ram:
-        raise UserError("--ram-gb", f"{budget.ram / 1e9:.2f} GB",
-                        f"below the {spec.embedding_bytes / 1e9:.2f} GB of embeddings kept in pinned RAM",
-                        "raise --ram-gb")
+        have, needed = fmt_bytes_pair(budget.ram, spec.embedding_bytes)
+        raise UserError("--ram-gb", have, f"below the {needed} of embeddings kept in pinned RAM", "raise --ram-gb")

@@ -255,3 +255,10 @@ def to_markdown(c: Comparison) -> str:
                           f"the {RAM_FACTOR:g}x-RAM search never slower than its smaller budget." if not c.failures
                           else "FAILED: " + "; ".join(c.failures)), ""]
     return "\n".join(out)
+
+
+def table_cells(c: Comparison, phase: str) -> tuple[list[str], list[list[str]]]:
+    """The decode or prefill table as (headers, one row of cells per profile): what the markdown holds, for
+    printing it another way (the command line at 80 columns)."""
+    cols = _columns(c, phase)
+    return [h for h, _ in cols], [[cell(r) for _, cell in cols] for r in c.rows]

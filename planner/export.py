@@ -6,13 +6,17 @@ name matches to a buffer type (`CUDA0`, `CPU`). Experts held on the CPU are also
 NVMe tier exists only as the memory map of the GGUF file (the page cache keeps what fits in RAM).
 So a plan, which places single experts in VRAM, pinned RAM or NVMe, exports layer by layer:
 
-  * a layer goes to the GPU when most of its experts (more than half) are static in VRAM, else to the CPU;
-  * with every dense weight on the GPU (`-ngl 999`), layers are moved back to the CPU, fewest VRAM experts
-    first, until the export fits the plan's VRAM budget (the footprint the planner counts);
+  * with every dense weight on the GPU (`-ngl 999`), whole MoE layers go to the GPU by a knapsack over
+    layers: each layer's value is the routed-expert bytes per token it takes off the host (top-k x its
+    popularity-weighted expert bytes, by the plan's statistics), its weight its experts' bytes (the same
+    for every layer, as formats go by popularity rank), the capacity what the plan's VRAM budget leaves
+    (the footprint the planner counts); the most valuable layers first, as many as fit, and of those
+    prefixes the one whose own prediction scores best on the plan's objective;
   * CPU layers' experts are split between RAM and NVMe by popularity, as a page cache would keep them.
 
 That layer-granular placement is predicted again with the cost model and reported beside the plan's own
-prediction. The cost model predicts strata-plan's engine running it (CPU-held experts copied to the GPU
+per-expert prediction; the plan's own per-layer majority (more than half of a layer's experts static in
+VRAM) only explains, in the notes, which layers moved. The cost model predicts strata-plan's engine running it (CPU-held experts copied to the GPU
 when used); llama.cpp computes them on the CPU instead, which the model does not capture, so the host-RAM
 bound of that CPU work is reported separately. Byte counts are those of strata-plan's packed formats, not
 of a GGUF quantization.
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +32,7 @@ from strata_plan.errors import UserError
 from strata_plan.planner.bound import Throughput
 from strata_plan.planner.capacity import staging_slots
 from strata_plan.planner.placement import Placement, footprint
+from strata_plan.units import fmt_bytes_pair
 
 EXPERT_TENSORS = r"ffn_.*_exps\."
 """The part of the regex that picks a layer's merged routed-expert tensors (gate, up, down, or gate_up)
@@ -128,9 +132,11 @@ class LlamaCppExport:
 
     def summary_lines(self) -> list[str]:
         pp, p = self.plan_predicted, self.predicted
+        need, budget = fmt_bytes_pair(self.vram_needed, self.vram_budget)
         lines = [f"MoE layers: {len(self.gpu_layers)} with experts on the GPU ({self.gpu_buffer}), "
-                 f"{len(self.cpu_layers)} on the CPU; every dense weight on the GPU (-ngl 999).",
-                 f"VRAM: {self.vram_needed / 1e9:.2f} GB needed of the plan's {self.vram_budget / 1e9:.2f} GB budget"
+                 f"{len(self.cpu_layers)} on the CPU, chosen for this placement's own best predicted score "
+                 f"under the VRAM budget; every dense weight on the GPU (-ngl 999).",
+                 f"VRAM: {need} needed of the plan's {budget} budget"
                  + ("" if self.fits_vram else " (DOES NOT FIT: even with every expert on the CPU)") + ".",
                  f"CPU-layer experts: {self.ram_experts / 1e9:.2f} GB kept in RAM by the page cache, "
                  f"{self.nvme_experts / 1e9:.2f} GB read from the GGUF on NVMe when used.",
@@ -171,47 +177,6 @@ def layer_regex(layers) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# The problem a saved plan was made for
-# ------------------------------------------------------------------------------------------------
-def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | None = None):
-    """Rebuild the planning problem of a saved plan from its sources (model, profile, statistics) and budgets,
-    refusing inputs whose sha256 differs from the ones the plan records. `profile`/`stats` override the
-    recorded names (a measured profile is recorded by name only: pass its YAML path)."""
-    from strata_plan.planner.capacity import Budget
-    from strata_plan.planner.make import make_problem
-    from strata_plan.planner.plan import check_plan_model, sha256_of
-    from strata_plan.schema import to_data
-    src = plan.sources
-    model = src.model.path if src.model.path and Path(src.model.path).is_file() else src.model.name
-    preset = src.gpu_preset or None
-    prof_name = src.profile.name
-    if preset and prof_name.endswith(f"+{preset}"):
-        prof_name = prof_name[: -len(preset) - 1]
-    st = src.statistics
-    stats_arg = stats or (st.path if st.kind != "prior" else None) or None
-    prior = st.name.removeprefix("prior ") if st.kind == "prior" and not stats else None
-    try:
-        problem = make_problem(profile or prof_name, model, stats_arg, prior, preset, plan.context, plan.prefill_chunk)
-    except UserError as e:
-        if profile is None and e.field == prof_name:
-            raise UserError(where, "sources.profile", f"profile {prof_name!r} is not a shipped profile",
-                            "pass --profile PATH, the profile YAML the plan was made with") from None
-        raise
-    if problem.spec.config_sha256 != src.model.sha256:
-        raise UserError(where, "sources.model", f"{model} is not the model config the plan was made for",
-                        "plan again, or restore the model's config.json")
-    if sha256_of(to_data(problem.profile)) != src.profile.sha256:
-        raise UserError(where, "sources.profile", f"profile {profile or prof_name} differs from the one the plan "
-                        "was made for", "pass --profile PATH, the profile YAML the plan was made with")
-    if sha256_of(to_data(problem.stats)) != st.sha256:
-        raise UserError(where, "sources.statistics", f"routing statistics {stats or st.name} differ from the ones "
-                        "the plan was made for", "pass --stats PATH, the statistics the plan was made with")
-    check_plan_model(plan, problem.spec, where)
-    b = plan.memory.budgets
-    return problem.replace(budget=Budget(b.vram_bytes, b.ram_bytes, b.nvme_bytes, b.vram_reserve_bytes))
-
-
-# ------------------------------------------------------------------------------------------------
 # Layer-granular placement
 # ------------------------------------------------------------------------------------------------
 def _page_cache(problem, on_gpu: np.ndarray, ram_bytes: float) -> np.ndarray:
@@ -240,18 +205,43 @@ def layer_placement(problem, on_gpu) -> Placement:
                      (True,) * (spec.n_layers + 1), 0)
 
 
-def choose_layers(plan, problem) -> tuple[tuple[bool, ...], Placement]:
-    """Per-layer majority, then demote GPU layers (fewest VRAM experts first, later layers first on ties)
-    until the placement fits the VRAM budget; returns (on_gpu, placement)."""
-    gpu = [majority_gpu(len(l.vram), l.n_experts) for l in plan.layers]
-    order = sorted((i for i, g in enumerate(gpu) if g), key=lambda i: (len(plan.layers[i].vram), -i))
-    p = layer_placement(problem, gpu)
-    for i in order:
-        if footprint(problem, p).vram <= problem.budget.vram:
-            break
-        gpu[i] = False
+def layer_values(problem) -> np.ndarray:
+    """[L] routed-expert bytes per token a layer's experts cost when they are not in VRAM: top-k x the
+    popularity-weighted bytes of its experts (the plan's statistics)."""
+    pop, rb = problem.curves.pop, problem.rank_bytes
+    return problem.spec.top_k * (pop * rb).sum(axis=1)
+
+
+def choose_layers(plan, problem, cost=None) -> tuple[tuple[bool, ...], Placement, object]:
+    """The knapsack over layers of the module docstring: layers ordered by value per byte (the plan's VRAM
+    experts, then the layer index, break ties), each prefix that fits the VRAM budget predicted, the best by
+    the plan's objective kept. Every layer weighs the same (`problem.rank_bytes` is shared), so taking
+    layers in value order is the knapsack's exact answer for each count of layers. Returns (on_gpu,
+    placement, prediction); with no prefix fitting (the dense weights alone exceed the budget), every
+    layer on the CPU."""
+    from strata_plan.planner.cost import CostModel
+    from strata_plan.planner.search import score
+    cost = cost or CostModel(problem)
+    L = len(plan.layers)
+    value = layer_values(problem) / float(problem.rank_bytes.sum())
+    order = sorted(range(L), key=lambda j: (-value[j], -len(plan.layers[j].vram), j))
+    objective, weight = plan.search.objective, plan.search.mix_weight
+    best = None
+    gpu = [False] * L
+    for k in range(L + 1):
+        if k:
+            gpu[order[k - 1]] = True
         p = layer_placement(problem, gpu)
-    return tuple(gpu), p
+        if footprint(problem, p).vram > problem.budget.vram:
+            break                                    # equal weights: no longer prefix fits either
+        pred = cost.predict(p)
+        s = score(pred, objective, weight)
+        if best is None or s > best[0]:
+            best = (s, tuple(gpu), p, pred)
+    if best is None:
+        p = layer_placement(problem, [False] * L)
+        return (False,) * L, p, cost.predict(p)
+    return best[1], best[2], best[3]
 
 
 def cpu_expert_bound(problem, on_gpu) -> float | None:
@@ -273,8 +263,12 @@ def _notes(plan, layers: tuple[LayerChoice, ...], problem, streamed: int, fits: 
     demoted = [c.layer for c in layers if c.demoted]
     if demoted:
         out.append(f"layers {', '.join(map(str, demoted))} have most experts in VRAM in the plan but go to the CPU "
-                   f"here: whole layers on the GPU (with every dense weight, -ngl 999) would exceed the "
-                   f"{problem.budget.vram / 1e9:.2f} GB VRAM budget.")
+                   f"here: more whole layers on the GPU (with every dense weight, -ngl 999) would exceed the "
+                   f"{problem.budget.vram / 1e9:.2f} GB VRAM budget, or predict no faster.")
+    promoted = [c.layer for c in layers if c.on_gpu and not c.majority_gpu]
+    if promoted:
+        out.append(f"layers {', '.join(map(str, promoted))} have most experts off VRAM in the plan (its cache and "
+                   f"prefetch serve them) but go to the GPU here, where the budget has room for them whole.")
     slots = sum(c.cache_slots for c in layers)
     if slots:
         out.append(f"the plan's LRU expert cache ({slots} slots in all): llama.cpp has no dynamic expert cache.")
@@ -302,10 +296,10 @@ def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: st
     if not gpu_buffer or "=" in gpu_buffer or " " in gpu_buffer:
         raise UserError("--gpu-buffer", gpu_buffer, "is not a llama.cpp buffer type name",
                         "pass e.g. CUDA0, Vulkan0 or Metal")
-    on_gpu, p = choose_layers(plan, problem)
-    fp = footprint(problem, p)
     cost = CostModel(problem)
-    predicted = Throughput.of(cost.predict(p), physical_bound(problem, p))
+    on_gpu, p, pred = choose_layers(plan, problem, cost)
+    fp = footprint(problem, p)
+    predicted = Throughput.of(pred, physical_bound(problem, p))
     pr = plan.predicted
     planned = Throughput(pr.decode_tok_s, pr.prefill_tok_s, pr.decode_binding, pr.prefill_binding,
                          pr.bound_decode_tok_s, pr.bound_prefill_tok_s)
@@ -317,3 +311,13 @@ def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: st
     return LlamaCppExport(plan.model, plan_path, gpu_buffer, plan.context, layers, fp.vram, problem.budget.vram,
                           fp.ram_experts, fp.nvme_experts, planned, predicted, cpu_expert_bound(problem, on_gpu),
                           streamed, _notes(plan, layers, problem, streamed, fits))
+
+
+def export_text(plan, problem, plan_path: str, gguf: str = "MODEL.gguf", gpu_buffer: str = GPU_BUFFER,
+                as_json: bool = False) -> str:
+    """What `strata-plan export` prints and writes, and the wizard's Save step writes: the shell script, or
+    its JSON."""
+    if as_json:
+        import json
+        return json.dumps(export_llama_cpp(plan, problem, plan_path, gpu_buffer).as_data(), indent=2) + "\n"
+    return export_llama_cpp(plan, problem, plan_path, gpu_buffer).shell(gguf)

@@ -6,6 +6,7 @@ search, checks the result against the physical bound and returns a `Plan`. Write
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from strata_plan.errors import UserError
@@ -53,12 +54,20 @@ def load_routing(spec, stats: str | None = None, prior: str | None = None, seed:
                                     model=spec.name, **kw)
 
 
+def stats_sha256(stats) -> str:
+    """sha256 of routing statistics' content: their canonical JSON without `source`, which for a trace is the
+    path it was named by (the trace's own sha256 is in `source_sha256`)."""
+    return sha256_of({k: v for k, v in to_data(stats).items() if k != "source"})
+
+
 def sources_of(problem, stats_path: str | None, prior: str | None, gpu_preset: str | None) -> Sources:
+    """What the plan records of its inputs; paths absolute (`save_plan` writes them relative to the plan)."""
     spec, prof, st = problem.spec, problem.profile, problem.stats
     stats_name = stats_path or f"prior {prior or DEFAULT_PRIOR}"
-    return Sources(model=SourceRef(spec.name, spec.config_sha256, spec.source),
+    return Sources(model=SourceRef(spec.name, spec.config_sha256, os.path.abspath(spec.source) if spec.source else ""),
                    profile=SourceRef(prof.name, sha256_of(to_data(prof))),
-                   statistics=SourceRef(stats_name, sha256_of(to_data(st)), str(stats_path or ""), st.kind),
+                   statistics=SourceRef(stats_name, stats_sha256(st), os.path.abspath(stats_path) if stats_path else "",
+                                        st.kind),
                    statistics_source_sha256=st.source_sha256, gpu_preset=gpu_preset or "")
 
 
@@ -90,3 +99,71 @@ def make_plan(profile: str, model: str, stats: str | None = None, prior: str | N
     result = search(problem, trials=trials, seed=seed, objective=objective, mix_weight=mix_weight,
                     study_db=study_db, cost=cost, on_trial=on_trial)
     return plan_from_result(problem, result, sources_of(problem, stats, prior, gpu_preset), cost)
+
+
+# ------------------------------------------------------------------------------------------------
+# The problem a saved plan was made for
+# ------------------------------------------------------------------------------------------------
+def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | None = None) -> Problem:
+    """Rebuild the planning problem of a saved plan (`where`: its file) from its recorded sources (model,
+    profile, statistics) and budgets, refusing any source whose sha256 differs from the one the plan records,
+    and a plan whose fields disagree with its model; every message names the plan file and the field.
+    `profile`/`stats` override the recorded ones (a measured profile is recorded by name only: pass its YAML
+    path). Recorded paths are absolute once loaded (`load_plan` resolves them against the plan's folder)."""
+    from strata_plan.planner.plan import check_plan_model
+    from strata_plan.planner.spec import load_spec
+    src = plan.sources
+    model = src.model.path if src.model.path and Path(src.model.path).is_file() else src.model.name
+    try:
+        spec = load_spec(model)
+    except UserError:
+        raise UserError(where, "sources.model", f"model {src.model.name!r} is not a shipped spec, and its config.json "
+                        f"{src.model.path or '(none recorded)'} is not there",
+                        "restore the model's config.json where the plan records it, or plan again") from None
+    if spec.config_sha256 != src.model.sha256:
+        raise UserError(where, "sources.model", f"{model} is not the model config the plan was made for",
+                        "plan again, or restore the model's config.json")
+    if plan.model != spec.name:
+        raise UserError(where, "model", f"{plan.model!r}, but the plan was made for {spec.name} (sources.model)",
+                        f"write `model: {spec.name}` back, or plan again")
+    check_plan_model(plan, spec, where)
+    preset = src.gpu_preset or None
+    prof_name = src.profile.name
+    if preset and prof_name.endswith(f"+{preset}"):
+        prof_name = prof_name[: -len(preset) - 1]
+    try:
+        prof = load_machine(profile or prof_name, preset)
+    except UserError as e:
+        if profile is None and e.field == prof_name:
+            raise UserError(where, "sources.profile", f"profile {prof_name!r} is not a shipped profile",
+                            "pass --profile PATH, the profile YAML the plan was made with") from None
+        raise
+    if sha256_of(to_data(prof)) != src.profile.sha256:
+        raise UserError(where, "sources.profile", f"profile {profile or prof_name} differs from the one the plan "
+                        "was made for", "pass --profile PATH, the profile YAML the plan was made with")
+    st = src.statistics
+    if stats:
+        routing_stats = load_routing(spec, stats=stats)
+    elif not st.path:                               # a prior named on the command line
+        routing_stats = load_routing(spec, prior=st.name.removeprefix("prior "))
+    else:                                           # a statistics file or trace (of a prior, or measured)
+        if not Path(st.path).is_file():
+            raise UserError(where, "sources.statistics.path", f"{st.path}: file not found (the routing statistics "
+                            "the plan was made with)", "pass --stats PATH to read them from elsewhere")
+        routing_stats = load_routing(spec, stats=st.path)
+    if stats_sha256(routing_stats) != st.sha256:
+        raise UserError(where, "sources.statistics", f"routing statistics {stats or st.path or st.name} differ from "
+                        "the ones the plan was made for", "pass --stats PATH, the statistics the plan was made with")
+    b = plan.memory.budgets
+    try:
+        return Problem(spec, prof, routing_stats, Budget(b.vram_bytes, b.ram_bytes, b.nvme_bytes, b.vram_reserve_bytes),
+                       plan.context, plan.prefill_chunk)
+    except UserError as e:
+        raise UserError(where, "memory.budgets", f"{e.where} {e.field}: {e.problem}", "plan again") from None
+
+
+def load_plan_problem(path: str, profile: str | None = None, stats: str | None = None):
+    """(plan, problem) of a plan file: what `export` and `what-if` start from."""
+    from strata_plan.planner.plan import load_plan
+    plan = load_plan(path)
+    return plan, problem_for_plan(plan, path, profile, stats)

@@ -9,9 +9,11 @@ and statistics it came from with their sha256. It is parsed as strictly as a har
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -24,6 +26,7 @@ from strata_plan.planner.placement import Placement
 from strata_plan.schema import bounded, check_schema, parse, to_data
 from strata_plan.yamlio import atomic_write_yaml, read_yaml
 
+PACKAGE_ROOT = Path(os.path.abspath(__file__)).parent      # shipped specs live here (planner/models)
 SCHEMA_NAME = "strata-plan/plan"
 SCHEMA_VERSION = 1
 Resource = Literal["pcie", "nvme", "hbm", "compute", "overhead"]
@@ -296,10 +299,32 @@ def build_plan(problem, result, bound, sources: Sources, cost) -> Plan:
                 _dt.date.today().isoformat(), __version__)
 
 
+def _with_paths(plan: Plan, change) -> Plan:
+    """The plan with `change(path)` applied to the model and statistics paths it records."""
+    src = plan.sources
+    model, st = src.model, src.statistics
+    return dataclasses.replace(plan, sources=dataclasses.replace(
+        src, model=dataclasses.replace(model, path=change(model.path) if model.path else ""),
+        statistics=dataclasses.replace(st, path=change(st.path) if st.path else "")))
+
+
+def _relative_to(folder: Path):
+    """A recorded path as the plan file stores it: relative to the plan's folder (shipped specs, inside this
+    package, stay absolute)."""
+    def change(p: str) -> str:
+        if not os.path.isabs(p) or Path(p).is_relative_to(PACKAGE_ROOT):
+            return p
+        return os.path.relpath(p, folder)
+    return change
+
+
 def save_plan(plan: Plan, path: str | Path) -> Path:
+    """Write the plan atomically; the input paths it records are stored relative to the plan's folder, so the
+    plan keeps working from any folder, and moves with its statistics."""
     header = (f"strata-plan plan ({SCHEMA_NAME} v{SCHEMA_VERSION}) for {plan.model}. Throughputs under `predicted`\n"
               f"are predictions of the cost model, not measurements. See planner/PLANNER.md for every field.")
-    return atomic_write_yaml(path, to_data(plan), header)
+    folder = Path(os.path.abspath(path)).parent
+    return atomic_write_yaml(path, to_data(_with_paths(plan, _relative_to(folder))), header)
 
 
 def load_plan(path: str | Path, spec=None) -> Plan:
@@ -311,6 +336,8 @@ def load_plan(path: str | Path, spec=None) -> Plan:
         raise UserError(str(path), "schema", f"got {data.get('schema')!r}",
                         f"a plan starts with `schema: {SCHEMA_NAME}` (make one with `strata-plan plan`)")
     plan = parse(Plan, data, str(path))
+    folder = Path(os.path.abspath(path)).parent
+    plan = _with_paths(plan, lambda p: os.path.normpath(os.path.join(folder, p)))   # absolute, as make_plan records
     if spec is not None:
         check_plan_model(plan, spec, str(path))
     return plan

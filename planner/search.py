@@ -171,8 +171,9 @@ def _no_fit(problem, greedy: Candidate):
     i = max(range(3), key=lambda t: over[t])
     flag, tier, have = (("--vram-gb", "VRAM", budget.vram), ("--ram-gb", "pinned RAM", budget.ram),
                         ("--nvme-gb", "NVMe", budget.nvme))[i]
-    raise UserError(flag, f"{have / 1e9:.2f} GB", f"no placement of {problem.spec.name} fits "
-                    f"({over[i] / 1e9:.1f} GB more needed in {tier})", f"raise {flag}, lower --context, or use a smaller model")
+    from strata_plan.units import fmt_bytes
+    raise UserError(flag, fmt_bytes(have), f"no placement of {problem.spec.name} fits "
+                    f"({fmt_bytes(over[i])} more needed in {tier})", f"raise {flag}, lower --context, or use a smaller model")
 
 
 def _clip(k: Knobs, max_depth: int) -> Knobs:

@@ -244,6 +244,18 @@ class ModelSpec:
             "total_params_B": round(self.total_params / 1e9, 2), "active_params_B": round(self.active_params / 1e9, 2),
         }
 
+    def details(self) -> dict[str, Any]:
+        """`summary()` with the bytes per routed expert of each format, dense and KV bytes, FLOPs and the seed's
+        tier mix (what `strata-plan models NAME` shows)."""
+        from strata_plan.kernels.formats import TIER_FORMATS, tier_mix
+        mix = tier_mix()
+        return {**self.summary(),
+                "routed_expert_bytes": {f: self.routed_expert_bytes(f) for f in (*TIER_FORMATS, "q4_g128_f16", "bf16")},
+                "dense_bytes_bf16": self.dense_bytes, "dense_bytes_per_token": self.dense_bytes_per_token(),
+                "kv_bytes_per_token": self.kv_bytes_per_token(), "flops_per_token_ctx0": self.flops_per_token(0),
+                "native_bytes": self.native_bytes, "seed_mix_bytes": self.packed_bytes(mix),
+                "seed_mix": dict(zip(mix.formats, [round(f, 4) for f in mix.fractions]))}
+
 
 # ------------------------------------------------------------------------------------------------
 # Reading config.json

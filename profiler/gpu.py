@@ -108,7 +108,7 @@ def identity(index: int, load: Callable[[Callable[[], None]], None]) -> Identity
     is sampled while `load` runs copies."""
     import pynvml
 
-    from strata_plan.kernels.bench import nvml_handle
+    from strata_plan.nvml import nvml_handle
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:

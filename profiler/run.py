@@ -127,6 +127,18 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "machine"
 
 
+def default_name(gpu_name: str | None = None) -> str:
+    """The profile's name without --name: the GPU's (`h200`), or `host-<hostname>` without one. With
+    `gpu_name` None, the first CUDA device's name as torch reports it (what `strata-plan profile` names its
+    default output file by, before measuring)."""
+    if gpu_name is None:
+        gpu_name = ""
+        if _gpu_available():
+            import torch
+            gpu_name = torch.cuda.get_device_name(0)
+    return _slug(gpu_name.replace("NVIDIA ", "")) if gpu_name else f"host-{_slug(platform.node() or 'host')}"
+
+
 def _gpu_available() -> bool:
     try:
         from . import gpu as gpu_mod
@@ -228,7 +240,7 @@ def build_profile(opts: Options, ram: host_mod.RamInfo, ram_copy: Stats, threads
         calibration = _calibration(gpu, calibration)
     host_name = platform.node() or "host"
     gpu_name = gpus[0].name if gpus else ""
-    name = opts.name or (_slug(gpu_name.replace("NVIDIA ", "")) if gpu_name else f"host-{_slug(host_name)}")
+    name = opts.name or default_name(gpu_name)
     what = f"{gpu_name} + " if gpu_name else "no GPU (host-only) + "
     desc = (f"measured by `strata-plan profile{' --quick' if opts.quick else ''}` ({mode}) on {host_name}: {what}"
             f"{ram.total_gb:.0f} GB RAM + {disk.info.name}; {cpu.model}")

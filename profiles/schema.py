@@ -250,6 +250,14 @@ def shipped_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
+def profile_summary(p: HardwareProfile) -> dict:
+    """One row of `strata-plan profiles`: GPU, VRAM, pinned H2D and NVMe reads at 16 MiB, RAM."""
+    g = p.gpu
+    return {"name": p.name, "gpu": g.name if g else "(none)", "vram_gb": g.vram_gb.value if g else 0,
+            "h2d_16MiB_gbps": round(g.h2d_pinned.at(16 << 20), 1) if g else 0, "ram_gb": p.host.ram_gb.value,
+            "nvme_16MiB_gbps": round(p.nvme[0].rand_read.best(16 << 20)[0], 2) if p.nvme else 0}
+
+
 def save_profile(profile: HardwareProfile, path: str | Path) -> Path:
     header = f"strata-plan hardware profile ({SCHEMA_NAME} v{SCHEMA_VERSION}); GB = 1e9 bytes. See profiles/SCHEMA.md."
     return atomic_write_yaml(path, to_data(profile), header)

@@ -126,8 +126,10 @@ def _parse(tp: Any, data: Any, where: str, path: str, meta: dict | None) -> Any:
     if tp in (int, float):
         if isinstance(data, bool) or not isinstance(data, (int, float)) or (tp is int and not isinstance(data, int)):
             _fail(where, path, f"must be {_describe(tp)}, got {data!r}", f"write {_describe(tp)}")
-        if isinstance(data, float) and not math.isfinite(data):
-            _fail(where, path, f"must be finite, got {data!r}", "write a finite number")
+        if isinstance(data, float) and math.isnan(data):
+            _fail(where, path, f"must be a number, got {data!r}", "write a finite number")
+        if isinstance(data, float) and math.isinf(data):
+            _fail(where, path, f"out of range: {data!r} (beyond a 64-bit float)", "write a finite number")
         if meta:
             lo, hi, unit = meta.get("lo"), meta.get("hi"), meta.get("unit", "")
             u = f" {unit}" if unit else ""

@@ -14,13 +14,17 @@ SHARED = ROOT.parent / "shared"
 
 def _triton_interpreter_without_gpu() -> None:
     """The Triton kernels run in Triton's interpreter where there is no GPU. Triton reads TRITON_INTERPRET
-    when it is first imported, so it is set here, before any test module can import triton."""
+    when it is first imported, so it is set here, before any test module can import triton. Under
+    pytest-xdist each worker gets its share of the cores for torch's threads."""
     try:
         import torch
     except ImportError:
         return
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:            # pytest-xdist: split the cores between the workers instead of oversubscribing
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 _triton_interpreter_without_gpu()

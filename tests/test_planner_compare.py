@@ -60,11 +60,3 @@ def test_checks_catch_a_bound_violation_and_a_slower_fast_link(monkeypatch):
     assert any("predicts decode_tok_s" in f for f in bad.failures)
     assert "FAILED" in to_markdown(bad)
 
-
-def test_cli_writes_the_table(cli, tmp_path):
-    out = tmp_path / "table.md"
-    r = cli("compare-tables", "--profiles", "rtx-5090", "--trials", "2", "--tokens", "256", "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    assert "| rtx-5090 |" in out.read_text() and "wrote" in r.stdout
-    bad = cli("compare-tables", "--profiles", "rtx-9999", "--trials", "2")
-    assert bad.returncode == 2 and "unknown profile name" in bad.stderr

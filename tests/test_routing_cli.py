@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from strata_plan.cli import main
 from strata_plan.planner.routing import load_stats, load_trace
 
 SLICE = str(Path(__file__).parent / "data" / "routing_mixtral_slice.jsonl")
@@ -24,19 +25,23 @@ def test_jsonl_trace_to_table_statistics_and_npz(tmp_path, cli):
     assert load_stats(tmp_path / "again.yaml").layers == st.layers
 
 
-def test_prior_for_a_model_and_default_out_path(tmp_path, cli):
+def test_prior_for_a_model_prints_and_writes_only_when_asked(tmp_path, cli):
     r = cli("stats", "olmoe-like", "--model", "qwen3-30b-a3b", "--json", "--tokens", "512", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["kind"] == "prior" and len(data["rows"]) == 1 and data["rows"][0]["layers"] == "0-47"
-    st = load_stats(tmp_path / "stats-qwen3-30b-a3b-olmoe-like.yaml")
+    assert data["out"] == "" and list(tmp_path.iterdir()) == []          # without --out nothing is written
+    out = tmp_path / "olmoe.yaml"
+    r = cli("stats", "olmoe-like", "--model", "qwen3-30b-a3b", "--tokens", "512", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0 and f"wrote {out}" in r.stdout.replace("\n", "")
+    st = load_stats(out)
     assert st.n_layers == 48 and st.n_experts == 128 and st.layers[0] == st.layers[47]
-    r = cli("stats", str(tmp_path / "stats-qwen3-30b-a3b-olmoe-like.yaml"), "--model", "qwen3-30b-a3b",
-            "--out", str(tmp_path / "shown.yaml"))
-    assert r.returncode == 0 and "0-47" in r.stdout
+    r = cli("stats", str(out), "--model", "qwen3-30b-a3b", cwd=tmp_path)
+    assert r.returncode == 0 and "0-47" in r.stdout and "not written" in r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["olmoe.yaml"]
 
 
-def test_user_mistakes_exit_2_with_one_line(tmp_path, cli):
+def test_user_mistakes_exit_2_with_one_line(tmp_path, cli, capsys, monkeypatch):
     stats = tmp_path / "s.yaml"
     assert cli("stats", "uniform", "--model", "mixtral-8x7b", "--out", str(stats)).returncode == 0
     cases = [
@@ -51,8 +56,16 @@ def test_user_mistakes_exit_2_with_one_line(tmp_path, cli):
         (["stats", "uniform", "--model", "no-such-model"], "unknown model name"),
         (["stats", str(tmp_path / "missing.jsonl"), "--model", "mixtral-8x7b"], "file not found"),
         (["stats", "uniform", "--model", "mixtral-8x7b", "--out", str(tmp_path / "no" / "s.yaml")], "does not exist"),
+        (["stats", "uniform", "--model", "mixtral-8x7b", "--out", str(tmp_path)], "is a folder"),
+        (["stats", "uniform", "--model", "mixtral-8x7b", "--out", str(stats)], "already exists"),
+        (["stats", "uniform", "--model", "mixtral-8x7b", "--save-trace", str(stats)], "already exists"),
     ]
-    for args, words in cases:
-        r = cli(*args, cwd=tmp_path)
-        assert r.returncode == 2, (args, r.stderr)
-        assert r.stderr.count("\n") == 1 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    monkeypatch.chdir(tmp_path)
+    for args, words in cases:              # in-process: a user's mistake returns 2, anything else raises here
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == 2, (args, err)
+        assert err.count("\n") == 1 and words in err and "Traceback" not in err, (args, err)
+    before = stats.read_text()
+    assert main(["stats", "olmoe-like", "--model", "mixtral-8x7b", "--out", str(stats), "--force"]) == 0
+    assert stats.read_text() != before

@@ -22,13 +22,22 @@ def in_tmp(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def planned():
     """A finished search and its analysis, shared by the Result and Save snapshots."""
-    from strata_plan.planner.export import problem_for_plan
+    from strata_plan.planner.make import problem_for_plan
     from strata_plan.planner.make import make_plan
     from strata_plan.tui.result import WHATIF_TRIALS
-    from strata_plan.tui.whatif import what_if
+    from strata_plan.planner.whatif import what_if
     plan = make_plan(**CHOICES.plan_call())
     problem = problem_for_plan(plan, "plan", CHOICES.profile)
     return plan, problem, what_if(plan, problem, trials=WHATIF_TRIALS)
+
+
+async def steady(pilot) -> None:
+    """A focused text field blinks its cursor: stop the blinking so the picture does not depend on when it
+    is taken."""
+    from textual.widgets import Input
+    for field in pilot.app.screen.query(Input):
+        field.cursor_blink = False
+    await pilot.pause()
 
 
 def session_at(planned) -> Session:
@@ -76,7 +85,7 @@ def test_search_finished(snap_compare):
         await pilot.pause()
         pilot.app.screen.start(CHOICES)
         await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
+        await steady(pilot)
     assert snap_compare(WizardApp(Session(CHOICES)), terminal_size=SIZE, run_before=run_before)
 
 
@@ -101,7 +110,7 @@ def test_save(snap_compare, planned):
         pilot.app.goto(4)
         await pilot.pause()
         pilot.app.screen.save()
-        await pilot.pause()
+        await steady(pilot)
     assert snap_compare(WizardApp(session_at(planned)), terminal_size=SIZE, run_before=run_before)
 
 
@@ -111,5 +120,5 @@ def test_save_scrolled_to_the_llama_cpp_export(snap_compare, planned):
         await pilot.pause()
         pilot.app.screen.save()
         pilot.app.screen.query_one("#body").scroll_end(animate=False)
-        await pilot.pause()
+        await steady(pilot)
     assert snap_compare(WizardApp(session_at(planned)), terminal_size=SIZE, run_before=run_before)

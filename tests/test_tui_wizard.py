@@ -253,3 +253,87 @@ def test_ctrl_c_quits_mid_search_without_files(in_tmp):
         return time.monotonic() - t0
     assert asyncio.run(drive()) < 10
     assert list(in_tmp.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def finished():
+    """A finished search (Mixtral across all three tiers), to start the wizard at its later steps."""
+    from strata_plan.planner.make import make_plan
+    choices = Choices(vram_gb=10, ram_gb=4, prior="olmoe-like", trials=8)
+    return choices, make_plan(**choices.plan_call())
+
+
+def test_each_step_opens_on_its_first_control_and_enter_presses_its_primary_button(in_tmp):
+    async def drive():
+        app = WizardApp(Session(Choices(trials=6)))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert app.focused.id == "source"                  # Enter works at once: no Tab first
+            await type_into(pilot, "vram", "13")
+            await pilot.press("enter")                         # Enter in a field: Next
+            await pilot.pause()
+            assert type(app.screen).__name__ == "ModelScreen" and app.focused.id == "model"
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert type(app.screen).__name__ == "SearchScreen" and app.focused.id == "trials"
+            await pilot.press("enter")                         # no plan yet: Enter starts the search
+            await wait_for(pilot, lambda: app.session.plan_is_current)
+            await pilot.pause()
+            assert app.screen.primary() == "next"
+            app.screen.query_one("#trials").focus()
+            await pilot.press("enter")                         # a plan for these choices: Enter goes on
+            await pilot.pause()
+            assert type(app.screen).__name__ == "ResultScreen" and app.focused.id == "next"
+    asyncio.run(drive())
+
+
+def test_an_error_line_goes_as_soon_as_the_input_is_fixed(in_tmp):
+    async def drive():
+        app = WizardApp()
+        async with app.run_test(size=SIZE) as pilot:
+            await type_into(pilot, "vram", "lots")
+            await pilot.press("ctrl+n")
+            assert "must be a positive number" in error_line(app)
+            await focus(pilot, "vram")
+            await pilot.press("backspace")
+            assert "lot: must be a positive number" in error_line(app)   # still wrong: the error follows
+            await type_into(pilot, "vram", "13")
+            await pilot.pause()
+            assert error_line(app) == "" and type(app.screen).__name__ == "HardwareScreen"
+    asyncio.run(drive())
+
+
+def test_replacing_files_and_leaving_without_saving_are_asked_first(in_tmp, finished):
+    choices, plan = finished
+
+    async def drive():
+        app = WizardApp(Session(choices, plan=plan, plan_choices=choices))
+        async with app.run_test(size=SIZE) as pilot:
+            app.goto(4)
+            await pilot.pause()
+            assert app.focused.id == "profile-out"
+            await pilot.press("ctrl+n")                        # Finish without saving: asked
+            await pilot.pause()
+            assert type(app.screen).__name__ == "Confirm" and "without saving" in plain(app.screen.query_one("#question"))
+            await pilot.press("escape")                        # stay
+            await pilot.pause()
+            assert type(app.screen).__name__ == "SaveScreen"
+            plan_out = app.screen.query_one("#plan-out").value
+            (in_tmp / plan_out).write_text("mine\n")
+            await focus(pilot, "save")
+            await pilot.press("enter")                         # the plan file exists: asked
+            await pilot.pause()
+            assert type(app.screen).__name__ == "Confirm" and plan_out in plain(app.screen.query_one("#question"))
+            app.screen.query_one("#no").press()
+            await pilot.pause()
+            assert (in_tmp / plan_out).read_text() == "mine\n" and not app.session.saved
+            await focus(pilot, "save")
+            await pilot.press("enter")
+            await pilot.pause()
+            await pilot.press("enter")                         # Replace (focused first)
+            await pilot.pause()
+            assert len(app.session.saved) == 3 and (in_tmp / plan_out).read_text() != "mine\n"
+            await pilot.press("ctrl+n")                        # saved: Finish leaves at once
+            await pilot.pause()
+            assert app.return_code == 0
+    asyncio.run(drive())

@@ -2,6 +2,8 @@
 No Textual here; every figure comes from the profile, `ModelSpec` or the plan, with its provenance."""
 from __future__ import annotations
 
+from strata_plan.units import fmt_bytes
+
 MiB = 1 << 20
 TIERS = {"vram": "VRAM", "ram": "RAM", "nvme": "NVMe"}     # keys of Predicted.bytes_per_token
 
@@ -42,14 +44,6 @@ def model_rows(spec) -> list[tuple[str, str]]:
             ("parameters", f"{spec.total_params / 1e9:.1f} B total, {spec.active_params / 1e9:.1f} B active"),
             ("packed size", f"{spec.packed_bytes(mix) / 1e9:.1f} GB in the tier mix "
                             f"({', '.join(mix.formats)}), dense BF16 {spec.dense_bytes / 1e9:.1f} GB")]
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes in decimal units (GB = 1e9 bytes), three significant digits."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def fmt_tok(v: float) -> str:

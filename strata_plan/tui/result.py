@@ -59,8 +59,8 @@ class ResultScreen(StepScreen):
 
     @work(thread=True, exclusive=True, group="whatif")
     def analyse(self, plan, choices) -> None:
-        from strata_plan.planner.export import problem_for_plan
-        from strata_plan.tui.whatif import what_if
+        from strata_plan.planner.make import problem_for_plan
+        from strata_plan.planner.whatif import what_if
         try:
             problem = problem_for_plan(plan, "the plan", choices.profile, choices.stats or None)
             result = what_if(plan, problem, trials=WHATIF_TRIALS, on_step=reporter(self.app, self._step))

@@ -1,5 +1,6 @@
 """Step 5, Save: the profile YAML, the plan YAML and the llama.cpp export, written atomically, with the
-command lines that write the same files without the wizard."""
+command lines that write the same files without the wizard. Replacing an existing file, and finishing
+without having saved, are asked first."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -7,7 +8,7 @@ from textual.app import ComposeResult
 from textual.widgets import Button, Input, Label, Static
 
 from strata_plan.errors import UserError
-from strata_plan.tui.base import StepScreen, field_row
+from strata_plan.tui.base import Confirm, StepScreen, field_row
 from strata_plan.tui.state import command, export_argv, profile_argv
 
 
@@ -20,7 +21,7 @@ class SaveScreen(StepScreen):
     NEXT_LABEL = "Finish"
 
     def body(self) -> ComposeResult:
-        yield Label("Files (written atomically; an existing file is replaced)", classes="section first")
+        yield Label("Files (written atomically; replacing an existing one is asked first)", classes="section first")
         yield field_row("profile YAML", Input(id="profile-out", compact=True))
         yield field_row("plan YAML", Input(id="plan-out", compact=True))
         yield field_row("llama.cpp", Input(id="export-out", compact=True))
@@ -49,11 +50,11 @@ class SaveScreen(StepScreen):
 
     def export(self, profile: str, plan_path: str) -> tuple[object, str]:
         """(problem, export text) of the session's plan, its profile read from `profile`."""
-        from strata_plan.cli_export import export_text
-        from strata_plan.planner.export import GPU_BUFFER, problem_for_plan
+        from strata_plan.planner.export import export_text
+        from strata_plan.planner.make import problem_for_plan
         s = self.session
         problem = problem_for_plan(s.plan, plan_path, profile, s.plan_choices.stats or None)
-        return problem, export_text(s.plan, problem, plan_path, "MODEL.gguf", GPU_BUFFER, as_json=False)
+        return problem, export_text(s.plan, problem, plan_path)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if self.session.plan is not None:
@@ -89,14 +90,43 @@ class SaveScreen(StepScreen):
             lines = [e.line()]
         self.query_one("#commands", Static).update(Text("\n".join(f"$ {line}" for line in lines)))
 
+    def primary(self) -> str:
+        return "next" if self.session.saved else "save"
+
+    def check(self) -> None:
+        self.paths()
+
     def pressed(self, button_id: str) -> None:
         if button_id == "save":
             try:
-                self.save()
+                paths = self.paths()
             except UserError as e:
                 self.show_error(e.line())
                 return
-            self.show_error("")
+            from strata_plan.outpaths import existing
+            there = existing(paths)
+            if there:
+                self.app.push_screen(Confirm(f"Replace {', '.join(there)}?", "Replace"),
+                                     lambda yes: self._save() if yes else None)
+            else:
+                self._save()
+
+    def _save(self) -> None:
+        try:
+            self.save()
+        except UserError as e:
+            self.show_error(e.line())
+            return
+        self.show_error("")
+
+    def action_next(self) -> None:
+        """Finish; without a save since the plan was made, ask first."""
+        if self.session.saved:
+            super().action_next()
+            return
+        self.app.push_screen(Confirm("Nothing is saved yet: leave the wizard without saving?", "Leave",
+                                     "Stay and save"),
+                             lambda yes: self.app.exit() if yes else None)
 
     def save(self) -> None:
         """Profile first (the export reads it back), then the plan, then the export."""

@@ -93,8 +93,9 @@ class SearchScreen(StepScreen):
         """`make_plan` with Optuna's per-trial callback recording the best score so far (a list append, safe
         under the GIL); the interface reads it on a timer, so the search never waits for drawing."""
         from strata_plan.planner.make import make_plan
+        from strata_plan.planner.optuna_log import silence
         worker = get_current_worker()
-        _quiet_optuna()
+        silence()
 
         def on_trial(number: int, value: float) -> None:
             if worker.is_cancelled:
@@ -133,21 +134,14 @@ class SearchScreen(StepScreen):
         self.query_one("#stop", Button).disabled = True
         self.query_one("#search-status", Label).update(message)
 
+    def primary(self) -> str:
+        return "next" if self.session.plan_is_current else "start"
+
     def _finished(self, plan, choices) -> None:
         s = self.session
-        s.plan, s.plan_choices, s.problem, s.whatif = plan, choices, None, None
+        s.plan, s.plan_choices, s.problem, s.whatif, s.saved = plan, choices, None, None, ()
+        self.recheck()
         self._stopped(f"done: {plan.search.trials} trials (greedy start {fmt_tok(plan.search.greedy_decode_tok_s)} "
                       f"tok/s decode); the plan, predicted:")
         self.query_one("#search-result", Static).update(rows_text(plan_rows(plan)[:2]))
 
-
-def _quiet_optuna() -> None:
-    """Optuna logs a stopped trial as a warning on stderr, which would draw over the wizard: drop its
-    handler (and give its logger a silent one, or Python's last-resort handler prints warnings anyway)."""
-    import logging
-
-    import optuna
-    optuna.logging.disable_default_handler()
-    log = logging.getLogger("optuna")
-    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
-        log.addHandler(logging.NullHandler())

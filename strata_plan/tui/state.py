@@ -17,7 +17,7 @@ from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT
 
 DEFAULT_PROFILE = "rtx-4090"
 DEFAULT_MODEL = "mixtral-8x7b"
-DEFAULT_TRIALS = 200            # strata-plan plan's default (planner/cli_plan.py)
+DEFAULT_TRIALS = 200            # strata-plan plan's default (strata_plan/cli/plan.py)
 OBJECTIVES = {"decode": "decode", "prefill": "prefill", "both": "mix"}   # wizard label -> --objective
 
 
@@ -135,7 +135,7 @@ class Session:
     plan: object | None = None              # planner Plan of the last finished search
     plan_choices: Choices | None = None     # the choices that plan was made from
     problem: object | None = None           # its planning problem (for the analysis and the export)
-    whatif: object | None = None            # tui.whatif.WhatIf of that plan
+    whatif: object | None = None            # planner.whatif.WhatIf of that plan
     saved: tuple[str, ...] = ()             # paths written by the Save step
     _tmp: tempfile.TemporaryDirectory | None = None
 

@@ -3,7 +3,7 @@
 Each change (more VRAM, more pinned RAM, a faster NVMe or PCIe link) and each point of the VRAM sweep is a
 short Optuna search warm-started from the plan (its placement, when it still fits, and its knobs), so the
 answer is never worse than keeping the plan and comes back in well under a second per change. Every figure
-is a cost-model prediction. `strata-plan what-if` prints this; the TUI's Result step shows it.
+is a cost-model prediction. `strata-plan what-if` prints this; the wizard's Result step shows it.
 No Textual here.
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ def changed_problem(problem, change: Change):
 def what_if(plan, problem, trials: int = 16, changes: tuple[Change, ...] = CHANGES,
             factors: tuple[float, ...] = SWEEP_FACTORS,
             on_step: Callable[[int, int], None] | None = None) -> WhatIf:
-    """Re-plan `problem` (the plan's, see `planner.export.problem_for_plan`) under each change and each VRAM
+    """Re-plan `problem` (the plan's, see `planner.make.problem_for_plan`) under each change and each VRAM
     budget of the sweep; `on_step(done, total)` reports progress (and may raise to cancel)."""
     from strata_plan.planner.capacity import Budget
     s = plan.search

@@ -9,10 +9,10 @@ import pytest
 from strata_plan.cli import main
 from strata_plan.errors import UserError
 from strata_plan.planner.capacity import Budget
-from strata_plan.planner.export import problem_for_plan
+from strata_plan.planner.make import problem_for_plan
 from strata_plan.planner.make import make_plan
 from strata_plan.planner.plan import save_plan
-from strata_plan.tui.whatif import CHANGES, SWEEP_FACTORS, what_if
+from strata_plan.planner.whatif import CHANGES, SWEEP_FACTORS, what_if
 
 TRIALS = 8
 

@@ -1,17 +1,11 @@
-"""`strata-plan profile`: measure this machine and write its hardware profile YAML."""
+"""`strata-plan profile`: measure this machine (`profiler.run.profile_machine`) and write its hardware
+profile YAML; the output path is checked before anything is measured."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import signal
-from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-from strata_plan.errors import UserError
+from strata_plan.cli._common import add_json, add_out, console, print_json, table
 
 
 def _positive_gib(text: str) -> float:
@@ -24,7 +18,7 @@ def _positive_gib(text: str) -> float:
     return v
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub) -> None:
     p = sub.add_parser("profile", help="measure this machine (GPU, PCIe, RAM, NVMe, CPU) and write its hardware profile",
                        description="Measure this machine and write a hardware profile YAML (GB = 1e9 bytes). "
                                    "Without a GPU it writes a host-only profile for `plan --gpu-preset`.")
@@ -35,54 +29,46 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="test-file size in GiB, clamped to the free space (default: 1 quick, 4 full)")
     p.add_argument("--pin-cap-gib", type=_positive_gib, metavar="N",
                    help="pin at most this much RAM when probing how much can be pinned (default: 4 quick, 32 full)")
-    p.add_argument("--out", metavar="FILE", help="profile YAML to write (default: ./<name>.yaml)")
+    add_out(p, "profile YAML to write (default: ./<name>.yaml)", metavar="FILE")
     p.add_argument("--name", default="", help="profile name (default: from the GPU, or host-<hostname>)")
-    p.add_argument("--json", action="store_true", help="print the profile, statistics and notes as JSON")
+    add_json(p, "print the profile, statistics and notes as JSON")
     p.set_defaults(func=cmd_profile)
 
 
-def _check_out(out: str | None) -> Path | None:
-    if out is None:
-        return None
-    path = Path(out)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise UserError("--out", out, f"folder {folder} does not exist", "create the folder or choose another --out")
-    if not os.access(folder, os.W_OK):
-        raise UserError("--out", out, f"folder {folder} is not writable", "choose a folder you can write to")
-    return path
-
-
 def cmd_profile(args) -> int:
+    import signal
+    from pathlib import Path
+
+    from strata_plan.outpaths import check_out_file
+    from strata_plan.profiler.nvme import check_dir
+    from strata_plan.profiler.run import Options, default_name, profile_machine
     from strata_plan.profiles.schema import load_profile, save_profile
     from strata_plan.schema import to_data
 
-    from .nvme import check_dir
-    from .run import Options, profile_machine
-
     check_dir(args.nvme_dir)                        # bad arguments fail before anything is measured
-    out = _check_out(args.out)
+    name = args.name or default_name()
+    out = check_out_file(args.out or f"{name}.yaml", "--out", args.force)
     opts = Options(quick=args.quick, nvme_dir=Path(args.nvme_dir), max_gib=args.max_gib,
-                   pin_cap_gib=args.pin_cap_gib, name=args.name)
+                   pin_cap_gib=args.pin_cap_gib, name=name)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM cleans up like Ctrl-C
     try:
-        result = profile_machine(opts, Console(stderr=True), show_progress=not args.json)
+        result = profile_machine(opts, console(stderr=True), show_progress=not args.json)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    path = save_profile(result.profile, out or Path(f"{result.profile.name}.yaml"))
+    path = save_profile(result.profile, out)
     load_profile(str(path))                         # what we wrote must load with the planner's loader
     if args.json:
-        print(json.dumps({"out": str(path), "seconds": round(result.seconds, 1), "gpu_found": result.gpu_found,
-                          "notes": list(result.notes), "stats": {k: s.to_dict() for k, s in result.stats.items()},
-                          "profile": to_data(result.profile)}, indent=2))
+        print_json({"out": str(path), "seconds": round(result.seconds, 1), "gpu_found": result.gpu_found,
+                    "notes": list(result.notes), "stats": {k: s.to_dict() for k, s in result.stats.items()},
+                    "profile": to_data(result.profile)})
         return 0
     _print_summary(result, path)
     return 0
 
 
-def _print_summary(result, path: Path) -> None:
-    console = Console()
-    t = Table("measured", "median", "spread", "repeats", title=f"{result.profile.name}: {path} "
+def _print_summary(result, path) -> None:
+    con = console()
+    t = table("measured", "median", "spread", "repeats", title=f"{result.profile.name}: {path} "
               f"({result.seconds:.0f} s)")
     for key, st in result.stats.items():
         if "disk" in key and not any(m in key for m in ("_16MiB_qd1_", "_16MiB_qd8_", "_16MiB_qd32_")):
@@ -90,7 +76,7 @@ def _print_summary(result, path: Path) -> None:
         if any(key.startswith(m) for m in ("h2d", "d2h")) and not any(s in key for s in ("_16MiB_", "_256MiB_")):
             continue
         t.add_row(key, f"{st.median:,.2f}", f"{st.spread:.1%}", str(st.repeats))
-    console.print(t)
+    con.print(t)
     for n in result.notes[result.extra.get("notes_shown", 0):]:
-        console.print(f"[yellow]note:[/] {n}")
-    console.print(f"wrote {path} (GB = 1e9 bytes; every figure marked measured with today's date)")
+        con.print(f"[yellow]note:[/] {n}")
+    con.print(f"wrote {path} (GB = 1e9 bytes; every figure marked measured with today's date)")

@@ -1,7 +1,11 @@
-"""The `strata-plan` command line: one subcommand per job, each registered by its own module.
+"""The `strata-plan` command line: one module per subcommand in this package, argument parsing and printing
+only; the work is done by the package that owns it (planner, profiler, kernels, engine).
 
 A user's mistake (`UserError`) prints one line and exits 2; Ctrl-C exits 130 without a traceback.
 With no arguments in a terminal it opens the wizard (TUI); without a terminal it prints help.
+
+Adding a command: write `strata_plan/cli/NAME.py` with `register(subparsers)` (which adds the subparser and
+sets `func`), and add NAME to `COMMANDS` below (CONTRIBUTING.md).
 """
 from __future__ import annotations
 
@@ -12,14 +16,18 @@ import sys
 from strata_plan import __version__
 from strata_plan.errors import UserError
 
-# Each module defines `register(subparsers)`; the subcommand's handler is stored as `func`.
-COMMAND_MODULES = (
-    "strata_plan.commands",            # models, profiles, formats
-    "strata_plan.planner.cli_stats",   # stats
-    "strata_plan.planner.cli_plan",    # plan, compare-tables
-    "strata_plan.profiler.cli",        # profile
-    "strata_plan.engine.pack",          # pack
-    "strata_plan.cli_export",          # export (llama.cpp), what-if
+# Modules of this package, in the order `--help` lists their commands.
+COMMANDS = (
+    "models",           # models
+    "profiles",         # profiles
+    "formats",          # formats
+    "profile",          # profile (measure this machine)
+    "stats",            # stats (routing statistics)
+    "plan",             # plan
+    "compare_tables",   # compare-tables
+    "what_if",          # what-if
+    "export",           # export (llama.cpp)
+    "pack",             # pack
 )
 
 
@@ -34,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "Run without arguments in a terminal for the wizard.")
     parser.add_argument("--version", action="version", version=f"strata-plan {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
@@ -64,7 +72,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("strata-plan: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,8 @@
-"""`strata-plan plan` and `strata-plan compare-tables`.
-
-Thin wrappers: argument parsing and rich (or JSON) output around `make.make_plan` and
-`compare.compare_tables`, which the TUI calls directly.
-"""
+"""`strata-plan plan`: search the fastest placement (`planner.make.make_plan`, which the wizard calls too)
+and write the plan YAML; a progress bar on a terminal, the predictions as tables (or JSON)."""
 from __future__ import annotations
 
-import json
-
+from strata_plan.cli._common import add_json, add_out, console, print_json, table
 from strata_plan.errors import UserError
 
 
@@ -30,19 +26,9 @@ def register(sub) -> None:
     p.add_argument("--nvme-gb", type=float, help="NVMe budget in GB (default: the drive's capacity)")
     p.add_argument("--study-db", help="SQLite file (or sqlite:///PATH) to keep the Optuna study in; resumes")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same plan)")
-    p.add_argument("--out", required=True, help="plan YAML to write")
-    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    add_out(p, "plan YAML to write", required=True)
+    add_json(p, "machine-readable summary")
     p.set_defaults(func=cmd_plan)
-
-    c = sub.add_parser("compare-tables", help="the seed's published tok/s beside our predictions and bounds")
-    c.add_argument("--profiles", nargs="+", help="profiles to compare (default: the seed's single-GPU rows)")
-    c.add_argument("--model", default="kimi-k3.1-pro", help="model (default kimi-k3.1-pro, the seed's)")
-    c.add_argument("--trials", type=int, default=60, help="Optuna trials per search (default 60)")
-    c.add_argument("--seed", type=int, default=0, help="sampler seed")
-    c.add_argument("--tokens", type=int, help="tokens sampled per prior (default: the routing package's)")
-    c.add_argument("--out", help="write the markdown table here")
-    c.add_argument("--json", action="store_true", help="machine-readable rows")
-    c.set_defaults(func=cmd_compare_tables)
 
 
 def _check_args(args) -> None:
@@ -60,17 +46,21 @@ def _check_args(args) -> None:
 
 
 def cmd_plan(args) -> int:
+    from strata_plan.outpaths import check_out_file
     from strata_plan.planner.make import make_plan
+    from strata_plan.planner.optuna_log import drop_interrupted_trials
     from strata_plan.planner.plan import save_plan
     _check_args(args)
+    out = check_out_file(args.out, "--out", args.force)
+    drop_interrupted_trials()
     kw = dict(stats=args.stats, prior=args.prior, gpu_preset=args.gpu_preset, context=args.context, chunk=args.chunk,
               trials=args.trials, objective=args.objective, mix_weight=0.5 if args.mix_weight is None else args.mix_weight,
               vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb, study_db=args.study_db, seed=args.seed)
     model = args.model if args.moe_layers is None else f"{args.model}@{args.moe_layers}moe"
     plan = _with_progress(args.trials, lambda on_trial: make_plan(args.profile, model, on_trial=on_trial, **kw))
-    path = save_plan(plan, args.out)
+    path = save_plan(plan, out)
     if args.json:
-        print(json.dumps(plan_summary(plan, str(path)), indent=2))
+        print_json(plan_summary(plan, str(path)))
     else:
         _print_plan(plan, str(path))
     return 0
@@ -81,11 +71,10 @@ def _with_progress(trials: int, run):
     import sys
     if not sys.stderr.isatty():
         return run(None)
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     best = [0.0]
     with Progress(TextColumn("searching placements"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[best]}"), console=Console(stderr=True), transient=True) as progress:
+                  TextColumn("{task.fields[best]}"), console=console(stderr=True), transient=True) as progress:
         task = progress.add_task("search", total=trials, best="")
 
         def on_trial(number: int, value: float) -> None:
@@ -111,57 +100,30 @@ def plan_summary(plan, path: str = "") -> dict:
 
 
 def _print_plan(plan, path: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
     pr, mem = plan.predicted, plan.memory
-    t = Table("", "predicted tok/s", "binding", "physical bound", "bound binding",
+    t = table("", "predicted tok/s", "binding", "physical bound", "bound binding",
               title=f"{plan.model} on {plan.sources.profile.name} ({plan.sources.statistics.name})")
     t.add_row("decode (batch 1)", f"{pr.decode_tok_s:.3g}", pr.decode_binding, f"{pr.bound_decode_tok_s:.3g}",
               pr.bound_decode_binding)
     t.add_row(f"prefill (chunk {plan.prefill_chunk})", f"{pr.prefill_tok_s:.3g}", pr.prefill_binding,
               f"{pr.bound_prefill_tok_s:.3g}", pr.bound_prefill_binding)
-    b = Table("decode bytes per token", "GB", title="where a token's bytes come from (predicted)")
+    b = table("decode bytes per token", "GB", title="where a token's bytes come from (predicted)")
     for k, v in (pr.bytes_per_token or {}).items():
         b.add_row(k, f"{v / 1e9:.3f}")
-    h = Table("routed-expert accesses", "share")
+    h = table("routed-expert accesses", "share")
     h.add_row("served from VRAM (static + cache)", f"{pr.vram_hit_rate:.1%}")
     h.add_row("from pinned RAM", f"{pr.ram_share:.1%}")
     h.add_row("from NVMe", f"{pr.nvme_share:.1%}")
-    m = Table("tier", "used GB", "budget GB")
+    m = table("tier", "used GB", "budget GB")
     m.add_row("VRAM", f"{mem.vram_total / 1e9:.2f}", f"{mem.budgets.vram_bytes / 1e9:.2f}")
     m.add_row("pinned RAM", f"{mem.ram_total / 1e9:.2f}", f"{mem.budgets.ram_bytes / 1e9:.2f}")
     m.add_row("NVMe", f"{mem.nvme_total / 1e9:.2f}", f"{mem.budgets.nvme_bytes / 1e9:.2f}")
-    con = Console()
-    for table in (t, b, h, m):
-        con.print(table)
+    con = console()
+    for part in (t, b, h, m):
+        con.print(part)
     s = plan.search
     con.print(f"search: {s.trials} trials ({s.sampler}, seed {s.seed}), greedy plan {s.greedy_decode_tok_s:.3g} tok/s "
               f"decode; prefetch depth {plan.prefetch_depth}, {plan.cache.total_slots} LRU cache slots, "
               f"{len(plan.dense.resident_layers)}/{len(plan.dense.resident_layers) + len(plan.dense.streamed_layers)} "
               f"dense layers resident, lm_head in {plan.dense.lm_head}")
     con.print(f"wrote {path}")
-
-
-def cmd_compare_tables(args) -> int:
-    from strata_plan.planner.compare import compare_tables, to_markdown
-    if args.trials < 1:
-        raise UserError("--trials", str(args.trials), "must be at least 1", "pass e.g. --trials 60")
-    result = compare_tables(profiles=args.profiles, model=args.model, trials=args.trials, seed=args.seed,
-                            tokens=args.tokens)
-    md = to_markdown(result)
-    if args.out:
-        from strata_plan.yamlio import atomic_write_text
-        atomic_write_text(args.out, md)
-    if args.json:
-        print(json.dumps(result.as_data(), indent=2))
-    else:
-        from rich.console import Console
-        from rich.markdown import Markdown
-        Console().print(Markdown(md))
-        if args.out:
-            Console().print(f"wrote {args.out}")
-    if result.failures:           # a cost-model bug, not the user's mistake: exit 1 with every failed check
-        import sys
-        print("\n".join(f"strata-plan: check failed: {f}" for f in result.failures), file=sys.stderr)
-        return 1
-    return 0
