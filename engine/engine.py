@@ -93,7 +93,7 @@ class Engine:
         return load_tokenizer(self.folder)
 
     def encode(self, text: str) -> list[int]:
-        return encode_prompt(self.tokenizer(), text, self.folder, self.model.cfg)
+        return encode_prompt(self.tokenizer(), text, self.model.cfg, self.folder)
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling = Sampling(),
                  on_token: Callable[[int], None] | None = None) -> list[int]:

@@ -28,6 +28,8 @@ COMMANDS = (
     "what_if",          # what-if
     "export",           # export (llama.cpp)
     "pack",             # pack
+    "run",              # run (generate text with a plan)
+    "bench",            # bench (measured against predicted)
 )
 
 

@@ -1,0 +1,107 @@
+"""`strata-plan bench --packed DIR --plan PLAN`: measured prefill and decode tok/s of a plan executed by the
+engine, beside the planner's prediction for the same plan, with bytes per tier per token, hit rates,
+lookahead precision and recall, the time split and the links' achieved bandwidth. `--replay TRACE|PRIOR`
+replays routing (a model without trained weights): its hit rates are inputs, not measurements."""
+from __future__ import annotations
+
+from strata_plan.cli._common import add_json, console, print_json, table
+from strata_plan.cli.run import add_engine_args
+from strata_plan.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="measure a plan's tok/s with the engine, beside its prediction",
+                       description=__doc__.split("\n\n")[0])
+    add_engine_args(p)
+    p.add_argument("--tokens", type=int, default=64, help="timed decode tokens (default 64)")
+    p.add_argument("--warmup", type=int, default=32, help="decode tokens before timing (default 32)")
+    p.add_argument("--replay", help="routing replayed from a trace (.npz) or sampled from a named prior")
+    p.add_argument("--replay-seed", type=int, default=11, help="seed of a prior's replayed sample (default 11; "
+                   "keep it apart from the seed the plan's statistics were sampled with)")
+    p.add_argument("--profile", help="predict with this hardware profile (e.g. one measured on this machine "
+                   "with `strata-plan profile`) instead of the plan's own prediction")
+    p.add_argument("--results", help="folder to write the results JSON to (benchmarks/results format)")
+    add_json(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def _replay(args, plan):
+    if not args.replay:
+        return None
+    from strata_plan.engine.replay import Replay
+    if args.replay.endswith(".npz"):
+        from strata_plan.planner.spec import load_spec
+        return Replay.from_trace(args.replay, load_spec(plan.sources.model.path or plan.model), seed=args.replay_seed)
+    return Replay.from_prior(args.replay, len(plan.layers), plan.n_experts, plan.top_k,
+                             tokens=max(4096, 4 * (args.tokens + args.warmup)), seed=args.replay_seed)
+
+
+def predicted(plan, plan_path: str, profile: str | None) -> dict:
+    """The cost model's figures for this plan: its own (as planned), or re-run with `profile`."""
+    p = plan.predicted
+    if not profile:
+        return {"source": f"the plan ({plan.sources.profile.name})", "decode_tok_s": p.decode_tok_s,
+                "prefill_tok_s": p.prefill_tok_s, "bytes_per_token": dict(p.bytes_per_token or {}),
+                "vram_hit_rate": p.vram_hit_rate, "decode_binding": p.decode_binding}
+    from strata_plan.planner.cost import CostModel
+    from strata_plan.planner.make import problem_for_plan
+    prob = problem_for_plan(plan, plan_path, profile=profile)
+    pr = CostModel(prob).predict(plan.placement)
+    return {"source": f"cost model with {profile}", "decode_tok_s": pr.decode_tok_s, "prefill_tok_s": pr.prefill_tok_s,
+            "bytes_per_token": dict(pr.bytes_per_token), "vram_hit_rate": min(pr.hit_rate, 1.0),
+            "decode_binding": pr.decode_binding}
+
+
+def cmd_bench(args) -> int:
+    from strata_plan.engine.bench import measure
+    from strata_plan.planner.plan import load_plan
+    if args.tokens < 1 or args.warmup < 0:
+        raise UserError("--tokens/--warmup", f"{args.tokens}/{args.warmup}", "need at least 1 timed token and "
+                        "0 or more warm-up tokens", "pass e.g. --tokens 64 --warmup 32")
+    plan = load_plan(args.plan)
+    pred = predicted(plan, args.plan, args.profile)
+    replay = _replay(args, plan)
+    con = console(stderr=True)
+    with con.status("measuring...") as status:
+        r = measure(args.packed, plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
+                    device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
+    r["predicted"] = pred
+    m = r["measured"]
+    r["ratio_measured_to_predicted"] = m["decode_tok_s"] / pred["decode_tok_s"] if pred["decode_tok_s"] else None
+    if args.results:
+        from strata_plan.results import write_result
+        metrics = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_predicted": pred["decode_tok_s"],
+                   "prefill_tok_s_measured": m["prefill_tok_s"], "prefill_tok_s_predicted": pred["prefill_tok_s"],
+                   "hit_rate_measured": r["hit_rate"], "resident_hit_rate_measured": r["resident_hit_rate"],
+                   "vram_hit_rate_predicted": pred["vram_hit_rate"]}
+        r["results_file"] = str(write_result("bench", metrics, out_dir=args.results, extra={"run": r}))
+    if args.json:
+        print_json(r)
+        return 0
+    t = table("quantity", "measured", "predicted", "measured / predicted",
+              title=f"{plan.model}: {args.mode} on {args.packed}" + (f" (routing replayed: {replay.source})" if replay else ""))
+    ratio = lambda a, b: f"{a / b:.3f}" if b else "-"   # noqa: E731
+    t.add_row("decode tok/s (median)", f"{m['decode_tok_s']:.3f}", f"{pred['decode_tok_s']:.3f}",
+              ratio(m["decode_tok_s"], pred["decode_tok_s"]))
+    t.add_row("prefill tok/s", f"{m['prefill_tok_s']:.1f}", f"{pred['prefill_tok_s']:.1f}",
+              ratio(m["prefill_tok_s"], pred["prefill_tok_s"]))
+    for tier in ("ram", "nvme", "pcie", "wasted"):
+        a, b = r["bytes_per_token"][tier], (pred["bytes_per_token"] or {}).get(tier, 0.0)
+        t.add_row(f"{tier} GB / token", f"{a / 1e9:.4f}", f"{b / 1e9:.4f}", ratio(a, b))
+    label = " (replayed: an input)" if replay else ""
+    t.add_row("hit rate (seeds)" + label, f"{r['hit_rate']:.3f}", "-", "-")
+    t.add_row("resident hit rate" + label, f"{r['resident_hit_rate']:.3f}",
+              f"{pred['vram_hit_rate']:.3f}", ratio(r["resident_hit_rate"], pred["vram_hit_rate"]))
+    for d, la in r["counters"]["lookahead"].items():
+        t.add_row(f"lookahead d={d} P / R", f"{la['precision']:.3f} / {la['recall']:.3f}", "-", "-")
+    tp = r["time_per_token"]
+    t.add_row("router round trips / token", f"{tp['round_trips']:.0f} ({tp['router_round_trip_s'] * 1e3:.2f} ms)", "-", "-")
+    t.add_row("store+launch host ms/tok", f"{tp['store_and_launch_host_s'] * 1e3:.2f}", "-", "-")
+    lk = r["links"]
+    t.add_row("copy busy ms / token", f"{lk['copy_busy_s_per_token'] * 1e3:.2f}", "-", "-")
+    t.add_row("PCIe GB/s while copying", f"{lk['pcie_gbps_during_copies']:.1f}", "-", "-")
+    t.add_row("NVMe GB/s over the run", f"{lk['nvme_gbps_wall']:.2f}", "-", "-")
+    console().print(t)
+    print(f"predicted by {pred['source']} (binding: {pred['decode_binding']}); measured here, "
+          f"{args.tokens} tokens after {args.warmup} warm-up")
+    return 0
