@@ -6,6 +6,7 @@ logits and tokens, and the engine's greedy tokens are transformers' (the model's
 in test_engine_models.py)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -110,3 +111,46 @@ def test_user_mistakes_are_one_line(packed_bf16, tmp_path):
             eng.generate(PROMPT, max_new_tokens=0)
     with pytest.raises(UserError, match="--mode"):
         EngineOptions(mode="fast")
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    from strata_plan.planner.plan import save_plan
+    path = tmp_path_factory.mktemp("plans") / "plan.yaml"
+    save_plan(dataclasses.replace(bf16_plan(4, 10, 3, 2), context=64), path)
+    return path
+
+
+def test_run_and_bench_commands(packed_bf16, plan_file, tmp_path, capsys):
+    from strata_plan.cli import main
+    import json
+    assert main(["run", "--packed", str(packed_bf16), "--plan", str(plan_file), "--prompt", "def main():",
+                 "--max-tokens", "5", "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["ids"]) == 5 and out["counters"]["uses"] > 0
+    assert main(["bench", "--packed", str(packed_bf16), "--plan", str(plan_file), "--tokens", "3", "--warmup", "2",
+                 "--device", "cpu", "--replay", "olmoe-like", "--results", str(tmp_path), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["measured"]["decode_tok_s"] > 0 and r["counters"]["uses"] == 3 * 5 * 4
+    assert r["replay"].startswith("prior olmoe-like") and list(tmp_path.glob("bench-*.json"))
+
+
+@pytest.mark.parametrize("extra,field", [(["--max-tokens", "0"], "--max-tokens"),
+                                        (["--prompt", "x" * 400], "exceed the context"),
+                                        (["--mode", "fast"], "--mode")])
+def test_run_mistakes_exit_2_in_one_line(packed_bf16, plan_file, capsys, extra, field):
+    from strata_plan.cli import main
+    args = ["run", "--packed", str(packed_bf16), "--plan", str(plan_file), "--prompt", "hi", "--device", "cpu"]
+    with pytest.raises(SystemExit) if extra[0] == "--mode" else contextlib.nullcontext():
+        assert main(args + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+
+
+def test_a_plan_for_other_formats_is_refused_naming_the_plan(packed_bf16, capsys):
+    from strata_plan.cli import main
+    plan = FIXTURE / "plan-rtx-4090.yaml"
+    assert main(["run", "--packed", str(packed_bf16), "--plan", str(plan), "--prompt", "hi", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(plan) in err[0] and "formats" in err[0]
+
