@@ -70,6 +70,11 @@ class Engine:
         if not isinstance(plan, type(None)) and isinstance(plan, (str, Path)):
             plan_path, plan = str(plan), load_plan(plan)
         plan = baseline(plan, options.mode)
+        if plan.dense.streamed_layers or plan.dense.lm_head != "vram":
+            raise UserError(plan_path, "dense.streamed_layers", f"the plan streams {len(plan.dense.streamed_layers)} "
+                            f"dense layers (lm_head: {plan.dense.lm_head}); the engine keeps every dense weight in "
+                            f"VRAM and does not stream them yet", "plan with a VRAM budget that keeps the dense "
+                            "weights resident (a larger --vram-gb)")
         device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
