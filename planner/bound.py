@@ -122,3 +122,106 @@ def check_within(prediction, bound: Bound, where: str = "") -> None:
         if p > b * (1 + 1e-9):
             raise BoundViolation(f"{where + ': ' if where else ''}predicted {what} {p:.4g} tok/s exceeds the physical "
                                  f"bound {b:.4g} tok/s ({getattr(bound, what + '_binding')}): a cost-model bug")
+
+
+@dataclass(frozen=True)
+class MachineBound:
+    """The fastest any placement could go on this machine and these budgets: the best physical bound over
+    the placements `machine_placements` builds (hottest experts in the fastest tiers, with and without an
+    LRU cache), for decode and prefill each, with the placement that reaches it."""
+
+    decode: Bound
+    prefill: Bound
+    decode_placement: object        # planner.placement.Placement
+    prefill_placement: object
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode.decode_tok_s
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill.prefill_tok_s
+
+    @property
+    def decode_binding(self) -> str:
+        return self.decode.decode_binding
+
+    @property
+    def prefill_binding(self) -> str:
+        return self.prefill.prefill_binding
+
+
+MACHINE_CACHE_BIAS = (0.0, 0.5, 0.9)
+MACHINE_SKEW = (0.0, 1.0)
+MACHINE_DENSE_STEPS = 6          # dense shares tried: the most that fits, and 1/32 .. 6/32 fewer (a cache can
+                                 # save NVMe bytes the dense units' VRAM would not)
+
+
+def hottest_placement(problem):
+    """Hottest experts in the fastest tiers, no cache, no lookahead.
+
+    Every byte of a dense unit is read once per token (and streamed once per prefill chunk), an expert's
+    byte only k p_e times (or with its touch probability), so dense units come first: as many as fit, the
+    smallest first. The experts of all layers then go by popularity, most used first, VRAM first and pinned
+    RAM next, each tier taking the longest run of that order that fits (a prefix of every layer's ranks)."""
+    import numpy as np
+
+    from strata_plan.planner.capacity import staging_slots
+    from strata_plan.planner.placement import Placement, footprint
+    cur, rb, budget = problem.curves, problem.rank_bytes, problem.budget
+    L, E = cur.pop.shape
+    none = (0,) * L
+    empty = Placement(none, none, none, _dense_that_fits(problem), 0)
+    base = footprint(problem, empty)
+    order = np.lexsort((np.broadcast_to(np.arange(E), (L, E)).ravel(), np.repeat(np.arange(L), E), -cur.pop.ravel()))
+    layer, rank = order // E, order % E
+    cum = np.cumsum(rb[rank])
+
+    def take(start: int, room: float) -> int:
+        return start + int(np.searchsorted(cum[start:] - (cum[start - 1] if start else 0.0), room, side="right"))
+
+    a = take(0, budget.vram - base.vram)
+    room = budget.ram - base.ram
+    b = take(a, room)
+    if b < L * E:              # experts stay on NVMe: their bounce buffers take pinned RAM too
+        b = take(a, room - staging_slots(problem.spec, 0) * problem.slot_bytes)
+    vram = np.bincount(layer[:a], minlength=L)
+    ram = np.bincount(layer[a:b], minlength=L)
+    return Placement(tuple(int(v) for v in vram), tuple(int(r) for r in ram), none, empty.dense_resident, 0)
+
+
+def _dense_that_fits(problem) -> tuple[bool, ...]:
+    from strata_plan.planner.placement import Placement, dense_choice, footprint
+    L, n = problem.curves.n_layers, len(problem.dense_units)
+    none = (0,) * L
+    for c in range(n, -1, -1):
+        resident = dense_choice(problem, c / n)
+        if max(footprint(problem, Placement(none, none, none, resident, 0)).overflow(problem.budget)[:2]) <= 0:
+            return resident
+    return dense_choice(problem, 0.0)
+
+
+def machine_placements(problem) -> list:
+    """`hottest_placement`, and the allocator's water-fill with an LRU cache of several weights (the bound
+    credits a cache with the hit rate the routing statistics give it) at lookahead depth 0, at the dense
+    share of `hottest_placement` and a few smaller ones; only those that fit."""
+    from strata_plan.planner.placement import Knobs, allocate
+    hot = hottest_placement(problem)
+    most = sum(hot.dense_resident) / len(hot.dense_resident)
+    out = [hot]
+    for share in (most - j / 32 for j in range(MACHINE_DENSE_STEPS + 1) if most - j / 32 >= 0):
+        for bias in MACHINE_CACHE_BIAS:
+            for w in MACHINE_SKEW:
+                a = allocate(problem, Knobs(share, bias, w, 0))
+                if a.footprint.fits(problem.budget):
+                    out.append(a.placement)
+    return out
+
+
+def machine_bound(problem, extra=()) -> MachineBound:
+    """See `MachineBound`; `extra` placements (a plan's own) join the candidates."""
+    bounds = [(physical_bound(problem, p), p) for p in [*machine_placements(problem), *extra]]
+    dec = max(bounds, key=lambda bp: bp[0].decode_tok_s)
+    pre = max(bounds, key=lambda bp: bp[0].prefill_tok_s)
+    return MachineBound(dec[0], pre[0], dec[1], pre[1])

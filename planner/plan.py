@@ -115,8 +115,10 @@ class CachePlan:
 
 @dataclass(frozen=True)
 class NvmeRead:
-    """How the engine reads one expert of this format: `split` requests of bytes/split (4 KiB aligned),
-    keeping `queue_depth` requests outstanding."""
+    """How the expert store reads one expert blob of this format: `split` O_DIRECT requests of
+    ceil(bytes / split / 4 KiB) x 4 KiB each, all submitted at once; `queue_depth` = experts in flight x
+    split, the requests outstanding when the phase's experts in flight are all of this format. PLANNER.md
+    ("What the engine must do") says how the store must issue them for the predictions to hold."""
 
     split: int = bounded(1, 1024)
     queue_depth: int = bounded(1, 4096)
@@ -129,8 +131,10 @@ class StagingPlan:
     slot_bytes: int = bounded(1, None)
     dense_buffers: int = bounded(0, 2)       # VRAM buffers for streamed dense weights
     dense_buffer_bytes: int = bounded(0, None)
-    nvme_reads: dict[str, NvmeRead] | None = None           # decode: one expert in flight, split for depth
+    nvme_reads: dict[str, NvmeRead] | None = None           # decode: a layer's misses together (top_k in flight)
     nvme_reads_prefill: dict[str, NvmeRead] | None = None   # prefill: every staging slot in flight
+    nvme_in_flight: int = bounded(0, 4096, default=0)           # decode: experts read at once (0: a plan before
+    nvme_in_flight_prefill: int = bounded(0, 4096, default=0)   # issue 26, which modelled one at decode)
 
 
 @dataclass(frozen=True)
@@ -264,12 +268,14 @@ def build_plan(problem, result, bound, sources: Sources, cost) -> Plan:
         layers.append(LayerPlan(layer, tuple(order[:s]), tuple(order[s:s + m]), tuple(order[s + m:]), p.cache[j],
                                 {f: tuple(v) for f, v in fmts.items() if v}))
     streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
-    reads = lambda n: {f: NvmeRead(split, qd) for f, (split, qd, _) in cost.nvme_reads(n).items()}  # noqa: E731
+    reads = lambda n: {f: NvmeRead(r.split, r.queue_depth) for f, r in cost.nvme_reads(n).items()}  # noqa: E731
     slots = (p.prefetch_depth + 1) * spec.top_k
     staging = StagingPlan(vram_slots=slots, host_slots=slots if fp.host_staging else 0, slot_bytes=problem.slot_bytes,
                           dense_buffers=2 if fp.dense_buffers else 0, dense_buffer_bytes=fp.dense_buffers // 2,
-                          nvme_reads=reads(cost.DECODE_IN_FLIGHT),
-                          nvme_reads_prefill=reads(cost.prefill_in_flight(p.prefetch_depth)))
+                          nvme_reads=reads(cost.decode_in_flight),
+                          nvme_reads_prefill=reads(cost.prefill_in_flight(p.prefetch_depth)),
+                          nvme_in_flight=cost.decode_in_flight,
+                          nvme_in_flight_prefill=cost.prefill_in_flight(p.prefetch_depth))
     b = problem.budget
     memory = Memory(
         vram={"reserve": fp.reserve, "kv_cache": fp.kv_cache, "workspace": fp.workspace, "staging": fp.staging,
