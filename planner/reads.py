@@ -8,7 +8,8 @@ the store submits them together (in_flight = top_k); prefill keeps every staging
 The drive's rate at (block, queue depth) comes from the profile's `rand_read` surface, read through an
 envelope the store can always reach:
 
-    R_env(q)  = max over measured depths q' <= q of R(block, q')     (the store may hold fewer requests)
+    R_env(q)  = max over measured depths q' <= q of R(block, q')     (the store may hold fewer requests),
+                linear in q between measured depths, q / q_min x R_env(q_min) below the smallest
     R*(q)     = min over q' <= q of R_env(q') x q / q'                (Little's law: per-request rate never
                                                                       grows with depth)
 
@@ -18,8 +19,8 @@ together are then
     T_f(i) = i x bytes_f / R*(block_f, i x split_f),   i = 1 .. in_flight,   T_f(0) = 0,
 
 non-decreasing in i, read at a fractional expected count n by linear interpolation (n < 1: a miss with
-probability n). The split of each format is the one with the least mean seconds per expert over batches of
-1 .. in_flight experts, so it does not depend on the placement. A batch of experts of several formats
+probability n). The split of each format is chosen per batch size (the fastest for i experts together), so it
+does not depend on the placement. A batch of experts of several formats
 takes the longer of each format's own batch time and the bytes at the full queue's rate:
 
     T(n_f) = max( max_f T_f(n_f),  sum_f n_f x T_f(in_flight) / in_flight ).
@@ -51,9 +52,9 @@ def envelope_rates(rate, depths: tuple[int, ...], block: int, max_depth: int) ->
         out[1:] = TINY_RATE
         return out
     q = np.arange(1, max_depth + 1)
-    measured = {d: rate(block, d) for d in depths}
-    env = np.array([max((v for d, v in measured.items() if d <= x), default=measured[min(depths)]) for x in q])
-    env = np.maximum.accumulate(env)
+    d = np.array(sorted(depths), dtype=np.float64)
+    measured = np.maximum.accumulate(np.array([rate(block, int(x)) for x in d]))    # the store may hold fewer
+    env = np.where(q < d[0], measured[0] * q / d[0], np.interp(q, d, measured))     # linear between depths
     per_request = np.minimum.accumulate(env / q)          # R*(q) / q never rises
     out[1:] = np.minimum(env, per_request * q)
     return out
@@ -65,9 +66,17 @@ class ExpertRead:
 
     fmt: str
     nbytes: int
-    split: int
-    in_flight: int
+    splits: tuple[int, ...]         # sub-reads per expert when i experts are read together, i = 1 .. in_flight
     times: tuple[float, ...]        # seconds to read i experts together, i = 0 .. in_flight
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.splits)
+
+    @property
+    def split(self) -> int:
+        """Sub-reads per expert at a full batch (in_flight experts together)."""
+        return self.splits[-1]
 
     @property
     def queue_depth(self) -> int:
@@ -97,18 +106,18 @@ class ExpertRead:
 
 
 def expert_read(rate, depths: tuple[int, ...], fmt: str, nbytes: int, in_flight: int) -> ExpertRead:
-    """The split of `NVME_SPLITS` with the least mean seconds per expert over batches of 1 .. in_flight
-    (`rate`, `depths`: as `envelope_rates` reads them)."""
-    best = None
+    """For each batch size i = 1 .. in_flight, the split of `NVME_SPLITS` that reads i experts together
+    fastest (ties: fewer sub-reads), and those seconds (`rate`, `depths`: as `envelope_rates` reads them).
+    The minimum of non-decreasing batch times is non-decreasing, so more misses never read faster."""
+    i = np.arange(1, in_flight + 1)
+    table = []
     for split in NVME_SPLITS:
-        block = sub_read_bytes(nbytes, split)
-        rates = envelope_rates(rate, depths, block, in_flight * split)
-        i = np.arange(1, in_flight + 1)
-        times = i * nbytes / rates[i * split]
-        mean = float(np.mean(times / i))
-        if best is None or mean < best[0] * (1 - 1e-12):
-            best = (mean, ExpertRead(fmt, int(nbytes), split, in_flight, (0.0, *map(float, times))))
-    return best[1]
+        rates = envelope_rates(rate, depths, sub_read_bytes(nbytes, split), in_flight * split)
+        table.append(i * nbytes / rates[i * split])
+    table = np.array(table)                                   # [splits, in_flight]
+    pick = np.argmin(table * (1 + 1e-12 * np.arange(len(NVME_SPLITS)))[:, None], axis=0)
+    times = table[pick, i - 1]
+    return ExpertRead(fmt, int(nbytes), tuple(NVME_SPLITS[j] for j in pick), (0.0, *map(float, times)))
 
 
 def batch_seconds(reads: list[ExpertRead], counts: np.ndarray) -> np.ndarray:
