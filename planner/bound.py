@@ -225,3 +225,25 @@ def machine_bound(problem, extra=()) -> MachineBound:
     dec = max(bounds, key=lambda bp: bp[0].decode_tok_s)
     pre = max(bounds, key=lambda bp: bp[0].prefill_tok_s)
     return MachineBound(dec[0], pre[0], dec[1], pre[1])
+
+
+def machine_bounds(problem, budgets) -> list[MachineBound | None]:
+    """The machine bound at each budget (`capacity.Budget`), computed from the smallest up, each with the
+    placements of every smaller budget it contains among its candidates: along the sweep more of any
+    resource never lowers it. None where the working set does not fit."""
+    from strata_plan.errors import UserError
+    order = sorted(range(len(budgets)), key=lambda i: (budgets[i].vram + budgets[i].ram + budgets[i].nvme, i))
+    out: list[MachineBound | None] = [None] * len(budgets)
+    done: list[tuple[object, MachineBound]] = []
+    for i in order:
+        b = budgets[i]
+        try:
+            p = problem.replace(budget=b)
+        except UserError:
+            continue
+        below = [m for bb, m in done if bb.vram <= b.vram and bb.ram <= b.ram and bb.nvme <= b.nvme]
+        extra = ([max(below, key=lambda m: m.decode_tok_s).decode_placement,
+                  max(below, key=lambda m: m.prefill_tok_s).prefill_placement] if below else [])
+        out[i] = machine_bound(p, extra=extra)
+        done.append((b, out[i]))
+    return out
