@@ -154,8 +154,11 @@ class MachineBound:
 
 MACHINE_CACHE_BIAS = (0.0, 0.5, 0.9)
 MACHINE_SKEW = (0.0, 1.0)
-MACHINE_DENSE_STEPS = 6          # dense shares tried: the most that fits, and 1/32 .. 6/32 fewer (a cache can
+MACHINE_DENSE_STEPS = 12         # dense units resident tried: the most that fit, and 1 .. 12 fewer (a cache can
                                  # save NVMe bytes the dense units' VRAM would not)
+
+
+MACHINE_POLISH = 200             # hill-climbing scorings (polish.py's moves) from each winner, on the bound
 
 
 def hottest_placement(problem):
@@ -204,13 +207,13 @@ def _dense_that_fits(problem) -> tuple[bool, ...]:
 
 def machine_placements(problem) -> list:
     """`hottest_placement`, and the allocator's water-fill with an LRU cache of several weights (the bound
-    credits a cache with the hit rate the routing statistics give it) at lookahead depth 0, at the dense
-    share of `hottest_placement` and a few smaller ones; only those that fit."""
+    credits a cache with the hit rate the routing statistics give it) at lookahead depth 0, with the number
+    of dense units of `hottest_placement` resident and up to MACHINE_DENSE_STEPS fewer; only those that fit."""
     from strata_plan.planner.placement import Knobs, allocate
     hot = hottest_placement(problem)
-    most = sum(hot.dense_resident) / len(hot.dense_resident)
+    n, most = len(hot.dense_resident), sum(hot.dense_resident)
     out = [hot]
-    for share in (most - j / 32 for j in range(MACHINE_DENSE_STEPS + 1) if most - j / 32 >= 0):
+    for share in ((most - j) / n for j in range(MACHINE_DENSE_STEPS + 1) if most - j >= 0):
         for bias in MACHINE_CACHE_BIAS:
             for w in MACHINE_SKEW:
                 a = allocate(problem, Knobs(share, bias, w, 0))
@@ -219,12 +222,50 @@ def machine_placements(problem) -> list:
     return out
 
 
+def ranked_bound(problem, placement) -> tuple[float, float]:
+    """(decode, prefill) tok/s of `physical_bound` computed in rank space with numpy: the same bytes and
+    peaks, to rank many candidate placements quickly (a test holds it to `physical_bound`)."""
+    import numpy as np
+    spec, cur, C, k = problem.spec, problem.curves, problem.prefill_chunk, problem.spec.top_k
+    rb, pop = problem.rank_bytes, cur.pop
+    L, E = pop.shape
+    s, m, c = (np.array(x, dtype=np.int64) for x in (placement.vram, placement.ram, placement.cache))
+    units = problem.dense_units
+    streamed = float(sum(u for u, res in zip(units, placement.dense_resident) if not res))
+    ranks = np.arange(E)[None, :]
+    nonstatic, nvme = ranks >= s[:, None], ranks >= (s + m)[:, None]
+    big = np.where(nonstatic, rb, 0).max(axis=1)
+    big_nvme = np.where(nvme, rb, 0).max(axis=1)
+    removed = k * np.maximum(0.0, cur.hits(s, c) - cur.cum[np.arange(L), s])
+    miss = k * (pop * rb * nonstatic).sum(axis=1)
+    cold = k * (pop * rb * nvme).sum(axis=1)
+    touch = (1.0 - np.exp(-C * k * pop)) * rb
+    head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))
+    dec = {"hbm": float(sum(units) + spec.kv_cache_bytes(problem.context)) + k * float((pop * rb).sum()),
+           "compute": float(spec.flops_per_token(problem.context)),
+           "pcie": streamed + 2 * spec.hidden + float(np.maximum(0.0, miss - removed * big).sum()),
+           "nvme": float(np.maximum(0.0, cold - removed * big_nvme).sum())}
+    pre = {"hbm": float(sum(units)) + float(touch.sum()), "pcie": streamed + float((touch * nonstatic).sum()),
+           "nvme": float((touch * nvme).sum()),
+           "compute": float(C * (spec.flops_per_token(max(1, problem.context // 2)) - head) + head)}
+    peaks = link_peaks(problem.profile)
+    t_dec, _ = _time(dec, peaks)
+    t_pre, _ = _time(pre, peaks)
+    return (1.0 / t_dec if t_dec > 0 else math.inf, C / t_pre if t_pre > 0 else math.inf)
+
+
 def machine_bound(problem, extra=()) -> MachineBound:
-    """See `MachineBound`; `extra` placements (a plan's own) join the candidates."""
-    bounds = [(physical_bound(problem, p), p) for p in [*machine_placements(problem), *extra]]
-    dec = max(bounds, key=lambda bp: bp[0].decode_tok_s)
-    pre = max(bounds, key=lambda bp: bp[0].prefill_tok_s)
-    return MachineBound(dec[0], pre[0], dec[1], pre[1])
+    """See `MachineBound`; `extra` placements (a plan's own, a smaller budget's) join the candidates. The
+    candidates are ranked by `ranked_bound`, the best for decode and for prefill each hill-climbed on it
+    (polish.py's moves, MACHINE_POLISH scorings); the winners' bounds are `physical_bound`'s."""
+    from strata_plan.planner.polish import polish
+    cands = [*machine_placements(problem), *extra]
+    ranked = [ranked_bound(problem, p) for p in cands]
+    dec = cands[max(range(len(cands)), key=lambda i: (ranked[i][0], -i))]
+    pre = cands[max(range(len(cands)), key=lambda i: (ranked[i][1], -i))]
+    dec = polish(problem, dec, lambda p: ranked_bound(problem, p)[0], MACHINE_POLISH)[0]
+    pre = polish(problem, pre, lambda p: ranked_bound(problem, p)[1], MACHINE_POLISH)[0]
+    return MachineBound(physical_bound(problem, dec), physical_bound(problem, pre), dec, pre)
 
 
 def machine_bounds(problem, budgets) -> list[MachineBound | None]:

@@ -73,5 +73,18 @@ def at_alternative(problem, placement, link: str):
     if best <= 0:
         return None
     gbps, what = ALTERNATIVES[link]
+    if abs(gbps / best - 1) < 0.02:
+        what += ", which the estimate already is"
     changed = problem.replace(profile=scale_links(problem.profile, **{link: gbps / best}))
     return CostModel(changed).predict(placement), what
+
+
+def estimated_table(problem, predicted) -> list[dict]:
+    """Rows of `estimated_inputs` for what-if, those behind a binding resource of `predicted` (a
+    `Prediction` or a plan's `Predicted`) first."""
+    binds = {predicted.decode_binding: "decode", predicted.prefill_binding: "prefill"}
+    if predicted.decode_binding == predicted.prefill_binding:
+        binds[predicted.decode_binding] = "decode, prefill"
+    rows = [{"name": e.name, "value": e.value, "link": e.link, "binds": binds.get(e.link, ""), "source": e.source}
+            for e in estimated_inputs(problem)]
+    return sorted(rows, key=lambda r: not r["binds"])

@@ -69,3 +69,10 @@ def test_non_decreasing_along_budget_sweeps(problem):
             if bi.vram <= bj.vram and bi.ram <= bj.ram and mbs[i] is not None:
                 assert mbs[j].decode_tok_s >= mbs[i].decode_tok_s * (1 - 1e-12), (bi, bj)
                 assert mbs[j].prefill_tok_s >= mbs[i].prefill_tok_s * (1 - 1e-12), (bi, bj)
+
+
+def test_ranked_bound_is_the_physical_bound(problem):
+    from strata_plan.planner.bound import machine_placements, ranked_bound
+    for place in machine_placements(problem):
+        b = physical_bound(problem, place)
+        assert ranked_bound(problem, place) == pytest.approx((b.decode_tok_s, b.prefill_tok_s), rel=1e-9)
