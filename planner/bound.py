@@ -154,8 +154,7 @@ class MachineBound:
 
 MACHINE_CACHE_BIAS = (0.0, 0.5, 0.9)
 MACHINE_SKEW = (0.0, 1.0)
-MACHINE_DENSE_STEPS = 12         # dense units resident tried: the most that fit, and 1 .. 12 fewer (a cache can
-                                 # save NVMe bytes the dense units' VRAM would not)
+MACHINE_DENSE_GRID = 16          # dense-unit counts of the first grid (machine_placements)
 
 
 MACHINE_POLISH = 200             # hill-climbing scorings (polish.py's moves) from each winner, on the bound
@@ -207,19 +206,38 @@ def _dense_that_fits(problem) -> tuple[bool, ...]:
 
 def machine_placements(problem) -> list:
     """`hottest_placement`, and the allocator's water-fill with an LRU cache of several weights (the bound
-    credits a cache with the hit rate the routing statistics give it) at lookahead depth 0, with the number
-    of dense units of `hottest_placement` resident and up to MACHINE_DENSE_STEPS fewer; only those that fit."""
+    credits a cache with the hit rate the routing statistics give it) at lookahead depth 0, over the number
+    of dense units resident (fewer dense units leave VRAM to a cache that can save more NVMe bytes than the
+    dense units save PCIe bytes): a grid of MACHINE_DENSE_GRID counts up to the most that fit, then halving
+    steps around the best count for decode and for prefill (`ranked_bound`). Only placements that fit."""
     from strata_plan.planner.placement import Knobs, allocate
     hot = hottest_placement(problem)
     n, most = len(hot.dense_resident), sum(hot.dense_resident)
-    out = [hot]
-    for share in ((most - j) / n for j in range(MACHINE_DENSE_STEPS + 1) if most - j >= 0):
-        for bias in MACHINE_CACHE_BIAS:
-            for w in MACHINE_SKEW:
-                a = allocate(problem, Knobs(share, bias, w, 0))
-                if a.footprint.fits(problem.budget):
-                    out.append(a.placement)
-    return out
+    seen: dict[int, list] = {}
+
+    def at(count: int) -> list:
+        if count not in seen:
+            seen[count] = []
+            for bias in MACHINE_CACHE_BIAS:
+                for w in MACHINE_SKEW:
+                    a = allocate(problem, Knobs(count / n, bias, w, 0))
+                    if a.footprint.fits(problem.budget):
+                        seen[count].append((a.placement, ranked_bound(problem, a.placement)))
+        return seen[count]
+
+    step = max(1, -(-most // MACHINE_DENSE_GRID))
+    for c in range(most, -1, -step):
+        at(c)
+    for phase in (0, 1):
+        best = max(seen, key=lambda c: max((r[phase] for _, r in seen[c]), default=0.0))
+        s = step
+        while s > 1:
+            s = -(-s // 2)
+            for c in (best - s, best + s):
+                if 0 <= c <= most:
+                    at(c)
+            best = max(seen, key=lambda c: max((r[phase] for _, r in seen[c]), default=0.0))
+    return [hot] + [p for c in sorted(seen, reverse=True) for p, _ in seen[c]]
 
 
 def ranked_bound(problem, placement) -> tuple[float, float]:

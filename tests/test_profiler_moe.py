@@ -64,3 +64,15 @@ def test_a_kernel_failure_is_a_note_not_a_lost_profile(monkeypatch):
     assert gpu.fused_moe_rates(TINY, notes) is None
     assert len(notes) == 1 and "out of resources" in notes[0]
     assert gpu.fused_moe_rates(None, notes) is None and len(notes) == 1
+
+
+def test_profile_with_the_rates_round_trips(result, tmp_path):
+    import dataclasses
+    from strata_plan.profiles.schema import load_profile, save_profile
+    prof = load_profile("h200")
+    gpu = dataclasses.replace(prof.gpu, **fused_moe_entries(result))
+    path = save_profile(dataclasses.replace(prof, gpus=(gpu,)), tmp_path / "h200.yaml")
+    back = load_profile(str(path))
+    assert back.gpu.fused_moe_decode == gpu.fused_moe_decode and back.gpu.fused_moe_prefill == gpu.fused_moe_prefill
+    b = result.decode[0][3]
+    assert back.gpu.fused_moe_decode.at(b) == pytest.approx(result.decode[0][4])
