@@ -267,7 +267,7 @@ def _columns(c: Comparison, phase: str) -> list[tuple[str, Callable[[Row], str]]
 
 def _alt(case: Case, phase: str) -> str:
     alt = getattr(case, f"{phase}_alternative")
-    return f"{getattr(case, f'{phase}_at_alternative'):.3g} with {alt}" if alt else "-"
+    return f"{getattr(case, f'{phase}_at_alternative'):.3g} at {alt}" if alt else "-"
 
 
 def _table(c: Comparison, phase: str) -> list[str]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ALTERNATIVES = {
-    "nvme": (7.0, "a Gen4 NVMe's 7 GB/s sequential (Samsung 990 PRO 7.45, ../shared/reference/hardware-specs.md §4)"),
-    "pcie": (25.0, "Gen4 x16 pinned H2D, 25 GB/s measured on RTX 4090 and A100 (hardware-specs.md §2)"),
+    "nvme": (7.0, "a 7 GB/s Gen4 NVMe"),
+    "pcie": (25.0, "25 GB/s Gen4 x16 H2D"),
 }
-"""Link -> (best GB/s, what it is): the typical alternative a binding estimated link is re-predicted at."""
+"""Link -> (best GB/s, what it is): the typical alternative a binding estimated link is re-predicted at. NVMe:
+a Gen4 drive's sequential read (Samsung 990 PRO 7.45 GB/s, ../shared/reference/hardware-specs.md §4);
+pinned H2D: Gen4 x16 as measured on RTX 4090 and A100 (23.9-26.2 GB/s, hardware-specs.md §2)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def at_alternative(problem, placement, link: str):
         return None
     gbps, what = ALTERNATIVES[link]
     if abs(gbps / best - 1) < 0.02:
-        what += ", which the estimate already is"
+        what += " (the estimate already)"
     changed = problem.replace(profile=scale_links(problem.profile, **{link: gbps / best}))
     return CostModel(changed).predict(placement), what
 
