@@ -51,7 +51,11 @@ def main() -> int:
         print(f"fused MoE decode {h}x{i} top-{k}: {res.decode_us[(h, i)]:.1f} us a layer, {v:.0f} GB/s")
     for *_, e, m, v in res.prefill:
         print(f"fused MoE prefill M={m}, {e} experts: {res.prefill_ms[m]:.2f} ms, {v:.0f} G weights expanded/s")
-    print(f"wrote {path} and {write_result('profiler-fused-moe', metrics, out_dir=out)}")
+    notes = ("The profiler's fused MoE rates (profiler/moe.py, as `strata-plan profile` measures them): decode GB/s "
+             "of one layer's top-k experts in the tier mix at each expert shape, and weights expanded a second by the "
+             f"prefill call on a whole layer; written into profiles/{args.profile}.yaml as fused_moe_decode / "
+             "fused_moe_prefill, which the planner's decode kernel rate and prefill expansion term read.")
+    print(f"wrote {path} and {write_result('profiler-fused-moe', metrics, out_dir=out, notes=notes)}")
     return 0
 
 

@@ -76,3 +76,16 @@ def test_profile_with_the_rates_round_trips(result, tmp_path):
     assert back.gpu.fused_moe_decode == gpu.fused_moe_decode and back.gpu.fused_moe_prefill == gpu.fused_moe_prefill
     b = result.decode[0][3]
     assert back.gpu.fused_moe_decode.at(b) == pytest.approx(result.decode[0][4])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+def test_fused_moe_rates_on_the_gpu():
+    """The real kernels, CUDA graphs and events, at two small shapes: rates below the card's read bandwidth."""
+    import torch
+    s = moe.MoESettings(decode_shapes=((1024, 512), (2048, 768)), prefill_shape=(1024, 512), prefill_experts=32,
+                        prefill_tokens=(64, 256), repeats=3)
+    r = moe.measure(s, "cuda")
+    props = torch.cuda.get_device_properties(0)
+    assert all(0 < v < 20000 for *_, v in r.decode) and all(0 < v < 1e5 for *_, v in r.prefill)
+    assert props.total_memory > 0 and set(r.prefill_ms) == {64, 256}
