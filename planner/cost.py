@@ -10,23 +10,25 @@ experts, m in RAM, c cache slots, k routed per token, rank popularity p_r and ex
     warm bytes = k sum_{s' <= r < max(s', s+m)} p_r b_r   from pinned RAM over PCIe
     cold bytes = k sum_{r >= max(s', s+m)}     p_r b_r   NVMe read, then PCIe
     link time of an expert: b_r / H2D(b_r) (the pinned curve at that transfer size; while kernels run the
-    h2d_during_kernel curve, else H2D x copy_overlap), b_r / NVMe(b_r / n, n) for the best split n of
-    one expert into sub-reads (one expert in flight; queue depth n)
+    h2d_during_kernel curve, else H2D x copy_overlap); NVMe: a layer's expected misses of each format are
+    read together as one batch at the store's queue depth (reads.py: T(n_f) per batch)
 
 With lookahead depth d (recall R, precision P from the routing statistics; layers j < d have no source layer
 and get R = 0) a share R of the misses is issued when MoE layer j-d finishes and must be ready before
 layer j's experts run; the engine also fetches R (1-P)/P wasted bytes per miss byte. The rest (1-R) is
-fetched on demand after the router: stall = max(PCIe time, NVMe time) + one expert's copy (pipeline fill).
+fetched on demand after the router: stall = max(PCIe time, T((1-R) n_f)) + one expert's copy (pipeline fill).
 
     t += overhead + max((dense_i + kv_i) / (HBM x hbm_eff), FLOPs_i / (TFLOPS x compute_eff))   each layer
     t += demand stall;  t = max(t, prefetch ready);  t += k sum_r p_r b_r / kernel_GBps(format_r)   MoE layers
+                                             (kernel_GBps: the fused MoE decode call, rates.py)
     streamed dense weights: double buffered, serial on the link, must land before their layer starts
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
 
 Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with probability
 1 - (1 - min(1, k p_r))^C and every touched non-resident expert streams once per chunk:
     T_chunk = sum_i [overhead + max(GPU_i, PCIe_i + dense stream_i, NVMe_i)],  prefill tok/s = C / T_chunk
-with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff)).
+with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff), touched experts x
+3 hidden moe_intermediate / expansion rate) (rates.py: every touched expert is expanded once a chunk).
 
 The constants that measured runs refine come from the profile's `Calibration`. PLANNER.md has the long
 form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
