@@ -30,7 +30,9 @@ def test_budget_sweep_is_monotone(problem):
 
 
 def test_ladder_never_slower_than_its_smaller_budgets(problem):
-    res = search_ladder(problem, trials=8, seed=0)
+    calls = []
+    res = search_ladder(problem, trials=16, seed=0, on_trial=lambda n, v: calls.append(n))
+    assert len(calls) == 16                      # the ladder's trials come out of the same count
     steps = sweep_budgets(problem, [problem.budget.scaled(f) for f in (0.8, 0.9)], trials=2, seed=0)
     assert all(s is None or res.best.score >= s.best.score * (1 - 1e-12) for s in steps)
     assert res.best.footprint.fits(problem.budget)
