@@ -10,6 +10,7 @@ lazily, and nowhere else in the planner.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import warnings
@@ -243,7 +244,8 @@ def search_ladder(problem, trials: int = 200, seed: int = 0, objective: str = "d
                           mix_weight=mix_weight, on_trial=on_trial) if each else []
     found = [r for r in steps if r is not None]
     start = max(found, key=lambda r: r.best.score) if found else None
-    return search(problem, trials=trials - each * len(ladder), seed=seed, objective=objective, mix_weight=mix_weight,
-                  study_db=study_db,
-                  start=start.best.placement if start else None, start_knobs=start.best.knobs if start else None,
-                  cost=cost, on_trial=on_trial)
+    result = search(problem, trials=trials - each * len(ladder), seed=seed, objective=objective, mix_weight=mix_weight,
+                    study_db=study_db,
+                    start=start.best.placement if start else None, start_knobs=start.best.knobs if start else None,
+                    cost=cost, on_trial=on_trial)
+    return dataclasses.replace(result, trials=result.trials + sum(r.trials for r in found))   # all trials run
