@@ -122,3 +122,187 @@ def check_within(prediction, bound: Bound, where: str = "") -> None:
         if p > b * (1 + 1e-9):
             raise BoundViolation(f"{where + ': ' if where else ''}predicted {what} {p:.4g} tok/s exceeds the physical "
                                  f"bound {b:.4g} tok/s ({getattr(bound, what + '_binding')}): a cost-model bug")
+
+
+@dataclass(frozen=True)
+class MachineBound:
+    """The fastest any placement could go on this machine and these budgets: the best physical bound over
+    the placements `machine_placements` builds (hottest experts in the fastest tiers, with and without an
+    LRU cache), for decode and prefill each, with the placement that reaches it."""
+
+    decode: Bound
+    prefill: Bound
+    decode_placement: object        # planner.placement.Placement
+    prefill_placement: object
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode.decode_tok_s
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill.prefill_tok_s
+
+    @property
+    def decode_binding(self) -> str:
+        return self.decode.decode_binding
+
+    @property
+    def prefill_binding(self) -> str:
+        return self.prefill.prefill_binding
+
+
+MACHINE_CACHE_BIAS = (0.0, 0.5, 0.9)
+MACHINE_SKEW = (0.0, 1.0)
+MACHINE_DENSE_GRID = 16          # dense-unit counts of the first grid (machine_placements)
+
+
+MACHINE_POLISH = 200             # hill-climbing scorings (polish.py's moves) from each winner, on the bound
+
+
+def hottest_placement(problem):
+    """Hottest experts in the fastest tiers, no cache, no lookahead.
+
+    Every byte of a dense unit is read once per token (and streamed once per prefill chunk), an expert's
+    byte only k p_e times (or with its touch probability), so dense units come first: as many as fit, the
+    smallest first. The experts of all layers then go by popularity, most used first, VRAM first and pinned
+    RAM next, each tier taking the longest run of that order that fits (a prefix of every layer's ranks)."""
+    import numpy as np
+
+    from strata_plan.planner.capacity import staging_slots
+    from strata_plan.planner.placement import Placement, footprint
+    cur, rb, budget = problem.curves, problem.rank_bytes, problem.budget
+    L, E = cur.pop.shape
+    none = (0,) * L
+    empty = Placement(none, none, none, _dense_that_fits(problem), 0)
+    base = footprint(problem, empty)
+    order = np.lexsort((np.broadcast_to(np.arange(E), (L, E)).ravel(), np.repeat(np.arange(L), E), -cur.pop.ravel()))
+    layer, rank = order // E, order % E
+    cum = np.cumsum(rb[rank])
+
+    def take(start: int, room: float) -> int:
+        return start + int(np.searchsorted(cum[start:] - (cum[start - 1] if start else 0.0), room, side="right"))
+
+    a = take(0, budget.vram - base.vram)
+    room = budget.ram - base.ram
+    b = take(a, room)
+    if b < L * E:              # experts stay on NVMe: their bounce buffers take pinned RAM too
+        b = take(a, room - staging_slots(problem.spec, 0) * problem.slot_bytes)
+    vram = np.bincount(layer[:a], minlength=L)
+    ram = np.bincount(layer[a:b], minlength=L)
+    return Placement(tuple(int(v) for v in vram), tuple(int(r) for r in ram), none, empty.dense_resident, 0)
+
+
+def _dense_that_fits(problem) -> tuple[bool, ...]:
+    from strata_plan.planner.placement import Placement, dense_choice, footprint
+    L, n = problem.curves.n_layers, len(problem.dense_units)
+    none = (0,) * L
+    for c in range(n, -1, -1):
+        resident = dense_choice(problem, c / n)
+        if max(footprint(problem, Placement(none, none, none, resident, 0)).overflow(problem.budget)[:2]) <= 0:
+            return resident
+    return dense_choice(problem, 0.0)
+
+
+def machine_placements(problem) -> list:
+    """`hottest_placement`, and the allocator's water-fill with an LRU cache of several weights (the bound
+    credits a cache with the hit rate the routing statistics give it) at lookahead depth 0, over the number
+    of dense units resident (fewer dense units leave VRAM to a cache that can save more NVMe bytes than the
+    dense units save PCIe bytes): a grid of MACHINE_DENSE_GRID counts up to the most that fit, then halving
+    steps around the best count for decode and for prefill (`ranked_bound`). Only placements that fit."""
+    from strata_plan.planner.placement import Knobs, allocate
+    hot = hottest_placement(problem)
+    n, most = len(hot.dense_resident), sum(hot.dense_resident)
+    seen: dict[int, list] = {}
+
+    def at(count: int) -> list:
+        if count not in seen:
+            seen[count] = []
+            for bias in MACHINE_CACHE_BIAS:
+                for w in MACHINE_SKEW:
+                    a = allocate(problem, Knobs(count / n, bias, w, 0))
+                    if a.footprint.fits(problem.budget):
+                        seen[count].append((a.placement, ranked_bound(problem, a.placement)))
+        return seen[count]
+
+    step = max(1, -(-most // MACHINE_DENSE_GRID))
+    for c in range(most, -1, -step):
+        at(c)
+    for phase in (0, 1):
+        best = max(seen, key=lambda c: max((r[phase] for _, r in seen[c]), default=0.0))
+        s = step
+        while s > 1:
+            s = -(-s // 2)
+            for c in (best - s, best + s):
+                if 0 <= c <= most:
+                    at(c)
+            best = max(seen, key=lambda c: max((r[phase] for _, r in seen[c]), default=0.0))
+    return [hot] + [p for c in sorted(seen, reverse=True) for p, _ in seen[c]]
+
+
+def ranked_bound(problem, placement) -> tuple[float, float]:
+    """(decode, prefill) tok/s of `physical_bound` computed in rank space with numpy: the same bytes and
+    peaks, to rank many candidate placements quickly (a test holds it to `physical_bound`)."""
+    import numpy as np
+    spec, cur, C, k = problem.spec, problem.curves, problem.prefill_chunk, problem.spec.top_k
+    rb, pop = problem.rank_bytes, cur.pop
+    L, E = pop.shape
+    s, m, c = (np.array(x, dtype=np.int64) for x in (placement.vram, placement.ram, placement.cache))
+    units = problem.dense_units
+    streamed = float(sum(u for u, res in zip(units, placement.dense_resident) if not res))
+    ranks = np.arange(E)[None, :]
+    nonstatic, nvme = ranks >= s[:, None], ranks >= (s + m)[:, None]
+    big = np.where(nonstatic, rb, 0).max(axis=1)
+    big_nvme = np.where(nvme, rb, 0).max(axis=1)
+    removed = k * np.maximum(0.0, cur.hits(s, c) - cur.cum[np.arange(L), s])
+    miss = k * (pop * rb * nonstatic).sum(axis=1)
+    cold = k * (pop * rb * nvme).sum(axis=1)
+    touch = (1.0 - np.exp(-C * k * pop)) * rb
+    head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))
+    dec = {"hbm": float(sum(units) + spec.kv_cache_bytes(problem.context)) + k * float((pop * rb).sum()),
+           "compute": float(spec.flops_per_token(problem.context)),
+           "pcie": streamed + 2 * spec.hidden + float(np.maximum(0.0, miss - removed * big).sum()),
+           "nvme": float(np.maximum(0.0, cold - removed * big_nvme).sum())}
+    pre = {"hbm": float(sum(units)) + float(touch.sum()), "pcie": streamed + float((touch * nonstatic).sum()),
+           "nvme": float((touch * nvme).sum()),
+           "compute": float(C * (spec.flops_per_token(max(1, problem.context // 2)) - head) + head)}
+    peaks = link_peaks(problem.profile)
+    t_dec, _ = _time(dec, peaks)
+    t_pre, _ = _time(pre, peaks)
+    return (1.0 / t_dec if t_dec > 0 else math.inf, C / t_pre if t_pre > 0 else math.inf)
+
+
+def machine_bound(problem, extra=()) -> MachineBound:
+    """See `MachineBound`; `extra` placements (a plan's own, a smaller budget's) join the candidates. The
+    candidates are ranked by `ranked_bound`, the best for decode and for prefill each hill-climbed on it
+    (polish.py's moves, MACHINE_POLISH scorings); the winners' bounds are `physical_bound`'s."""
+    from strata_plan.planner.polish import polish
+    cands = [*machine_placements(problem), *extra]
+    ranked = [ranked_bound(problem, p) for p in cands]
+    dec = cands[max(range(len(cands)), key=lambda i: (ranked[i][0], -i))]
+    pre = cands[max(range(len(cands)), key=lambda i: (ranked[i][1], -i))]
+    dec = polish(problem, dec, lambda p: ranked_bound(problem, p)[0], MACHINE_POLISH)[0]
+    pre = polish(problem, pre, lambda p: ranked_bound(problem, p)[1], MACHINE_POLISH)[0]
+    return MachineBound(physical_bound(problem, dec), physical_bound(problem, pre), dec, pre)
+
+
+def machine_bounds(problem, budgets) -> list[MachineBound | None]:
+    """The machine bound at each budget (`capacity.Budget`), computed from the smallest up, each with the
+    placements of every smaller budget it contains among its candidates: along the sweep more of any
+    resource never lowers it. None where the working set does not fit."""
+    from strata_plan.errors import UserError
+    order = sorted(range(len(budgets)), key=lambda i: (budgets[i].vram + budgets[i].ram + budgets[i].nvme, i))
+    out: list[MachineBound | None] = [None] * len(budgets)
+    done: list[tuple[object, MachineBound]] = []
+    for i in order:
+        b = budgets[i]
+        try:
+            p = problem.replace(budget=b)
+        except UserError:
+            continue
+        below = [m for bb, m in done if bb.vram <= b.vram and bb.ram <= b.ram and bb.nvme <= b.nvme]
+        extra = ([max(below, key=lambda m: m.decode_tok_s).decode_placement,
+                  max(below, key=lambda m: m.prefill_tok_s).prefill_placement] if below else [])
+        out[i] = machine_bound(p, extra=extra)
+        done.append((b, out[i]))
+    return out

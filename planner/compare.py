@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from strata_plan.planner.bound import BoundViolation, Throughput, check_within, link_peaks, physical_bound
+from strata_plan.planner.bound import BoundViolation, Throughput, check_within, link_peaks, machine_bound, physical_bound
 from strata_plan.planner.cost import CostModel
 from strata_plan.planner.placement import Placement, footprint
 from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, Problem
@@ -52,6 +52,16 @@ class Case(Throughput):
     bound_prefill_binding: str
     vram_hit: float              # share of routed-expert accesses served from VRAM
     off_nvme: float              # share not read from NVMe
+    machine_decode_tok_s: float = 0.0       # the machine bound (bound.machine_bound) on these budgets and links
+    machine_prefill_tok_s: float = 0.0
+    machine_decode_binding: str = ""
+    machine_prefill_binding: str = ""
+    decode_estimate: str = ""    # the estimated input behind the decode binding ("" none), estimated.py
+    decode_alternative: str = ""     # the typical alternative it is re-predicted at, and the prediction there
+    decode_at_alternative: float = 0.0
+    prefill_estimate: str = ""
+    prefill_alternative: str = ""
+    prefill_at_alternative: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -110,16 +120,35 @@ def scale_links(profile, pcie: float = 1.0, nvme: float = 1.0, hbm: float = 1.0,
     return dataclasses.replace(profile, gpus=(gpu,) + tuple(profile.gpus[1:]), nvme=drives)
 
 
-def _case(routing: str, problem: Problem, result, where: str, failures: list[str]) -> Case:
-    """The plan's prediction and bound; a prediction above its bound is recorded in `failures`."""
+def _case(routing: str, problem: Problem, result, where: str, failures: list[str], machine: bool = True) -> Case:
+    """The plan's prediction and bound, the machine bound (`machine`) and the estimated input behind each
+    binding; a prediction above its bound, or a bound above the machine bound, is recorded in `failures`."""
+    from strata_plan.planner.estimated import at_alternative, binding_estimate
     p = result.best.prediction
     b = physical_bound(problem, result.best.placement)
     try:
         check_within(p, b, where)
     except BoundViolation as e:
         failures.append(str(e))
+    extra: dict = {}
+    if machine:
+        mb = machine_bound(problem, extra=(result.best.placement,))
+        extra.update(machine_decode_tok_s=mb.decode_tok_s, machine_prefill_tok_s=mb.prefill_tok_s,
+                     machine_decode_binding=mb.decode_binding, machine_prefill_binding=mb.prefill_binding)
+        for what in ("decode", "prefill"):
+            if getattr(b, f"{what}_tok_s") > getattr(mb, f"{what}_tok_s") * (1 + 1e-9):
+                failures.append(f"{where}: plan bound {what} {getattr(b, f'{what}_tok_s'):.4g} above the machine bound")
+        for what in ("decode", "prefill"):
+            est = binding_estimate(problem, getattr(p, f"{what}_binding"))
+            if est is None:
+                continue
+            extra[f"{what}_estimate"] = f"{est.name} {est.value}"
+            alt = at_alternative(problem, result.best.placement, est.link)
+            if alt is not None:
+                extra[f"{what}_alternative"] = alt[1]
+                extra[f"{what}_at_alternative"] = getattr(alt[0], f"{what}_tok_s")
     return Case(**Throughput.fields_of(p, b), routing=routing, bound_decode_binding=b.decode_binding,
-                bound_prefill_binding=b.prefill_binding, vram_hit=p.hit_rate, off_nvme=1.0 - p.nvme_share)
+                bound_prefill_binding=b.prefill_binding, vram_hit=p.hit_rate, off_nvme=1.0 - p.nvme_share, **extra)
 
 
 def forced_dense_stream(problem: Problem) -> float:
@@ -186,7 +215,8 @@ def compare_tables(profiles=None, model: str = SEED_MODEL, trials: int = 60, see
         problem, result = skewed
         bigger = problem.replace(budget=dataclasses.replace(budget, ram=int(budget.ram * RAM_FACTOR)))
         more = search(bigger, trials=trials, seed=seed, start=result.best.placement, start_knobs=result.best.knobs)
-        more_case = _case(f"{SKEWED_PRIOR}, {RAM_FACTOR:g}x RAM", bigger, more, f"{name}/{RAM_FACTOR:g}x RAM", failures)
+        more_case = _case(f"{SKEWED_PRIOR}, {RAM_FACTOR:g}x RAM", bigger, more, f"{name}/{RAM_FACTOR:g}x RAM", failures,
+                          machine=False)
         if more_case.decode_tok_s < cases[SKEWED_PRIOR].decode_tok_s * (1 - 1e-12):
             failures.append(f"{name}: {RAM_FACTOR:g}x RAM search predicts decode {more_case.decode_tok_s:.4g} < "
                             f"{cases[SKEWED_PRIOR].decode_tok_s:.4g} with less RAM")
@@ -221,7 +251,11 @@ def _columns(c: Comparison, phase: str) -> list[tuple[str, Callable[[Row], str]]
              ("predicted, uniform", lambda r: tok(r.uniform, phase)),
              (f"predicted, {sk}", lambda r: tok(r.skewed, phase)),
              (f"bound (binding), uniform / {sk}",
-              lambda r: f"{tok(r.uniform, 'bound_' + phase)} / {tok(r.skewed, 'bound_' + phase)}")]
+              lambda r: f"{tok(r.uniform, 'bound_' + phase)} / {tok(r.skewed, 'bound_' + phase)}"),
+             (f"machine bound, uniform / {sk}",
+              lambda r: f"{tok(r.uniform, 'machine_' + phase)} / {tok(r.skewed, 'machine_' + phase)}"),
+             (f"estimated input binding ({sk})", lambda r: getattr(r.skewed, f"{phase}_estimate") or "none"),
+             (f"predicted at a typical alternative ({sk})", lambda r: _alt(r.skewed, phase))]
     if phase == "decode":
         cols += [("claim needs: VRAM hit / traffic off NVMe", needs),
                  (f"{sk} plan has: VRAM hit / off NVMe", lambda r: f"{r.skewed.vram_hit:.1%} / {r.skewed.off_nvme:.1%}"),
@@ -229,6 +263,11 @@ def _columns(c: Comparison, phase: str) -> list[tuple[str, Callable[[Row], str]]
     else:
         cols.append(("claim needs: VRAM share of touched experts / off NVMe", needs))
     return cols
+
+
+def _alt(case: Case, phase: str) -> str:
+    alt = getattr(case, f"{phase}_alternative")
+    return f"{getattr(case, f'{phase}_at_alternative'):.3g} at {alt}" if alt else "-"
 
 
 def _table(c: Comparison, phase: str) -> list[str]:
@@ -242,7 +281,11 @@ def to_markdown(c: Comparison) -> str:
            f"Seed figures are one author's published claims. Predicted figures come from strata-plan's cost model "
            f"for the best plan an Optuna search found ({c.trials} trials, seed {c.seed}) on each shipped profile, "
            f"context {c.context}, prefill chunk {c.chunk}; they are predictions, not measurements. Bounds are "
-           f"physical: bytes per token over each link's peak bandwidth, everything overlapped, no overheads. "
+           f"physical: bytes per token over each link's peak bandwidth, everything overlapped, no overheads; the "
+           f"plan's bound belongs to its placement, the machine bound is the best bound over placements that put "
+           f"the hottest experts in the fastest tiers on the same budgets (planner/PLANNER.md). Where the input "
+           f"behind a prediction's binding resource is an estimate, the row names it and predicts the same plan "
+           f"with that input at a typical alternative. "
            f"Routing: `uniform` and the skewed prior `{c.skewed_prior}`.", "",
            "## Decode (batch 1), tok/s", "", *_table(c, "decode"),
            "", f"## Prefill (chunks of {c.chunk} tokens), tok/s", "", *_table(c, "prefill")]

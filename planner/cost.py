@@ -10,23 +10,25 @@ experts, m in RAM, c cache slots, k routed per token, rank popularity p_r and ex
     warm bytes = k sum_{s' <= r < max(s', s+m)} p_r b_r   from pinned RAM over PCIe
     cold bytes = k sum_{r >= max(s', s+m)}     p_r b_r   NVMe read, then PCIe
     link time of an expert: b_r / H2D(b_r) (the pinned curve at that transfer size; while kernels run the
-    h2d_during_kernel curve, else H2D x copy_overlap), b_r / NVMe(b_r / n, n) for the best split n of
-    one expert into sub-reads (one expert in flight; queue depth n)
+    h2d_during_kernel curve, else H2D x copy_overlap); NVMe: a layer's expected misses of each format are
+    read together as one batch at the store's queue depth (reads.py: T(n_f) per batch)
 
 With lookahead depth d (recall R, precision P from the routing statistics; layers j < d have no source layer
 and get R = 0) a share R of the misses is issued when MoE layer j-d finishes and must be ready before
 layer j's experts run; the engine also fetches R (1-P)/P wasted bytes per miss byte. The rest (1-R) is
-fetched on demand after the router: stall = max(PCIe time, NVMe time) + one expert's copy (pipeline fill).
+fetched on demand after the router: stall = max(PCIe time, T((1-R) n_f)) + one expert's copy (pipeline fill).
 
     t += overhead + max((dense_i + kv_i) / (HBM x hbm_eff), FLOPs_i / (TFLOPS x compute_eff))   each layer
     t += demand stall;  t = max(t, prefetch ready);  t += k sum_r p_r b_r / kernel_GBps(format_r)   MoE layers
+                                             (kernel_GBps: the fused MoE decode call, rates.py)
     streamed dense weights: double buffered, serial on the link, must land before their layer starts
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
 
 Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with probability
 1 - (1 - min(1, k p_r))^C and every touched non-resident expert streams once per chunk:
     T_chunk = sum_i [overhead + max(GPU_i, PCIe_i + dense stream_i, NVMe_i)],  prefill tok/s = C / T_chunk
-with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff)).
+with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff), touched experts x
+3 hidden moe_intermediate / expansion rate) (rates.py: every touched expert is expanded once a chunk).
 
 The constants that measured runs refine come from the profile's `Calibration`. PLANNER.md has the long
 form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
@@ -38,12 +40,11 @@ from functools import cached_property
 
 import numpy as np
 
-from strata_plan.kernels.formats import EXPERT_ALIGN
 from strata_plan.planner.capacity import staging_slots
+from strata_plan.planner.rates import decode_rates, expansion_rate
+from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
 RESOURCES = ("pcie", "nvme", "hbm", "compute", "overhead")
-_TINY_BW = 1.0        # bytes/s standing in for a tier the machine lacks (an NVMe-less profile)
-NVME_SPLITS = (1, 2, 4, 8, 16)   # sub-reads per expert the engine may issue to deepen the NVMe queue
 
 
 @dataclass(frozen=True)
@@ -109,32 +110,29 @@ class CostModel:
     def nvme(self, size: float, queue_depth: int) -> float:
         """O_DIRECT random-read bytes/s at this block size and queue depth (the first NVMe of the profile)."""
         nv = self.problem.profile.nvme
-        return nv[0].rand_read.at(size, queue_depth) * 1e9 if nv else _TINY_BW
+        return nv[0].rand_read.at(size, queue_depth) * 1e9 if nv else TINY_RATE
+
+    @cached_property
+    def _decode_rates(self) -> dict:
+        return decode_rates(self.problem)
 
     def kernel_rate(self, fmt: str) -> float:
-        """Bytes/s the fused expert kernel streams a packed format from VRAM (measured, never above HBM)."""
-        fig = self.gpu.kernel_gbps.get(fmt)
-        if fig is None:
-            return self.hbm_rate
-        return min(fig.value, self.gpu.hbm_gbps.value) * 1e9
+        """Bytes/s the fused MoE decode call streams a packed format from VRAM (rates.decode_rates)."""
+        return self._decode_rates[fmt].value
 
-    def nvme_reads(self, in_flight: int) -> dict[str, tuple[int, int, float]]:
-        """Per format: (sub-reads per expert, queue depth, bytes/s). With `in_flight` experts outstanding the
-        engine may split each expert read into `split` requests, reaching queue depth in_flight x split at a
-        block of bytes / split; the split with the best measured rate wins."""
+    @cached_property
+    def expansion_rate(self) -> float:
+        """Weights/s the fused MoE prefill call expands packed experts at (rates.expansion_rate)."""
+        return expansion_rate(self.problem).value
+
+    def nvme_reads(self, in_flight: int) -> dict[str, ExpertRead]:
+        """Per format: how the store reads it with `in_flight` experts outstanding (reads.expert_read)."""
         key = ("nvme_reads", in_flight)
         if key not in self._memo:
-            out = {}
-            for f in self.problem.mix.formats:
-                size = self.problem.spec.routed_expert_bytes(f)
-                best = None
-                for split in NVME_SPLITS:
-                    block = -(-size // split // EXPERT_ALIGN) * EXPERT_ALIGN
-                    rate = self.nvme(block, in_flight * split)
-                    if best is None or rate > best[2]:
-                        best = (split, in_flight * split, rate)
-                out[f] = best
-            self._memo[key] = out
+            nv = self.problem.profile.nvme
+            depths = nv[0].rand_read.queue_depths if nv else ()
+            self._memo[key] = {f: expert_read(self.nvme, depths, f, self.problem.spec.routed_expert_bytes(f), in_flight)
+                               for f in self.problem.mix.formats}
         return self._memo[key]
 
     # ---- per-layer model quantities ---------------------------------------------------------------
@@ -167,17 +165,32 @@ class CostModel:
         return {"fg": arr(fg), "bg": arr(bg), "kern": arr(kern)}
 
     def _nvme_table(self, weights: str, in_flight: int) -> np.ndarray:
-        """[L, E+1] prefix sums of `weights` ("pop" or "touch") x NVMe seconds of each rank's expert."""
+        """[L, E+1] prefix sums of `weights` ("pop" or "touch") x NVMe seconds of each rank's expert at a
+        full queue of `in_flight` experts (a stream of reads: prefill)."""
         key = ("nvme_table", weights, in_flight)
         if key not in self._memo:
             reads = self.nvme_reads(in_flight)
-            t = np.array([self.problem.spec.routed_expert_bytes(f) / reads[f][2] for f in self.problem.rank_formats])
+            t = np.array([reads[f].seconds_per_expert for f in self.problem.rank_formats])
             self._memo[key] = _cumrows(self._tables[weights] * t)
         return self._memo[key]
 
-    DECODE_IN_FLIGHT = 1
-    """Experts the decode model assumes in flight on NVMe: one at a time, split into sub-reads for queue
-    depth. Conservative, and independent of the placement, so fewer misses never predict a slower drive."""
+    @property
+    def decode_in_flight(self) -> int:
+        """Experts whose NVMe reads the store keeps outstanding at decode: a layer's top-k misses, known
+        together after its router and submitted together (independent of the placement, so fewer misses
+        never predict a slower drive)."""
+        return self.problem.spec.top_k
+
+    @cached_property
+    def _format_masks(self) -> np.ndarray:
+        """[F, E] 1.0 where the rank's expert has format F (mix order)."""
+        fmts = self.problem.rank_formats
+        return np.array([[1.0 if g == f else 0.0 for g in fmts] for f in self.problem.mix.formats])
+
+    def _cold_batch(self, counts: np.ndarray) -> np.ndarray:
+        """[L] seconds to read batches of counts [F, L] expected NVMe misses together (reads.batch_seconds)."""
+        reads = self.nvme_reads(self.decode_in_flight)
+        return batch_seconds([reads[f] for f in self.problem.mix.formats], counts)
 
     def prefill_in_flight(self, depth: int) -> int:
         """Experts in flight while prefill streams a layer: every staging slot."""
@@ -196,6 +209,8 @@ class CostModel:
             "bytes": _cumrows(pop * rb), "fg": _cumrows(pop * rt["fg"]), "bg": _cumrows(pop * rt["bg"]),
             "kern": (pop * rt["kern"]).sum(axis=1),
             "t_bytes": _cumrows(touch * rb), "t_bg": _cumrows(touch * rt["bg"]),
+            "t_count": _cumrows(touch),
+            "fmt_pop": [_cumrows(pop * mask) for mask in self._format_masks],     # F x [L, E+1]
         }
 
     def _stream_time(self, nbytes: float) -> float:
@@ -231,10 +246,10 @@ class CostModel:
         hi = np.maximum(lo, s + m)                        # [L] where the NVMe tier starts being missed
         between = lambda t: k * (self._at(t, hi) - self._at(t, lo))  # noqa: E731
         beyond = lambda t: k * (t[:, E] - self._at(t, hi))  # noqa: E731
-        tn = self._nvme_table("pop", self.DECODE_IN_FLIGHT)
         return {"hit": h, "warm_bytes": between(tb["bytes"]), "cold_bytes": beyond(tb["bytes"]),
                 "n_cold": beyond(cur.cum), "fg_warm": between(tb["fg"]), "fg_cold": beyond(tb["fg"]),
-                "bg_warm": between(tb["bg"]), "bg_cold": beyond(tb["bg"]), "nvme": beyond(tn),
+                "bg_warm": between(tb["bg"]), "bg_cold": beyond(tb["bg"]),
+                "cold_counts": np.array([beyond(t) for t in tb["fmt_pop"]]),    # [F, L] expected NVMe misses
                 "ram_share": between(cur.cum) / k, "nvme_share": beyond(cur.cum) / k}
 
     def predict(self, placement) -> Prediction:
@@ -245,9 +260,10 @@ class CostModel:
         recall, precision = cur.lookahead(depth)
         R = np.where(np.arange(cur.n_layers) >= depth, recall, 0.0)   # layers j < d have no source layer
         waste = (1.0 - precision) / precision
-        dem_p, dem_n = (1 - R) * (x["fg_warm"] + x["fg_cold"]), (1 - R) * x["nvme"]
+        dem_p, dem_n = (1 - R) * (x["fg_warm"] + x["fg_cold"]), self._cold_batch((1 - R) * x["cold_counts"])
         fill = (1 - R) * np.where(x["n_cold"] >= 1.0, x["fg_cold"] / np.maximum(x["n_cold"], 1.0), x["fg_cold"])
-        pre_p, pre_n = R * (1 + waste) * (x["bg_warm"] + x["bg_cold"]), R * (1 + waste) * x["nvme"]
+        pre_p = R * (1 + waste) * (x["bg_warm"] + x["bg_cold"])
+        pre_n = self._cold_batch(R * (1 + waste) * x["cold_counts"])
         t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
 
         dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp)
@@ -334,6 +350,7 @@ class CostModel:
         pcie = tb["t_bg"][:, E] - tb["t_bg"][rows, s]
         tn = self._nvme_table("touch", self.prefill_in_flight(placement.prefetch_depth))
         nvme = tn[:, E] - tn[rows, b]
+        expand = tb["t_count"][:, E] * spec.expert_params / self.expansion_rate    # [L] s: touched experts, once
         sec = dict.fromkeys(RESOURCES, 0.0)
         moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
         units = p.dense_units
@@ -342,7 +359,8 @@ class CostModel:
             j = moe_index.get(i)
             w_bytes = lay["dense"][i] + (touched[j] if j is not None else 0.0)
             flops = C * (lay["flops_pre"][i] + (2 * k * spec.expert_params if j is not None else 0.0))
-            parts = {"compute": flops / self.flop_rate, "hbm": w_bytes / self.hbm_rate,
+            parts = {"compute": max(flops / self.flop_rate, expand[j] if j is not None else 0.0),
+                     "hbm": w_bytes / self.hbm_rate,
                      "pcie": (pcie[j] if j is not None else 0.0)
                      + (0.0 if placement.dense_resident[i] else self._stream_time(units[i])),
                      "nvme": nvme[j] if j is not None else 0.0}

@@ -10,12 +10,12 @@ import os
 from pathlib import Path
 
 from strata_plan.errors import UserError
-from strata_plan.planner.bound import check_within, physical_bound
+from strata_plan.planner.bound import check_within, machine_bound, physical_bound
 from strata_plan.planner.capacity import Budget
 from strata_plan.planner.cost import CostModel
 from strata_plan.planner.plan import Plan, SourceRef, Sources, build_plan, sha256_of
 from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, Problem
-from strata_plan.planner.search import SearchResult, search
+from strata_plan.planner.search import SearchResult, search_ladder
 from strata_plan.schema import to_data
 
 DEFAULT_PRIOR = "uniform"
@@ -85,7 +85,7 @@ def make_problem(profile: str, model: str, stats: str | None = None, prior: str 
 def plan_from_result(problem: Problem, result: SearchResult, sources: Sources, cost: CostModel) -> Plan:
     bound = physical_bound(problem, result.best.placement)
     check_within(result.best.prediction, bound, f"{problem.spec.name} on {problem.profile.name}")
-    return build_plan(problem, result, bound, sources, cost)
+    return build_plan(problem, result, bound, sources, cost, machine_bound(problem, extra=(result.best.placement,)))
 
 
 def make_plan(profile: str, model: str, stats: str | None = None, prior: str | None = None,
@@ -96,8 +96,8 @@ def make_plan(profile: str, model: str, stats: str | None = None, prior: str | N
     """Search the best placement and return it as a Plan (see module docstring)."""
     problem = make_problem(profile, model, stats, prior, gpu_preset, context, chunk, vram_gb, ram_gb, nvme_gb)
     cost = CostModel(problem)
-    result = search(problem, trials=trials, seed=seed, objective=objective, mix_weight=mix_weight,
-                    study_db=study_db, cost=cost, on_trial=on_trial)
+    result = search_ladder(problem, trials=trials, seed=seed, objective=objective, mix_weight=mix_weight,
+                           study_db=study_db, cost=cost, on_trial=on_trial)
     return plan_from_result(problem, result, sources_of(problem, stats, prior, gpu_preset), cost)
 
 

@@ -118,11 +118,18 @@ class CachePlan:
 
 @dataclass(frozen=True)
 class NvmeRead:
-    """How the engine reads one expert of this format: `split` requests of bytes/split (4 KiB aligned),
-    keeping `queue_depth` requests outstanding."""
+    """How the expert store reads one expert blob of this format: `split` O_DIRECT requests of
+    ceil(bytes / split / 4 KiB) x 4 KiB each, all submitted at once; `queue_depth` = experts in flight x
+    split, the requests outstanding when the phase's experts in flight are all of this format. PLANNER.md
+    ("What the engine must do") says how the store must issue them for the predictions to hold."""
 
     split: int = bounded(1, 1024)
     queue_depth: int = bounded(1, 4096)
+    batch_splits: tuple[int, ...] = ()      # split when i experts of this format are read together, i = 1, 2, ..
+
+    def __post_init__(self) -> None:
+        if any(not 1 <= s <= 1024 for s in self.batch_splits):
+            raise ValueError("batch_splits must lie in 1..1024")
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,10 @@ class StagingPlan:
     slot_bytes: int = bounded(1, None)
     dense_buffers: int = bounded(0, 2)       # VRAM buffers for streamed dense weights
     dense_buffer_bytes: int = bounded(0, None)
-    nvme_reads: dict[str, NvmeRead] | None = None           # decode: one expert in flight, split for depth
+    nvme_reads: dict[str, NvmeRead] | None = None           # decode: a layer's misses together (top_k in flight)
     nvme_reads_prefill: dict[str, NvmeRead] | None = None   # prefill: every staging slot in flight
+    nvme_in_flight: int = bounded(0, 4096, default=0)           # decode: experts read at once (0: a plan before
+    nvme_in_flight_prefill: int = bounded(0, 4096, default=0)   # issue 26, which modelled one at decode)
 
 
 @dataclass(frozen=True)
@@ -177,10 +186,17 @@ class Predicted:
     vram_hit_rate: float = bounded(0.0, 1.0, default=0.0)
     ram_share: float = bounded(0.0, 1.0, default=0.0)
     nvme_share: float = bounded(0.0, 1.0, default=0.0)
+    machine_decode_tok_s: float = bounded(0.0, None, default=0.0)     # the machine bound (bound.machine_bound);
+    machine_prefill_tok_s: float = bounded(0.0, None, default=0.0)    # 0: a plan written before it was recorded
+    machine_decode_binding: Literal["", "pcie", "nvme", "hbm", "compute"] = ""
+    machine_prefill_binding: Literal["", "pcie", "nvme", "hbm", "compute"] = ""
 
     def __post_init__(self) -> None:
         if self.decode_tok_s > self.bound_decode_tok_s * (1 + 1e-9) or self.prefill_tok_s > self.bound_prefill_tok_s * (1 + 1e-9):
             raise ValueError("a prediction exceeds its physical bound")
+        if self.machine_decode_tok_s and (self.bound_decode_tok_s > self.machine_decode_tok_s * (1 + 1e-9)
+                                          or self.bound_prefill_tok_s > self.machine_prefill_tok_s * (1 + 1e-9)):
+            raise ValueError("the plan's bound exceeds the machine bound")
 
 
 @dataclass(frozen=True)
@@ -252,8 +268,9 @@ def sha256_of(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def build_plan(problem, result, bound, sources: Sources, cost) -> Plan:
-    """A Plan from a search result (`search.SearchResult`), its bound and the cost model used."""
+def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> Plan:
+    """A Plan from a search result (`search.SearchResult`), its bound, the cost model used and the machine
+    bound (`bound.machine_bound`, optional)."""
     spec, cur, best = problem.spec, problem.curves, result.best
     p, fp, pred = best.placement, best.footprint, best.prediction
     E = cur.n_experts
@@ -267,12 +284,14 @@ def build_plan(problem, result, bound, sources: Sources, cost) -> Plan:
         layers.append(LayerPlan(layer, tuple(order[:s]), tuple(order[s:s + m]), tuple(order[s + m:]), p.cache[j],
                                 {f: tuple(v) for f, v in fmts.items() if v}))
     streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
-    reads = lambda n: {f: NvmeRead(split, qd) for f, (split, qd, _) in cost.nvme_reads(n).items()}  # noqa: E731
+    reads = lambda n: {f: NvmeRead(r.split, r.queue_depth, r.splits) for f, r in cost.nvme_reads(n).items()}  # noqa: E731
     slots = (p.prefetch_depth + 1) * spec.top_k
     staging = StagingPlan(vram_slots=slots, host_slots=slots if fp.host_staging else 0, slot_bytes=problem.slot_bytes,
                           dense_buffers=2 if fp.dense_buffers else 0, dense_buffer_bytes=fp.dense_buffers // 2,
-                          nvme_reads=reads(cost.DECODE_IN_FLIGHT),
-                          nvme_reads_prefill=reads(cost.prefill_in_flight(p.prefetch_depth)))
+                          nvme_reads=reads(cost.decode_in_flight),
+                          nvme_reads_prefill=reads(cost.prefill_in_flight(p.prefetch_depth)),
+                          nvme_in_flight=cost.decode_in_flight,
+                          nvme_in_flight_prefill=cost.prefill_in_flight(p.prefetch_depth))
     b = problem.budget
     memory = Memory(
         vram={"reserve": fp.reserve, "kv_cache": fp.kv_cache, "workspace": fp.workspace, "staging": fp.staging,
@@ -286,7 +305,9 @@ def build_plan(problem, result, bound, sources: Sources, cost) -> Plan:
         bound.decode_tok_s, bound.prefill_tok_s, bound.decode_binding, bound.prefill_binding,
         dict(pred.bytes_per_token), dict(pred.bytes_per_chunk),
         {k: float(v) for k, v in pred.decode_seconds.items()}, min(pred.hit_rate, 1.0),
-        min(max(pred.ram_share, 0.0), 1.0), min(max(pred.nvme_share, 0.0), 1.0))
+        min(max(pred.ram_share, 0.0), 1.0), min(max(pred.nvme_share, 0.0), 1.0),
+        *((machine.decode_tok_s, machine.prefill_tok_s, machine.decode_binding, machine.prefill_binding)
+          if machine is not None else ()))
     search = SearchInfo(result.objective, result.mix_weight, trials=result.trials, seed=result.seed,
                         knobs=best.knobs.as_params() if best.knobs else {},
                         greedy_decode_tok_s=result.greedy.prediction.decode_tok_s,

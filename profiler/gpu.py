@@ -43,6 +43,7 @@ class GpuSettings:
     hbm_bytes: int                      # reduction / device-copy buffer size
     matmul_n: int                       # n of the n x n x n bf16 matmul
     gemv_shape: tuple[int, int]         # (n, k) for the packed-format GEMV throughput
+    moe: object = None                  # profiler.moe.MoESettings: the fused MoE call (None: skipped)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class GpuResult:
     pin: PinProbe | None
     kernel_gbps: dict[str, Stats]
     notes: tuple[str, ...] = field(default=())
+    moe: object = None                      # profiler.moe.MoEResult, or None when skipped
 
 
 # ---------------------------------------------------------------- timing
@@ -347,17 +349,32 @@ def kernel_throughput(n: int, k: int, notes: list[str]) -> dict[str, Stats]:
     return out
 
 
+def fused_moe_rates(settings, notes: list[str], tick: Callable[[], None] | None = None):
+    """The fused MoE call's decode GB/s and prefill expansion rate (profiler/moe.py), or None with a note
+    when the kernels cannot run here."""
+    if settings is None:
+        return None
+    try:
+        from . import moe
+        return moe.measure(settings, "cuda", tick=tick)
+    except Exception as e:  # noqa: BLE001 -- a kernel failure must not lose the whole profile
+        notes.append(f"fused MoE rates skipped: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+        return None
+
+
 PHASES = ("GPU identity and PCIe link under load", "host<->GPU copies, pinned and pageable",
           "H2D while a kernel runs on another stream", "HBM read and device copy", "bf16 matmul",
-          "pinnable memory", "packed-format GEMV kernels")
+          "pinnable memory", "packed-format GEMV kernels", "fused MoE call: decode shapes, prefill expansion")
 
 
 def phase_plan(s: GpuSettings, pin_cap_bytes: int) -> list[tuple[str, float, int]]:
     """(phase, estimated seconds on a fast machine, ticks) of `measure_gpu`, for the progress bar's ETA."""
     copies = 4 * len(s.sizes) * s.repeats
+    n_moe = len(s.moe.decode_shapes) + 1 if s.moe is not None else 1
     return list(zip(PHASES, (1.0, 0.06 * copies + 2, 0.05 * len(s.during_sizes) * s.repeats + 1,
-                             0.05 * 2 * s.repeats + 2, 0.05 * s.repeats + 1, pin_cap_bytes / (4 * GB) + 0.5, 6.0),
-                    (1, copies, len(s.during_sizes) * s.repeats, 2 * s.repeats, s.repeats, 1, 1)))
+                             0.05 * 2 * s.repeats + 2, 0.05 * s.repeats + 1, pin_cap_bytes / (4 * GB) + 0.5, 6.0,
+                             4.0 * n_moe if s.moe is not None else 0.1),
+                    (1, copies, len(s.during_sizes) * s.repeats, 2 * s.repeats, s.repeats, 1, 1, n_moe)))
 
 
 # ---------------------------------------------------------------- all of it
@@ -401,4 +418,5 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
 
     step(PHASES[6])
     kernels = kernel_throughput(*s.gemv_shape, notes=notes)
-    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes))
+    moe_rates = fused_moe_rates(s.moe, notes, step(PHASES[7]))
+    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates)

@@ -18,7 +18,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from strata_plan import __version__
 from strata_plan.profiles.schema import (
-    CPU, GPU, NVMe, SCHEMA_NAME, SCHEMA_VERSION, Calibration, Figure, HardwareProfile, Host, default_calibration,
+    CPU, GPU, NVMe, SCHEMA_NAME, SCHEMA_VERSION, Calibration, Figure, HardwareProfile, Host, MoEDecodeRate,
+    MoEPrefillRate, default_calibration,
 )
 
 from . import cpu as cpu_mod
@@ -41,11 +42,12 @@ class Preset:
     target_bytes: int
     max_iters: int
     hbm_bytes: int
+    moe_repeats: int = 10
 
 
 QUICK = Preset("quick", 256 * MiB, 3, 1.0, 4.0,
                nvme_mod.DiskSettings((MiB, 4 * MiB, 16 * MiB), (1, 8, 32), (16 * MiB,), (1, 8), 0.25, 2),
-               (256 * KiB, MiB, 16 * MiB, 256 * MiB, GiB), (16 * MiB, 256 * MiB), 3, 256 * MiB, 100, GiB)
+               (256 * KiB, MiB, 16 * MiB, 256 * MiB, GiB), (16 * MiB, 256 * MiB), 3, 256 * MiB, 100, GiB, 5)
 FULL = Preset("full", GiB, 5, 4.0, 32.0,
               nvme_mod.DiskSettings((MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 32 * MiB), (1, 4, 8, 16, 32),
                                     (MiB, 16 * MiB), (1, 8, 32), 0.4, 3),
@@ -175,8 +177,9 @@ def profile_machine(opts: Options, console: Console | None = None, show_progress
             *nvme_mod.phase_plan(p.disk, file_bytes)]
     if has_gpu:
         from . import gpu as gpu_mod
+        from .moe import MoESettings
         gpu_settings = gpu_mod.GpuSettings(p.gpu_sizes, p.during_sizes, p.gpu_repeats, p.target_bytes, p.max_iters,
-                                           p.hbm_bytes, MATMUL_N, GEMV_SHAPE)
+                                           p.hbm_bytes, MATMUL_N, GEMV_SHAPE, MoESettings(repeats=p.moe_repeats))
         plan += gpu_mod.phase_plan(gpu_settings, max(pin_cap, 0))
 
     t0 = time.perf_counter()
@@ -210,6 +213,9 @@ def collect_stats(ram_copy: Stats, disk: nvme_mod.DiskResult, gpu) -> dict[str, 
         for mode, curve in gpu.curves.items():
             out.update({f"{mode}_{size(z)}_gbps": st for z, st in curve.items()})
         out.update({f"gemv_{f}_gbps": st for f, st in gpu.kernel_gbps.items()})
+        if gpu.moe is not None:
+            out.update({f"fused_moe_decode_{h}x{i}_gbps": Stats((v,)) for h, i, _, _, v in gpu.moe.decode})
+            out.update({f"fused_moe_prefill_M{m}_gweights_s": Stats((v,)) for *_, m, v in gpu.moe.prefill})
     return out
 
 
@@ -290,7 +296,26 @@ def _gpu_entry(g, p: Preset) -> GPU:
         kernel_gbps={f: measured(st.median, f"strata_plan.kernels.bench.measure_gemv_gbps({f!r}, n={GEMV_SHAPE[0]}, "
                                             f"k={GEMV_SHAPE[1]}), its own median of repeats")
                      for f, st in g.kernel_gbps.items()},
+        **fused_moe_entries(g.moe),
         driver=i.driver)
+
+
+def fused_moe_entries(m) -> dict:
+    """The profile's fused_moe_decode / fused_moe_prefill from a profiler.moe.MoEResult (none: {})."""
+    if m is None:
+        return {}
+    day = today()
+    ver = f"strata-plan {__version__} profile"
+    dec = ", ".join(f"{h}x{i} {m.decode_us[(h, i)]:.1f} us" for h, i, *_ in m.decode)
+    pre = ", ".join(f"M={t} {m.prefill_ms[t]:.2f} ms" for t in sorted(m.prefill_ms))
+    return {"fused_moe_decode": MoEDecodeRate(
+                m.decode, "measured", f"{ver}: strata_plan.kernels.ops.fused_moe at batch 1, top-k experts in the tier "
+                                      f"mix, both launches, CUDA graph over layers of distinct experts (> 4x L2), median "
+                                      f"of repeats; a layer: {dec}", day),
+            "fused_moe_prefill": MoEPrefillRate(
+                m.prefill, "measured", f"{ver}: strata_plan.kernels.ops.fused_moe on a chunk through a whole layer in "
+                                       f"the tier mix, top-k of random logits, CUDA events, median of repeats; {pre}",
+                day)}
 
 
 def _calibration(g, base: Calibration) -> Calibration:

@@ -118,6 +118,76 @@ class Surface:
 
 
 @dataclass(frozen=True)
+class MoEDecodeRate:
+    """The fused MoE decode call (batch 1, one layer's top-k experts in the tier mix, both launches) at a
+    few expert shapes: points [hidden, intermediate, top_k, layer_bytes, GB/s], where layer_bytes are the
+    packed bytes of the k experts and GB/s = layer_bytes / seconds a layer. `at(layer_bytes)` reads it over
+    layer bytes like a `Curve` (log interpolation; below the smallest layer measured the time stays that
+    layer's, above the largest the rate stays its rate)."""
+
+    points: tuple[tuple[int, int, int, int, float], ...]
+    provenance: Provenance = "estimate"
+    source: str = ""
+    date: str = ""
+
+    def __post_init__(self) -> None:
+        _check_provenance(self, "fused_moe_decode")
+        if not self.points:
+            raise ValueError("fused_moe_decode has no points (give [[hidden, intermediate, top_k, layer_bytes, GB/s], ...])")
+        for h, i, k, b, v in self.points:
+            if min(h, i, k, b) <= 0 or b > 2**40 or not (0 < v < 1e6):
+                raise ValueError(f"fused_moe_decode point [{h}, {i}, {k}, {b}, {v}] out of range")
+
+    def curve(self) -> Curve:
+        best: dict[int, float] = {}
+        for *_, b, v in self.points:          # one value a size (two shapes of equal bytes: their mean)
+            best[b] = (best[b] + v) / 2 if b in best else v
+        return Curve(tuple(sorted(best.items())), self.provenance, self.source, self.date)
+
+    def at(self, layer_bytes: int | float) -> float:
+        return self.curve().at(layer_bytes)
+
+
+@dataclass(frozen=True)
+class MoEPrefillRate:
+    """The fused MoE prefill call (a chunk of `tokens` tokens through a whole layer of `n_experts` experts
+    in the tier mix, top-k routing): weights expanded a second, counting each touched expert's
+    3 x hidden x intermediate weights once. Points [hidden, intermediate, top_k, n_experts, tokens,
+    Gweights/s]."""
+
+    points: tuple[tuple[int, int, int, int, int, float], ...]
+    provenance: Provenance = "estimate"
+    source: str = ""
+    date: str = ""
+
+    def __post_init__(self) -> None:
+        _check_provenance(self, "fused_moe_prefill")
+        if not self.points:
+            raise ValueError("fused_moe_prefill has no points "
+                             "(give [[hidden, intermediate, top_k, n_experts, tokens, Gweights/s], ...])")
+        for h, i, k, e, m, v in self.points:
+            if min(h, i, k, e, m) <= 0 or not (0 < v < 1e7):
+                raise ValueError(f"fused_moe_prefill point [{h}, {i}, {k}, {e}, {m}, {v}] out of range")
+
+    def at(self, expert_params: int, tokens: int) -> float:
+        """Gweights/s at a chunk of `tokens`, from the measured shape nearest `expert_params` (log distance),
+        interpolated over log tokens and clamped at the measured ends (expansion is paid per touched expert,
+        not per token)."""
+        shapes = {(h, i) for h, i, *_ in self.points}
+        h, i = min(shapes, key=lambda s: (abs(math.log(3 * s[0] * s[1] / expert_params)), s))
+        pts = sorted((m, v) for hh, ii, _, _, m, v in self.points if (hh, ii) == (h, i))
+        xs = [math.log(m) for m, _ in pts]
+        x = math.log(max(tokens, 1))
+        if x <= xs[0]:
+            return pts[0][1]
+        if x >= xs[-1]:
+            return pts[-1][1]
+        j = bisect.bisect_right(xs, x)
+        t = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
+        return pts[j - 1][1] + t * (pts[j][1] - pts[j - 1][1])
+
+
+@dataclass(frozen=True)
 class GPU:
     name: str
     vram_gb: Figure
@@ -133,6 +203,8 @@ class GPU:
     device_copy_gbps: Figure | None = None     # device-to-device copy, read + write counted
     p2p_gbps: Figure | None = None             # to a peer GPU, if any
     kernel_gbps: dict[str, Figure] = field(default_factory=dict)  # fused-GEMV bytes/s per packed format
+    fused_moe_decode: MoEDecodeRate | None = None      # the fused MoE decode call, GB/s at a few expert shapes
+    fused_moe_prefill: MoEPrefillRate | None = None    # the fused MoE prefill call, weights expanded a second
     driver: str = ""
 
     def __post_init__(self) -> None:

@@ -45,6 +45,21 @@ def test_markdown_table(table):
     assert "olmoe-like" in md and "predictions, not measurements" in md and "FAILED" not in md
 
 
+def test_machine_bound_and_estimated_inputs_columns(table):
+    md = to_markdown(table)
+    assert "machine bound, uniform / olmoe-like" in md and "estimated input binding" in md
+    assert "predicted at a typical alternative" in md
+    rows = {r.profile: r for r in table.rows}
+    for r in table.rows:
+        for case in (r.uniform, r.skewed):
+            assert case.bound_decode_tok_s <= case.machine_decode_tok_s * (1 + 1e-9)
+            assert case.bound_prefill_tok_s <= case.machine_prefill_tok_s * (1 + 1e-9)
+    # the PRO 6000 row rests on an estimated 2.6 GB/s NVMe: a Gen4 drive's 7 GB/s predicts the plan faster
+    pro = rows["rtx-pro-6000"].skewed
+    assert pro.decode_binding == "nvme" and pro.decode_estimate.startswith("NVMe random reads")
+    assert "7 GB/s" in pro.decode_alternative and pro.decode_at_alternative > 2 * pro.decode_tok_s
+
+
 def test_checks_catch_a_bound_violation_and_a_slower_fast_link(monkeypatch):
     real_bound, real_scale = compare.physical_bound, compare.scale_links
 

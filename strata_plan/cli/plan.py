@@ -91,6 +91,8 @@ def plan_summary(plan, path: str = "") -> dict:
             "bound_decode_tok_s": pr.bound_decode_tok_s, "bound_decode_binding": pr.bound_decode_binding,
             "prefill_tok_s": pr.prefill_tok_s, "prefill_binding": pr.prefill_binding,
             "bound_prefill_tok_s": pr.bound_prefill_tok_s, "bound_prefill_binding": pr.bound_prefill_binding,
+            "machine_decode_tok_s": pr.machine_decode_tok_s, "machine_decode_binding": pr.machine_decode_binding,
+            "machine_prefill_tok_s": pr.machine_prefill_tok_s, "machine_prefill_binding": pr.machine_prefill_binding,
             "bytes_per_token": pr.bytes_per_token, "vram_hit_rate": pr.vram_hit_rate, "ram_share": pr.ram_share,
             "nvme_share": pr.nvme_share, "greedy_decode_tok_s": plan.search.greedy_decode_tok_s,
             "prefetch_depth": plan.prefetch_depth, "cache_slots": plan.cache.total_slots,
@@ -107,6 +109,9 @@ def _print_plan(plan, path: str) -> None:
               pr.bound_decode_binding)
     t.add_row(f"prefill (chunk {plan.prefill_chunk})", f"{pr.prefill_tok_s:.3g}", pr.prefill_binding,
               f"{pr.bound_prefill_tok_s:.3g}", pr.bound_prefill_binding)
+    if pr.machine_decode_tok_s:
+        t.add_row("machine bound: decode / prefill", "", "", f"{pr.machine_decode_tok_s:.3g} / "
+                  f"{pr.machine_prefill_tok_s:.3g}", f"{pr.machine_decode_binding} / {pr.machine_prefill_binding}")
     b = table("decode bytes per token", "GB", title="where a token's bytes come from (predicted)")
     for k, v in (pr.bytes_per_token or {}).items():
         b.add_row(k, f"{v / 1e9:.3f}")

@@ -22,12 +22,18 @@ def cmd_what_if(args) -> int:
     from strata_plan.planner.whatif import what_if
     if args.trials < 1:
         raise UserError("--trials", str(args.trials), "must be at least 1", "pass e.g. --trials 16")
+    from strata_plan.planner.estimated import estimated_table
     plan, problem = load_plan_problem(args.plan, args.profile, args.stats)
     drop_interrupted_trials()
     result = what_if(plan, problem, trials=args.trials)
+    est = estimated_table(problem, plan.predicted)
     if args.json:
-        print_json(result.as_data())
+        print_json({"estimated_inputs": est, **result.as_data()})
         return 0
+    e = table("estimated input", "value", "sets", "binds", "source",
+              title="inputs of this prediction that are estimates, not measurements (first: what they bind)")
+    for row in est:
+        e.add_row(row["name"], row["value"], row["link"], row["binds"], row["source"])
     t = table("change", "decode tok/s", "gain", "prefill tok/s", "binding",
               title=f"{plan.model}: what would help most (predicted; warm-started search, {args.trials} trials)")
     t.add_row("as planned", f"{result.base.decode_tok_s:.3g}", "", f"{result.base.prefill_tok_s:.3g}",
@@ -41,6 +47,7 @@ def cmd_what_if(args) -> int:
         s.add_row(f"{pt.vram_gb:g}" + (" (plan)" if pt.is_plan else ""),
                   f"{pt.decode_tok_s:.3g}" if pt.fits else "does not fit", f"{pt.prefill_tok_s:.3g}" if pt.fits else "")
     con = console()
+    con.print(e if est else "every input of this prediction is measured or quoted")
     con.print(t)
     con.print(s)
     return 0

@@ -1,0 +1,92 @@
+"""Estimated inputs: which figures of a prediction were not measured, which one binds it, and what the
+same plan predicts with that input at a typical alternative.
+
+A prediction rests on the profile's figures (NVMe reads, pinned H2D, HBM, bf16 TFLOPS), the kernel rates
+(`rates.py`) and the calibration constants. Where the one behind the binding resource is an estimate, the
+row's figure is only as good as that estimate: compare-tables prints it with the prediction of the same
+placement at a typical alternative (`ALTERNATIVES`), and what-if lists the estimated inputs first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALTERNATIVES = {
+    "nvme": (7.0, "a 7 GB/s Gen4 NVMe"),
+    "pcie": (25.0, "25 GB/s Gen4 x16 H2D"),
+}
+"""Link -> (best GB/s, what it is): the typical alternative a binding estimated link is re-predicted at. NVMe:
+a Gen4 drive's sequential read (Samsung 990 PRO 7.45 GB/s, ../shared/reference/hardware-specs.md §4);
+pinned H2D: Gen4 x16 as measured on RTX 4090 and A100 (23.9-26.2 GB/s, hardware-specs.md §2)."""
+
+
+@dataclass(frozen=True)
+class EstimatedInput:
+    link: str               # the resource it sets: nvme, pcie, hbm, compute, overhead
+    name: str
+    value: str
+    source: str
+
+
+def estimated_inputs(problem) -> list[EstimatedInput]:
+    """Every input of the cost model on this problem that is an estimate, by the resource it sets."""
+    from strata_plan.planner.rates import decode_rates, expansion_rate
+    prof = problem.profile
+    gpu, cal = prof.gpu, prof.calibration
+    out: list[EstimatedInput] = []
+    if prof.nvme and prof.nvme[0].rand_read.provenance == "estimate":
+        s = prof.nvme[0].rand_read
+        out.append(EstimatedInput("nvme", "NVMe random reads", f"best {max(v for *_, v in s.points):.3g} GB/s", s.source))
+    if gpu.h2d_pinned.provenance == "estimate":
+        c = gpu.h2d_pinned
+        out.append(EstimatedInput("pcie", "pinned H2D", f"best {max(v for _, v in c.points):.3g} GB/s", c.source))
+    rates = decode_rates(problem)
+    est = [f for f, r in rates.items() if r.estimated]
+    if est:
+        r = rates[est[0]]
+        out.append(EstimatedInput("hbm", "fused MoE decode rate", f"{r.value / 1e9:.0f} GB/s ({est[0]})", r.source))
+    for fig, link, name in ((gpu.hbm_gbps, "hbm", "HBM read"), (gpu.bf16_tflops, "compute", "bf16 TFLOPS")):
+        if fig.provenance == "estimate":
+            out.append(EstimatedInput(link, name, f"{fig.value:g}", fig.source))
+    ex = expansion_rate(problem)
+    if ex.estimated:
+        out.append(EstimatedInput("compute", "prefill expansion rate", f"{ex.value / 1e12:.2f} T weights/s", ex.source))
+    for name, link in (("layer_overhead_us", "overhead"), ("hbm_efficiency", "hbm"), ("compute_efficiency", "compute"),
+                       ("copy_overlap", "pcie"), ("dense_stream_efficiency", "pcie")):
+        fig = getattr(cal, name)
+        if fig.provenance == "estimate":
+            out.append(EstimatedInput(link, f"calibration {name}", f"{fig.value:g}", fig.source))
+    return out
+
+
+def binding_estimate(problem, binding: str) -> EstimatedInput | None:
+    """The first estimated input behind the binding resource of a prediction (None: measured or quoted)."""
+    return next((e for e in estimated_inputs(problem) if e.link == binding), None)
+
+
+def at_alternative(problem, placement, link: str):
+    """(prediction of `placement` with `link` at its typical alternative, what the alternative is), or None
+    when the link has no alternative here (or the profile has no such link)."""
+    from strata_plan.planner.bound import link_peaks
+    from strata_plan.planner.compare import scale_links
+    from strata_plan.planner.cost import CostModel
+    if link not in ALTERNATIVES:
+        return None
+    best = link_peaks(problem.profile)[link] / 1e9
+    if best <= 0:
+        return None
+    gbps, what = ALTERNATIVES[link]
+    if abs(gbps / best - 1) < 0.02:
+        what += " (the estimate already)"
+    changed = problem.replace(profile=scale_links(problem.profile, **{link: gbps / best}))
+    return CostModel(changed).predict(placement), what
+
+
+def estimated_table(problem, predicted) -> list[dict]:
+    """Rows of `estimated_inputs` for what-if, those behind a binding resource of `predicted` (a
+    `Prediction` or a plan's `Predicted`) first."""
+    binds = {predicted.decode_binding: "decode", predicted.prefill_binding: "prefill"}
+    if predicted.decode_binding == predicted.prefill_binding:
+        binds[predicted.decode_binding] = "decode, prefill"
+    rows = [{"name": e.name, "value": e.value, "link": e.link, "binds": binds.get(e.link, ""), "source": e.source}
+            for e in estimated_inputs(problem)]
+    return sorted(rows, key=lambda r: not r["binds"])
