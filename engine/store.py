@@ -104,7 +104,8 @@ class ExpertStore:
         arena_bytes = self.poison_offset + self.slot_bytes
         ram_bytes = int(sum(self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.ram))
         has_nvme = any(l.nvme for l in plan.layers)
-        bounce = max(plan.staging.host_slots, 2 * self.top_k) if has_nvme else 0
+        in_flight = max(getattr(plan.staging, "nvme_in_flight_prefill", 0) or 0, 2 * self.top_k)
+        bounce = max(plan.staging.host_slots, in_flight) if has_nvme else 0
         self._check_capacity(arena_bytes, ram_bytes + bounce * self.slot_bytes, plan_path)
         # ---- files ---------------------------------------------------------------------------------
         self.files: dict[str, BlobFile] = {}
@@ -131,7 +132,9 @@ class ExpertStore:
         readers = options.readers or max([4] + [r.queue_depth for r in (plan.staging.nvme_reads or {}).values()])
         self.transfers = Transfers(self.arena, bounce, self.slot_bytes, readers=readers,
                                    chunk_bytes=options.chunk_bytes, chunks_in_flight=options.chunks_in_flight)
-        self.split = {f: r.split for f, r in (plan.staging.nvme_reads or {}).items()}
+        # PLANNER.md "What the engine must do": a batch of i NVMe experts of format f is split batch_splits[i-1]
+        # ways (decode), every prefill read split nvme_reads_prefill[f].split ways
+        self.batch_splits = {f: (tuple(r.batch_splits) or (r.split,)) for f, r in (plan.staging.nvme_reads or {}).items()}
         self.split_prefill = {f: r.split for f, r in (plan.staging.nvme_reads_prefill or {}).items()}
         self.compute_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.residency = Residency([l.vram for l in plan.layers], [l.cache_slots for l in plan.layers], self.n_slots)
@@ -250,6 +253,7 @@ class ExpertStore:
         inflight = sum(f.nbytes for f in self._inflight_spec)
         c = self.counters.layers[j]
         res = self.residency
+        batch = self._nvme_batch(j, [e for e in ids if not res.is_resident(j, e)])
         for e in ids:
             if res.is_resident(j, e):
                 continue
@@ -258,12 +262,15 @@ class ExpertStore:
                 c.dropped_hints += 1
                 continue
             slot, _ = res.take(j, e, by_hint=True, steal=False)
-            slot.fetch = self._fetch(j, e, slot, demand=False)
+            slot.fetch = self._fetch(j, e, slot, demand=False, batch=batch)
             self._inflight_spec.append(slot.fetch)
             inflight += nb
             c.prefetch_bytes += nb
 
-    def _fetch(self, j: int, e: int, slot, demand: bool, prefill: bool = False) -> Fetch:
+    def _fetch(self, j: int, e: int, slot, demand: bool, prefill: bool = False, batch: dict | None = None) -> Fetch:
+        """Issue the fetch of (layer j, expert e) into `slot`; `batch`: NVMe experts per format submitted
+        together with it (sets the split)."""
+        batch = batch or {}
         ent = self.entries[j][e]
         tier = self.tier[j][e]
         f = Fetch(ent.layer, e, self.dyn_base + slot.index * self.slot_bytes, ent.nbytes, demand, after=slot.release)
@@ -275,7 +282,11 @@ class ExpertStore:
             f.ram = self.ram[o:o + ent.nbytes]
             return self.transfers.copy_now(f) if demand else self.transfers.submit(f)
         f.file, f.file_offset = self.files[ent.file], ent.offset
-        f.split = (self.split_prefill if prefill else self.split).get(ent.format, 1)
+        if prefill:
+            f.split = self.split_prefill.get(ent.format, 1)
+        else:
+            splits = self.batch_splits.get(ent.format, (1,))
+            f.split = splits[min(batch.get(ent.format, 1), len(splits)) - 1]
         f.sha256 = ent.sha256 if self.opt.verify else ""
         return self.transfers.submit(f)
 
@@ -308,6 +319,7 @@ class ExpertStore:
             c.hint_right[d] = c.hint_right.get(d, 0) + len(hinted & used)
             c.hint_used[d] = c.hint_used.get(d, 0) + len(used)
         self._hints[j] = {}
+        batch = self._nvme_batch(j, [e for e, kind in zip(ids, kinds) if kind == DEMAND])
         waits = []
         for e, kind in zip(ids, kinds):
             c.uses[kind] += 1
@@ -318,11 +330,20 @@ class ExpertStore:
                 if stolen is not None:
                     self._drop_fetch(stolen)
                 slot.pinned = True
-                slot.fetch = self._fetch(j, e, slot, demand=True)
+                slot.fetch = self._fetch(j, e, slot, demand=True, batch=batch)
                 waits.append(slot.fetch)
             elif kind == LATE:
                 waits.append(res.slot_of(j, e).fetch)
         return waits
+
+    def _nvme_batch(self, j: int, experts: list[int]) -> dict[str, int]:
+        """NVMe-tier experts per format among `experts` (fetched together: one batch)."""
+        out: dict[str, int] = {}
+        for e in experts:
+            if self.tier[j][e] == "nvme":
+                f = self.entries[j][e].format
+                out[f] = out.get(f, 0) + 1
+        return out
 
     def _drop_fetch(self, s) -> None:
         """A hinted fetch no token used: cancel it if its copy is not queued yet, count it as wasted."""

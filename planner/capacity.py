@@ -38,9 +38,12 @@ class Budget:
         if gpu is None:
             raise UserError(f"profile {profile.name}", "gpus", "has no GPU to plan for",
                             "pass --gpu-preset NAME (a shipped profile's GPU) or profile a machine with a GPU")
-        for flag, v in (("--vram-gb", vram_gb), ("--ram-gb", ram_gb), ("--nvme-gb", nvme_gb)):
+        for flag, v in (("--vram-gb", vram_gb), ("--ram-gb", ram_gb)):
             if v is not None and not (0 < v < 1e6):
                 raise UserError(flag, str(v), "must be a positive number of GB", f"pass e.g. {flag} 24")
+        if nvme_gb is not None and not (0 <= nvme_gb < 1e6):       # 0: no NVMe tier (everything in VRAM and RAM)
+            raise UserError("--nvme-gb", str(nvme_gb), "must be 0 (no NVMe tier) or a positive number of GB",
+                            "pass e.g. --nvme-gb 24, or 0 to keep every expert in VRAM and pinned RAM")
         vram = gpu.vram_gb.value if vram_gb is None else vram_gb
         ram = profile.host.pinnable_gb.value if ram_gb is None else ram_gb
         nvme = (profile.nvme[0].capacity_gb.value if profile.nvme else 0.0) if nvme_gb is None else nvme_gb
