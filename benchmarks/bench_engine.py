@@ -87,6 +87,7 @@ def main() -> int:
                 metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
                 metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
+            metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
             if any(l.nvme for l in plan.layers):
                 metrics[f"{name}.plain_odirect_gbps"] = plain_read_gbps(files, 10 << 20, threads=4, nbytes=2 << 30)
         metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)
