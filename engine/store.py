@@ -121,7 +121,6 @@ class ExpertStore:
         self.arena[self.poison_offset:].fill_(POISON_BYTE)
         self._ram_backing, self.ram = aligned_empty(max(ram_bytes, EXPERT_ALIGN), pin=device.type == "cuda")
         self.ram_offset: dict[tuple[int, int], int] = {}
-        self.static_offset: dict[tuple[int, int], int] = {}
         self.offsets_host = np.full((self.n_layers, self.E), self.poison_offset, dtype=np.int64)
         self.offsets = torch.full((self.n_layers, self.E), self.poison_offset, dtype=torch.int64, device=device)
         self._ring = torch.empty((RING, self.E), dtype=torch.int64, pin_memory=device.type == "cuda")
@@ -194,7 +193,7 @@ class ExpertStore:
         t0 = time.perf_counter()
         pin = self.device.type == "cuda"
         fds = {name: os.open(self.folder / name, os.O_RDONLY) for name in self.files}   # buffered: start-up only
-        bounces = [aligned_empty(self.slot_bytes_any(), pin=pin)[1] for _ in range(4)]
+        bounces = [aligned_empty(int(self.nbytes.max()), pin=pin)[1] for _ in range(4)]
         checks = []
         off, ram_off, i = 0, 0, 0
         with ThreadPoolExecutor(8) as pool:
@@ -210,7 +209,6 @@ class ExpertStore:
                     _pread(fds[ent.file], aligned_view(bounce), ent.offset, ent.nbytes)
                     checks.append(pool.submit(verify_blob, self.index, ent, bounce[:ent.nbytes]))
                     self.arena[off:off + ent.nbytes].copy_(bounce[:ent.nbytes], non_blocking=pin)
-                    self.static_offset[(j, e)] = off
                     self.offsets_host[j, e] = off
                     off += ent.nbytes
             for j, l in enumerate(self.plan.layers):
@@ -229,11 +227,9 @@ class ExpertStore:
             os.close(fd)
         if pin:
             torch.cuda.synchronize(self.device)
+        self._static_rows = self.offsets_host.copy()     # static offsets, poison elsewhere: each row's base
         self.offsets.copy_(torch.from_numpy(self.offsets_host))
         return time.perf_counter() - t0
-
-    def slot_bytes_any(self) -> int:
-        return int(self.nbytes.max())
 
     # ---- decode -----------------------------------------------------------------------------------------
     def hint(self, j: int, ids: Sequence[int], scores: Sequence[float] | None = None, depth: int = 1) -> None:
@@ -324,14 +320,7 @@ class ExpertStore:
         for e, kind in zip(ids, kinds):
             c.uses[kind] += 1
             if kind == DEMAND:
-                slot, stolen = res.take(j, e, by_hint=False, steal=True)
-                if slot is None:
-                    raise RuntimeError(f"no free slot for layer {j} expert {e}: {self.n_slots} slots")
-                if stolen is not None:
-                    self._drop_fetch(stolen)
-                slot.pinned = True
-                slot.fetch = self._fetch(j, e, slot, demand=True, batch=batch)
-                waits.append(slot.fetch)
+                waits.append(self._demand(j, e, batch=batch).fetch)
             elif kind == LATE:
                 waits.append(res.slot_of(j, e).fetch)
         return waits
@@ -356,10 +345,7 @@ class ExpertStore:
     def _publish(self, j: int) -> torch.Tensor:
         """Write layer j's residency into its offsets row on the device (stream-ordered, no allocation)."""
         row = self.offsets_host[j]
-        row.fill(self.poison_offset)
-        static = self.plan.layers[j].vram
-        for e in static:
-            row[e] = self.static_offset[(j, e)]
+        row[:] = self._static_rows[j]
         for e, i in self.residency.where[j].items():
             row[e] = self.dyn_base + i * self.slot_bytes
         if self.device.type != "cuda":
@@ -434,17 +420,19 @@ class ExpertStore:
         res.release(j, ev)                      # the cached slots the waves read
 
     def _prefill_fetch(self, j: int, experts: list[int]) -> list:
-        out = []
-        for e in experts:
-            slot, stolen = self.residency.take(j, e, by_hint=False, steal=True)
-            if slot is None:
-                raise RuntimeError(f"no free slot for a prefill wave of layer {j}")
-            if stolen is not None:
-                self._drop_fetch(stolen)
-            slot.pinned = True
-            slot.fetch = self._fetch(j, e, slot, demand=True, prefill=True)
-            out.append(slot)
-        return out
+        return [self._demand(j, e, prefill=True) for e in experts]
+
+    def _demand(self, j: int, e: int, batch: dict | None = None, prefill: bool = False):
+        """(lock held) A pinned slot for (layer j, expert e), taking an unused prefetch of another layer if
+        none is free, and its fetch issued."""
+        slot, stolen = self.residency.take(j, e, by_hint=False, steal=True)
+        if slot is None:
+            raise RuntimeError(f"no free slot for layer {j} expert {e}: {self.n_slots} slots")
+        if stolen is not None:
+            self._drop_fetch(stolen)
+        slot.pinned = True
+        slot.fetch = self._fetch(j, e, slot, demand=True, prefill=prefill, batch=batch)
+        return slot
 
     def _mask(self, j: int, members: list[int]) -> torch.Tensor:
         m = np.zeros(self.E, dtype=np.bool_)

@@ -121,7 +121,7 @@ class Transfers:
     def copy_now(self, f: Fetch) -> Fetch:
         """Enqueue a RAM fetch's copy from the calling thread (a demand miss: no hop to the copy thread)."""
         f.seq, f.t_submit = next(self._seq), time.perf_counter()
-        self._enqueue_copy(f, self.ram_source(f), window=None)
+        self._enqueue_copy(f, f.ram, window=None)
         return f
 
     def cancel(self, f: Fetch) -> bool:
@@ -140,10 +140,6 @@ class Transfers:
             t.join(timeout=10)
         if self.cuda:
             self.copy_stream.synchronize()
-
-    @staticmethod
-    def ram_source(f: Fetch) -> torch.Tensor:
-        return f.ram
 
     # ---- reader threads ------------------------------------------------------------------------------
     def _admit(self) -> None:

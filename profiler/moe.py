@@ -86,17 +86,8 @@ def cuda_graph_seconds(fn: Callable[[], None], reps: int) -> float:
 
 def cuda_event_seconds(fn: Callable[[], None], reps: int) -> float:
     """Median seconds of fn (which launches GPU work), CUDA events around each call, after a warm-up."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+    from strata_plan.kernels.bench import event_times
+    return statistics.median(event_times(fn, reps, warmup=1)) / 1e3
 
 
 def host_seconds(fn: Callable[[], None], reps: int) -> float:
