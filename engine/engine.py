@@ -6,8 +6,10 @@
 `EngineOptions.mode` picks the loop:
 - "plan":      the plan as written: static set, LRU cache, router-lookahead prefetch at the plan's depth;
 - "lru":       the same store without lookahead (the LRU-only baseline);
-- "on-demand": no cache and no prefetch: every non-static expert fetched when the router asks (the plain,
-               non-overlapped reference loop; tests hold the others to it).
+- "on-demand": no cache and no prefetch: every non-static expert fetched when the router asks.
+`EngineOptions.graphs` (default) runs decode steps through `graphed.GraphedDecode` (CUDA graphs on a GPU,
+the same segments eagerly on a CPU); `graphs=False` with "on-demand" is the plain, non-overlapped
+reference loop (the model's own forward, everything fetched when asked), which tests hold the others to.
 The dense weights (attention, norms, routers, shared experts, embeddings, lm_head) are read from the
 packed folder's `dense.safetensors` onto the device; the routed experts stay where the plan puts them.
 """
@@ -23,6 +25,7 @@ import torch
 from strata_plan.errors import UserError
 from strata_plan.planner.plan import CachePlan, load_plan
 
+from .graphed import GraphedDecode
 from .generate import Sampling, encode_prompt, generate, load_tokenizer
 from .model import MoEModel
 from .store import ExpertStore, StoreOptions
@@ -39,6 +42,7 @@ class EngineOptions:
     verify: bool = False
     poison: bool = False
     allow_buffered: bool = True
+    graphs: bool = True              # decode: static parts in CUDA graphs (graphed.py); False: the eager forward
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -91,6 +95,8 @@ class Engine:
         experts.model = model
         if experts.depth:
             model.after_moe = experts.after_moe
+        if options.graphs and getattr(model, "before_layer", None) is None:
+            model.step_runner = GraphedDecode(model, experts, graphs=device.type == "cuda")
         return cls(folder, plan, store, model, experts, options)
 
     # ---- text ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ norm), `layer.router(y)`, the experts call, `moe_output` (residual + shared expe
 `decode_step(token, static=True)` the position lives in the device tensor `model.at` and attention spans
 the whole cache, masked: a step's shapes and addresses do not change, so `attention_part` + router can
 be captured in a CUDA graph once and replayed at every position (after `model.at.fill_(model.pos)`).
+`step_runner` (engine.graphed.GraphedDecode) runs static steps that way.
 
 Host syncs: none in the model itself (positions are host integers or `model.at`, tensors stay on the
 device); the experts implementation makes the one copy of the router's ids it needs.
@@ -80,6 +81,7 @@ class MoEModel:
         self.pos = 0                                  # tokens in the cache
         self.at = torch.zeros(1, dtype=torch.long, device=device)    # the position of a static decode step
         self.after_moe: Callable[[int, torch.Tensor], None] | None = None
+        self.step_runner: Callable[[torch.Tensor], torch.Tensor] | None = None   # a faster static step (graphed.py)
 
     @staticmethod
     def load(folder: str | Path, experts: Experts, context: int, device="cpu",
@@ -136,7 +138,7 @@ class MoEModel:
             if t != 1:
                 raise ValueError(f"a static step runs one token, got {t}")
             self.at.fill_(self.pos)
-            out = self.step_at(token_ids)
+            out = (self.step_runner or self.step_at)(token_ids)
         else:
             x = F.embedding(token_ids, self.embed)                                         # [T, H]
             for layer in self.layers:
@@ -169,9 +171,11 @@ class MoEModel:
         return torch.cat(out) if all_logits else out[-1]
 
     @torch.inference_mode()
-    def decode_step(self, token, static: bool = False) -> torch.Tensor:
+    def decode_step(self, token, static: bool | None = None) -> torch.Tensor:
         """One token (an int, or a one-element int64 tensor already on the device: no host copy) at position
-        pos. Returns float32 logits [V]. static: shapes independent of the position (`forward`)."""
+        pos. Returns float32 logits [V]. static: shapes independent of the position (`forward`); by default
+        static when a `step_runner` is set (it then runs the step)."""
+        static = self.step_runner is not None if static is None else static
         if isinstance(token, torch.Tensor):
             ids = token.reshape(1).to(device=self.device, dtype=torch.long)
         else:

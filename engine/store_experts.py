@@ -54,46 +54,88 @@ class StoreExperts:
 
     # ---- the Experts interface -------------------------------------------------------------------
     def __call__(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] != 1:
+            return self.chunk(j, x, topk_ids, topk_weights)
+        topk_ids, topk_weights, offs = self.prepare(j, topk_ids, topk_weights)
+        t1 = time.perf_counter()
+        out = self.moe(j, x, topk_ids, topk_weights, offs)
+        self.store.release(j)
+        self.moe_s += time.perf_counter() - t1
+        return out
+
+    # the pieces of a decode call (engine.graphed runs `moe` inside a CUDA graph, the rest between graphs)
+    def round_trip(self, j: int, m: int, topk_ids: torch.Tensor,
+                   topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's one device-to-host copy of the router's ids (replayed ids instead, when replaying:
+        the router's still make the round trip). Returns (ids on the host, ids, weights) for the MoE call."""
         t0 = time.perf_counter()
+        ids = topk_ids.cpu()
         if self.replay is not None:
-            topk_ids, topk_weights = self.replay.route(j, x.shape[0], x.device)
-        ids = topk_ids.cpu()                  # the layer's one round trip
+            ids, w = self.replay.route(j, m, "cpu")
+            topk_ids, topk_weights = ids.to(topk_ids.device), w.to(topk_ids.device)
         self.host_sync_s += time.perf_counter() - t0
         self.syncs += 1
         self.drain()                          # hints of earlier layers are given before this layer's ensure
+        return ids, topk_ids, topk_weights
+
+    def prepare(self, j: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+        """One token's routed experts of MoE layer j resident: (ids, weights, offsets row) for `moe`."""
+        ids, topk_ids, topk_weights = self.round_trip(j, 1, topk_ids, topk_weights)
         t1 = time.perf_counter()
         store = self.store
-        if x.shape[0] == 1:
-            used = list(dict.fromkeys(ids.flatten().tolist()))    # slot order, each expert once
-            offs = store.ensure(j, used)
-            if store.opt.poison:
-                store.check_routed(j, ids)
-            out = fused_moe(x, topk_ids, topk_weights, store.arena, offs, store.formats[j], self.hidden,
-                            self.intermediate, backend=self.backend)
-            store.release(j)
-        else:
-            out = torch.zeros_like(x)
-            skip = torch.full_like(topk_ids, -1)
-            for wave in store.waves(j, ids.flatten().tolist()):
-                masked = torch.where(wave.mask[topk_ids], topk_ids, skip)
-                out += fused_moe(x, masked, topk_weights, store.arena, wave.offsets, store.formats[j], self.hidden,
-                                 self.intermediate, backend=self.backend)
+        offs = store.ensure(j, list(dict.fromkeys(ids.flatten().tolist())))    # slot order, each expert once
+        if store.opt.poison:
+            store.check_routed(j, ids)
+        self.moe_s += time.perf_counter() - t1
+        return topk_ids, topk_weights, offs
+
+    def moe(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+            offs: torch.Tensor) -> torch.Tensor:
+        """The fused MoE call over the arena (graph-safe: no host sync, no allocation in the kernels)."""
+        return fused_moe(x, topk_ids, topk_weights, self.store.arena, offs, self.store.formats[j], self.hidden,
+                         self.intermediate, backend=self.backend)
+
+    def chunk(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """Several tokens (prefill): the chunk's experts in waves (`store.waves`), `fused_moe` per wave with
+        the other waves' ids skipped (-1), the partial outputs summed."""
+        ids, topk_ids, topk_weights = self.round_trip(j, x.shape[0], topk_ids, topk_weights)
+        t1 = time.perf_counter()
+        out = torch.zeros_like(x)
+        skip = torch.full_like(topk_ids, -1)
+        for wave in self.store.waves(j, ids.flatten().tolist()):
+            masked = torch.where(wave.mask[topk_ids], topk_ids, skip)
+            out += self.moe(j, x, masked, topk_weights, wave.offsets)
         self.moe_s += time.perf_counter() - t1
         return out
 
     # ---- lookahead ---------------------------------------------------------------------------------
     def after_moe(self, j: int, out: torch.Tensor) -> None:
         """MoE layer j's output [M, H] (decode only): hints for layers j+1..j+depth from their gates."""
-        L = self.store.n_layers
-        if not self.depth or out.shape[0] != 1 or j + 1 >= L:
+        if out.shape[0] == 1:
+            self.send_hints(j, self.lookahead(j, out))
+
+    def targets(self, j: int) -> list[int]:
+        """The MoE layers MoE layer j's output gives hints for."""
+        return list(range(j + 1, min(self.store.n_layers, j + 1 + self.depth))) if self.depth else []
+
+    def lookahead(self, j: int, out: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The gates of MoE layers j+1..j+depth on out [1, H] (device work only, graph-safe): [(ids [1, k],
+        weights [1, k])]; none when replaying (the replay gives the hints)."""
+        if self.replay is not None:
+            return []
+        return [self.model.route(jj, out) for jj in self.targets(j)]
+
+    def send_hints(self, j: int, routed: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Give the store the hints of MoE layer j's lookahead: from the replay, or the gates' `routed`
+        copied to pinned memory and handed to the hint thread (the main thread does not wait)."""
+        targets = self.targets(j)
+        if not targets:
             return
-        targets = list(range(j + 1, min(L, j + 1 + self.depth)))
         if self.replay is not None:
             for d, jj in enumerate(targets, 1):
                 ids, scores = self.replay.hint(j, d)
                 self.store.hint(jj, ids, scores, depth=d)
             return
-        routed = [self.model.route(jj, out) for jj in targets]     # [(ids [1, k], weights [1, k])]
         if not self.cuda:
             for d, (jj, (ids, w)) in enumerate(zip(targets, routed), 1):
                 self.store.hint(jj, ids[0].tolist(), w[0].tolist(), depth=d)
@@ -101,7 +143,7 @@ class StoreExperts:
         buf = self._ring[self._ring_i]
         self._ring_i = (self._ring_i + 1) % len(self._ring)     # drained every layer: never reused in flight
         for d, (ids, w) in enumerate(routed):
-            buf[d, 0].copy_(ids[0].float(), non_blocking=True)
+            buf[d, 0].copy_(ids[0], non_blocking=True)
             buf[d, 1].copy_(w[0], non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()

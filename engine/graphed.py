@@ -1,0 +1,102 @@
+"""The fast decode loop: each layer's static parts in CUDA graphs, one host round trip per MoE layer.
+
+    runner = GraphedDecode(model, experts)      # Engine.open installs it: model.step_runner = runner
+    logits = model.decode_step(token)           # static step (position in model.at); graphs from the 2nd token
+
+A decode token is cut at the host round trips (the router's ids must reach the host before the store can
+make the experts resident), into segments whose shapes and addresses never change:
+
+    head_0   embedding, the decoder layers before MoE layer 0, its attention and router
+    tail_j   fused MoE of MoE layer j (reads the arena through offsets[j]), residual + shared experts,
+             the lookahead gates of layers j+1..j+d on the output
+    head_j+1 the dense layers after MoE layer j, the attention and router of MoE layer j+1
+    final    the decoder layers after the last MoE layer, the final norm and lm_head
+
+Between segments the host does only the store's part: after head_j the round trip and `ensure` (copies
+queued, the compute stream made to wait for them, offsets[j] written on the stream), after tail_j `release`
+and the hints. The first step runs the segments eagerly (kernels compile, scratch is allocated), the
+second captures each segment into its own CUDA graph just before its first replay, later steps replay.
+On a CPU device, or with `graphs=False`, the segments run eagerly in the same order (tests hold this
+loop to the model's own forward, which stays the plain reference).
+
+Host time spent launching segments (graph replays, or eager launches) is summed in `launch_s`.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+class GraphedDecode:
+    def __init__(self, model, experts, graphs: bool = True):
+        self.m, self.ex = model, experts
+        self.graphs = graphs and model.device.type == "cuda"
+        self.tok = torch.zeros(1, dtype=torch.long, device=model.device)
+        cfg = model.cfg
+        moe = list(cfg.moe_layers)
+        starts = [0] + [i + 1 for i in moe[:-1]]
+        self.heads = [model.layers[a:b + 1] for a, b in zip(starts, moe)]   # dense layers, then the MoE layer
+        self.rest = model.layers[moe[-1] + 1:]
+        self.calls = 0
+        self.launch_s = 0.0
+        self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, object]] = {}
+
+    # ---- the segments (device work only) ----------------------------------------------------------------
+    def _head(self, j: int, x: torch.Tensor):
+        m = self.m
+        for layer in self.heads[j][:-1]:
+            x = m._layer(layer, x, 0, m.at)
+        layer = self.heads[j][-1]
+        h, y = m.attention_part(layer, x, 0, m.at)
+        ids, w = layer.router(y)
+        return h, y, ids, w
+
+    def _tail(self, j: int, h, y, ids, w, offs):
+        layer = self.heads[j][-1]
+        out = self.m.moe_output(layer, h, y, self.ex.moe(j, y, ids, w, offs))
+        return out, self.ex.lookahead(j, out)
+
+    def _final(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        for layer in self.rest:
+            x = m._layer(layer, x, 0, m.at)
+        return m.logits(x[-1])
+
+    # ---- running them -------------------------------------------------------------------------------------
+    def _run(self, key: str, mode: str, fn):
+        t0 = time.perf_counter()
+        if mode == "eager":
+            out = fn()
+        else:
+            if mode == "capture":
+                g = torch.cuda.CUDAGraph()
+                # thread_local: the store's copy and hint threads keep using CUDA while a segment is captured
+                with torch.cuda.graph(g, capture_error_mode="thread_local"):
+                    out = fn()
+                self._graphs[key] = (g, out)
+            g, out = self._graphs[key]
+            g.replay()
+        self.launch_s += time.perf_counter() - t0
+        return out
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """One token [1] (on the device) at the position in `model.at`; float32 logits [V]."""
+        mode = "eager" if not self.graphs or self.calls == 0 else ("capture" if self.calls == 1 else "replay")
+        self.calls += 1
+        ex, store, m = self.ex, self.ex.store, self.m
+        self.tok.copy_(token_ids.reshape(1))
+        h, y, ids, w = self._run("head0", mode, lambda: self._head(0, F.embedding(self.tok, m.embed)))
+        out = None
+        for j in range(len(self.heads)):
+            rid, rw, offs = ex.prepare(j, ids, w)
+            if rid is not ids:                          # replayed routing: into the tail's input tensors
+                ids.copy_(rid)
+                w.copy_(rw)
+            out, routed = self._run(f"tail{j}", mode, lambda: self._tail(j, h, y, ids, w, offs))
+            store.release(j)
+            ex.send_hints(j, routed)
+            if j + 1 < len(self.heads):
+                h, y, ids, w = self._run(f"head{j + 1}", mode, lambda: self._head(j + 1, out))
+        return self._run("final", mode, lambda: self._final(out))
