@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--plan", required=True)
     ap.add_argument("--modes", default="lru,plan")
+    ap.add_argument("--graphs", default="1,0", help="with CUDA graphs (1), eager (0), or both")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=16)
     ap.add_argument("--out-dir", default=".")
@@ -64,9 +65,9 @@ def main() -> int:
     timed(MoEModel, "attention_part", "attention launch")
     timed(MoEModel, "moe_output", "moe_output launch")
     timed(MoEModel, "logits", "logits launch")
-    for mode in a.modes.split(","):
+    for mode, graphs in [(m, g == "1") for m in a.modes.split(",") for g in a.graphs.split(",")]:
         replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=4096, seed=11)
-        with Engine.open(folder, plan, EngineOptions(mode=mode), replay=replay) as eng:
+        with Engine.open(folder, plan, EngineOptions(mode=mode, graphs=graphs), replay=replay) as eng:
             m, ex = eng.model, eng.experts
             tok = m.prefill([1, 2, 3, 4], 4).argmax()
             for _ in range(a.warmup):
@@ -81,10 +82,12 @@ def main() -> int:
                 int(tok)
                 per.append(time.perf_counter() - t0)
             n = a.tokens
-            print(f"== {mode}: median {statistics.median(per) * 1e3:.2f} ms/token; host ms/token:")
+            print(f"== {mode} graphs={graphs}: median {statistics.median(per) * 1e3:.2f} ms/token; host ms/token:")
             print(f"   router round trip (.cpu() wait) {(ex.host_sync_s - sync0) / n * 1e3:.3f}")
             for k, v in sorted(HOST.items()):
                 print(f"   {k:22s} {v / n * 1e3:.3f}")
+            if graphs:
+                print(f"   segment launches (graph replays) since start: {m.step_runner.launch_s * 1e3:.1f} ms")
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(3):
@@ -92,7 +95,7 @@ def main() -> int:
                     int(tok)
             table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
             table_cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
-            Path(a.out_dir, f"timeline-{mode}.txt").write_text(table + "\n\n" + table_cpu)
+            Path(a.out_dir, f"timeline-{mode}-{int(graphs)}.txt").write_text(table + "\n\n" + table_cpu)
             print(table[:6000])
             print(table_cpu[:4000])
     return 0
