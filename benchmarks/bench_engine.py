@@ -82,6 +82,16 @@ def main() -> int:
                       f"{r['plan']['predicted']:.2f}) hit {r['hit_rate']:.3f} resident {r['resident_hit_rate']:.3f} "
                       f"pcie {r['bytes_per_token']['pcie'] / 1e9:.3f} GB/tok copy busy "
                       f"{r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
+                tp = r["time_per_token"]
+                print(f"{'':18s} host: round trips {tp['router_round_trip_s'] * 1e3:.2f} store+launch "
+                      f"{tp['store_and_launch_host_s'] * 1e3:.2f} segments {(tp['segment_launch_host_s'] or 0) * 1e3:.2f} "
+                      f"ms/tok; GPU compute {(tp['device_compute_s'] or 0) * 1e3:.2f} waiting "
+                      f"{(tp['device_wait_s'] or 0) * 1e3:.2f} ms/tok (graphs {r['graphs']})", flush=True)
+                for key in ("device_compute_s", "device_wait_s", "router_round_trip_s", "store_and_launch_host_s",
+                            "segment_launch_host_s"):
+                    if tp[key] is not None:
+                        metrics[f"{name}.{mode}.{key[:-2]}_ms_per_token"] = tp[key] * 1e3
+                metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
                 metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
                 metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
                 metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9

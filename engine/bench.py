@@ -6,7 +6,9 @@ store did, beside the planner's prediction for the same plan.
 
 Decode: after `warmup` tokens (which fill the LRU cache; at least the statistics' warm-up), `tokens`
 greedy tokens are timed one by one (each ends when its sampled id reaches the host, so every token's
-GPU work is included); tok/s = 1 / median seconds per token, and the mean beside it. Prefill: one chunk
+GPU work is included); tok/s = 1 / median seconds per token, and the mean beside it. The time split per token: host time in the router round trips, in the store and the
+MoE launch, in launching the graphed segments; on the compute stream (CUDA events) the segments' compute
+and the waits from each router's end to its MoE (round trip, store, copies not landed). Prefill: one chunk
 of the plan's `prefill_chunk` tokens after one warm-up chunk. Counters and link busy times cover the
 timed decode tokens only. Every figure here is measured on this machine; `predicted` figures come from
 the cost model and are labelled so by the caller.
@@ -57,6 +59,11 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         tr = store.transfers
         read0, rbytes0, copy0, nt0 = tr.read_busy_s, tr.read_bytes, tr.copy_busy_s(), len(tr.timed)
         sync0, moe0, syncs0 = ex.host_sync_s, ex.moe_s, ex.syncs
+        runner = m.step_runner
+        if runner is not None:
+            runner.timing = True
+            runner.split()
+            launch0 = runner.launch_s
         per = []
         t_all = time.perf_counter()
         for i in range(tokens):
@@ -67,6 +74,8 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             if progress:
                 progress("decode", i + 1, tokens)
         wall = time.perf_counter() - t_all
+        split = runner.split() if runner is not None else {"steps": 0}
+        launch_s = (runner.launch_s - launch0) / tokens if runner is not None else None
         copy_s = tr.copy_busy_s() - copy0
         c = store.counters.to_data()
         n = tokens
@@ -91,8 +100,13 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "time_per_token": {"router_round_trip_s": (ex.host_sync_s - sync0) / n,
                                "round_trips": (ex.syncs - syncs0) / n,
                                "store_and_launch_host_s": (ex.moe_s - moe0) / n,
+                               "segment_launch_host_s": launch_s,
                                "store_wait_s": sum(x["wait_s"] for x in c["layers"]) / n,
-                               "per_moe_layer_s": med / L},
+                               "per_moe_layer_s": med / L,
+                               # device time on the compute stream (CUDA events; graphed loop only)
+                               "device_compute_s": split["compute_s"] / split["steps"] if split["steps"] else None,
+                               "device_wait_s": split["wait_s"] / split["steps"] if split["steps"] else None},
+            "graphs": bool(runner is not None and runner.graphs),
             "counters": {k: v for k, v in c.items() if k != "layers"},
             "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],
             "replay": None if replay is None else replay.source,

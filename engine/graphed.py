@@ -19,7 +19,10 @@ second captures each segment into its own CUDA graph just before its first repla
 On a CPU device, or with `graphs=False`, the segments run eagerly in the same order (tests hold this
 loop to the model's own forward, which stays the plain reference).
 
-Host time spent launching segments (graph replays, or eager launches) is summed in `launch_s`.
+Host time spent launching segments (graph replays, or eager launches) is summed in `launch_s`. With
+`timing=True` (CUDA) events on the compute stream split each step's device time per MoE layer into
+compute (head and tail segments) and waiting (from the router's end to the tail's start: the round trip,
+the store's work and the copies not yet landed); `split()` returns the sums since the last call.
 """
 from __future__ import annotations
 
@@ -42,6 +45,37 @@ class GraphedDecode:
         self.calls = 0
         self.launch_s = 0.0
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, object]] = {}
+        self.timing = False
+        n_ev = 3 * len(self.heads) + 2
+        self._ev = [torch.cuda.Event(enable_timing=True) for _ in range(n_ev)] if self.graphs else []
+        self._split = {"compute_s": 0.0, "wait_s": 0.0, "steps": 0}
+        self._pending = False
+
+    def _mark(self, i: int) -> None:
+        if self.timing and self._ev:
+            self._ev[i].record()
+
+    def split(self) -> dict:
+        """Device seconds since the last call, summed over timed steps: compute (segments) and waits
+        (router end to tail start); waits for the last step's events."""
+        if self._pending:
+            self._collect()
+        out, self._split = self._split, {"compute_s": 0.0, "wait_s": 0.0, "steps": 0}
+        return out
+
+    def _collect(self) -> None:
+        self._pending = False
+        ev = self._ev
+        ev[-1].synchronize()
+        L = len(self.heads)
+        sp = self._split
+        for j in range(L):
+            a, b, c = ev[1 + 3 * j], ev[2 + 3 * j], ev[3 + 3 * j]
+            prev = ev[0] if j == 0 else ev[3 * j]
+            sp["compute_s"] += (prev.elapsed_time(a) + b.elapsed_time(c)) / 1e3
+            sp["wait_s"] += a.elapsed_time(b) / 1e3
+        sp["compute_s"] += ev[3 * L].elapsed_time(ev[-1]) / 1e3
+        sp["steps"] += 1
 
     # ---- the segments (device work only) ----------------------------------------------------------------
     def _head(self, j: int, x: torch.Tensor):
@@ -86,17 +120,27 @@ class GraphedDecode:
         mode = "eager" if not self.graphs or self.calls == 0 else ("capture" if self.calls == 1 else "replay")
         self.calls += 1
         ex, store, m = self.ex, self.ex.store, self.m
+        if self._pending:
+            self._collect()
         self.tok.copy_(token_ids.reshape(1))
+        self._mark(0)
         h, y, ids, w = self._run("head0", mode, lambda: self._head(0, F.embedding(self.tok, m.embed)))
         out = None
         for j in range(len(self.heads)):
+            self._mark(1 + 3 * j)
             rid, rw, offs = ex.prepare(j, ids, w)
             if rid is not ids:                          # replayed routing: into the tail's input tensors
                 ids.copy_(rid)
                 w.copy_(rw)
+            self._mark(2 + 3 * j)
             out, routed = self._run(f"tail{j}", mode, lambda: self._tail(j, h, y, ids, w, offs))
+            self._mark(3 + 3 * j)
             store.release(j)
             ex.send_hints(j, routed)
             if j + 1 < len(self.heads):
                 h, y, ids, w = self._run(f"head{j + 1}", mode, lambda: self._head(j + 1, out))
-        return self._run("final", mode, lambda: self._final(out))
+        logits = self._run("final", mode, lambda: self._final(out))
+        if self.timing and self._ev:
+            self._mark(len(self._ev) - 1)
+            self._pending = True                        # read at the next step or split(): no sync here
+        return logits

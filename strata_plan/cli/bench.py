@@ -97,6 +97,12 @@ def cmd_bench(args) -> int:
     tp = r["time_per_token"]
     t.add_row("router round trips / token", f"{tp['round_trips']:.0f} ({tp['router_round_trip_s'] * 1e3:.2f} ms)", "-", "-")
     t.add_row("store+launch host ms/tok", f"{tp['store_and_launch_host_s'] * 1e3:.2f}", "-", "-")
+    if tp["segment_launch_host_s"] is not None:
+        t.add_row("segment launch host ms/tok" + (" (graphs)" if r["graphs"] else ""),
+                  f"{tp['segment_launch_host_s'] * 1e3:.2f}", "-", "-")
+    if tp["device_compute_s"] is not None:
+        t.add_row("GPU compute / waiting ms/tok", f"{tp['device_compute_s'] * 1e3:.2f} / {tp['device_wait_s'] * 1e3:.2f}",
+                  "-", "-")
     lk = r["links"]
     t.add_row("copy busy ms / token", f"{lk['copy_busy_s_per_token'] * 1e3:.2f}", "-", "-")
     t.add_row("PCIe GB/s while copying", f"{lk['pcie_gbps_during_copies']:.1f}", "-", "-")
