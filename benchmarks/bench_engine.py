@@ -91,6 +91,8 @@ def main() -> int:
                             "segment_launch_host_s"):
                     if tp[key] is not None:
                         metrics[f"{name}.{mode}.{key[:-2]}_ms_per_token"] = tp[key] * 1e3
+                for j, (c, w) in enumerate(tp["device_per_moe_layer_s"] or []):
+                    metrics[f"{name}.{mode}.moe_layer{j}_ms_per_token"] = (c + w) * 1e3
                 metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
                 metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
                 metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9

@@ -48,7 +48,7 @@ class GraphedDecode:
         self.timing = False
         n_ev = 3 * len(self.heads) + 2
         self._ev = [torch.cuda.Event(enable_timing=True) for _ in range(n_ev)] if self.graphs else []
-        self._split = {"compute_s": 0.0, "wait_s": 0.0, "steps": 0}
+        self._split = self._zero()
         self._pending = False
 
     def _mark(self, i: int) -> None:
@@ -57,11 +57,16 @@ class GraphedDecode:
 
     def split(self) -> dict:
         """Device seconds since the last call, summed over timed steps: compute (segments) and waits
-        (router end to tail start); waits for the last step's events."""
+        (router end to tail start), in total and per MoE layer (from the end of the previous MoE layer's
+tail to the end of this one's); waits for the last step's events."""
         if self._pending:
             self._collect()
-        out, self._split = self._split, {"compute_s": 0.0, "wait_s": 0.0, "steps": 0}
+        out, self._split = self._split, self._zero()
         return out
+
+    def _zero(self) -> dict:
+        L = len(self.heads)
+        return {"compute_s": 0.0, "wait_s": 0.0, "steps": 0, "layer_compute_s": [0.0] * L, "layer_wait_s": [0.0] * L}
 
     def _collect(self) -> None:
         self._pending = False
@@ -72,8 +77,11 @@ class GraphedDecode:
         for j in range(L):
             a, b, c = ev[1 + 3 * j], ev[2 + 3 * j], ev[3 + 3 * j]
             prev = ev[0] if j == 0 else ev[3 * j]
-            sp["compute_s"] += (prev.elapsed_time(a) + b.elapsed_time(c)) / 1e3
-            sp["wait_s"] += a.elapsed_time(b) / 1e3
+            comp, wait = (prev.elapsed_time(a) + b.elapsed_time(c)) / 1e3, a.elapsed_time(b) / 1e3
+            sp["compute_s"] += comp
+            sp["wait_s"] += wait
+            sp["layer_compute_s"][j] += comp
+            sp["layer_wait_s"][j] += wait
         sp["compute_s"] += ev[3 * L].elapsed_time(ev[-1]) / 1e3
         sp["steps"] += 1
 
