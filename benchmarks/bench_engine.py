@@ -41,6 +41,14 @@ DATA = Path(__file__).resolve().parent / "data"
 PLANS = {"ramrich": DATA / "plan-kimi5-h200-ramrich.yaml", "seed": DATA / "plan-kimi5-h200-seed.yaml"}
 
 
+def predict_mode(plan, plan_path, profile: str, mode: str):
+    """The cost model on the placement the engine ran in `mode` (engine.engine.baseline), with `profile`."""
+    from strata_plan.engine.engine import baseline
+    from strata_plan.planner.cost import CostModel
+    from strata_plan.planner.make import problem_for_plan
+    return CostModel(problem_for_plan(plan, str(plan_path), profile=profile, repredict=True)).predict(baseline(plan, mode).placement)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True)
@@ -50,6 +58,8 @@ def main() -> int:
     ap.add_argument("--modes", default="plan,lru,on-demand")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--profile", help="re-predict every plan and mode with this profile (one measured in the same "
+                    "run: `strata-plan profile --quick`); default: the plans' own predictions (the shipped h200)")
     a = ap.parse_args()
     plans = {k: load_plan(PLANS[k]) for k in a.plans.split(",")}
     first = next(iter(plans.values()))
@@ -95,6 +105,15 @@ def main() -> int:
                     metrics[f"{name}.{mode}.moe_layer{j}_ms_per_token"] = (c + w) * 1e3
                 metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
                 metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
+                if a.profile:
+                    pr = predict_mode(plan, PLANS[name], a.profile, mode)
+                    r["predicted"] = {"profile": a.profile, "decode_tok_s": pr.decode_tok_s,
+                                      "decode_binding": pr.decode_binding, "bytes_per_token": pr.bytes_per_token,
+                                      "decode_seconds": pr.decode_seconds}
+                    metrics[f"{name}.{mode}.predicted_decode_tok_s"] = pr.decode_tok_s
+                    metrics[f"{name}.{mode}.measured_over_predicted"] = m["decode_tok_s"] / pr.decode_tok_s
+                    print(f"{'':18s} predicted with {a.profile}: {pr.decode_tok_s:.2f} tok/s ({pr.decode_binding}), "
+                          f"measured / predicted {m['decode_tok_s'] / pr.decode_tok_s:.3f}", flush=True)
                 metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
                 metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
                 metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]

@@ -104,16 +104,19 @@ def make_plan(profile: str, model: str, stats: str | None = None, prior: str | N
 # ------------------------------------------------------------------------------------------------
 # The problem a saved plan was made for
 # ------------------------------------------------------------------------------------------------
-def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | None = None) -> Problem:
+def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | None = None,
+                     repredict: bool = False) -> Problem:
     """Rebuild the planning problem of a saved plan (`where`: its file) from its recorded sources (model,
     profile, statistics) and budgets, refusing any source whose sha256 differs from the one the plan records,
     and a plan whose fields disagree with its model; every message names the plan file and the field.
     `profile`/`stats` override the recorded ones (a measured profile is recorded by name only: pass its YAML
-    path). Recorded paths are absolute once loaded (`load_plan` resolves them against the plan's folder)."""
+    path). `repredict`: an explicit profile may differ from the recorded one (the plan's placement predicted
+    on another machine's figures, e.g. a profile measured where the plan runs). Recorded paths are absolute once loaded (`load_plan` resolves them against the plan's folder)."""
     from strata_plan.planner.plan import check_plan_model
     from strata_plan.planner.spec import load_spec
     src = plan.sources
-    model = src.model.path if src.model.path and Path(src.model.path).is_file() else src.model.name
+    truncated = "@" in src.model.name              # NAME@Nmoe: a shipped spec cut to N MoE layers, by name
+    model = src.model.path if src.model.path and Path(src.model.path).is_file() and not truncated else src.model.name
     try:
         spec = load_spec(model)
     except UserError:
@@ -138,7 +141,7 @@ def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | 
             raise UserError(where, "sources.profile", f"profile {prof_name!r} is not a shipped profile",
                             "pass --profile PATH, the profile YAML the plan was made with") from None
         raise
-    if sha256_of(to_data(prof)) != src.profile.sha256:
+    if not (repredict and profile) and sha256_of(to_data(prof)) != src.profile.sha256:
         raise UserError(where, "sources.profile", f"profile {profile or prof_name} differs from the one the plan "
                         "was made for", "pass --profile PATH, the profile YAML the plan was made with")
     st = src.statistics

@@ -45,7 +45,7 @@ def predicted(plan, plan_path: str, profile: str | None) -> dict:
                 "vram_hit_rate": p.vram_hit_rate, "decode_binding": p.decode_binding}
     from strata_plan.planner.cost import CostModel
     from strata_plan.planner.make import problem_for_plan
-    prob = problem_for_plan(plan, plan_path, profile=profile)
+    prob = problem_for_plan(plan, plan_path, profile=profile, repredict=True)
     pr = CostModel(prob).predict(plan.placement)
     return {"source": f"cost model with {profile}", "decode_tok_s": pr.decode_tok_s, "prefill_tok_s": pr.prefill_tok_s,
             "bytes_per_token": dict(pr.bytes_per_token), "vram_hit_rate": min(pr.hit_rate, 1.0),
