@@ -31,6 +31,7 @@ HOST = defaultdict(float)
 
 
 def timed(owner, name: str, label: str) -> None:
+    static = isinstance(owner.__dict__.get(name), staticmethod) if isinstance(owner, type) else False
     fn = getattr(owner, name)
 
     def wrapper(*a, **k):
@@ -39,7 +40,7 @@ def timed(owner, name: str, label: str) -> None:
             return fn(*a, **k)
         finally:
             HOST[label] += time.perf_counter() - t0
-    setattr(owner, name, wrapper)
+    setattr(owner, name, staticmethod(wrapper) if static else wrapper)
 
 
 def main() -> int:
