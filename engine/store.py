@@ -233,8 +233,11 @@ class ExpertStore:
 
     # ---- decode -----------------------------------------------------------------------------------------
     def hint(self, j: int, ids: Sequence[int], scores: Sequence[float] | None = None, depth: int = 1) -> None:
-        """MoE layer j will probably use `ids` (router lookahead at `depth`): fetch the missing ones, best
-        score first, while free slots (beyond one token's demand) and the speculative cap allow."""
+        """MoE layer j will probably use `ids` (router lookahead at `depth`): at the plan's prefetch depth,
+        fetch the missing ones, best score first, while free slots (beyond one token's demand) and the
+        speculative cap allow. Hints at other depths are only counted (precision and recall by depth):
+        acting on every depth fetches the union of several guesses, more bytes than the planner's cost
+        model charges (measured on the H200: 35% more bytes than LRU-only at depth 2)."""
         ids = [int(e) for e in ids if e >= 0]
         if scores is not None:
             ids = [e for _, e in sorted(zip([-float(s) for s in scores], ids))]
@@ -243,8 +246,8 @@ class ExpertStore:
 
     def _hint(self, j: int, ids: list[int], depth: int) -> None:
         self._hints[j][depth] = set(ids)
-        if not self.opt.prefetch:
-            return
+        if not self.opt.prefetch or depth != self.plan.prefetch_depth:
+            return                  # as the cost model: layer j's misses are fetched on the hint from j - depth
         self._inflight_spec = [f for f in self._inflight_spec if not f.done()]
         inflight = sum(f.nbytes for f in self._inflight_spec)
         c = self.counters.layers[j]

@@ -208,8 +208,8 @@ def test_on_the_gpu_bytes_arrive_and_nothing_is_allocated_per_token(packed, plan
         def run(tokens):
             for t in tokens:
                 for j in range(len(plan.layers)):
-                    if j + 1 < len(plan.layers):
-                        store.hint(j + 1, ids[t, j + 1].tolist(), None, depth=1)
+                    if j + 2 < len(plan.layers):
+                        store.hint(j + 2, ids[t, j + 2].tolist(), None, depth=2)
                     offs = store.ensure(j, ids[t, j].tolist())
                     got = [store.arena[o:o + packed[1][j][e].size] for e in ids[t, j].tolist()
                            for o in [int(offs[e])]]
