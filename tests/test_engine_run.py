@@ -15,7 +15,7 @@ import torch
 
 from strata_plan.engine.engine import Engine, EngineOptions
 from strata_plan.errors import UserError
-from strata_plan.planner.plan import CachePlan, load_plan
+from strata_plan.planner.plan import CachePlan, DensePlan, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
@@ -48,9 +48,9 @@ def bf16_plan(vram: int, ram: int, cache: int, depth: int, chunk: int = 5):
                                cache=CachePlan("lru", plan.cache.slot_bytes, cache * len(layers)))
 
 
-def run(packed, plan, mode: str, new: int = 5):
+def run(packed, plan, mode: str, new: int = 5, device: str = "cpu"):
     """(prompt logits [V], logits of each decode step, greedy tokens, store counters)."""
-    with Engine.open(packed, plan, EngineOptions(mode=mode, device="cpu", poison=True)) as eng:
+    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, poison=device == "cpu")) as eng:
         m = eng.model
         m.reset()
         logits = [m.prefill(PROMPT, chunk=plan.prefill_chunk)]
@@ -154,3 +154,86 @@ def test_a_plan_for_other_formats_is_refused_naming_the_plan(packed_bf16, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(plan) in err[0] and "formats" in err[0]
 
+
+
+# ---- dense weights streamed from pinned RAM (engine/dense.py) --------------------------------------------
+def streaming(plan, layers, lm_head: str = "ram", buffers: int = 2):
+    """The plan with decoder `layers` streamed from pinned RAM through `buffers` device buffers."""
+    n = len(plan.dense.resident_layers) + len(plan.dense.streamed_layers)
+    dense = DensePlan(tuple(i for i in range(n) if i not in layers), tuple(layers), lm_head)
+    return dataclasses.replace(plan, dense=dense, staging=dataclasses.replace(plan.staging, dense_buffers=buffers))
+
+
+# (streamed layers, lm_head): 4 units (2 a buffer), 7 units (an odd count: the next token's first layer
+# lands in the buffer the lm_head used), one unit, and the lm_head alone
+STREAMS = [((0, 2, 3), "ram"), ((0, 1, 2, 3, 4, 5), "ram"), ((4,), "vram"), ((), "ram")]
+
+
+@pytest.mark.parametrize("layers,head", STREAMS)
+def test_streamed_dense_weights_give_the_resident_logits_bit_for_bit(packed_bf16, layers, head):
+    """Streaming changes where dense weights are read from, never what is computed: one token a call and
+    in chunks (same tiers, so the same waves), with and without lookahead (routers kept resident)."""
+    for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((2, 6, 0, 0), "on-demand", 5), ((4, 10, 3, 2), "lru", 5)]:
+        plan = bf16_plan(*split, chunk=chunk)
+        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=4)
+        logits, tokens, counters = run(packed_bf16, streaming(plan, layers, head), mode, new=4)
+        assert torch.equal(logits, ref_logits), (layers, head, mode, chunk)
+        assert tokens == ref_tokens
+        assert counters["dense_bytes"]["layers"] > 0 if layers else counters["dense_bytes"]["layers"] == 0
+
+
+def _checkpoint_bytes(prefix: str, elem: int) -> int:
+    from safetensors import safe_open
+    with safe_open(str(FIXTURE / "model.safetensors"), "pt") as f:
+        return sum(elem * f.get_slice(k).get_shape()[0] * (f.get_slice(k).get_shape() + [1])[1]
+                   for k in f.keys() if k.startswith(prefix) and ".experts." not in k)
+
+
+def test_dense_bytes_counted_per_token_are_the_streamed_layers(packed_bf16):
+    """Counted per decode token: every tensor of each streamed layer (the checkpoint's, float32 on the CPU,
+    plus MLA's two contiguous halves of kv_b_proj made at load: kv_b's bytes again), the lm_head and one
+    embedding row; every layer copy was prefetched (issued before its layer started)."""
+    layers, n = (0, 2, 3), 3
+    plan = streaming(bf16_plan(4, 10, 3, 2), layers)
+    with Engine.open(packed_bf16, plan, EngineOptions(mode="lru", device="cpu")) as eng:
+        m, store = eng.model, eng.store
+        m.reset()
+        tok = m.prefill(PROMPT, chunk=plan.prefill_chunk).argmax()
+        from strata_plan.engine.counters import StoreCounters
+        store.counters = StoreCounters(store.n_layers)
+        for _ in range(n):
+            tok = m.decode_step(tok).argmax()
+        got = store.counters.to_data()
+    H, V = m.cfg.hidden, m.cfg.vocab
+    want = sum(_checkpoint_bytes(f"model.layers.{i}.", 4) + _checkpoint_bytes(f"model.layers.{i}.self_attn.kv_b_proj", 4)
+               for i in layers)
+    assert got["dense_bytes"] == {"layers": n * want, "lm_head": n * V * H * 4, "embeddings": n * H * 4}
+    assert got["dense_demand"] == 0
+
+
+def test_a_plan_streaming_dense_weights_without_buffers_is_one_line(packed_bf16, tmp_path, capsys):
+    from strata_plan.cli import main
+    from strata_plan.planner.plan import save_plan
+    for plan, field in [(streaming(bf16_plan(4, 10, 3, 2), (1, 2), buffers=0), "staging.dense_buffers"),
+                        (streaming(bf16_plan(4, 10, 3, 2), (9,)), "dense.streamed_layers")]:
+        path = tmp_path / "plan.yaml"
+        save_plan(plan, path)
+        assert main(["run", "--packed", str(packed_bf16), "--plan", str(path), "--prompt", "hi", "--device", "cpu"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and field in err[0] and str(path) in err[0]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_streamed_dense_weights_give_the_resident_logits(packed_bf16):
+    """The CPU comparison above on CUDA (bf16, Triton fused MoE): copies on the store's copy stream, the
+    compute stream waiting on their events, buffers reused only after their last kernel."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for layers, head in STREAMS:
+        for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((4, 10, 3, 2), "lru", 5)]:
+            plan = bf16_plan(*split, chunk=chunk)
+            ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda")
+            logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda")
+            assert torch.equal(logits, ref_logits), (layers, head, mode, chunk)
+            assert tokens == ref_tokens
+            assert c["dense_bytes"]["lm_head"] > 0 if head == "ram" else c["dense_bytes"]["lm_head"] == 0
