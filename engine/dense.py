@@ -5,10 +5,11 @@
     dense = DenseStream(model, store, plan, host, keep_routers=depth > 0)   # sets model.before_layer, embed_rows
 
 What the plan's `dense` section puts in RAM (planner/PLANNER.md, "dense"):
-- `streamed_layers`: every tensor the decoder layer holds (attention, norms, router, shared experts or the
-  dense MLP, and tensors derived at load such as MLA's contiguous halves of `kv_b_proj`) lies in one
-  pinned region, unit after unit, each tensor 256-byte aligned. `staging.dense_buffers` device buffers
-  (2, the double buffer the cost model assumes), each the size of the largest streamed unit, receive them.
+- `streamed_layers`: every checkpoint tensor the decoder layer holds (attention, norms, router, shared
+  experts or the dense MLP) lies in one pinned region, unit after unit, each tensor 256-byte aligned.
+  `staging.dense_buffers` device buffers (2, the double buffer the cost model assumes), each the size of
+  the largest streamed unit, receive them; tensors made at load from others (MLA's contiguous halves of
+  `kv_b_proj`, an owner's `derived()`) are not copied but refilled on the device after the copy lands.
   The units (the streamed layers in order, then the lm_head when `lm_head: ram`) are numbered u = 0..U-1
   and unit u always lands in buffer u mod n, so the layer's tensors are fixed views into that buffer
   (same offsets, same addresses every token). With `keep_routers` (router lookahead on) a streamed MoE
@@ -75,6 +76,7 @@ class _Part:
     shape: tuple
     offset: int                  # bytes, in the unit
     nbytes: int
+    derived: bool = False        # made from other tensors of the unit (refilled on the device, not copied)
 
 
 @dataclass
@@ -85,28 +87,38 @@ class _Unit:
     buffer: int
     parts: list
     nbytes: int = 0                    # the span copied (the tensors and the alignment gaps between them)
-    src: torch.Tensor | None = None    # uint8 view of the unit in the pinned region
+    size: int = 0                      # in its buffer: the span and the derived tensors
+    src: torch.Tensor | None = None    # uint8 view of the span in the pinned region
 
     @property
     def payload(self) -> int:
-        """The tensors' bytes (what is counted: the gaps add under ALIGN bytes a tensor)."""
-        return sum(p.nbytes for p in self.parts)
+        """The copied tensors' bytes (what is counted: the gaps add under ALIGN bytes a tensor)."""
+        return sum(p.nbytes for p in self.parts if not p.derived)
+
+    def refill(self) -> None:
+        """Recompute the derived tensors in the buffer from the landed span (on the compute stream)."""
+        for p in self.parts:
+            if p.derived:
+                owner, name = p.owners[0]
+                getattr(owner, name).copy_(owner.derived()[name])
 
     @property
     def what(self) -> str:
         return "the lm_head" if self.kind == LM_HEAD else f"the dense weights of decoder layer {self.layer}"
 
 
-def _held_tensors(obj, skip: set, seen: set | None = None) -> list[tuple[object, str, torch.Tensor]]:
-    """(owner, attribute, tensor) for every tensor a layer object holds, through the engine's own objects
-    (attention, SwiGLU, Router); `skip`: (id(owner), attribute) pairs left out."""
+def _held_tensors(obj, skip: set, seen: set | None = None) -> list[tuple[object, str, torch.Tensor, bool]]:
+    """(owner, attribute, tensor, derived) for every tensor a layer object holds, through the engine's own
+    objects (attention, SwiGLU, Router); derived: made at load from another one (an owner's `derived()`);
+    `skip`: (id(owner), attribute) pairs left out."""
     seen = set() if seen is None else seen
     seen.add(id(obj))
+    made = set(obj.derived()) if hasattr(obj, "derived") else set()
     out = []
     for name, v in vars(obj).items():
         if isinstance(v, torch.Tensor):
             if (id(obj), name) not in skip:
-                out.append((obj, name, v))
+                out.append((obj, name, v, name in made))
         elif hasattr(v, "__dict__") and type(v).__module__.startswith(_PACKAGE) and id(v) not in seen:
             out.extend(_held_tensors(v, skip, seen))
     return out
@@ -116,19 +128,21 @@ _PACKAGE = __name__.rpartition(".")[0]
 
 
 def _layout(index: int, layer: int, kind: str, held) -> _Unit:
-    """Place a unit's distinct tensors back to back, each ALIGN-aligned."""
+    """Place a unit's distinct tensors back to back, each ALIGN-aligned: the streamed ones (the copied
+    span), then the derived ones (refilled on the device from the span after each copy)."""
     by_id: dict[int, _Part] = {}
     parts, off = [], 0
-    for owner, name, t in held:
+    for owner, name, t, derived in sorted(held, key=lambda h: h[3]):
         p = by_id.get(id(t))
         if p is None:
             nb = t.numel() * t.element_size()
             start = _up(off)
-            p = by_id[id(t)] = _Part([], t.dtype, tuple(t.shape), start, nb)
+            p = by_id[id(t)] = _Part([], t.dtype, tuple(t.shape), start, nb, derived)
             parts.append((p, t))
             off = start + nb
         p.owners.append((owner, name))
-    u = _Unit(index, layer, kind, 0, [p for p, _ in parts], off)
+    span = max((p.offset + p.nbytes for p, _ in parts if not p.derived), default=0)
+    u = _Unit(index, layer, kind, 0, [p for p, _ in parts], span, off)
     u._host = [t for _, t in parts]        # the host tensors until they are copied into the pinned region
     return u
 
@@ -162,7 +176,7 @@ class DenseStream:
                 layer.router.weight = layer.router.weight.to(self.device)
             units.append(_layout(len(units), i, LAYERS, _held_tensors(layer, skip)))
         if d.lm_head == "ram":
-            units.append(_layout(len(units), n_layers, LM_HEAD, [(model, "lm_head", model.lm_head)]))
+            units.append(_layout(len(units), n_layers, LM_HEAD, [(model, "lm_head", model.lm_head, False)]))
         self.units = units
         self.n_buffers = plan.staging.dense_buffers if units else 0
         for u in units:
@@ -173,7 +187,7 @@ class DenseStream:
         embed_own = host_embed and not tied_to_head
         embed_bytes = model.embed.numel() * model.embed.element_size() if embed_own else 0
         # ---- capacity, then allocate once ----------------------------------------------------------------
-        self.buffer_bytes = max((u.nbytes for u in units), default=0)
+        self.buffer_bytes = max((u.size for u in units), default=0)
         total = sum(_up(u.nbytes) for u in units)
         self.rows_cap = max(1, plan.prefill_chunk)
         H = model.cfg.hidden
@@ -187,7 +201,8 @@ class DenseStream:
             off = _up(off)
             u.src = region[off:off + u.nbytes]
             for p, t in zip(u.parts, u._host):
-                _typed(u.src, p).copy_(t)
+                if not p.derived:
+                    _typed(u.src, p).copy_(t)
                 view = _typed(self.buffers[u.buffer], p)
                 for owner, name in p.owners:
                     setattr(owner, name, view)
@@ -278,6 +293,7 @@ class DenseStream:
             f.wait_enqueued()
             if f.event is not None:
                 self.store.compute_stream.wait_event(f.event)
+            u.refill()
             self._issued[u.index], self._running = None, u
             c = self.store.counters
             c.dense_bytes[u.kind] += u.payload
