@@ -169,6 +169,16 @@ def streaming(plan, layers, lm_head: str = "ram", buffers: int = 2):
 STREAMS = [((0, 2, 3), "ram"), ((0, 1, 2, 3, 4, 5), "ram"), ((4,), "vram"), ((), "ram")]
 
 
+def demand_copies(layers, head, passes: int) -> int:
+    """Layer copies issued only when their layer started: layer 0's in the first pass (nothing ran before
+    it); with an odd number of units (3 or more) in every pass, as unit 0 (u lands in buffer u mod 2)
+    shares its buffer with the last unit of the pass before and is issued once that has run."""
+    if 0 not in layers:
+        return 0
+    units = len(layers) + (head == "ram")
+    return passes if units >= 3 and units % 2 else 1
+
+
 @pytest.mark.parametrize("layers,head", STREAMS)
 def test_streamed_dense_weights_give_the_resident_logits_bit_for_bit(packed_bf16, layers, head):
     """Streaming changes where dense weights are read from, never what is computed: one token a call and
@@ -180,6 +190,7 @@ def test_streamed_dense_weights_give_the_resident_logits_bit_for_bit(packed_bf16
         assert torch.equal(logits, ref_logits), (layers, head, mode, chunk)
         assert tokens == ref_tokens
         assert counters["dense_bytes"]["layers"] > 0 if layers else counters["dense_bytes"]["layers"] == 0
+        assert counters["dense_demand"] == demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 4)
 
 
 def _checkpoint_bytes(prefix: str, elem: int) -> int:
@@ -225,14 +236,19 @@ def test_a_plan_streaming_dense_weights_without_buffers_is_one_line(packed_bf16,
 @pytest.mark.gpu
 def test_on_the_gpu_streamed_dense_weights_give_the_resident_logits(packed_bf16):
     """The CPU comparison above on CUDA (bf16, Triton fused MoE): copies on the store's copy stream, the
-    compute stream waiting on their events, buffers reused only after their last kernel."""
+    compute stream waiting on their events, buffers reused only after their last kernel. Bit for bit
+    where two resident runs are (the kernels are deterministic), else within their run-to-run spread."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    for layers, head in STREAMS:
-        for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((4, 10, 3, 2), "lru", 5)]:
-            plan = bf16_plan(*split, chunk=chunk)
-            ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda")
+    for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((4, 10, 3, 2), "lru", 5)]:
+        plan = bf16_plan(*split, chunk=chunk)
+        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda")
+        again, _, _ = run(packed_bf16, plan, mode, new=8, device="cuda")
+        spread = float((again - ref_logits).abs().max())
+        for layers, head in STREAMS:
             logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda")
-            assert torch.equal(logits, ref_logits), (layers, head, mode, chunk)
+            diff = float((logits - ref_logits).abs().max())
+            assert diff <= spread, (layers, head, mode, chunk, diff, spread)
             assert tokens == ref_tokens
             assert c["dense_bytes"]["lm_head"] > 0 if head == "ram" else c["dense_bytes"]["lm_head"] == 0
+            assert c["dense_demand"] == demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 8)
