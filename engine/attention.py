@@ -88,7 +88,7 @@ class MLAAttention:
         self.kv_a, self.kv_a_b = w("kv_a_proj_with_mqa", bias)
         self.kv_norm = src.get(p + "kv_a_layernorm.weight", device, dtype)
         self.kv_b, _ = w("kv_b_proj")                                        # [heads * (nope + v), rank]
-        for name, t in self.derived().items():                               # w_uk [heads, nope, rank], w_uv [heads, v, rank]
+        for name, t in self.derived().items():            # w_uk [heads, nope, rank], w_uv [heads, v, rank]
             setattr(self, name, t.contiguous())
         self.o, self.o_b = w("o_proj", bias)
 

@@ -237,12 +237,13 @@ class DenseStream:
         if self.cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
             if vram > free:
-                raise UserError(self.plan_path, "staging.dense_buffers", f"the dense buffers need {vram / 1e9:.2f} GB of "
-                                f"VRAM, {free / 1e9:.2f} GB is free", "plan again with a smaller --vram-gb")
+                raise UserError(self.plan_path, "staging.dense_buffers", f"the dense buffers need "
+                                f"{vram / 1e9:.2f} GB of VRAM, {free / 1e9:.2f} GB is free",
+                                "plan again with a smaller --vram-gb")
         avail = psutil.virtual_memory().available
         if ram > avail:
-            raise UserError(self.plan_path, "dense.streamed_layers", f"the streamed dense weights need {ram / 1e9:.2f} GB "
-                            f"of pinned RAM, {avail / 1e9:.2f} GB is available", "plan again with a smaller --ram-gb")
+            raise UserError(self.plan_path, "dense.streamed_layers", f"the dense weights kept in pinned RAM need "
+                            f"{ram / 1e9:.2f} GB, {avail / 1e9:.2f} GB is available", "plan again with a smaller --ram-gb")
 
     def _alloc_rows(self, n: int) -> None:
         H = self.model.cfg.hidden

@@ -228,7 +228,8 @@ def test_a_plan_streaming_dense_weights_without_buffers_is_one_line(packed_bf16,
                         (streaming(bf16_plan(4, 10, 3, 2), (9,)), "dense.streamed_layers")]:
         path = tmp_path / "plan.yaml"
         save_plan(plan, path)
-        assert main(["run", "--packed", str(packed_bf16), "--plan", str(path), "--prompt", "hi", "--device", "cpu"]) == 2
+        args = ["run", "--packed", str(packed_bf16), "--plan", str(path), "--prompt", "hi", "--device", "cpu"]
+        assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and field in err[0] and str(path) in err[0]
 
