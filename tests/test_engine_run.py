@@ -253,3 +253,36 @@ def test_on_the_gpu_streamed_dense_weights_give_the_resident_logits(packed_bf16)
             assert tokens == ref_tokens
             assert c["dense_bytes"]["lm_head"] > 0 if head == "ram" else c["dense_bytes"]["lm_head"] == 0
             assert c["dense_demand"] == demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 8)
+
+
+@pytest.fixture(scope="module")
+def packed_tied(packed_bf16, tmp_path_factory):
+    """The packed fixture with its embeddings tied to the lm_head (config and dense tensors edited)."""
+    import hashlib
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    out = tmp_path_factory.mktemp("tied") / "packed"
+    shutil.copytree(packed_bf16, out)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    dense = load_file(out / "dense.safetensors")
+    del dense["lm_head.weight"]
+    save_file(dense, out / "dense.safetensors")
+    data = (out / "dense.safetensors").read_bytes()
+    index = json.loads((out / "index.json").read_text())
+    index.update(dense_nbytes=len(data), dense_sha256=hashlib.sha256(data).hexdigest())
+    (out / "index.json").write_text(json.dumps(index))
+    return out
+
+
+@pytest.mark.parametrize("layers,head", [((1, 3), "ram"), ((1, 3), "vram")])
+def test_tied_embeddings_stream_as_the_lm_head_or_stay_on_the_device(packed_tied, layers, head):
+    """A table tied to the lm_head is one tensor: streamed as the lm_head (and gathered on the host from
+    the same pinned copy) or, with the lm_head in VRAM, on the device (no host gather)."""
+    plan = bf16_plan(4, 10, 3, 2, chunk=5)
+    ref_logits, ref_tokens, _ = run(packed_tied, plan, "lru", new=3)
+    logits, tokens, c = run(packed_tied, streaming(plan, layers, head), "lru", new=3)
+    assert torch.equal(logits, ref_logits) and tokens == ref_tokens
+    assert (c["dense_bytes"]["embeddings"] > 0) == (head == "ram")
+    assert (c["dense_bytes"]["lm_head"] > 0) == (head == "ram")
