@@ -43,7 +43,9 @@ import torch
 from strata_plan.errors import UserError
 
 from .directio import aligned_empty
+from .model import DecoderLayer
 from .transfer import Fetch
+from .weights import TensorSource
 
 ALIGN = 256                      # bytes: each tensor's offset in a unit (what the allocator would give)
 LAYERS, LM_HEAD, EMBED = "layers", "lm_head", "embeddings"
@@ -142,9 +144,7 @@ def _layout(index: int, layer: int, kind: str, held) -> _Unit:
             off = start + nb
         p.owners.append((owner, name))
     span = max((p.offset + p.nbytes for p, _ in parts if not p.derived), default=0)
-    u = _Unit(index, layer, kind, 0, [p for p, _ in parts], span, off)
-    u._host = [t for _, t in parts]        # the host tensors until they are copied into the pinned region
-    return u
+    return _Unit(index, layer, kind, 0, [p for p, _ in parts], span, off)
 
 
 def _up(n: int) -> int:
@@ -163,17 +163,13 @@ class DenseStream:
         self.transfers = store.transfers
         n_layers = model.cfg.n_layers
         d = plan.dense
-        # ---- the units: streamed layers in order, then the lm_head ----------------------------------------
+        # ---- the units: streamed layers in order (the model holds their shapes only), then the lm_head ---
         units = []
         for i in sorted(d.streamed_layers):
             layer = model.layers[i]
             skip = set()
             if keep_routers and layer.router is not None:      # the lookahead gates read them ahead of the layer
                 skip = {(id(layer), "post_norm")} | {(id(layer.router), n) for n in ("weight", "bias")}
-                layer.post_norm = layer.post_norm.to(self.device)
-                if layer.router.bias is not None:
-                    layer.router.bias = layer.router.bias.to(self.device)
-                layer.router.weight = layer.router.weight.to(self.device)
             units.append(_layout(len(units), i, LAYERS, _held_tensors(layer, skip)))
         if d.lm_head == "ram":
             units.append(_layout(len(units), n_layers, LM_HEAD, [(model, "lm_head", model.lm_head, False)]))
@@ -197,16 +193,17 @@ class DenseStream:
         row = _up(max(1, self.buffer_bytes))           # every buffer starts ALIGN-aligned
         self.buffers = torch.empty((max(1, self.n_buffers), row), dtype=torch.uint8, device=self.device)
         off = 0
+        src = TensorSource(store.folder)
         for u in units:
             off = _up(off)
             u.src = region[off:off + u.nbytes]
-            for p, t in zip(u.parts, u._host):
+            data = [model.lm_head] if u.kind == LM_HEAD else self._read_layer(u.layer, src, keep_routers)
+            for p, t in zip(u.parts, data):
                 if not p.derived:
                     _typed(u.src, p).copy_(t)
                 view = _typed(self.buffers[u.buffer], p)
                 for owner, name in p.owners:
                     setattr(owner, name, view)
-            del u._host
             off += u.nbytes
         # ---- embeddings --------------------------------------------------------------------------------
         self.embed_host = None
@@ -233,6 +230,24 @@ class DenseStream:
             model.before_layer = self.before_layer
 
     # ---- start-up ---------------------------------------------------------------------------------------
+    def _read_layer(self, i: int, src, keep_routers: bool) -> list[torch.Tensor]:
+        """Decoder layer i read into host memory (one layer at a time: the pinned region is the only whole
+        copy): its tensors in the order of the unit's parts. The router and post-attention norm that stay
+        resident go to the device here."""
+        layer = self.model.layers[i]
+        built = DecoderLayer(self.model.cfg, src, i, layer.moe_index, "cpu", self.model.dtype)
+        skip = set()
+        if keep_routers and layer.router is not None:
+            layer.post_norm, layer.router.weight = built.post_norm.to(self.device), built.router.weight.to(self.device)
+            layer.router.bias = None if built.router.bias is None else built.router.bias.to(self.device)
+            skip = {(id(built), "post_norm")} | {(id(built.router), n) for n in ("weight", "bias")}
+        seen, out = set(), []
+        for _, _, t, derived in sorted(_held_tensors(built, skip), key=lambda h: h[3]):
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+        return out
+
     def _check_capacity(self, vram: int, ram: int) -> None:
         if self.cuda:
             free, _ = torch.cuda.mem_get_info(self.device)

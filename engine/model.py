@@ -19,8 +19,9 @@ decoder layer holding MoE layer i+d) of `out`, exactly as `benchmarks/moe/trace.
 `lookahead_experts` (planner/routing/TRACE.md).
 
 Dense weights the plan keeps in pinned RAM (`host`: decoder layer indices, "embed", "lm_head") are
-built in host memory; `engine.dense.DenseStream` moves them into its pinned regions and streaming
-buffers and sets the two hooks: `before_layer(i)` at the start of decoder layer i (i = n_layers: before
+built in host memory ("embed", "lm_head") or with shapes only (layers, on the meta device);
+`engine.dense.DenseStream` fills them from pinned regions through its streaming buffers and sets the two
+hooks: `before_layer(i)` at the start of decoder layer i (i = n_layers: before
 the logits) and `embed_rows(token_ids)`, which replaces the device gather of the embedding rows.
 
 A faster loop can run a layer's pieces apart: `attention_part` (attention, residual, post-attention
@@ -73,7 +74,8 @@ class MoEModel:
         if context < 1:
             raise ValueError(f"context must be at least 1 token, got {context}")
         self.cfg, self.experts, self.context, self.device, self.dtype = cfg, experts, context, torch.device(device), dtype
-        at = lambda unit: "cpu" if unit in host else device                                # noqa: E731
+        def at(unit):       # streamed layers: shapes only (engine.dense reads them into pinned RAM)
+            return device if unit not in host else "meta" if isinstance(unit, int) else "cpu"
         self.embed = src.get("model.embed_tokens.weight", at("embed"), dtype)              # [V, H]
         self.norm = src.get("model.norm.weight", device, dtype)
         tied = cfg.spec.tied_embeddings and "lm_head.weight" not in src
