@@ -12,8 +12,10 @@ What the plan's `dense` section puts in RAM (planner/PLANNER.md, "dense"):
   `kv_b_proj`, an owner's `derived()`) are not copied but refilled on the device after the copy lands.
   The units (the streamed layers in order, then the lm_head when `lm_head: ram`) are numbered u = 0..U-1
   and unit u always lands in buffer u mod n, so the layer's tensors are fixed views into that buffer
-  (same offsets, same addresses every token). With `keep_routers` (router lookahead on) a streamed MoE
-  layer's router and post-attention norm stay resident: the lookahead gates run before their layer.
+  (same offsets, same addresses every token). The model holds a streamed layer's shapes only (meta
+  tensors); the layer is read here one at a time, so host memory holds one whole copy (the pinned one).
+  With `keep_routers` (router lookahead on) a streamed MoE layer's router and post-attention norm stay
+  resident: the lookahead gates run before their layer.
 - `lm_head: ram`: the lm_head is the last unit, streamed the same way before the logits.
 - `embeddings: ram`: the embedding table stays in pinned RAM; a call gathers the tokens' rows on the host
   into pinned rows and copies them up (unless the table is tied to an lm_head kept in VRAM: then the
@@ -24,10 +26,13 @@ embedding rows and expert fetches share one ordered queue (demand before prefetc
 `before_layer(i)` (the model calls it at the start of decoder layer i, and with i = n_layers before the
 logits): the unit that ran before gives its buffer back (an event after its last kernel; the next copy
 into that buffer waits for it on the GPU); the unit of layer i, if it was not issued yet, is issued as a
-demand copy; the compute stream waits for its copy's event (the host does not wait for the copy); then
-the next units in order (wrapping to the next token) are issued as prefetches while their buffers are
-free: with 2 buffers, unit u + 1 is issued when unit u starts, as the cost model has it ("double
-buffered, serial on the link, must land before their layer starts"). Everything is allocated once; per
+demand copy; the compute stream waits for its copy's event (the host waits only until the copy is
+enqueued: the copy thread keeps at most `chunks_in_flight` chunks queued); then the next units in order
+(wrapping to the next token) are issued as prefetches while their buffers are free: with 2 buffers,
+unit u + 1 is issued when unit u starts, as the cost model has it ("double buffered, serial on the link,
+must land before their layer starts"). With an odd number of units (3 or more) unit 0 shares its buffer
+with the last unit, so at a token's start it is issued only after the previous token's last unit ran
+(the cost model does not carry the double buffer across tokens either). Everything is allocated once; per
 token only `Fetch` records and events are made. Counters: `StoreCounters.dense_bytes` (the tensors' bytes
 of the units and rows that ran; a unit's copy also carries the alignment gaps, under 256 bytes a tensor)
 and `dense_demand` (unit copies issued only when their layer started).
