@@ -88,10 +88,15 @@ class MLAAttention:
         self.kv_a, self.kv_a_b = w("kv_a_proj_with_mqa", bias)
         self.kv_norm = src.get(p + "kv_a_layernorm.weight", device, dtype)
         self.kv_b, _ = w("kv_b_proj")                                        # [heads * (nope + v), rank]
-        kv_b = self.kv_b.view(self.heads, self.nope + self.v_dim, self.rank)
-        self.w_uk = kv_b[:, :self.nope].contiguous()                        # [heads, nope, rank]
-        self.w_uv = kv_b[:, self.nope:].contiguous()                        # [heads, v, rank]
+        for name, t in self.derived().items():            # w_uk [heads, nope, rank], w_uv [heads, v, rank]
+            setattr(self, name, t.contiguous())
         self.o, self.o_b = w("o_proj", bias)
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        """The tensors made at load from the checkpoint's, as views of their source (kv_b_proj's key and
+        value halves per head); `engine.dense` streams kv_b only and refills these on the device."""
+        kv_b = self.kv_b.view(self.heads, self.nope + self.v_dim, self.rank)
+        return {"w_uk": kv_b[:, :self.nope], "w_uv": kv_b[:, self.nope:]}
 
     def __call__(self, x: torch.Tensor, start: int, cache: MLACache, rope: RotaryTable,
                  absorbed: bool | None = None, at: torch.Tensor | None = None) -> torch.Tensor:

@@ -91,7 +91,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             },
             "bytes_per_token": {"ram": c["bytes_from"]["ram"] / n, "nvme": c["bytes_from"]["nvme"] / n,
                                 "pcie": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / n,
-                                "wasted": c["wasted_bytes"] / n},
+                                "wasted": c["wasted_bytes"] / n, "dense": sum(c["dense_bytes"].values()) / n},
             "links": {"copy_busy_s_per_token": copy_s / n, "pcie_gbps_during_copies":
                       sum(f.nbytes for f in tr.timed[nt0:]) / copy_s / 1e9 if copy_s else 0.0,
                       "pcie_gbps_wall": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / wall / 1e9,

@@ -13,6 +13,9 @@ moment the router's ids reached the store, before any waiting (`residency.USE_KI
 (static + cached + prefetched) / uses. A use `ensure` had to wait for or fetch is a miss.
 **Resident hit rate**: (static + cached) / uses, the same quantity as the planner's
 `predicted.vram_hit_rate` (static set plus LRU cache, prefetch not counted), so the two compare.
+Dense weights streamed by `engine.dense` are counted apart from the experts, in bytes copied for the
+layers that ran (`dense_bytes`: streamed decoder layers, lm_head, embedding rows) and the layer copies
+that were not prefetched by the time their layer started (`dense_demand`).
 Lookahead precision and recall by depth follow the routing statistics' definitions: right guesses /
 guesses, and right guesses / experts used, over the (token, layer) pairs that received a hint.
 """
@@ -46,6 +49,8 @@ class LayerCounters:
 class StoreCounters:
     def __init__(self, n_layers: int):
         self.layers = [LayerCounters(j) for j in range(n_layers)]
+        self.dense_bytes = {"layers": 0, "lm_head": 0, "embeddings": 0}
+        self.dense_demand = 0
 
     def total(self, kind: str) -> int:
         return sum(c.uses[kind] for c in self.layers)
@@ -82,5 +87,6 @@ class StoreCounters:
             "wasted_bytes": sum(c.wasted_bytes for c in self.layers),
             "dropped_hints": sum(c.dropped_hints for c in self.layers),
             "lookahead": {str(d): v for d, v in self.lookahead().items()},
+            "dense_bytes": dict(self.dense_bytes), "dense_demand": self.dense_demand,
             "layers": [asdict(c) for c in self.layers],
         }

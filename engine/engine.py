@@ -11,7 +11,9 @@
 the same segments eagerly on a CPU); `graphs=False` with "on-demand" is the plain, non-overlapped
 reference loop (the model's own forward, everything fetched when asked), which tests hold the others to.
 The dense weights (attention, norms, routers, shared experts, embeddings, lm_head) are read from the
-packed folder's `dense.safetensors` onto the device; the routed experts stay where the plan puts them.
+packed folder's `dense.safetensors`: onto the device, or into pinned RAM where the plan's `dense` section
+says (streamed through the store's copy queue by `engine.dense`); the routed experts stay where the plan
+puts them.
 """
 from __future__ import annotations
 
@@ -25,8 +27,10 @@ import torch
 from strata_plan.errors import UserError
 from strata_plan.planner.plan import CachePlan, load_plan
 
-from .graphed import GraphedDecode
+from .config import ModelConfig
+from .dense import DenseStream, host_units
 from .generate import Sampling, encode_prompt, generate, load_tokenizer
+from .graphed import GraphedDecode
 from .model import MoEModel
 from .store import ExpertStore, StoreOptions
 from .store_experts import StoreExperts
@@ -74,11 +78,7 @@ class Engine:
         if not isinstance(plan, type(None)) and isinstance(plan, (str, Path)):
             plan_path, plan = str(plan), load_plan(plan)
         plan = baseline(plan, options.mode)
-        if plan.dense.streamed_layers or plan.dense.lm_head != "vram":
-            raise UserError(plan_path, "dense.streamed_layers", f"the plan streams {len(plan.dense.streamed_layers)} "
-                            f"dense layers (lm_head: {plan.dense.lm_head}); the engine keeps every dense weight in "
-                            f"VRAM and does not stream them yet", "plan with a VRAM budget that keeps the dense "
-                            "weights resident (a larger --vram-gb)")
+        host = host_units(plan, ModelConfig.load(folder), plan_path)     # dense weights kept in pinned RAM
         device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
@@ -88,16 +88,19 @@ class Engine:
             experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,
                                    depth=plan.prefetch_depth if options.mode == "plan" else 0,
                                    backend=options.backend, replay=replay)
-            model = MoEModel.load(folder, experts, context=plan.context, device=device, dtype=dtype)
+            model = MoEModel.load(folder, experts, context=plan.context, device=device, dtype=dtype, host=host)
+            dense = DenseStream(model, store, plan, host, keep_routers=experts.depth > 0, plan_path=plan_path)
         except BaseException:
             store.close()
             raise
         experts.model = model
         if experts.depth:
             model.after_moe = experts.after_moe
-        if options.graphs and getattr(model, "before_layer", None) is None:
+        if options.graphs and model.before_layer is None:
             model.step_runner = GraphedDecode(model, experts, graphs=device.type == "cuda")
-        return cls(folder, plan, store, model, experts, options)
+        eng = cls(folder, plan, store, model, experts, options)
+        eng.dense = dense
+        return eng
 
     # ---- text ---------------------------------------------------------------------------------------
     def tokenizer(self):

@@ -6,7 +6,8 @@
 A decode token is cut at the host round trips (the router's ids must reach the host before the store can
 make the experts resident), into segments whose shapes and addresses never change:
 
-    head_0   embedding, the decoder layers before MoE layer 0, its attention and router
+    head_0   the decoder layers before MoE layer 0, its attention and router (from the token's
+             embedding row, gathered eagerly: the table may live in pinned RAM, engine.dense)
     tail_j   fused MoE of MoE layer j (reads the arena through offsets[j]), residual + shared experts,
              the lookahead gates of layers j+1..j+d on the output
     head_j+1 the dense layers after MoE layer j, the attention and router of MoE layer j+1
@@ -29,14 +30,13 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 
 
 class GraphedDecode:
     def __init__(self, model, experts, graphs: bool = True):
         self.m, self.ex = model, experts
         self.graphs = graphs and model.device.type == "cuda"
-        self.tok = torch.zeros(1, dtype=torch.long, device=model.device)
+        self.x0 = torch.zeros((1, model.cfg.hidden), dtype=model.dtype, device=model.device)   # the token's row
         cfg = model.cfg
         moe = list(cfg.moe_layers)
         starts = [0] + [i + 1 for i in moe[:-1]]
@@ -130,9 +130,9 @@ tail to the end of this one's); waits for the last step's events."""
         ex, store, m = self.ex, self.ex.store, self.m
         if self._pending:
             self._collect()
-        self.tok.copy_(token_ids.reshape(1))
+        self.x0.copy_(m.embed_tokens(token_ids.reshape(1)))    # eager: the rows may come from pinned RAM
         self._mark(0)
-        h, y, ids, w = self._run("head0", mode, lambda: self._head(0, F.embedding(self.tok, m.embed)))
+        h, y, ids, w = self._run("head0", mode, lambda: self._head(0, self.x0))
         out = None
         for j in range(len(self.heads)):
             self._mark(1 + 3 * j)

@@ -18,6 +18,12 @@ is `route(i + d, out)` = the router of MoE layer i+d applied to the post_attenti
 decoder layer holding MoE layer i+d) of `out`, exactly as `benchmarks/moe/trace.py` computes the traces'
 `lookahead_experts` (planner/routing/TRACE.md).
 
+Dense weights the plan keeps in pinned RAM (`host`: decoder layer indices, "embed", "lm_head") are
+built in host memory ("embed", "lm_head") or with shapes only (layers, on the meta device);
+`engine.dense.DenseStream` fills them from pinned regions through its streaming buffers and sets the two
+hooks: `before_layer(i)` at the start of decoder layer i (i = n_layers: before
+the logits) and `embed_rows(token_ids)`, which replaces the device gather of the embedding rows.
+
 A faster loop can run a layer's pieces apart: `attention_part` (attention, residual, post-attention
 norm), `layer.router(y)`, the experts call, `moe_output` (residual + shared experts). With
 `decode_step(token, static=True)` the position lives in the device tensor `model.at` and attention spans
@@ -65,16 +71,18 @@ class DecoderLayer:
 
 class MoEModel:
     def __init__(self, cfg: ModelConfig, src: TensorSource, experts: Experts, context: int, device="cpu",
-                 dtype: torch.dtype = torch.bfloat16):
+                 dtype: torch.dtype = torch.bfloat16, host: frozenset = frozenset()):
         if context < 1:
             raise ValueError(f"context must be at least 1 token, got {context}")
         self.cfg, self.experts, self.context, self.device, self.dtype = cfg, experts, context, torch.device(device), dtype
-        self.embed = src.get("model.embed_tokens.weight", device, dtype)                  # [V, H]
+        def at(unit):       # streamed layers: shapes only (engine.dense reads them into pinned RAM)
+            return device if unit not in host else "meta" if isinstance(unit, int) else "cpu"
+        self.embed = src.get("model.embed_tokens.weight", at("embed"), dtype)              # [V, H]
         self.norm = src.get("model.norm.weight", device, dtype)
         tied = cfg.spec.tied_embeddings and "lm_head.weight" not in src
-        self.lm_head = self.embed if tied else src.get("lm_head.weight", device, dtype)   # [V, H]
+        self.lm_head = self.embed if tied else src.get("lm_head.weight", at("lm_head"), dtype)   # [V, H]
         moe_index = {layer: i for i, layer in enumerate(cfg.moe_layers)}
-        self.layers = [DecoderLayer(cfg, src, i, moe_index.get(i), device, dtype) for i in range(cfg.n_layers)]
+        self.layers = [DecoderLayer(cfg, src, i, moe_index.get(i), at(i), dtype) for i in range(cfg.n_layers)]
         self.moe = [self.layers[layer] for layer in cfg.moe_layers]
         self.rope = RotaryTable(cfg.rope, context, device, dtype)
         self.cache = make_cache(cfg, context, device, dtype)
@@ -82,11 +90,13 @@ class MoEModel:
         self.at = torch.zeros(1, dtype=torch.long, device=device)    # the position of a static decode step
         self.after_moe: Callable[[int, torch.Tensor], None] | None = None
         self.step_runner: Callable[[torch.Tensor], torch.Tensor] | None = None   # a faster static step (graphed.py)
+        self.before_layer: Callable[[int], None] | None = None                 # engine.dense
+        self.embed_rows: Callable[[torch.Tensor], torch.Tensor] | None = None  # engine.dense
 
     @staticmethod
     def load(folder: str | Path, experts: Experts, context: int, device="cpu",
-             dtype: torch.dtype = torch.bfloat16) -> "MoEModel":
-        return MoEModel(ModelConfig.load(folder), TensorSource(folder), experts, context, device, dtype)
+             dtype: torch.dtype = torch.bfloat16, host: frozenset = frozenset()) -> "MoEModel":
+        return MoEModel(ModelConfig.load(folder), TensorSource(folder), experts, context, device, dtype, host)
 
     # ---- the forward pass ---------------------------------------------------------------------
     def reset(self) -> None:
@@ -113,6 +123,8 @@ class MoEModel:
         return h + (routed + layer.shared(y) if layer.shared is not None else routed)
 
     def _layer(self, layer: DecoderLayer, x: torch.Tensor, start: int, at: torch.Tensor | None) -> torch.Tensor:
+        if self.before_layer is not None:
+            self.before_layer(layer.layer)
         h, y = self.attention_part(layer, x, start, at)
         if layer.moe_index is None:
             return h + layer.mlp(y)
@@ -124,7 +136,13 @@ class MoEModel:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of residual-stream states x [..., H] (final norm, lm_head)."""
+        if self.before_layer is not None:
+            self.before_layer(self.cfg.n_layers)
         return F.linear(rms_norm(x, self.norm, self.cfg.rms_eps), self.lm_head).float()
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows [T, H] of token_ids [T] (int64, on the device)."""
+        return F.embedding(token_ids, self.embed) if self.embed_rows is None else self.embed_rows(token_ids)
 
     def forward(self, token_ids: torch.Tensor, all_logits: bool = False, static: bool = False) -> torch.Tensor:
         """Run tokens [T] (int64, on the device) at positions pos..pos+T-1 and append them to the cache.
@@ -140,7 +158,7 @@ class MoEModel:
             self.at.fill_(self.pos)
             out = (self.step_runner or self.step_at)(token_ids)
         else:
-            x = F.embedding(token_ids, self.embed)                                         # [T, H]
+            x = self.embed_tokens(token_ids)                                               # [T, H]
             for layer in self.layers:
                 x = self._layer(layer, x, self.pos, None)
             out = self.logits(x if all_logits else x[-1])
@@ -151,7 +169,7 @@ class MoEModel:
         """One token [1] at the position held in `self.at`; reads and changes no host state (the caller sets
         `at` before and advances `pos` after), so the whole step can be captured in a CUDA graph when the
         experts call is graph-safe. Returns float32 logits [V]."""
-        x = F.embedding(token_ids, self.embed)
+        x = self.embed_tokens(token_ids)
         for layer in self.layers:
             x = self._layer(layer, x, 0, self.at)
         return self.logits(x[-1])

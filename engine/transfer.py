@@ -15,7 +15,8 @@ never waits behind more than that many prefetch chunks. A copy into a slot first
 the event of the last kernel that read the slot (`Fetch.after`). A fetch can be cancelled until its copy
 is enqueued (a dropped prefetch). On a CPU device the copies are plain synchronous copies and `event`
 is None. Busy times (reader threads in preadv, the copy stream from first enqueue to last completion)
-are accumulated for the benchmark.
+are accumulated for the benchmark. Streamed dense weights (`engine.dense`) take the same queue with
+`Fetch.dst` naming their device buffer instead of an arena offset.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class Fetch:
     dst_offset: int                  # byte offset in the arena
     nbytes: int
     demand: bool
+    dst: torch.Tensor | None = None  # or: a uint8 device view to copy into (streamed dense weights)
+    what: str = ""                   # names a fetch that is not an expert (describe)
     ram: torch.Tensor | None = None  # uint8 view of the blob in pinned RAM
     file: BlobFile | None = None     # or: where it lies on NVMe
     file_offset: int = 0
@@ -74,6 +77,8 @@ class Fetch:
             raise self.error
 
     def describe(self) -> str:
+        if self.what:
+            return self.what
         where = f"{self.file.path} at offset {self.file_offset}" if self.file is not None else "pinned RAM"
         return f"layer {self.layer}, expert {self.expert} ({where})"
 
@@ -231,7 +236,7 @@ class Transfers:
             self._lock.notify_all()
 
     def _enqueue_copy(self, f: Fetch, src: torch.Tensor, window: deque | None) -> None:
-        dst = self.arena[f.dst_offset:f.dst_offset + f.nbytes]
+        dst = f.dst if f.dst is not None else self.arena[f.dst_offset:f.dst_offset + f.nbytes]
         if not self.cuda:
             dst.copy_(src)
             self.copy_bytes += f.nbytes

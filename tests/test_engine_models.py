@@ -157,6 +157,38 @@ def test_static_decode_steps_equal_the_sliced_ones(pair):
     assert engine.pos == len(prompt) + 4 and int(engine.at) == engine.pos - 1
 
 
+@pytest.mark.parametrize("keep_routers", [False, True])
+def test_streamed_dense_weights_give_the_resident_logits(pair, keep_routers):
+    """Every decoder layer and the lm_head streamed through two buffers (engine.dense, on a CPU stand-in
+    for the store: its copy thread and counters), the embedding rows gathered on the host: MLA, GQA
+    with q/k norms, Mixtral's block_sparse_moe names; the same logits bit for bit, prefill and decode."""
+    from types import SimpleNamespace
+    from strata_plan.engine.counters import StoreCounters
+    from strata_plan.engine.dense import DenseStream, host_units
+    from strata_plan.engine.transfer import Transfers
+    from strata_plan.planner.plan import DensePlan
+    _, engine, prompt, folder = pair
+    cfg = engine.cfg
+    plan = SimpleNamespace(dense=DensePlan((), tuple(range(cfg.n_layers)), "ram"), prefill_chunk=CHUNK,
+                           staging=SimpleNamespace(dense_buffers=2))
+    host = host_units(plan, cfg)
+    store = SimpleNamespace(device=torch.device("cpu"), folder=Path(folder), compute_stream=None,
+                            counters=StoreCounters(1), transfers=Transfers(torch.empty(4096, dtype=torch.uint8), 0, 4096))
+    try:
+        streamed = MoEModel(cfg, TensorSource(folder), engine.experts, context=64, dtype=torch.float32, host=host)
+        DenseStream(streamed, store, plan, host, keep_routers=keep_routers)
+        runs = []
+        for m in (engine, streamed):
+            m.reset()
+            logits = [m.prefill(prompt, chunk=CHUNK, all_logits=True)]
+            logits += [m.decode_step(t)[None] for t in (3, 5, 7)]
+            runs.append(torch.cat(logits))
+        assert torch.equal(runs[1], runs[0])
+        assert store.counters.dense_bytes["lm_head"] == (3 + 3) * engine.lm_head.numel() * 4    # 3 chunks, 3 steps
+    finally:
+        store.transfers.close()
+
+
 def test_the_comparison_can_fail():
     """The fixture with its rope pairs read in the other layout: far outside the tolerance."""
     cfg = ModelConfig.load(FIXTURE)

@@ -16,7 +16,7 @@ import torch
 from strata_plan.engine.engine import Engine, EngineOptions
 from strata_plan.engine.graphed import GraphedDecode
 from strata_plan.errors import UserError
-from strata_plan.planner.plan import CachePlan, load_plan
+from strata_plan.planner.plan import CachePlan, DensePlan, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
@@ -53,7 +53,7 @@ def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool
     """(prompt logits [V], logits of each decode step, greedy tokens, store counters). graphs: True (the
     engine's default loop), False (the model's own forward), "eager" (the graphed loop's segments run
     eagerly, also on a GPU)."""
-    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, poison=True, graphs=bool(graphs))) as eng:
+    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, poison=device == "cpu", graphs=bool(graphs))) as eng:
         m = eng.model
         if graphs == "eager":
             m.step_runner = GraphedDecode(m, eng.experts, graphs=False)
@@ -184,3 +184,135 @@ def test_a_plan_for_other_formats_is_refused_naming_the_plan(packed_bf16, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(plan) in err[0] and "formats" in err[0]
 
+
+
+# ---- dense weights streamed from pinned RAM (engine/dense.py) --------------------------------------------
+def streaming(plan, layers, lm_head: str = "ram", buffers: int = 2):
+    """The plan with decoder `layers` streamed from pinned RAM through `buffers` device buffers."""
+    n = len(plan.dense.resident_layers) + len(plan.dense.streamed_layers)
+    dense = DensePlan(tuple(i for i in range(n) if i not in layers), tuple(layers), lm_head)
+    return dataclasses.replace(plan, dense=dense, staging=dataclasses.replace(plan.staging, dense_buffers=buffers))
+
+
+# (streamed layers, lm_head): 4 units (2 a buffer), 7 units (an odd count: the next token's first layer
+# lands in the buffer the lm_head used), one unit, and the lm_head alone
+STREAMS = [((0, 2, 3), "ram"), ((0, 1, 2, 3, 4, 5), "ram"), ((4,), "vram"), ((), "ram")]
+
+
+def demand_copies(layers, head, passes: int) -> int:
+    """Layer copies issued only when their layer started: layer 0's in the first pass (nothing ran before
+    it); with an odd number of units (3 or more) in every pass, as unit 0 (u lands in buffer u mod 2)
+    shares its buffer with the last unit of the pass before and is issued once that has run."""
+    if 0 not in layers:
+        return 0
+    units = len(layers) + (head == "ram")
+    return passes if units >= 3 and units % 2 else 1
+
+
+@pytest.mark.parametrize("layers,head", STREAMS)
+def test_streamed_dense_weights_give_the_resident_logits_bit_for_bit(packed_bf16, layers, head):
+    """Streaming changes where dense weights are read from, never what is computed: one token a call and
+    in chunks (same tiers, so the same waves), with and without lookahead (routers kept resident)."""
+    for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((2, 6, 0, 0), "on-demand", 5), ((4, 10, 3, 2), "lru", 5)]:
+        plan = bf16_plan(*split, chunk=chunk)
+        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=4)
+        logits, tokens, counters = run(packed_bf16, streaming(plan, layers, head), mode, new=4)
+        assert torch.equal(logits, ref_logits), (layers, head, mode, chunk)
+        assert tokens == ref_tokens
+        assert counters["dense_bytes"]["layers"] > 0 if layers else counters["dense_bytes"]["layers"] == 0
+        assert counters["dense_demand"] == demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 4)
+
+
+def _checkpoint_bytes(prefix: str, elem: int) -> int:
+    from safetensors import safe_open
+    with safe_open(str(FIXTURE / "model.safetensors"), "pt") as f:
+        return sum(elem * f.get_slice(k).get_shape()[0] * (f.get_slice(k).get_shape() + [1])[1]
+                   for k in f.keys() if k.startswith(prefix) and ".experts." not in k)
+
+
+def test_dense_bytes_counted_per_token_are_the_streamed_layers(packed_bf16):
+    """Counted per decode token: the checkpoint's tensors of each streamed layer (float32 on the CPU; MLA's
+    halves of kv_b_proj are refilled on the device, not copied), the lm_head and one embedding row; every
+    layer copy was prefetched (issued before its layer started)."""
+    layers, n = (0, 2, 3), 3
+    plan = streaming(bf16_plan(4, 10, 3, 2), layers)
+    with Engine.open(packed_bf16, plan, EngineOptions(mode="lru", device="cpu")) as eng:
+        m, store = eng.model, eng.store
+        m.reset()
+        tok = m.prefill(PROMPT, chunk=plan.prefill_chunk).argmax()
+        from strata_plan.engine.counters import StoreCounters
+        store.counters = StoreCounters(store.n_layers)
+        for _ in range(n):
+            tok = m.decode_step(tok).argmax()
+        got = store.counters.to_data()
+    H, V = m.cfg.hidden, m.cfg.vocab
+    want = sum(_checkpoint_bytes(f"model.layers.{i}.", 4) for i in layers)
+    assert got["dense_bytes"] == {"layers": n * want, "lm_head": n * V * H * 4, "embeddings": n * H * 4}
+    assert got["dense_demand"] == 0
+
+
+def test_a_plan_streaming_dense_weights_without_buffers_is_one_line(packed_bf16, tmp_path, capsys):
+    from strata_plan.cli import main
+    from strata_plan.planner.plan import save_plan
+    for plan, field in [(streaming(bf16_plan(4, 10, 3, 2), (1, 2), buffers=0), "staging.dense_buffers"),
+                        (streaming(bf16_plan(4, 10, 3, 2), (9,)), "dense.streamed_layers")]:
+        path = tmp_path / "plan.yaml"
+        save_plan(plan, path)
+        args = ["run", "--packed", str(packed_bf16), "--plan", str(path), "--prompt", "hi", "--device", "cpu"]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and field in err[0] and str(path) in err[0]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_streamed_dense_weights_give_the_resident_logits(packed_bf16):
+    """The CPU comparison above on CUDA (bf16, Triton fused MoE): copies on the store's copy stream, the
+    compute stream waiting on their events, buffers reused only after their last kernel. Bit for bit
+    where two resident runs are (the kernels are deterministic), else within their run-to-run spread."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((4, 10, 3, 2), "lru", 5)]:
+        plan = bf16_plan(*split, chunk=chunk)
+        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda")
+        again, _, _ = run(packed_bf16, plan, mode, new=8, device="cuda")
+        spread = float((again - ref_logits).abs().max())
+        for layers, head in STREAMS:
+            logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda")
+            diff = float((logits - ref_logits).abs().max())
+            assert diff <= spread, (layers, head, mode, chunk, diff, spread)
+            assert tokens == ref_tokens
+            assert c["dense_bytes"]["lm_head"] > 0 if head == "ram" else c["dense_bytes"]["lm_head"] == 0
+            assert c["dense_demand"] == demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 8)
+
+
+@pytest.fixture(scope="module")
+def packed_tied(packed_bf16, tmp_path_factory):
+    """The packed fixture with its embeddings tied to the lm_head (config and dense tensors edited)."""
+    import hashlib
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    out = tmp_path_factory.mktemp("tied") / "packed"
+    shutil.copytree(packed_bf16, out)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    dense = load_file(out / "dense.safetensors")
+    del dense["lm_head.weight"]
+    save_file(dense, out / "dense.safetensors")
+    data = (out / "dense.safetensors").read_bytes()
+    index = json.loads((out / "index.json").read_text())
+    index.update(dense_nbytes=len(data), dense_sha256=hashlib.sha256(data).hexdigest())
+    (out / "index.json").write_text(json.dumps(index))
+    return out
+
+
+@pytest.mark.parametrize("layers,head", [((1, 3), "ram"), ((1, 3), "vram")])
+def test_tied_embeddings_stream_as_the_lm_head_or_stay_on_the_device(packed_tied, layers, head):
+    """A table tied to the lm_head is one tensor: streamed as the lm_head (and gathered on the host from
+    the same pinned copy) or, with the lm_head in VRAM, on the device (no host gather)."""
+    plan = bf16_plan(4, 10, 3, 2, chunk=5)
+    ref_logits, ref_tokens, _ = run(packed_tied, plan, "lru", new=3)
+    logits, tokens, c = run(packed_tied, streaming(plan, layers, head), "lru", new=3)
+    assert torch.equal(logits, ref_logits) and tokens == ref_tokens
+    assert (c["dense_bytes"]["embeddings"] > 0) == (head == "ram")
+    assert (c["dense_bytes"]["lm_head"] > 0) == (head == "ram")
