@@ -63,7 +63,7 @@ def cmd_bench(args) -> int:
     replay = _replay(args, plan)
     con = console(stderr=True)
     with con.status("measuring...") as status:
-        r = measure(args.packed, plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
+        r = measure(args.packed, args.plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
                     device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
     r["predicted"] = pred
     m = r["measured"]
