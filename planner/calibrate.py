@@ -171,6 +171,7 @@ def _plan_of(rec: dict, where: str, prefix: str, override: str | None, folders: 
 def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
     """Every run in the bench files `paths`. `plans`: run name (or its prefix before '/') -> plan file, for
     files that do not record their plans (results written before engine/bench.py recorded them)."""
+    from strata_plan.planner.repredict import MODES
     plans = plans or {}
     out: list[Run] = []
     for path in paths:
@@ -185,13 +186,12 @@ def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
         for name, r in runs_in(data, str(path)):
             prefix = f"{name}." if name else ""
             mode = _field(r, "mode", str(path), prefix, str)
-            from strata_plan.planner.repredict import MODES
             if mode not in MODES:
                 raise UserError(str(path), prefix + "mode", f"{mode!r} is not a mode", f"one of {', '.join(MODES)}")
             med = _field(r, "measured.decode_s_per_token.median", str(path), prefix)
-            host = (_field(r, "time_per_token.router_round_trip_s", str(path), prefix)
-                    + _field(r, "time_per_token.store_and_launch_host_s", str(path), prefix)
-                    - _field(r, "time_per_token.store_wait_s", str(path), prefix))
+            host = max(0.0, _field(r, "time_per_token.router_round_trip_s", str(path), prefix)
+                       + _field(r, "time_per_token.store_and_launch_host_s", str(path), prefix)
+                       - _field(r, "time_per_token.store_wait_s", str(path), prefix))
             n_moe = _field(r, "plan.n_moe_layers", str(path), prefix)
             if med <= 0 or n_moe < 1 or n_moe != int(n_moe):
                 raise UserError(str(path), prefix + ("plan.n_moe_layers" if med > 0 else
