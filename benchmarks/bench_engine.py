@@ -35,18 +35,11 @@ from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  #
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 from strata_plan.planner.plan import load_plan  # noqa: E402
+from strata_plan.planner.repredict import predict_plan  # noqa: E402
 from strata_plan.planner.spec import load_spec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 PLANS = {"ramrich": DATA / "plan-kimi5-h200-ramrich.yaml", "seed": DATA / "plan-kimi5-h200-seed.yaml"}
-
-
-def predict_mode(plan, plan_path, profile: str, mode: str):
-    """The cost model on the placement the engine ran in `mode` (engine.engine.baseline), with `profile`."""
-    from strata_plan.engine.engine import baseline
-    from strata_plan.planner.cost import CostModel
-    from strata_plan.planner.make import problem_for_plan
-    return CostModel(problem_for_plan(plan, str(plan_path), profile=profile, repredict=True)).predict(baseline(plan, mode).placement)
 
 
 def main() -> int:
@@ -85,7 +78,7 @@ def main() -> int:
             for mode in a.modes.split(","):
                 replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k,
                                            tokens=4096, seed=11)
-                r = measure(folder, plan, mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay)
+                r = measure(folder, PLANS[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay)
                 out[f"{name}/{mode}"] = r
                 m = r["measured"]
                 print(f"{name:8s} {mode:9s} decode {m['decode_tok_s']:8.2f} tok/s (predicted for the plan "
@@ -106,7 +99,7 @@ def main() -> int:
                 metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
                 metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
                 if a.profile:
-                    pr = predict_mode(plan, PLANS[name], a.profile, mode)
+                    pr = predict_plan(plan, a.profile, mode, where=str(PLANS[name]))
                     r["predicted"] = {"profile": a.profile, "decode_tok_s": pr.decode_tok_s,
                                       "decode_binding": pr.decode_binding, "bytes_per_token": pr.bytes_per_token,
                                       "decode_seconds": pr.decode_seconds}

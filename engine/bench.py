@@ -15,11 +15,17 @@ the cost model and are labelled so by the caller.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from strata_plan.planner.plan import load_plan
+from strata_plan.schema import to_data
 
 from .counters import StoreCounters
 from .engine import Engine, EngineOptions
@@ -115,5 +121,15 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],
             "replay": None if replay is None else replay.source,
             "plan": {"prefetch_depth": eng.plan.prefetch_depth, "cache_slots": eng.plan.cache.total_slots,
-                     "n_moe_layers": L, "predicted": eng.plan.predicted.decode_tok_s},
+                     "n_moe_layers": L, "predicted": eng.plan.predicted.decode_tok_s, **_plan_record(plan)},
         }
+
+
+def _plan_record(plan) -> dict:
+    """What `strata-plan calibrate` re-predicts the run from: the plan file's path and sha256 (when a path
+    was given) and the whole plan as written (before the mode's baseline)."""
+    if isinstance(plan, (str, Path)):
+        path = os.path.abspath(plan)
+        return {"path": path, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+                "data": to_data(load_plan(path))}
+    return {"path": "", "sha256": "", "data": to_data(plan)}

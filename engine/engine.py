@@ -17,7 +17,6 @@ puts them.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,7 +24,8 @@ from typing import Callable, Sequence
 import torch
 
 from strata_plan.errors import UserError
-from strata_plan.planner.plan import CachePlan, load_plan
+from strata_plan.planner.plan import load_plan
+from strata_plan.planner.repredict import MODES, baseline
 
 from .config import ModelConfig
 from .dense import DenseStream, host_units
@@ -34,8 +34,6 @@ from .graphed import GraphedDecode
 from .model import MoEModel
 from .store import ExpertStore, StoreOptions
 from .store_experts import StoreExperts
-
-MODES = ("plan", "lru", "on-demand")
 
 
 @dataclass(frozen=True)
@@ -51,18 +49,6 @@ class EngineOptions:
     def __post_init__(self):
         if self.mode not in MODES:
             raise UserError("--mode", self.mode, "unknown", f"use one of {', '.join(MODES)}")
-
-
-def baseline(plan, mode: str):
-    """The plan run as `mode`: "lru" keeps the cache and drops the lookahead; "on-demand" drops both
-    (the plan's VRAM static set only)."""
-    if mode == "plan":
-        return plan
-    if mode == "lru":
-        return dataclasses.replace(plan, prefetch_depth=0)
-    layers = tuple(dataclasses.replace(l, cache_slots=0) for l in plan.layers)
-    return dataclasses.replace(plan, layers=layers, prefetch_depth=0,
-                               cache=CachePlan(plan.cache.policy, plan.cache.slot_bytes, 0))
 
 
 class Engine:

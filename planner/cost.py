@@ -17,16 +17,19 @@ With lookahead depth d (recall R, precision P from the routing statistics; layer
 and get R = 0) a share R of the misses is issued when MoE layer j-d finishes and must be ready before
 layer j's experts run; the engine also fetches R (1-P)/P wasted bytes per miss byte. The rest (1-R) is
 fetched on demand after the router: stall = max(PCIe time, T((1-R) n_f)) + one expert's copy (pipeline fill).
+Both wait for a host round trip rt (calibration `moe_round_trip_us`): the router's ids (or the lookahead's
+hints) reach the host, the store issues the copies, the MoE call is launched.
 
     t += overhead + max((dense_i + kv_i) / (HBM x hbm_eff), FLOPs_i / (TFLOPS x compute_eff))   each layer
-    t += demand stall;  t = max(t, prefetch ready);  t += k sum_r p_r b_r / kernel_GBps(format_r)   MoE layers
-                                             (kernel_GBps: the fused MoE decode call, rates.py)
+    t += rt + demand stall;  t = max(t, done_{j-d} + rt + prefetch time);                      MoE layers
+    t += k sum_r p_r b_r / kernel_GBps(format_r);  done_j = t   (kernel_GBps: the fused MoE decode call, rates.py)
     streamed dense weights: double buffered, serial on the link, must land before their layer starts
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
 
 Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with probability
 1 - (1 - min(1, k p_r))^C and every touched non-resident expert streams once per chunk:
-    T_chunk = sum_i [overhead + max(GPU_i, PCIe_i + dense stream_i, NVMe_i)],  prefill tok/s = C / T_chunk
+    T_chunk = sum_i [overhead (+ rt at MoE layers) + max(GPU_i, PCIe_i + dense stream_i, NVMe_i)],
+    prefill tok/s = C / T_chunk
 with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff), touched experts x
 3 hidden moe_intermediate / expansion rate) (rates.py: every touched expert is expanded once a chunk).
 
@@ -96,6 +99,11 @@ class CostModel:
     @cached_property
     def overhead(self) -> float:
         return self._cal.layer_overhead_us.value * 1e-6
+
+    @cached_property
+    def round_trip(self) -> float:
+        """Seconds of one MoE layer's host round trip (router ids to the host, `ensure`, the MoE launch)."""
+        return self._cal.round_trip.value * 1e-6
 
     def h2d(self, size: float) -> float:
         """Pinned H2D bytes/s at this transfer size with nothing else running (demand fetches)."""
@@ -298,6 +306,7 @@ class CostModel:
         t_fl = lay["flops_dec"] / self.flop_rate
         t_fl_exp = 2.0 * spec.top_k * spec.expert_params / self.flop_rate
         sec = dict.fromkeys(RESOURCES, 0.0)
+        sec["round_trip"] = 0.0                            # of "overhead": the MoE layers' host round trips
         depth = placement.prefetch_depth
         units = self.problem.dense_units
         t, link_free = 0.0, 0.0
@@ -316,12 +325,15 @@ class CostModel:
             t += self.overhead + max(t_hbm[i], t_fl[i])
             j = moe_index.get(i)
             if j is not None:
+                sec["overhead"] += self.round_trip         # the router's ids reach the host: demand copies
+                sec["round_trip"] += self.round_trip       # can only be issued after it
+                t += self.round_trip
                 stall = max(dem_p[j], dem_n[j]) + fill[j]
                 sec["pcie" if dem_p[j] >= dem_n[j] else "nvme"] += max(dem_p[j], dem_n[j])
                 sec["pcie"] += fill[j]
                 t += stall
-                if depth and j >= depth:
-                    ready = moe_done[j - depth] + max(pre_p[j], pre_n[j])
+                if depth and j >= depth:                   # the hints' ids reach the host a round trip after
+                    ready = moe_done[j - depth] + self.round_trip + max(pre_p[j], pre_n[j])   # their source
                     if ready > t:
                         sec["pcie" if pre_p[j] >= pre_n[j] else "nvme"] += ready - t
                         t = ready
@@ -366,8 +378,9 @@ class CostModel:
                      "nvme": nvme[j] if j is not None else 0.0}
             worst = max(parts, key=parts.get)
             sec[worst] += parts[worst]
-            sec["overhead"] += self.overhead
-            T += parts[worst] + self.overhead
+            host = self.overhead + (self.round_trip if j is not None else 0.0)   # a MoE layer's fetches wait
+            sec["overhead"] += host                                               # for its router's ids
+            T += parts[worst] + host
         lm = max(units[-1] / self.hbm_rate, 2.0 * p.head_params / self.flop_rate,
                  0.0 if placement.dense_resident[-1] else self._stream_time(units[-1]))
         sec["pcie" if not placement.dense_resident[-1] else "hbm"] += lm

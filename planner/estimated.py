@@ -50,9 +50,9 @@ def estimated_inputs(problem) -> list[EstimatedInput]:
     ex = expansion_rate(problem)
     if ex.estimated:
         out.append(EstimatedInput("compute", "prefill expansion rate", f"{ex.value / 1e12:.2f} T weights/s", ex.source))
-    for name, link in (("layer_overhead_us", "overhead"), ("hbm_efficiency", "hbm"), ("compute_efficiency", "compute"),
-                       ("copy_overlap", "pcie"), ("dense_stream_efficiency", "pcie")):
-        fig = getattr(cal, name)
+    for name, link in (("layer_overhead_us", "overhead"), ("moe_round_trip_us", "overhead"), ("hbm_efficiency", "hbm"),
+                       ("compute_efficiency", "compute"), ("copy_overlap", "pcie"), ("dense_stream_efficiency", "pcie")):
+        fig = cal.round_trip if name == "moe_round_trip_us" else getattr(cal, name)
         if fig.provenance == "estimate":
             out.append(EstimatedInput(link, f"calibration {name}", f"{fig.value:g}", fig.source))
     return out

@@ -104,46 +104,50 @@ def make_plan(profile: str, model: str, stats: str | None = None, prior: str | N
 # ------------------------------------------------------------------------------------------------
 # The problem a saved plan was made for
 # ------------------------------------------------------------------------------------------------
+def _plan_spec(src, where: str):
+    """The model spec a plan records: its config.json where recorded (cut to `NAME@Nmoe`'s layers when the
+    name says so), else the shipped spec of that name; the first whose config sha256 is the recorded one."""
+    from strata_plan.planner.spec import TRUNCATED, load_spec
+    m = TRUNCATED.match(src.model.name)
+    tries = [(src.model.path, int(m["n"]) if m else None)] if src.model.path and Path(src.model.path).is_file() else []
+    tries.append((src.model.name, None))
+    found = []
+    for model, n in tries:
+        try:
+            found.append((model, load_spec(model, n)))
+        except UserError:
+            continue
+    if not found:
+        raise UserError(where, "sources.model", f"model {src.model.name!r} is not a shipped spec, and its config.json "
+                        f"{src.model.path or '(none recorded)'} is not there",
+                        "restore the model's config.json where the plan records it, or plan again")
+    for _, spec in found:
+        if spec.config_sha256 == src.model.sha256:
+            return spec
+    raise UserError(where, "sources.model", f"{found[0][0]} is not the model config the plan was made for",
+                    "plan again, or restore the model's config.json")
+
+
 def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | None = None,
-                     repredict: bool = False) -> Problem:
+                     machine=None) -> Problem:
     """Rebuild the planning problem of a saved plan (`where`: its file) from its recorded sources (model,
     profile, statistics) and budgets, refusing any source whose sha256 differs from the one the plan records,
     and a plan whose fields disagree with its model; every message names the plan file and the field.
     `profile`/`stats` override the recorded ones (a measured profile is recorded by name only: pass its YAML
-    path). `repredict`: an explicit profile may differ from the recorded one (the plan's placement predicted
-    on another machine's figures, e.g. a profile measured where the plan runs). Recorded paths are absolute once loaded (`load_plan` resolves them against the plan's folder)."""
+    path). `machine` (a HardwareProfile) replaces the recorded profile on purpose, unchecked: the same plan
+    predicted on another machine or with other calibration constants (`planner.repredict`). Recorded paths
+    are absolute once loaded (`load_plan` resolves them against the plan's folder)."""
     from strata_plan.planner.plan import check_plan_model
-    from strata_plan.planner.spec import load_spec
     src = plan.sources
-    truncated = "@" in src.model.name              # NAME@Nmoe: a shipped spec cut to N MoE layers, by name
-    model = src.model.path if src.model.path and Path(src.model.path).is_file() and not truncated else src.model.name
-    try:
-        spec = load_spec(model)
-    except UserError:
-        raise UserError(where, "sources.model", f"model {src.model.name!r} is not a shipped spec, and its config.json "
-                        f"{src.model.path or '(none recorded)'} is not there",
-                        "restore the model's config.json where the plan records it, or plan again") from None
-    if spec.config_sha256 != src.model.sha256:
-        raise UserError(where, "sources.model", f"{model} is not the model config the plan was made for",
-                        "plan again, or restore the model's config.json")
+    spec = _plan_spec(src, where)
     if plan.model != spec.name:
         raise UserError(where, "model", f"{plan.model!r}, but the plan was made for {spec.name} (sources.model)",
                         f"write `model: {spec.name}` back, or plan again")
     check_plan_model(plan, spec, where)
-    preset = src.gpu_preset or None
-    prof_name = src.profile.name
-    if preset and prof_name.endswith(f"+{preset}"):
-        prof_name = prof_name[: -len(preset) - 1]
-    try:
-        prof = load_machine(profile or prof_name, preset)
-    except UserError as e:
-        if profile is None and e.field == prof_name:
-            raise UserError(where, "sources.profile", f"profile {prof_name!r} is not a shipped profile",
-                            "pass --profile PATH, the profile YAML the plan was made with") from None
-        raise
-    if not (repredict and profile) and sha256_of(to_data(prof)) != src.profile.sha256:
-        raise UserError(where, "sources.profile", f"profile {profile or prof_name} differs from the one the plan "
-                        "was made for", "pass --profile PATH, the profile YAML the plan was made with")
+    if machine is not None:
+        prof = machine
+    else:
+        prof = _recorded_profile(src, where, profile)
     st = src.statistics
     if stats:
         routing_stats = load_routing(spec, stats=stats)
@@ -163,6 +167,25 @@ def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | 
                        plan.context, plan.prefill_chunk)
     except UserError as e:
         raise UserError(where, "memory.budgets", f"{e.where} {e.field}: {e.problem}", "plan again") from None
+
+
+def _recorded_profile(src, where: str, profile: str | None):
+    """The profile a plan was made with (or `profile`, which must be the same), checked by sha256."""
+    preset = src.gpu_preset or None
+    prof_name = src.profile.name
+    if preset and prof_name.endswith(f"+{preset}"):
+        prof_name = prof_name[: -len(preset) - 1]
+    try:
+        prof = load_machine(profile or prof_name, preset)
+    except UserError as e:
+        if profile is None and e.field == prof_name:
+            raise UserError(where, "sources.profile", f"profile {prof_name!r} is not a shipped profile",
+                            "pass --profile PATH, the profile YAML the plan was made with") from None
+        raise
+    if sha256_of(to_data(prof)) != src.profile.sha256:
+        raise UserError(where, "sources.profile", f"profile {profile or prof_name} differs from the one the plan "
+                        "was made for", "pass --profile PATH, the profile YAML the plan was made with")
+    return prof
 
 
 def load_plan_problem(path: str, profile: str | None = None, stats: str | None = None):

@@ -259,9 +259,22 @@ class Calibration:
 
     hbm_efficiency: Figure        # fraction of hbm_gbps that fused expert kernels reach
     compute_efficiency: Figure    # fraction of bf16_tflops that prefill GEMMs reach
-    layer_overhead_us: Figure     # fixed cost per layer per token (launches, router, sync)
+    layer_overhead_us: Figure     # fixed cost per decoder layer per token (launches, sync)
     copy_overlap: Figure          # fraction of H2D bandwidth kept while kernels run
     dense_stream_efficiency: Figure   # fraction of pinned H2D reached when streaming dense weights
+    moe_round_trip_us: Figure | None = None   # host round trip of one MoE layer per token; None: the default
+
+    @property
+    def round_trip(self) -> Figure:
+        """`moe_round_trip_us`, or the default estimate (`DEFAULT_MOE_ROUND_TRIP`) where the profile has none
+        (absent, the field changes neither the profile's YAML nor its sha256 that plans record)."""
+        return self.moe_round_trip_us if self.moe_round_trip_us is not None else DEFAULT_MOE_ROUND_TRIP
+
+
+DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
+                                "(engine/ENGINE.md); refine with `strata-plan calibrate`")
+"""The host round trip of one MoE layer per decode token: the router's ids to the host, the store's `ensure`
+and the launch of the MoE call, serial with the layer's demand copies (planner/PLANNER.md)."""
 
 
 def default_calibration() -> Calibration:

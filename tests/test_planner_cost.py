@@ -70,9 +70,10 @@ def test_fully_resident_decode_is_the_hand_calculation(tiny):
     spec, cal, gpu = p.spec, p.profile.calibration, p.profile.gpu
     hbm = gpu.hbm_gbps.value * 1e9 * cal.hbm_efficiency.value
     routed = sum(k * float(np.dot(p.curves.pop[l], p.rank_bytes)) for l in range(L))
-    want = spec.n_layers * cal.layer_overhead_us.value * 1e-6 + (sum(p.dense_units) + spec.kv_cache_bytes(p.context) + routed) / hbm
-    assert 1.0 / pred.decode_tok_s == pytest.approx(want, rel=1e-9)
-    assert pred.decode_binding == "hbm" and pred.hit_rate == pytest.approx(1.0)
+    host = spec.n_layers * cal.layer_overhead_us.value * 1e-6 + spec.n_moe_layers * cal.round_trip.value * 1e-6
+    device = (sum(p.dense_units) + spec.kv_cache_bytes(p.context) + routed) / hbm
+    assert 1.0 / pred.decode_tok_s == pytest.approx(host + device, rel=1e-9)
+    assert pred.decode_binding == ("hbm" if device > host else "overhead") and pred.hit_rate == pytest.approx(1.0)
     assert pred.bytes_per_token["nvme"] == 0 and pred.bytes_per_token["ram"] == pytest.approx(2 * spec.hidden)
 
 

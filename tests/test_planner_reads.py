@@ -120,7 +120,7 @@ def test_prefill_expansion_term_by_hand():
         fl = C * (lay["flops_pre"][i] + (2 * k * q.spec.expert_params if j is not None else 0.0))
         gpu_t = max(fl / cm.flop_rate, w / cm.hbm_rate, expand[j] if j is not None else 0.0)
         assert j is None or gpu_t == expand[j]                            # the expansion binds
-        T += gpu_t + cal.layer_overhead_us.value * 1e-6
+        T += gpu_t + cal.layer_overhead_us.value * 1e-6 + (cal.round_trip.value * 1e-6 if j is not None else 0.0)
     u = q.dense_units[-1]
     T += max(u / cm.hbm_rate, 2 * q.head_params / cm.flop_rate)
     pred = cm.predict(place)

@@ -36,20 +36,20 @@ def _replay(args, plan):
                              tokens=max(4096, 4 * (args.tokens + args.warmup)), seed=args.replay_seed)
 
 
-def predicted(plan, plan_path: str, profile: str | None) -> dict:
-    """The cost model's figures for this plan: its own (as planned), or re-run with `profile`."""
+def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan") -> dict:
+    """The cost model's figures for this plan run as `mode`: the plan's own (as planned, mode "plan"), or
+    re-run on the placement the engine runs with `profile` (default: the one the plan was made with)."""
     p = plan.predicted
-    if not profile:
+    if not profile and mode == "plan":
         return {"source": f"the plan ({plan.sources.profile.name})", "decode_tok_s": p.decode_tok_s,
                 "prefill_tok_s": p.prefill_tok_s, "bytes_per_token": dict(p.bytes_per_token or {}),
                 "vram_hit_rate": p.vram_hit_rate, "decode_binding": p.decode_binding}
-    from strata_plan.planner.cost import CostModel
-    from strata_plan.planner.make import problem_for_plan
-    prob = problem_for_plan(plan, plan_path, profile=profile, repredict=True)
-    pr = CostModel(prob).predict(plan.placement)
-    return {"source": f"cost model with {profile}", "decode_tok_s": pr.decode_tok_s, "prefill_tok_s": pr.prefill_tok_s,
-            "bytes_per_token": dict(pr.bytes_per_token), "vram_hit_rate": min(pr.hit_rate, 1.0),
-            "decode_binding": pr.decode_binding}
+    from strata_plan.planner.repredict import predict_plan
+    profile = profile or plan.sources.profile.name
+    pr = predict_plan(plan, profile, mode, where=plan_path)
+    return {"source": f"cost model with {profile}, {mode}", "decode_tok_s": pr.decode_tok_s,
+            "prefill_tok_s": pr.prefill_tok_s, "bytes_per_token": dict(pr.bytes_per_token),
+            "vram_hit_rate": min(pr.hit_rate, 1.0), "decode_binding": pr.decode_binding}
 
 
 def cmd_bench(args) -> int:
@@ -59,11 +59,11 @@ def cmd_bench(args) -> int:
         raise UserError("--tokens/--warmup", f"{args.tokens}/{args.warmup}", "need at least 1 timed token and "
                         "0 or more warm-up tokens", "pass e.g. --tokens 64 --warmup 32")
     plan = load_plan(args.plan)
-    pred = predicted(plan, args.plan, args.profile)
+    pred = predicted(plan, args.plan, args.profile, args.mode)
     replay = _replay(args, plan)
     con = console(stderr=True)
     with con.status("measuring...") as status:
-        r = measure(args.packed, plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
+        r = measure(args.packed, args.plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
                     device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
     r["predicted"] = pred
     m = r["measured"]

@@ -1,0 +1,72 @@
+"""`strata-plan calibrate BENCH.json... --profile P --out P2.yaml`: fit the profile's calibration constants
+to measured engine runs (`planner.calibrate`): the host round trip per MoE layer measured directly, the
+per-layer overhead (and HBM efficiency where the runs separate it) by least squares on decode seconds per
+token, measured against the cost model re-run on each executed plan. Writes the profile with the fitted
+constants marked `measured` and prints each run's residual."""
+from __future__ import annotations
+
+from strata_plan.cli._common import add_json, add_out, console, print_json, table
+from strata_plan.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit a profile's calibration constants to measured `bench` runs",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("bench", nargs="+", metavar="BENCH.json",
+                   help="`strata-plan bench --json` output, or a results file (bench-*.json, engine-*.json)")
+    p.add_argument("--profile", required=True, help="the profile to start from: a shipped name or a YAML "
+                   "(the machine the runs were measured on)")
+    p.add_argument("--plan", action="append", default=[], metavar="NAME=PATH",
+                   help="the plan file of the runs named NAME (a run's name in a results file, or the part before "
+                        "its '/'), for files that do not record their plans; repeatable")
+    add_out(p, "profile YAML to write with the fitted constants", required=True, metavar="P2.yaml")
+    add_json(p)
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _plans(items: list[str]) -> dict[str, str]:
+    out = {}
+    for it in items:
+        name, sep, path = it.rpartition("=")
+        if not sep and len(items) == 1:
+            name, path = "", it
+        elif not sep or not path:
+            raise UserError("--plan", it, "is not NAME=PATH", "pass e.g. --plan ramrich=plan-ramrich.yaml")
+        out[name] = path
+    return out
+
+
+def cmd_calibrate(args) -> int:
+    from strata_plan.outpaths import check_out_file
+    from strata_plan.planner.calibrate import calibrate, read_runs, sources_text
+    from strata_plan.profiles.schema import load_profile, save_profile
+    out = check_out_file(args.out, "--out", args.force)
+    profile = load_profile(args.profile)
+    runs = read_runs(args.bench, _plans(args.plan))
+    fit = calibrate(runs, profile, sources_text(args.bench))
+    path = save_profile(fit.profile, out)
+    load_profile(str(path))                     # what we wrote must load with the planner's loader
+    if args.json:
+        print_json({"out": str(path), "rms_residual": fit.rms_residual,
+                    "constants": [{"name": c.name, "before": c.before, "after": c.after, "fitted": bool(c.fitted),
+                                   "how": c.how} for c in fit.constants],
+                    "runs": [{"run": r.run.name, "mode": r.run.mode, "plan": r.run.plan_where,
+                              "measured_s_per_token": r.run.measured_s, "predicted_before_s": r.before_s,
+                              "predicted_after_s": r.after_s, "residual": r.residual,
+                              "host_us_per_moe_layer": r.run.round_trip_us} for r in fit.runs]})
+        return 0
+    con = console()
+    c = table("constant", "before", "after", "how", title=f"calibration of {profile.name} from {len(runs)} runs")
+    for k in fit.constants:
+        c.add_row(k.name, f"{k.before:.4g}", f"{k.after:.4g}" if k.fitted else "(unchanged)", k.how)
+    t = table("run", "mode", "measured", "predicted before", "predicted after", "residual", "host us/MoE layer",
+              title="decode ms per token: measured against the cost model re-run on each executed plan (predicted); "
+              "host time per MoE layer measured")
+    one_file = len({r.run.file for r in fit.runs}) == 1
+    for r in fit.runs:
+        t.add_row(r.run.name.split(":", 1)[-1] if one_file else r.run.name, r.run.mode, f"{r.run.measured_s * 1e3:.3f}", f"{r.before_s * 1e3:.3f}",
+                  f"{r.after_s * 1e3:.3f}", f"{r.residual:+.1%}", f"{r.run.round_trip_us:.0f}")
+    con.print(c)
+    con.print(t)
+    con.print(f"rms residual {fit.rms_residual:.1%}; wrote {path} (fitted constants marked measured)")
+    return 0
