@@ -4,14 +4,16 @@
     fit = calibrate(runs, load_profile("h200"), sources="bench.json")      # -> Fit; fit.profile to save
 
 A run is what `engine.bench.measure` returns: the mode, the measured seconds per decode token (median), the
-host time per token (`time_per_token.router_round_trip_s` + `store_and_launch_host_s` - `store_wait_s`: the
-store's waits for fetches are the demand stall, which the cost model charges to the links), the number of MoE
+round trips' time per token (graphed runs: the compute stream's waits between router and MoE call less
+the copy stream's busy time, in runs without lookahead or NVMe; older runs: host time in the round trips
+and the store less the store's waits for fetches, which the cost model charges to the links), the number of MoE
 layers and the plan (its file's path and sha256, and the plan itself). Three file shapes hold runs: the
 bare dict (`strata-plan bench --json`), a results file with one under `run` (`bench --results`) and one with
 a mapping of them under `runs` (or `results`) (`benchmarks/bench_engine.py`).
 
 What the runs identify, and how each constant is fitted:
-- `moe_round_trip_us`: measured directly, the mean over runs of host time per token / MoE layers.
+- `moe_round_trip_us`: measured directly, the mean over the runs that identify it of the round trips'
+  time per token / MoE layers.
 - `layer_overhead_us` (and `hbm_efficiency` where the runs separate it): least squares on decode seconds
   per token, predicted (`repredict.predict_plan`, the plan as the run executed it) against measured, each
   run's residual relative to its measurement so that every run counts alike; Gauss-Newton on the
@@ -49,12 +51,12 @@ class Run:
     plan: object            # planner.plan.Plan, as written (before the mode's baseline)
     plan_where: str         # where the plan came from, for messages
     measured_s: float       # median seconds per decode token
-    host_s: float           # host time per token: router round trips + store and launch - store waits
+    host_s: float | None    # the round trips' seconds per token (`_round_trip_s`); None: not identified
     n_moe: int
 
     @property
-    def round_trip_us(self) -> float:
-        return self.host_s / self.n_moe * 1e6
+    def round_trip_us(self) -> float | None:
+        return None if self.host_s is None else self.host_s / self.n_moe * 1e6
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,22 @@ def _plan_of(rec: dict, where: str, prefix: str, override: str | None, folders: 
                     "pass --plan NAME=PATH (NAME: the run's name in the file, or the part before its '/')")
 
 
+def _round_trip_s(r: dict, where: str, prefix: str) -> float | None:
+    """The round trips' share of a token on the critical path, in seconds per token. Graphed runs (CUDA
+    events on the compute stream): the compute stream's waits from each router's end to its MoE call, less
+    the copy stream's busy time (every copy of a run without lookahead is a demand copy inside those
+    waits); None where NVMe reads (not timed on the compute stream) or prefetch copies also fall in them.
+    Older runs: host time in the round trips and the store, less the store's waits for fetches."""
+    tp = r.get("time_per_token") or {}
+    if tp.get("device_wait_s") is not None:
+        if r.get("mode") == "plan" or (r.get("bytes_per_token") or {}).get("nvme", 0.0) > 0:
+            return None
+        return max(0.0, tp["device_wait_s"] - _field(r, "links.copy_busy_s_per_token", where, prefix))
+    return max(0.0, _field(r, "time_per_token.router_round_trip_s", where, prefix)
+               + _field(r, "time_per_token.store_and_launch_host_s", where, prefix)
+               - _field(r, "time_per_token.store_wait_s", where, prefix))
+
+
 def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
     """Every run in the bench files `paths`. `plans`: run name (or its prefix before '/') -> plan file, for
     files that do not record their plans (results written before engine/bench.py recorded them)."""
@@ -189,9 +207,7 @@ def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
             if mode not in MODES:
                 raise UserError(str(path), prefix + "mode", f"{mode!r} is not a mode", f"one of {', '.join(MODES)}")
             med = _field(r, "measured.decode_s_per_token.median", str(path), prefix)
-            host = max(0.0, _field(r, "time_per_token.router_round_trip_s", str(path), prefix)
-                       + _field(r, "time_per_token.store_and_launch_host_s", str(path), prefix)
-                       - _field(r, "time_per_token.store_wait_s", str(path), prefix))
+            host = _round_trip_s(r, str(path), prefix)
             n_moe = _field(r, "plan.n_moe_layers", str(path), prefix)
             if med <= 0 or n_moe < 1 or n_moe != int(n_moe):
                 raise UserError(str(path), prefix + ("plan.n_moe_layers" if med > 0 else
@@ -203,7 +219,7 @@ def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
                 raise UserError(str(path), prefix + "plan.n_moe_layers", f"{int(n_moe)}, but the plan "
                                 f"{plan_where} has {len(plan.layers)} MoE layers", "pass the plan the run executed")
             out.append(Run(f"{p.name}:{name}" if name else p.name, str(path), mode, plan, plan_where, float(med),
-                           float(host), int(n_moe)))
+                           None if host is None else float(host), int(n_moe)))
     if not out:
         raise UserError("BENCH.json", "", "no runs given", "pass at least one bench file")
     return out
@@ -249,9 +265,13 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     meas = np.array([r.measured_s for r in runs])
     pred = _Predictor(runs, profile)
     before = pred.seconds(profile)
-    rt = float(np.mean([r.round_trip_us for r in runs]))
-    spread = f"{min(r.round_trip_us for r in runs):.0f}-{max(r.round_trip_us for r in runs):.0f} us over {len(runs)} runs"
-    prof = _with_calibration(profile, moe_round_trip_us=_figure(rt, sources, f"host time per MoE layer, {spread}"))
+    rts = [r.round_trip_us for r in runs if r.round_trip_us is not None]
+    if not rts:
+        raise UserError(runs[0].file, "time_per_token", "no run identifies the round trip (every run has lookahead "
+                        "or an NVMe tier)", "add a run in mode lru or on-demand of a plan without NVMe")
+    rt = float(np.mean(rts))
+    spread = f"{min(rts):.0f}-{max(rts):.0f} us over {len(rts)} runs"
+    prof = _with_calibration(profile, moe_round_trip_us=_figure(rt, sources, f"round trip per MoE layer, {spread}"))
 
     def at(o: float, e: float):
         return _with_calibration(prof, layer_overhead_us=dataclasses.replace(cal.layer_overhead_us, value=o),
@@ -300,7 +320,7 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     after = pred.seconds(prof)
     left = "left alone: "
     constants = (
-        Constant("moe_round_trip_us", cal.round_trip.value, rt, f"measured directly: host time per MoE layer, {spread}", True),
+        Constant("moe_round_trip_us", cal.round_trip.value, rt, f"measured directly: round trip per MoE layer, {spread}", True),
         Constant("layer_overhead_us", cal.layer_overhead_us.value, o if fit_o else cal.layer_overhead_us.value, why_o, fit_o),
         Constant("hbm_efficiency", cal.hbm_efficiency.value, e if fit_e else cal.hbm_efficiency.value, why_e, fit_e),
         Constant("compute_efficiency", cal.compute_efficiency.value, cal.compute_efficiency.value, left +

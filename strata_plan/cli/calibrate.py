@@ -65,7 +65,7 @@ def cmd_calibrate(args) -> int:
     one_file = len({r.run.file for r in fit.runs}) == 1
     for r in fit.runs:
         t.add_row(r.run.name.split(":", 1)[-1] if one_file else r.run.name, r.run.mode, f"{r.run.measured_s * 1e3:.3f}", f"{r.before_s * 1e3:.3f}",
-                  f"{r.after_s * 1e3:.3f}", f"{r.residual:+.1%}", f"{r.run.round_trip_us:.0f}")
+                  f"{r.after_s * 1e3:.3f}", f"{r.residual:+.1%}", "-" if r.run.round_trip_us is None else f"{r.run.round_trip_us:.0f}")
     con.print(c)
     con.print(t)
     con.print(f"rms residual {fit.rms_residual:.1%}; wrote {path} (fitted constants marked measured)")
