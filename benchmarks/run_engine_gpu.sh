@@ -10,8 +10,9 @@ OUT=${OUT:-/tmp/engine_gpu}; t0=$(date +%s); mkdir -p "$OUT"
 source benchmarks/device_setup.sh
 left() { echo $(( $1 - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 150 python3 -m pytest -q tests/test_engine_store.py tests/test_engine_runtime.py tests/test_engine_run.py \
-  -p no:cacheprovider -rs -o addopts="" 2>&1 | tail -6
+timeout 200 python3 -m pytest -q tests/test_engine_store.py tests/test_engine_runtime.py tests/test_engine_run.py \
+  tests/test_engine_models.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 | tee "$OUT/gpu_tests.log" \
+  | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -30
 timeout 120 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -3
 timeout "$(left 560)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
   --warmup 16 --profile "$OUT/h200-run.yaml" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_engine.log" | grep -v '^ "'
