@@ -361,6 +361,9 @@ def transformers_stage(run: Run, a, ckpt: Path, n_moe: int, prompt: list[int]) -
     del model
     _empty()
     shares = {"ramrich": (VRAM_SHARE, None), "seed": (VRAM_SHARE, SEED_RAM_SHARE)}
+    from strata_plan.planner.bound import link_peaks
+    from strata_plan.profiles.schema import load_profile
+    peak_pcie = link_peaks(load_profile(a.profile))["pcie"]     # the bound: copied bytes over the best H2D rate
     for name in a.budgets.split(","):
         tiers = hf.expert_tiers(n_moe, *shares[name])
         folder = Path(a.work) / f"offload-{name}"
@@ -378,14 +381,21 @@ def transformers_stage(run: Run, a, ckpt: Path, n_moe: int, prompt: list[int]) -
         if files:
             from strata_plan.engine.directio import page_cache_residency
             rec["offload_page_cache_after"] = max(page_cache_residency(p) for p in files)
+        moved = hf.offloaded_bytes(model, tiers)
+        rec["bytes_per_token_copied"] = moved
+        rec["bound_tok_s"] = peak_pcie / moved if moved else None
         run.extra["transformers"][f"accelerate_{name}"] = rec
         run.metrics[f"{name}.accelerate.decode_tok_s_measured"] = g.decode_tok_s
+        run.metrics[f"{name}.accelerate.gb_per_token_copied"] = moved / 1e9
+        if moved:
+            run.metrics[f"{name}.accelerate.bound_tok_s"] = peak_pcie / moved
         run.metrics[f"{name}.accelerate.vram_peak_gb_measured"] = rec["vram_peak_gb_measured"]
         key = f"{name}.plan.decode_tok_s_measured"
         if key in run.metrics:
             run.metrics[f"{name}.plan_over_accelerate_measured"] = run.metrics[key] / g.decode_tok_s
         log(f"transformers + accelerate ({name}: experts {_tier_counts(tiers)}): MEASURED {g.decode_tok_s:.2f} tok/s, "
-            f"tokens equal to the resident run: {g.tokens == ref}")
+            f"{moved / 1e6:.1f} MB copied a token (bound {rec['bound_tok_s'] or 0:.1f} tok/s at the profile's best "
+            f"H2D), tokens equal to the resident run: {g.tokens == ref}")
         del model
         _empty()
     return ref
@@ -463,7 +473,11 @@ def table(run: Run) -> str:
                          f"{m[f'{k}.pcie_gb_per_token_measured'] * 1e3:11.3f} {m[f'{k}.nvme_gb_per_token_measured'] * 1e3:11.3f} "
                          f"{m[f'{k}.wasted_gb_per_token_measured'] * 1e3:13.3f} {m[f'{k}.share_of_bound_measured']:10.1%}")
         if f"{name}.accelerate.decode_tok_s_measured" in m:
-            lines.append(f"{name + '.accelerate':24s} {m[f'{name}.accelerate.decode_tok_s_measured']:15.2f}")
+            acc = m[f"{name}.accelerate.decode_tok_s_measured"]
+            bound = m.get(f"{name}.accelerate.bound_tok_s")
+            lines.append(f"{name + '.accelerate':24s} {acc:15.2f} {'':>10s} {'':>9s} {'':>11s} "
+                         f"{m[f'{name}.accelerate.gb_per_token_copied'] * 1e3:11.3f} {'':>11s} {'':>13s} "
+                         + (f"{acc / bound:10.1%}" if bound else ""))
         rows = run.extra["depth_sweep"].get(name)
         if rows:
             lines.append(f"  {name} hit rate by lookahead depth (MEASURED, seeds' definition): " + ", ".join(

@@ -62,6 +62,14 @@ def load(ckpt, dtype, device: str, tiers: dict[int, str] | None = None, offload_
                                                 **kw).eval()
 
 
+def offloaded_bytes(model, tiers: dict[int, str]) -> int:
+    """Bytes accelerate copies to the GPU per forward: the weights of every offloaded `mlp.experts` module
+    (counted from the modules' parameters, which may sit on the meta device)."""
+    first = getattr(model.config, "first_k_dense_replace", 0)
+    return sum(p.numel() * p.element_size() for i, t in tiers.items() if t != "gpu"
+               for p in model.model.layers[first + i].mlp.experts.parameters())
+
+
 @dataclass(frozen=True)
 class Greedy:
     tokens: list[int]
