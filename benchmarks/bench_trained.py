@@ -100,24 +100,25 @@ class Run:
     def left(self) -> float:
         return self.args.deadline_s - self.elapsed()
 
-    @contextlib.contextmanager
-    def stage(self, name: str, need_s: float = 0.0):
-        """Time a stage; record (not raise) its failure. Skipped when less than `need_s` of the deadline is left."""
+    def do(self, name: str, fn, need_s: float = 0.0):
+        """Run stage `name` (`fn()`), timed; its failure is recorded, not raised, and gives None. Skipped when
+        less than `need_s` seconds of --deadline-s are left."""
         if need_s and self.left() < need_s:
             log(f"stage {name}: skipped ({self.left():.0f} s left of --deadline-s, it needs about {need_s:.0f})")
             self.extra["stages"][name] = {"skipped": f"{self.left():.0f} s left"}
-            yield False
-            return
+            return None
         log(f"stage {name}")
         t = time.perf_counter()
         try:
-            yield True
+            out = fn()
             self.extra["stages"][name] = {"seconds": round(time.perf_counter() - t, 1)}
+            return out
         except Exception as e:      # noqa: BLE001 - a benchmark records what broke and carries on
             traceback.print_exc()
             self.extra["errors"][name] = f"{type(e).__name__}: {e}"
             self.extra["stages"][name] = {"seconds": round(time.perf_counter() - t, 1), "failed": True}
             log(f"stage {name} FAILED: {type(e).__name__}: {e}")
+            return None
 
     def ok(self, name: str) -> bool:
         s = self.extra["stages"].get(name, {})
@@ -346,7 +347,7 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
 
 
 # ---- 4. transformers (+ accelerate) ----------------------------------------------------------------------
-def transformers_stage(run: Run, a, ckpt: Path, n_moe: int, prompt: list[int]) -> list[int]:
+def transformers_stage(run: Run, a, ckpt: Path, n_moe: int, prompt: list[int]) -> None:
     """transformers all on the device (the reference tokens), then accelerate offload under each budget."""
     dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -398,7 +399,6 @@ def transformers_stage(run: Run, a, ckpt: Path, n_moe: int, prompt: list[int]) -
             f"H2D), tokens equal to the resident run: {g.tokens == ref}")
         del model
         _empty()
-    return ref
 
 
 def _tier_counts(tiers: dict[int, str]) -> dict[str, int]:
@@ -441,7 +441,7 @@ def compare(name: str, run: Run, want: list[int], gaps: list[float], got: list[i
         f" (first divergence at token {div}, reference's top-2 logit gap there {rec['reference_top2_gap_there']:.4f})"))
 
 
-def equivalence(run: Run, a, ckpt: Path, packed_bf16: Path, plan_bf16: Path, prompt: list[int], ref: list[int] | None) -> None:
+def equivalence(run: Run, a, ckpt: Path, packed_bf16: Path, plan_bf16: Path, prompt: list[int]) -> None:
     n = a.equiv_tokens
     model = hf.load(ckpt, torch.float32, "cpu", experts_implementation="eager")
     want = hf.greedy(model, prompt, n)
@@ -543,38 +543,31 @@ def main(argv=None) -> int:
     if a.out_dir:
         Path(a.out_dir).mkdir(parents=True, exist_ok=True)
     run = Run(a)
-    ckpt = trace = None
     plans: dict[str, Path] = {}
-    packed: dict[str, Path] = {}
-    ref = None
     try:
-        with run.stage("train"):
-            ckpt, trace = train(run, a)
-        if not run.ok("train"):
+        got = run.do("train", lambda: train(run, a))
+        if got is None:
             return 1
+        ckpt, trace = got
         from strata_plan.engine.generate import load_tokenizer
         from strata_plan.planner.spec import load_spec
         prompt = [0] + load_tokenizer(ckpt).encode(PROMPT).ids       # <|endoftext|> first, as every training file
         run.extra["prompt"] = {"text": PROMPT, "ids": prompt}
         n_moe = load_spec(str(ckpt)).n_moe_layers
-        trace_statistics(run, a, ckpt, trace)
+        run.do("statistics", lambda: trace_statistics(run, a, ckpt, trace))
         for name in a.budgets.split(","):
-            with run.stage(f"plan.{name}"):
-                plans[name] = plan_budget(run, a, name, ckpt, trace)
-        with run.stage("pack"):
-            packed = pack(run, a, ckpt, plans)
-        if run.ok("pack"):
-            with run.stage("engine"):
-                engine_stage(run, a, plans, packed, prompt)
-        with run.stage("transformers", need_s=60):
-            ref = transformers_stage(run, a, ckpt, n_moe, prompt)
-        if run.ok("pack") and "ramrich" in plans:
-            with run.stage("equivalence", need_s=45):
-                equivalence(run, a, ckpt, packed["bf16"], bf16_plan(plans["ramrich"], Path(a.work) / "plan-bf16.yaml"),
-                            prompt, ref)
+            path = run.do(f"plan.{name}", lambda name=name: plan_budget(run, a, name, ckpt, trace))
+            if path is not None:
+                plans[name] = path
+        packed = run.do("pack", lambda: pack(run, a, ckpt, plans)) if plans else None
+        if packed:
+            run.do("engine", lambda: engine_stage(run, a, plans, packed, prompt))
+        run.do("transformers", lambda: transformers_stage(run, a, ckpt, n_moe, prompt), need_s=60)
+        if packed and "ramrich" in plans:
+            run.do("equivalence", lambda: equivalence(run, a, ckpt, packed["bf16"], bf16_plan(
+                plans["ramrich"], Path(a.work) / "plan-bf16.yaml"), prompt), need_s=45)
         if run.ok("engine") and a.depths:
-            with run.stage("depth_sweep", need_s=40):
-                depth_sweep(run, a, plans, packed, prompt)
+            run.do("depth_sweep", lambda: depth_sweep(run, a, plans, packed, prompt), need_s=40)
     finally:
         run.metrics["total_seconds"] = round(run.elapsed(), 1)
         notes = ("bench-moe (or the fixture shape with --smoke) retrained in this run and planned from its own held-out "
