@@ -549,6 +549,7 @@ def main(argv=None) -> int:
         if got is None:
             return 1
         ckpt, trace = got
+        _empty()                                                     # the training run's cached GPU memory
         from strata_plan.engine.generate import load_tokenizer
         from strata_plan.planner.spec import load_spec
         prompt = [0] + load_tokenizer(ckpt).encode(PROMPT).ids       # <|endoftext|> first, as every training file
