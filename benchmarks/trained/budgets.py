@@ -1,7 +1,7 @@
 """The two budgets issue 29 plans a model under, scaled to the model: `strata-plan plan` flags from bytes.
 
     b = budgets("OUT/bench-moe", "OUT/bench-moe/bench-moe.trace.npz", "h200", context=1024, chunk=256)
-    b["ramrich"].flags()      # ["--vram-gb", "1.0734...", "--ram-gb", ..., "--nvme-gb", "0"]
+    b["ramrich"].flags()      # ["--vram-gb", "1.062658298", "--ram-gb", ..., "--nvme-gb", "0"]
 
 Both give 8% of the model's routed bytes in VRAM to experts, on top of the VRAM every placement needs (the
 runtime reserve, KV cache at the context, prefill workspace, the top-k landing slots of one layer and every
