@@ -1,0 +1,587 @@
+"""The engine on a trained MoE with its own router (real lookahead, no replay), in one run: retrain the
+benchmark model of benchmarks/moe, plan it from this run's own routing trace under two budgets, pack it,
+measure every plan in the engine's three modes, and set it beside transformers + accelerate offload of the
+same checkpoint; check that the engine reproduces transformers' greedy tokens.
+
+    python3 benchmarks/bench_trained.py --work /root/trained --out-dir $OUT --train-seconds 200   # an H200
+    python3 benchmarks/bench_trained.py --smoke --work /tmp/trained-smoke                          # CPU, ~1.5 min
+
+Stages (each one's failure is recorded and the later ones still run where they can):
+1. train: `benchmarks/train_moe.py --size bench` (moe/: corpus, model, training, held-out trace with
+   router lookahead), `--train-seconds` of training; or `--checkpoint DIR --trace NPZ` to skip it.
+2. plan: budgets from `trained/budgets.py` (RAM-rich: no NVMe tier, 8% of routed bytes for experts in VRAM;
+   seed proportions: 8% VRAM, 24% pinned RAM, the rest NVMe), each planned by `strata-plan plan --model
+   <checkpoint> --stats <trace> --profile P --vram-gb/--ram-gb/--nvme-gb`; `strata-plan pack` in the plans'
+   formats and as `bf16`.
+3. engine: `engine.bench.measure` for each plan in modes plan / lru / on-demand (routing from the model's own
+   router), decode tok/s = 1 / median seconds per token after `--warmup` tokens; beside it the cost model's
+   prediction for the executed placement (trained/predict.py), bytes per tier per token, the seeds' hit
+   rate, lookahead precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved;
+   for the NVMe plan a plain O_DIRECT read of the same files.
+4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
+   (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
+   greedy decode of the same prompt, tok/s timed the same way.
+5. equivalence: the model packed as bf16, run by the engine greedily (`engine.generate`, what `strata-plan
+   run` calls), against transformers' greedy tokens from the BF16 checkpoint: float32 on the CPU (the exact
+   check) and bf16 on the GPU (first divergence and how close the tie was).
+6. hit rate by lookahead depth: each plan run in mode plan at every depth of `--depths`.
+Writes engine-trained-<time>.json (benchmarks/_result.py) and prints a table. Every figure is labelled
+measured, predicted or bound.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import shutil
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _result import write_result  # noqa: E402
+
+from trained import hf  # noqa: E402
+from trained.budgets import SEED_RAM_SHARE, VRAM_SHARE, achieved, budgets  # noqa: E402
+from trained.predict import Predictor  # noqa: E402
+
+MODES = ("plan", "lru", "on-demand")
+PROMPT = '''import os
+import sys
+from pathlib import Path
+
+
+def read_config(path):
+    """Read a configuration file and return its settings as a dictionary."""
+    settings = {}
+    with open(path) as f:
+        for line in f:
+'''
+SMOKE = {"train_seconds": None, "train_steps": 2, "trials": 24, "context": 256, "chunk": 32, "tokens": 4, "warmup": 4,
+         "equiv_tokens": 6, "depths": "1,2"}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def cli(argv: list[str]) -> str:
+    """Run a `strata-plan` command in-process; its stdout, or RuntimeError with its one-line error."""
+    from strata_plan.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    if rc != 0:
+        raise RuntimeError(f"strata-plan {' '.join(argv)}: exit {rc}: {err.getvalue().strip()}")
+    return out.getvalue()
+
+
+class Run:
+    """The results so far: stages, errors, metrics (flat, every name says measured / predicted / bound)."""
+
+    def __init__(self, args):
+        self.args, self.t0 = args, time.perf_counter()
+        self.metrics: dict = {}
+        self.extra: dict = {"stages": {}, "errors": {}, "runs": {}, "plans": {}, "budgets": {}, "commands": [],
+                            "transformers": {}, "equivalence": {}, "depth_sweep": {}}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.args.deadline_s - self.elapsed()
+
+    def do(self, name: str, fn, need_s: float = 0.0):
+        """Run stage `name` (`fn()`), timed; its failure is recorded, not raised, and gives None. Skipped when
+        less than `need_s` seconds of --deadline-s are left."""
+        if need_s and self.left() < need_s:
+            log(f"stage {name}: skipped ({self.left():.0f} s left of --deadline-s, it needs about {need_s:.0f})")
+            self.extra["stages"][name] = {"skipped": f"{self.left():.0f} s left"}
+            return None
+        log(f"stage {name}")
+        t = time.perf_counter()
+        try:
+            out = fn()
+            self.extra["stages"][name] = {"seconds": round(time.perf_counter() - t, 1)}
+            return out
+        except Exception as e:      # noqa: BLE001 - a benchmark records what broke and carries on
+            traceback.print_exc()
+            self.extra["errors"][name] = f"{type(e).__name__}: {e}"
+            self.extra["stages"][name] = {"seconds": round(time.perf_counter() - t, 1), "failed": True}
+            log(f"stage {name} FAILED: {type(e).__name__}: {e}")
+            return None
+
+    def ok(self, name: str) -> bool:
+        s = self.extra["stages"].get(name, {})
+        return bool(s) and not s.get("failed") and not s.get("skipped")
+
+
+# ---- 1. train ------------------------------------------------------------------------------------------
+def train(run: Run, a) -> tuple[Path, Path]:
+    if a.checkpoint:
+        return Path(a.checkpoint), Path(a.trace)
+    import train_moe
+    size = "fixture" if a.smoke else "bench"
+    ckpt = Path(a.work) / f"{size}-moe"
+    argv = ["--size", size, "--out", str(ckpt), "--corpus-mb", str(a.corpus_mb), "--trace-tokens", str(a.trace_tokens),
+            "--seed", str(a.seed)]
+    argv += ["--steps", str(a.train_steps)] if a.train_steps else ["--seconds", str(a.train_seconds)]
+    if a.out_dir:
+        argv += ["--result-dir", str(a.out_dir)]
+    if a.smoke:
+        argv += ["--batch", "2", "--seq-len", "128", "--eval-windows", "2", "--tokenizer-mb", "1", "--device", "cpu",
+                 "--precision", "fp32", "--experts", "eager"]
+    for root in a.source_root or []:
+        argv += ["--source-root", root]
+    run.extra["commands"].append("python3 benchmarks/train_moe.py " + " ".join(argv))
+    if train_moe.main(argv) != 0:
+        raise RuntimeError("train_moe.py failed (see its line above)")
+    tl = json.loads((ckpt / "train_log.json").read_text())
+    t, h = tl["train"], tl["held_out"]
+    run.metrics.update({"train.steps": t["steps"], "train.seconds_measured": round(t["seconds"], 1),
+                        "train.tokens_M": round(t["tokens"] / 1e6, 2),
+                        "train.held_out_perplexity_measured": round(h["perplexity"], 3),
+                        "train.held_out_bits_per_byte_measured": round(h["bits_per_byte"], 4),
+                        "train.parameters_M": round(tl["parameters"] / 1e6, 2)})
+    return ckpt, ckpt / f"{size}-moe.trace.npz"
+
+
+def trace_statistics(run: Run, a, ckpt: Path, trace: Path) -> None:
+    """What `plan --stats TRACE` reads from the trace: its warm-up (tokens not counted; the engine's warm-up
+    must be at least that) and the lookahead precision / recall by depth (measured teacher-forced on
+    held-out text: the inputs the engine's own lookahead figures compare with)."""
+    from strata_plan.planner.make import load_routing
+    from strata_plan.planner.routing import load_trace
+    from strata_plan.planner.spec import load_spec
+    spec = load_spec(str(ckpt))
+    st = load_routing(spec, stats=str(trace))
+    warm = load_trace(str(trace), spec).n_tokens - st.tokens
+    if a.warmup < warm:
+        log(f"--warmup {a.warmup} raised to the statistics' warm-up, {warm} tokens")
+        a.warmup = warm
+    run.metrics["statistics_warmup_tokens"] = warm
+    run.metrics["trace_tokens"] = st.tokens + warm
+    for la in st.lookahead:
+        run.metrics[f"trace.lookahead_d{la.depth}.precision_measured_offline"] = la.precision
+        run.metrics[f"trace.lookahead_d{la.depth}.recall_measured_offline"] = la.recall
+
+
+# ---- 2. plan and pack ------------------------------------------------------------------------------------
+def plan_budget(run: Run, a, name: str, ckpt: Path, trace: Path) -> Path:
+    """`strata-plan plan` under budget `name` (trained/budgets.py)."""
+    path = Path(a.work) / f"plan-{name}.yaml"
+    b = budgets(str(ckpt), str(trace), a.profile, a.context, a.chunk)[name]
+    argv = ["plan", "--model", str(ckpt), "--stats", str(trace), "--profile", a.profile, "--context", str(a.context),
+            "--chunk", str(a.chunk), "--trials", str(a.trials), *b.flags(), "--out", str(path), "--force", "--json"]
+    summary = json.loads(cli(argv))
+    run.extra["commands"].append("strata-plan " + " ".join(argv))
+    from strata_plan.planner.plan import load_plan
+    plan = load_plan(path)
+    got = achieved(plan)
+    run.extra["budgets"][name] = {"budget": b.to_data(), "achieved": got}
+    run.extra["plans"][name] = {"summary": summary, "yaml": path.read_text()}
+    run.metrics.update({f"{name}.budget.vram_gb": b.vram / 1e9, f"{name}.budget.ram_gb": b.ram / 1e9,
+                        f"{name}.budget.nvme_gb": b.nvme / 1e9, f"{name}.routed_gb": b.routed / 1e9,
+                        f"{name}.plan.vram_experts_share": got["vram_experts_share"],
+                        f"{name}.plan.static_share": got["static_share"],
+                        f"{name}.plan.ram_share": got["ram_share"], f"{name}.plan.nvme_share": got["nvme_share"],
+                        f"{name}.plan.prefetch_depth": plan.prefetch_depth, f"{name}.plan.cache_slots": plan.cache.total_slots,
+                        f"{name}.plan.decode_tok_s_predicted": plan.predicted.decode_tok_s})
+    log(f"{name}: VRAM {b.vram / 1e9:.4f} GB (experts {got['vram_experts_share']:.1%} of {b.routed / 1e6:.1f} MB routed), "
+        f"RAM {got['ram_share']:.1%}, NVMe {got['nvme_share']:.1%}; depth {plan.prefetch_depth}, "
+        f"{plan.cache.total_slots} cache slots; PREDICTED {plan.predicted.decode_tok_s:.1f} tok/s")
+    if plan.dense.streamed_layers:
+        raise RuntimeError(f"the {name} plan streams dense layers, which the engine does not run yet")
+    return path
+
+
+def bf16_plan(plan_path: Path, out: Path) -> Path:
+    """The plan with every expert in bf16 (the placement unchanged): what the bf16-packed folder runs."""
+    from strata_plan.planner.plan import load_plan, save_plan
+    plan = load_plan(plan_path)
+    every = tuple(range(plan.n_experts))
+    layers = tuple(dataclasses.replace(l, formats={"bf16": every}) for l in plan.layers)
+    return save_plan(dataclasses.replace(plan, layers=layers), out)
+
+
+def pack(run: Run, a, ckpt: Path, plans: dict[str, Path]) -> dict[str, Path]:
+    from strata_plan.planner.plan import load_plan
+    formats = {k: [l.formats for l in load_plan(p).layers] for k, p in plans.items()}
+    packed = {}
+    for name, path in plans.items():
+        same = next((k for k in packed if formats[k] == formats[name]), None)
+        if same:                     # same statistics, same tier mix: the same formats, one folder
+            packed[name] = packed[same]
+            continue
+        out = Path(a.work) / f"packed-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        argv = ["pack", str(ckpt), "--plan", str(path), "--out", str(out), "--json"]
+        s = json.loads(cli(argv))
+        run.extra["commands"].append("strata-plan " + " ".join(argv))
+        run.metrics[f"pack.{name}.seconds_measured"] = s["seconds"]
+        run.metrics[f"pack.{name}.expert_gb"] = s["expert_bytes"] / 1e9
+        packed[name] = out
+    out = Path(a.work) / "packed-bf16"
+    shutil.rmtree(out, ignore_errors=True)
+    argv = ["pack", str(ckpt), "--format", "bf16", "--out", str(out), "--json"]
+    s = json.loads(cli(argv))
+    run.extra["commands"].append("strata-plan " + " ".join(argv))
+    run.metrics["pack.bf16.expert_gb"] = s["expert_bytes"] / 1e9
+    packed["bf16"] = out
+    return packed
+
+
+# ---- 3. the engine ---------------------------------------------------------------------------------------
+def _peak_reset() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gb() -> float | None:
+    return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
+
+
+def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: Predictor, prompt: list[int]) -> dict:
+    from strata_plan.engine.bench import measure
+    _peak_reset()
+    r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device)
+    r["vram_peak_gb_measured"] = _peak_gb()
+    p = pred.for_plan(executed, mode)
+    c = r["counters"]
+    bt = r["bytes_per_token"]
+    mean_blob = mean_blob_bytes(packed)
+    bound = pred.bound_from_bytes(executed, bt["pcie"], bt["nvme"])
+    m = r["measured"]
+    r.update(predicted=p, bound_from_moved_bytes=bound)
+    pcie = r["links"]["pcie_gbps_during_copies"]
+    r["pcie_profile_gbps_at_mean_blob"] = pred.h2d_gbps(mean_blob)
+    r["pcie_share_of_profile_measured"] = pcie / r["pcie_profile_gbps_at_mean_blob"] if pcie else None
+    run.extra["runs"][key] = r
+    out = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_mean_measured": m["decode_tok_s_mean"],
+           "decode_tok_s_predicted": p["decode_tok_s"], "measured_over_predicted": m["decode_tok_s"] / p["decode_tok_s"],
+           "hit_rate_measured": r["hit_rate"], "resident_hit_rate_measured": r["resident_hit_rate"],
+           "vram_hit_rate_predicted": p["vram_hit_rate"],
+           "ram_gb_per_token_measured": bt["ram"] / 1e9, "nvme_gb_per_token_measured": bt["nvme"] / 1e9,
+           "pcie_gb_per_token_measured": bt["pcie"] / 1e9, "wasted_gb_per_token_measured": bt["wasted"] / 1e9,
+           "pcie_gb_per_token_predicted": p["bytes_per_token"].get("pcie", 0.0) / 1e9,
+           "nvme_gb_per_token_predicted": p["bytes_per_token"].get("nvme", 0.0) / 1e9,
+           "bound_from_moved_bytes_tok_s": bound["decode_tok_s"],
+           "share_of_bound_measured": m["decode_tok_s"] / bound["decode_tok_s"],
+           "bound_decode_tok_s_predicted_bytes": p["bound_decode_tok_s"],
+           "pcie_share_of_profile_measured": r["pcie_share_of_profile_measured"],
+           "round_trips_per_token_measured": r["time_per_token"]["round_trips"],
+           "host_ms_per_token_measured": r["time_per_token"]["store_and_launch_host_s"] * 1e3}
+    for d, la in c["lookahead"].items():
+        out[f"lookahead_d{d}.precision_measured"] = la["precision"]
+        out[f"lookahead_d{d}.recall_measured"] = la["recall"]
+    run.metrics.update({f"{key}.{k}": v for k, v in out.items()})
+    log(f"{key:22s} MEASURED {m['decode_tok_s']:8.2f} tok/s  PREDICTED {p['decode_tok_s']:8.2f}  hit {r['hit_rate']:.3f} "
+        f"(resident {r['resident_hit_rate']:.3f})  PCIe {bt['pcie'] / 1e6:.3f} MB/tok  NVMe {bt['nvme'] / 1e6:.3f} MB/tok  "
+        f"wasted {bt['wasted'] / 1e6:.3f} MB/tok  bound {bound['decode_tok_s']:.1f} ({bound['binding']})")
+    return out
+
+
+def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], prompt: list[int]) -> None:
+    from strata_plan.engine.engine import baseline
+    from strata_plan.planner.plan import load_plan
+    for name, path in plans.items():
+        pred = Predictor(path, a.profile_predict)
+        plan = load_plan(path)
+        got = {mode: measure_one(run, a, f"{name}.{mode}", packed[name], baseline(plan, mode), mode, pred, prompt)
+               for mode in MODES}
+        for base in ("lru", "on-demand"):
+            for kind in ("measured", "predicted"):
+                run.metrics[f"{name}.plan_over_{base}_{kind}"] = (got["plan"][f"decode_tok_s_{kind}"]
+                                                                   / got[base][f"decode_tok_s_{kind}"])
+        if any(l.nvme for l in plan.layers):
+            from strata_plan.engine.directio import page_cache_residency, plain_read_gbps
+            files = sorted(packed[name].glob("experts-*.bin"))
+            block = -(-int(mean_blob_bytes(packed[name])) // 4096) * 4096
+            gbps = [plain_read_gbps(files, block, threads=4, nbytes=256 << 20, seed=s) for s in range(3)]
+            run.metrics[f"{name}.plain_odirect_gbps_measured"] = float(np.median(gbps))
+            run.metrics[f"{name}.plain_odirect_gbps_spread"] = [min(gbps), max(gbps)]
+            run.metrics[f"{name}.page_cache_after"] = max(page_cache_residency(f) for f in files)
+            nv = run.extra["runs"][f"{name}.plan"]["links"]["nvme_gbps_wall"]
+            run.metrics[f"{name}.plan.nvme_gbps_wall_measured"] = nv
+
+
+def mean_blob_bytes(folder: Path) -> float:
+    """Mean packed expert blob of a folder (the transfer size its links are held to)."""
+    from strata_plan.engine.packed import load_index
+    index = load_index(folder / "index.json")
+    return index.expert_bytes / len(index.entries)
+
+
+def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], prompt: list[int]) -> None:
+    """Hit rate (the seeds' definition) by lookahead depth: depth 0 is the LRU-only run, the plan's own depth
+    its plan run, every other depth of --depths the plan run at that depth."""
+    from strata_plan.planner.plan import load_plan
+    for name, path in plans.items():
+        plan = load_plan(path)
+        pred = Predictor(path, a.profile_predict)
+        table = {0: f"{name}.lru", plan.prefetch_depth: f"{name}.plan"}
+        for d in [int(x) for x in a.depths.split(",") if x]:
+            if d not in table:
+                key = f"{name}.depth{d}"
+                measure_one(run, a, key, packed[name], dataclasses.replace(plan, prefetch_depth=d), "plan", pred, prompt)
+                table[d] = key
+        rows = {}
+        for d in sorted(table):
+            r = run.extra["runs"][table[d]]
+            rows[d] = {"run": table[d], "hit_rate_measured": r["hit_rate"], "resident_hit_rate_measured": r["resident_hit_rate"],
+                       "wasted_gb_per_token_measured": r["bytes_per_token"]["wasted"] / 1e9,
+                       "decode_tok_s_measured": r["measured"]["decode_tok_s"],
+                       "decode_tok_s_predicted": r["predicted"]["decode_tok_s"]}
+            run.metrics[f"{name}.depth{d}.hit_rate_measured"] = r["hit_rate"]
+            run.metrics[f"{name}.depth{d}.wasted_gb_per_token_measured"] = r["bytes_per_token"]["wasted"] / 1e9
+        run.extra["depth_sweep"][name] = rows
+
+
+# ---- 4. transformers (+ accelerate) ----------------------------------------------------------------------
+def transformers_stage(run: Run, a, ckpt: Path, n_moe: int, prompt: list[int]) -> None:
+    """transformers all on the device (the reference tokens), then accelerate offload under each budget."""
+    dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    n = a.warmup + a.tokens + 1
+    _peak_reset()
+    model = hf.load(ckpt, dtype, dev)
+    g = hf.greedy(model, prompt, n, timed_from=a.warmup)
+    ref = g.tokens
+    run.extra["transformers"]["resident"] = _greedy_record(g, dev, dtype, None)
+    run.metrics["transformers_resident.decode_tok_s_measured"] = g.decode_tok_s
+    log(f"transformers, all on {dev}: MEASURED {g.decode_tok_s:.2f} tok/s")
+    del model
+    _empty()
+    shares = {"ramrich": (VRAM_SHARE, None), "seed": (VRAM_SHARE, SEED_RAM_SHARE)}
+    from strata_plan.planner.bound import link_peaks
+    from strata_plan.profiles.schema import load_profile
+    peak_pcie = link_peaks(load_profile(a.profile))["pcie"]     # the bound: copied bytes over the best H2D rate
+    for name in a.budgets.split(","):
+        tiers = hf.expert_tiers(n_moe, *shares[name])
+        folder = Path(a.work) / f"offload-{name}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        _peak_reset()
+        t = time.perf_counter()
+        model = hf.load(ckpt, dtype, dev, tiers, folder)
+        load_s = time.perf_counter() - t
+        g = hf.greedy(model, prompt, n, timed_from=a.warmup)
+        rec = _greedy_record(g, dev, dtype, tiers)
+        rec.update(load_s=load_s, tokens_equal_resident=g.tokens == ref,
+                   offload_files=sorted(p.name for p in folder.iterdir()))
+        files = [p for p in folder.iterdir() if p.is_file()]
+        if files:
+            from strata_plan.engine.directio import page_cache_residency
+            rec["offload_page_cache_after"] = max(page_cache_residency(p) for p in files)
+        moved = hf.offloaded_bytes(model, tiers)
+        rec["bytes_per_token_copied"] = moved
+        rec["bound_tok_s"] = peak_pcie / moved if moved else None
+        run.extra["transformers"][f"accelerate_{name}"] = rec
+        run.metrics[f"{name}.accelerate.decode_tok_s_measured"] = g.decode_tok_s
+        run.metrics[f"{name}.accelerate.gb_per_token_copied"] = moved / 1e9
+        if moved:
+            run.metrics[f"{name}.accelerate.bound_tok_s"] = peak_pcie / moved
+        run.metrics[f"{name}.accelerate.vram_peak_gb_measured"] = rec["vram_peak_gb_measured"]
+        key = f"{name}.plan.decode_tok_s_measured"
+        if key in run.metrics:
+            run.metrics[f"{name}.plan_over_accelerate_measured"] = run.metrics[key] / g.decode_tok_s
+        log(f"transformers + accelerate ({name}: experts {_tier_counts(tiers)}): MEASURED {g.decode_tok_s:.2f} tok/s, "
+            f"{moved / 1e6:.1f} MB copied a token (bound {rec['bound_tok_s'] or 0:.1f} tok/s at the profile's best "
+            f"H2D), tokens equal to the resident run: {g.tokens == ref}")
+        del model
+        _empty()
+
+
+def _tier_counts(tiers: dict[int, str]) -> dict[str, int]:
+    return {t: sum(v == t for v in tiers.values()) for t in ("gpu", "cpu", "disk")}
+
+
+def _greedy_record(g, dev, dtype, tiers) -> dict:
+    return {"device": dev, "dtype": str(dtype), "experts_layers_by_tier": None if tiers is None else _tier_counts(tiers),
+            "expert_tiers": None if tiers is None else {str(k): v for k, v in tiers.items()},
+            "decode_tok_s_measured": g.decode_tok_s, "decode_tok_s_mean_measured": g.decode_tok_s_mean,
+            "prefill_s_measured": g.prefill_s, "timed_tokens": len(g.step_s), "tokens": g.tokens,
+            "vram_peak_gb_measured": _peak_gb()}
+
+
+def _empty() -> None:
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---- 5. equivalence --------------------------------------------------------------------------------------
+def engine_tokens(packed: Path, plan: Path, device: str, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens of the engine (`engine.generate`, as `strata-plan run` calls it; no end-of-sequence stop)."""
+    from strata_plan.engine.engine import Engine, EngineOptions
+    from strata_plan.engine.generate import generate
+    with Engine.open(packed, str(plan), EngineOptions(mode="plan", device=device)) as eng:
+        return generate(eng.model, prompt, n, eng.plan.prefill_chunk, eos_ids=())
+
+
+def compare(name: str, run: Run, want: list[int], gaps: list[float], got: list[int], what: str) -> None:
+    div = hf.first_divergence(want, got)
+    rec = {"reference": what, "tokens_equal": div is None, "first_divergence": div, "tokens": len(want),
+           "reference_top2_gap_there": None if div is None or div >= len(gaps) else gaps[div],
+           "engine_tokens": got, "reference_tokens": want}
+    run.extra["equivalence"][name] = rec
+    run.metrics[f"equivalence.{name}.tokens_equal"] = div is None
+    run.metrics[f"equivalence.{name}.first_divergence"] = div
+    log(f"equivalence {name}: tokens equal {div is None}" + ("" if div is None else
+        f" (first divergence at token {div}, reference's top-2 logit gap there {rec['reference_top2_gap_there']:.4f})"))
+
+
+def equivalence(run: Run, a, ckpt: Path, packed_bf16: Path, plan_bf16: Path, prompt: list[int]) -> None:
+    n = a.equiv_tokens
+    model = hf.load(ckpt, torch.float32, "cpu", experts_implementation="eager")
+    want = hf.greedy(model, prompt, n)
+    del model
+    _empty()
+    compare("cpu_float32", run, want.tokens, want.gaps, engine_tokens(packed_bf16, plan_bf16, "cpu", prompt, n),
+            "transformers float32 on the CPU, eager experts, the BF16 checkpoint upcast")
+    if torch.cuda.is_available() and (a.device or "cuda") == "cuda":
+        model = hf.load(ckpt, torch.bfloat16, "cuda")
+        want = hf.greedy(model, prompt, n)
+        del model
+        _empty()
+        compare("cuda_bf16", run, want.tokens, want.gaps, engine_tokens(packed_bf16, plan_bf16, "cuda", prompt, n),
+                "transformers bf16 on the GPU (its default experts)")
+
+
+# ---- the table -------------------------------------------------------------------------------------------
+def table(run: Run) -> str:
+    m = run.metrics
+    lines = [f"{'budget / run':24s} {'MEASURED tok/s':>15s} {'PREDICTED':>10s} {'meas/pred':>9s} {'hit (seeds)':>11s} "
+             f"{'PCIe MB/tok':>11s} {'NVMe MB/tok':>11s} {'wasted MB/tok':>13s} {'% of bound':>10s}"]
+    for name in run.args.budgets.split(","):
+        for mode in MODES:
+            k = f"{name}.{mode}"
+            if f"{k}.decode_tok_s_measured" not in m:
+                continue
+            lines.append(f"{k:24s} {m[f'{k}.decode_tok_s_measured']:15.2f} {m[f'{k}.decode_tok_s_predicted']:10.2f} "
+                         f"{m[f'{k}.measured_over_predicted']:9.3f} {m[f'{k}.hit_rate_measured']:11.3f} "
+                         f"{m[f'{k}.pcie_gb_per_token_measured'] * 1e3:11.3f} {m[f'{k}.nvme_gb_per_token_measured'] * 1e3:11.3f} "
+                         f"{m[f'{k}.wasted_gb_per_token_measured'] * 1e3:13.3f} {m[f'{k}.share_of_bound_measured']:10.1%}")
+        if f"{name}.accelerate.decode_tok_s_measured" in m:
+            acc = m[f"{name}.accelerate.decode_tok_s_measured"]
+            bound = m.get(f"{name}.accelerate.bound_tok_s")
+            lines.append(f"{name + '.accelerate':24s} {acc:15.2f} {'':>10s} {'':>9s} {'':>11s} "
+                         f"{m[f'{name}.accelerate.gb_per_token_copied'] * 1e3:11.3f} {'':>11s} {'':>13s} "
+                         + (f"{acc / bound:10.1%}" if bound else ""))
+        rows = run.extra["depth_sweep"].get(name)
+        if rows:
+            lines.append(f"  {name} hit rate by lookahead depth (MEASURED, seeds' definition): " + ", ".join(
+                f"d{d} {r['hit_rate_measured']:.3f}" for d, r in rows.items()))
+    if "transformers_resident.decode_tok_s_measured" in m:
+        lines.append(f"{'transformers (resident)':24s} {m['transformers_resident.decode_tok_s_measured']:15.2f}")
+    for name, rec in run.extra["equivalence"].items():
+        lines.append(f"equivalence {name}: tokens equal {rec['tokens_equal']}, first divergence {rec['first_divergence']}")
+    for name, err in run.extra["errors"].items():
+        lines.append(f"FAILED {name}: {err}")
+    return "\n".join(lines)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", default="/root/trained", help="folder for the checkpoint, plans, packed models, offload")
+    p.add_argument("--out-dir", default=None, help="where the result JSONs go (default benchmarks/results)")
+    p.add_argument("--smoke", action="store_true", help="CPU smoke run: the fixture shape trained for 2 steps on a "
+                   "small corpus, tiny context, a few tokens (checks every stage, measures nothing worth keeping)")
+    p.add_argument("--train-seconds", type=float, default=200.0, help="training time budget (default 200 s)")
+    p.add_argument("--train-steps", type=int, default=None, help="a fixed step count instead of --train-seconds")
+    p.add_argument("--checkpoint", help="skip training: this checkpoint folder (with --trace)")
+    p.add_argument("--trace", help="with --checkpoint: its routing trace .npz")
+    p.add_argument("--corpus-mb", type=float, default=300)
+    p.add_argument("--trace-tokens", type=int, default=4096)
+    p.add_argument("--source-root", action="append", help="training text from here (train_moe.py --source-root)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="h200", help="profile the plans are made with (default h200)")
+    p.add_argument("--profile-predict", default=None, help="re-predict with this profile YAML (default: the plan's)")
+    p.add_argument("--budgets", default="ramrich,seed")
+    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--tokens", type=int, default=64, help="timed decode tokens per run")
+    p.add_argument("--warmup", type=int, default=64, help="decode tokens before timing (the statistics' warm-up "
+                   "is 0: plan --stats TRACE counts from the first token)")
+    p.add_argument("--equiv-tokens", type=int, default=64)
+    p.add_argument("--depths", default="1,2,3,4", help="lookahead depths for the hit-rate sweep ('' to skip)")
+    p.add_argument("--device", default="", help="cuda or cpu (default cuda when there is a GPU)")
+    p.add_argument("--deadline-s", type=float, default=560.0, help="optional stages are skipped past this")
+    a = p.parse_args(argv)
+    if a.smoke:
+        for k, v in SMOKE.items():
+            if getattr(a, k) == p.get_default(k):
+                setattr(a, k, v)
+        a.device = a.device or "cpu"
+        a.corpus_mb = 3 if a.corpus_mb == p.get_default("corpus_mb") else a.corpus_mb
+        a.trace_tokens = 512 if a.trace_tokens == p.get_default("trace_tokens") else a.trace_tokens
+        if not a.source_root and not a.checkpoint:
+            import sysconfig
+            a.source_root = [sysconfig.get_paths()["stdlib"]]
+    if bool(a.checkpoint) != bool(a.trace):
+        p.error("--checkpoint and --trace go together")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    if a.smoke:
+        torch.set_num_threads(1)       # tiny experts on a shared 2-core machine: threads only add overhead (5x)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
+    Path(a.work).mkdir(parents=True, exist_ok=True)
+    if a.out_dir:
+        Path(a.out_dir).mkdir(parents=True, exist_ok=True)
+    run = Run(a)
+    plans: dict[str, Path] = {}
+    try:
+        got = run.do("train", lambda: train(run, a))
+        if got is None:
+            return 1
+        ckpt, trace = got
+        _empty()                                                     # the training run's cached GPU memory
+        from strata_plan.engine.generate import load_tokenizer
+        from strata_plan.planner.spec import load_spec
+        prompt = [0] + load_tokenizer(ckpt).encode(PROMPT).ids       # <|endoftext|> first, as every training file
+        run.extra["prompt"] = {"text": PROMPT, "ids": prompt}
+        n_moe = load_spec(str(ckpt)).n_moe_layers
+        run.do("statistics", lambda: trace_statistics(run, a, ckpt, trace))
+        for name in a.budgets.split(","):
+            path = run.do(f"plan.{name}", lambda name=name: plan_budget(run, a, name, ckpt, trace))
+            if path is not None:
+                plans[name] = path
+        packed = run.do("pack", lambda: pack(run, a, ckpt, plans)) if plans else None
+        if packed:
+            run.do("engine", lambda: engine_stage(run, a, plans, packed, prompt))
+        run.do("transformers", lambda: transformers_stage(run, a, ckpt, n_moe, prompt), need_s=60)
+        if packed and "ramrich" in plans:
+            run.do("equivalence", lambda: equivalence(run, a, ckpt, packed["bf16"], bf16_plan(
+                plans["ramrich"], Path(a.work) / "plan-bf16.yaml"), prompt), need_s=45)
+        if run.ok("engine") and a.depths:
+            run.do("depth_sweep", lambda: depth_sweep(run, a, plans, packed, prompt), need_s=40)
+    finally:
+        run.metrics["total_seconds"] = round(run.elapsed(), 1)
+        notes = ("bench-moe (or the fixture shape with --smoke) retrained in this run and planned from its own held-out "
+                 "trace; routing from the model's own router (no replay). *_measured: measured here; *_predicted: "
+                 "the cost model on the executed placement (see extra.runs.*.predicted.source); bound_from_moved_bytes: "
+                 "bytes moved per token over the profile's best link rates. Decode text is the model's greedy "
+                 "continuation of extra.prompt.")
+        path = write_result("engine-trained", run.metrics, out_dir=a.out_dir, notes=notes,
+                            extra={**run.extra, "settings": {k: v for k, v in vars(a).items()}})
+        print(table(run))
+        print(path)
+    return 0 if not run.extra["errors"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The trained-model rows of issue 29 in one device call (under 10 minutes): retrain bench-moe (TRAIN_S seconds
+# of training, default 200), plan it from its own held-out trace under the RAM-rich and seed-proportion budgets,
+# pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
+# offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
+#   STRATA_GIT_SHA=<sha> OUT=$OUT bash benchmarks/run_trained_gpu.sh        # device `carry`: [".whl"]
+# `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
+# studies need no SQLAlchemy), made here in the repository root once:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl optuna==5.1.0 colorlog==6.12.0
+# Back here: cp <files_at>/*.json benchmarks/results/; python benchmarks/summarize.py. $OUT also gets the log
+# and trained-artifacts.tar (plans, trace, train log, config, tokenizer; the weights stay there).
+set -o pipefail
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1
+OUT=${OUT:-/tmp/trained_gpu}; t0=$(date +%s); mkdir -p "$OUT"
+TRAIN_S=${TRAIN_S:-200}
+W=${W:-/root/trained}
+source benchmarks/device_setup.sh
+python3 -c "import optuna, colorlog; print('optuna', optuna.__version__)" \
+  || { echo "optuna is missing: carry .whl (see this script's header)"; exit 1; }
+python3 -c "import sys, torch, transformers, accelerate, tokenizers; print(sys.version.split()[0], 'torch', \
+torch.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'tokenizers', \
+tokenizers.__version__, torch.cuda.get_device_name(0))"
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader || true
+left() { echo $(( $1 - ($(date +%s) - t0) )); }
+timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
+  --deadline-s "$(left 560)" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
+tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml \
+  bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
+  bench-moe/tokenizer.json bench-moe/tokenizer_config.json 2>/dev/null
+echo "run_trained_gpu: $(( $(date +%s) - t0 ))s"

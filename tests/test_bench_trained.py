@@ -1,0 +1,68 @@
+"""The pieces of benchmarks/bench_trained.py that decide what is compared: the budgets' byte arithmetic (a
+plan made under them puts the seed's proportions where they say), the whole-layer offload map a transformers
+user gets, and that accelerate's offload computes what the resident model computes. The whole benchmark
+runs on the CPU with `python benchmarks/bench_trained.py --smoke` (about 1.5 minutes, not part of CI)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
+TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
+
+from trained import hf  # noqa: E402
+from trained.budgets import SEED_RAM_SHARE, VRAM_SHARE, achieved, budgets  # noqa: E402
+
+
+def test_expert_tiers_place_whole_layers_by_share():
+    assert set(hf.expert_tiers(9, VRAM_SHARE, None).values()) == {"cpu"}           # one layer is 11% > 8%
+    seed = hf.expert_tiers(9, VRAM_SHARE, SEED_RAM_SHARE)
+    assert [seed[i] for i in range(9)] == ["cpu"] * 3 + ["disk"] * 6                 # 33% / 67%
+    big = hf.expert_tiers(50, VRAM_SHARE, SEED_RAM_SHARE)
+    assert sum(v == "gpu" for v in big.values()) == 4 and sum(v == "cpu" for v in big.values()) == 12
+
+
+def test_first_divergence():
+    assert hf.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert hf.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert hf.first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+@pytest.mark.parametrize("name", ["ramrich", "seed"])
+def test_a_plan_under_the_budget_holds_its_shares(name, tmp_path):
+    pytest.importorskip("optuna")
+    from strata_plan.cli import main
+    from strata_plan.planner.plan import load_plan
+    b = budgets(str(FIXTURE), str(TRACE), "h200", 256, 32)[name]
+    assert b.expert_vram_share == pytest.approx(VRAM_SHARE, abs=1e-6)
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", "--model", str(FIXTURE), "--stats", str(TRACE), "--profile", "h200", "--context", "256",
+                 "--chunk", "32", "--trials", "8", *b.flags(), "--out", str(out), "--json"]) == 0
+    plan = load_plan(out)
+    got = achieved(plan)
+    mem = plan.memory
+    # every routed byte is placed once, at the formats the budget counted
+    assert mem.vram["static_experts"] + mem.ram["ram_experts"] + mem.nvme["nvme_experts"] == b.routed
+    assert mem.vram_total <= b.vram and mem.ram_total <= b.ram and mem.nvme_total <= b.nvme
+    assert got["vram_experts_share"] <= VRAM_SHARE + 1e-9
+    if name == "ramrich":
+        assert got["nvme_share"] == 0.0
+    else:
+        assert got["ram_share"] <= SEED_RAM_SHARE + 1e-9 and got["nvme_share"] >= 1 - VRAM_SHARE - SEED_RAM_SHARE
+
+
+def test_accelerate_offload_computes_what_the_resident_model_computes(tmp_path, one_torch_thread):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    tiers = hf.expert_tiers(5, VRAM_SHARE, SEED_RAM_SHARE)
+    assert set(tiers.values()) == {"cpu", "disk"}
+    offloaded = hf.load(FIXTURE, torch.float32, "cpu", tiers, tmp_path)
+    assert len(list(tmp_path.iterdir())) > 0                 # the disk share went to the offload folder
+    resident = hf.load(FIXTURE, torch.float32, "cpu")
+    prompt = [0, 5, 17, 99, 3, 250, 1024, 7]
+    a, b = hf.greedy(offloaded, prompt, 6, timed_from=2), hf.greedy(resident, prompt, 6)
+    assert a.tokens == b.tokens and len(a.step_s) == 4
