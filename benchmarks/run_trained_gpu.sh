@@ -14,7 +14,7 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/trained_gpu}; t0=$(date +%s); mkdir -p "$OUT"
-TRAIN_S=${TRAIN_S:-200}
+TRAIN_S=${TRAIN_S:-170}
 W=${W:-/root/trained}
 source benchmarks/device_setup.sh
 python3 -c "import optuna, colorlog; print('optuna', optuna.__version__)" \
@@ -24,7 +24,9 @@ torch.__version__, 'transformers', transformers.__version__, 'accelerate', accel
 tokenizers.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader || true
 left() { echo $(( $1 - ($(date +%s) - t0) )); }
+timeout 90 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -1
 timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
+  --profile-predict "$OUT/h200-run.yaml" \
   --deadline-s "$(left 560)" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
 tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml \
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \

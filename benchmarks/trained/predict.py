@@ -5,60 +5,40 @@ actually moved.
     p.for_plan(executed_plan)   # {"decode_tok_s": ..., "source": ..., "bound_decode_tok_s": ..., ...}
     p.bound_from_bytes(executed_plan, pcie_bytes, nvme_bytes)   # tok/s no run moving these bytes can beat
 
-Predictions: `planner.repredict.predict_plan` when the planner has it (re-prediction per mode with a
-profile), else the cost model (`planner.cost.CostModel`) re-run on the executed placement (the plan with
-the engine's mode applied: `engine.engine.baseline`) with the plan's own profile; for mode `plan` that is the
-plan's own prediction. Every figure here is a prediction or a bound, never a measurement.
+Predictions: `planner.repredict.predict_plan`, the cost model re-run on the placement the engine ran in
+each mode, with `profile` (default: the plan's own, by name). Every figure here is a prediction or a bound, never a measurement.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 
-def _repredict():
-    try:
-        from strata_plan.planner.repredict import predict_plan
-    except ImportError:
-        return None
-    return predict_plan
-
-
 class Predictor:
     def __init__(self, plan_path: str | Path, profile: str | None = None):
         from strata_plan.planner.cost import CostModel
-        from strata_plan.planner.make import problem_for_plan
         from strata_plan.planner.plan import load_plan
-        self.path, self.profile = str(plan_path), profile
+        from strata_plan.planner.repredict import plan_problem
+        self.path = str(plan_path)
         self.plan = load_plan(self.path)
-        self.problem = problem_for_plan(self.plan, self.path, profile=profile)
+        self.profile = profile or self.plan.sources.profile.name
+        self.problem = plan_problem(self.plan, self.profile, self.path)
         self.cost = CostModel(self.problem)
-        self.repredict = _repredict()
 
     def for_plan(self, executed, mode: str = "plan") -> dict:
-        """Predicted decode figures of `executed` (a Plan: the plan as the engine ran it) and its physical
-        bound (`planner.bound.physical_bound`, the optimistic bytes of the placement)."""
+        """Predicted decode figures of the plan run as `mode` (`executed`: that plan, as the engine ran it) and
+        its physical bound (`planner.bound.physical_bound`, the optimistic bytes of the placement)."""
         from strata_plan.planner.bound import physical_bound
+        from strata_plan.planner.repredict import predict_plan
         place = executed.placement
-        pred = self.cost.predict(place)
+        pred = predict_plan(self.plan, None, mode, self.path, problem=self.problem)
         bound = physical_bound(self.problem, place)
-        out = {"label": "predicted", "source": f"planner.cost.CostModel on the executed placement, profile "
-               f"{self.problem.profile.name}", "decode_tok_s": pred.decode_tok_s, "decode_binding": pred.decode_binding,
-               "bytes_per_token": dict(pred.bytes_per_token), "vram_hit_rate": min(pred.hit_rate, 1.0),
-               "plan_own_decode_tok_s": self.plan.predicted.decode_tok_s,
-               "bound_decode_tok_s": bound.decode_tok_s, "bound_decode_binding": bound.decode_binding,
-               "bound_decode_bytes": dict(bound.decode_bytes)}
-        if self.repredict is None:
-            out["repredict"] = "planner.repredict.predict_plan is not in this checkout"
-        else:
-            try:
-                r = self.repredict(self.path, mode=mode, profile=self.profile)
-                tok_s = r["decode_tok_s"] if isinstance(r, dict) else r.decode_tok_s
-                out.update(source="planner.repredict.predict_plan", decode_tok_s=float(tok_s),
-                           cost_model_decode_tok_s=pred.decode_tok_s,
-                           repredict=r if isinstance(r, dict) else repr(r))
-            except Exception as e:      # noqa: BLE001 - another part's API; keep the cost model's figure
-                out["repredict"] = f"predict_plan(path, mode=, profile=) failed: {type(e).__name__}: {e}"
-        return out
+        return {"label": "predicted", "source": f"planner.repredict.predict_plan, profile {self.problem.profile.name}",
+                "decode_tok_s": pred.decode_tok_s, "decode_binding": pred.decode_binding,
+                "bytes_per_token": dict(pred.bytes_per_token), "vram_hit_rate": min(pred.hit_rate, 1.0),
+                "decode_seconds": dict(pred.decode_seconds),
+                "plan_own_decode_tok_s": self.plan.predicted.decode_tok_s,
+                "bound_decode_tok_s": bound.decode_tok_s, "bound_decode_binding": bound.decode_binding,
+                "bound_decode_bytes": dict(bound.decode_bytes)}
 
     def bound_from_bytes(self, executed, pcie_bytes: float, nvme_bytes: float) -> dict:
         """The physical bound of `executed` with the PCIe and NVMe bytes per token it actually moved (HBM bytes
