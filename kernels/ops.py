@@ -24,7 +24,7 @@ from .formats import FORMATS, expert_layout, get_format
 from .quantizer import PackedMatrix
 from .triton_common import (BF16_CODE, FORMAT_CODES, INTERPRET, INTERPRETER_OK, USE_ASM, format_constants,
                             tile_words_limit, triton)
-from . import triton_gemm, triton_gemv, triton_moe
+from . import launch, triton_gemm, triton_gemv, triton_moe
 from .tuned import GemmConfig, GemvConfig, MoEConfig, MoEGroupedConfig, config_for, resolve
 
 GEMV_MAX_M = 8            # decode kernel up to this many rows; the tensor-core GEMM above
@@ -388,11 +388,42 @@ class _DecodeLaunch:
     sc: MoEScratch
 
 
+@dataclass(frozen=True, eq=False)
+class _DecodeCall:
+    """The two decode launches of one call shape of a `PreparedMoE`, their fixed arguments resolved once."""
+    sc: MoEScratch
+    gate_up: launch.Launch
+    down: launch.Launch
+
+
+GATE_UP_LIVE = ("x_p", "stride_xm", "ids_p", "offs_p", "arena_p")      # what changes between calls
+DOWN_LIVE = ("ids_p", "wts_p", "offs_p", "arena_p", "out_p", "stride_om")
+
+
+def _gate_up_args(sc: MoEScratch, x, ids, codes, offsets, arena, table, m: int, hidden: int, inter: int,
+                  ku1: int) -> dict:
+    """`triton_moe.gate_up_kernel`'s arguments by name (its launch options: `_DecodeLaunch.kw1`)."""
+    return dict(x_p=x, stride_xm=x.stride(0), ids_p=ids, codes_p=codes, offs_p=offsets, arena_p=arena, table_p=table,
+                xq_p=sc.xq, xdx_p=sc.xdx, xsum_p=sc.xsum, hq_p=sc.hq, hdx_p=sc.hdx, hsum_p=sc.hsum, hf_p=sc.hf,
+                gpart_p=sc.gpart, cnt_p=sc.cnt1, M=m, H=hidden, I=inter, KU=ku1)
+
+
+def _down_args(sc: MoEScratch, ids, wts, codes, offsets, arena, table, out, hidden: int, inter: int,
+               ku2: int) -> dict:
+    """`triton_moe.down_kernel`'s arguments by name (its launch options: `_DecodeLaunch.kw2`)."""
+    return dict(ids_p=ids, wts_p=wts, codes_p=codes, offs_p=offsets, arena_p=arena, table_p=table, hq_p=sc.hq,
+                hdx_p=sc.hdx, hsum_p=sc.hsum, hf_p=sc.hf, part_p=sc.part, cnt_p=sc.cnt2, out_p=out,
+                stride_om=out.stride(0), H=hidden, I=inter, KU=ku2)
+
+
 class PreparedMoE:
     """`fused_moe` with everything that does not change between calls resolved once: the expert formats
     (codes on the device and the mask of those present), the layout table, the launch configs, and per
-    call shape (tokens, top-k, stream) the grids and the scratch. A call then checks shapes and launches
-    two kernels: no host sync, no allocation (except `out` when not given).
+    call shape (tokens, top-k, stream) the grids, the scratch and the two launches' fixed arguments
+    (`launch.Launch`). A call then checks shapes and launches two kernels: no host sync, no allocation
+    (except `out` when not given). After the first call of a shape, the decode kernels (M <=
+    MOE_DECODE_MAX_M) are launched straight from their compiled kernels, skipping Triton's Python
+    launcher; `direct=False` (or STRATA_TRITON_LAUNCH=plain) keeps every call on `kernel[grid](...)`.
 
         moe = prepare_moe(formats, n_experts, hidden, intermediate, device)     # once per layer
         moe(x, topk_ids, topk_weights, arena, offsets, out=out)                  # every token
@@ -402,7 +433,8 @@ class PreparedMoE:
     name, or a tensor of codes) there: a list of names is hashed every call."""
 
     def __init__(self, fm: ExpertFormats, hidden: int, intermediate: int, device,
-                 config: MoEConfig | None = None, grouped_config: MoEGroupedConfig | None = None):
+                 config: MoEConfig | None = None, grouped_config: MoEGroupedConfig | None = None,
+                 direct: bool | None = None):
         self.fm, self.hidden, self.inter = fm, hidden, intermediate
         self.device = torch.device(device)
         self.n_experts = fm.codes.numel()
@@ -411,7 +443,10 @@ class PreparedMoE:
         self.cfg = config or config_for("moe", "mix", 1, hidden, intermediate, self.device)
         self.grouped_cfg = grouped_config or config_for("moe_grouped", "mix", MOE_DECODE_MAX_M + 1, hidden,
                                                         intermediate, self.device)
-        self._launches: dict[tuple, _DecodeLaunch] = {}
+        self.direct = direct              # None: launch.DIRECT (the environment) at each call
+        # a compiled kernel runs on the device it was loaded on: with several GPUs, check the current one
+        self._one_gpu = self.device.type != "cuda" or torch.cuda.device_count() == 1
+        self._launches: dict[tuple, _DecodeCall] = {}
 
     def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, arena: torch.Tensor,
                  offsets: torch.Tensor, out: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
@@ -435,21 +470,33 @@ class PreparedMoE:
             _moe_grouped(x, ids, wts, arena, offsets, self.fm, self.hidden, self.inter, out, self.grouped_cfg,
                          self.table)
             return out
-        topk = ids.shape[1]
-        key = (m, topk, _stream_id(x.device))
-        ln = self._launches.get(key)
-        if ln is None:
-            ln = self._launches[key] = _decode_launch(m, topk, self.fm, self.hidden, self.inter, self.cfg, x.device)
+        stream = _stream_id(x.device)
+        key = (m, ids.shape[1], stream)
+        d = self._launches.get(key)
+        if d is None:
+            d = self._launches[key] = self._decode_call(x, ids, wts, arena, offsets, out)
         if POISON_SCRATCH:
-            ln.sc.poison()
-        sc = ln.sc
-        triton_moe.gate_up_kernel[ln.grid1](
-            x, x.stride(0), ids, self.fm.codes, offsets, arena, self.table, sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx,
-            sc.hsum, sc.hf, sc.gpart, sc.cnt1, m, self.hidden, self.inter, ln.ku1, **ln.kw1)
-        triton_moe.down_kernel[ln.grid2](
-            ids, wts, self.fm.codes, offsets, arena, self.table, sc.hq, sc.hdx, sc.hsum, sc.hf, sc.part, sc.cnt2,
-            out, out.stride(0), self.hidden, self.inter, ln.ku2, **ln.kw2)
+            d.sc.poison()
+        if self._one_gpu or torch.cuda.current_device() == x.device.index:
+            d.gate_up(stream, x, x.stride(0), ids, offsets, arena)
+            d.down(stream, ids, wts, offsets, arena, out, out.stride(0))
+        else:
+            d.gate_up.plain(x, x.stride(0), ids, offsets, arena)
+            d.down.plain(ids, wts, offsets, arena, out, out.stride(0))
         return out
+
+    def _decode_call(self, x, ids, wts, arena, offsets, out) -> _DecodeCall:
+        """The launches of this call's shape (the live arguments of this first call stand for every call's)."""
+        m, topk = ids.shape
+        ln = _decode_launch(m, topk, self.fm, self.hidden, self.inter, self.cfg, x.device)
+        sc, codes, table, h, i = ln.sc, self.fm.codes, self.table, self.hidden, self.inter
+        gate_up = launch.Launch(triton_moe.gate_up_kernel, ln.grid1,
+                                {**_gate_up_args(sc, x, ids, codes, offsets, arena, table, m, h, i, ln.ku1), **ln.kw1},
+                                GATE_UP_LIVE, self.direct)
+        down = launch.Launch(triton_moe.down_kernel, ln.grid2,
+                             {**_down_args(sc, ids, wts, codes, offsets, arena, table, out, h, i, ln.ku2), **ln.kw2},
+                             DOWN_LIVE, self.direct)
+        return _DecodeCall(sc, gate_up, down)
 
 
 def _decode_launch(m: int, topk: int, fm: ExpertFormats, hidden: int, inter: int, cfg: MoEConfig, dev,
@@ -594,9 +641,9 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     if POISON_SCRATCH:
         ln.sc.poison()
     sc = ln.sc
-    triton_moe.gate_up_kernel[ln.grid1](
-        x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(x.device)), sc.xq, sc.xdx,
-        sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, sc.gpart, sc.cnt1, m, hidden, inter, ln.ku1, **ln.kw1)
+    table = _layout_table(hidden, inter, str(x.device))
+    triton_moe.gate_up_kernel[ln.grid1](**_gate_up_args(sc, x, ids, fm.codes, offsets, arena, table, m, hidden, inter,
+                                                        ln.ku1), **ln.kw1)
     return sc
 
 
@@ -606,9 +653,9 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
     m, topk = ids.shape
     cfg = resolve("moe", cfg, config_for("moe", "mix", m, hidden, inter, out.device))
     ln = _decode_launch(m, topk, fm, hidden, inter, cfg, out.device)
-    triton_moe.down_kernel[ln.grid2](
-        ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(out.device)), sc.hq, sc.hdx, sc.hsum,
-        sc.hf, sc.part, sc.cnt2, out, out.stride(0), hidden, inter, ln.ku2, **ln.kw2)
+    table = _layout_table(hidden, inter, str(out.device))
+    triton_moe.down_kernel[ln.grid2](**_down_args(sc, ids, wts, fm.codes, offsets, arena, table, out, hidden, inter,
+                                                  ln.ku2), **ln.kw2)
 
 
 def _moe_grouped(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg, table=None) -> None:

@@ -1,0 +1,156 @@
+"""Launch a compiled Triton kernel straight from its `CompiledKernel`, without Triton's Python launcher.
+
+`kernel[grid](*args, **kwargs)` binds every argument, computes the specialization key (each pointer's
+dtype and 16-byte alignment, each integer's value 1 / divisibility by 16 / width), looks the compiled
+kernel up, checks the globals it read, and then calls the C launcher, which asks the driver about every
+pointer again. `fused_moe` launches two kernels per layer per token that way: 72-84 us of host time a
+call measured on the H200 (Triton 3.6; benchmarks/bench_moe_host.py), most of it in those two launches.
+
+A `Launch` is one call site whose arguments are mostly fixed (scratch buffers, tables, sizes, constexprs,
+launch options, grid): it resolves them once, and per call takes only the `live` arguments (those that
+change between calls: activations, ids, output). The first call of each specialization goes through
+`kernel[grid](...)` (which compiles, or finds the compiled kernel) and keeps the `CompiledKernel` it
+returns; later calls of that specialization call its launcher directly, as `JITFunction.run` does, with
+the pointers as integers, on the stream the caller gives (torch's current stream, so CUDA-graph capture
+works). Nothing is allocated and nothing read back from the device.
+
+    gate_up = Launch(kernel, grid, dict(x_p=x, stride_xm=x.stride(0), ..., BN=64, num_warps=4),
+                     live=("x_p", "stride_xm"))          # everything `kernel[grid](**kwargs)` takes, once
+    gate_up(stream, x, x.stride(0))                      # every call: the live arguments, in `live` order
+
+Plain path: `STRATA_TRITON_LAUNCH=plain` in the environment (or `direct=False`) sends every call through
+`kernel[grid](...)`. Where the direct launch cannot be made (Triton's interpreter returns no compiled
+kernel; a Triton without `knobs.runtime`, or whose `CompiledKernel` lacks `run` / `function` /
+`packed_metadata` or orders its signature otherwise) the calls take the plain path with the same
+arguments, and nothing fails. A launch hook (a profiler's) gets its launch metadata as from Triton.
+Not seen after the first call of a specialization: Triton knobs changed later (debug, instrumentation)
+and changed globals a kernel reads (Triton refuses those launches; this launches the kernel compiled
+before).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import torch
+
+from .triton_common import triton
+
+DIRECT = os.environ.get("STRATA_TRITON_LAUNCH", "direct") != "plain"   # process-wide default
+_NEEDED = ("run", "function", "packed_metadata")    # what JITFunction.run itself uses to launch
+_REPLAY = "replay"                                  # cache entry: no compiled kernel, launch the plain way
+
+
+def _runtime_knobs():
+    """triton.knobs.runtime (Triton >= 3.4: the launch hooks live there), else None."""
+    knobs = getattr(triton, "knobs", None)
+    rt = getattr(knobs, "runtime", None)
+    return rt if hasattr(rt, "launch_enter_hook") and hasattr(rt, "launch_exit_hook") else None
+
+
+_KNOBS = _runtime_knobs()
+
+
+def _hook_active(hook) -> bool:
+    """Triton 3.6: a hook or None; newer: a HookChain whose `calls` may be empty."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def spec_key(live: Sequence, slots: Sequence[int] = (), args: list | None = None) -> tuple:
+    """What Triton's specialization sees of the live arguments, or finer: a tensor's dtype and 16-byte
+    alignment, an int's value 1, divisibility by 16 and width (i32 or wider). Two calls whose live
+    arguments have equal keys run the same compiled kernel. With `args`, also writes each argument as
+    the launcher takes it (a tensor's address) at its slot: one pass for both."""
+    key = []
+    for i, v in zip(slots or range(len(live)), live):
+        if v.__class__ is int:
+            key.append(v if v == 1 else (v & 15 == 0) + 2 * (-0x80000000 <= v <= 0x7FFFFFFF))
+            p = v
+        else:
+            p = v.data_ptr()
+            key.append(v.dtype)
+            key.append(p & 15 == 0)
+        if args is not None:
+            args[i] = p
+    return tuple(key)
+
+
+class Launch:
+    """`fn[grid](**kwargs)` made again and again with only the `live` arguments changing (module doc).
+    kwargs: every argument of the kernel by name (constexprs included; parameters with defaults may be
+    left out) and the launch options (num_warps, maxnreg, ...), exactly as to `fn[grid]`; the values given
+    for the `live` names are placeholders. `direct`: None follows `DIRECT` at each call."""
+
+    def __init__(self, fn, grid: tuple, kwargs: Mapping[str, Any], live: Sequence[str], direct: bool | None = None):
+        sig = inspect.signature(fn.fn)
+        bound = sig.bind(**{k: v for k, v in kwargs.items() if k in sig.parameters})
+        bound.apply_defaults()                              # every parameter without a default must be given
+        names = list(bound.arguments)                       # the kernel's parameters, in order
+        self.fn, self.live, self._names = fn, tuple(live), names
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))    # (x, y, z) as the launcher takes it
+        self.options = {k: v for k, v in kwargs.items() if k not in sig.parameters}
+        self.direct = direct
+        self._slots = tuple(names.index(n) for n in self.live)
+        self._objs = list(bound.arguments.values())         # the plain path's arguments (tensors)
+        self._ints = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self._objs]   # the direct one's
+        self._entries: dict[tuple, Any] = {}                # specialization key -> _Entry | _REPLAY
+
+    def __call__(self, stream: int, *live) -> None:
+        """Launch with these live arguments (in `live` order) on `stream` (a raw CUDA stream handle, torch's
+        current one; the plain path takes torch's current stream itself)."""
+        args = self._ints.copy()
+        e = self._entries.get(spec_key(live, self._slots, args))
+        if e is None or e is _REPLAY or not (DIRECT if self.direct is None else self.direct):
+            self.plain(*live)
+            return
+        enter, leave = _KNOBS.launch_enter_hook, _KNOBS.launch_exit_hook
+        if _hook_active(enter) or _hook_active(leave):     # a profiler's hooks: as Triton calls them
+            meta = e.kernel.launch_metadata(self.grid, stream, *args)
+        else:                                             # none: what Triton 3.6 passes by default
+            enter = leave = meta = None
+        g0, g1, g2 = self.grid
+        try:
+            e.run(g0, g1, g2, stream, e.function, e.metadata, meta, enter, leave, *args)
+        except TypeError:           # a launcher that takes its arguments otherwise: parsed before launching
+            self._entries[spec_key(live)] = _REPLAY
+            self.plain(*live)
+
+    def mode(self, *live) -> str:
+        """How a call with these live arguments runs: "new" (its specialization not launched yet: the
+        plain path, which compiles or finds the kernel), "direct" or "plain"."""
+        e = self._entries.get(spec_key(live))
+        if e is None:
+            return "new"
+        return "plain" if e is _REPLAY or not (DIRECT if self.direct is None else self.direct) else "direct"
+
+    def plain(self, *live) -> None:
+        """Launch through `fn[grid](...)` (Triton's launcher; compiles on a new specialization) and keep
+        the compiled kernel for the direct path."""
+        args = self._objs.copy()
+        for i, v in zip(self._slots, live):
+            args[i] = v
+        kernel = self.fn[self.grid](*args, **self.options)
+        key = spec_key(live)
+        if key not in self._entries:
+            self._entries[key] = self._entry(kernel)
+
+    def _entry(self, kernel):
+        """The direct launch of a compiled kernel, or _REPLAY where it cannot be made: no compiled kernel
+        (the interpreter; a compile still under way, returned as a future), attributes missing, hooks that
+        Triton runs before a launch, or a kernel signature other than the arguments' order."""
+        if (_KNOBS is None or kernel is None or hasattr(kernel, "result") or getattr(self.fn, "pre_run_hooks", None)
+                or not all(hasattr(kernel, a) for a in _NEEDED)):
+            return _REPLAY
+        signature = getattr(getattr(kernel, "src", None), "signature", None)
+        if not isinstance(signature, dict) or list(signature) != self._names:
+            return _REPLAY
+        return _Entry(kernel, kernel.run, kernel.function, kernel.packed_metadata)
+
+
+class _Entry(NamedTuple):
+    """A compiled kernel and what its launcher takes, read once."""
+    kernel: Any
+    run: Any
+    function: Any
+    metadata: Any
