@@ -485,6 +485,17 @@ class PreparedMoE:
             d.down.plain(ids, wts, offsets, arena, out, out.stride(0))
         return out
 
+    def launch_mode(self, x, topk_ids, topk_weights, arena, offsets, out) -> str:
+        """How a decode call with these arguments launches its two kernels: "direct" (from the compiled
+        kernels), "plain" (Triton's launcher), "new" (this shape or specialization not called yet) or
+        "mixed" (the two launches differ)."""
+        d = self._launches.get((x.shape[0], topk_ids.shape[1], _stream_id(x.device)))
+        if d is None:
+            return "new"
+        modes = {d.gate_up.mode(x, x.stride(0), topk_ids, offsets, arena),
+                 d.down.mode(topk_ids, topk_weights, offsets, arena, out, out.stride(0))}
+        return modes.pop() if len(modes) == 1 else "mixed"
+
     def _decode_call(self, x, ids, wts, arena, offsets, out) -> _DecodeCall:
         """The launches of this call's shape (the live arguments of this first call stand for every call's)."""
         m, topk = ids.shape

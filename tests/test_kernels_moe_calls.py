@@ -94,9 +94,9 @@ def test_prepared_call_reuses_its_scratch_and_allocates_nothing(arena, monkeypat
     first = fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out, backend="triton").clone()
     pm = ops.prepare_moe(fm, len(MIX), hidden, inter, DEVICE)
     assert ops.prepare_moe(fm, len(MIX), hidden, inter, DEVICE) is pm          # resolved once
-    launch = pm._launches[(1, ids.shape[1], ops._stream_id(x.device))]
+    call = pm._launches[(1, ids.shape[1], ops._stream_id(x.device))]
     n_launches = len(pm._launches)
-    buffers = [t.data_ptr() for t in vars(launch.sc).values()]
+    buffers = [t.data_ptr() for t in vars(call.sc).values()]
     # count every tensor the kernels' Python creates during a warm call (the interpreter's own work on
     # CPU is not the library's: only calls made from strata_plan/kernels count)
     made = []
@@ -113,7 +113,7 @@ def test_prepared_call_reuses_its_scratch_and_allocates_nothing(arena, monkeypat
     again = fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out, backend="triton")
     assert made == []
     assert again is out and torch.equal(again, first)
-    assert [t.data_ptr() for t in vars(launch.sc).values()] == buffers and len(pm._launches) == n_launches
+    assert [t.data_ptr() for t in vars(call.sc).values()] == buffers and len(pm._launches) == n_launches
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")     # codes set to 0 below: experts read as the wrong format
@@ -155,8 +155,8 @@ def test_decode_call_allocates_nothing_on_the_gpu(direct, monkeypatch):
     hidden, inter = GPU_HIDDEN, GPU_INTER
     a, offsets, fm, x, ids, wts, out = _gpu_layer()
     fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out)
-    d = ops.prepare_moe(fm, len(GPU_NAMES), hidden, inter, DEVICE)._launches[(1, 8, ops._stream_id(x.device))]
-    assert d.down.mode(ids, wts, offsets, a, out, out.stride(0)) == ("direct" if direct else "plain")
+    pm = ops.prepare_moe(fm, len(GPU_NAMES), hidden, inter, DEVICE)
+    assert pm.launch_mode(x, ids, wts, a, offsets, out) == ("direct" if direct else "plain")
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()
     for _ in range(10):
@@ -189,12 +189,11 @@ def _both_paths(arena, names, m, topk, calls=2, misaligned=True):
     plain = ops.PreparedMoE(fm, hidden, inter, DEVICE, direct=False)
     want = plain(x, sk, wts, a, offsets, backend="triton")
     got = [fast(x, sk, wts, a, offsets, backend="triton").clone() for _ in range(calls)]
-    d = fast._launches[(m, topk, ops._stream_id(x.device))]
-    modes = {d.gate_up.mode(x, x.stride(0), sk, offsets, a), d.down.mode(sk, wts, offsets, a, want, hidden)}
+    modes = {fast.launch_mode(x, sk, wts, a, offsets, want)}
     if misaligned:     # another specialization: compiled through Triton, then launched directly too
         xm = _misaligned(x)
         got += [fast(xm, sk, wts, a, offsets, backend="triton") for _ in range(calls)]
-        assert d.gate_up.mode(xm, xm.stride(0), sk, offsets, a) in modes
+        modes.add(fast.launch_mode(xm, sk, wts, a, offsets, want))
     return got, want, modes
 
 
@@ -234,9 +233,8 @@ def test_direct_launch_is_captured_in_a_cuda_graph():
     with torch.cuda.stream(s):                       # warm on the capture stream: compiled, then direct
         for _ in range(2):
             pm(x, ids, wts, a, offsets, out=out)
+        assert pm.launch_mode(x, ids, wts, a, offsets, out) == "direct"
     torch.cuda.synchronize()
-    d = pm._launches[(1, 8, s.cuda_stream)]
-    assert d.gate_up.mode(x, x.stride(0), ids, offsets, a) == "direct"
     want = out.clone()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
