@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import torch
@@ -52,27 +53,16 @@ def _runtime_knobs():
 _KNOBS = _runtime_knobs()
 
 
-def _hook_active(hook) -> bool:
-    """Triton 3.6: a hook or None; newer: a HookChain whose `calls` may be empty."""
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
-def spec_key(live: Sequence, slots: Sequence[int] = (), args: list | None = None) -> tuple:
+def spec_key(live: Sequence) -> tuple:
     """What Triton's specialization sees of the live arguments, or finer: a tensor's dtype and 16-byte
-    alignment, an int's value 1, divisibility by 16 and width (i32 or wider). Two calls whose live
-    arguments have equal keys run the same compiled kernel. With `args`, also writes each argument as
-    the launcher takes it (a tensor's address) at its slot: one pass for both."""
+    alignment; an int's class: 1 for the value 1, else 2 + (divisible by 16) + 2 * (fits in i32). Two
+    calls whose live arguments have equal keys run the same compiled kernel."""
     key = []
-    for i, v in zip(slots or range(len(live)), live):
+    for v in live:
         if v.__class__ is int:
-            key.append(v if v == 1 else (v & 15 == 0) + 2 * (-0x80000000 <= v <= 0x7FFFFFFF))
-            p = v
+            key.append(1 if v == 1 else 2 + (v & 15 == 0) + 2 * (-0x80000000 <= v <= 0x7FFFFFFF))
         else:
-            p = v.data_ptr()
-            key.append(v.dtype)
-            key.append(p & 15 == 0)
-        if args is not None:
-            args[i] = p
+            key += [v.dtype, v.data_ptr() & 15 == 0]
     return tuple(key)
 
 
@@ -80,7 +70,8 @@ class Launch:
     """`fn[grid](**kwargs)` made again and again with only the `live` arguments changing (module doc).
     kwargs: every argument of the kernel by name (constexprs included; parameters with defaults may be
     left out) and the launch options (num_warps, maxnreg, ...), exactly as to `fn[grid]`; the values given
-    for the `live` names are placeholders. `direct`: None follows `DIRECT` at each call."""
+    for the `live` names only say which are ints (the others are tensors) and are not kept. `direct`:
+    None follows `DIRECT` at each call."""
 
     def __init__(self, fn, grid: tuple, kwargs: Mapping[str, Any], live: Sequence[str], direct: bool | None = None):
         sig = inspect.signature(fn.fn)
@@ -92,29 +83,59 @@ class Launch:
         self.options = {k: v for k, v in kwargs.items() if k not in sig.parameters}
         self.direct = direct
         self._slots = tuple(names.index(n) for n in self.live)
+        kinds = ["int" if bound.arguments[n].__class__ is int else "tensor" for n in self.live]
+        for n in self.live:                                 # hold no reference to a call's tensors
+            bound.arguments[n] = None
         self._objs = list(bound.arguments.values())         # the plain path's arguments (tensors)
         self._ints = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self._objs]   # the direct one's
         self._entries: dict[tuple, Any] = {}                # specialization key -> _Entry | _REPLAY
+        self.launch = self._write_launch(kinds)
 
     def __call__(self, stream: int, *live) -> None:
         """Launch with these live arguments (in `live` order) on `stream` (a raw CUDA stream handle, torch's
-        current one; the plain path takes torch's current stream itself)."""
-        args = self._ints.copy()
-        e = self._entries.get(spec_key(live, self._slots, args))
-        if e is None or e is _REPLAY or not (DIRECT if self.direct is None else self.direct):
-            self.plain(*live)
-            return
-        enter, leave = _KNOBS.launch_enter_hook, _KNOBS.launch_exit_hook
-        if _hook_active(enter) or _hook_active(leave):     # a profiler's hooks: as Triton calls them
-            meta = e.kernel.launch_metadata(self.grid, stream, *args)
-        else:                                             # none: what Triton 3.6 passes by default
-            enter = leave = meta = None
-        g0, g1, g2 = self.grid
-        try:
-            e.run(g0, g1, g2, stream, e.function, e.metadata, meta, enter, leave, *args)
-        except TypeError:           # a launcher that takes its arguments otherwise: parsed before launching
-            self._entries[spec_key(live)] = _REPLAY
-            self.plain(*live)
+        current one; the plain path takes torch's current stream itself). `self.launch(stream, *live)` is
+        the same call without this layer."""
+        self.launch(stream, *live)
+
+    def _write_launch(self, kinds: Sequence[str]):
+        """`launch(stream, a0, a1, ...)`: the per-call work written out for this call site's live
+        arguments (a tensor or an int each, as `kinds` says), as Triton writes its binder: the launcher's
+        argument list with each live one at its slot, the specialization key (equal to `spec_key`'s),
+        then the compiled kernel's launcher, or `plain` for a specialization not launched yet."""
+        params = [f"a{j}" for j in range(len(kinds))]
+        lines, key = [f"def launch(stream, {', '.join(params)}):", "    args = ints.copy()"], []
+        for j, (slot, kind) in enumerate(zip(self._slots, kinds)):
+            if kind == "tensor":
+                lines.append(f"    p{j} = args[{slot}] = a{j}.data_ptr()")
+                key += [f"a{j}.dtype", f"p{j} & 15 == 0"]
+            else:
+                lines.append(f"    args[{slot}] = a{j}")
+                key.append(f"(1 if a{j} == 1 else 2 + (a{j} & 15 == 0) + 2 * (-0x80000000 <= a{j} <= 0x7FFFFFFF))")
+        live = ", ".join(params)
+        lines += [
+            f"    e = entries.get(({', '.join(key)},))",
+            "    if e.__class__ is not Entry or not (module.DIRECT if self.direct is None else self.direct):",
+            f"        return self.plain({live})",
+            "    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook",
+            "    if (enter is not None and getattr(enter, 'calls', True)) or (leave is not None and getattr(leave, 'calls', True)):",
+            "        return self._hooked(e, stream, args, enter, leave)",
+            "    try:",
+            "        e.run(g0, g1, g2, stream, e.function, e.metadata, None, None, None, *args)",
+            "    except TypeError:       # a launcher that takes its arguments otherwise: parsed before launching",
+            f"        self._refused({live})"]
+        ns = dict(self=self, ints=self._ints, entries=self._entries, Entry=_Entry, module=sys.modules[__name__],
+                  knobs=_KNOBS, g0=self.grid[0], g1=self.grid[1], g2=self.grid[2])
+        exec("\n".join(lines), ns)                        # noqa: S102 - our own source, from names above
+        return ns["launch"]
+
+    def _hooked(self, e, stream, args, enter, leave) -> None:
+        """A direct launch with a profiler's launch hooks registered: their metadata as Triton makes it."""
+        meta = e.kernel.launch_metadata(self.grid, stream, *args)
+        e.run(*self.grid, stream, e.function, e.metadata, meta, enter, leave, *args)
+
+    def _refused(self, *live) -> None:
+        self._entries[spec_key(live)] = _REPLAY
+        self.plain(*live)
 
     def mode(self, *live) -> str:
         """How a call with these live arguments runs: "new" (its specialization not launched yet: the

@@ -305,20 +305,26 @@ def _check_moe_static(arena, offsets, hidden, intermediate):
         raise ValueError(f"fused_moe: offsets must be int64 [E] (byte offset of each expert blob), got {offsets.dtype}")
 
 
+_ID_DTYPES = (torch.int32, torch.int64)
+_U8, _I64 = torch.uint8, torch.int64
+
+
 def _check_moe(x, topk_ids, topk_weights, arena, offsets, hidden, out):
     """Shapes, dtypes and devices of one call: attribute reads only (no sync, no allocation)."""
-    if x.dim() != 2 or x.shape[1] != hidden or not x.is_floating_point():
-        raise ValueError(f"fused_moe: x must be a float tensor [M, hidden={hidden}], got {tuple(x.shape)} {x.dtype}")
-    m = x.shape[0]
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"fused_moe: topk_ids must be int32/int64 [M={m}, k], got {tuple(topk_ids.shape)} {topk_ids.dtype}")
-    if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
-        raise ValueError(f"fused_moe: topk_weights must be float {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}")
+    xs = x.shape
+    if len(xs) != 2 or xs[1] != hidden or not x.is_floating_point():
+        raise ValueError(f"fused_moe: x must be a float tensor [M, hidden={hidden}], got {tuple(xs)} {x.dtype}")
+    m = xs[0]
+    ks = topk_ids.shape
+    if len(ks) != 2 or ks[0] != m or topk_ids.dtype not in _ID_DTYPES:
+        raise ValueError(f"fused_moe: topk_ids must be int32/int64 [M={m}, k], got {tuple(ks)} {topk_ids.dtype}")
+    if topk_weights.shape != ks or not topk_weights.is_floating_point():
+        raise ValueError(f"fused_moe: topk_weights must be float {tuple(ks)}, got {tuple(topk_weights.shape)}")
     dev = x.device
     for t in (topk_ids, topk_weights, arena, offsets):
         if t.device != dev:
             raise ValueError(f"fused_moe: every tensor must be on {dev}; one is on {t.device}")
-    if out is not None and (tuple(out.shape) != (m, hidden) or out.dtype != x.dtype or out.stride(1) != 1
+    if out is not None and (out.shape != (m, hidden) or out.dtype != x.dtype or out.stride(1) != 1
                             or out.device != dev):
         raise ValueError(f"fused_moe: out must be {x.dtype} [{m}, {hidden}] with unit column stride on {dev}")
 
@@ -451,7 +457,8 @@ class PreparedMoE:
     def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, arena: torch.Tensor,
                  offsets: torch.Tensor, out: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
         _check_moe(x, topk_ids, topk_weights, arena, offsets, self.hidden, out)
-        if arena.dtype != torch.uint8 or offsets.dtype != torch.int64 or offsets.shape[0] != self.n_experts:
+        if (arena.dtype != _U8 or arena.dim() != 1 or offsets.dtype != _I64 or offsets.dim() != 1
+                or offsets.shape[0] != self.n_experts):
             _check_moe_static(arena, offsets, self.hidden, self.inter)
             raise ValueError(f"fused_moe: {self.n_experts} format codes for {offsets.shape[0]} experts (offsets)")
         m = x.shape[0]
@@ -478,8 +485,8 @@ class PreparedMoE:
         if POISON_SCRATCH:
             d.sc.poison()
         if self._one_gpu or torch.cuda.current_device() == x.device.index:
-            d.gate_up(stream, x, x.stride(0), ids, offsets, arena)
-            d.down(stream, ids, wts, offsets, arena, out, out.stride(0))
+            d.gate_up.launch(stream, x, x.stride(0), ids, offsets, arena)
+            d.down.launch(stream, ids, wts, offsets, arena, out, out.stride(0))
         else:
             d.gate_up.plain(x, x.stride(0), ids, offsets, arena)
             d.down.plain(ids, wts, offsets, arena, out, out.stride(0))
@@ -612,6 +619,11 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     are resolved once and cached (`PreparedMoE`). `config` (a sweep's candidate: a `MoEConfig` for
     M <= MOE_DECODE_MAX_M, a `MoEGroupedConfig` above, or a dict of named fields over the shipped one of
     the path the call takes) bypasses that cache."""
+    if config is None:                 # the engine's calls (ExpertFormats, or a tensor of codes): one lookup
+        fm = _formats_of_tensor(formats, x.device) if isinstance(formats, torch.Tensor) else formats
+        pm = _PREPARED.get((fm, hidden, intermediate, x.device)) if fm.__class__ is ExpertFormats else None
+        if pm is not None:
+            return pm(x, topk_ids, topk_weights, arena, offsets, out=out, backend=backend)
     _check_moe_static(arena, offsets, hidden, intermediate)
     if config is not None:
         kind = "moe" if x.shape[0] <= MOE_DECODE_MAX_M else "moe_grouped"

@@ -79,20 +79,23 @@ def test_first_call_compiles_through_triton_then_launches_directly(tensors):
         (4, 2, 1, 456, ck.function, ck.packed_metadata, None, None, None, a.data_ptr(), 9, b.data_ptr(), 3, 64, 0)]
 
 
-@pytest.mark.parametrize("change", ["dtype", "alignment", "one", "wide"])
+@pytest.mark.parametrize("change", ["dtype", "alignment", "wide", "wide and divisible by 16"])
 def test_a_new_specialization_goes_through_triton(tensors, change):
     a, b = tensors
     ck = FakeCompiled()
     fn = FakeJIT(ck)
     ln = make(fn, b, direct=True)
-    ln(0, a, 7)
-    other_a, n = {"dtype": (a.to(torch.float16), 7), "alignment": (a[1:], 7), "one": (a, 1),
-                  "wide": (a, 7 + 2 ** 32)}[change]
+    for n in (7, 1, 16):                 # an int's classes within i32: other, 1, divisible by 16
+        ln(0, a, n)
+    assert len(fn.calls) == 3 and all(ln.mode(a, n) == "direct" for n in (7, 1, 16))
+    fn.calls.clear()
+    other_a, n = {"dtype": (a.to(torch.float16), 7), "alignment": (a[1:], 7), "wide": (a, 7 + 2 ** 32),
+                  "wide and divisible by 16": (a, 2 ** 32)}[change]
     assert ln.mode(other_a, n) == "new"
     ln(0, other_a, n)
-    assert len(fn.calls) == 2 and ck.launches == []
+    assert len(fn.calls) == 1 and ck.launches == []
     ln(0, other_a, n)
-    assert len(fn.calls) == 2 and len(ck.launches) == 1
+    assert len(fn.calls) == 1 and len(ck.launches) == 1
 
 
 def test_plain_when_asked_or_when_the_kernel_cannot_be_launched_directly(tensors, monkeypatch):
@@ -153,6 +156,12 @@ def test_a_launch_hook_gets_its_metadata(tensors, monkeypatch):
     ln(9, a, 7)
     assert ck.metadata_calls == [((4, 2, 1), 9, (a.data_ptr(), 7, b.data_ptr(), 3, 64, 0))]
     assert ck.launches[-1][6] == {"name": "kernel_source"}
+
+
+def test_a_launch_keeps_no_live_tensor(tensors):
+    a, b = tensors
+    ln = launch.Launch(FakeJIT(FakeCompiled()), (1,), dict(a_p=a, n=7, b_p=b, M=3, BN=64), live=("a_p", "n"))
+    assert not any(o is a for o in ln._objs) and a.data_ptr() not in ln._ints
 
 
 def test_live_names_must_be_kernel_arguments(tensors):
