@@ -101,9 +101,15 @@ class Launch:
         """`launch(stream, a0, a1, ...)`: the per-call work written out for this call site's live
         arguments (a tensor or an int each, as `kinds` says), as Triton writes its binder: the launcher's
         argument list with each live one at its slot, the specialization key (equal to `spec_key`'s),
-        then the compiled kernel's launcher, or `plain` for a specialization not launched yet."""
+        then the compiled kernel's launcher, or `plain` for a specialization not launched yet; with
+        direct launches off, straight to `triton`."""
         params = [f"a{j}" for j in range(len(kinds))]
-        lines, key = [f"def launch(stream, {', '.join(params)}):", "    args = ints.copy()"], []
+        live = ", ".join(params)
+        lines = [f"def launch(stream, {live}):",
+                 "    if not (module.DIRECT if self.direct is None else self.direct):",
+                 f"        return self.triton({live})",
+                 "    args = ints.copy()"]
+        key = []
         for j, (slot, kind) in enumerate(zip(self._slots, kinds)):
             if kind == "tensor":
                 lines.append(f"    p{j} = args[{slot}] = a{j}.data_ptr()")
@@ -111,10 +117,9 @@ class Launch:
             else:
                 lines.append(f"    args[{slot}] = a{j}")
                 key.append(f"(1 if a{j} == 1 else 2 + (a{j} & 15 == 0) + 2 * (-0x80000000 <= a{j} <= 0x7FFFFFFF))")
-        live = ", ".join(params)
         lines += [
             f"    e = entries.get(({', '.join(key)},))",
-            "    if e.__class__ is not Entry or not (module.DIRECT if self.direct is None else self.direct):",
+            "    if e.__class__ is not Entry:",
             f"        return self.plain({live})",
             "    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook",
             "    if (enter is not None and getattr(enter, 'calls', True)) or (leave is not None and getattr(leave, 'calls', True)):",
@@ -138,20 +143,26 @@ class Launch:
         self.plain(*live)
 
     def mode(self, *live) -> str:
-        """How a call with these live arguments runs: "new" (its specialization not launched yet: the
-        plain path, which compiles or finds the kernel), "direct" or "plain"."""
+        """How a call with these live arguments runs: "direct", "plain" (Triton's launcher: asked for, or
+        no direct launch possible) or "new" (direct asked for, its specialization not launched yet: the
+        next call goes through Triton's launcher, which compiles or finds the kernel)."""
+        if not (DIRECT if self.direct is None else self.direct):
+            return "plain"
         e = self._entries.get(spec_key(live))
-        if e is None:
-            return "new"
-        return "plain" if e is _REPLAY or not (DIRECT if self.direct is None else self.direct) else "direct"
+        return "new" if e is None else "plain" if e is _REPLAY else "direct"
 
-    def plain(self, *live) -> None:
-        """Launch through `fn[grid](...)` (Triton's launcher; compiles on a new specialization) and keep
-        the compiled kernel for the direct path."""
+    def triton(self, *live):
+        """Launch through `fn[grid](...)` (Triton's launcher), every argument in the kernel's order.
+        Returns what that returns (the compiled kernel; None in the interpreter)."""
         args = self._objs.copy()
         for i, v in zip(self._slots, live):
             args[i] = v
-        kernel = self.fn[self.grid](*args, **self.options)
+        return self.fn[self.grid](*args, **self.options)
+
+    def plain(self, *live) -> None:
+        """`triton(*live)`, keeping the compiled kernel it returns for the direct launches of this
+        specialization (or that there can be none)."""
+        kernel = self.triton(*live)
         key = spec_key(live)
         if key not in self._entries:
             self._entries[key] = self._entry(kernel)

@@ -488,8 +488,8 @@ class PreparedMoE:
             d.gate_up.launch(stream, x, x.stride(0), ids, offsets, arena)
             d.down.launch(stream, ids, wts, offsets, arena, out, out.stride(0))
         else:
-            d.gate_up.plain(x, x.stride(0), ids, offsets, arena)
-            d.down.plain(ids, wts, offsets, arena, out, out.stride(0))
+            d.gate_up.triton(x, x.stride(0), ids, offsets, arena)
+            d.down.triton(ids, wts, offsets, arena, out, out.stride(0))
         return out
 
     def launch_mode(self, x, topk_ids, topk_weights, arena, offsets, out) -> str:

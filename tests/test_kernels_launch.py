@@ -122,8 +122,13 @@ def test_plain_when_asked_or_when_the_kernel_cannot_be_launched_directly(tensors
     ln(0, a, 7)
     assert len(fn.calls) == 2 and ln.mode(a, 7) == "plain"
     monkeypatch.setattr(launch, "DIRECT", True)
+    assert ln.mode(a, 7) == "new"
     ln(0, a, 7)
-    assert len(fn.calls) == 2 and len(ck.launches) == 1
+    ln(0, a, 7)
+    assert len(fn.calls) == 3 and len(ck.launches) == 1
+    monkeypatch.setattr(launch, "DIRECT", False)
+    ln(0, a, 7)
+    assert len(fn.calls) == 4 and len(ck.launches) == 1
 
 
 def test_a_launcher_that_refuses_the_arguments_falls_back(tensors):

@@ -1,4 +1,5 @@
-"""`fused_moe` as the engine calls it: once per layer per token, with skipped pairs, no allocation.
+"""`fused_moe` as the engine calls it: once per layer per token, with skipped pairs, no allocation, its
+decode kernels launched directly from their compiled kernels or through Triton's launcher, alike.
 
 Runs the Triton kernels on CUDA where there is a GPU, else in Triton's interpreter at small shapes.
 """
