@@ -10,9 +10,12 @@ lookups, scratch, the two Triton launches), not the kernels'. A round whose slee
 the calls were done is not counted (the GPU must still be busy at the end: its event not yet reached).
 
 Rows: `fused_moe` with an `ExpertFormats` (what the engine passes), with a list of 384 names (hashed
-every call), and a `PreparedMoE` called directly; the first call of a new shape (compiles nothing: the
-kernels are warmed first) is reported apart. Target (issue 27): under 30 us a call at batch 1.
-The kernels' own time (graph-timed) is bench_kernels.py's.
+every call), and a `PreparedMoE` called directly; each twice, side by side: launching the compiled
+kernels directly (`kernels/launch.py`, the default) and through Triton's launcher (`kernel[grid](...)`,
+`STRATA_TRITON_LAUNCH=plain`), with their ratio. The launch mode the calls actually took is recorded
+(`launch_mode_m*`: "plain" where this Triton cannot launch directly). The first call of a shape (it
+compiles) is reported apart. Target (issue 27): under 30 us a call at batch 1, `fused_moe` with an
+`ExpertFormats`, direct. The kernels' own time (graph-timed) is bench_kernels.py's.
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ import torch  # noqa: E402
 
 from _result import write_result  # noqa: E402
 from strata_plan.kernels import bench as B  # noqa: E402
-from strata_plan.kernels import ops  # noqa: E402
+from strata_plan.kernels import launch, ops  # noqa: E402
+from strata_plan.kernels.triton_common import triton  # noqa: E402
 from strata_plan.kernels.formats import tier_mix  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOPK = 7168, 3584, 384, 8
@@ -102,26 +106,38 @@ def main(argv=None) -> int:
             "prepared_call": lambda: pm(x, ids, wts, arena, offsets, out=out),
         }
         for label, fn in rows.items():
-            r = host_us(fn, args.calls, args.rounds, cycles)
-            res[f"{label}_m{m}"] = r
-            metrics[f"host_us_{label}_m{m}"] = r["us_median"]
-            print(f"m={m} {label:26s} {r['us_median']:7.2f} us a call (min {r['us_min']:.2f}, "
-                  f"{r['rounds']} rounds, {r['rounds_dropped_gpu_idle']} dropped)", flush=True)
+            for path, direct in (("", True), ("_plain", False)):     # direct (the default), Triton's launcher
+                launch.DIRECT = direct
+                r = host_us(fn, args.calls, args.rounds, cycles)
+                res[f"{label}{path}_m{m}"] = r
+                metrics[f"host_us_{label}{path}_m{m}"] = r["us_median"]
+                print(f"m={m} {label + path:32s} {r['us_median']:7.2f} us a call (min {r['us_min']:.2f}, "
+                      f"{r['rounds']} rounds, {r['rounds_dropped_gpu_idle']} dropped)", flush=True)
+            ratio = metrics[f"host_us_{label}_plain_m{m}"] / metrics[f"host_us_{label}_m{m}"]
+            metrics[f"plain_over_direct_{label}_m{m}"] = round(ratio, 2)
+            print(f"m={m} {label:32s} Triton's launcher / direct: {ratio:.2f}x", flush=True)
+        launch.DIRECT = True
+        metrics[f"launch_mode_m{m}"] = pm.launch_mode(x, ids, wts, arena, offsets, out)
         metrics[f"first_call_ms_m{m}"] = round(first_s * 1e3, 1)
-        # allocations: none in a warm call (the allocator's counters before and after)
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_stats()["allocation.all.allocated"]
-        for _ in range(10):
-            ops.fused_moe(x, ids, wts, arena, offsets, fm, HIDDEN, INTER, out=out)
-        torch.cuda.synchronize()
-        metrics[f"allocations_per_call_m{m}"] = (torch.cuda.memory_stats()["allocation.all.allocated"] - before) / 10
+        # allocations: none in a warm call, either path (the allocator's counters before and after)
+        for path, direct in (("", True), ("_plain", False)):
+            launch.DIRECT = direct
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_stats()["allocation.all.allocated"]
+            for _ in range(10):
+                ops.fused_moe(x, ids, wts, arena, offsets, fm, HIDDEN, INTER, out=out)
+            torch.cuda.synchronize()
+            metrics[f"allocations_per_call{path}_m{m}"] = (
+                torch.cuda.memory_stats()["allocation.all.allocated"] - before) / 10
+        launch.DIRECT = True
     metrics["target_us"] = TARGET_US
     metrics["meets_target_m1"] = metrics["host_us_fused_moe_expertformats_m1"] < TARGET_US
     path = write_result("kernels-moe-host", metrics, out_dir=args.out_dir,
                         command="python benchmarks/bench_moe_host.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                         notes=f"measured: host time per eager fused_moe call, GPU busy (torch.cuda._sleep) "
-                              f"throughout; kimi-k3.1-pro layer {HIDDEN}x{INTER}, {EXPERTS} experts, top-{TOPK}, "
-                              f"tier mix", extra={"rows": res})
+                              f"throughout; rows without _plain launch the compiled kernels directly, _plain through "
+                              f"Triton's launcher; kimi-k3.1-pro layer {HIDDEN}x{INTER}, {EXPERTS} experts, top-{TOPK}, "
+                              f"tier mix", extra={"rows": res, "triton": triton.__version__})
     print(f"wrote {path}")
     return 0
 

@@ -24,7 +24,7 @@ from .formats import FORMATS, expert_layout, get_format
 from .quantizer import PackedMatrix
 from .triton_common import (BF16_CODE, FORMAT_CODES, INTERPRET, INTERPRETER_OK, USE_ASM, format_constants,
                             tile_words_limit, triton)
-from . import triton_gemm, triton_gemv, triton_moe
+from . import launch, triton_gemm, triton_gemv, triton_moe
 from .tuned import GemmConfig, GemvConfig, MoEConfig, MoEGroupedConfig, config_for, resolve
 
 GEMV_MAX_M = 8            # decode kernel up to this many rows; the tensor-core GEMM above
@@ -305,20 +305,26 @@ def _check_moe_static(arena, offsets, hidden, intermediate):
         raise ValueError(f"fused_moe: offsets must be int64 [E] (byte offset of each expert blob), got {offsets.dtype}")
 
 
+_ID_DTYPES = (torch.int32, torch.int64)
+_U8, _I64 = torch.uint8, torch.int64
+
+
 def _check_moe(x, topk_ids, topk_weights, arena, offsets, hidden, out):
     """Shapes, dtypes and devices of one call: attribute reads only (no sync, no allocation)."""
-    if x.dim() != 2 or x.shape[1] != hidden or not x.is_floating_point():
-        raise ValueError(f"fused_moe: x must be a float tensor [M, hidden={hidden}], got {tuple(x.shape)} {x.dtype}")
-    m = x.shape[0]
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"fused_moe: topk_ids must be int32/int64 [M={m}, k], got {tuple(topk_ids.shape)} {topk_ids.dtype}")
-    if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
-        raise ValueError(f"fused_moe: topk_weights must be float {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}")
+    xs = x.shape
+    if len(xs) != 2 or xs[1] != hidden or not x.is_floating_point():
+        raise ValueError(f"fused_moe: x must be a float tensor [M, hidden={hidden}], got {tuple(xs)} {x.dtype}")
+    m = xs[0]
+    ks = topk_ids.shape
+    if len(ks) != 2 or ks[0] != m or topk_ids.dtype not in _ID_DTYPES:
+        raise ValueError(f"fused_moe: topk_ids must be int32/int64 [M={m}, k], got {tuple(ks)} {topk_ids.dtype}")
+    if topk_weights.shape != ks or not topk_weights.is_floating_point():
+        raise ValueError(f"fused_moe: topk_weights must be float {tuple(ks)}, got {tuple(topk_weights.shape)}")
     dev = x.device
     for t in (topk_ids, topk_weights, arena, offsets):
         if t.device != dev:
             raise ValueError(f"fused_moe: every tensor must be on {dev}; one is on {t.device}")
-    if out is not None and (tuple(out.shape) != (m, hidden) or out.dtype != x.dtype or out.stride(1) != 1
+    if out is not None and (out.shape != (m, hidden) or out.dtype != x.dtype or out.stride(1) != 1
                             or out.device != dev):
         raise ValueError(f"fused_moe: out must be {x.dtype} [{m}, {hidden}] with unit column stride on {dev}")
 
@@ -388,11 +394,42 @@ class _DecodeLaunch:
     sc: MoEScratch
 
 
+@dataclass(frozen=True, eq=False)
+class _DecodeCall:
+    """The two decode launches of one call shape of a `PreparedMoE`, their fixed arguments resolved once."""
+    sc: MoEScratch
+    gate_up: launch.Launch
+    down: launch.Launch
+
+
+GATE_UP_LIVE = ("x_p", "stride_xm", "ids_p", "offs_p", "arena_p")      # what changes between calls
+DOWN_LIVE = ("ids_p", "wts_p", "offs_p", "arena_p", "out_p", "stride_om")
+
+
+def _gate_up_args(sc: MoEScratch, x, ids, codes, offsets, arena, table, m: int, hidden: int, inter: int,
+                  ku1: int) -> dict:
+    """`triton_moe.gate_up_kernel`'s arguments by name (its launch options: `_DecodeLaunch.kw1`)."""
+    return dict(x_p=x, stride_xm=x.stride(0), ids_p=ids, codes_p=codes, offs_p=offsets, arena_p=arena, table_p=table,
+                xq_p=sc.xq, xdx_p=sc.xdx, xsum_p=sc.xsum, hq_p=sc.hq, hdx_p=sc.hdx, hsum_p=sc.hsum, hf_p=sc.hf,
+                gpart_p=sc.gpart, cnt_p=sc.cnt1, M=m, H=hidden, I=inter, KU=ku1)
+
+
+def _down_args(sc: MoEScratch, ids, wts, codes, offsets, arena, table, out, hidden: int, inter: int,
+               ku2: int) -> dict:
+    """`triton_moe.down_kernel`'s arguments by name (its launch options: `_DecodeLaunch.kw2`)."""
+    return dict(ids_p=ids, wts_p=wts, codes_p=codes, offs_p=offsets, arena_p=arena, table_p=table, hq_p=sc.hq,
+                hdx_p=sc.hdx, hsum_p=sc.hsum, hf_p=sc.hf, part_p=sc.part, cnt_p=sc.cnt2, out_p=out,
+                stride_om=out.stride(0), H=hidden, I=inter, KU=ku2)
+
+
 class PreparedMoE:
     """`fused_moe` with everything that does not change between calls resolved once: the expert formats
     (codes on the device and the mask of those present), the layout table, the launch configs, and per
-    call shape (tokens, top-k, stream) the grids and the scratch. A call then checks shapes and launches
-    two kernels: no host sync, no allocation (except `out` when not given).
+    call shape (tokens, top-k, stream) the grids, the scratch and the two launches' fixed arguments
+    (`launch.Launch`). A call then checks shapes and launches two kernels: no host sync, no allocation
+    (except `out` when not given). After the first call of a shape, the decode kernels (M <=
+    MOE_DECODE_MAX_M) are launched straight from their compiled kernels, skipping Triton's Python
+    launcher; `direct=False` (or STRATA_TRITON_LAUNCH=plain) keeps every call on `kernel[grid](...)`.
 
         moe = prepare_moe(formats, n_experts, hidden, intermediate, device)     # once per layer
         moe(x, topk_ids, topk_weights, arena, offsets, out=out)                  # every token
@@ -402,7 +439,8 @@ class PreparedMoE:
     name, or a tensor of codes) there: a list of names is hashed every call."""
 
     def __init__(self, fm: ExpertFormats, hidden: int, intermediate: int, device,
-                 config: MoEConfig | None = None, grouped_config: MoEGroupedConfig | None = None):
+                 config: MoEConfig | None = None, grouped_config: MoEGroupedConfig | None = None,
+                 direct: bool | None = None):
         self.fm, self.hidden, self.inter = fm, hidden, intermediate
         self.device = torch.device(device)
         self.n_experts = fm.codes.numel()
@@ -411,12 +449,16 @@ class PreparedMoE:
         self.cfg = config or config_for("moe", "mix", 1, hidden, intermediate, self.device)
         self.grouped_cfg = grouped_config or config_for("moe_grouped", "mix", MOE_DECODE_MAX_M + 1, hidden,
                                                         intermediate, self.device)
-        self._launches: dict[tuple, _DecodeLaunch] = {}
+        self.direct = direct              # None: launch.DIRECT (the environment) at each call
+        # a compiled kernel runs on the device it was loaded on: with several GPUs, check the current one
+        self._one_gpu = self.device.type != "cuda" or torch.cuda.device_count() == 1
+        self._launches: dict[tuple, _DecodeCall] = {}
 
     def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, arena: torch.Tensor,
                  offsets: torch.Tensor, out: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
         _check_moe(x, topk_ids, topk_weights, arena, offsets, self.hidden, out)
-        if arena.dtype != torch.uint8 or offsets.dtype != torch.int64 or offsets.shape[0] != self.n_experts:
+        if (arena.dtype != _U8 or arena.dim() != 1 or offsets.dtype != _I64 or offsets.dim() != 1
+                or offsets.shape[0] != self.n_experts):
             _check_moe_static(arena, offsets, self.hidden, self.inter)
             raise ValueError(f"fused_moe: {self.n_experts} format codes for {offsets.shape[0]} experts (offsets)")
         m = x.shape[0]
@@ -435,21 +477,44 @@ class PreparedMoE:
             _moe_grouped(x, ids, wts, arena, offsets, self.fm, self.hidden, self.inter, out, self.grouped_cfg,
                          self.table)
             return out
-        topk = ids.shape[1]
-        key = (m, topk, _stream_id(x.device))
-        ln = self._launches.get(key)
-        if ln is None:
-            ln = self._launches[key] = _decode_launch(m, topk, self.fm, self.hidden, self.inter, self.cfg, x.device)
+        stream = _stream_id(x.device)
+        key = (m, ids.shape[1], stream)
+        d = self._launches.get(key)
+        if d is None:
+            d = self._launches[key] = self._decode_call(x, ids, wts, arena, offsets, out)
         if POISON_SCRATCH:
-            ln.sc.poison()
-        sc = ln.sc
-        triton_moe.gate_up_kernel[ln.grid1](
-            x, x.stride(0), ids, self.fm.codes, offsets, arena, self.table, sc.xq, sc.xdx, sc.xsum, sc.hq, sc.hdx,
-            sc.hsum, sc.hf, sc.gpart, sc.cnt1, m, self.hidden, self.inter, ln.ku1, **ln.kw1)
-        triton_moe.down_kernel[ln.grid2](
-            ids, wts, self.fm.codes, offsets, arena, self.table, sc.hq, sc.hdx, sc.hsum, sc.hf, sc.part, sc.cnt2,
-            out, out.stride(0), self.hidden, self.inter, ln.ku2, **ln.kw2)
+            d.sc.poison()
+        if self._one_gpu or torch.cuda.current_device() == x.device.index:
+            d.gate_up.launch(stream, x, x.stride(0), ids, offsets, arena)
+            d.down.launch(stream, ids, wts, offsets, arena, out, out.stride(0))
+        else:
+            d.gate_up.triton(x, x.stride(0), ids, offsets, arena)
+            d.down.triton(ids, wts, offsets, arena, out, out.stride(0))
         return out
+
+    def launch_mode(self, x, topk_ids, topk_weights, arena, offsets, out) -> str:
+        """How a decode call with these arguments launches its two kernels: "direct" (from the compiled
+        kernels), "plain" (Triton's launcher), "new" (this shape or specialization not called yet) or
+        "mixed" (the two launches differ)."""
+        d = self._launches.get((x.shape[0], topk_ids.shape[1], _stream_id(x.device)))
+        if d is None:
+            return "new"
+        modes = {d.gate_up.mode(x, x.stride(0), topk_ids, offsets, arena),
+                 d.down.mode(topk_ids, topk_weights, offsets, arena, out, out.stride(0))}
+        return modes.pop() if len(modes) == 1 else "mixed"
+
+    def _decode_call(self, x, ids, wts, arena, offsets, out) -> _DecodeCall:
+        """The launches of this call's shape (the live arguments of this first call stand for every call's)."""
+        m, topk = ids.shape
+        ln = _decode_launch(m, topk, self.fm, self.hidden, self.inter, self.cfg, x.device)
+        sc, codes, table, h, i = ln.sc, self.fm.codes, self.table, self.hidden, self.inter
+        gate_up = launch.Launch(triton_moe.gate_up_kernel, ln.grid1,
+                                {**_gate_up_args(sc, x, ids, codes, offsets, arena, table, m, h, i, ln.ku1), **ln.kw1},
+                                GATE_UP_LIVE, self.direct)
+        down = launch.Launch(triton_moe.down_kernel, ln.grid2,
+                             {**_down_args(sc, ids, wts, codes, offsets, arena, table, out, h, i, ln.ku2), **ln.kw2},
+                             DOWN_LIVE, self.direct)
+        return _DecodeCall(sc, gate_up, down)
 
 
 def _decode_launch(m: int, topk: int, fm: ExpertFormats, hidden: int, inter: int, cfg: MoEConfig, dev,
@@ -554,6 +619,11 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     are resolved once and cached (`PreparedMoE`). `config` (a sweep's candidate: a `MoEConfig` for
     M <= MOE_DECODE_MAX_M, a `MoEGroupedConfig` above, or a dict of named fields over the shipped one of
     the path the call takes) bypasses that cache."""
+    if config is None:                 # the engine's calls (ExpertFormats, or a tensor of codes): one lookup
+        fm = _formats_of_tensor(formats, x.device) if isinstance(formats, torch.Tensor) else formats
+        pm = _PREPARED.get((fm, hidden, intermediate, x.device)) if fm.__class__ is ExpertFormats else None
+        if pm is not None:
+            return pm(x, topk_ids, topk_weights, arena, offsets, out=out, backend=backend)
     _check_moe_static(arena, offsets, hidden, intermediate)
     if config is not None:
         kind = "moe" if x.shape[0] <= MOE_DECODE_MAX_M else "moe_grouped"
@@ -594,9 +664,9 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     if POISON_SCRATCH:
         ln.sc.poison()
     sc = ln.sc
-    triton_moe.gate_up_kernel[ln.grid1](
-        x, x.stride(0), ids, fm.codes, offsets, arena, _layout_table(hidden, inter, str(x.device)), sc.xq, sc.xdx,
-        sc.xsum, sc.hq, sc.hdx, sc.hsum, sc.hf, sc.gpart, sc.cnt1, m, hidden, inter, ln.ku1, **ln.kw1)
+    table = _layout_table(hidden, inter, str(x.device))
+    triton_moe.gate_up_kernel[ln.grid1](**_gate_up_args(sc, x, ids, fm.codes, offsets, arena, table, m, hidden, inter,
+                                                        ln.ku1), **ln.kw1)
     return sc
 
 
@@ -606,9 +676,9 @@ def moe_down(sc: MoEScratch, ids, wts, arena, offsets, fm: ExpertFormats, hidden
     m, topk = ids.shape
     cfg = resolve("moe", cfg, config_for("moe", "mix", m, hidden, inter, out.device))
     ln = _decode_launch(m, topk, fm, hidden, inter, cfg, out.device)
-    triton_moe.down_kernel[ln.grid2](
-        ids, wts, fm.codes, offsets, arena, _layout_table(hidden, inter, str(out.device)), sc.hq, sc.hdx, sc.hsum,
-        sc.hf, sc.part, sc.cnt2, out, out.stride(0), hidden, inter, ln.ku2, **ln.kw2)
+    table = _layout_table(hidden, inter, str(out.device))
+    triton_moe.down_kernel[ln.grid2](**_down_args(sc, ids, wts, fm.codes, offsets, arena, table, out, hidden, inter,
+                                                  ln.ku2), **ln.kw2)
 
 
 def _moe_grouped(x, ids, wts, arena, offsets, fm: ExpertFormats, hidden, inter, out, cfg, table=None) -> None:
