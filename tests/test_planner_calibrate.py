@@ -215,6 +215,8 @@ def test_calibrate_bad_input(bench_files, tmp_path, capsys):
     assert "no-such-profile" in capsys.readouterr().err
     assert main(["calibrate", str(tmp_path / "missing.json"), "--profile", "h200", "--out", str(tmp_path / "o.yaml")]) == 2
     assert "missing.json: file not found" in capsys.readouterr().err
+    assert main(["calibrate", str(f), "--profile", "h200", "--out", str(tmp_path / "o.yaml"), "--modes", "on-demand"]) == 2
+    assert "--modes: on-demand: no run of these modes" in capsys.readouterr().err
 
 
 def test_bench_record_holds_what_calibrate_needs():

@@ -19,6 +19,8 @@ def register(sub) -> None:
     p.add_argument("--plan", action="append", default=[], metavar="NAME=PATH",
                    help="the plan file of the runs named NAME (a run's name in a results file, or the part before "
                         "its '/'), for files that do not record their plans; repeatable")
+    p.add_argument("--modes", default="plan,lru,on-demand", help="fit on the runs of these modes only (default "
+                   "all; e.g. lru,on-demand to keep the lookahead's prefetch path out of the per-layer constants)")
     add_out(p, "profile YAML to write with the fitted constants", required=True, metavar="P2.yaml")
     add_json(p)
     p.set_defaults(func=cmd_calibrate)
@@ -42,7 +44,10 @@ def cmd_calibrate(args) -> int:
     from strata_plan.profiles.schema import load_profile, save_profile
     out = check_out_file(args.out, "--out", args.force)
     profile = load_profile(args.profile)
-    runs = read_runs(args.bench, _plans(args.plan))
+    modes = [m for m in args.modes.split(",") if m]
+    runs = [r for r in read_runs(args.bench, _plans(args.plan)) if r.mode in modes]
+    if not runs:
+        raise UserError("--modes", args.modes, "no run of these modes in the bench files", "name modes the runs have")
     fit = calibrate(runs, profile, sources_text(args.bench))
     path = save_profile(fit.profile, out)
     load_profile(str(path))                     # what we wrote must load with the planner's loader
