@@ -55,6 +55,7 @@ class Fetch:
     after: Any = None                # event the copy must wait for (the slot's last reader)
     event: Any = None                # recorded after the copy; None on CPU
     start: Any = None                # recorded before the copy (timing events, CUDA only)
+    spans: list = field(default_factory=list)   # (start, end) timing events of each chunk's copy
     seq: int = 0
     cancelled: bool = False
     error: BaseException | None = None
@@ -247,27 +248,28 @@ class Transfers:
         with torch.cuda.stream(self.copy_stream):
             if f.after is not None:
                 self.copy_stream.wait_event(f.after)
-            f.start = torch.cuda.Event(enable_timing=True)
-            f.start.record(self.copy_stream)
-            for a in range(0, f.nbytes, self.chunk_bytes):
+            f.spans = []
+            for a in range(0, max(1, f.nbytes), self.chunk_bytes):
                 b = min(f.nbytes, a + self.chunk_bytes)
                 if window is not None:
                     while len(window) >= self.chunks_in_flight:
                         self._retire(window)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(self.copy_stream)
                 dst[a:b].copy_(src[a:b], non_blocking=True)
+                end.record(self.copy_stream)
+                f.spans.append((start, end))
                 if window is not None:
-                    ev = torch.cuda.Event()
-                    ev.record(self.copy_stream)
-                    window.append((ev, f if b == f.nbytes and f.file is not None else None))
-            f.event = torch.cuda.Event(enable_timing=True)
-            f.event.record(self.copy_stream)
+                    window.append((end, f if b == f.nbytes and f.file is not None else None))
+            f.start, f.event = f.spans[0][0], f.spans[-1][1]
         self.copy_bytes += f.nbytes
         self.timed.append(f)
         f.enqueued.set()
 
     def copy_busy_s(self) -> float:
-        """Seconds the copy stream spent copying (each copy's start-to-end; copies on one stream do not
-        overlap). Waits for the copies to finish."""
+        """Seconds the copy stream spent copying: the sum of every chunk's own start-to-end (chunks on one
+        stream do not overlap; a fetch's first-to-last span would also count the demand copies queued
+        between its chunks and the stream's idle gaps). Waits for the copies to finish."""
         if self.cuda:
             self.copy_stream.synchronize()
-        return sum(f.start.elapsed_time(f.event) for f in self.timed) / 1e3
+        return sum(a.elapsed_time(b) for f in self.timed for a, b in f.spans) / 1e3
