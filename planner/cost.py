@@ -4,11 +4,10 @@ Decode (batch 1) walks the decoder layers in order, keeping a GPU clock t. For M
 experts, m in RAM, c cache slots, k routed per token, rank popularity p_r and expert bytes b_r:
 
     h  = cache_hit(j, s, c)                      hit rate of static set + LRU cache (routing statistics)
-    s' = S^-1(h) >= s                            the cache serves what the s' most used experts would
-                                                 (S = static_hit, linear within a rank): LRU keeps hot
-                                                 experts best, so misses fall on the least used
-    warm bytes = k sum_{s' <= r < max(s', s+m)} p_r b_r   from pinned RAM over PCIe
-    cold bytes = k sum_{r >= max(s', s+m)}     p_r b_r   NVMe read, then PCIe
+    w_r = p_r exp(-k p_r T)  for r >= s          the share of accesses that miss, by rank (Che's LRU
+                                                 approximation), T such that sum_r w_r = 1 - h
+    warm bytes = k sum_{s <= r < s+m} w_r b_r    from pinned RAM over PCIe
+    cold bytes = k sum_{r >= s+m}     w_r b_r    NVMe read, then PCIe
     link time of an expert: b_r / H2D(b_r) (the pinned curve at that transfer size; while kernels run the
     h2d_during_kernel curve, else H2D x copy_overlap); NVMe: a layer's expected misses of each format are
     read together as one batch at the store's queue depth (reads.py: T(n_f) per batch)
@@ -218,47 +217,56 @@ class CostModel:
             "kern": (pop * rt["kern"]).sum(axis=1),
             "t_bytes": _cumrows(touch * rb), "t_bg": _cumrows(touch * rt["bg"]),
             "t_count": _cumrows(touch),
-            "fmt_pop": [_cumrows(pop * mask) for mask in self._format_masks],     # F x [L, E+1]
         }
 
     def _stream_time(self, nbytes: float) -> float:
         return nbytes / (self.h2d_background(nbytes) * self._cal.dense_stream_efficiency.value) if nbytes else 0.0
 
     # ---- prediction ---------------------------------------------------------------------------------
-    def _effective_static(self, hit: np.ndarray) -> np.ndarray:
-        """[L] fractional rank s' with static_hit(s') = hit: the static set plus the LRU cache serve what
-        the s' most used experts would (the cache keeps the hottest non-static experts best)."""
-        cum, pop = self.problem.curves.cum, self.problem.curves.pop
-        E = pop.shape[1]
-        i = np.minimum((cum[:, 1:] <= hit[:, None] + 1e-12).sum(axis=1), E)       # ranks fully covered
-        rows = np.arange(len(hit))
-        part = pop[rows, np.minimum(i, E - 1)]
-        frac = np.where((i < E) & (part > 0), (hit - cum[rows, i]) / np.where(part > 0, part, 1.0), 0.0)
-        return i + np.clip(frac, 0.0, 1.0)
-
-    @staticmethod
-    def _at(table: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """[L] rank-prefix table [L, E+1] read at fractional ranks x [L] (linear within a rank)."""
-        rows = np.arange(table.shape[0])
-        i = np.minimum(np.floor(x).astype(np.int64), table.shape[1] - 1)
-        j = np.minimum(i + 1, table.shape[1] - 1)
-        return table[rows, i] + (x - i) * (table[rows, j] - table[rows, i])
+    def _miss_weights(self, s: np.ndarray, hit: np.ndarray) -> np.ndarray:
+        """[L, E] share of a layer's routed accesses that miss VRAM, by rank: none of the s static ranks; the
+        non-static ranks miss as an LRU cache under independent requests does (Che's approximation: rank r,
+        accessed k pop_r times a token, is still cached after a characteristic time T with probability
+        1 - exp(-k pop_r T)), T chosen so that the misses add up to the statistics' hit rate `hit`. So misses
+        fall on every non-static rank, the less used more often; at the same hit rate they cost more bytes
+        than if they fell on the least used alone (PLANNER.md, "Which experts miss")."""
+        pop, k = self.problem.curves.pop, self.problem.curves.top_k
+        L, E = pop.shape
+        p = pop * (np.arange(E)[None, :] >= s[:, None])                       # [L, E] non-static ranks
+        lam = k * p
+        total = p.sum(axis=1)
+        target = np.clip(hit - (1.0 - total), 0.0, total)                     # [L] cache hits to explain
+        T = np.zeros(L)
+        rows = np.flatnonzero((target > 0) & (target < total - 1e-12))      # layers with a cache to solve
+        for _ in range(60):          # f(T) = sum p (1 - e^-lam T) - target: concave, rising; Newton from below
+            if rows.size == 0:
+                break
+            pr, lr = p[rows], lam[rows]
+            e = np.exp(-lr * T[rows, None])
+            f = (pr * (1.0 - e)).sum(axis=1) - target[rows]
+            df = (pr * lr * e).sum(axis=1)
+            T[rows] = T[rows] - f / np.maximum(df, 1e-300)
+            rows = rows[f < -1e-12 * target[rows]]
+        w = p * np.exp(-lam * T[:, None])
+        return np.where((target >= total - 1e-12)[:, None], 0.0, w)
 
     def _misses(self, placement) -> dict:
         """Per-layer miss terms of one decode token, [L] arrays: bytes from RAM and NVMe, cold misses, and the
         link seconds they take (demand 'fg' and background 'bg' H2D, NVMe)."""
-        cur, tb, k, E = self.problem.curves, self._tables, self.problem.curves.top_k, self.problem.curves.n_experts
+        cur, k, E = self.problem.curves, self.problem.curves.top_k, self.problem.curves.n_experts
         s, m, c = placement.arrays
         h = cur.hits(s, c)
-        lo = self._effective_static(h)                    # [L] fractional rank: static set + cache
-        hi = np.maximum(lo, s + m)                        # [L] where the NVMe tier starts being missed
-        between = lambda t: k * (self._at(t, hi) - self._at(t, lo))  # noqa: E731
-        beyond = lambda t: k * (t[:, E] - self._at(t, hi))  # noqa: E731
-        return {"hit": h, "warm_bytes": between(tb["bytes"]), "cold_bytes": beyond(tb["bytes"]),
-                "n_cold": beyond(cur.cum), "fg_warm": between(tb["fg"]), "fg_cold": beyond(tb["fg"]),
-                "bg_warm": between(tb["bg"]), "bg_cold": beyond(tb["bg"]),
-                "cold_counts": np.array([beyond(t) for t in tb["fmt_pop"]]),    # [F, L] expected NVMe misses
-                "ram_share": between(cur.cum) / k, "nvme_share": beyond(cur.cum) / k}
+        w = self._miss_weights(np.asarray(s), h)                             # [L, E]
+        cold = np.arange(E)[None, :] >= (np.asarray(s) + np.asarray(m))[:, None]     # NVMe-tier ranks [L, E]
+        warm_w, cold_w = k * np.where(cold, 0.0, w), k * np.where(cold, w, 0.0)     # misses a token, by rank
+        rb, rt = self.problem.rank_bytes, self._rank_times
+        between = lambda x: (warm_w * x).sum(axis=1)      # noqa: E731
+        beyond = lambda x: (cold_w * x).sum(axis=1)       # noqa: E731
+        return {"hit": h, "warm_bytes": between(rb), "cold_bytes": beyond(rb),
+                "n_cold": beyond(1.0), "fg_warm": between(rt["fg"]), "fg_cold": beyond(rt["fg"]),
+                "bg_warm": between(rt["bg"]), "bg_cold": beyond(rt["bg"]),
+                "cold_counts": np.array([beyond(mask) for mask in self._format_masks]),   # [F, L] NVMe misses
+                "ram_share": between(1.0) / k, "nvme_share": beyond(1.0) / k}
 
     def predict(self, placement) -> Prediction:
         p, cur, tb = self.problem, self.problem.curves, self._tables
