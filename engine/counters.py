@@ -83,6 +83,7 @@ class StoreCounters:
             "hit_rate": self.hit_rate(), "resident_hit_rate": self.resident_hit_rate(),
             "late": tot[LATE], "demand": tot[DEMAND],
             "bytes_from": {t: sum(c.bytes_from[t] for c in self.layers) for t in ("ram", "nvme")},
+            "fetches_from": {t: sum(c.fetches_from[t] for c in self.layers) for t in ("ram", "nvme")},
             "prefetch_bytes": sum(c.prefetch_bytes for c in self.layers),
             "wasted_bytes": sum(c.wasted_bytes for c in self.layers),
             "dropped_hints": sum(c.dropped_hints for c in self.layers),

@@ -52,6 +52,28 @@ def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan") -> 
             "vram_hit_rate": min(pr.hit_rate, 1.0), "decode_binding": pr.decode_binding}
 
 
+def _against_profile(r: dict, profile: str) -> dict:
+    """The links' achieved rates as shares of the profile's: PCIe while copying against its pinned H2D at the
+    run's mean fetch size, the readers' NVMe bytes/s against its O_DIRECT figure at that size (empty when the
+    profile cannot be loaded: a measured profile recorded by name only)."""
+    from strata_plan.profiles.schema import load_profile
+    try:
+        prof = load_profile(profile)
+    except UserError:
+        return {}
+    c = r["counters"]
+    n = sum(c["fetches_from"].values()) if "fetches_from" in c else 0
+    size = sum(c["bytes_from"].values()) / n if n else 0.0
+    out = {"profile": profile, "mean_fetch_bytes": size}
+    lk = r["links"]
+    if size and prof.gpu is not None and lk["pcie_gbps_during_copies"]:
+        out["pcie_share_of_profile"] = lk["pcie_gbps_during_copies"] / prof.gpu.h2d_pinned.at(size)
+    if size and prof.nvme and lk["nvme_gbps_wall"]:
+        curve = prof.nvme[0].rand_read
+        out["nvme_share_of_profile"] = lk["nvme_gbps_wall"] / curve.at(size, max(curve.queue_depths))
+    return out
+
+
 def cmd_bench(args) -> int:
     from strata_plan.engine.bench import measure
     from strata_plan.planner.plan import load_plan
@@ -66,6 +88,7 @@ def cmd_bench(args) -> int:
         r = measure(args.packed, args.plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
                     device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
     r["predicted"] = pred
+    r["links"].update(_against_profile(r, args.profile or plan.sources.profile.name))
     m = r["measured"]
     r["ratio_measured_to_predicted"] = m["decode_tok_s"] / pred["decode_tok_s"] if pred["decode_tok_s"] else None
     if args.results:
@@ -107,6 +130,10 @@ def cmd_bench(args) -> int:
     t.add_row("copy busy ms / token", f"{lk['copy_busy_s_per_token'] * 1e3:.2f}", "-", "-")
     t.add_row("PCIe GB/s while copying", f"{lk['pcie_gbps_during_copies']:.1f}", "-", "-")
     t.add_row("NVMe GB/s over the run", f"{lk['nvme_gbps_wall']:.2f}", "-", "-")
+    for key, label in (("pcie_share_of_profile", "PCIe while copying / profile"), ("nvme_share_of_profile",
+                                                                                  "NVMe over the run / profile")):
+        if key in lk:
+            t.add_row(label, f"{lk[key]:.2f}", "-", "-")
     console().print(t)
     print(f"predicted by {pred['source']} (binding: {pred['decode_binding']}); measured here, "
           f"{args.tokens} tokens after {args.warmup} warm-up")
