@@ -144,3 +144,15 @@ def test_bad_input_is_one_line_exit_2(packed, tmp_path, capsys, case, field):
     assert main(["eval", "--packed", pk, "--reference", ref, "--device", "cpu", "--chunk", "128"] + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0], err
+
+
+def test_round_to_nearest_is_worse_than_the_quantizers_fit(packed, tiers, heldout, tmp_path):
+    """`pack --rtn` (min/max round-to-nearest, the baseline) against the fit at the same format, same
+    windows. Measured (as the table above): q2_g32_s8m8 fit KL 0.0745, top-1 91.73%; RTN KL 0.1018,
+    top-1 89.76%, perplexity +14.1% against +9.1%."""
+    out = tmp_path / "rtn"
+    assert main(["pack", str(FIXTURE), "--out", str(out), "--format", "q2_g32_s8m8", "--rtn", "--device", "cpu",
+                 "--json"]) == 0
+    rtn = evaluate(out, FIXTURE, heldout, CHUNK, TOKENS, device="cpu")
+    fit = tiers["q2_g32_s8m8"]
+    assert rtn.kl_mean > 1.2 * fit.kl_mean and rtn.ppl_packed > fit.ppl_packed, (rtn, fit)
