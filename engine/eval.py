@@ -14,7 +14,8 @@ predictions), and each model's perplexity exp(mean -log prob of the actual next 
 
 The packed side is the engine (`Engine.open` with the given plan, or `resident_plan`: every expert static),
 so on a GPU it includes the kernels' own arithmetic (bf16 dense weights, int8 activations in the fused MoE);
-on the CPU the fused MoE's torch reference computes in float32 over the dequantized weights. The reference
+on the CPU, or with backend="torch" on a GPU, the fused MoE's torch reference computes in float32 over the
+dequantized weights: the two runs on one GPU separate weight quantization from the kernels' arithmetic. The reference
 is the engine's own float32 model over the checkpoint's weights (`MoEModel` + `TorchExperts`), which
 tests/test_engine_models.py holds to transformers within 2e-4 + 1e-4 |logit| (measured 1.1e-5): it runs every
 architecture the engine runs, on the same device, without transformers.
@@ -132,10 +133,12 @@ def reference_model(checkpoint: str | Path, cfg: ModelConfig, context: int, devi
 
 
 def evaluate(packed: str | Path, reference: str | Path, tokens: Sequence[int], chunk: int,
-             max_tokens: int | None = None, plan=None, device: str = "", text_where: str = "--text",
+             max_tokens: int | None = None, plan=None, device: str = "", text_where: str = "--text", backend: str = "auto",
              on_chunk: Callable[[int, int], None] | None = None) -> Fidelity:
     """The fidelity of the packed folder against the checkpoint on `tokens` (see the module doc). plan: a plan
-    path or Plan for the packed folder (default: `resident_plan`); on_chunk(done, total) after each window."""
+    path or Plan for the packed folder (default: `resident_plan`); backend: the fused MoE's ("torch": its float32
+    reference over the dequantized weights also on a GPU, so the kernels' own arithmetic drops out);
+    on_chunk(done, total) after each window."""
     from .engine import Engine, EngineOptions
     from .packed import load_index
     from .resident_plan import resident_plan
@@ -158,7 +161,7 @@ def evaluate(packed: str | Path, reference: str | Path, tokens: Sequence[int], c
         raise UserError(plan_path, "context", f"{plan.context} tokens, shorter than --chunk {chunk}",
                         f"use --chunk {plan.context} or less")
     tally = Tally()
-    with Engine.open(packed, plan, EngineOptions(mode="lru", device=device), plan_path=plan_path) as eng:
+    with Engine.open(packed, plan, EngineOptions(mode="lru", device=device, backend=backend), plan_path=plan_path) as eng:
         ref = reference_model(reference, rcfg, chunk, eng.model.device)
         for i, row in enumerate(data):
             ids = torch.from_numpy(row)

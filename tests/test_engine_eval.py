@@ -97,6 +97,8 @@ def test_eval_command_json_and_table(packed, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["predictions"] == 2 * 31 and out["label"] == "measured" and out["top1"] == 1.0
     assert out["text"].endswith("heldout_tokens.npz")
+    assert main(args + ["--backend", "torch", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kl_mean"] < 1e-9
     assert main(args) == 0
     assert "top-5 agreement" in capsys.readouterr().out
 

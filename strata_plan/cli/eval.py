@@ -26,6 +26,8 @@ def register(sub) -> None:
     p.add_argument("--plan", help="plan YAML for the packed folder (default: every expert resident; tiers never "
                    "change the logits)")
     p.add_argument("--device", default="", help="cuda or cpu (default: cuda when there is a GPU)")
+    p.add_argument("--backend", default="auto", choices=("auto", "torch"), help="the fused MoE: auto (Triton on a GPU) "
+                   "or torch (its float32 reference over the dequantized weights: weight quantization alone)")
     add_json(p, "print the figures as JSON")
     p.set_defaults(func=cmd_eval)
 
@@ -63,9 +65,10 @@ def cmd_eval(args) -> int:
     with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console(stderr=True), transient=True) as bar:
         task = bar.add_task("chunks", total=None)
-        f = evaluate(args.packed, args.reference, tokens, chunk, args.tokens, args.plan, args.device, source,
+        f = evaluate(args.packed, args.reference, tokens, chunk, args.tokens, args.plan, args.device, source, args.backend,
                      on_chunk=lambda done, total: bar.update(task, completed=done, total=total))
-    data = {"packed": args.packed, "reference": args.reference, "text": source, "label": "measured", **f.to_data()}
+    data = {"packed": args.packed, "reference": args.reference, "text": source, "backend": args.backend,
+            "label": "measured", **f.to_data()}
     if args.json:
         print_json(data)
         return 0
