@@ -158,3 +158,28 @@ def test_round_to_nearest_is_worse_than_the_quantizers_fit(packed, tiers, heldou
     rtn = evaluate(out, FIXTURE, heldout, CHUNK, TOKENS, device="cpu")
     fit = tiers["q2_g32_s8m8"]
     assert rtn.kl_mean > 1.2 * fit.kl_mean and rtn.ppl_packed > fit.ppl_packed, (rtn, fit)
+
+
+def test_a_tiered_plan_gives_the_resident_figures_and_a_plan_for_other_formats_is_refused(packed, tmp_path, capsys):
+    """Tiers change where experts are read from, never the logits: a plan with experts in RAM and on NVMe
+    measures what the all-resident default does (to float32 rounding of the waves' partial sums)."""
+    import dataclasses
+
+    from strata_plan.planner.plan import CachePlan, load_plan, save_plan
+    plan = load_plan(FIXTURE / "plan-rtx-4090.yaml")
+    layers = tuple(dataclasses.replace(l, vram=tuple(range(4)), ram=tuple(range(4, 16)), nvme=tuple(range(16, 32)),
+                                       cache_slots=2, formats={"bf16": tuple(range(32))}) for l in plan.layers)
+    tiered = dataclasses.replace(plan, layers=layers, context=64, prefill_chunk=16,
+                                 cache=CachePlan("lru", plan.cache.slot_bytes, 2 * len(layers)))
+    save_plan(tiered, tmp_path / "plan.yaml")
+    args = ["eval", "--packed", str(packed["bf16"]), "--reference", str(FIXTURE), "--tokens", "128", "--chunk", "64",
+            "--device", "cpu", "--json"]
+    assert main(args + ["--plan", str(tmp_path / "plan.yaml")]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert got["top1"] == want["top1"] == 1.0 and got["kl_mean"] < 1e-9
+    assert abs(got["ppl_packed"] - want["ppl_packed"]) < 1e-4 * want["ppl_packed"]
+    assert main(args + ["--plan", str(FIXTURE / "plan-rtx-4090.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "formats" in err[0] and "plan-rtx-4090.yaml" in err[0]
