@@ -191,8 +191,12 @@ def write_layers(out: Path, spec, layer_formats: list[dict[int, str]], make_blob
 
 
 def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_formats: list[dict[int, str]],
-                    device: str | None = None, plan_sha256: str = "", progress=None) -> PackIndex:
-    """Pack every routed expert of the checkpoint in `folder` into `out` (see the module docstring)."""
+                    device: str | None = None, plan_sha256: str = "", progress=None, importance=None,
+                    rtn: bool = False) -> PackIndex:
+    """Pack every routed expert of the checkpoint in `folder` into `out` (see the module docstring).
+
+    importance: calibration statistics (`engine.calib.ActivationStats`) for the quantizer's importance
+    input; rtn: plain round-to-nearest with group-wise min/max scaling instead of the fit (the baseline)."""
     import torch
 
     from strata_plan.kernels import pack_expert
@@ -214,7 +218,10 @@ def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_for
         for done in [l for l in getters if l < layer]:
             del getters[done]                 # a fused layer's tensors are freed once its experts are packed
         gate, up, down = getters[layer](e)
-        return pack_expert(gate, up, down, fmt).cpu().numpy()
+        imp = None
+        if importance is not None:
+            imp = {k: v.to(gate.device) for k, v in importance.importance(spec.moe_layers.index(layer), e).items()}
+        return pack_expert(gate, up, down, fmt, imp, rtn=rtn).cpu().numpy()
 
     entries = write_layers(out, spec, layer_formats, make_blob, progress)
     dense = [n for n in ckpt.names if n not in expert_names and _layer_of(n) < spec.n_layers]

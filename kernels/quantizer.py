@@ -1,6 +1,6 @@
 """Quantizer: float weights to the packed formats of `formats.py`, and the plain-torch way back.
 
-    quantize(w [N, K], fmt, importance [K] | None) -> PackedMatrix
+    quantize(w [N, K], fmt, importance [K] | None, rtn=False) -> PackedMatrix     (rtn: the min/max baseline)
     dequantize(p) -> float32 [N, K]
     pack_expert(gate, up, down, fmt) -> one uint8 expert blob, exactly expert_layout(...).nbytes long
     unpack_expert(blob, fmt, hidden, intermediate) -> {"gate"|"up"|"down": PackedMatrix}, views into blob
@@ -165,14 +165,17 @@ def _f16(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-65504.0, 65504.0).to(torch.float16).float()
 
 
-def _encode_fp16(w: torch.Tensor, imp: torch.Tensor, fmt: PackedFormat):
-    """q4_g128_f16-style: fp16 S and M per group. w [R, G, g] -> (q, S, M) with S, M [R, G] fp16."""
+def _encode_fp16(w: torch.Tensor, imp: torch.Tensor, fmt: PackedFormat, rtn: bool = False):
+    """q4_g128_f16-style: fp16 S and M per group. w [R, G, g] -> (q, S, M) with S, M [R, G] fp16. rtn: the
+    min/max round-to-nearest baseline alone."""
     levels = (1 << fmt.bits) - 1
     wmin, wmax = w.amin(-1), w.amax(-1)
     # the baseline everyone compares with: min/max round-to-nearest with fp16 scale and zero
     rtn_s, rtn_m = _f16((wmax - wmin) / levels), _f16(-wmin)
     best_q = _round_codes(w, rtn_s, -rtn_m, levels)
     best_s, best_m = rtn_s, rtn_m
+    if rtn:
+        return best_q, best_s.to(torch.float16), best_m.to(torch.float16)
     best_e = _sq_err(w, imp, best_s, -best_m, best_q)
     s, z, q, _ = fit_groups(w, imp, levels)
     for _ in range(3):
@@ -203,13 +206,20 @@ def _superblock_scales(s: torch.Tensor, m: torch.Tensor, sc_top: int, mn_top: in
     return d, dmin, _quant_unsigned(s, d, sc_top), _quant_unsigned(m, dmin, mn_top)
 
 
-def _encode_superblock(w: torch.Tensor, imp: torch.Tensor, fmt: PackedFormat):
-    """Super-block formats. w [R, B, gpb, g] (B super-blocks of gpb groups of g weights).
+def _encode_superblock(w: torch.Tensor, imp: torch.Tensor, fmt: PackedFormat, rtn: bool = False):
+    """Super-block formats. w [R, B, gpb, g] (B super-blocks of gpb groups of g weights). rtn: plain round-to-
+    nearest with each group's min/max scale (stored in the super-block step), no fit and no refinement.
 
     Returns q [R, B, gpb, g], sc [R, B, gpb], mn [R, B, gpb] (integers as float), d, dmin [R, B] fp16."""
     levels, sc_top, mn_top = (1 << fmt.bits) - 1, (1 << fmt.scale_bits) - 1, (1 << fmt.min_bits) - 1
-    s, z, q, _ = fit_groups(w, imp, levels)
+    if rtn:
+        s, z = (w.amax(-1) - w.amin(-1)) / levels, w.amin(-1)
+    else:
+        s, z, q, _ = fit_groups(w, imp, levels)
     d, dmin, sc, mn = _superblock_scales(s, -z, sc_top, mn_top)
+    if rtn:
+        S, M = d.unsqueeze(-1) * sc, dmin.unsqueeze(-1) * mn
+        return _round_codes(w, S, -M, levels), sc, mn, d.to(torch.float16), dmin.to(torch.float16)
     best = None
     for it in range(4):
         S, M = d.unsqueeze(-1) * sc, dmin.unsqueeze(-1) * mn
@@ -304,8 +314,9 @@ def _importance(importance: torch.Tensor | None, k: int, kp: int, device) -> tor
     return imp + 1e-3
 
 
-def quantize(w: torch.Tensor, fmt: str, importance: torch.Tensor | None = None) -> PackedMatrix:
-    """Quantize w [N, K] (an nn.Linear weight: N outputs, K inputs) to packed format `fmt`."""
+def quantize(w: torch.Tensor, fmt: str, importance: torch.Tensor | None = None, rtn: bool = False) -> PackedMatrix:
+    """Quantize w [N, K] (an nn.Linear weight: N outputs, K inputs) to packed format `fmt`. rtn: the baseline
+    instead of the fit, plain round-to-nearest with group-wise min/max scaling (importance unused)."""
     f = _check_inputs(w, fmt, importance)
     n, k = w.shape
     if f.is_bf16:
@@ -321,14 +332,14 @@ def quantize(w: torch.Tensor, fmt: str, importance: torch.Tensor | None = None) 
         if f.superblock:
             gpb = f.superblock // f.group
             q, sc, mn, d, dmin = _encode_superblock(rows.view(r, -1, gpb, f.group),
-                                                    imp.view(-1, gpb, f.group), f)
+                                                    imp.view(-1, gpb, f.group), f, rtn)
             parts["scales"].append(sc.reshape(r, groups).to(torch.uint8))
             mn = mn.reshape(r, groups).to(torch.uint8)
             parts["mins"].append(pack_nibbles(mn) if f.min_bits == 4 else mn)
             parts["d"].append(d)
             parts["dmin"].append(dmin)
         else:
-            q, s16, m16 = _encode_fp16(rows.view(r, groups, f.group), imp.view(groups, f.group), f)
+            q, s16, m16 = _encode_fp16(rows.view(r, groups, f.group), imp.view(groups, f.group), f, rtn)
             parts["scales"].append(s16)
             parts["mins"].append(m16)
         parts["codes"].append(pack_bits(q.reshape(r, kp).to(torch.uint8), f.bits))
@@ -368,16 +379,17 @@ def _matrix_importance(importance, name: str, k: int):
 
 
 def pack_expert(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, fmt: str,
-                importance: torch.Tensor | Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+                importance: torch.Tensor | Mapping[str, torch.Tensor] | None = None, rtn: bool = False) -> torch.Tensor:
     """Quantize one routed expert and lay it out as one blob (uint8, `expert_layout(fmt, H, I).nbytes`).
 
     gate, up: [I, H]; down: [H, I]. `importance` is a Tensor[H] (input statistics of gate and up) or a
-    mapping {"gate": [H], "up": [H], "down": [I]} with any subset of those keys."""
+    mapping {"gate": [H], "up": [H], "down": [I]} with any subset of those keys. rtn: round-to-nearest
+    with group-wise min/max scaling (the baseline), see `quantize`."""
     if gate.dim() != 2 or up.shape != gate.shape or down.shape != gate.shape[::-1]:
         raise ValueError(f"pack_expert: need gate, up [I, H] and down [H, I]; got {tuple(gate.shape)}, "
                          f"{tuple(up.shape)}, {tuple(down.shape)}")
     inter, hidden = gate.shape
-    packed = {name: quantize(w, fmt, _matrix_importance(importance, name, w.shape[1]))
+    packed = {name: quantize(w, fmt, _matrix_importance(importance, name, w.shape[1]), rtn)
               for name, w in zip(MATRICES, (gate, up, down))}
     return blob_from_matrices(packed, fmt, hidden, inter)
 

@@ -30,6 +30,7 @@ COMMANDS = (
     "pack",             # pack
     "run",              # run (generate text with a plan)
     "bench",            # bench (measured against predicted)
+    "eval",             # eval (fidelity of a packed model against its reference)
     "calibrate",        # calibrate (fit the profile to measured runs)
 )
 

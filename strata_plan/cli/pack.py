@@ -26,6 +26,12 @@ def register(sub) -> None:
     g.add_argument("--format", help=f"one format for every expert ({', '.join(F.FORMATS)})")
     p.add_argument("--stats", help="with --bpw: routing statistics YAML or trace .npz (most used experts get "
                                    "the first tier); default: expert ids in order")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--calib", metavar="FILE", help="calibration text (or .npz of token ids): the routed experts' "
+                   "input statistics from it weight the quantizer's errors (engine/calib.py)")
+    q.add_argument("--rtn", action="store_true", help="plain round-to-nearest with group-wise min/max scaling "
+                   "instead of the quantizer's fit (the baseline to compare against)")
+    p.add_argument("--calib-tokens", type=int, default=8192, help="with --calib: tokens of it to run (default 8192)")
     p.add_argument("--device", help="where to quantize or generate (default: cuda when there is a GPU, else cpu)")
     add_json(p, "machine-readable summary")
     p.set_defaults(func=cmd_pack)
@@ -46,6 +52,11 @@ def cmd_pack(args) -> int:
     if args.moe_layers is not None and not args.synthetic:
         raise UserError("--moe-layers", str(args.moe_layers), "only cuts a --synthetic model",
                         "pack the whole checkpoint, or use --synthetic MODEL")
+    if (args.calib or args.rtn) and args.synthetic:
+        raise UserError("--calib" if args.calib else "--rtn", "", "quantizes a checkpoint's weights, not random ones",
+                        "pack a checkpoint folder, or leave it out")
+    if args.calib_tokens < 2:
+        raise UserError("--calib-tokens", str(args.calib_tokens), "must be at least 2", "use 2 or more")
     check_out_folder(args.out, "--out", args.force)      # before any work (issue 25)
     spec = load_spec(args.synthetic, args.moe_layers) if args.synthetic else load_spec(args.checkpoint)
     plan_sha = ""
@@ -55,13 +66,19 @@ def cmd_pack(args) -> int:
         layer_formats = formats_from_mix(spec, args.bpw, args.format, args.stats)
     device = args.device or default_device()
     check_free_space(args.out, spec, layer_formats)
+    stats = None
+    if args.calib:
+        from strata_plan.engine.calib import activation_stats, calibration_tokens
+        stats = activation_stats(args.checkpoint, calibration_tokens(args.checkpoint, args.calib, args.calib_tokens),
+                                 512, device)
     t0 = time.perf_counter()
     try:
         if args.synthetic:
             from strata_plan.engine.synthetic import pack_synthetic
             index = pack_synthetic(spec, args.out, layer_formats, device, args.seed, plan_sha)
         else:
-            index = pack_checkpoint(args.checkpoint, args.out, layer_formats, device, plan_sha)
+            index = pack_checkpoint(args.checkpoint, args.out, layer_formats, device, plan_sha, importance=stats,
+                                    rtn=args.rtn)
     except OSError as e:
         raise UserError(str(e.filename or args.out), "write", e.strerror or str(e),
                         "free space or choose another --out, then pack again") from None
@@ -69,6 +86,7 @@ def cmd_pack(args) -> int:
     summary = {"out": str(args.out), "model": index.model, "source": index.source, "device": device,
                "experts": len(index.entries), "expert_bytes": index.expert_bytes,
                "bytes_by_format": index.bytes_by_format(), "dense_bytes": index.dense_nbytes,
+               "quantizer": "rtn" if args.rtn else "fit", "calibration_tokens": stats.tokens if stats else 0,
                "seconds": round(seconds, 2), "experts_per_s": round(len(index.entries) / seconds, 2)}
     if args.json:
         print(json.dumps(summary))
