@@ -58,7 +58,7 @@ class GraphedDecode:
     def split(self) -> dict:
         """Device seconds since the last call, summed over timed steps: compute (segments) and waits
         (router end to tail start), in total and per MoE layer (from the end of the previous MoE layer's
-tail to the end of this one's); waits for the last step's events."""
+        tail to the end of this one's); waits for the last step's events."""
         if self._pending:
             self._collect()
         out, self._split = self._split, self._zero()
