@@ -324,8 +324,10 @@ class ExpertStore:
             c.uses[kind] += 1
             if kind == DEMAND:
                 waits.append(self._demand(j, e, batch=batch).fetch)
-            elif kind == LATE:
-                waits.append(res.slot_of(j, e).fetch)
+            elif kind == LATE:                      # a prefetch still in flight: needed now, so a demand
+                f = res.slot_of(j, e).fetch
+                self.transfers.promote(f)
+                waits.append(f)
         return waits
 
     def _nvme_batch(self, j: int, experts: list[int]) -> dict[str, int]:

@@ -130,6 +130,20 @@ class Transfers:
         self._enqueue_copy(f, f.ram, window=None)
         return f
 
+    def promote(self, f: Fetch) -> None:
+        """A prefetch its layer now needs: from here on it is ordered as a demand fetch (its reads, its wait
+        for a bounce buffer and its copy go before every prefetch's), if it is not enqueued yet."""
+        with self._lock:
+            if f.demand or f.enqueued.is_set():
+                return
+            f.demand = True
+            # heap items lead with (not demand, seq): re-key f's items; a read part holds its fetch at [3]
+            for q, at in ((self._reads, 3), (self._waiting, 2), (self._copies, 2)):
+                if any(item[at] is f for item in q):
+                    q[:] = [(False,) + item[1:] if item[at] is f else item for item in q]
+                    heapq.heapify(q)
+            self._lock.notify_all()
+
     def cancel(self, f: Fetch) -> bool:
         """Drop a fetch whose copy is not enqueued yet; True if it was dropped (else it lands anyway)."""
         with self._lock:

@@ -253,3 +253,28 @@ def test_a_plan_needing_more_ram_than_the_machine_has_is_refused_before_loading(
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 1000})())
     with pytest.raises(UserError, match="memory.budgets.ram_bytes.*--ram-gb"):
         open_store(packed, plan)
+
+
+def test_a_prefetch_its_layer_needs_is_copied_before_other_prefetches():
+    """`Transfers.promote`: a hinted fetch that `ensure` finds still in flight (LATE) is ordered as a demand:
+    ahead of every prefetch queued before it, for its reads and for its copy (checked in the queues, with the
+    copy and reader threads held off by the transfers' lock)."""
+    from strata_plan.engine.directio import aligned_empty
+    from strata_plan.engine.transfer import Fetch, Transfers
+    arena = torch.zeros(1 << 16, dtype=torch.uint8)
+    t = Transfers(arena, bounce_slots=0, slot_bytes=4096, readers=0)
+    try:
+        _, ram = aligned_empty(4 * 4096, pin=False)
+        fs = [Fetch(0, e, e * 4096, 4096, demand=False, ram=ram[e * 4096:(e + 1) * 4096]) for e in range(4)]
+        with t._lock:                       # the copy thread waits for the lock: nothing is copied yet
+            for f in fs:
+                t.submit(f)
+            t.promote(fs[2])
+            order = [heapq_item[2] for heapq_item in sorted(t._copies)]
+        assert order[0] is fs[2] and fs[2].demand and not fs[0].demand
+        for f in fs:
+            f.wait_enqueued()
+        t.promote(fs[1])                    # already copied: nothing to re-order
+        assert not fs[1].demand
+    finally:
+        t.close()
