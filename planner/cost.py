@@ -171,14 +171,14 @@ class CostModel:
         arr = lambda d: np.array([d[f] for f in fmts])  # noqa: E731
         return {"fg": arr(fg), "bg": arr(bg), "kern": arr(kern)}
 
-    def _nvme_table(self, weights: str, in_flight: int) -> np.ndarray:
-        """[L, E+1] prefix sums of `weights` ("pop" or "touch") x NVMe seconds of each rank's expert at a
-        full queue of `in_flight` experts (a stream of reads: prefill)."""
-        key = ("nvme_table", weights, in_flight)
+    def _nvme_table(self, in_flight: int) -> np.ndarray:
+        """[L, E+1] prefix sums over ranks of P(touched by a prefill chunk) x NVMe seconds of the rank's expert
+        at a full queue of `in_flight` experts (a stream of reads: prefill)."""
+        key = ("nvme_table", in_flight)
         if key not in self._memo:
             reads = self.nvme_reads(in_flight)
             t = np.array([reads[f].seconds_per_expert for f in self.problem.rank_formats])
-            self._memo[key] = _cumrows(self._tables[weights] * t)
+            self._memo[key] = _cumrows(self._tables["touch"] * t)
         return self._memo[key]
 
     @property
@@ -205,16 +205,15 @@ class CostModel:
 
     @cached_property
     def _tables(self) -> dict:
-        """Popularity-weighted prefix sums over ranks, [L, E+1] each."""
+        """Per-layer popularity-weighted totals ([L]) and prefill prefix sums over ranks ([L, E+1])."""
         cur, rb, rt = self.problem.curves, self.problem.rank_bytes, self._rank_times
         pop = cur.pop
         k = cur.top_k
         C = self.problem.prefill_chunk
         touch = 1.0 - (1.0 - np.minimum(1.0, k * pop)) ** C      # P(expert touched by a prefill chunk)
         return {
-            "pop": pop, "touch": touch,
-            "bytes": _cumrows(pop * rb), "fg": _cumrows(pop * rt["fg"]), "bg": _cumrows(pop * rt["bg"]),
-            "kern": (pop * rt["kern"]).sum(axis=1),
+            "touch": touch,
+            "bytes": (pop * rb).sum(axis=1), "kern": (pop * rt["kern"]).sum(axis=1),
             "t_bytes": _cumrows(touch * rb), "t_bg": _cumrows(touch * rt["bg"]),
             "t_count": _cumrows(touch),
         }
@@ -270,7 +269,7 @@ class CostModel:
 
     def predict(self, placement) -> Prediction:
         p, cur, tb = self.problem, self.problem.curves, self._tables
-        spec, k, E = p.spec, cur.top_k, cur.n_experts
+        spec, k = p.spec, cur.top_k
         x = self._misses(placement)
         depth = placement.prefetch_depth
         recall, precision = cur.lookahead(depth)
@@ -298,7 +297,7 @@ class CostModel:
         ram = warm + sum(streamed) + row
         wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
         dense_res = sum(u for u, res in zip(p.dense_units, placement.dense_resident) if res)
-        bpt = {"vram": float(k * tb["bytes"][:, E].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
+        bpt = {"vram": float(k * tb["bytes"].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
                "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted}
         s, m, _ = placement.arrays
         pre_tok_s, pre_binding, pre_seconds, bpc = self._prefill(placement, s, s + m)
@@ -368,7 +367,7 @@ class CostModel:
         warm = tb["t_bytes"][rows, b] - tb["t_bytes"][rows, s]
         cold = touched - tb["t_bytes"][rows, b]
         pcie = tb["t_bg"][:, E] - tb["t_bg"][rows, s]
-        tn = self._nvme_table("touch", self.prefill_in_flight(placement.prefetch_depth))
+        tn = self._nvme_table(self.prefill_in_flight(placement.prefetch_depth))
         nvme = tn[:, E] - tn[rows, b]
         expand = tb["t_count"][:, E] * spec.expert_params / self.expansion_rate    # [L] s: touched experts, once
         sec = dict.fromkeys(RESOURCES, 0.0)
