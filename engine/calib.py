@@ -98,7 +98,6 @@ def activation_stats(checkpoint: str | Path, tokens: Sequence[int], chunk: int, 
     return its routed experts' input statistics."""
     from .config import ModelConfig
     from .model import MoEModel
-    from .weights import TensorSource
     cfg = ModelConfig.load(checkpoint)
     chunk = min(chunk, cfg.max_positions)
     ids = torch.as_tensor(list(tokens), dtype=torch.long)
@@ -106,7 +105,7 @@ def activation_stats(checkpoint: str | Path, tokens: Sequence[int], chunk: int, 
         raise UserError("--calib", "", f"token id {int(ids.max())} outside the vocabulary of {cfg.vocab}",
                         "tokenize the calibration text with this checkpoint's tokenizer")
     experts = StatsExperts(TorchExperts.from_checkpoint(checkpoint, cfg, device=device, dtype=torch.float32))
-    model = MoEModel(cfg, TensorSource(checkpoint), experts, chunk, device=device, dtype=torch.float32)
+    model = MoEModel.load(checkpoint, experts, chunk, device=device, dtype=torch.float32)
     for s in range(0, ids.numel(), chunk):
         model.reset()
         model.prefill(ids[s:s + chunk], chunk=chunk)

@@ -127,9 +127,8 @@ def reference_model(checkpoint: str | Path, cfg: ModelConfig, context: int, devi
     """The checkpoint in float32 through the engine's own forward (every expert a plain torch SwiGLU)."""
     from .experts import TorchExperts
     from .model import MoEModel
-    from .weights import TensorSource
     experts = TorchExperts.from_checkpoint(checkpoint, cfg, device=device, dtype=torch.float32)
-    return MoEModel(cfg, TensorSource(checkpoint), experts, context, device=device, dtype=torch.float32)
+    return MoEModel.load(checkpoint, experts, context, device=device, dtype=torch.float32)
 
 
 def evaluate(packed: str | Path, reference: str | Path, tokens: Sequence[int], chunk: int,
