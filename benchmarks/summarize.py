@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+MAX_LISTED = 24         # a benchmark with more metrics is summarised by its headline rows and its file
 RESULTS = HERE / "results"
 INTRO = """# Benchmarks
 
@@ -173,8 +174,12 @@ def render() -> str:
         parts.append(f"- command: `{r.get('command')}`")
         if r.get("notes"):
             parts.append(f"- notes: {r['notes']}")
+        flat = flatten(r.get("metrics", {}))
+        if len(flat) > MAX_LISTED:        # a sweep's every cell: the file holds them, the headline rows quote them
+            parts.append(f"- metrics: {len(flat)}, in the file\n")
+            continue
         parts.append("\n| metric | value |\n|---|---|")
-        for k, v in flatten(r.get("metrics", {})).items():
+        for k, v in flat.items():
             parts.append(f"| {k} | {fmt(v)} |")
         parts.append("")
     return "\n".join(parts) + "\n"
