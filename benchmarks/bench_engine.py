@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _result import write_result  # noqa: E402
 
 from strata_plan.engine.bench import measure  # noqa: E402
+from strata_plan.engine.engine import EngineOptions  # noqa: E402
 from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
@@ -51,6 +52,10 @@ def main() -> int:
     ap.add_argument("--modes", default="plan,lru,on-demand")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--deadline-s", type=float, default=0, help="start no further run after this many seconds "
+                    "(the runs done are written; 0: no limit)")
+    ap.add_argument("--copy-windows", default="", help="also run the first plan in mode plan and lru with these "
+                    "copy windows, MB:CHUNKS[,...] (chunk size and chunks queued on the copy stream; default 8:3)")
     ap.add_argument("--profile", help="re-predict every plan and mode with this profile (one measured in the same "
                     "run: `strata-plan profile --quick`); default: the plans' own predictions (the shipped h200)")
     a = ap.parse_args()
@@ -61,6 +66,7 @@ def main() -> int:
     spec = load_spec(first.model)
     folder = Path(a.dir)
     out, metrics = {}, {}
+    skipped: list[str] = []
     try:
         t0 = time.perf_counter()
         if not (folder / "index.json").exists():
@@ -74,8 +80,17 @@ def main() -> int:
             os.close(fd)
         metrics["build_s"] = time.perf_counter() - t0
         print(f"packed {sum(f.stat().st_size for f in files) / 1e9:.1f} GB in {metrics['build_s']:.0f} s", flush=True)
+        def late(what: str) -> bool:
+            if a.deadline_s and time.perf_counter() - t0 > a.deadline_s:
+                print(f"deadline: {what} not run", flush=True)
+                skipped.append(what)
+                return True
+            return False
+
         for name, plan in plans.items():
             for mode in a.modes.split(","):
+                if late(f"{name}/{mode}"):
+                    continue
                 replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k,
                                            tokens=4096, seed=11)
                 r = measure(folder, PLANS[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay)
@@ -111,14 +126,34 @@ def main() -> int:
                 metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
                 metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
-            metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
-            if any(l.nvme for l in plan.layers):
+            if f"{name}.plan.decode_tok_s" in metrics:
+                metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
+            if any(l.nvme for l in plan.layers) and not late(f"{name}/plain O_DIRECT"):
                 metrics[f"{name}.plain_odirect_gbps"] = plain_read_gbps(files, 10 << 20, threads=4, nbytes=2 << 30)
+        first_name = next(iter(plans))
+        for w in filter(None, a.copy_windows.split(",")):
+            mb, n = w.split(":")
+            opts = EngineOptions(chunk_bytes=int(float(mb) * (1 << 20)), chunks_in_flight=int(n))
+            for mode in ("plan", "lru"):
+                if late(f"{first_name}/{mode}/copy {w}"):
+                    continue
+                replay = Replay.from_prior("olmoe-like", len(first.layers), first.n_experts, first.top_k,
+                                           tokens=4096, seed=11)
+                r = measure(folder, PLANS[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay,
+                            options=opts)
+                out[f"{first_name}/{mode}/copy{mb}x{n}"] = r
+                key = f"{first_name}.{mode}.copy_{mb}mb_x{n}"
+                tp = r["time_per_token"]
+                metrics[f"{key}.decode_tok_s"] = r["measured"]["decode_tok_s"]
+                metrics[f"{key}.device_wait_ms_per_token"] = (tp["device_wait_s"] or 0) * 1e3
+                print(f"{first_name:8s} {mode:9s} copy window {mb} MB x {n}: decode "
+                      f"{r['measured']['decode_tok_s']:8.2f} tok/s, GPU waiting {(tp['device_wait_s'] or 0) * 1e3:.2f} "
+                      f"ms/tok, copy busy {r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
         metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)
     finally:
         if not a.keep:
             shutil.rmtree(folder, ignore_errors=True)
-    path = write_result("engine", metrics, out_dir=a.out_dir, extra={"runs": out})
+    path = write_result("engine", metrics, out_dir=a.out_dir, extra={"runs": out, "skipped_at_deadline": skipped})
     print(json.dumps(metrics, indent=1))
     print(path)
     return 0

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The engine's H200 rows in one device call (under 10 minutes):
-#   STRATA_GIT_SHA=<sha> OUT=$OUT bash benchmarks/run_engine_gpu.sh [PLANS]        # PLANS: ramrich,seed (default)
-# engine GPU tests; a quick profile of this machine (h200-run.yaml: the predictions are re-run with it);
-# the engine on the synthetic kimi-k3.1-pro@5moe model, every plan in modes plan / lru / on-demand (engine-*.json).
+#   STRATA_GIT_SHA=<sha> OUT=$OUT [COPY_WINDOWS=8:2,4:2,8:1] bash benchmarks/run_engine_gpu.sh [PLANS]   # ramrich,seed
+# 1. benchmarks/tools/graph_vs_eager.py (graphed decode against its eager segments, per step);
+# 2. a quick profile of this machine (h200-run.yaml: the predictions are re-run with it);
+# 3. the engine on the synthetic kimi-k3.1-pro@5moe model, every plan in modes plan / lru / on-demand, then the
+#    first plan with each copy window of COPY_WINDOWS (engine-*.json; runs past the deadline are listed as skipped);
+# 4. the engine GPU tests (gpu_tests.log).
 # Then here: cp <files_at>/*.json benchmarks/results/; python benchmarks/summarize.py
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
@@ -10,10 +13,12 @@ OUT=${OUT:-/tmp/engine_gpu}; t0=$(date +%s); mkdir -p "$OUT"
 source benchmarks/device_setup.sh
 left() { echo $(( $1 - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 200 python3 -m pytest -q tests/test_engine_store.py tests/test_engine_runtime.py tests/test_engine_run.py \
-  tests/test_engine_models.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 | tee "$OUT/gpu_tests.log" \
-  | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -30
+timeout 100 python3 benchmarks/tools/graph_vs_eager.py 2>&1 | grep -v -e "^[│┃┏┗┡└┌]" | tee "$OUT/graph_vs_eager.log"
 timeout 120 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -3
-timeout "$(left 560)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
-  --warmup 16 --profile "$OUT/h200-run.yaml" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_engine.log" | grep -v '^ "'
+timeout "$(left 390)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
+  --warmup 16 --profile "$OUT/h200-run.yaml" --out-dir "$OUT" --copy-windows "${COPY_WINDOWS:-}" \
+  --deadline-s "$(left 350)" 2>&1 | tee "$OUT/bench_engine.log" | grep -v '^ "'
+timeout "$(left 590)" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py \
+  tests/test_engine_runtime.py tests/test_engine_models.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 \
+  | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -30
 echo "run_engine_gpu: $(( $(date +%s) - t0 ))s"

@@ -15,6 +15,7 @@ the cost model and are labelled so by the caller.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import statistics
@@ -37,8 +38,10 @@ def _sync(device) -> None:
 
 
 def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32, replay=None,
-            device: str = "", prompt: list[int] | None = None, seed: int = 0, progress=None) -> dict:
-    opts = EngineOptions(mode=mode, device=device)
+            device: str = "", prompt: list[int] | None = None, seed: int = 0, progress=None,
+            options: EngineOptions | None = None) -> dict:
+    """`options` (optional) sets the engine's other knobs; its mode and device are replaced by these."""
+    opts = dataclasses.replace(options or EngineOptions(), mode=mode, device=device)
     with Engine.open(packed, plan, opts, replay=replay) as eng:
         m, store, ex = eng.model, eng.store, eng.experts
         dev = m.device
@@ -117,6 +120,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                                                           zip(split["layer_compute_s"], split["layer_wait_s"])]
                                if split["steps"] else None},
             "graphs": bool(runner is not None and runner.graphs),
+            "copy": {"chunk_bytes": opts.chunk_bytes, "chunks_in_flight": opts.chunks_in_flight},
             "counters": {k: v for k, v in c.items() if k != "layers"},
             "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],
             "replay": None if replay is None else replay.source,

@@ -45,6 +45,8 @@ class EngineOptions:
     poison: bool = False
     allow_buffered: bool = True
     graphs: bool = True              # decode: static parts in CUDA graphs (graphed.py); False: the eager forward
+    chunk_bytes: int = StoreOptions.chunk_bytes            # copy chunk (engine.transfer)
+    chunks_in_flight: int = StoreOptions.chunks_in_flight  # chunks queued on the copy stream at once
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -69,7 +71,9 @@ class Engine:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
                                                                     verify=options.verify, poison=options.poison,
-                                                                    allow_buffered=options.allow_buffered), plan_path)
+                                                                    allow_buffered=options.allow_buffered,
+                                                                    chunk_bytes=options.chunk_bytes,
+                                                                    chunks_in_flight=options.chunks_in_flight), plan_path)
         try:
             experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,
                                    depth=plan.prefetch_depth if options.mode == "plan" else 0,
