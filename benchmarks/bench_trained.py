@@ -517,6 +517,7 @@ def parse(argv=None):
     p.add_argument("--equiv-tokens", type=int, default=64)
     p.add_argument("--depths", default="1,2,3,4", help="lookahead depths for the hit-rate sweep ('' to skip)")
     p.add_argument("--device", default="", help="cuda or cpu (default cuda when there is a GPU)")
+    p.add_argument("--skip", default="", help="stages to leave out: transformers, equivalence, depth_sweep (comma list)")
     p.add_argument("--deadline-s", type=float, default=560.0, help="optional stages are skipped past this")
     a = p.parse_args(argv)
     if a.smoke:
@@ -563,11 +564,13 @@ def main(argv=None) -> int:
         packed = run.do("pack", lambda: pack(run, a, ckpt, plans)) if plans else None
         if packed:
             run.do("engine", lambda: engine_stage(run, a, plans, packed, prompt))
-        run.do("transformers", lambda: transformers_stage(run, a, ckpt, n_moe, prompt), need_s=60)
-        if packed and "ramrich" in plans:
+        skip = set(filter(None, a.skip.split(",")))
+        if "transformers" not in skip:
+            run.do("transformers", lambda: transformers_stage(run, a, ckpt, n_moe, prompt), need_s=60)
+        if packed and "ramrich" in plans and "equivalence" not in skip:
             run.do("equivalence", lambda: equivalence(run, a, ckpt, packed["bf16"], bf16_plan(
                 plans["ramrich"], Path(a.work) / "plan-bf16.yaml"), prompt), need_s=45)
-        if run.ok("engine") and a.depths:
+        if run.ok("engine") and a.depths and "depth_sweep" not in skip:
             run.do("depth_sweep", lambda: depth_sweep(run, a, plans, packed, prompt), need_s=40)
     finally:
         run.metrics["total_seconds"] = round(run.elapsed(), 1)

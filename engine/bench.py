@@ -115,6 +115,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                                # device time on the compute stream (CUDA events; graphed loop only)
                                "device_compute_s": split["compute_s"] / split["steps"] if split["steps"] else None,
                                "device_wait_s": split["wait_s"] / split["steps"] if split["steps"] else None,
+                               "device_idle_s": split["idle_s"] / split["steps"] if split["steps"] else None,
                                # per MoE layer j: [compute, waiting] seconds per token (the flatness check)
                                "device_per_moe_layer_s": [[c / split["steps"], w / split["steps"]] for c, w in
                                                           zip(split["layer_compute_s"], split["layer_wait_s"])]

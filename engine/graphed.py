@@ -22,8 +22,10 @@ loop to the model's own forward, which stays the plain reference).
 
 Host time spent launching segments (graph replays, or eager launches) is summed in `launch_s`. With
 `timing=True` (CUDA) events on the compute stream split each step's device time per MoE layer into
-compute (head and tail segments) and waiting (from the router's end to the tail's start: the round trip,
-the store's work and the copies not yet landed); `split()` returns the sums since the last call.
+compute (head and tail segments), waiting (from the router's end to the tail's start: the round trip,
+the store's work and the copies not yet landed) and idle (from the tail's end to the next segment's
+launch: the host was still busy with `release` and the hints; their small copies to the host land
+there too); `split()` returns the sums since the last call.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class GraphedDecode:
         self.launch_s = 0.0
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, object]] = {}
         self.timing = False
-        n_ev = 3 * len(self.heads) + 2
+        n_ev = 4 * len(self.heads) + 3
         self._ev = [torch.cuda.Event(enable_timing=True) for _ in range(n_ev)] if self.graphs else []
         self._split = self._zero()
         self._pending = False
@@ -66,23 +68,27 @@ class GraphedDecode:
 
     def _zero(self) -> dict:
         L = len(self.heads)
-        return {"compute_s": 0.0, "wait_s": 0.0, "steps": 0, "layer_compute_s": [0.0] * L, "layer_wait_s": [0.0] * L}
+        return {"compute_s": 0.0, "wait_s": 0.0, "idle_s": 0.0, "steps": 0, "layer_compute_s": [0.0] * L,
+                "layer_wait_s": [0.0] * L, "layer_idle_s": [0.0] * L}
 
     def _collect(self) -> None:
+        """Events per MoE layer j (i = 1 + 4j): i before head j's launch, i+1 its router's end, i+2 the tail's
+        start (after the store's waits), i+3 the tail's end; 0 the step's start, 4L+1 before the final
+        segment, 4L+2 its end. idle: the stream had nothing queued (the host was late launching a segment)."""
         self._pending = False
         ev = self._ev
         ev[-1].synchronize()
         L = len(self.heads)
         sp = self._split
         for j in range(L):
-            a, b, c = ev[1 + 3 * j], ev[2 + 3 * j], ev[3 + 3 * j]
-            prev = ev[0] if j == 0 else ev[3 * j]
-            comp, wait = (prev.elapsed_time(a) + b.elapsed_time(c)) / 1e3, a.elapsed_time(b) / 1e3
-            sp["compute_s"] += comp
-            sp["wait_s"] += wait
-            sp["layer_compute_s"][j] += comp
-            sp["layer_wait_s"][j] += wait
-        sp["compute_s"] += ev[3 * L].elapsed_time(ev[-1]) / 1e3
+            a, b, c, d = ev[1 + 4 * j:5 + 4 * j]
+            prev = ev[0] if j == 0 else ev[4 * j]
+            comp, wait, idle = (a.elapsed_time(b) + c.elapsed_time(d)) / 1e3, b.elapsed_time(c) / 1e3, prev.elapsed_time(a) / 1e3
+            for key, v in (("compute_s", comp), ("wait_s", wait), ("idle_s", idle)):
+                sp[key] += v
+                sp["layer_" + key][j] += v
+        sp["idle_s"] += ev[4 * L].elapsed_time(ev[4 * L + 1]) / 1e3
+        sp["compute_s"] += ev[4 * L + 1].elapsed_time(ev[-1]) / 1e3
         sp["steps"] += 1
 
     # ---- the segments (device work only) ----------------------------------------------------------------
@@ -124,7 +130,8 @@ class GraphedDecode:
         return out
 
     def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """One token [1] (on the device) at the position in `model.at`; float32 logits [V]."""
+        """One token [1] (on the device) at the position in `model.at`; float32 logits [V], the caller's
+        own tensor (not the graph's output buffer, which the next step overwrites)."""
         mode = "eager" if not self.graphs or self.calls == 0 else ("capture" if self.calls == 1 else "replay")
         self.calls += 1
         ex, store, m = self.ex, self.ex.store, self.m
@@ -132,23 +139,27 @@ class GraphedDecode:
             self._collect()
         self.x0.copy_(m.embed_tokens(token_ids.reshape(1)))    # eager: the rows may come from pinned RAM
         self._mark(0)
+        self._mark(1)
         h, y, ids, w = self._run("head0", mode, lambda: self._head(0, self.x0))
         out = None
-        for j in range(len(self.heads)):
-            self._mark(1 + 3 * j)
+        L = len(self.heads)
+        for j in range(L):
+            self._mark(2 + 4 * j)
             rid, rw, offs = ex.prepare(j, ids, w)
             if rid is not ids:                          # replayed routing: into the tail's input tensors
                 ids.copy_(rid)
                 w.copy_(rw)
-            self._mark(2 + 3 * j)
+            self._mark(3 + 4 * j)
             out, routed = self._run(f"tail{j}", mode, lambda: self._tail(j, h, y, ids, w, offs))
-            self._mark(3 + 3 * j)
+            self._mark(4 + 4 * j)
             store.release(j)
             ex.send_hints(j, routed)
-            if j + 1 < len(self.heads):
+            self._mark(5 + 4 * j)                        # head j+1's launch (or the final segment's)
+            if j + 1 < L:
                 h, y, ids, w = self._run(f"head{j + 1}", mode, lambda: self._head(j + 1, out))
         logits = self._run("final", mode, lambda: self._final(out))
         if self.timing and self._ev:
             self._mark(len(self._ev) - 1)
             self._pending = True                        # read at the next step or split(): no sync here
-        return logits
+        # a replayed graph writes its output into the same tensor every step: the caller gets its own copy
+        return logits.clone() if mode != "eager" else logits

@@ -14,6 +14,8 @@ a mapping of them under `runs` (or `results`) (`benchmarks/bench_engine.py`).
 What the runs identify, and how each constant is fitted:
 - `moe_round_trip_us`: measured directly, the mean over the runs that identify it of the round trips'
   time per token / MoE layers.
+- `host_fetch_us`: measured directly in LRU-only runs, the store's host time less its waits over the experts
+  it fetched (`_fetch_host`).
 - `layer_overhead_us` (and `hbm_efficiency` where the runs separate it): least squares on decode seconds
   per token, predicted (`repredict.predict_plan`, the plan as the run executed it) against measured, each
   run's residual relative to its measurement so that every run counts alike; Gauss-Newton on the
@@ -53,6 +55,7 @@ class Run:
     measured_s: float       # median seconds per decode token
     host_s: float | None    # the round trips' seconds per token (`_round_trip_s`); None: not identified
     n_moe: int
+    fetch_us: float | None = None   # host time per fetched expert (`_fetch_host`); None: not identified
 
     @property
     def round_trip_us(self) -> float | None:
@@ -170,17 +173,39 @@ def _plan_of(rec: dict, where: str, prefix: str, override: str | None, folders: 
                     "pass --plan NAME=PATH (NAME: the run's name in the file, or the part before its '/')")
 
 
+def _fetch_host(r: dict, where: str, prefix: str) -> tuple[float, float] | None:
+    """(host seconds per fetched expert, fetches per token) of an LRU-only run without NVMe: the store's host time in
+    `ensure` and the launch, less its waits for fetches, over the experts it fetched. None for other modes:
+    with lookahead the store also waits for the hint thread's fetches to be enqueued, and on-demand runs
+    measured about twice the LRU figure per fetch on the H200 (unexplained: engine/ENGINE.md)."""
+    if r.get("mode") != "lru" or (r.get("bytes_per_token") or {}).get("nvme", 0.0) > 0:
+        return None                       # NVMe fetches also pay the reader threads' share of the lock
+    fetches = sum((r.get("counters") or {}).get("fetches_from", {}).values())
+    uses = (r.get("counters") or {}).get("uses", 0)
+    per_token_uses = _field(r, "plan.n_moe_layers", where, prefix) * (r["plan"].get("data") or {}).get("top_k", 0)
+    tokens = uses / per_token_uses if per_token_uses else 0
+    if fetches <= 0 or tokens <= 0:
+        return None
+    n = fetches / tokens
+    host = (_field(r, "time_per_token.store_and_launch_host_s", where, prefix)
+            - _field(r, "time_per_token.store_wait_s", where, prefix))
+    return max(0.0, host) / n, n
+
+
 def _round_trip_s(r: dict, where: str, prefix: str) -> float | None:
     """The round trips' share of a token on the critical path, in seconds per token. Graphed runs (CUDA
     events on the compute stream): the compute stream's waits from each router's end to its MoE call, less
-    the copy stream's busy time (every copy of a run without lookahead is a demand copy inside those
-    waits); None where NVMe reads (not timed on the compute stream) or prefetch copies also fall in them.
-    Older runs: host time in the round trips and the store, less the store's waits for fetches."""
+    what else fills them: the copy stream's busy time or, when the host was slower than the link, the
+    store's host time issuing the fetches (`_fetch_host`); LRU-only runs without NVMe only (other modes
+    also wait for prefetches or reads, or issue fetches at another host cost). Older runs: host time in
+    the round trips and the store, less the store's waits for fetches."""
     tp = r.get("time_per_token") or {}
     if tp.get("device_wait_s") is not None:
-        if r.get("mode") == "plan" or (r.get("bytes_per_token") or {}).get("nvme", 0.0) > 0:
+        fh = _fetch_host(r, where, prefix)
+        if fh is None:
             return None
-        return max(0.0, tp["device_wait_s"] - _field(r, "links.copy_busy_s_per_token", where, prefix))
+        copy = _field(r, "links.copy_busy_s_per_token", where, prefix)
+        return max(0.0, tp["device_wait_s"] - max(copy, fh[0] * fh[1]))
     return max(0.0, _field(r, "time_per_token.router_round_trip_s", where, prefix)
                + _field(r, "time_per_token.store_and_launch_host_s", where, prefix)
                - _field(r, "time_per_token.store_wait_s", where, prefix))
@@ -208,6 +233,7 @@ def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
                 raise UserError(str(path), prefix + "mode", f"{mode!r} is not a mode", f"one of {', '.join(MODES)}")
             med = _field(r, "measured.decode_s_per_token.median", str(path), prefix)
             host = _round_trip_s(r, str(path), prefix)
+            fh = _fetch_host(r, str(path), prefix) if (r.get("time_per_token") or {}).get("device_wait_s") is not None else None
             n_moe = _field(r, "plan.n_moe_layers", str(path), prefix)
             if med <= 0 or n_moe < 1 or n_moe != int(n_moe):
                 raise UserError(str(path), prefix + ("plan.n_moe_layers" if med > 0 else
@@ -219,7 +245,8 @@ def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
                 raise UserError(str(path), prefix + "plan.n_moe_layers", f"{int(n_moe)}, but the plan "
                                 f"{plan_where} has {len(plan.layers)} MoE layers", "pass the plan the run executed")
             out.append(Run(f"{p.name}:{name}" if name else p.name, str(path), mode, plan, plan_where, float(med),
-                           None if host is None else float(host), int(n_moe)))
+                           None if host is None else float(host), int(n_moe),
+                           None if fh is None else fh[0] * 1e6))
     if not out:
         raise UserError("BENCH.json", "", "no runs given", "pass at least one bench file")
     return out
@@ -272,6 +299,11 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     rt = float(np.mean(rts))
     spread = f"{min(rts):.0f}-{max(rts):.0f} us over {len(rts)} runs"
     prof = _with_calibration(profile, moe_round_trip_us=_figure(rt, sources, f"round trip per MoE layer, {spread}"))
+    fus = [r.fetch_us for r in runs if r.fetch_us is not None]
+    fetch = float(np.mean(fus)) if fus else cal.host_fetch.value
+    fspread = f"{min(fus):.0f}-{max(fus):.0f} us over {len(fus)} runs" if fus else ""
+    if fus:
+        prof = _with_calibration(prof, host_fetch_us=_figure(fetch, sources, f"host time per fetched expert, {fspread}"))
 
     def at(o: float, e: float):
         return _with_calibration(prof, layer_overhead_us=dataclasses.replace(cal.layer_overhead_us, value=o),
@@ -321,6 +353,8 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     left = "left alone: "
     constants = (
         Constant("moe_round_trip_us", cal.round_trip.value, rt, f"measured directly: round trip per MoE layer, {spread}", True),
+        Constant("host_fetch_us", cal.host_fetch.value, fetch, f"measured directly: host time per fetched expert in "
+                 f"LRU-only runs, {fspread}" if fus else "left alone: no LRU-only graphed run", bool(fus)),
         Constant("layer_overhead_us", cal.layer_overhead_us.value, o if fit_o else cal.layer_overhead_us.value, why_o, fit_o),
         Constant("hbm_efficiency", cal.hbm_efficiency.value, e if fit_e else cal.hbm_efficiency.value, why_e, fit_e),
         Constant("compute_efficiency", cal.compute_efficiency.value, cal.compute_efficiency.value, left +

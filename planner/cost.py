@@ -100,6 +100,11 @@ class CostModel:
         return self._cal.layer_overhead_us.value * 1e-6
 
     @cached_property
+    def host_fetch(self) -> float:
+        """Seconds of host time to issue one expert fetch (the store's bookkeeping and the copy's enqueue)."""
+        return self._cal.host_fetch.value * 1e-6
+
+    @cached_property
     def round_trip(self) -> float:
         """Seconds of one MoE layer's host round trip (router ids to the host, `ensure`, the MoE launch)."""
         return self._cal.round_trip.value * 1e-6
@@ -261,7 +266,7 @@ class CostModel:
         rb, rt = self.problem.rank_bytes, self._rank_times
         between = lambda x: (warm_w * x).sum(axis=1)      # noqa: E731
         beyond = lambda x: (cold_w * x).sum(axis=1)       # noqa: E731
-        return {"hit": h, "warm_bytes": between(rb), "cold_bytes": beyond(rb),
+        return {"hit": h, "warm_bytes": between(rb), "cold_bytes": beyond(rb), "n_miss": between(1.0) + beyond(1.0),
                 "n_cold": beyond(1.0), "fg_warm": between(rt["fg"]), "fg_cold": beyond(rt["fg"]),
                 "bg_warm": between(rt["bg"]), "bg_cold": beyond(rt["bg"]),
                 "cold_counts": np.array([beyond(mask) for mask in self._format_masks]),   # [F, L] NVMe misses
@@ -280,8 +285,12 @@ class CostModel:
         pre_p = R * (1 + waste) * (x["bg_warm"] + x["bg_cold"])
         pre_n = self._cold_batch(R * (1 + waste) * x["cold_counts"])
         t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
+        n = x["n_miss"]                                                    # [L] experts fetched a token
+        one = np.where(n > 0, (x["fg_warm"] + x["fg_cold"]) / np.maximum(n, 1e-30), 0.0)   # one's link time
+        host_dem = (1 - R) * n * self.host_fetch + np.minimum(1.0, (1 - R) * n) * one
+        host_pre = R * (1 + waste) * n * self.host_fetch
 
-        dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp)
+        dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre)
         streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
         link_p = float(np.sum(dem_p + pre_p)) + sum(self._stream_time(u) for u in streamed) + row / self.h2d(row)
@@ -306,14 +315,18 @@ class CostModel:
                           plain(pre_seconds), plain(bpt), plain(bpc), float(np.mean(x["hit"])),
                           float(np.mean(x["ram_share"])), float(np.mean(x["nvme_share"])))
 
-    def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp) -> tuple[dict, float]:
-        """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource."""
+    def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre) -> tuple[dict, float]:
+        """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource.
+        host_dem [L]: the host issuing a MoE layer's demand fetches, until the last one's copy lands (the stall
+        when the host is slower than the link); host_pre [L]: the hint thread issuing its prefetches, which
+        holds the interpreter lock the main thread needs (serial with it)."""
         spec, lay = self.problem.spec, self._layers
         t_hbm = (lay["dense"] + lay["kv"]) / self.hbm_rate
         t_fl = lay["flops_dec"] / self.flop_rate
         t_fl_exp = 2.0 * spec.top_k * spec.expert_params / self.flop_rate
         sec = dict.fromkeys(RESOURCES, 0.0)
         sec["round_trip"] = 0.0                            # of "overhead": the MoE layers' host round trips
+        sec["host_fetch"] = 0.0                            # of "overhead": issuing fetches, beyond the links' time
         depth = placement.prefetch_depth
         units = self.problem.dense_units
         t, link_free = 0.0, 0.0
@@ -338,7 +351,10 @@ class CostModel:
                 stall = max(dem_p[j], dem_n[j]) + fill[j]
                 sec["pcie" if dem_p[j] >= dem_n[j] else "nvme"] += max(dem_p[j], dem_n[j])
                 sec["pcie"] += fill[j]
-                t += stall
+                host = max(0.0, host_dem[j] - stall) + host_pre[j]      # the host paces the copies, and the hints
+                sec["overhead"] += host
+                sec["host_fetch"] += host
+                t += stall + host
                 if depth and j >= depth:                   # the hints' ids reach the host a round trip after
                     ready = moe_done[j - depth] + self.round_trip + max(pre_p[j], pre_n[j])   # their source
                     if ready > t:

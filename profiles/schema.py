@@ -263,6 +263,7 @@ class Calibration:
     copy_overlap: Figure          # fraction of H2D bandwidth kept while kernels run
     dense_stream_efficiency: Figure   # fraction of pinned H2D reached when streaming dense weights
     moe_round_trip_us: Figure | None = None   # host round trip of one MoE layer per token; None: the default
+    host_fetch_us: Figure | None = None       # host time the store spends issuing one expert fetch; None: the default
 
     @property
     def round_trip(self) -> Figure:
@@ -271,10 +272,23 @@ class Calibration:
         return self.moe_round_trip_us if self.moe_round_trip_us is not None else DEFAULT_MOE_ROUND_TRIP
 
 
+    @property
+    def host_fetch(self) -> Figure:
+        """`host_fetch_us`, or the default estimate (`DEFAULT_HOST_FETCH`) where the profile has none."""
+        return self.host_fetch_us if self.host_fetch_us is not None else DEFAULT_HOST_FETCH
+
+
 DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
                                 "(engine/ENGINE.md); refine with `strata-plan calibrate`")
 """The host round trip of one MoE layer per decode token: the router's ids to the host, the store's `ensure`
 and the launch of the MoE call, serial with the layer's demand copies (planner/PLANNER.md)."""
+
+DEFAULT_HOST_FETCH = Figure(90.0, "estimate", "H200 host, the engine's store (Python): 84 and 109 us of host time per "
+                            "fetched expert in LRU runs of two models (engine-20261203T145904Z.json, "
+                            "engine-trained-20261203T150649Z.json); refine with `strata-plan calibrate`")
+"""Host time of one expert fetch issued by the store (bookkeeping, the copy's enqueue, its events): the demand
+fetches of a MoE layer are issued one after another after its round trip, the hinted ones by the hint thread
+under the same interpreter lock (planner/PLANNER.md, "Host time per fetch")."""
 
 
 def default_calibration() -> Calibration:

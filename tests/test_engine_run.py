@@ -109,8 +109,9 @@ def test_the_segmented_decode_loop_is_the_models_own_forward(packed_bf16):
 @pytest.mark.gpu
 def test_cuda_graphs_replay_the_eager_segments(packed_bf16):
     """On a GPU: decode steps replayed from CUDA graphs (captured at the second step) give the eager
-    segments' tokens, and their logits to bf16 rounding (measured on the H200: not bit for bit in every
-    mode; cuBLAS may pick other kernels inside a capture), with the tiers and the lookahead at work."""
+    segments' tokens, and their logits to bf16 rounding, with the tiers and the lookahead at work. Each
+    step's logits are kept: a runner that returned the graph's output buffer itself (overwritten by the
+    next replay) fails here (it did on the H200, 2026-12-03: up to 11.6 apart on every step but the last)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for split, mode in CASES:

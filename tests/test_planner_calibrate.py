@@ -50,6 +50,21 @@ def test_round_trip_adds_moe_layers_times_it_when_nothing_overlaps(where):
     assert C / some.prefill_tok_s - C / zero.prefill_tok_s == pytest.approx(p.spec.n_moe_layers * rt * 1e-6, rel=1e-9)
 
 
+def test_host_fetch_paces_a_layer_whose_copies_are_shorter():
+    """Every routed expert fetched from RAM (nothing static, no cache, no lookahead): once issuing a fetch
+    on the host takes longer than its copy, each MoE layer waits k x host_fetch (+ the last copy), so the
+    token grows by exactly L_moe x k per extra microsecond; below that the links hide it."""
+    p = tiny_problem(skews=(1.4, 0.5, 0.0)).replace(budget=Budget(10**13, 10**13, 10**13, 0))
+    E, L = p.curves.n_experts, p.curves.n_layers
+    place = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
+
+    def token(us):
+        return 1 / CostModel(p.replace(profile=with_cal(p.profile, host_fetch_us=us))).predict(place).decode_tok_s
+    k, n_moe = p.curves.top_k, p.spec.n_moe_layers
+    assert token(0.0) == token(1e-3)                                      # hidden behind the copies
+    assert token(20000.0) - token(10000.0) == pytest.approx(n_moe * k * 10000e-6, rel=1e-9)
+
+
 def test_round_trip_also_delays_the_lookahead():
     """With lookahead the demand part still pays every round trip, and a prefetch cannot land before its
     source layer's hints have made their round trip: the token grows by at least L_moe x rt."""
@@ -103,7 +118,7 @@ def test_modes_order_and_baselines():
 
 
 # ---- calibrate -----------------------------------------------------------------------------------------
-TRUE = {"layer_overhead_us": 42.0, "moe_round_trip_us": 180.0, "hbm_efficiency": 0.55}
+TRUE = {"layer_overhead_us": 42.0, "moe_round_trip_us": 180.0, "hbm_efficiency": 0.55, "host_fetch_us": 400.0}
 
 
 def _run(plan_path: Path, mode: str, profile, record: str) -> dict:
@@ -119,11 +134,13 @@ def _run(plan_path: Path, mode: str, profile, record: str) -> dict:
     tp = {"router_round_trip_s": 0.4 * host, "store_and_launch_host_s": 0.6 * host + wait, "store_wait_s": wait,
           "round_trips": n}
     extra = {}
-    if record == "data":            # a graphed run: the compute stream's waits hold the round trips and the copies
-        copy = 5e-3
-        tp.update(router_round_trip_s=0.9 * (host + copy), store_and_launch_host_s=0.2 * copy, store_wait_s=0.0,
-                  device_wait_s=host + copy)
-        extra = {"links": {"copy_busy_s_per_token": copy}, "bytes_per_token": {"nvme": 0.0}}
+    if record == "data":            # a graphed run: the compute stream's waits hold the round trips and the copies,
+        copy, fetches, tokens = 5e-3, 20, 10     # or the host issuing the fetches where it is slower (here)
+        issue = fetches * TRUE["host_fetch_us"] * 1e-6
+        tp.update(router_round_trip_s=0.9 * host, store_and_launch_host_s=issue, store_wait_s=0.0,
+                  device_wait_s=host + max(copy, issue))
+        extra = {"links": {"copy_busy_s_per_token": copy}, "bytes_per_token": {"nvme": 0.0},
+                 "counters": {"fetches_from": {"ram": fetches * tokens}, "uses": tokens * n * plan.top_k}}
     return {"mode": mode, "measured": {"decode_tok_s": pred.decode_tok_s,
                                        "decode_s_per_token": {"median": 1 / pred.decode_tok_s}},
             "time_per_token": tp, **extra,
@@ -153,7 +170,7 @@ def test_calibrate_recovers_the_constants(bench_files, capsys):
     res = json.loads(capsys.readouterr().out)
     cal = load_profile(str(out)).calibration
     for name, want in TRUE.items():
-        fig = cal.round_trip if name == "moe_round_trip_us" else getattr(cal, name)
+        fig = {"moe_round_trip_us": cal.round_trip, "host_fetch_us": cal.host_fetch}.get(name) or getattr(cal, name)
         assert fig.value == pytest.approx(want, rel=0.01), name
         assert fig.provenance == "measured" and "calibrate" in fig.source and files[0].name in fig.source
     assert cal.compute_efficiency.provenance == "estimate"                # left alone, and says so

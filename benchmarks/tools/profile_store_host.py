@@ -1,0 +1,45 @@
+"""Diagnostic: where the main thread's host time goes in decode (cProfile around `engine.bench.measure`).
+
+    python3 benchmarks/tools/profile_store_host.py --packed DIR --plan PLAN [--mode lru] [--tokens 32]
+
+Prints the run's time split (host time in the store and the round trips, fetches a token) and the 25
+functions with the most own time on the main thread (the copy, reader and hint threads are not profiled).
+Not a benchmark: no results file; cProfile slows Python down, so read shares, not absolute times.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+
+from strata_plan.engine.bench import measure
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--packed", required=True)
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--mode", default="lru")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=32)
+    a = ap.parse_args()
+    for mode in a.mode.split(","):
+        prof = cProfile.Profile()
+        prof.enable()
+        r = measure(a.packed, a.plan, mode=mode, tokens=a.tokens, warmup=a.warmup)
+        prof.disable()
+        tp, c = r["time_per_token"], r["counters"]
+        fetches = sum(c["fetches_from"].values()) / a.tokens
+        print(f"== {mode}: {r['measured']['decode_tok_s']:.1f} tok/s under cProfile; store+launch "
+              f"{tp['store_and_launch_host_s'] * 1e3:.2f} ms/tok, round trips {tp['router_round_trip_s'] * 1e3:.2f} "
+              f"ms/tok, {fetches:.1f} fetches/tok, GPU wait {(tp['device_wait_s'] or 0) * 1e3:.2f} idle "
+              f"{(tp.get('device_idle_s') or 0) * 1e3:.2f} compute {(tp['device_compute_s'] or 0) * 1e3:.2f} ms/tok")
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        print(s.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
