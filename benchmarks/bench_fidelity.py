@@ -21,15 +21,19 @@ Rows (one packed folder each; names are the result's metric prefixes):
   format's, dequantized by HQQ (compute dtype bf16, so the dequantized weights are exactly representable), written
   into a copy of the checkpoint and packed as bf16.
 - `mix.random.calib`: the same tier counts per layer, experts assigned to tiers at random (seeded).
-- `mix.popularity.calib.kernels`: the first mix through the engine's default backend (on a GPU the Triton
+- `mix.popularity.calib.kernels`: the first mix's folder through the engine's default backend (on a GPU the Triton
   kernels with int8 activations); every other row runs the fused MoE's torch reference (float32 over the
   dequantized weights), so this row minus the first is what the kernels' own arithmetic costs.
 
 Bits per weight: `bpw_stored` from the packed blobs' bytes (`ModelSpec.routed_expert_bytes`: 4 KiB alignment and
 K padded to the super-block included; bench-moe's expert width 256 pads down_proj's K to 512), `bpw_format`
 from the formats' own `bpw` (K a multiple of the super-block: the bits that carry information). HQQ is matched
-to `bpw_format` (padding carries nothing). Every figure is measured here; the seed post's figures are labelled
-as its claims. Writes fidelity-<time>.json (benchmarks/_result.py) and prints a table.
+to `bpw_format` (padding carries nothing); its row's bpw is HQQ's own storage (codes + 16-bit scale and zero per
+group, no padding). Every figure is measured here; the seed post's figures are labelled
+as its claims. Writes fidelity-<time>.json (benchmarks/_result.py; fidelity-smoke-<time>.json into --work with
+--smoke) and prints a table. Held-out text: the corpus's held-out files (content hash, benchmarks/moe/corpus.py),
+each a window from its start as the routing trace takes them, so the first of them are the trace's own
+heldout_tokens.npz; --heldout NPZ evaluates on given ids instead (the smoke: the fixture's).
 """
 from __future__ import annotations
 
@@ -152,6 +156,13 @@ def hqq_settings(tiers: tuple[str, ...], hidden: int, inter: int) -> dict[str, d
     return out
 
 
+def hqq_mix_bpw(settings: dict, formats: list[dict[int, str]]) -> dict:
+    """HQQ's bits per weight over the split as HQQ stores it (packed codes, a 16-bit scale and zero per group;
+    no padding: every group divides K). The engine runs its dequantized weights as bf16 blobs."""
+    b = float(np.mean([settings[f]["hqq_bpw"] for layer in formats for f in layer.values()]))
+    return {"bpw_stored": b, "bpw_format": b}
+
+
 def hqq_dequantized(w: torch.Tensor, nbits: int, group: int, device: str) -> torch.Tensor:
     """w [N, K] quantized by HQQ (groups of `group` along K, its proximal optimizer) and dequantized, bf16."""
     from hqq.core.quantize import BaseQuantizeConfig, Quantizer
@@ -193,14 +204,14 @@ def variants(spec, counts: torch.Tensor, a) -> list[Variant]:
     mix = F.tier_mix(a.bpw)
     pop = [mix.assign(o) for o in popularity_orders(counts)]
     rnd = [mix.assign(o) for o in random_orders(spec.n_moe_layers, spec.n_routed, a.seed)]
-    rows = [Variant(MIX, f"{a.bpw} bpw tier mix by training-text popularity, our quantizer + calibration", pop, "ours+calib")]
-    if a.kernels:
-        rows.append(Variant(f"{MIX}.kernels", "same folder through the kernels (backend auto: int8 activations)",
-                            pop, "ours+calib", backend="auto", packed_as=MIX))
-    rows += [Variant("mix.popularity", "same split, our quantizer, no calibration", pop),
-             Variant("mix.popularity.rtn", "same split, round-to-nearest (group min/max)", pop, "rtn"),
-             Variant("mix.popularity.hqq", "same split, HQQ at the nearest bit rates", pop, "hqq"),
-             Variant("mix.random.calib", f"same tier counts assigned at random (seed {a.seed}), + calibration", rnd, "ours+calib")]
+    rows = [Variant(MIX, f"{a.bpw} bpw tier mix by training-text popularity, our quantizer + calibration", pop, "ours+calib"),
+            Variant("mix.popularity", "same split, our quantizer, no calibration", pop),
+            Variant("mix.popularity.rtn", "same split, round-to-nearest (group min/max)", pop, "rtn"),
+            Variant("mix.popularity.hqq", "same split, HQQ at the nearest bit rates", pop, "hqq"),
+            Variant("mix.random.calib", f"same tier counts assigned at random (seed {a.seed}), + calibration", rnd, "ours+calib")]
+    if a.kernels:                    # after the targets' rows: on a fresh GPU machine it compiles the kernels first
+        rows.append(Variant(f"{MIX}.kernels", "the first row's folder through the kernels (backend auto: int8 "
+                            "activations)", pop, "ours+calib", backend="auto", packed_as=MIX))
     rows += [Variant(f"uniform.{f}", f"every expert {f} ({F.get_format(f).bpw:.2f} bpw), our quantizer",
                      [{e: f for e in range(spec.n_routed)} for _ in spec.moe_layers]) for f in UNIFORM]
     return rows
@@ -258,10 +269,8 @@ def run_rows(run: Run, rows: list[Variant], ckpt: Path, spec, stats, held: list[
             run.extra["errors"][v.name] = f"{type(e).__name__}: {e}"
             log(f"{v.name} FAILED: {type(e).__name__}: {e}")
             continue
-        r.update(bpw(spec, v.formats), pack_seconds=t_pack, eval_seconds=time.perf_counter() - t - t_pack)
-        if v.quantizer == "hqq":
-            s = run.extra["hqq_settings"]
-            r["bpw_hqq"] = float(np.mean([s[f]["hqq_bpw"] for layer in v.formats for f in layer.values()]))
+        r.update(bpw(spec, v.formats) if v.quantizer != "hqq" else hqq_mix_bpw(run.extra["hqq_settings"], v.formats),
+                 pack_seconds=t_pack, eval_seconds=time.perf_counter() - t - t_pack)
         run.rows[v.name] = r
         run.extra["rows"][v.name] = {"what": v.what, "quantizer": v.quantizer, "backend": v.backend,
                                      "tier_counts": tier_counts(v.formats)}
@@ -312,33 +321,53 @@ def metrics(run: Run) -> dict:
     return m
 
 
-def table(run: Run) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title=f"Fidelity against the float32 reference, MEASURED on {run.extra.get('predictions', '?')} held-out "
-                    "next-token predictions", show_lines=False)
-    for c in ("row", "bpw stored", "bpw fmt", "top-1", "top-5", "KL mean", "KL p99", "ppl", "what"):
-        t.add_column(c, justify="left" if c in ("row", "what") else "right")
-    for name, r in run.rows.items():
-        t.add_row(name, f"{r['bpw_stored']:.3f}", f"{r.get('bpw_hqq', r['bpw_format']):.3f}", f"{r['top1']:.2%}",
-                  f"{r['top5']:.2%}", f"{r['kl_mean']:.4f}", f"{r['kl_p99']:.3f}", f"{r['ppl_change']:+.2%}",
-                  run.extra["rows"][name]["what"])
+COLUMNS = ("row", "bpw stored", "bpw fmt", "top-1", "top-5", "KL mean", "KL p99", "ppl", "what")
+
+
+def table_rows(run: Run) -> list[tuple[str, ...]]:
+    out = [(name, f"{r['bpw_stored']:.3f}", f"{r['bpw_format']:.3f}", f"{r['top1']:.2%}", f"{r['top5']:.2%}",
+            f"{r['kl_mean']:.4f}", f"{r['kl_p99']:.3f}", f"{r['ppl_change']:+.2%}", run.extra["rows"][name]["what"])
+           for name, r in run.rows.items()]
     c = SEED_CLAIMS
-    t.add_row("seed post (claim)", "", "1.92", f"{c['top1']:.2%}", f"{c['top5']:.2%}", f"{c['kl_mean']:.4f}", "",
-              f"+{c['ppl_change'][0]:.1%}..+{c['ppl_change'][1]:.1%}", SEED_SOURCE)
-    con = Console(width=200)
-    con.print(t)
+    return out + [("seed post (claim)", "", "1.92", f"{c['top1']:.2%}", f"{c['top5']:.2%}", f"{c['kl_mean']:.4f}", "",
+                   f"+{c['ppl_change'][0]:.1%}..+{c['ppl_change'][1]:.1%}", SEED_SOURCE)]
+
+
+def table(run: Run) -> None:
+    title = (f"Fidelity against the float32 reference, MEASURED on {run.extra.get('predictions', '?')} held-out "
+             "next-token predictions")
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:                       # plain text where rich is missing
+        print(title)
+        for row in (COLUMNS, *table_rows(run)):
+            print(f"{row[0]:30s} " + " ".join(f"{v:>12s}" for v in row[1:-1]) + f"  {row[-1]}")
+        con = None
+    else:
+        t = Table(title=title)
+        for c in COLUMNS:
+            t.add_column(c, justify="left" if c in ("row", "what") else "right")
+        for row in table_rows(run):
+            t.add_row(*row)
+        con = Console(width=200)
+        con.print(t)
+    say = print if con is None else con.print
+    if MIX in run.rows:
+        r = run.rows[MIX]
+        say(f"the mix: {r['bpw_format']:.3f} bpw by the formats' bits, {r['bpw_stored']:.3f} as stored (blobs padded "
+            "to 4 KiB, K to the super-block)")
     for name, v in targets(run.rows).items():
-        con.print(f"target {name}: KL {v['rows'][0]} / {v['rows'][1]} = {v['kl_ratio_measured']:.3f} -> "
-                  f"{'met' if v['met'] else 'MISSED'}")
+        say(f"target {name}: KL {v['rows'][0]} / {v['rows'][1]} = {v['kl_ratio_measured']:.3f} -> "
+            f"{'met' if v['met'] else 'MISSED'}")
     if f"{MIX}.kernels" in run.rows and MIX in run.rows:
         d = run.rows[f"{MIX}.kernels"]["kl_mean"] - run.rows[MIX]["kl_mean"]
         where = "" if run.a.device == "cuda" else " (on the CPU both are the torch reference: 0 by construction)"
-        con.print(f"kernels' arithmetic (backend auto minus the torch reference, same packed weights): KL {d:+.5f}{where}")
+        say(f"kernels' arithmetic (backend auto minus the torch reference, same packed weights): KL {d:+.5f}{where}")
     for name, e in run.extra["errors"].items():
-        con.print(f"FAILED {name}: {e}")
+        say(f"FAILED {name}: {e}")
     for name in run.extra["skipped"]:
-        con.print(f"skipped {name} (deadline)")
+        say(f"skipped {name} (deadline)")
 
 
 # ---- main -------------------------------------------------------------------------------------------------------
@@ -370,6 +399,7 @@ def parse(argv=None):
         a.source_root = a.source_root or [sysconfig.get_paths()["stdlib"]]
         a.device, a.chunk, a.windows, a.calib_tokens = a.device or "cpu", 128, 2, 512
         a.work = a.work if a.work != p.get_default("work") else "/tmp/fid-smoke"
+        a.out_dir = a.out_dir or a.work          # a smoke result never lands in benchmarks/results
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return a
 
@@ -406,7 +436,7 @@ def main(argv=None) -> int:
                  "torch reference (weight quantization only). Tiers by popularity and calibration from training text. "
                  "bpw_stored counts the blobs' bytes (padding included), bpw_format the formats' bits. seed_claim.*: "
                  + SEED_SOURCE + ".")
-        path = write_result("fidelity", m, out_dir=a.out_dir, notes=notes,
+        path = write_result("fidelity-smoke" if a.smoke else "fidelity", m, out_dir=a.out_dir, notes=notes,
                             extra={**run.extra, "settings": vars(a)})
         if run.rows:
             table(run)

@@ -41,6 +41,9 @@ def test_hqq_settings_are_the_nearest_bit_rates():
     # bench-moe (hidden 512, expert width 256): 2.81 -> 2-bit g32 (3.0), 2.56 -> 2-bit g64 (2.5), 1.44 -> 1-bit g64 (1.5)
     s = B.hqq_settings(F.TIER_FORMATS, 512, 256)
     assert [(s[f]["nbits"], s[f]["group_size"], s[f]["hqq_bpw"]) for f in F.TIER_FORMATS] == [(2, 32, 3.0), (2, 64, 2.5), (1, 64, 1.5)]
+    mix = F.tier_mix(F.SEED_TARGET_BPW)
+    split = [mix.assign(list(range(64)))] * 9                          # 13 / 12 / 39 experts a layer
+    assert B.hqq_mix_bpw(s, split)["bpw_stored"] == pytest.approx((13 * 3.0 + 12 * 2.5 + 39 * 1.5) / 64)
     for f, v in B.hqq_settings(F.TIER_FORMATS, 256, 32).items():      # the fixture: groups must divide K = 32
         assert 32 % v["group_size"] == 0 and v["group_size"] % 8 == 0
         assert all(abs(v["hqq_bpw"] - v["format_bpw"]) <= abs(B.hqq_bpw(b, g) - v["format_bpw"])
