@@ -90,7 +90,21 @@ def model(a) -> Path:
     argv = ["--size", "bench", "--out", str(out), "--seconds", str(a.train_seconds), "--corpus-mb", "300"]
     if train_moe.main(argv) != 0:
         raise RuntimeError("train_moe.py failed (see its line above)")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()                        # the training run's cached memory
     return out
+
+
+def model_metrics(ckpt: Path) -> dict:
+    """The checkpoint's own training record (train_log.json, written by train_moe.py), when it has one."""
+    import json
+    p = ckpt / "train_log.json"
+    if not p.is_file():
+        return {}
+    t = json.loads(p.read_text())
+    return {"model.parameters_M": t["parameters"] / 1e6, "model.train_steps": t["train"]["steps"],
+            "model.train_seconds_measured": t["train"]["seconds"],
+            "model.held_out_perplexity_measured": t["held_out"]["perplexity"]}
 
 
 def texts(a, ckpt: Path) -> tuple[list[int], list[int], dict]:
@@ -246,6 +260,7 @@ class Run:
     def __init__(self, a):
         self.a, self.t0 = a, time.perf_counter()
         self.rows: dict[str, dict] = {}
+        self.model: dict = {}
         self.extra: dict = {"errors": {}, "skipped": [], "rows": {}, "text": {}}
 
     def left(self) -> float:
@@ -304,7 +319,7 @@ def targets(rows: dict[str, dict]) -> dict[str, dict]:
 
 
 def metrics(run: Run) -> dict:
-    m: dict = {}
+    m: dict = dict(run.model)
     for name, r in run.rows.items():
         for k, v in r.items():
             label = k if k.startswith(("bpw", "predictions", "pack_seconds", "eval_seconds")) else f"{k}_measured"
@@ -416,6 +431,7 @@ def main(argv=None) -> int:
         from strata_plan.planner.spec import load_spec
         ckpt = model(a)
         spec = load_spec(str(ckpt))
+        run.model = model_metrics(ckpt)
         log(f"model {ckpt} ({spec.n_moe_layers} MoE layers x {spec.n_routed} experts)")
         train_ids, held, run.extra["text"] = texts(a, ckpt)
         t = time.perf_counter()
