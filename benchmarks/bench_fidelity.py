@@ -21,6 +21,9 @@ Rows (one packed folder each; names are the result's metric prefixes):
   format's, dequantized by HQQ (compute dtype bf16, so the dequantized weights are exactly representable), written
   into a copy of the checkpoint and packed as bf16.
 - `mix.random.calib`: the same tier counts per layer, experts assigned to tiers at random (seeded).
+- `uniform.bf16`: every expert bf16 (unquantized). On a GPU the engine runs activations, the KV cache and the
+  dense layers in bf16 (engine/engine.py) while the reference is float32, so every row carries this floor; this
+  row measures it (on the CPU it is ~0).
 - `mix.popularity.calib.kernels`: the first mix's folder through the engine's default backend (on a GPU the Triton
   kernels with int8 activations); every other row runs the fused MoE's torch reference (float32 over the
   dequantized weights), so this row minus the first is what the kernels' own arithmetic costs.
@@ -223,12 +226,17 @@ def variants(spec, counts: torch.Tensor, a) -> list[Variant]:
             Variant("mix.popularity.rtn", "same split, round-to-nearest (group min/max)", pop, "rtn"),
             Variant("mix.popularity.hqq", "same split, HQQ at the nearest bit rates", pop, "hqq"),
             Variant("mix.random.calib", f"same tier counts assigned at random (seed {a.seed}), + calibration", rnd, "ours+calib")]
+    rows.append(Variant("uniform.bf16", "every expert bf16: the engine's own arithmetic (bf16 on a GPU)", every(spec, "bf16")))
     if a.kernels:                    # after the targets' rows: on a fresh GPU machine it compiles the kernels first
         rows.append(Variant(f"{MIX}.kernels", "the first row's folder through the kernels (backend auto: int8 "
                             "activations)", pop, "ours+calib", backend="auto", packed_as=MIX))
-    rows += [Variant(f"uniform.{f}", f"every expert {f} ({F.get_format(f).bpw:.2f} bpw), our quantizer",
-                     [{e: f for e in range(spec.n_routed)} for _ in spec.moe_layers]) for f in UNIFORM]
+    rows += [Variant(f"uniform.{f}", f"every expert {f} ({F.get_format(f).bpw:.2f} bpw), our quantizer", every(spec, f))
+             for f in UNIFORM]
     return rows
+
+
+def every(spec, fmt: str) -> list[dict[int, str]]:
+    return [{e: fmt for e in range(spec.n_routed)} for _ in spec.moe_layers]
 
 
 def pack_variant(v: Variant, ckpt: Path, spec, stats, a, run) -> Path:

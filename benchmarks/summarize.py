@@ -130,6 +130,7 @@ HEADLINES = (
     ("fidelity", "target.quantizer_calib_beats_rtn.kl_ratio_measured", "same with calibration / round-to-nearest, KL", ("<", 1)),
     ("fidelity", "target.quantizer_calib_beats_hqq.kl_ratio_measured", "same with calibration / HQQ, KL", ("<", 1)),
     ("fidelity", "target.popularity_beats_random.kl_ratio_measured", "tiers by popularity / tiers at random, KL (same counts)", ("<", 1)),
+    ("fidelity", "uniform.bf16.kl_mean_measured", "every expert bf16 through the engine (its bf16 arithmetic alone): KL, MEASURED", None),
     ("fidelity", "kernels.kl_mean_difference_measured", "the kernels' arithmetic (int8 activations) on the mix: KL added, MEASURED", None),
     ("fidelity", "uniform.q2_g16_s8m4.kl_mean_measured", "every expert at 2.81 bpw (q2_g16_s8m4): KL, MEASURED", None),
     ("fidelity", "uniform.q2_g32_s8m8.kl_mean_measured", "every expert at 2.56 bpw (q2_g32_s8m8): KL, MEASURED", None),
