@@ -1,14 +1,23 @@
 """What the quant tiers cost in quality (issue 30), side by side in one run on the trained benchmark model:
-every variant packed once, evaluated through the engine (`engine.eval.evaluate`) on the same held-out windows
-against the float32 reference, with the seed post's claimed figures beside ours.
+every variant packed once (`engine.pack.pack_checkpoint`) and evaluated on the same held-out windows against
+the float32 reference (`engine.eval`), with the seed post's claimed figures beside ours.
 
     python3 benchmarks/bench_fidelity.py --checkpoint /root/trained/bench-moe --work /root/fidelity --out-dir $OUT
     python3 benchmarks/bench_fidelity.py --work /root/fidelity --train-seconds 170 --out-dir $OUT   # trains first
     python3 benchmarks/bench_fidelity.py --smoke --work /tmp/fid-smoke          # CPU, the committed fixture
 
-Rows (one packed folder each; names are the result's metric prefixes):
-- `uniform.<format>`: every routed expert in one format (`pack --format`): the three tiers (2.81, 2.56, 1.44
-  bpw) and the native 4.25.
+Two ways a packed folder is run. Weight quantization alone (the rows without `.engine`): `evaluate_dequantized`,
+the engine's float32 model with the folder's experts dequantized once by the kernels' reference dequantizer, so
+the only difference from the reference is the weights (the fused MoE's own torch reference, one token and one
+expert at a time, would take minutes a row on the GPU). Through the engine (`.engine` rows): `evaluate`, the
+engine as `strata-plan eval` runs it; on a GPU that is bf16 activations, KV cache and dense layers, and the
+Triton kernels: grouped prefill GEMMs over bf16-dequantized tiles for a 512-token window, and with
+`.engine.decode` (token by token, `packed_chunk=1`) the batch-1 decode kernels, which put activations on an
+int8 grid. `.engine` minus its weight-only row is what the engine's arithmetic costs in KL; `uniform.bf16.engine`
+(unquantized experts) is the part of it that bf16 alone costs. On the CPU the engine computes in float32 with
+the torch reference, so those differences are ~0 there by construction.
+
+Rows (names are the result's metric prefixes):
 - `mix.popularity.calib`: the three-tier mix at the seed's 1.92 bpw (`formats.tier_mix`, what `pack --bpw`
   uses), the most used experts in the widest tier (`TierMix.assign` on each layer's popularity order, as
   `pack --stats` does), codes from our quantizer with calibration statistics (`pack --calib`). Popularity and
@@ -17,16 +26,13 @@ Rows (one packed folder each; names are the result's metric prefixes):
 - `mix.popularity`: the same split, our quantizer without calibration statistics.
 - `mix.popularity.rtn`: the same split, codes from plain round-to-nearest with group-wise min/max (`pack --rtn`).
 - `mix.popularity.hqq`: the same split quantized by HQQ (`hqq.core.quantize.Quantizer`, PyPI `hqq`) at the
-  nbits / group size whose bits per weight (codes + its fp16 scale and zero per group) are nearest each tier
+  nbits / group size whose bits per weight (codes + a 16-bit scale and zero per group) are nearest each tier
   format's, dequantized by HQQ (compute dtype bf16, so the dequantized weights are exactly representable), written
   into a copy of the checkpoint and packed as bf16.
 - `mix.random.calib`: the same tier counts per layer, experts assigned to tiers at random (seeded).
-- `uniform.bf16`: every expert bf16 (unquantized). On a GPU the engine runs activations, the KV cache and the
-  dense layers in bf16 (engine/engine.py) while the reference is float32, so every row carries this floor; this
-  row measures it (on the CPU it is ~0).
-- `mix.popularity.calib.kernels`: the first mix's folder through the engine's default backend (on a GPU the Triton
-  kernels with int8 activations); every other row runs the fused MoE's torch reference (float32 over the
-  dequantized weights), so this row minus the first is what the kernels' own arithmetic costs.
+- `uniform.bf16.engine`, `mix.popularity.calib.engine`, `mix.popularity.calib.engine.decode`: see above.
+- `uniform.<format>`: every routed expert in one format (`pack --format`): the three tiers (2.81, 2.56, 1.44
+  bpw) and the native 4.25.
 
 Bits per weight: `bpw_stored` from the packed blobs' bytes (`ModelSpec.routed_expert_bytes`: 4 KiB alignment and
 K padded to the super-block included; bench-moe's expert width 256 pads down_proj's K to 512), `bpw_format`
@@ -79,7 +85,7 @@ class Variant:
     what: str                            # one line for the table
     formats: list                        # per MoE layer: expert -> format
     quantizer: str = "ours"              # ours | ours+calib | rtn | hqq
-    backend: str = "torch"               # the fused MoE's: torch (weights only) or auto (the kernels)
+    path: str = "weights"                # weights (dequantized, float32) | engine | engine.decode (token by token)
     packed_as: str = ""                  # reuse another row's packed folder
 
 
@@ -226,10 +232,13 @@ def variants(spec, counts: torch.Tensor, a) -> list[Variant]:
             Variant("mix.popularity.rtn", "same split, round-to-nearest (group min/max)", pop, "rtn"),
             Variant("mix.popularity.hqq", "same split, HQQ at the nearest bit rates", pop, "hqq"),
             Variant("mix.random.calib", f"same tier counts assigned at random (seed {a.seed}), + calibration", rnd, "ours+calib")]
-    rows.append(Variant("uniform.bf16", "every expert bf16: the engine's own arithmetic (bf16 on a GPU)", every(spec, "bf16")))
-    if a.kernels:                    # after the targets' rows: on a fresh GPU machine it compiles the kernels first
-        rows.append(Variant(f"{MIX}.kernels", "the first row's folder through the kernels (backend auto: int8 "
-                            "activations)", pop, "ours+calib", backend="auto", packed_as=MIX))
+    if a.engine:                     # after the targets' rows: on a fresh GPU machine the kernels compile first
+        rows += [Variant("uniform.bf16.engine", "every expert bf16 through the engine: its own arithmetic alone",
+                         every(spec, "bf16"), path="engine"),
+                 Variant(f"{MIX}.engine", "the first row's folder through the engine (prefill kernels on a GPU)",
+                         pop, "ours+calib", path="engine", packed_as=MIX),
+                 Variant(f"{MIX}.engine.decode", "the same token by token (decode kernels, int8 activations)",
+                         pop, "ours+calib", path="engine.decode", packed_as=MIX)]
     rows += [Variant(f"uniform.{f}", f"every expert {f} ({F.get_format(f).bpw:.2f} bpw), our quantizer", every(spec, f))
              for f in UNIFORM]
     return rows
@@ -256,8 +265,12 @@ def pack_variant(v: Variant, ckpt: Path, spec, stats, a, run) -> Path:
 
 
 def measure(v: Variant, packed: Path, ckpt: Path, held: list[int], a) -> dict:
-    from strata_plan.engine.eval import evaluate
-    f = evaluate(packed, ckpt, held, a.chunk, a.windows * a.chunk, device=a.device, backend=v.backend)
+    from strata_plan.engine.eval import evaluate, evaluate_dequantized
+    n = a.windows * a.chunk
+    if v.path == "weights":
+        f = evaluate_dequantized(packed, ckpt, held, a.chunk, n, device=a.device)
+    else:
+        f = evaluate(packed, ckpt, held, a.chunk, n, device=a.device, packed_chunk=1 if v.path == "engine.decode" else None)
     return {"top1": f.top1, "top5": f.top5, "kl_mean": f.kl_mean, "kl_p99": f.kl_p99, "ppl_change": f.ppl_change,
             "ppl_packed": f.ppl_packed, "ppl_reference": f.ppl_reference, "predictions": f.predictions}
 
@@ -295,7 +308,7 @@ def run_rows(run: Run, rows: list[Variant], ckpt: Path, spec, stats, held: list[
         r.update(bpw(spec, v.formats) if v.quantizer != "hqq" else hqq_mix_bpw(run.extra["hqq_settings"], v.formats),
                  pack_seconds=t_pack, eval_seconds=time.perf_counter() - t - t_pack)
         run.rows[v.name] = r
-        run.extra["rows"][v.name] = {"what": v.what, "quantizer": v.quantizer, "backend": v.backend,
+        run.extra["rows"][v.name] = {"what": v.what, "quantizer": v.quantizer, "path": v.path,
                                      "tier_counts": tier_counts(v.formats)}
         log(f"{v.name}: top-1 {r['top1']:.2%}, top-5 {r['top5']:.2%}, KL {r['kl_mean']:.4f} (p99 {r['kl_p99']:.3f}), "
             f"ppl {r['ppl_change']:+.1%}, {r['bpw_stored']:.3f} bpw stored; pack {t_pack:.0f} s, eval "
@@ -317,6 +330,9 @@ TARGETS = (  # (name, better row, worse row): the first's mean KL below the seco
 )
 
 
+ENGINE_PAIRS = {"prefill": (MIX, f"{MIX}.engine"), "decode": (MIX, f"{MIX}.engine.decode")}
+
+
 def targets(rows: dict[str, dict]) -> dict[str, dict]:
     out = {}
     for name, good, bad in TARGETS:
@@ -335,9 +351,11 @@ def metrics(run: Run) -> dict:
     for name, t in targets(run.rows).items():
         m[f"target.{name}.kl_ratio_measured"] = t["kl_ratio_measured"]
         m[f"target.{name}.met"] = t["met"]
-    if MIX in run.rows and f"{MIX}.kernels" in run.rows:
-        m["kernels.kl_mean_difference_measured"] = run.rows[f"{MIX}.kernels"]["kl_mean"] - run.rows[MIX]["kl_mean"]
-        m["kernels.top1_difference_measured"] = run.rows[f"{MIX}.kernels"]["top1"] - run.rows[MIX]["top1"]
+    for path, (weights_row, engine_row) in ENGINE_PAIRS.items():
+        if weights_row in run.rows and engine_row in run.rows:
+            k, t = run.rows[engine_row], run.rows[weights_row]
+            m[f"engine_arithmetic.{path}.kl_mean_difference_measured"] = k["kl_mean"] - t["kl_mean"]
+            m[f"engine_arithmetic.{path}.top1_difference_measured"] = k["top1"] - t["top1"]
     m.update({"seed_claim.top1": SEED_CLAIMS["top1"], "seed_claim.top5": SEED_CLAIMS["top5"],
               "seed_claim.kl_mean": SEED_CLAIMS["kl_mean"], "seed_claim.ppl_change_low": SEED_CLAIMS["ppl_change"][0],
               "seed_claim.ppl_change_high": SEED_CLAIMS["ppl_change"][1]})
@@ -383,10 +401,11 @@ def table(run: Run) -> None:
     for name, v in targets(run.rows).items():
         say(f"target {name}: KL {v['rows'][0]} / {v['rows'][1]} = {v['kl_ratio_measured']:.3f} -> "
             f"{'met' if v['met'] else 'MISSED'}")
-    if f"{MIX}.kernels" in run.rows and MIX in run.rows:
-        d = run.rows[f"{MIX}.kernels"]["kl_mean"] - run.rows[MIX]["kl_mean"]
-        where = "" if run.a.device == "cuda" else " (on the CPU both are the torch reference: 0 by construction)"
-        say(f"kernels' arithmetic (backend auto minus the torch reference, same packed weights): KL {d:+.5f}{where}")
+    where = "" if run.a.device == "cuda" else " (on the CPU the engine computes in float32: ~0 by construction)"
+    for path, (weights_row, engine_row) in ENGINE_PAIRS.items():
+        if weights_row in run.rows and engine_row in run.rows:
+            d = run.rows[engine_row]["kl_mean"] - run.rows[weights_row]["kl_mean"]
+            say(f"the engine's arithmetic, {path} ({engine_row} minus {weights_row}, same windows): KL {d:+.5f}{where}")
     for name, e in run.extra["errors"].items():
         say(f"FAILED {name}: {e}")
     for name in run.extra["skipped"]:
@@ -409,7 +428,7 @@ def parse(argv=None):
     p.add_argument("--bpw", type=float, default=F.SEED_TARGET_BPW, help="the tier mix's target (formats' bpw)")
     p.add_argument("--seed", type=int, default=0, help="random tier assignment's seed")
     p.add_argument("--device", default="", help="cuda or cpu (default cuda when there is a GPU)")
-    p.add_argument("--no-kernels", dest="kernels", action="store_false", help="skip the backend-auto row")
+    p.add_argument("--no-engine", dest="engine", action="store_false", help="skip the rows run through the engine")
     p.add_argument("--deadline-s", type=float, default=1e9, help="rows are skipped past this (seconds from start)")
     p.add_argument("--row-s", type=float, default=25.0, help="seconds a row needs at least (for the deadline)")
     p.add_argument("--smoke", action="store_true", help="CPU run on the committed fixture (tests/data/fixture-moe, "
@@ -455,9 +474,10 @@ def main(argv=None) -> int:
     finally:
         m = metrics(run)
         m["total_seconds"] = time.perf_counter() - run.t0
-        notes = ("Issue 30 side by side on the trained bench-moe (fixture-moe with --smoke): *_measured through the "
-                 "engine against its float32 reference on held-out text; every row but *.kernels runs the fused MoE's "
-                 "torch reference (weight quantization only). Tiers by popularity and calibration from training text. "
+        notes = ("Issue 30 side by side on the trained bench-moe (fixture-moe with --smoke): *_measured against the "
+                 "float32 reference on held-out text: rows without .engine run the packed weights dequantized in float32 "
+                 "(weight quantization alone), .engine rows the engine itself (bf16 + Triton kernels on a GPU). Tiers by "
+                 "popularity and calibration from training text. "
                  "bpw_stored counts the blobs' bytes (padding included), bpw_format the formats' bits. seed_claim.*: "
                  + SEED_SOURCE + ".")
         path = write_result("fidelity-smoke" if a.smoke else "fidelity", m, out_dir=a.out_dir, notes=notes,
