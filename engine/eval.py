@@ -3,6 +3,7 @@ through the engine on held-out tokens (what `strata-plan eval` prints).
 
     f = evaluate("packed/", "checkpoint/", tokens, chunk=512)          # tokens: int list, the held-out stream
     f.top1, f.top5, f.kl_mean, f.kl_p99, f.ppl_packed, f.ppl_reference
+    f = evaluate_dequantized("packed/", "checkpoint/", tokens, chunk=512)   # the packed weights alone, float32
 
 The stream is cut into windows of `chunk` tokens (whole windows only; with `max_tokens`, that many tokens'
 worth of windows spread evenly over the stream, so a short run does not see only its first document), each run
@@ -19,6 +20,11 @@ dequantized weights: the two runs on one GPU separate weight quantization from t
 is the engine's own float32 model over the checkpoint's weights (`MoEModel` + `TorchExperts`), which
 tests/test_engine_models.py holds to transformers within 2e-4 + 1e-4 |logit| (measured 1.1e-5): it runs every
 architecture the engine runs, on the same device, without transformers.
+
+`evaluate_dequantized` runs the packed folder's experts dequantized once (the kernels' reference dequantizer) in
+that same float32 model instead: weight quantization alone, as fast on a GPU as the reference (the fused MoE's
+torch reference goes one token and one expert at a time). `evaluate(..., packed_chunk=1)` feeds each window token
+by token, so on a GPU the fused MoE runs its batch-1 decode kernels (int8 activations) rather than the prefill path.
 """
 from __future__ import annotations
 
