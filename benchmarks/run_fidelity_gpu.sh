@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 30's fidelity rows in one device call (under 9.5 minutes): on the trained bench-moe (reused from
 # $W/bench-moe when a run_trained_gpu.sh run left it there, else trained now for TRAIN_S seconds), every
-# variant packed once and evaluated through the engine on held-out text (benchmarks/bench_fidelity.py).
+# variant packed once and evaluated on held-out text, its weights alone and through the engine
+# (benchmarks/bench_fidelity.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT bash benchmarks/run_fidelity_gpu.sh        # device `carry`: [".whl"]
 # HQQ (PyPI `hqq`, an sdist) and termcolor (which hqq.core.quantize imports; the GPU machine may lack it) go
 # as wheels in .whl/, made here in the repository root once (both pure Python):
