@@ -256,8 +256,7 @@ def pack_variant(v: Variant, ckpt: Path, spec, stats, a, run) -> Path:
         settings = hqq_settings(F.TIER_FORMATS, spec.hidden, spec.moe_intermediate)
         run.extra["hqq_settings"] = settings
         src = hqq_checkpoint(ckpt, spec, v.formats, settings, Path(a.work) / "hqq-checkpoint", a.device)
-        bf16 = [{e: "bf16" for e in layer} for layer in v.formats]
-        pack_checkpoint(src, out, bf16, device=a.device)
+        pack_checkpoint(src, out, every(spec, "bf16"), device=a.device)
     else:
         pack_checkpoint(ckpt, out, v.formats, device=a.device, importance=stats if v.quantizer == "ours+calib" else None,
                         rtn=v.quantizer == "rtn")

@@ -1,7 +1,7 @@
 """The pieces of benchmarks/bench_fidelity.py that decide what is compared: the tier assignments (popularity
 and random keep the same counts per tier), the HQQ settings matched to each tier's bits per weight, the bits
 per weight counted from the formats' bytes, and the targets' verdicts. The whole benchmark runs on the CPU
-with `python benchmarks/bench_fidelity.py --smoke` (about 2.5 minutes on 2 shared cores, not part of CI)."""
+with `python benchmarks/bench_fidelity.py --smoke` (about 1.7 minutes on 2 shared cores, not part of CI)."""
 from __future__ import annotations
 
 import sys
