@@ -3,6 +3,7 @@ through the engine on held-out tokens (what `strata-plan eval` prints).
 
     f = evaluate("packed/", "checkpoint/", tokens, chunk=512)          # tokens: int list, the held-out stream
     f.top1, f.top5, f.kl_mean, f.kl_p99, f.ppl_packed, f.ppl_reference
+    f = evaluate_dequantized("packed/", "checkpoint/", tokens, chunk=512)   # the packed weights alone, float32
 
 The stream is cut into windows of `chunk` tokens (whole windows only; with `max_tokens`, that many tokens'
 worth of windows spread evenly over the stream, so a short run does not see only its first document), each run
@@ -19,6 +20,11 @@ dequantized weights: the two runs on one GPU separate weight quantization from t
 is the engine's own float32 model over the checkpoint's weights (`MoEModel` + `TorchExperts`), which
 tests/test_engine_models.py holds to transformers within 2e-4 + 1e-4 |logit| (measured 1.1e-5): it runs every
 architecture the engine runs, on the same device, without transformers.
+
+`evaluate_dequantized` runs the packed folder's experts dequantized once (the kernels' reference dequantizer) in
+that same float32 model instead: weight quantization alone, as fast on a GPU as the reference (the fused MoE's
+torch reference goes one token and one expert at a time). `evaluate(..., packed_chunk=1)` feeds each window token
+by token, so on a GPU the fused MoE runs its batch-1 decode kernels (int8 activations) rather than the prefill path.
 """
 from __future__ import annotations
 
@@ -131,16 +137,10 @@ def reference_model(checkpoint: str | Path, cfg: ModelConfig, context: int, devi
     return MoEModel.load(checkpoint, experts, context, device=device, dtype=torch.float32)
 
 
-def evaluate(packed: str | Path, reference: str | Path, tokens: Sequence[int], chunk: int,
-             max_tokens: int | None = None, plan=None, device: str = "", text_where: str = "--text", backend: str = "auto",
-             on_chunk: Callable[[int, int], None] | None = None) -> Fidelity:
-    """The fidelity of the packed folder against the checkpoint on `tokens` (see the module doc). plan: a plan
-    path or Plan for the packed folder (default: `resident_plan`); backend: the fused MoE's ("torch": its float32
-    reference over the dequantized weights also on a GPU, so the kernels' own arithmetic drops out);
-    on_chunk(done, total) after each window."""
-    from .engine import Engine, EngineOptions
-    from .packed import load_index
-    from .resident_plan import resident_plan
+def checked_windows(packed: str | Path, reference: str | Path, tokens: Sequence[int], chunk: int,
+                    max_tokens: int | None, text_where: str) -> tuple[ModelConfig, ModelConfig, np.ndarray]:
+    """(packed config, reference config, the windows [n, chunk]) after refusing a reference of another model,
+    a window longer than the model's positions, or token ids outside its vocabulary."""
     pcfg, rcfg = load_config(packed, "--packed"), load_config(reference, "--reference")
     check_same_model(pcfg, rcfg, str(packed), str(Path(reference) / "config.json"))
     data = windows(tokens, chunk, max_tokens, text_where)
@@ -150,6 +150,38 @@ def evaluate(packed: str | Path, reference: str | Path, tokens: Sequence[int], c
     if int(data.max()) >= pcfg.vocab:
         raise UserError(text_where, "", f"token id {int(data.max())} outside the vocabulary of {pcfg.vocab}",
                         "tokenize the text with the reference checkpoint's tokenizer")
+    return pcfg, rcfg, data
+
+
+def compare(model, ref, data: np.ndarray, chunk: int, model_chunk: int,
+            on_chunk: Callable[[int, int], None] | None = None) -> Fidelity:
+    """Teacher-forced windows through `model` (prefill chunks of `model_chunk`) and `ref`, tallied."""
+    tally = Tally()
+    for i, row in enumerate(data):
+        ids = torch.from_numpy(row)
+        model.reset()
+        ref.reset()
+        q = model.prefill(ids, chunk=model_chunk, all_logits=True)          # [C, V] float32
+        p = ref.prefill(ids, chunk=chunk, all_logits=True)
+        tally.add(p[:-1], q[:-1], ids[1:])
+        if on_chunk is not None:
+            on_chunk(i + 1, len(data))
+    return tally.result(len(data), chunk)
+
+
+def evaluate(packed: str | Path, reference: str | Path, tokens: Sequence[int], chunk: int,
+             max_tokens: int | None = None, plan=None, device: str = "", text_where: str = "--text", backend: str = "auto",
+             on_chunk: Callable[[int, int], None] | None = None, packed_chunk: int | None = None) -> Fidelity:
+    """The fidelity of the packed folder against the checkpoint on `tokens` (see the module doc). plan: a plan
+    path or Plan for the packed folder (default: `resident_plan`); backend: the fused MoE's ("torch": its float32
+    reference over the dequantized weights also on a GPU, so the kernels' own arithmetic drops out);
+    on_chunk(done, total) after each window; packed_chunk: the packed model's prefill chunk (default the plan's;
+    1 feeds each window token by token, so on a GPU the fused MoE runs its batch-1 decode kernels, int8
+    activations, instead of the grouped prefill path)."""
+    from .engine import Engine, EngineOptions
+    from .packed import load_index
+    from .resident_plan import resident_plan
+    _, rcfg, data = checked_windows(packed, reference, tokens, chunk, max_tokens, text_where)
     plan_path = "plan"
     if plan is None:
         plan = resident_plan(load_index(packed), context=chunk, prefill_chunk=chunk)
@@ -159,16 +191,40 @@ def evaluate(packed: str | Path, reference: str | Path, tokens: Sequence[int], c
     if plan.context < chunk:
         raise UserError(plan_path, "context", f"{plan.context} tokens, shorter than --chunk {chunk}",
                         f"use --chunk {plan.context} or less")
-    tally = Tally()
     with Engine.open(packed, plan, EngineOptions(mode="lru", device=device, backend=backend), plan_path=plan_path) as eng:
         ref = reference_model(reference, rcfg, chunk, eng.model.device)
-        for i, row in enumerate(data):
-            ids = torch.from_numpy(row)
-            eng.model.reset()
-            ref.reset()
-            q = eng.model.prefill(ids, chunk=plan.prefill_chunk, all_logits=True)    # [C, V] float32
-            p = ref.prefill(ids, chunk=chunk, all_logits=True)
-            tally.add(p[:-1], q[:-1], ids[1:])
-            if on_chunk is not None:
-                on_chunk(i + 1, len(data))
-    return tally.result(len(data), chunk)
+        return compare(eng.model, ref, data, chunk, packed_chunk or plan.prefill_chunk, on_chunk)
+
+
+def dequantized_model(packed: str | Path, cfg: ModelConfig, context: int, device: torch.device):
+    """The packed folder in the engine's float32 model, its routed experts dequantized once by the kernels'
+    reference dequantizer (`kernels.quantizer.dequantize`) and run as plain torch SwiGLUs (`TorchExperts`):
+    the packed weights with none of the kernels' or bf16's arithmetic."""
+    from strata_plan.kernels.quantizer import dequantize, unpack_expert
+
+    from .experts import TorchExperts
+    from .model import MoEModel
+    from .packed import load_index
+    index = load_index(packed)
+    where = {(e.layer, e.expert): e for e in index.entries}
+    layers = []
+    for layer in cfg.moe_layers:
+        mats = []
+        for e in range(cfg.spec.n_routed):
+            ent = where[(layer, e)]
+            blob = np.fromfile(index.path(ent.file), dtype=np.uint8, count=ent.nbytes, offset=ent.offset)
+            m = unpack_expert(torch.from_numpy(blob).to(device), ent.format, index.hidden, index.moe_intermediate)
+            mats.append([dequantize(m[k]) for k in ("gate", "up", "down")])
+        layers.append(tuple(torch.stack([m[i] for m in mats]) for i in range(3)))
+    return MoEModel.load(packed, TorchExperts(layers), context, device=device, dtype=torch.float32)
+
+
+def evaluate_dequantized(packed: str | Path, reference: str | Path, tokens: Sequence[int], chunk: int,
+                         max_tokens: int | None = None, device: str = "", text_where: str = "--text") -> Fidelity:
+    """Like `evaluate`, the packed model being `dequantized_model`: weight quantization alone, on any device at
+    the reference's speed (the fused MoE's torch reference, one token and expert at a time, is far slower)."""
+    pcfg, rcfg, data = checked_windows(packed, reference, tokens, chunk, max_tokens, text_where)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    with torch.inference_mode():
+        model = dequantized_model(packed, pcfg, chunk, dev)
+        return compare(model, reference_model(reference, rcfg, chunk, dev), data, chunk, chunk)
