@@ -409,6 +409,8 @@ def table(run: Run) -> None:
         say(f"FAILED {name}: {e}")
     for name in run.extra["skipped"]:
         say(f"skipped {name} (deadline)")
+    for name in run.extra.get("not_run", []):
+        say(f"not run {name} (stopped at the time limit)")
 
 
 # ---- main -------------------------------------------------------------------------------------------------------
@@ -465,12 +467,16 @@ def main(argv=None) -> int:
         run.extra["calibration_seconds"] = time.perf_counter() - t
         run.extra["popularity_training_text"] = stats.counts.tolist()
         log(f"calibration + popularity: {stats.tokens} training-text tokens in {run.extra['calibration_seconds']:.0f} s")
-        run_rows(run, variants(spec, stats.counts, a), ckpt, spec, stats, held)
-        run.extra["predictions"] = next((r["predictions"] for r in run.rows.values()), None)
+        rows = variants(spec, stats.counts, a)
+        run.extra["planned"] = [v.name for v in rows]
+        run_rows(run, rows, ckpt, spec, stats, held)
     except Exception as e:          # noqa: BLE001 - the result file still records what broke
         traceback.print_exc()
         run.extra["errors"]["setup"] = f"{type(e).__name__}: {e}"
     finally:
+        run.extra["predictions"] = next((r["predictions"] for r in run.rows.values()), None)
+        done = set(run.rows) | set(run.extra["skipped"]) | set(run.extra["errors"])
+        run.extra["not_run"] = [n for n in run.extra.get("planned", []) if n not in done]   # killed at the time limit
         m = metrics(run)
         m["total_seconds_measured"] = time.perf_counter() - run.t0
         notes = ("Issue 30 side by side on the trained bench-moe (fixture-moe with --smoke): *_measured against the "
