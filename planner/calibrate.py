@@ -25,7 +25,8 @@ What the runs identify, and how each constant is fitted:
 - Left alone: `compute_efficiency` (decode at batch 1 is never compute-bound; the prefill a bench times is
   one chunk shorter than the plan's and bound by the measured expansion rate), `copy_overlap` (measured by
   the profiler), `dense_stream_efficiency` (the engine keeps dense weights resident).
-Fitted constants are marked `measured` with today's date and the bench files as source.
+Fitted constants are marked `measured` with today's date and the bench files as source. `check` predicts
+other runs (another model's, never those fitted on) with the fitted constants: the cross-model check.
 """
 from __future__ import annotations
 
@@ -211,9 +212,10 @@ def _round_trip_s(r: dict, where: str, prefix: str) -> float | None:
                - _field(r, "time_per_token.store_wait_s", where, prefix))
 
 
-def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
+def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> list[Run]:
     """Every run in the bench files `paths`. `plans`: run name (or its prefix before '/') -> plan file, for
-    files that do not record their plans (results written before engine/bench.py recorded them)."""
+    files that do not record their plans (results written before engine/bench.py recorded them). `find`: more
+    folders where the files a recorded plan names (model config, statistics) are looked for."""
     from strata_plan.planner.repredict import MODES
     plans = plans or {}
     out: list[Run] = []
@@ -225,7 +227,7 @@ def read_runs(paths, plans: dict[str, str] | None = None) -> list[Run]:
             data = json.loads(p.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(str(path), "", f"not JSON ({e.__class__.__name__})", "pass a bench JSON file") from None
-        folders = [Path.cwd(), p.resolve().parent]
+        folders = [Path.cwd(), p.resolve().parent, *(Path(f) for f in find)]
         for name, r in runs_in(data, str(path)):
             prefix = f"{name}." if name else ""
             mode = _field(r, "mode", str(path), prefix, str)
@@ -364,6 +366,13 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
                  left + "the engine streams no dense weights", False),
     )
     return Fit(prof, constants, tuple(RunFit(r, float(b), float(a)) for r, b, a in zip(runs, before, after)))
+
+
+def check(runs: list[Run], profile, calibration) -> list[tuple[Run, float]]:
+    """(run, predicted seconds per token) for runs that were not fitted on: each re-predicted with `profile`'s
+    measured figures (a profile of the machine they ran on) and the fitted `calibration`."""
+    prof = dataclasses.replace(profile, calibration=calibration)
+    return list(zip(runs, (float(x) for x in _Predictor(runs, prof).seconds(prof))))
 
 
 def sources_text(paths) -> str:

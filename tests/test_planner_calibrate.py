@@ -244,3 +244,17 @@ def test_bench_record_holds_what_calibrate_needs():
     assert rec["sha256"] == hashlib.sha256(FIXTURE_PLAN.read_bytes()).hexdigest() and Path(rec["path"]).is_absolute()
     assert rec["data"]["schema"] == "strata-plan/plan"
     assert np.isclose(rec["data"]["predicted"]["decode_tok_s"], load_plan(FIXTURE_PLAN).predicted.decode_tok_s)
+
+
+def test_check_predicts_held_out_runs_with_the_fitted_constants(bench_files, capsys):
+    """--check re-predicts runs it was not fitted on with the fitted constants and the check profile's measured
+    figures: runs made with the true constants come out as measured."""
+    d, files = bench_files
+    rc = main(["calibrate", str(files[0]), str(files[2]), "--profile", "h200", "--out", str(d / "fit-some.yaml"),
+               "--json", "--check", str(files[1]), "--check-profile", "h200"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in res["check"]] == ["lru"] and res["check"][0]["run"].startswith(files[1].name)
+    fitted = {c["name"]: c["after"] for c in res["constants"]}
+    assert fitted["moe_round_trip_us"] == pytest.approx(TRUE["moe_round_trip_us"], rel=0.01)
+    assert abs(res["check"][0]["predicted_over_measured"]) < 0.02

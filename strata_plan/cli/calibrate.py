@@ -21,6 +21,14 @@ def register(sub) -> None:
                         "its '/'), for files that do not record their plans; repeatable")
     p.add_argument("--modes", default="plan,lru,on-demand", help="fit on the runs of these modes only (default "
                    "all; e.g. lru,on-demand to keep the lookahead's prefetch path out of the per-layer constants)")
+    p.add_argument("--find", action="append", default=[], metavar="DIR", help="a folder where the files a run's "
+                   "recorded plan names (model config.json, statistics) are looked for, when they are not where the "
+                   "run recorded them (a run made on another machine); repeatable")
+    p.add_argument("--check", nargs="+", default=[], metavar="BENCH.json", help="also predict these runs (another "
+                   "model's: never fitted on) with the fitted constants, and print measured against predicted")
+    p.add_argument("--check-profile", metavar="P", help="with --check: the profile of the machine those runs ran on "
+                   "(its measured figures; its calibration is replaced by the fitted one); default --profile")
+    p.add_argument("--check-plan", action="append", default=[], metavar="NAME=PATH", help="as --plan, for --check")
     add_out(p, "profile YAML to write with the fitted constants", required=True, metavar="P2.yaml")
     add_json(p)
     p.set_defaults(func=cmd_calibrate)
@@ -45,10 +53,15 @@ def cmd_calibrate(args) -> int:
     out = check_out_file(args.out, "--out", args.force)
     profile = load_profile(args.profile)
     modes = [m for m in args.modes.split(",") if m]
-    runs = [r for r in read_runs(args.bench, _plans(args.plan)) if r.mode in modes]
+    runs = [r for r in read_runs(args.bench, _plans(args.plan), args.find) if r.mode in modes]
     if not runs:
         raise UserError("--modes", args.modes, "no run of these modes in the bench files", "name modes the runs have")
     fit = calibrate(runs, profile, sources_text(args.bench))
+    held = []
+    if args.check:
+        from strata_plan.planner.calibrate import check
+        held = check(read_runs(args.check, _plans(args.check_plan), args.find), load_profile(args.check_profile or args.profile),
+                     fit.profile.calibration)
     path = save_profile(fit.profile, out)
     load_profile(str(path))                     # what we wrote must load with the planner's loader
     if args.json:
@@ -58,7 +71,10 @@ def cmd_calibrate(args) -> int:
                     "runs": [{"run": r.run.name, "mode": r.run.mode, "plan": r.run.plan_where,
                               "measured_s_per_token": r.run.measured_s, "predicted_before_s": r.before_s,
                               "predicted_after_s": r.after_s, "residual": r.residual,
-                              "host_us_per_moe_layer": r.run.round_trip_us} for r in fit.runs]})
+                              "host_us_per_moe_layer": r.run.round_trip_us} for r in fit.runs],
+                    "check": [{"run": r.name, "mode": r.mode, "plan": r.plan_where, "measured_s_per_token": r.measured_s,
+                               "predicted_s": pred, "predicted_over_measured": pred / r.measured_s - 1.0}
+                              for r, pred in held]})
         return 0
     con = console()
     c = table("constant", "before", "after", "how", title=f"calibration of {profile.name} from {len(runs)} runs")
@@ -74,4 +90,11 @@ def cmd_calibrate(args) -> int:
     con.print(c)
     con.print(t)
     con.print(f"rms residual {fit.rms_residual:.1%}; wrote {path} (fitted constants marked measured)")
+    if held:
+        h = table("run", "mode", "measured", "predicted", "predicted / measured - 1",
+                  title="held-out runs (not fitted on): decode ms per token, MEASURED against PREDICTED with the fitted "
+                  "constants and " + (args.check_profile or args.profile) + "'s measured figures")
+        for r, pred in held:
+            h.add_row(r.name, r.mode, f"{r.measured_s * 1e3:.3f}", f"{pred * 1e3:.3f}", f"{pred / r.measured_s - 1.0:+.1%}")
+        con.print(h)
     return 0
