@@ -67,7 +67,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         store.counters = StoreCounters(store.n_layers)
         tr = store.transfers
         read0, rbytes0, copy0, nt0 = tr.read_busy_s, tr.read_bytes, tr.copy_busy_s(), len(tr.timed)
-        sync0, moe0, syncs0 = ex.host_sync_s, ex.moe_s, ex.syncs
+        sync0, moe0, syncs0, hints0 = ex.host_sync_s, ex.moe_s, ex.syncs, ex.hints_s
         runner = m.step_runner
         if runner is not None:
             runner.timing = True
@@ -109,6 +109,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "time_per_token": {"router_round_trip_s": (ex.host_sync_s - sync0) / n,
                                "round_trips": (ex.syncs - syncs0) / n,
                                "store_and_launch_host_s": (ex.moe_s - moe0) / n,
+                               "hints_host_s": (ex.hints_s - hints0) / n,     # giving hints: prefetches issued
                                "segment_launch_host_s": launch_s,
                                "store_wait_s": sum(x["wait_s"] for x in c["layers"]) / n,
                                "per_moe_layer_s": med / L,

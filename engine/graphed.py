@@ -120,7 +120,7 @@ class GraphedDecode:
         else:
             if mode == "capture":
                 g = torch.cuda.CUDAGraph()
-                # thread_local: the store's copy and hint threads keep using CUDA while a segment is captured
+                # thread_local: the store's copy and reader threads keep using CUDA while a segment is captured
                 with torch.cuda.graph(g, capture_error_mode="thread_local"):
                     out = fn()
                 self._graphs[key] = (g, out)

@@ -325,10 +325,20 @@ class ExpertStore:
             if kind == DEMAND:
                 waits.append(self._demand(j, e, batch=batch).fetch)
             elif kind == LATE:                      # a prefetch still in flight: needed now, so a demand
-                f = res.slot_of(j, e).fetch
-                self.transfers.promote(f)
-                waits.append(f)
+                waits.append(self._late(res.slot_of(j, e)))
         return waits
+
+    def _late(self, slot) -> Fetch:
+        """(lock held) A prefetch `ensure` needs before it landed: a RAM copy still queued for the copy thread
+        is taken back and copied from this thread at once (no wait behind the copy thread's window of earlier
+        prefetch chunks); anything further along is promoted to demand order. Returns the fetch to wait for."""
+        f = slot.fetch
+        if f.ram is not None and self.transfers.take_back(f):
+            slot.fetch = self.transfers.copy_now(Fetch(f.layer, f.expert, f.dst_offset, f.nbytes, True, ram=f.ram,
+                                                       after=f.after))
+            return slot.fetch
+        self.transfers.promote(f)
+        return f
 
     def _nvme_batch(self, j: int, experts: list[int]) -> dict[str, int]:
         """NVMe-tier experts per format among `experts` (fetched together: one batch)."""

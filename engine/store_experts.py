@@ -12,15 +12,15 @@ Per MoE layer j and call:
    several tokens (prefill): the chunk's experts in waves (`store.waves`), `fused_moe` per wave with the ids of the other
    waves skipped (-1), the partial outputs summed;
 3. lookahead (`after_moe`): the gates of MoE layers j+1..j+d on the layer's output (`model.route`, the
-   definition of planner/routing/TRACE.md) are computed on the device and copied to pinned host memory;
-   a hint thread waits for that copy (not the main thread) and calls `store.hint(j+d, ids, scores, d)`.
-On a CPU device the hints are given inline. `replay` replaces the router's ids by a replayed routing
+   definition of planner/routing/TRACE.md) are computed on the device and copied to pinned host memory
+   without a wait; at the next layer's round trip, before reading its router's ids (the GPU is running
+   that layer's attention meanwhile), the main thread gives them to the store (`store.hint(j+d, ids,
+   scores, d)`, which issues the prefetches). One thread issues every fetch: no hint thread competing
+   for the interpreter lock. `replay` replaces the router's ids by a replayed routing
 (`engine.replay`): the data movement is real, the text is not.
 """
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 import torch
@@ -40,17 +40,11 @@ class StoreExperts:
         self.moe_s = 0.0                      # host time in ensure + launch + release
         self.cuda = store.device.type == "cuda"
         n = store.n_layers
-        if self.cuda and depth:
-            self._ring = [torch.empty((depth, 2, store.top_k), dtype=torch.float32, pin_memory=True) for _ in range(2 * n)]
-            self._ring_i = 0
-            self._hints: queue.Queue = queue.Queue()
-            self._pending = 0
-            self._done = threading.Condition()
-            self._error: BaseException | None = None
-            self._thread = threading.Thread(target=self._hint_loop, name="strata-hints", daemon=True)
-            self._thread.start()
-        else:
-            self._thread = None
+        self._ring = [torch.empty((max(depth, 1), 2, store.top_k), dtype=torch.float32, pin_memory=True)
+                      for _ in range(2 * n)] if self.cuda and depth else []
+        self._ring_i = 0
+        self._hints: list = []                # (target layers, [depth, 2, k] ids and weights, event or None)
+        self.hints_s = 0.0                    # host time giving hints to the store (its prefetches issued)
 
     # ---- the Experts interface -------------------------------------------------------------------
     def __call__(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -68,6 +62,7 @@ class StoreExperts:
                    topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The layer's one device-to-host copy of the router's ids (replayed ids instead, when replaying:
         the router's still make the round trip). Returns (ids on the host, ids, weights) for the MoE call."""
+        self.give_hints()                     # while the GPU runs this layer's attention and router
         t0 = time.perf_counter()
         ids = topk_ids.cpu()
         if self.replay is not None:
@@ -75,7 +70,6 @@ class StoreExperts:
             topk_ids, topk_weights = ids.to(topk_ids.device), w.to(topk_ids.device)
         self.host_sync_s += time.perf_counter() - t0
         self.syncs += 1
-        self.drain()                          # hints of earlier layers are given before this layer's ensure
         return ids, topk_ids, topk_weights
 
     def prepare(self, j: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
@@ -126,8 +120,9 @@ class StoreExperts:
         return [self.model.route(jj, out) for jj in self.targets(j)]
 
     def send_hints(self, j: int, routed: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Give the store the hints of MoE layer j's lookahead: from the replay, or the gates' `routed`
-        copied to pinned memory and handed to the hint thread (the main thread does not wait)."""
+        """Queue the hints of MoE layer j's lookahead (from the replay, or the gates' `routed`, copied to pinned
+        memory on the compute stream without a wait); `give_hints` hands them to the store at the next
+        layer's round trip."""
         targets = self.targets(j)
         if not targets:
             return
@@ -137,48 +132,33 @@ class StoreExperts:
                 self.store.hint(jj, ids, scores, depth=d)
             return
         if not self.cuda:
-            for d, (jj, (ids, w)) in enumerate(zip(targets, routed), 1):
-                self.store.hint(jj, ids[0].tolist(), w[0].tolist(), depth=d)
+            self._hints.append((targets, torch.stack([torch.stack([i[0].float(), w[0].float()]) for i, w in routed]),
+                                None))
             return
         buf = self._ring[self._ring_i]
-        self._ring_i = (self._ring_i + 1) % len(self._ring)     # drained every layer: never reused in flight
+        self._ring_i = (self._ring_i + 1) % len(self._ring)     # given every layer: never reused in flight
         for d, (ids, w) in enumerate(routed):
             buf[d, 0].copy_(ids[0], non_blocking=True)
             buf[d, 1].copy_(w[0], non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
-        with self._done:
-            self._pending += 1
-        self._hints.put((targets, buf, ev))
+        self._hints.append((targets, buf, ev))
 
-    def _hint_loop(self) -> None:
-        while True:
-            item = self._hints.get()
-            if item is None:
-                return
-            targets, buf, ev = item
-            try:
-                ev.synchronize()                  # releases the GIL while the gates run
-                for d, jj in enumerate(targets, 1):
-                    self.store.hint(jj, buf[d - 1, 0].long().tolist(), buf[d - 1, 1].tolist(), depth=d)
-            except BaseException as e:            # noqa: BLE001 - raised on the main thread's next call
-                self._error = e
-            with self._done:
-                self._pending -= 1
-                self._done.notify_all()
-
-    def drain(self) -> None:
-        """Wait until every queued hint has been given; raise what the hint thread raised."""
-        if self._thread is None:
+    def give_hints(self) -> None:
+        """Give the store the hints queued since the last call (their prefetches are issued from this thread:
+        no hint thread competing with it for the interpreter lock). Called at each round trip before the
+        router's ids are read: the GPU is then running the layer's attention and router, and the hints'
+        copies, queued before them, have landed or are about to."""
+        if not self._hints:
             return
-        with self._done:
-            while self._pending:
-                self._done.wait()
-        if self._error is not None:
-            raise self._error
+        t0 = time.perf_counter()
+        for targets, buf, ev in self._hints:
+            if ev is not None:
+                ev.synchronize()
+            for d, jj in enumerate(targets, 1):
+                self.store.hint(jj, buf[d - 1, 0].long().tolist(), buf[d - 1, 1].tolist(), depth=d)
+        self._hints.clear()
+        self.hints_s += time.perf_counter() - t0
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._hints.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._hints.clear()

@@ -144,6 +144,22 @@ class Transfers:
                     heapq.heapify(q)
             self._lock.notify_all()
 
+    def take_back(self, f: Fetch) -> bool:
+        """Withdraw a RAM fetch from the copy thread's queue if its copy has not been handed to the copy thread
+        yet: True if withdrawn (it is marked cancelled and done; the caller copies the blob itself, e.g. by
+        `copy_now` from the thread that needs it, instead of waiting for the copy thread to reach it)."""
+        with self._lock:
+            if f.file is not None or f.enqueued.is_set():
+                return False
+            for i, item in enumerate(self._copies):
+                if item[2] is f:
+                    self._copies.pop(i)
+                    heapq.heapify(self._copies)
+                    f.cancelled = True
+                    f.enqueued.set()
+                    return True
+        return False
+
     def cancel(self, f: Fetch) -> bool:
         """Drop a fetch whose copy is not enqueued yet; True if it was dropped (else it lands anyway)."""
         with self._lock:

@@ -177,7 +177,7 @@ def _plan_of(rec: dict, where: str, prefix: str, override: str | None, folders: 
 def _fetch_host(r: dict, where: str, prefix: str) -> tuple[float, float] | None:
     """(host seconds per fetched expert, fetches per token) of an LRU-only run without NVMe: the store's host time in
     `ensure` and the launch, less its waits for fetches, over the experts it fetched. None for other modes:
-    with lookahead the store also waits for the hint thread's fetches to be enqueued, and on-demand runs
+    with lookahead the store also issues and waits for prefetches, and on-demand runs
     measured about twice the LRU figure per fetch on the H200 (unexplained: engine/ENGINE.md)."""
     if r.get("mode") != "lru" or (r.get("bytes_per_token") or {}).get("nvme", 0.0) > 0:
         return None                       # NVMe fetches also pay the reader threads' share of the lock

@@ -318,8 +318,8 @@ class CostModel:
     def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre) -> tuple[dict, float]:
         """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource.
         host_dem [L]: the host issuing a MoE layer's demand fetches, until the last one's copy lands (the stall
-        when the host is slower than the link); host_pre [L]: the hint thread issuing its prefetches, which
-        holds the interpreter lock the main thread needs (serial with it)."""
+        when the host is slower than the link); host_pre [L]: the host issuing the layer's prefetches (the
+        engine gives hints on its main thread, at the round trip: serial with everything else it does)."""
         spec, lay = self.problem.spec, self._layers
         t_hbm = (lay["dense"] + lay["kv"]) / self.hbm_rate
         t_fl = lay["flops_dec"] / self.flop_rate

@@ -278,3 +278,47 @@ def test_a_prefetch_its_layer_needs_is_copied_before_other_prefetches():
         assert not fs[1].demand
     finally:
         t.close()
+
+
+def test_a_late_ram_prefetch_is_taken_back_and_copied_by_the_caller():
+    """`Transfers.take_back`: a RAM prefetch still queued for the copy thread is withdrawn (marked cancelled
+    and done, never copied by the copy thread), so `ensure` copies it itself instead of waiting behind the
+    copy thread's window; one already handed to the copy thread, or an NVMe read, is not taken back."""
+    from strata_plan.engine.directio import aligned_empty
+    from strata_plan.engine.transfer import Fetch, Transfers
+    arena = torch.zeros(1 << 16, dtype=torch.uint8)
+    t = Transfers(arena, bounce_slots=0, slot_bytes=4096, readers=0)
+    try:
+        _, ram = aligned_empty(4 * 4096, pin=False)
+        ram[:] = 7
+        fs = [Fetch(0, e, e * 4096, 4096, demand=False, ram=ram[e * 4096:(e + 1) * 4096]) for e in range(4)]
+        with t._lock:                       # the copy thread waits for the lock: nothing is copied yet
+            for f in fs:
+                t.submit(f)
+            assert t.take_back(fs[2])
+            assert all(item[2] is not fs[2] for item in t._copies)
+        assert fs[2].cancelled and fs[2].done()
+        for f in fs:
+            f.wait_enqueued()
+        assert int(arena[2 * 4096:3 * 4096].sum()) == 0          # the copy thread never copied it
+        assert all(int(arena[e * 4096:(e + 1) * 4096].min()) == 7 for e in (0, 1, 3))
+        assert not t.take_back(fs[1])                             # already copied
+    finally:
+        t.close()
+
+
+def test_ensure_copies_a_late_ram_prefetch_itself(packed, plan_path):
+    """A hinted RAM expert still queued for the copy thread when `ensure` needs it (the copy thread held off by
+    the transfers' lock) is served right: counted LATE, taken back, copied by the caller; its bytes arrive."""
+    plan = tiers(load_plan(plan_path), 0, 32, 4, depth=1)
+    with open_store(packed, plan) as store:
+        with store.transfers._lock:
+            store.hint(1, [5], depth=1)
+            f = store.residency.slot_of(1, 5).fetch
+            offs = store.ensure(1, [5, 6])
+        assert f.cancelled and store.residency.slot_of(1, 5).fetch is not f
+        store.release(1)
+        o, want = int(offs[5]), packed[1][1][5]
+        assert np.array_equal(store.arena[o:o + want.size].numpy(), want)
+        c = store.counters.to_data()
+        assert c["by_kind"]["late"] == 1 and c["uses"] == 2 and c["layers"][1]["fetches_from"]["ram"] == 2

@@ -7,7 +7,7 @@
 and plans it with 4 static experts a layer, 28 in pinned RAM, 6 LRU slots and lookahead depth 2.
 
 Prints the run's time split (host time in the store and the round trips, fetches a token) and the 25
-functions with the most own time on the main thread (the copy, reader and hint threads are not profiled).
+functions with the most own time on the main thread (the copy and reader threads are not profiled).
 Not a benchmark: no results file; cProfile slows Python down, so read shares, not absolute times.
 """
 from __future__ import annotations
