@@ -80,12 +80,33 @@ def main() -> int:
             os.close(fd)
         metrics["build_s"] = time.perf_counter() - t0
         print(f"packed {sum(f.stat().st_size for f in files) / 1e9:.1f} GB in {metrics['build_s']:.0f} s", flush=True)
+
         def late(what: str) -> bool:
             if a.deadline_s and time.perf_counter() - t0 > a.deadline_s:
                 print(f"deadline: {what} not run", flush=True)
                 skipped.append(what)
                 return True
             return False
+
+        def copy_windows(first_name: str) -> None:          # right after the first plan: before slow NVMe runs
+            for w in filter(None, a.copy_windows.split(",")):
+                mb, n = w.split(":")
+                opts = EngineOptions(chunk_bytes=int(float(mb) * (1 << 20)), chunks_in_flight=int(n))
+                for mode in ("plan", "lru"):
+                    if late(f"{first_name}/{mode}/copy {w}"):
+                        continue
+                    replay = Replay.from_prior("olmoe-like", len(first.layers), first.n_experts, first.top_k,
+                                               tokens=4096, seed=11)
+                    r = measure(folder, PLANS[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay,
+                                options=opts)
+                    out[f"{first_name}/{mode}/copy{mb}x{n}"] = r
+                    key = f"{first_name}.{mode}.copy_{mb}mb_x{n}"
+                    tp = r["time_per_token"]
+                    metrics[f"{key}.decode_tok_s"] = r["measured"]["decode_tok_s"]
+                    metrics[f"{key}.device_wait_ms_per_token"] = (tp["device_wait_s"] or 0) * 1e3
+                    print(f"{first_name:8s} {mode:9s} copy window {mb} MB x {n}: decode "
+                          f"{r['measured']['decode_tok_s']:8.2f} tok/s, GPU waiting {(tp['device_wait_s'] or 0) * 1e3:.2f} "
+                          f"ms/tok, copy busy {r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
 
         for name, plan in plans.items():
             for mode in a.modes.split(","):
@@ -130,25 +151,8 @@ def main() -> int:
                 metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
             if any(l.nvme for l in plan.layers) and not late(f"{name}/plain O_DIRECT"):
                 metrics[f"{name}.plain_odirect_gbps"] = plain_read_gbps(files, 10 << 20, threads=4, nbytes=2 << 30)
-        first_name = next(iter(plans))
-        for w in filter(None, a.copy_windows.split(",")):
-            mb, n = w.split(":")
-            opts = EngineOptions(chunk_bytes=int(float(mb) * (1 << 20)), chunks_in_flight=int(n))
-            for mode in ("plan", "lru"):
-                if late(f"{first_name}/{mode}/copy {w}"):
-                    continue
-                replay = Replay.from_prior("olmoe-like", len(first.layers), first.n_experts, first.top_k,
-                                           tokens=4096, seed=11)
-                r = measure(folder, PLANS[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay,
-                            options=opts)
-                out[f"{first_name}/{mode}/copy{mb}x{n}"] = r
-                key = f"{first_name}.{mode}.copy_{mb}mb_x{n}"
-                tp = r["time_per_token"]
-                metrics[f"{key}.decode_tok_s"] = r["measured"]["decode_tok_s"]
-                metrics[f"{key}.device_wait_ms_per_token"] = (tp["device_wait_s"] or 0) * 1e3
-                print(f"{first_name:8s} {mode:9s} copy window {mb} MB x {n}: decode "
-                      f"{r['measured']['decode_tok_s']:8.2f} tok/s, GPU waiting {(tp['device_wait_s'] or 0) * 1e3:.2f} "
-                      f"ms/tok, copy busy {r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
+            if name == next(iter(plans)):
+                copy_windows(name)
         metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)
     finally:
         if not a.keep:

@@ -3,8 +3,9 @@
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [COPY_WINDOWS=8:2,4:2,8:1] bash benchmarks/run_engine_gpu.sh [PLANS]   # ramrich,seed
 # 1. benchmarks/tools/graph_vs_eager.py (graphed decode against its eager segments, per step);
 # 2. a quick profile of this machine (h200-run.yaml: the predictions are re-run with it);
-# 3. the engine on the synthetic kimi-k3.1-pro@5moe model, every plan in modes plan / lru / on-demand, then the
-#    first plan with each copy window of COPY_WINDOWS (engine-*.json; runs past the deadline are listed as skipped);
+# 3. the engine on the synthetic kimi-k3.1-pro@5moe model, every plan in modes plan / lru / on-demand, the first
+#    plan also with each copy window of COPY_WINDOWS before the next plan (engine-*.json; runs past the deadline
+#    are listed as skipped: the seed plan's NVMe runs take ~25 s each);
 # 4. the engine GPU tests (gpu_tests.log).
 # Then here: cp <files_at>/*.json benchmarks/results/; python benchmarks/summarize.py
 set -o pipefail
