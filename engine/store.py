@@ -266,9 +266,11 @@ class ExpertStore:
             inflight += nb
             c.prefetch_bytes += nb
 
-    def _fetch(self, j: int, e: int, slot, demand: bool, prefill: bool = False, batch: dict | None = None) -> Fetch:
+    def _fetch(self, j: int, e: int, slot, demand: bool, prefill: bool = False, batch: dict | None = None,
+               switched: bool = False) -> Fetch:
         """Issue the fetch of (layer j, expert e) into `slot`; `batch`: NVMe experts per format submitted
-        together with it (sets the split)."""
+        together with it (sets the split); switched: the copy stream is current (a demand from RAM is
+        copied from this thread)."""
         batch = batch or {}
         ent = self.entries[j][e]
         tier = self.tier[j][e]
@@ -279,7 +281,7 @@ class ExpertStore:
         if tier == "ram":
             o = self.ram_offset[(j, e)]
             f.ram = self.ram[o:o + ent.nbytes]
-            return self.transfers.copy_now(f) if demand else self.transfers.submit(f)
+            return self.transfers.copy_now(f, switched) if demand else self.transfers.submit(f)
         f.file, f.file_offset = self.files[ent.file], ent.offset
         if prefill:
             f.split = self.split_prefill.get(ent.format, 1)
@@ -320,22 +322,23 @@ class ExpertStore:
         self._hints[j] = {}
         batch = self._nvme_batch(j, [e for e, kind in zip(ids, kinds) if kind == DEMAND])
         waits = []
-        for e, kind in zip(ids, kinds):
-            c.uses[kind] += 1
-            if kind == DEMAND:
-                waits.append(self._demand(j, e, batch=batch).fetch)
-            elif kind == LATE:                      # a prefetch still in flight: needed now, so a demand
-                waits.append(self._late(res.slot_of(j, e)))
+        with self.transfers.stream():               # the layer's demand copies: one switch to the copy stream
+            for e, kind in zip(ids, kinds):
+                c.uses[kind] += 1
+                if kind == DEMAND:
+                    waits.append(self._demand(j, e, batch=batch, switched=True).fetch)
+                elif kind == LATE:                  # a prefetch still in flight: needed now, so a demand
+                    waits.append(self._late(res.slot_of(j, e)))
         return waits
 
     def _late(self, slot) -> Fetch:
-        """(lock held) A prefetch `ensure` needs before it landed: a RAM copy still queued for the copy thread
+        """(lock held, the copy stream current: `_claim`) A prefetch `ensure` needs before it landed: a RAM copy still queued for the copy thread
         is taken back and copied from this thread at once (no wait behind the copy thread's window of earlier
         prefetch chunks); anything further along is promoted to demand order. Returns the fetch to wait for."""
         f = slot.fetch
         if f.ram is not None and self.transfers.take_back(f):
             slot.fetch = self.transfers.copy_now(Fetch(f.layer, f.expert, f.dst_offset, f.nbytes, True, ram=f.ram,
-                                                       after=f.after))
+                                                       after=f.after), switched=True)
             return slot.fetch
         self.transfers.promote(f)
         return f
@@ -437,7 +440,7 @@ class ExpertStore:
     def _prefill_fetch(self, j: int, experts: list[int]) -> list:
         return [self._demand(j, e, prefill=True) for e in experts]
 
-    def _demand(self, j: int, e: int, batch: dict | None = None, prefill: bool = False):
+    def _demand(self, j: int, e: int, batch: dict | None = None, prefill: bool = False, switched: bool = False):
         """(lock held) A pinned slot for (layer j, expert e), taking an unused prefetch of another layer if
         none is free, and its fetch issued."""
         slot, stolen = self.residency.take(j, e, by_hint=False, steal=True)
@@ -446,7 +449,7 @@ class ExpertStore:
         if stolen is not None:
             self._drop_fetch(stolen)
         slot.pinned = True
-        slot.fetch = self._fetch(j, e, slot, demand=True, prefill=prefill, batch=batch)
+        slot.fetch = self._fetch(j, e, slot, demand=True, prefill=prefill, batch=batch, switched=switched)
         return slot
 
     def _mask(self, j: int, members: list[int]) -> torch.Tensor:

@@ -20,6 +20,7 @@ are accumulated for the benchmark. Streamed dense weights (`engine.dense`) take 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import itertools
@@ -124,11 +125,18 @@ class Transfers:
             self._lock.notify_all()
         return f
 
-    def copy_now(self, f: Fetch) -> Fetch:
-        """Enqueue a RAM fetch's copy from the calling thread (a demand miss: no hop to the copy thread)."""
+    def copy_now(self, f: Fetch, switched: bool = False) -> Fetch:
+        """Enqueue a RAM fetch's copy from the calling thread (a demand miss: no hop to the copy thread), in
+        one piece (chunks bound a demand's wait behind prefetches; a demand itself needs none). switched:
+        the caller made the copy stream current already (`with transfers.stream():` around a batch)."""
         f.seq, f.t_submit = next(self._seq), time.perf_counter()
-        self._enqueue_copy(f, f.ram, window=None)
+        self._enqueue_copy(f, f.ram, window=None, switched=switched)
         return f
+
+    def stream(self):
+        """A context making the copy stream current on this thread, for a batch of `copy_now(f, switched=True)`
+        (one stream switch instead of one a copy; a switch is torch.cuda Python, tens of us under cProfile)."""
+        return torch.cuda.stream(self.copy_stream) if self.cuda else contextlib.nullcontext()
 
     def promote(self, f: Fetch) -> None:
         """A prefetch its layer now needs: from here on it is ordered as a demand fetch (its reads, its wait
@@ -266,7 +274,7 @@ class Transfers:
             self._admit()
             self._lock.notify_all()
 
-    def _enqueue_copy(self, f: Fetch, src: torch.Tensor, window: deque | None) -> None:
+    def _enqueue_copy(self, f: Fetch, src: torch.Tensor, window: deque | None, switched: bool = False) -> None:
         dst = f.dst if f.dst is not None else self.arena[f.dst_offset:f.dst_offset + f.nbytes]
         if not self.cuda:
             dst.copy_(src)
@@ -275,12 +283,13 @@ class Transfers:
                 self._release_bounce(f)
             f.enqueued.set()
             return
-        with torch.cuda.stream(self.copy_stream):
+        chunk = self.chunk_bytes if window is not None else max(1, f.nbytes)     # demand copies: one piece
+        with contextlib.nullcontext() if switched else torch.cuda.stream(self.copy_stream):
             if f.after is not None:
                 self.copy_stream.wait_event(f.after)
             f.spans = []
-            for a in range(0, max(1, f.nbytes), self.chunk_bytes):
-                b = min(f.nbytes, a + self.chunk_bytes)
+            for a in range(0, max(1, f.nbytes), chunk):
+                b = min(f.nbytes, a + chunk)
                 if window is not None:
                     while len(window) >= self.chunks_in_flight:
                         self._retire(window)
