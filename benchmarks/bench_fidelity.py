@@ -296,6 +296,8 @@ def run_rows(run: Run, rows: list[Variant], ckpt: Path, spec, stats, held: list[
             continue
         t = time.perf_counter()
         try:
+            if v.packed_as and v.packed_as not in folders:      # its source row was not selected (--rows)
+                folders[v.packed_as] = pack_variant(v, ckpt, spec, stats, a, run)
             folders[v.name] = folders[v.packed_as] if v.packed_as else pack_variant(v, ckpt, spec, stats, a, run)
             t_pack = time.perf_counter() - t
             r = measure(v, folders[v.name], ckpt, held, a)
@@ -430,6 +432,8 @@ def parse(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random tier assignment's seed")
     p.add_argument("--device", default="", help="cuda or cpu (default cuda when there is a GPU)")
     p.add_argument("--no-engine", dest="engine", action="store_false", help="skip the rows run through the engine")
+    p.add_argument("--rows", default="", help="run only the rows whose names start with one of these (comma list; "
+                   "e.g. uniform.,mix.popularity.calib.engine.decode); default every row")
     p.add_argument("--deadline-s", type=float, default=1e9, help="rows are skipped past this (seconds from start)")
     p.add_argument("--row-s", type=float, default=25.0, help="seconds a row needs at least (for the deadline)")
     p.add_argument("--smoke", action="store_true", help="CPU run on the committed fixture (tests/data/fixture-moe, "
@@ -468,6 +472,8 @@ def main(argv=None) -> int:
         run.extra["popularity_training_text"] = stats.counts.tolist()
         log(f"calibration + popularity: {stats.tokens} training-text tokens in {run.extra['calibration_seconds']:.0f} s")
         rows = variants(spec, stats.counts, a)
+        if a.rows:
+            rows = [v for v in rows if v.name.startswith(tuple(filter(None, a.rows.split(","))))]
         run.extra["planned"] = [v.name for v in rows]
         run_rows(run, rows, ckpt, spec, stats, held)
     except Exception as e:          # noqa: BLE001 - the result file still records what broke

@@ -3,7 +3,8 @@
 # $W/bench-moe when a run_trained_gpu.sh run left it there, else trained now for TRAIN_S seconds), every
 # variant packed once and evaluated on held-out text, its weights alone and through the engine
 # (benchmarks/bench_fidelity.py).
-#   STRATA_GIT_SHA=<sha> OUT=$OUT [BUDGET_S=560] bash benchmarks/run_fidelity_gpu.sh   # device `carry`: [".whl"]
+#   STRATA_GIT_SHA=<sha> OUT=$OUT [BUDGET_S=560] [ROWS=uniform.,...] bash benchmarks/run_fidelity_gpu.sh   # carry [".whl"]
+# ROWS: only the rows whose names start so (bench_fidelity.py --rows), e.g. the rows a cut-short run left.
 # HQQ (PyPI `hqq`, an sdist) and termcolor (which hqq.core.quantize imports; the GPU machine may lack it) go
 # as wheels in .whl/, made here in the repository root once (both pure Python):
 #   python3 -m pip wheel --no-deps hqq==0.2.8.post1 -w .whl
@@ -28,6 +29,6 @@ if [ -f "$W/bench-moe/model.safetensors" ]; then
 else
   MODEL=(--train-seconds "$TRAIN_S"); echo "no $W/bench-moe: training it (${TRAIN_S} s of training)"
 fi
-timeout "$(left ${BUDGET_S:-560})" python3 benchmarks/bench_fidelity.py "${MODEL[@]}" --work "$W" --out-dir "$OUT" \
+timeout "$(left ${BUDGET_S:-560})" python3 benchmarks/bench_fidelity.py "${MODEL[@]}" ${ROWS:+--rows "$ROWS"} --work "$W" --out-dir "$OUT" \
   --deadline-s "$(left $(( ${BUDGET_S:-560} - 30 )))" 2>&1 | tee "$OUT/bench_fidelity.log" | grep -v -e '^Loading weights' -e 'deprecated'
 echo "run_fidelity_gpu: $(( $(date +%s) - t0 ))s"
