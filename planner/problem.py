@@ -49,7 +49,20 @@ class Problem:
         if self.profile.gpu is None:
             raise UserError(f"profile {self.profile.name}", "gpus", "has no GPU to plan for",
                             "pass --gpu-preset NAME (a shipped profile's GPU)")
+        if self.budget.n_gpus > self.profile.n_gpus:
+            raise UserError(f"profile {self.profile.name}", "gpus", f"has {self.profile.n_gpus} GPU(s), the budgets "
+                            f"name {self.budget.n_gpus}", "give one --vram-gb figure per GPU of the profile at most")
         check_working_set(s, self.budget, self.context, self.prefill_chunk, self.slot_bytes)
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs planned over: one, or as many as the budgets list (`Budget.gpus`)."""
+        return self.budget.n_gpus
+
+    @property
+    def gpus(self) -> tuple:
+        """The profile's GPUs planned over, in order (the first holds the first layers)."""
+        return tuple(self.profile.gpus[:self.n_gpus])
 
     @cached_property
     def curves(self) -> RankCurves:

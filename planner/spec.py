@@ -208,13 +208,13 @@ class ModelSpec:
         return self.kv_cache_bytes(context) // max(context, 1)
 
     def kv_cache_bytes(self, context: int) -> int:
-        per = self.attention.kv_bytes_per_token_layer
+        return sum(self.kv_cache_layer_bytes(i, context) for i in range(self.n_layers))
+
+    def kv_cache_layer_bytes(self, i: int, context: int) -> int:
+        """KV cache of decoder layer i at `context` tokens (a sliding-window layer keeps its window)."""
         w = self.attention.sliding_window
-        total = 0
-        for i in range(self.n_layers):
-            sliding = bool(self.sliding_layers) and self.sliding_layers[i] and w > 0
-            total += per * (min(context, w) if sliding else context)
-        return total
+        sliding = bool(self.sliding_layers) and self.sliding_layers[i] and w > 0
+        return self.attention.kv_bytes_per_token_layer * (min(context, w) if sliding else context)
 
     # ---- FLOPs ---------------------------------------------------------------------------------
     def flops_per_token(self, context: int = 0) -> int:

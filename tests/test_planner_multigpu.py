@@ -1,0 +1,168 @@
+"""Several GPUs in one host: the pipeline split in the cost model, held to hand calculations; host-link
+contention (x8/x8 on one root complex against two x16 links); peer-to-peer present or absent; a one-GPU
+placement predicts on a two-GPU machine exactly what it predicts on one GPU."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from strata_plan.planner.capacity import Budget
+from strata_plan.planner.cost import CostModel
+from strata_plan.planner.placement import Placement, footprint, split_points
+from strata_plan.planner.testing import tiny_problem
+from strata_plan.profiles.schema import Figure, PeerLink, load_profile
+
+BIG = 10**15
+
+
+def two_gpu(profile, problem=None):
+    """The tiny problem on `profile` (a profile object or name), budgets roomy, planned over both GPUs."""
+    p = problem or tiny_problem(profile="rtx-pro-6000")
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    return p.replace(profile=prof, budget=Budget(2 * BIG, BIG, BIG, 0, (BIG, BIG)))
+
+
+def placement(p, where: str, split=(1,)):
+    """Every expert in VRAM (`vram`) or pinned RAM (`ram`), every dense unit resident, no lookahead."""
+    E, L = p.curves.n_experts, p.curves.n_layers
+    full, none = (E,) * L, (0,) * L
+    v, r = (full, none) if where == "vram" else (none, full)
+    return Placement(v, r, none, (True,) * len(p.dense_units), 0, split)
+
+
+def test_split_points():
+    assert split_points(93, 1, 0.5) == () and split_points(93, 2, None) == ()
+    assert split_points(93, 2, 0.5) == (46,) and split_points(93, 2, 1.0) == () and split_points(93, 2, 0.0) == ()
+    assert split_points(10, 3, 0.4) == (4, 7)
+
+
+def test_unit_gpus_put_the_head_with_the_last_layer():
+    pl = Placement((0,), (0,), (0,), (True,) * 4, 0, (2,))
+    assert pl.unit_gpus().tolist() == [0, 0, 1, 1] and pl.moe_gpus([0, 2]).tolist() == [0, 1]
+    assert Placement((0,), (0,), (0,), (True,) * 4, 0).unit_gpus().tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("name", ["rtx-pro-6000-x2", "h100-nvl-x2", "rtx-4090-x2"])
+def test_resident_split_is_one_gpu_plus_the_hop(name):
+    """Fully resident, identical GPUs: the split token takes the one-GPU token plus one crossing of the hidden
+    state (2 x hidden BF16 bytes): over the peer link (latency + bytes / rate), or without one through host
+    memory (two latencies, bytes over D2H then H2D at their plateaus)."""
+    p2 = two_gpu(name)
+    prof = p2.profile
+    one = CostModel(p2).predict(placement(p2, "vram", ()))
+    two = CostModel(p2).predict(placement(p2, "vram", (1,)))
+    nbytes = 2 * p2.spec.hidden
+    peer = prof.peer
+    if peer.kind == "none":
+        g = prof.gpus[0]
+        hop = (2 * 10e-6 + nbytes / (max(v for _, v in g.d2h_pinned.points) * 1e9)
+               + nbytes / (max(v for _, v in g.h2d_pinned.points) * 1e9))
+    else:
+        hop = peer.latency.value * 1e-6 + nbytes / (peer.gbps.value * 1e9)
+    assert 1 / two.decode_tok_s == pytest.approx(1 / one.decode_tok_s + hop, rel=1e-12)
+    assert two.decode_seconds["peer"] == pytest.approx(hop, rel=1e-12)
+    assert two.bytes_per_token["peer"] == nbytes
+    C = p2.prefill_chunk
+    chunk_hop = (CostModel(p2).hop_seconds(C * nbytes, 0, 1))
+    assert C / two.prefill_tok_s == pytest.approx(C / one.prefill_tok_s + chunk_hop, rel=1e-12)
+
+
+def test_peer_link_present_or_absent():
+    """The same split placement with PCIe P2P and with none: the token differs by exactly the two hops."""
+    p = two_gpu("rtx-pro-6000-x2")
+    none = dataclasses.replace(p.profile, topology=dataclasses.replace(p.profile.topology, peer=PeerLink("none")))
+    pn = p.replace(profile=none)
+    pl = placement(p, "vram")
+    t_p2p = 1 / CostModel(p).predict(pl).decode_tok_s
+    t_host = 1 / CostModel(pn).predict(pl).decode_tok_s
+    nbytes = 2 * p.spec.hidden
+    g = p.profile.gpus[0]
+    via_host = 2 * 10e-6 + nbytes / (max(v for _, v in g.d2h_pinned.points) * 1e9) + nbytes / (
+        max(v for _, v in g.h2d_pinned.points) * 1e9)
+    via_peer = 10e-6 + nbytes / 45e9
+    assert t_host - t_p2p == pytest.approx(via_host - via_peer, rel=1e-9)
+    assert t_host > t_p2p
+
+
+def test_each_gpu_streams_its_own_layers_misses():
+    """Every expert in pinned RAM, no lookahead: each MoE layer stalls for its k misses over its own GPU's
+    link; with the x8 curve on one GPU and the x16 curve on the other, each layer pays its own link's rate."""
+    p = two_gpu("rtx-4090-x2")
+    x8, x16 = p.profile.gpus[0], load_profile("rtx-4090").gpu
+    mixed = dataclasses.replace(p.profile, gpus=(x8, dataclasses.replace(x8, h2d_pinned=x16.h2d_pinned)))
+    pm = p.replace(profile=mixed)
+    k, L = p.spec.top_k, p.curves.n_layers
+    split = (p.spec.moe_layers[1],)             # MoE layer 0 on GPU 0, layers 1.. on GPU 1
+
+    def stall(gpu, l):
+        return k * float(np.dot(p.curves.pop[l], [b / (gpu.h2d_pinned.at(b) * 1e9) for b in p.rank_bytes]))
+    cm = CostModel(pm)
+    t_ram = 1 / cm.predict(placement(pm, "ram", split)).decode_tok_s
+    t_vram = 1 / cm.predict(placement(pm, "vram", split)).decode_tok_s
+    hand = stall(x8, 0) + sum(stall(x16, l) for l in range(1, L))
+    assert t_ram - t_vram == pytest.approx(hand, rel=1e-9)
+
+
+def _ram_pred(profile, budget_gpus=True):
+    p = two_gpu(profile)
+    return p, CostModel(p).predict(placement(p, "ram", (p.spec.moe_layers[1],)))
+
+
+def test_shared_x8_links_against_two_x16_links():
+    """x8/x8 on one root complex (the shipped 2x RTX 4090) against the same GPUs on two x16 links with their
+    own root complexes: the x16 pair is faster; the host side of the shared pair is busy for every PCIe byte
+    of the token over the concurrent H2D (23.9 GB/s), the x16 pair's over twice the x16 plateau."""
+    x8 = load_profile("rtx-4090-x2")
+    g16 = load_profile("rtx-4090").gpu
+    topo16 = dataclasses.replace(x8.topology, host_links=dataclasses.replace(
+        x8.topology.host_links, shared_root_complex=False, concurrent_h2d_gbps=Figure(47.8, "estimate", "2 x 23.9")))
+    x16 = dataclasses.replace(x8, gpus=(dataclasses.replace(x8.gpus[0], h2d_pinned=g16.h2d_pinned,
+                                                            d2h_pinned=g16.d2h_pinned, pcie_width=g16.pcie_width),) * 2,
+                              topology=topo16)
+    p8, pred8 = _ram_pred(x8)
+    p16, pred16 = _ram_pred(x16)
+    assert pred16.decode_tok_s > pred8.decode_tok_s
+    # without a peer link (a 4090 has none) the hidden state's H2D half crosses PCIe too
+    assert pred8.decode_seconds["host_link"] == pytest.approx(
+        (pred8.bytes_per_token["pcie"] + pred8.bytes_per_token["peer"]) / 23.9e9, rel=1e-9)
+    assert pred16.decode_seconds["host_link"] == pytest.approx(
+        (pred16.bytes_per_token["pcie"] + pred16.bytes_per_token["peer"]) / 47.8e9, rel=1e-9)
+
+
+def test_a_choked_host_side_binds_the_token():
+    """Concurrent H2D far below each GPU's own link: the token is the host side's busy time, binding pcie."""
+    p = two_gpu("rtx-pro-6000-x2")
+    topo = p.profile.topology
+    slow = dataclasses.replace(p.profile, topology=dataclasses.replace(topo, host_links=dataclasses.replace(
+        topo.host_links, concurrent_h2d_gbps=Figure(0.5, "estimate", "test"))))
+    ps = p.replace(profile=slow)
+    pred = CostModel(ps).predict(placement(ps, "ram", (ps.spec.moe_layers[1],)))
+    assert 1 / pred.decode_tok_s == pytest.approx(pred.bytes_per_token["pcie"] / 0.5e9, rel=1e-9)
+    assert pred.decode_binding == "pcie"
+
+
+@pytest.mark.parametrize("name", ["rtx-pro-6000-x2", "rtx-4090-x2"])
+def test_one_gpu_placement_on_two_gpus_is_the_one_gpu_prediction(name):
+    """Everything on the first GPU (no split) predicts on the two-GPU machine exactly what the machine's first
+    GPU alone predicts: a second GPU can only add options."""
+    p2 = two_gpu(name)
+    p1 = p2.replace(profile=p2.profile.first_gpus(1), budget=Budget(BIG, BIG, BIG, 0))
+    for where in ("vram", "ram"):
+        a = CostModel(p1).predict(placement(p1, where, ()))
+        b = CostModel(p2).predict(placement(p2, where, ()))
+        assert a == b
+
+
+def test_footprint_per_gpu():
+    """Each GPU used holds the reserve, a workspace, its staging, its layers' KV cache and weights."""
+    p = two_gpu("rtx-pro-6000-x2").replace(budget=Budget(2 * BIG, BIG, BIG, 10**9, (BIG, BIG)))
+    split = (p.spec.moe_layers[1],)
+    fp = footprint(p, placement(p, "vram", split))
+    one = footprint(p, placement(p, "vram", ()))
+    assert len(fp.per_gpu_vram) == 2 and sum(fp.per_gpu_vram) == fp.vram
+    assert fp.vram == one.vram + fp.reserve // 2 + fp.workspace // 2 + fp.staging // 2     # one more of each
+    assert fp.kv_cache == one.kv_cache and fp.static_experts == one.static_experts
+    small = dataclasses.replace(p.budget, gpus=(fp.per_gpu_vram[0], fp.per_gpu_vram[1] - 1))
+    assert fp.overflow(small)[0] == 1
