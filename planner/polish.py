@@ -42,6 +42,8 @@ def _moves(problem, L: int) -> list[tuple]:
         out += [("layer", {a: d, b: (-d[0], -d[1], -d[2])}) for a in range(L) for b in range(L) if a != b
                 for d in ((-1, +1, 0), (0, 0, -1))]
     out += [("depth", -1), ("depth", +1), ("dense", -1), ("dense", +1)]
+    if problem.n_gpus > 1:                           # several GPUs: a split point one decoder layer either way
+        out += [("split", (g, d)) for g in range(problem.n_gpus - 1) for d in (-1, +1)]
     return out
 
 
@@ -52,6 +54,14 @@ def _apply(problem, p: Placement, move: tuple) -> Placement | None:
     if kind == "depth":
         d = p.prefetch_depth + arg
         return dataclasses.replace(p, prefetch_depth=d) if 0 <= d <= problem.curves.max_depth else None
+    if kind == "split":
+        g, d = arg
+        if len(p.gpu_split) <= g:
+            return None
+        split = list(p.gpu_split)
+        split[g] += d
+        ok = split == sorted(set(split)) and 1 <= split[0] and split[-1] <= problem.spec.n_layers
+        return dataclasses.replace(p, gpu_split=tuple(split)) if ok else None
     units = len(problem.dense_units)
     k = sum(p.dense_resident) + arg
     return dataclasses.replace(p, dense_resident=dense_choice(problem, k / units)) if 0 <= k <= units else None

@@ -166,3 +166,56 @@ def test_footprint_per_gpu():
     assert fp.kv_cache == one.kv_cache and fp.static_experts == one.static_experts
     small = dataclasses.replace(p.budget, gpus=(fp.per_gpu_vram[0], fp.per_gpu_vram[1] - 1))
     assert fp.overflow(small)[0] == 1
+
+
+def _random_split_placements(p, n, seed=0):
+    rng = np.random.default_rng(seed)
+    E, L = p.curves.n_experts, p.curves.n_layers
+    out = []
+    for _ in range(n):
+        v = rng.integers(0, E + 1, L)
+        r = np.array([rng.integers(0, E - x + 1) for x in v])
+        c = np.array([rng.integers(0, E - x + 1) for x in v])
+        res = tuple(bool(x) for x in rng.integers(0, 2, len(p.dense_units)))
+        split = (int(rng.integers(1, p.spec.n_layers + 1)),)
+        out.append(Placement(tuple(map(int, v)), tuple(map(int, r)), tuple(map(int, c)), res,
+                             int(rng.integers(0, p.curves.max_depth + 1)), split))
+    return out
+
+
+@pytest.mark.parametrize("name", ["rtx-pro-6000-x2", "h100-nvl-x2", "rtx-4090-x2"])
+def test_split_predictions_stay_within_the_split_bound(name):
+    from strata_plan.planner.bound import check_within, physical_bound, ranked_bound
+    p = two_gpu(name)
+    cm = CostModel(p)
+    for pl in _random_split_placements(p, 25):
+        b = physical_bound(p, pl)
+        check_within(cm.predict(pl), b, name)
+        assert ranked_bound(p, pl) == pytest.approx((b.decode_tok_s, b.prefill_tok_s), rel=1e-9)
+
+
+def test_split_bound_by_hand():
+    """Fully resident over two GPUs with PCIe P2P: decode is bound by the GPUs' HBM times added (a token
+    cannot overlap them), prefill by the slower GPU's (chunks can)."""
+    from strata_plan.planner.bound import physical_bound
+    p = two_gpu("rtx-pro-6000-x2")
+    pl = placement(p, "vram")
+    b = physical_bound(p, pl)
+    spec, k = p.spec, p.spec.top_k
+    hbm = p.profile.gpus[0].hbm_gbps.value * 1e9
+    routed = sum(k * float(np.dot(p.curves.pop[l], p.rank_bytes)) for l in range(p.curves.n_layers))
+    total = sum(p.dense_units) + spec.kv_cache_bytes(p.context) + routed
+    assert b.decode_binding == "hbm" and 1 / b.decode_tok_s == pytest.approx(total / hbm, rel=1e-9)
+    assert b.decode_bytes["hbm_gpu0"] + b.decode_bytes["hbm_gpu1"] == pytest.approx(total, rel=1e-12)
+    assert b.decode_bytes["peer"] == 2 * spec.hidden
+
+
+def test_machine_bound_of_two_gpus_is_at_least_one_gpus():
+    from strata_plan.planner.bound import first_gpu_problem, machine_bound
+    p = tiny_problem(profile="rtx-pro-6000", vram_experts=3.0, ram_experts=3.0)
+    prof = load_profile("rtx-pro-6000-x2")
+    b = p.budget
+    p2 = p.replace(profile=prof, budget=Budget(2 * b.vram, b.ram, b.nvme, b.reserve, (b.vram, b.vram)))
+    p1 = first_gpu_problem(p2)
+    m1, m2 = machine_bound(p1), machine_bound(p2)
+    assert m2.decode_tok_s >= m1.decode_tok_s * (1 - 1e-12) and m2.prefill_tok_s >= m1.prefill_tok_s * (1 - 1e-12)
