@@ -83,18 +83,10 @@ def _time(amount: dict, peaks: dict) -> tuple[float, str]:
     return times[worst], worst
 
 
-def physical_bound(problem, placement) -> Bound:
-    if placement.gpu_split:
-        return split_bound(problem, placement)
-    spec, stats, C = problem.spec, problem.stats, problem.prefill_chunk
-    k, ctx = spec.top_k, problem.context
-    units = problem.dense_units
-    streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
-    dec = {"hbm": float(sum(units) + spec.kv_cache_bytes(ctx)), "compute": float(spec.flops_per_token(ctx)),
-           "pcie": float(streamed) + 2 * spec.hidden, "nvme": 0.0}
-    head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))  # logits: once per chunk
-    pre = {"hbm": float(sum(units)), "pcie": float(streamed), "nvme": 0.0,
-           "compute": float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head)}
+def _layer_bytes(problem, placement):
+    """Per MoE layer l: (l, decode bytes, prefill bytes) on each link (hbm, pcie, nvme), plain loops over the
+    layer's expert ids: the fewest the placement lets the layer move (see the module docstring)."""
+    stats, C, k = problem.stats, problem.prefill_chunk, problem.spec.top_k
     for l, (layer, size) in enumerate(zip(stats.layers, _expert_sizes(problem))):
         order = list(layer.order)
         s, m = placement.vram[l], placement.ram[l]
@@ -105,13 +97,28 @@ def physical_bound(problem, placement) -> Bound:
         big_nvme = max((size[e] for e in nvme), default=0)
         miss = k * sum(layer.popularity[e] * size[e] for e in nonstatic)
         cold = k * sum(layer.popularity[e] * size[e] for e in nvme)
-        dec["hbm"] += k * sum(layer.popularity[e] * size[e] for e in order)
-        dec["pcie"] += max(0.0, miss - removed * big)
-        dec["nvme"] += max(0.0, cold - removed * big_nvme)
         touch = {e: 1.0 - math.exp(-C * k * layer.popularity[e]) for e in order}
-        pre["hbm"] += sum(touch[e] * size[e] for e in order)
-        pre["pcie"] += sum(touch[e] * size[e] for e in nonstatic)
-        pre["nvme"] += sum(touch[e] * size[e] for e in nvme)
+        yield (l, {"hbm": k * sum(layer.popularity[e] * size[e] for e in order),
+                   "pcie": max(0.0, miss - removed * big), "nvme": max(0.0, cold - removed * big_nvme)},
+               {"hbm": sum(touch[e] * size[e] for e in order), "pcie": sum(touch[e] * size[e] for e in nonstatic),
+                "nvme": sum(touch[e] * size[e] for e in nvme)})
+
+
+def physical_bound(problem, placement) -> Bound:
+    if placement.gpu_split:
+        return split_bound(problem, placement)
+    spec, C, ctx = problem.spec, problem.prefill_chunk, problem.context
+    units = problem.dense_units
+    streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
+    dec = {"hbm": float(sum(units) + spec.kv_cache_bytes(ctx)), "compute": float(spec.flops_per_token(ctx)),
+           "pcie": float(streamed) + 2 * spec.hidden, "nvme": 0.0}
+    head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))  # logits: once per chunk
+    pre = {"hbm": float(sum(units)), "pcie": float(streamed), "nvme": 0.0,
+           "compute": float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head)}
+    for l, layer_dec, layer_pre in _layer_bytes(problem, placement):
+        for key in ("hbm", "pcie", "nvme"):
+            dec[key] += layer_dec[key]
+            pre[key] += layer_pre[key]
     peaks = link_peaks(problem.profile)
     t_dec, b_dec = _time(dec, peaks)
     t_pre, b_pre = _time(pre, peaks)
@@ -133,8 +140,7 @@ def split_bound(problem, placement) -> Bound:
     Decode at batch 1 cannot overlap the GPUs (each token needs the last one's output), so their HBM times
     add. The hidden state crosses each split point once a token (C tokens' a chunk) over the peer link, or
     without one lands over the receiving GPU's PCIe link."""
-    spec, stats, C = problem.spec, problem.stats, problem.prefill_chunk
-    k, ctx, G = spec.top_k, problem.context, problem.n_gpus
+    spec, ctx, G = problem.spec, problem.context, problem.n_gpus
     units = problem.dense_units
     ug = [int(g) for g in placement.unit_gpus()]
     mg = [ug[i] for i in spec.moe_layers]
@@ -151,22 +157,12 @@ def split_bound(problem, placement) -> Bound:
             dec["hbm"][ug[i]] += spec.kv_cache_layer_bytes(i, ctx)
     dec["pcie"][ug[0]] += 2 * spec.hidden
     nvme_dec = nvme_pre = 0.0
-    for l, (layer, size) in enumerate(zip(stats.layers, _expert_sizes(problem))):
-        g = mg[l]
-        order = list(layer.order)
-        s, m = placement.vram[l], placement.ram[l]
-        static, nvme = set(order[:s]), set(order[s + m:])
-        removed = k * max(0.0, stats.cache_hit(l, s, placement.cache[l]) - stats.static_hit(l, s))
-        nonstatic = [e for e in order if e not in static]
-        big = max((size[e] for e in nonstatic), default=0)
-        big_nvme = max((size[e] for e in nvme), default=0)
-        dec["hbm"][g] += k * sum(layer.popularity[e] * size[e] for e in order)
-        dec["pcie"][g] += max(0.0, k * sum(layer.popularity[e] * size[e] for e in nonstatic) - removed * big)
-        nvme_dec += max(0.0, k * sum(layer.popularity[e] * size[e] for e in nvme) - removed * big_nvme)
-        touch = {e: 1.0 - math.exp(-C * k * layer.popularity[e]) for e in order}
-        pre["hbm"][g] += sum(touch[e] * size[e] for e in order)
-        pre["pcie"][g] += sum(touch[e] * size[e] for e in nonstatic)
-        nvme_pre += sum(touch[e] * size[e] for e in nvme)
+    for l, layer_dec, layer_pre in _layer_bytes(problem, placement):
+        for a, b in ((dec, layer_dec), (pre, layer_pre)):
+            a["hbm"][mg[l]] += b["hbm"]
+            a["pcie"][mg[l]] += b["pcie"]
+        nvme_dec += layer_dec["nvme"]
+        nvme_pre += layer_pre["nvme"]
     return _split_result(problem, ug, dec, pre, nvme_dec, nvme_pre)
 
 
