@@ -118,7 +118,11 @@ class Footprint:
     ram_experts: int
     host_staging: int       # pinned bounce buffers for NVMe reads
     nvme_experts: int
-    per_gpu_vram: tuple[int, ...] = ()     # several GPUs: each one's VRAM (the fields above are their sums)
+    per_gpu: tuple[dict, ...] = ()         # several GPUs: each one's VRAM parts (the fields above are their sums)
+
+    @property
+    def per_gpu_vram(self) -> tuple[int, ...]:
+        return tuple(sum(d.values()) for d in self.per_gpu)
 
     @property
     def vram(self) -> int:

@@ -159,8 +159,7 @@ def footprint(problem, p: Placement) -> Footprint:
             dense_resident=sum(units[i] for i in mine if p.dense_resident[i]),
             static_experts=int(np.sum(cum[v][moe])), cache_slots=int(np.sum(c[moe])) * problem.slot_bytes))
     sums = {k: sum(d[k] for d in parts) for k in parts[0]}
-    per = tuple(sum(d.values()) for d in parts)
-    return dataclasses.replace(one, **sums, per_gpu_vram=per)
+    return dataclasses.replace(one, **sums, per_gpu=tuple(parts))
 
 
 def dense_choice(problem, share: float, gpu_split: tuple[int, ...] = ()) -> tuple[bool, ...]:

@@ -219,3 +219,95 @@ def test_machine_bound_of_two_gpus_is_at_least_one_gpus():
     p1 = first_gpu_problem(p2)
     m1, m2 = machine_bound(p1), machine_bound(p2)
     assert m2.decode_tok_s >= m1.decode_tok_s * (1 - 1e-12) and m2.prefill_tok_s >= m1.prefill_tok_s * (1 - 1e-12)
+
+
+# ---- search and the plan file ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def searched():
+    """A two-GPU search (24 trials; half of them on the first GPU alone, as `plan` does) and the one-GPU
+    search it starts from, run alone with the same trials and seed."""
+    from strata_plan.planner.bound import first_gpu_problem
+    from strata_plan.planner.search import search_ladder
+    p = tiny_problem(profile="rtx-pro-6000", vram_experts=3.0, ram_experts=3.0)
+    b = p.budget
+    p2 = p.replace(profile=load_profile("rtx-4090-x2"), budget=Budget(2 * b.vram, b.ram, b.nvme, b.reserve,
+                                                                      (b.vram, b.vram)))
+    one = search_ladder(first_gpu_problem(p2), trials=12, seed=3)
+    two = search_ladder(p2, trials=24, seed=3)
+    return p2, one, two
+
+
+def test_a_second_gpu_never_predicts_slower(searched):
+    p2, one, two = searched
+    assert two.best.prediction.decode_tok_s >= one.best.prediction.decode_tok_s * (1 - 1e-12)
+    assert two.best.footprint.fits(p2.budget) and two.trials == 24
+
+
+def test_two_gpu_plan_file_says_which_gpu_holds_what(searched, tmp_path):
+    from strata_plan.planner.bound import machine_bound, physical_bound
+    from strata_plan.planner.plan import Sources, SourceRef, build_plan, load_plan, save_plan
+    p2, _, two = searched
+    cost = CostModel(p2)
+    src = Sources(SourceRef("tiny", "0" * 64), SourceRef(p2.profile.name, "0" * 64), SourceRef("trace", "0" * 64))
+    plan = build_plan(p2, two, physical_bound(p2, two.best.placement), src, cost,
+                      machine_bound(p2, extra=(two.best.placement,)))
+    g = plan.gpus
+    assert [x.index for x in g] == [0, 1] and g[0].first_layer == 0 and g[-1].end_layer == p2.spec.n_layers
+    assert sum(x.lm_head for x in g) == 1 and all(x.vram_budget_bytes == b for x, b in zip(g, p2.budget.gpus))
+    assert sum(sum(x.vram.values()) for x in g) == plan.memory.vram_total
+    back = load_plan(save_plan(plan, tmp_path / "two.yaml"))
+    assert back == plan and back.placement == two.best.placement
+
+
+def test_bad_gpus_section_is_one_line(searched, tmp_path):
+    import yaml
+
+    from strata_plan.errors import UserError
+    from strata_plan.planner.bound import physical_bound
+    from strata_plan.planner.plan import Sources, SourceRef, build_plan, load_plan
+    from strata_plan.schema import to_data
+    p2, _, two = searched
+    src = Sources(SourceRef("tiny", "0" * 64), SourceRef(p2.profile.name, "0" * 64), SourceRef("trace", "0" * 64))
+    data = to_data(build_plan(p2, two, physical_bound(p2, two.best.placement), src, CostModel(p2)))
+    data["gpus"][1]["lm_head"] = not data["gpus"][1]["lm_head"]
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError) as e:
+        load_plan(f)
+    assert e.value.where == str(f) and "lm_head" in e.value.problem
+
+
+@pytest.mark.parametrize("name", ["plan-kimi5-h200-seed.yaml", "plan-kimi-k3.1-pro-5moe-h200.yaml"])
+def test_a_shipped_one_gpu_plan_is_unchanged(name, tmp_path):
+    """A shipped one-GPU plan loads and writes back the same YAML (no `gpus` section, nothing reordered); the
+    model path is the one difference, as before this change, where the checkout is not the plan's."""
+    from pathlib import Path
+
+    from strata_plan.planner.plan import load_plan, save_plan
+    from strata_plan.yamlio import read_yaml
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / name
+    plan = load_plan(src)
+    assert plan.gpus is None and plan.gpu_split == () and plan.placement.gpu_split == ()
+    out = save_plan(plan, tmp_path / name)
+    a, b = read_yaml(src), read_yaml(out)
+    for d in (a, b):
+        d["sources"]["model"].pop("path")
+    assert a == b and list(a) == list(b)
+    assert save_plan(load_plan(out), tmp_path / "again.yaml").read_bytes() == out.read_bytes()
+
+
+def test_vram_budgets_per_gpu_on_the_command_line():
+    from strata_plan.cli._common import gb_list
+    from strata_plan.errors import UserError
+    prof = load_profile("rtx-4090-x2")
+    b = Budget.from_profile(prof, gb_list("20,22", "--vram-gb"))
+    assert b.gpus == (20 * 10**9, 22 * 10**9) and b.vram == 42 * 10**9 and b.n_gpus == 2
+    assert Budget.from_profile(prof, gpus=2).gpus == (24 * 10**9, 24 * 10**9)
+    assert Budget.from_profile(prof).gpus == () and Budget.from_profile(prof, 20.0, gpus=2).gpus == (20 * 10**9,) * 2
+    for bad, field in (("20,x", "--vram-gb"), ("20,20,20", "--vram-gb"), ("-1,20", "--vram-gb")):
+        with pytest.raises(UserError) as e:
+            Budget.from_profile(prof, gb_list(bad, "--vram-gb"))
+        assert e.value.where == field
+    with pytest.raises(UserError) as e:
+        Budget.from_profile(load_profile("rtx-4090"), gpus=2)
+    assert e.value.where == "--gpus"
