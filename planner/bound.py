@@ -140,7 +140,7 @@ def split_bound(problem, placement) -> Bound:
     Decode at batch 1 cannot overlap the GPUs (each token needs the last one's output), so their HBM times
     add. The hidden state crosses each split point once a token (C tokens' a chunk) over the peer link, or
     without one lands over the receiving GPU's PCIe link."""
-    spec, ctx, G = problem.spec, problem.context, problem.n_gpus
+    spec, G = problem.spec, problem.n_gpus
     units = problem.dense_units
     ug = [int(g) for g in placement.unit_gpus()]
     mg = [ug[i] for i in spec.moe_layers]
@@ -154,7 +154,7 @@ def split_bound(problem, placement) -> Bound:
             dec["pcie"][ug[i]] += u
             pre["pcie"][ug[i]] += u
         if i < spec.n_layers:
-            dec["hbm"][ug[i]] += spec.kv_cache_layer_bytes(i, ctx)
+            dec["hbm"][ug[i]] += problem.layer_kv_bytes[i]
     dec["pcie"][ug[0]] += 2 * spec.hidden
     nvme_dec = nvme_pre = 0.0
     for l, layer_dec, layer_pre in _layer_bytes(problem, placement):
@@ -183,9 +183,12 @@ def _split_result(problem, ug: list[int], dec: dict, pre: dict, nvme_dec: float,
     peaks = [link_peaks(problem.profile, gpu) for gpu in problem.gpus]
     used = sorted(set(ug))
     host = problem.profile.concurrent_h2d().value * 1e9
-    head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))
-    flops_dec = float(spec.flops_per_token(ctx))
-    flops_pre = float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head)
+    key = ("split_bound_flops", ctx, C)             # FLOPs a token / a chunk, once per problem
+    if key not in problem.__dict__:
+        head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))
+        problem.__dict__[key] = (float(spec.flops_per_token(ctx)),
+                                 float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head))
+    flops_dec, flops_pre = problem.__dict__[key]
 
     def over(x, r):
         return (x / r if r > 0 else math.inf) if x > 0 else 0.0
@@ -399,7 +402,7 @@ def ranked_bound(problem, placement) -> tuple[float, float]:
         ug = placement.unit_gpus()
         mg, G = ug[np.asarray(spec.moe_layers, dtype=np.int64)], problem.n_gpus
         res = np.array(placement.dense_resident)
-        kv = [spec.kv_cache_layer_bytes(i, problem.context) for i in range(spec.n_layers)] + [0]
+        kv = list(problem.layer_kv_bytes) + [0]
         per = lambda w, idx: np.bincount(idx, weights=w, minlength=G).tolist()  # noqa: E731
         u = np.array(units, dtype=float)
         d = {"hbm": per(u + np.array(kv, float), ug), "pcie": per(u * ~res, ug)}

@@ -154,7 +154,7 @@ def footprint(problem, p: Placement) -> Footprint:
         moe = mg == g
         parts.append(dict(
             reserve=problem.budget.reserve, workspace=one.workspace, staging=slots if moe.any() else 0,
-            kv_cache=sum(spec.kv_cache_layer_bytes(i, problem.context) for i in mine if i < spec.n_layers),
+            kv_cache=sum(problem.layer_kv_bytes[i] for i in mine if i < spec.n_layers),
             dense_buffers=2 * max((units[i] for i in mine if not p.dense_resident[i]), default=0),
             dense_resident=sum(units[i] for i in mine if p.dense_resident[i]),
             static_experts=int(np.sum(cum[v][moe])), cache_slots=int(np.sum(c[moe])) * problem.slot_bytes))

@@ -96,6 +96,11 @@ class Problem:
         head = s.lm_head_bytes + (s.embedding_bytes if s.tied_embeddings else 0)
         return tuple(s.dense_layer_bytes(i) for i in range(s.n_layers)) + (head,)
 
+    @cached_property
+    def layer_kv_bytes(self) -> tuple[int, ...]:
+        """KV cache of each decoder layer at `context` (ModelSpec.kv_cache_layer_bytes)."""
+        return tuple(self.spec.kv_cache_layer_bytes(i, self.context) for i in range(self.spec.n_layers))
+
     @property
     def head_params(self) -> int:
         """Parameters the logits of one token multiply by (lm_head or tied embeddings, and the final norm)."""
@@ -107,4 +112,6 @@ class Problem:
         p = dataclasses.replace(self, **changes)
         if "stats" not in changes and "curves" in self.__dict__:
             p.__dict__["curves"] = self.curves
+        if "context" not in changes and "spec" not in changes and "layer_kv_bytes" in self.__dict__:
+            p.__dict__["layer_kv_bytes"] = self.layer_kv_bytes
         return p

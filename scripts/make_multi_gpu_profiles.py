@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_shipped_profiles import MiB, OUT, ds, est, nvme_gen4, pinned, scaled_curve  # noqa: E402
 
-from strata_plan.profiles.schema import (CPU, GPU, NVMe, Figure, HardwareProfile, Host, HostLinks,  # noqa: E402
+from strata_plan.profiles.schema import (CPU, NVMe, Figure, HardwareProfile, Host, HostLinks,  # noqa: E402
                                          PeerLink, SCHEMA_NAME, SCHEMA_VERSION, Surface, Topology,
                                          default_calibration, load_profile, save_profile)
 
