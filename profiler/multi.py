@@ -121,14 +121,18 @@ def measure_links(n: int, size: int, repeats: int, tick: Callable[[], None] | No
     streams = [torch.cuda.Stream(device=g) for g in range(n)]
     pairs = [(a, b) for a in range(n) for b in range(n) if a != b and torch.cuda.can_device_access_peer(a, b)]
 
-    def alone(g: int) -> float:
+    def timed_copy(g: int, dst, src) -> float:
+        """GB/s of one copy src -> dst on GPU g's stream, CUDA events."""
         with torch.cuda.device(g), torch.cuda.stream(streams[g]):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            dev[g].copy_(host[g], non_blocking=True)
+            dst.copy_(src, non_blocking=True)
             end.record()
             end.synchronize()
             return size / (start.elapsed_time(end) * 1e-3) / GB
+
+    def alone(g: int) -> float:
+        return timed_copy(g, dev[g], host[g])
 
     def together(_: str) -> float:
         import time
@@ -144,13 +148,7 @@ def measure_links(n: int, size: int, repeats: int, tick: Callable[[], None] | No
 
     def peer(pair: tuple[int, int]) -> float:
         a, b = pair
-        with torch.cuda.device(a), torch.cuda.stream(streams[a]):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dev[b].copy_(dev[a], non_blocking=True)
-            end.record()
-            end.synchronize()
-            return size / (start.elapsed_time(end) * 1e-3) / GB
+        return timed_copy(a, dev[b], dev[a])
 
     for g in range(n):                       # warm-up
         alone(g)
