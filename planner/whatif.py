@@ -28,7 +28,7 @@ class Change:
     pcie: float = 1.0
 
 
-CHANGES = (Change("+16 GB VRAM", vram_gb=16),          # several GPUs: +16 GB on each Change("+64 GB pinned RAM", ram_gb=64),
+CHANGES = (Change("+16 GB VRAM", vram_gb=16), Change("+64 GB pinned RAM", ram_gb=64),     # VRAM: on each GPU
            Change("2x NVMe read bandwidth", nvme=2.0), Change("2x PCIe bandwidth", pcie=2.0))
 
 

@@ -86,3 +86,12 @@ def gb_list(text: str | None, flag: str):
         raise UserError(flag, str(text), "must be a number of GB, or one per GPU separated by commas",
                         f"pass e.g. {flag} 24 or {flag} 24,24") from None
     return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def gb_figures(text: str):
+    """argparse `type=` of a budget flag that takes one GB figure or one per GPU (`24,24`): gb_list's value."""
+    import argparse
+    try:
+        return gb_list(text, "")
+    except UserError as e:
+        raise argparse.ArgumentTypeError(e.problem) from None

@@ -2,7 +2,7 @@
 and write the plan YAML; a progress bar on a terminal, the predictions as tables (or JSON)."""
 from __future__ import annotations
 
-from strata_plan.cli._common import add_json, add_out, console, gb_list, print_json, table
+from strata_plan.cli._common import add_json, add_out, console, gb_figures, print_json, table
 from strata_plan.errors import UserError
 
 
@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--objective", choices=("decode", "prefill", "mix"), default="decode",
                    help="maximise decode tok/s (default), prefill tok/s, or decode^w x prefill^(1-w)")
     p.add_argument("--mix-weight", type=float, help="w of --objective mix (default 0.5)")
-    p.add_argument("--vram-gb", help="VRAM budget in GB (default: the whole card); one per GPU, comma-separated, "
+    p.add_argument("--vram-gb", type=gb_figures, help="VRAM budget in GB (default: the whole card); one per GPU, comma-separated, "
                    "plans over that many GPUs (--vram-gb 24,24)")
     p.add_argument("--gpus", type=int, help="plan over the profile's first N GPUs (default: all of them)")
     p.add_argument("--ram-gb", type=float, help="pinned RAM budget in GB (default: the profile's pinnable RAM)")
@@ -57,7 +57,7 @@ def cmd_plan(args) -> int:
     drop_interrupted_trials()
     kw = dict(stats=args.stats, prior=args.prior, gpu_preset=args.gpu_preset, context=args.context, chunk=args.chunk,
               trials=args.trials, objective=args.objective, mix_weight=0.5 if args.mix_weight is None else args.mix_weight,
-              vram_gb=gb_list(args.vram_gb, "--vram-gb"), ram_gb=args.ram_gb, nvme_gb=args.nvme_gb,
+              vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb,
               study_db=args.study_db, seed=args.seed, gpus=args.gpus)
     model = args.model if args.moe_layers is None else f"{args.model}@{args.moe_layers}moe"
     plan = _with_progress(args.trials, lambda on_trial: make_plan(args.profile, model, on_trial=on_trial, **kw))
