@@ -311,3 +311,16 @@ def test_vram_budgets_per_gpu_on_the_command_line():
     with pytest.raises(UserError) as e:
         Budget.from_profile(load_profile("rtx-4090"), gpus=2)
     assert e.value.where == "--gpus"
+
+
+def test_estimated_links_of_two_gpus_are_named():
+    """what-if and compare-tables name the estimated inputs behind a binding: on two GPUs also the host side's
+    concurrent H2D (pcie) and the peer link (peer); a one-GPU problem lists neither."""
+    from strata_plan.planner.estimated import estimated_inputs
+    p2 = two_gpu("rtx-4090-x2")
+    names = {(e.link, e.name) for e in estimated_inputs(p2)}
+    assert ("pcie", "concurrent H2D to all GPUs") in names and ("peer", "peer latency (none)") in names
+    nv = {(e.link, e.name) for e in estimated_inputs(two_gpu("h100-nvl-x2"))}
+    assert ("peer", "peer latency (nvlink)") in nv and not any(n.startswith("peer link") for _, n in nv)  # datasheet
+    one = {e.name for e in estimated_inputs(tiny_problem(profile="rtx-4090"))}
+    assert not any("concurrent" in n or "peer" in n for n in one)
