@@ -105,7 +105,7 @@ def _layer_bytes(problem, placement):
 
 
 def physical_bound(problem, placement) -> Bound:
-    if placement.gpu_split:
+    if placement.several:
         return split_bound(problem, placement)
     spec, C, ctx = problem.spec, problem.prefill_chunk, problem.context
     units = problem.dense_units
@@ -163,12 +163,28 @@ def split_bound(problem, placement) -> Bound:
             a["pcie"][mg[l]] += b["pcie"]
         nvme_dec += layer_dec["nvme"]
         nvme_pre += layer_pre["nvme"]
-    return _split_result(problem, ug, dec, pre, nvme_dec, nvme_pre)
+    remote = []
+    k = spec.top_k
+    for l, (layer, size) in enumerate(zip(problem.stats.layers, _expert_sizes(problem))):
+        r, v = (placement.remote[l] if placement.remote else 0), placement.vram[l]
+        if r:
+            order = list(layer.order)
+            ids = order[v - r:v]
+            far = k * sum(layer.popularity[e] * size[e] for e in ids)
+            near = k * sum(layer.popularity[e] * size[e] for e in order) - far
+            q = min(sum(layer.popularity[e] for e in ids), 1.0)
+            remote.append((mg[l], placement.partner(mg[l], G), near, far, 1.0 - (1.0 - q) ** k))
+    return _split_result(problem, ug, dec, pre, nvme_dec, nvme_pre, remote)
 
 
-def _split_result(problem, ug: list[int], dec: dict, pre: dict, nvme_dec: float, nvme_pre: float) -> Bound:
+def _split_result(problem, ug: list[int], dec: dict, pre: dict, nvme_dec: float, nvme_pre: float,
+                  remote: list = ()) -> Bound:
     """`split_bound`'s times from the bytes per GPU (`dec`/`pre`: hbm and pcie lists, one entry a GPU) and the
-    NVMe bytes; adds the hidden state's crossings of the split points of `ug` (the GPU of each dense unit)."""
+    NVMe bytes; adds the hidden state's crossings of the split points of `ug` (the GPU of each dense unit) and
+    to the partners of remote experts. `remote`: per MoE layer with remote experts (its GPU a, the partner b,
+    its local and remote routed HBM bytes a token, the chance p a token routes to a remote expert): at
+    decode the two GPUs read the layer's experts side by side, `max(local / peak_a, remote / peak_b)` in place
+    of `(local + remote) / peak_a`, and the state crosses twice with chance p (a prefill chunk: always)."""
     spec, C, G, ctx = problem.spec, problem.prefill_chunk, problem.n_gpus, problem.context
     n = len(ug)
     cross = [i + 1 for i in range(n - 1) if ug[i] != ug[i + 1]]       # the dense unit each crossing lands at
@@ -176,12 +192,18 @@ def _split_result(problem, ug: list[int], dec: dict, pre: dict, nvme_dec: float,
     peer = problem.profile.peer
     hop_dec, hop_pre = 2.0 * spec.hidden * len(cross), 2.0 * spec.hidden * sum(tokens)
     dec, pre = {k: list(v) for k, v in dec.items()}, {k: list(v) for k, v in pre.items()}
+    row = 2.0 * spec.hidden
+    hop_dec += sum(2 * row * p for *_, p in remote)
+    hop_pre += 2 * row * C * len(remote)
     if peer.kind == "none":                          # through host memory: lands over the next GPU's link
         for b, c in zip(cross, tokens):
-            dec["pcie"][ug[b]] += 2.0 * spec.hidden
-            pre["pcie"][ug[b]] += 2.0 * spec.hidden * c
+            dec["pcie"][ug[b]] += row
+            pre["pcie"][ug[b]] += row * c
+        for a, b, _, _, p in remote:
+            for g in (a, b):
+                dec["pcie"][g] += row * p
+                pre["pcie"][g] += row * C
     peaks = [link_peaks(problem.profile, gpu) for gpu in problem.gpus]
-    used = sorted(set(ug))
     host = problem.profile.concurrent_h2d().value * 1e9
     key = ("split_bound_flops", ctx, C)             # FLOPs a token / a chunk, once per problem
     if key not in problem.__dict__:
@@ -193,10 +215,15 @@ def _split_result(problem, ug: list[int], dec: dict, pre: dict, nvme_dec: float,
     def over(x, r):
         return (x / r if r > 0 else math.inf) if x > 0 else 0.0
 
+    def side_by_side() -> float:                    # decode: the remote experts' reads beside the local ones
+        return sum(max(over(lo, peaks[a]["hbm"]), over(re, peaks[b]["hbm"])) - over(lo + re, peaks[a]["hbm"])
+                   for a, b, lo, re, _ in remote)
+    used = sorted(set(ug) | {b for _, b, *_ in remote})
+
     def times(a, nvme_bytes, hop, flops, prefill):
         hbm = [over(a["hbm"][g], peaks[g]["hbm"]) for g in used]
         pcie = [over(a["pcie"][g], peaks[g]["pcie"]) for g in used]
-        return {"hbm": max(hbm) if prefill else sum(hbm),
+        return {"hbm": max(hbm) if prefill else sum(hbm) + side_by_side(),
                 "compute": over(flops, sum(peaks[g]["compute"] for g in used) if prefill
                                 else max(peaks[g]["compute"] for g in used)),
                 "pcie": max(max(pcie), over(sum(a["pcie"]), host) if len(used) > 1 else 0.0),
@@ -398,7 +425,7 @@ def ranked_bound(problem, placement) -> tuple[float, float]:
     pre = {"hbm": float(sum(units)) + float(touch.sum()), "pcie": streamed + float((touch * nonstatic).sum()),
            "nvme": float((touch * nvme).sum()),
            "compute": float(C * (spec.flops_per_token(max(1, problem.context // 2)) - head) + head)}
-    if placement.gpu_split:                 # the same bytes per GPU, through split_bound's times
+    if placement.several:                   # the same bytes per GPU, through split_bound's times
         ug = placement.unit_gpus()
         mg, G = ug[np.asarray(spec.moe_layers, dtype=np.int64)], problem.n_gpus
         res = np.array(placement.dense_resident)
@@ -411,7 +438,15 @@ def ranked_bound(problem, placement) -> tuple[float, float]:
         d["pcie"][int(ug[0])] += 2 * spec.hidden
         pr = {"hbm": [a + b for a, b in zip(per(u, ug), per(touch.sum(axis=1), mg))],
               "pcie": [a + b for a, b in zip(per(u * ~res, ug), per((touch * nonstatic).sum(axis=1), mg))]}
-        b = _split_result(problem, [int(g) for g in ug], d, pr, dec["nvme"], pre["nvme"])
+        rem = placement.remote_counts
+        v = np.array(placement.vram, dtype=np.int64)
+        mask = (ranks >= (v - rem)[:, None]) & (ranks < v[:, None])
+        q = (pop * mask).sum(axis=1)
+        rbytes = k * (pop * rb * mask).sum(axis=1)
+        lbytes = k * (pop * rb).sum(axis=1) - rbytes
+        remote = [(int(mg[j]), placement.partner(int(mg[j]), G), float(lbytes[j]), float(rbytes[j]),
+                   1.0 - (1.0 - min(float(q[j]), 1.0)) ** k) for j in np.flatnonzero(rem > 0)]
+        b = _split_result(problem, [int(g) for g in ug], d, pr, dec["nvme"], pre["nvme"], remote)
         return (b.decode_tok_s, b.prefill_tok_s)
     peaks = link_peaks(problem.profile)
     t_dec, _ = _time(dec, peaks)

@@ -312,7 +312,7 @@ class CostModel:
     def predict(self, placement) -> Prediction:
         p, cur, tb = self.problem, self.problem.curves, self._tables
         spec, k = p.spec, cur.top_k
-        split = bool(placement.gpu_split)
+        split = placement.several
         ug = placement.unit_gpus()
         x = self._by_layer(placement, lambda m: m._misses(placement)) if split else self._misses(placement)
         depth = placement.prefetch_depth
@@ -326,18 +326,21 @@ class CostModel:
         if split:
             kern = self._by_layer(placement, lambda m: {"kern": m._tables["kern"],
                                                         "flop": np.full(cur.n_layers, m.flop_rate)})
-            t_exp = np.maximum(k * kern["kern"], 2.0 * k * spec.expert_params / kern["flop"])
+            remote = self._remote(placement)
+            t_exp = np.maximum(k * kern["kern"] - remote["kern_local"], 2.0 * k * spec.expert_params / kern["flop"])
+            t_peer = (1 - remote["p"]) * t_exp + remote["p"] * np.maximum(t_exp, remote["t_hit"]) - t_exp
         else:
             t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
+            t_peer = None
 
-        dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp)
+        dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, t_peer)
         streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
         link_n = float(np.sum(dem_n + pre_n))
         warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
         wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
         if split:
-            links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste)
+            links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste, remote["p"])
             dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
             link_p = max(max(links), host)
         else:
@@ -354,7 +357,7 @@ class CostModel:
         bpt = {"vram": float(k * tb["bytes"].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
                "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted}
         if split:
-            bpt["peer"] = float(hops(ug) * row)                    # hidden state over the split points
+            bpt["peer"] = float(hops(ug) * row + 2 * row * remote["p"].sum())  # split points, remote experts
         s, m, _ = placement.arrays
         pre_tok_s, pre_binding, pre_seconds, bpc = self._prefill(placement, s, s + m)
         plain = lambda d: {key: float(v) for key, v in d.items()}  # noqa: E731
@@ -362,7 +365,34 @@ class CostModel:
                           plain(pre_seconds), plain(bpt), plain(bpc), float(np.mean(x["hit"])),
                           float(np.mean(x["ram_share"])), float(np.mean(x["nvme_share"])))
 
-    def _link_busy(self, placement, ug, moe_link, row, x, R, waste) -> tuple[list[float], float]:
+    def _remote(self, placement) -> dict:
+        """[L] terms of the static experts a partner GPU holds (`Placement.remote`): `p` the chance a token routes
+        to at least one of them (1 - (1 - q)^k, q their access share), `kern_local` the kernel seconds they take
+        off the layer's own GPU, `t_hit` the seconds when hit: the hidden state to the partner, its kernel over
+        them (their bytes per token / p), the partial output back. The layer then takes
+        (1 - p) t_local + p max(t_local, t_hit); the excess over t_local is charged to `peer`."""
+        p, k = self.problem, self.problem.spec.top_k
+        pop = p.curves.pop
+        L, E = pop.shape
+        rem, v = placement.remote_counts, np.array(placement.vram, dtype=np.int64)
+        mg = placement.moe_gpus(p.spec.moe_layers)
+        ranks = np.arange(E)[None, :]
+        mask = (ranks >= (v - rem)[:, None]) & (ranks < v[:, None])            # [L, E] remote static ranks
+        q = (pop * mask).sum(axis=1)
+        hit = np.where(rem > 0, 1.0 - (1.0 - np.minimum(q, 1.0)) ** k, 0.0)
+        out = {"p": hit, "kern_local": np.zeros(L), "t_hit": np.zeros(L)}
+        row = 2 * p.spec.hidden
+        for j in np.flatnonzero(rem > 0):
+            a = int(mg[j])
+            b = placement.partner(a, p.n_gpus)
+            ka, kb = self.gpu_model(a)._rank_times["kern"], self.gpu_model(b)._rank_times["kern"]
+            out["kern_local"][j] = k * float(np.sum(pop[j] * mask[j] * ka))
+            remote_kern = k * float(np.sum(pop[j] * mask[j] * kb))
+            out["t_hit"][j] = (self.hop_seconds(row, a, b) + remote_kern / max(hit[j], 1e-300)
+                               + self.hop_seconds(row, b, a))
+        return out
+
+    def _link_busy(self, placement, ug, moe_link, row, x, R, waste, remote_p) -> tuple[list[float], float]:
         """Several GPUs: each GPU's H2D link busy seconds a token (its MoE layers' fetches, its streamed dense
         units, the embedding row on the first GPU, the hidden state arriving through host memory where there is
         no peer link), and the host side's: every byte over PCIe a token, to all GPUs, over the profile's
@@ -383,17 +413,22 @@ class CostModel:
                 b = int(ug[i + 1])
                 links[b] += row / plateau(p.profile.gpus[b].h2d_pinned)
                 total += row
-        used = len(set(int(g) for g in ug))
-        host = total / (p.profile.concurrent_h2d().value * 1e9) if used > 1 else 0.0
+            for j in np.flatnonzero(remote_p > 0):         # ... and both ways to a remote experts' partner
+                a = int(mg[j])
+                for g in (a, placement.partner(a, G)):
+                    links[g] += remote_p[j] * row / plateau(p.profile.gpus[g].h2d_pinned)
+                    total += remote_p[j] * row
+        used = set(int(g) for g in ug) | {placement.partner(int(mg[j]), G) for j in np.flatnonzero(remote_p > 0)}
+        host = total / (p.profile.concurrent_h2d().value * 1e9) if len(used) > 1 else 0.0
         return links, host
 
-    def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp) -> tuple[dict, float]:
+    def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, t_peer=None) -> tuple[dict, float]:
         """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource. With
         a pipeline split each layer runs at its GPU's rates, each GPU streams its own dense units over its own
         link (double buffered), and the hidden state crosses to the next GPU at each split point."""
         spec, lay = self.problem.spec, self._layers
         ug = placement.unit_gpus()
-        split = bool(placement.gpu_split)
+        split = placement.several
         models = [self.gpu_model(int(g)) for g in ug]        # per dense unit
         if split:
             t_hbm = (lay["dense"] + lay["kv"]) / np.array([m.hbm_rate for m in models[:-1]])
@@ -455,6 +490,9 @@ class CostModel:
                         t = ready
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
                 t += t_exp[j]
+                if t_peer is not None:                      # remote experts on the partner GPU (_remote)
+                    sec["peer"] += t_peer[j]
+                    t += t_peer[j]
                 moe_done.append(t)
             finish[g].append(t)
         g, head = int(ug[-1]), models[-1]
@@ -476,16 +514,17 @@ class CostModel:
         cold = touched - tb["t_bytes"][rows, b]
         by_gpu = lambda m: {"pcie": m._tables["t_bg"][:, E] - m._tables["t_bg"][rows, s],   # noqa: E731
                             "expand": tb["t_count"][:, E] * spec.expert_params / m.expansion_rate}
-        per = self._by_layer(placement, by_gpu) if placement.gpu_split else by_gpu(self)
+        per = self._by_layer(placement, by_gpu) if placement.several else by_gpu(self)
         pcie, expand = per["pcie"], per["expand"]          # expand: [L] s, every touched expert once
         tn = self._nvme_table(self.prefill_in_flight(placement.prefetch_depth))
         nvme = tn[:, E] - tn[rows, b]
         sec = dict.fromkeys(RESOURCES, 0.0)
         ug = placement.unit_gpus()
         models = [self.gpu_model(int(g)) for g in ug]
-        if placement.gpu_split:
+        if placement.several:
             sec["peer"] = 0.0
         moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
+        rem = placement.remote_counts
         units = p.dense_units
         T = 0.0
         for i in range(spec.n_layers):
@@ -506,6 +545,12 @@ class CostModel:
             host = self.overhead + (self.round_trip if j is not None else 0.0)   # a MoE layer's fetches wait
             sec["overhead"] += host                                               # for its router's ids
             T += parts[worst] + host
+            if j is not None and rem[j]:     # remote experts: the chunk's states to the partner and its output back
+                a = int(ug[i])
+                b = placement.partner(a, p.n_gpus)
+                h = self.hop_seconds(C * 2 * spec.hidden, a, b) + self.hop_seconds(C * 2 * spec.hidden, b, a)
+                sec["peer"] += h
+                T += h
         head = models[-1]
         if ug[-1] != ug[-2]:                               # the head alone on the next GPU: one token's state
             h = self.hop_seconds(2 * spec.hidden, int(ug[-2]), int(ug[-1]))
@@ -519,5 +564,5 @@ class CostModel:
         streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
         bpc = {"vram": float(np.sum(touched - warm - cold)), "ram": float(warm.sum()) + streamed,
                "nvme": float(cold.sum())}
-        binding = max(RESOURCES + (("peer",) if placement.gpu_split else ()), key=lambda r: sec[r])
+        binding = max(RESOURCES + (("peer",) if placement.several else ()), key=lambda r: sec[r])
         return C / T, binding, sec, bpc

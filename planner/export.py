@@ -291,6 +291,10 @@ def _notes(plan, layers: tuple[LayerChoice, ...], problem, streamed: int, fits: 
     if promoted:
         out.append(f"layers {', '.join(map(str, promoted))} have most experts off VRAM in the plan (its cache and "
                    f"prefetch serve them) but go to the GPU here, where the budget has room for them whole.")
+    remote = [l.layer for l in plan.layers if l.remote]
+    if remote:
+        out.append(f"layers {', '.join(map(str, remote))} keep some experts on a second GPU (remote experts): "
+                   f"llama.cpp places a layer's merged expert tensors on one device, so they stay with the layer.")
     slots = sum(c.cache_slots for c in layers)
     if slots:
         out.append(f"the plan's LRU expert cache ({slots} slots in all): llama.cpp has no dynamic expert cache.")

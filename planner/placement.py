@@ -83,6 +83,8 @@ class Placement:
     dense_resident: tuple[bool, ...]  # per dense unit (decoder layers in order, then the lm_head)
     prefetch_depth: int
     gpu_split: tuple[int, ...] = ()   # several GPUs: decoder index where each next GPU's layers begin; () one GPU
+    remote: tuple[int, ...] = ()      # several GPUs: per MoE layer, how many of its static experts (the least
+                                      # used of them, ranks [vram - remote, vram)) the partner GPU holds and runs
 
     def __post_init__(self) -> None:
         if not (len(self.vram) == len(self.ram) == len(self.cache)):
@@ -91,6 +93,22 @@ class Placement:
             raise ValueError("counts must be >= 0")
         if list(self.gpu_split) != sorted(self.gpu_split) or min(self.gpu_split, default=1) < 1:
             raise ValueError("gpu_split must be increasing decoder indices >= 1")
+        if self.remote and (len(self.remote) != len(self.vram)
+                            or any(not 0 <= r <= v for r, v in zip(self.remote, self.vram))):
+            raise ValueError("remote needs one count per MoE layer, each between 0 and the layer's static count")
+
+    @property
+    def several(self) -> bool:
+        """Uses more than one GPU: a pipeline split, or static experts held by a partner GPU."""
+        return bool(self.gpu_split) or any(self.remote)
+
+    @property
+    def remote_counts(self) -> np.ndarray:
+        return np.array(self.remote or (0,) * len(self.vram), dtype=np.int64)
+
+    def partner(self, g: int, n_gpus: int) -> int:
+        """The GPU that holds the remote experts of GPU g's layers: the next one (the last GPU's: the one before)."""
+        return g + 1 if g + 1 < n_gpus else max(g - 1, 0)
 
     def unit_gpus(self) -> np.ndarray:
         """[n dense units] the GPU of each dense unit (decoder layers, then the lm_head with the last layer):
@@ -144,9 +162,17 @@ def footprint(problem, p: Placement) -> Footprint:
     if problem.n_gpus == 1:
         return one
     ug, mg = p.unit_gpus(), p.moe_gpus(spec.moe_layers)
+    rem = p.remote_counts
+    host_of = np.array([p.partner(int(g), problem.n_gpus) for g in mg], dtype=np.int64)
+    remote_bytes = cum[v] - cum[v - rem]                                   # [L] static bytes a partner holds
     parts = []
     for g in range(problem.n_gpus):
         mine = [i for i in range(len(units)) if ug[i] == g]
+        hosted = int(np.sum(remote_bytes[(host_of == g) & (rem > 0)]))
+        if not mine and hosted:
+            parts.append(dict(reserve=problem.budget.reserve, kv_cache=0, workspace=one.workspace, staging=0,
+                              dense_buffers=0, dense_resident=0, static_experts=hosted, cache_slots=0))
+            continue
         if not mine:
             parts.append(dict(reserve=0, kv_cache=0, workspace=0, staging=0, dense_buffers=0, dense_resident=0,
                               static_experts=0, cache_slots=0))
@@ -157,7 +183,8 @@ def footprint(problem, p: Placement) -> Footprint:
             kv_cache=sum(problem.layer_kv_bytes[i] for i in mine if i < spec.n_layers),
             dense_buffers=2 * max((units[i] for i in mine if not p.dense_resident[i]), default=0),
             dense_resident=sum(units[i] for i in mine if p.dense_resident[i]),
-            static_experts=int(np.sum(cum[v][moe])), cache_slots=int(np.sum(c[moe])) * problem.slot_bytes))
+            static_experts=int(np.sum((cum[v] - remote_bytes)[moe])) + hosted,
+            cache_slots=int(np.sum(c[moe])) * problem.slot_bytes))
     sums = {k: sum(d[k] for d in parts) for k in parts[0]}
     return dataclasses.replace(one, **sums, per_gpu=tuple(parts))
 

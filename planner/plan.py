@@ -72,8 +72,13 @@ class LayerPlan:
     nvme: tuple[int, ...] = ()
     cache_slots: int = bounded(0, None, default=0)
     formats: dict[str, tuple[int, ...]] | None = None
+    remote: tuple[int, ...] | None = None     # several GPUs: the last ids of `vram`, held and run by `remote_gpu`
+    remote_gpu: int | None = None
 
     def __post_init__(self) -> None:
+        if self.remote is not None and (self.remote_gpu is None or not self.remote
+                                        or tuple(self.vram[len(self.vram) - len(self.remote):]) != self.remote):
+            raise ValueError(f"layer {self.layer}: remote must be the last (least used) ids of vram, with remote_gpu")
         ids = self.vram + self.ram + self.nvme
         E = len(ids)
         if sorted(ids) != list(range(E)):
@@ -293,7 +298,10 @@ class Plan:
 
     @property
     def n_gpus_used(self) -> int:
-        return len([x for x in self.gpus if x.holds_layers]) if self.gpus else 1
+        """GPUs holding layers or remote experts."""
+        if not self.gpus:
+            return 1
+        return len({x.index for x in self.gpus if x.holds_layers} | {l.remote_gpu for l in self.layers if l.remote})
 
     @property
     def placement(self) -> Placement:
@@ -303,7 +311,8 @@ class Plan:
         return Placement(tuple(len(l.vram) for l in self.layers), tuple(len(l.ram) for l in self.layers),
                          tuple(l.cache_slots for l in self.layers),
                          tuple(i in resident for i in range(n_layers)) + (self.dense.lm_head == "vram",),
-                         self.prefetch_depth, self.gpu_split)
+                         self.prefetch_depth, self.gpu_split,
+                         tuple(len(l.remote or ()) for l in self.layers) if any(l.remote for l in self.layers) else ())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -320,6 +329,7 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
     spec, cur, best = problem.spec, problem.curves, result.best
     p, fp, pred = best.placement, best.footprint, best.prediction
     E = cur.n_experts
+    mg = p.moe_gpus(spec.moe_layers)
     layers = []
     for j, layer in enumerate(spec.moe_layers):
         order = [int(e) for e in cur.order[j]]
@@ -327,8 +337,10 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
         fmts: dict[str, list[int]] = {f: [] for f in problem.mix.formats}
         for e, f in zip(order, problem.rank_formats):
             fmts[f].append(e)
+        r = int(p.remote_counts[j])
+        remote = dict(remote=tuple(order[s - r:s]), remote_gpu=p.partner(int(mg[j]), problem.n_gpus)) if r else {}
         layers.append(LayerPlan(layer, tuple(order[:s]), tuple(order[s:s + m]), tuple(order[s + m:]), p.cache[j],
-                                {f: tuple(v) for f, v in fmts.items() if v}))
+                                {f: tuple(v) for f, v in fmts.items() if v}, **remote))
     streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
     reads = lambda n: {f: NvmeRead(r.split, r.queue_depth, r.splits) for f, r in cost.nvme_reads(n).items()}  # noqa: E731
     slots = (p.prefetch_depth + 1) * spec.top_k

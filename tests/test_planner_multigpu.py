@@ -324,3 +324,88 @@ def test_estimated_links_of_two_gpus_are_named():
     assert ("peer", "peer latency (nvlink)") in nv and not any(n.startswith("peer link") for _, n in nv)  # datasheet
     one = {e.name for e in estimated_inputs(tiny_problem(profile="rtx-4090"))}
     assert not any("concurrent" in n or "peer" in n for n in one)
+
+
+# ---- one layer's experts over two GPUs (remote experts) ----------------------------------------------
+def test_remote_experts_by_hand():
+    """Fully resident on GPU 0, no split; layer 0's r least used static experts held and run by GPU 1. A token
+    routes to one of them with chance p = 1 - (1 - q)^k (q their access share); then the hidden state goes
+    over and the partial output back (two hops) while GPU 0 reads the rest: the layer takes
+    (1 - p) t_local + p max(t_local, t_hit), t_hit = 2 hops + their kernel seconds / p."""
+    import dataclasses as dc
+    p = two_gpu("rtx-pro-6000-x2")
+    base = placement(p, "vram", ())
+    r = 3
+    rem = dc.replace(base, remote=(r,) + (0,) * (p.curves.n_layers - 1))
+    cm = CostModel(p)
+    t0, t1 = 1 / cm.predict(base).decode_tok_s, 1 / cm.predict(rem).decode_tok_s
+    E, k = p.curves.n_experts, p.spec.top_k
+    pop = p.curves.pop[0]
+    kern = cm._rank_times["kern"]
+    far = np.arange(E) >= E - r
+    q = float(pop[far].sum())
+    hit = 1 - (1 - q) ** k
+    t_all = k * float(np.dot(pop, kern))
+    t_far = k * float(np.dot(pop * far, kern))
+    t_loc = max(t_all - t_far, 2.0 * k * p.spec.expert_params / cm.flop_rate)
+    hop = cm.hop_seconds(2 * p.spec.hidden, 0, 1)
+    t_hit = 2 * hop + t_far / hit
+    t_layer = (1 - hit) * t_loc + hit * max(t_loc, t_hit)
+    assert t1 - t0 == pytest.approx(t_layer - max(t_all, 2.0 * k * p.spec.expert_params / cm.flop_rate), rel=1e-9)
+    pred = cm.predict(rem)
+    assert pred.bytes_per_token["peer"] == pytest.approx(2 * 2 * p.spec.hidden * hit)
+    fp = footprint(p, rem)
+    moved = float(sum(p.rank_bytes[E - r:]))
+    assert fp.per_gpu_vram[1] == pytest.approx(fp.reserve // 2 + fp.workspace // 2 + moved)
+    assert fp.static_experts == footprint(p, base).static_experts
+
+
+def test_remote_placements_stay_within_the_bound():
+    import dataclasses as dc
+
+    from strata_plan.planner.bound import check_within, physical_bound, ranked_bound
+    for name in ("rtx-pro-6000-x2", "rtx-4090-x2"):
+        p = two_gpu(name)
+        cm = CostModel(p)
+        rng = np.random.default_rng(1)
+        for pl in _random_split_placements(p, 12, seed=2) + [placement(p, "vram", ())]:
+            rem = tuple(int(rng.integers(0, v + 1)) for v in pl.vram)
+            pl = dc.replace(pl, remote=rem, gpu_split=pl.gpu_split if rng.random() < 0.5 else ())
+            b = physical_bound(p, pl)
+            check_within(cm.predict(pl), b, name)
+            assert ranked_bound(p, pl) == pytest.approx((b.decode_tok_s, b.prefill_tok_s), rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def one_layer_two_gpus():
+    """One MoE layer, so no pipeline split can use the second GPU's memory for it: GPU 0 holds 2 experts,
+    GPU 1 has room for 6, the rest comes from pinned RAM; GPUs joined by NVLink."""
+    p = tiny_problem(skews=(0.8,), vram_experts=2.0, ram_experts=8.0, profile="h100-nvl-x2")
+    b, slot = p.budget, p.slot_bytes
+    from strata_plan.planner.capacity import workspace_bytes
+    spare = b.reserve + workspace_bytes(p.spec, p.prefill_chunk) + 6 * slot
+    return p.replace(budget=Budget(b.vram + spare, b.ram, b.nvme, b.reserve, (b.vram, spare)))
+
+
+def test_polish_spills_a_layers_experts_to_the_partner_gpu(one_layer_two_gpus, tmp_path):
+    from strata_plan.planner.bound import physical_bound
+    from strata_plan.planner.plan import Sources, SourceRef, build_plan, load_plan, save_plan
+    from strata_plan.planner.polish import polish
+    from strata_plan.planner.search import search
+    p = one_layer_two_gpus
+    cm = CostModel(p)
+    start = search(p, trials=6, seed=0, polish_evals=0).best.placement
+    assert not any(start.remote)
+    rate = lambda pl: cm.predict(pl).decode_tok_s  # noqa: E731
+    best, score, kept = polish(p, start, rate, 400)
+    assert best.remote and best.remote[0] > 0 and score > rate(start) and footprint(p, best).fits(p.budget)
+    r = search(p, trials=6, seed=0)                  # the search keeps what polish finds
+    assert r.best.prediction.decode_tok_s >= score * (1 - 1e-12)
+    src = Sources(SourceRef("tiny", "0" * 64), SourceRef(p.profile.name, "0" * 64), SourceRef("trace", "0" * 64))
+    assert r.best.placement.remote[0] > 0
+    plan = build_plan(p, r, physical_bound(p, r.best.placement), src, cm)
+    back = load_plan(save_plan(plan, tmp_path / "remote.yaml"))
+    assert back.placement == r.best.placement
+    lay = back.layers[0]
+    assert lay.remote_gpu == 1 and lay.remote == lay.vram[len(lay.vram) - len(lay.remote):]
+    assert back.n_gpus_used == 2            # the engine refuses it (one GPU)
