@@ -482,7 +482,7 @@ def machine_bounds(problem, budgets) -> list[MachineBound | None]:
             p = problem.replace(budget=b)
         except UserError:
             continue
-        below = [m for bb, m in done if bb.vram <= b.vram and bb.ram <= b.ram and bb.nvme <= b.nvme]
+        below = [m for bb, m in done if b.contains(bb)]
         extra = ([max(below, key=lambda m: m.decode_tok_s).decode_placement,
                   max(below, key=lambda m: m.prefill_tok_s).prefill_placement] if below else [])
         out[i] = machine_bound(p, extra=extra)

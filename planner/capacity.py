@@ -44,6 +44,11 @@ class Budget:
     def vram_per_gpu(self) -> tuple[int, ...]:
         return self.gpus or (self.vram,)
 
+    def contains(self, small: "Budget") -> bool:
+        """At least `small` in every tier (and on every GPU)."""
+        gpus = len(self.gpus) == len(small.gpus) and all(x >= y for x, y in zip(self.gpus, small.gpus))
+        return small.vram <= self.vram and small.ram <= self.ram and small.nvme <= self.nvme and gpus
+
     @classmethod
     def from_profile(cls, profile, vram_gb: float | tuple | list | None = None, ram_gb: float | None = None,
                      nvme_gb: float | None = None, reserve: int = RUNTIME_RESERVE, gpus: int | None = None) -> "Budget":

@@ -32,8 +32,10 @@ Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with 
 with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff), touched experts x
 3 hidden moe_intermediate / expansion rate) (rates.py: every touched expert is expanded once a chunk).
 
-The constants that measured runs refine come from the profile's `Calibration`. PLANNER.md has the long
-form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
+Several GPUs (`Placement.gpu_split`, `Placement.remote`): each layer at its GPU's rates over its GPU's link,
+the hidden state's hops at split points and to a partner's remote experts, the host side's concurrent H2D
+(PLANNER.md, "Several GPUs"). The constants that measured runs refine come from the profile's
+`Calibration`. PLANNER.md has the long form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
 """
 from __future__ import annotations
 

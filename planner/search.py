@@ -222,7 +222,7 @@ def sweep_budgets(problem, budgets, trials: int = 200, seed: int = 0, objective:
             p = problem.replace(budget=b)
         except UserError:                          # below the working set
             continue
-        below = [r for bb, r in done if contains(b, bb)]
+        below = [r for bb, r in done if b.contains(bb)]
         start = max(below, key=lambda r: r.best.score) if below else None
         try:
             r = search(p, trials=trials, seed=seed, objective=objective, mix_weight=mix_weight,
@@ -233,12 +233,6 @@ def sweep_budgets(problem, budgets, trials: int = 200, seed: int = 0, objective:
         out[i] = r
         done.append((b, r))
     return out
-
-
-def contains(b, small) -> bool:
-    """Budget `b` holds at least budget `small` in every tier (and on every GPU)."""
-    gpus = len(b.gpus) == len(small.gpus) and all(x >= y for x, y in zip(b.gpus, small.gpus))
-    return small.vram <= b.vram and small.ram <= b.ram and small.nvme <= b.nvme and gpus
 
 
 def search_ladder(problem, trials: int = 200, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
