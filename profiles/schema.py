@@ -419,7 +419,8 @@ def shipped_profiles() -> list[str]:
 def profile_summary(p: HardwareProfile) -> dict:
     """One row of `strata-plan profiles`: GPU, VRAM, pinned H2D and NVMe reads at 16 MiB, RAM."""
     g = p.gpu
-    return {"name": p.name, "gpu": g.name if g else "(none)", "vram_gb": g.vram_gb.value if g else 0,
+    return {"name": p.name, "gpu": (f"{p.n_gpus}x " if p.n_gpus > 1 else "") + g.name if g else "(none)",
+            "vram_gb": g.vram_gb.value if g else 0,
             "h2d_16MiB_gbps": round(g.h2d_pinned.at(16 << 20), 1) if g else 0, "ram_gb": p.host.ram_gb.value,
             "nvme_16MiB_gbps": round(p.nvme[0].rand_read.best(16 << 20)[0], 2) if p.nvme else 0}
 
