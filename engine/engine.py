@@ -65,6 +65,9 @@ class Engine:
         folder = Path(packed)
         if not isinstance(plan, type(None)) and isinstance(plan, (str, Path)):
             plan_path, plan = str(plan), load_plan(plan)
+        if plan.n_gpus_used > 1:
+            raise UserError(plan_path, "gpus", f"a plan over {plan.n_gpus_used} GPUs (a pipeline split); the engine "
+                            "runs one GPU", "plan again for one GPU (strata-plan plan --gpus 1)")
         plan = baseline(plan, options.mode)
         host = host_units(plan, ModelConfig.load(folder), plan_path)     # dense weights kept in pinned RAM
         device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -57,9 +57,10 @@ class Throughput:
         return cls(**cls.fields_of(pred, bound))
 
 
-def link_peaks(profile) -> dict:
-    """Best bandwidth of each link (bytes/s; FLOP/s for compute): the highest point of every curve."""
-    gpu = profile.gpu
+def link_peaks(profile, gpu=None) -> dict:
+    """Best bandwidth of each link (bytes/s; FLOP/s for compute): the highest point of every curve (of `gpu`,
+    default the first)."""
+    gpu = gpu or profile.gpu
     h2d = [v for _, v in gpu.h2d_pinned.points]
     if gpu.h2d_during_kernel is not None:
         h2d += [v for _, v in gpu.h2d_during_kernel.points]
@@ -82,16 +83,10 @@ def _time(amount: dict, peaks: dict) -> tuple[float, str]:
     return times[worst], worst
 
 
-def physical_bound(problem, placement) -> Bound:
-    spec, stats, C = problem.spec, problem.stats, problem.prefill_chunk
-    k, ctx = spec.top_k, problem.context
-    units = problem.dense_units
-    streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
-    dec = {"hbm": float(sum(units) + spec.kv_cache_bytes(ctx)), "compute": float(spec.flops_per_token(ctx)),
-           "pcie": float(streamed) + 2 * spec.hidden, "nvme": 0.0}
-    head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))  # logits: once per chunk
-    pre = {"hbm": float(sum(units)), "pcie": float(streamed), "nvme": 0.0,
-           "compute": float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head)}
+def _layer_bytes(problem, placement):
+    """Per MoE layer l: (l, decode bytes, prefill bytes) on each link (hbm, pcie, nvme), plain loops over the
+    layer's expert ids: the fewest the placement lets the layer move (see the module docstring)."""
+    stats, C, k = problem.stats, problem.prefill_chunk, problem.spec.top_k
     for l, (layer, size) in enumerate(zip(stats.layers, _expert_sizes(problem))):
         order = list(layer.order)
         s, m = placement.vram[l], placement.ram[l]
@@ -102,17 +97,148 @@ def physical_bound(problem, placement) -> Bound:
         big_nvme = max((size[e] for e in nvme), default=0)
         miss = k * sum(layer.popularity[e] * size[e] for e in nonstatic)
         cold = k * sum(layer.popularity[e] * size[e] for e in nvme)
-        dec["hbm"] += k * sum(layer.popularity[e] * size[e] for e in order)
-        dec["pcie"] += max(0.0, miss - removed * big)
-        dec["nvme"] += max(0.0, cold - removed * big_nvme)
         touch = {e: 1.0 - math.exp(-C * k * layer.popularity[e]) for e in order}
-        pre["hbm"] += sum(touch[e] * size[e] for e in order)
-        pre["pcie"] += sum(touch[e] * size[e] for e in nonstatic)
-        pre["nvme"] += sum(touch[e] * size[e] for e in nvme)
+        yield (l, {"hbm": k * sum(layer.popularity[e] * size[e] for e in order),
+                   "pcie": max(0.0, miss - removed * big), "nvme": max(0.0, cold - removed * big_nvme)},
+               {"hbm": sum(touch[e] * size[e] for e in order), "pcie": sum(touch[e] * size[e] for e in nonstatic),
+                "nvme": sum(touch[e] * size[e] for e in nvme)})
+
+
+def physical_bound(problem, placement) -> Bound:
+    if placement.several:
+        return split_bound(problem, placement)
+    spec, C, ctx = problem.spec, problem.prefill_chunk, problem.context
+    units = problem.dense_units
+    streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
+    dec = {"hbm": float(sum(units) + spec.kv_cache_bytes(ctx)), "compute": float(spec.flops_per_token(ctx)),
+           "pcie": float(streamed) + 2 * spec.hidden, "nvme": 0.0}
+    head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))  # logits: once per chunk
+    pre = {"hbm": float(sum(units)), "pcie": float(streamed), "nvme": 0.0,
+           "compute": float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head)}
+    for l, layer_dec, layer_pre in _layer_bytes(problem, placement):
+        for key in ("hbm", "pcie", "nvme"):
+            dec[key] += layer_dec[key]
+            pre[key] += layer_pre[key]
     peaks = link_peaks(problem.profile)
     t_dec, b_dec = _time(dec, peaks)
     t_pre, b_pre = _time(pre, peaks)
     return Bound(1.0 / t_dec if t_dec > 0 else math.inf, C / t_pre if t_pre > 0 else math.inf, b_dec, b_pre, dec, pre)
+
+
+SPLIT_LINKS = ("hbm", "compute", "pcie", "nvme", "peer")
+
+
+def split_bound(problem, placement) -> Bound:
+    """The bound of a pipeline split over several GPUs, from the same bytes per link, each GPU's counted on its
+    own links:
+
+        decode   T >= max( sum_g HBM_g / HBM peak_g,  FLOPs / the fastest GPU's peak,
+                           max_g PCIe_g / best H2D_g,  PCIe / concurrent H2D,  NVMe / best NVMe,  peer / peer peak )
+        prefill  T_chunk >= the same with max_g for HBM (stages of a pipeline may overlap across chunks), FLOPs
+                 over the GPUs' summed peaks
+
+    Decode at batch 1 cannot overlap the GPUs (each token needs the last one's output), so their HBM times
+    add. The hidden state crosses each split point once a token (C tokens' a chunk) over the peer link, or
+    without one lands over the receiving GPU's PCIe link."""
+    spec, G = problem.spec, problem.n_gpus
+    units = problem.dense_units
+    ug = [int(g) for g in placement.unit_gpus()]
+    mg = [ug[i] for i in spec.moe_layers]
+    zero = lambda: [0.0] * G  # noqa: E731
+    dec = {"hbm": zero(), "pcie": zero()}
+    pre = {"hbm": zero(), "pcie": zero()}
+    for i, (u, res) in enumerate(zip(units, placement.dense_resident)):
+        dec["hbm"][ug[i]] += u
+        pre["hbm"][ug[i]] += u
+        if not res:
+            dec["pcie"][ug[i]] += u
+            pre["pcie"][ug[i]] += u
+        if i < spec.n_layers:
+            dec["hbm"][ug[i]] += problem.layer_kv_bytes[i]
+    dec["pcie"][ug[0]] += 2 * spec.hidden
+    nvme_dec = nvme_pre = 0.0
+    for l, layer_dec, layer_pre in _layer_bytes(problem, placement):
+        for a, b in ((dec, layer_dec), (pre, layer_pre)):
+            a["hbm"][mg[l]] += b["hbm"]
+            a["pcie"][mg[l]] += b["pcie"]
+        nvme_dec += layer_dec["nvme"]
+        nvme_pre += layer_pre["nvme"]
+    remote = []
+    k = spec.top_k
+    for l, (layer, size) in enumerate(zip(problem.stats.layers, _expert_sizes(problem))):
+        r, v = (placement.remote[l] if placement.remote else 0), placement.vram[l]
+        if r:
+            order = list(layer.order)
+            ids = order[v - r:v]
+            far = k * sum(layer.popularity[e] * size[e] for e in ids)
+            near = k * sum(layer.popularity[e] * size[e] for e in order) - far
+            q = min(sum(layer.popularity[e] for e in ids), 1.0)
+            remote.append((mg[l], placement.partner(mg[l], G), near, far, 1.0 - (1.0 - q) ** k))
+    return _split_result(problem, ug, dec, pre, nvme_dec, nvme_pre, remote)
+
+
+def _split_result(problem, ug: list[int], dec: dict, pre: dict, nvme_dec: float, nvme_pre: float,
+                  remote: list = ()) -> Bound:
+    """`split_bound`'s times from the bytes per GPU (`dec`/`pre`: hbm and pcie lists, one entry a GPU) and the
+    NVMe bytes; adds the hidden state's crossings of the split points of `ug` (the GPU of each dense unit) and
+    to the partners of remote experts. `remote`: per MoE layer with remote experts (its GPU a, the partner b,
+    its local and remote routed HBM bytes a token, the chance p a token routes to a remote expert): at
+    decode the two GPUs read the layer's experts side by side, `max(local / peak_a, remote / peak_b)` in place
+    of `(local + remote) / peak_a`, and the state crosses twice with chance p (a prefill chunk: always)."""
+    spec, C, G, ctx = problem.spec, problem.prefill_chunk, problem.n_gpus, problem.context
+    n = len(ug)
+    cross = [i + 1 for i in range(n - 1) if ug[i] != ug[i + 1]]       # the dense unit each crossing lands at
+    tokens = [C if b < n - 1 else 1 for b in cross]                   # prefill: a chunk's states, the head one
+    peer = problem.profile.peer
+    hop_dec, hop_pre = 2.0 * spec.hidden * len(cross), 2.0 * spec.hidden * sum(tokens)
+    dec, pre = {k: list(v) for k, v in dec.items()}, {k: list(v) for k, v in pre.items()}
+    row = 2.0 * spec.hidden
+    hop_dec += sum(2 * row * p for *_, p in remote)
+    hop_pre += 2 * row * C * len(remote)
+    if peer.kind == "none":                          # through host memory: lands over the next GPU's link
+        for b, c in zip(cross, tokens):
+            dec["pcie"][ug[b]] += row
+            pre["pcie"][ug[b]] += row * c
+        for a, b, _, _, p in remote:
+            for g in (a, b):
+                dec["pcie"][g] += row * p
+                pre["pcie"][g] += row * C
+    peaks = [link_peaks(problem.profile, gpu) for gpu in problem.gpus]
+    host = problem.profile.concurrent_h2d().value * 1e9
+    key = ("split_bound_flops", ctx, C)             # FLOPs a token / a chunk, once per problem
+    if key not in problem.__dict__:
+        head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))
+        problem.__dict__[key] = (float(spec.flops_per_token(ctx)),
+                                 float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head))
+    flops_dec, flops_pre = problem.__dict__[key]
+
+    def over(x, r):
+        return (x / r if r > 0 else math.inf) if x > 0 else 0.0
+
+    def side_by_side() -> float:                    # decode: the remote experts' reads beside the local ones
+        return sum(max(over(lo, peaks[a]["hbm"]), over(re, peaks[b]["hbm"])) - over(lo + re, peaks[a]["hbm"])
+                   for a, b, lo, re, _ in remote)
+    used = sorted(set(ug) | {b for _, b, *_ in remote})
+
+    def times(a, nvme_bytes, hop, flops, prefill):
+        hbm = [over(a["hbm"][g], peaks[g]["hbm"]) for g in used]
+        pcie = [over(a["pcie"][g], peaks[g]["pcie"]) for g in used]
+        return {"hbm": max(hbm) if prefill else sum(hbm) + side_by_side(),
+                "compute": over(flops, sum(peaks[g]["compute"] for g in used) if prefill
+                                else max(peaks[g]["compute"] for g in used)),
+                "pcie": max(max(pcie), over(sum(a["pcie"]), host) if len(used) > 1 else 0.0),
+                "nvme": over(nvme_bytes, peaks[0]["nvme"]),
+                "peer": over(hop, peer.gbps.value * 1e9) if peer.kind != "none" else 0.0}
+
+    def amounts(a, nvme_bytes, hop, flops):
+        return {"hbm": float(sum(a["hbm"])), "compute": flops, "pcie": float(sum(a["pcie"])), "nvme": nvme_bytes,
+                "peer": hop, **{f"{key}_gpu{g}": float(a[key][g]) for key in ("hbm", "pcie") for g in range(G)}}
+
+    td = times(dec, nvme_dec, hop_dec, flops_dec, False)
+    tp = times(pre, nvme_pre, hop_pre, flops_pre, True)
+    b_dec, b_pre = max(SPLIT_LINKS, key=td.get), max(SPLIT_LINKS, key=tp.get)
+    return Bound(1.0 / td[b_dec] if td[b_dec] > 0 else math.inf, C / tp[b_pre] if tp[b_pre] > 0 else math.inf,
+                 b_dec, b_pre, amounts(dec, nvme_dec, hop_dec, flops_dec), amounts(pre, nvme_pre, hop_pre, flops_pre))
 
 
 def check_within(prediction, bound: Bound, where: str = "") -> None:
@@ -211,6 +337,8 @@ def machine_placements(problem) -> list:
     dense units save PCIe bytes): a grid of MACHINE_DENSE_GRID counts up to the most that fit, then halving
     steps around the best count for decode and for prefill (`ranked_bound`). Only placements that fit."""
     from strata_plan.planner.placement import Knobs, allocate
+    if problem.n_gpus > 1:
+        return _split_machine_placements(problem)
     hot = hottest_placement(problem)
     n, most = len(hot.dense_resident), sum(hot.dense_resident)
     seen: dict[int, list] = {}
@@ -240,6 +368,37 @@ def machine_placements(problem) -> list:
     return [hot] + [p for c in sorted(seen, reverse=True) for p, _ in seen[c]]
 
 
+MACHINE_SPLIT_DENSE = 9          # dense shares of the split candidates (0, 1/8, ..., 1)
+
+
+def first_gpu_problem(problem):
+    """The same problem on the first GPU alone with its budget (None when the working set does not fit it):
+    its placements are the several-GPU problem's placements without a split, predicted the same."""
+    from strata_plan.errors import UserError
+    from strata_plan.planner.capacity import Budget
+    b = problem.budget
+    try:
+        return problem.replace(profile=problem.profile.first_gpus(1), budget=Budget(b.gpus[0], b.ram, b.nvme, b.reserve))
+    except UserError:
+        return None
+
+
+def _split_machine_placements(problem) -> list:
+    """Several GPUs: the first GPU's own candidates (no split), and the allocator's water-fill over an even
+    pipeline split (each GPU filling its own budget) on a grid of dense shares, cache weights and skews."""
+    from strata_plan.planner.placement import Knobs, allocate
+    one = first_gpu_problem(problem)
+    out = machine_placements(one) if one is not None else []
+    share = 1.0 / problem.n_gpus
+    for i in range(MACHINE_SPLIT_DENSE):
+        for bias in MACHINE_CACHE_BIAS:
+            for w in MACHINE_SKEW:
+                a = allocate(problem, Knobs(i / (MACHINE_SPLIT_DENSE - 1), bias, w, 0, share))
+                if a.footprint.fits(problem.budget):
+                    out.append(a.placement)
+    return out
+
+
 def ranked_bound(problem, placement) -> tuple[float, float]:
     """(decode, prefill) tok/s of `physical_bound` computed in rank space with numpy: the same bytes and
     peaks, to rank many candidate placements quickly (a test holds it to `physical_bound`)."""
@@ -266,6 +425,29 @@ def ranked_bound(problem, placement) -> tuple[float, float]:
     pre = {"hbm": float(sum(units)) + float(touch.sum()), "pcie": streamed + float((touch * nonstatic).sum()),
            "nvme": float((touch * nvme).sum()),
            "compute": float(C * (spec.flops_per_token(max(1, problem.context // 2)) - head) + head)}
+    if placement.several:                   # the same bytes per GPU, through split_bound's times
+        ug = placement.unit_gpus()
+        mg, G = ug[np.asarray(spec.moe_layers, dtype=np.int64)], problem.n_gpus
+        res = np.array(placement.dense_resident)
+        kv = list(problem.layer_kv_bytes) + [0]
+        per = lambda w, idx: np.bincount(idx, weights=w, minlength=G).tolist()  # noqa: E731
+        u = np.array(units, dtype=float)
+        d = {"hbm": per(u + np.array(kv, float), ug), "pcie": per(u * ~res, ug)}
+        d = {key: [a + b for a, b in zip(d[key], per(x, mg))] for key, x in
+             (("hbm", k * (pop * rb).sum(axis=1)), ("pcie", np.maximum(0.0, miss - removed * big)))}
+        d["pcie"][int(ug[0])] += 2 * spec.hidden
+        pr = {"hbm": [a + b for a, b in zip(per(u, ug), per(touch.sum(axis=1), mg))],
+              "pcie": [a + b for a, b in zip(per(u * ~res, ug), per((touch * nonstatic).sum(axis=1), mg))]}
+        rem = placement.remote_counts
+        v = np.array(placement.vram, dtype=np.int64)
+        mask = (ranks >= (v - rem)[:, None]) & (ranks < v[:, None])
+        q = (pop * mask).sum(axis=1)
+        rbytes = k * (pop * rb * mask).sum(axis=1)
+        lbytes = k * (pop * rb).sum(axis=1) - rbytes
+        remote = [(int(mg[j]), placement.partner(int(mg[j]), G), float(lbytes[j]), float(rbytes[j]),
+                   1.0 - (1.0 - min(float(q[j]), 1.0)) ** k) for j in np.flatnonzero(rem > 0)]
+        b = _split_result(problem, [int(g) for g in ug], d, pr, dec["nvme"], pre["nvme"], remote)
+        return (b.decode_tok_s, b.prefill_tok_s)
     peaks = link_peaks(problem.profile)
     t_dec, _ = _time(dec, peaks)
     t_pre, _ = _time(pre, peaks)
@@ -300,7 +482,7 @@ def machine_bounds(problem, budgets) -> list[MachineBound | None]:
             p = problem.replace(budget=b)
         except UserError:
             continue
-        below = [m for bb, m in done if bb.vram <= b.vram and bb.ram <= b.ram and bb.nvme <= b.nvme]
+        below = [m for bb, m in done if b.contains(bb)]
         extra = ([max(below, key=lambda m: m.decode_tok_s).decode_placement,
                   max(below, key=lambda m: m.prefill_tok_s).prefill_placement] if below else [])
         out[i] = machine_bound(p, extra=extra)

@@ -32,8 +32,10 @@ Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with 
 with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff), touched experts x
 3 hidden moe_intermediate / expansion rate) (rates.py: every touched expert is expanded once a chunk).
 
-The constants that measured runs refine come from the profile's `Calibration`. PLANNER.md has the long
-form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
+Several GPUs (`Placement.gpu_split`, `Placement.remote`): each layer at its GPU's rates over its GPU's link,
+the hidden state's hops at split points and to a partner's remote experts, the host side's concurrent H2D
+(PLANNER.md, "Several GPUs"). The constants that measured runs refine come from the profile's
+`Calibration`. PLANNER.md has the long form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
 """
 from __future__ import annotations
 
@@ -47,6 +49,11 @@ from strata_plan.planner.rates import decode_rates, expansion_rate
 from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
 RESOURCES = ("pcie", "nvme", "hbm", "compute", "overhead")
+
+
+def plateau(curve) -> float:
+    """Bytes/s at a curve's best point (a large transfer)."""
+    return max(v for _, v in curve.points) * 1e9
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,12 @@ class Prediction:
     nvme_share: float           # ... from NVMe
 
 
+def hops(ug: np.ndarray) -> int:
+    """Split points the hidden state crosses: consecutive dense units (decoder layers, then the head) on
+    different GPUs."""
+    return int(np.count_nonzero(np.diff(ug)))
+
+
 def _cumrows(x: np.ndarray) -> np.ndarray:
     """[L, E] -> [L, E+1] prefix sums along ranks, starting at 0."""
     out = np.zeros((x.shape[0], x.shape[1] + 1))
@@ -76,6 +89,7 @@ def _cumrows(x: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class CostModel:
     problem: object     # planner.problem.Problem
+    gpu_index: int = 0  # the GPU whose rates this model reads (several GPUs: `predict` asks each GPU's model)
     _memo: dict = field(default_factory=dict, repr=False)    # NVMe read shapes and tables per in-flight count
 
     # ---- machine rates (bytes/s, FLOP/s, s) ------------------------------------------------------
@@ -85,7 +99,27 @@ class CostModel:
 
     @property
     def gpu(self):
-        return self.problem.profile.gpu
+        return self.problem.profile.gpus[self.gpu_index]
+
+    def gpu_model(self, g: int) -> "CostModel":
+        """The cost model reading GPU g's rates (the same problem)."""
+        if g == self.gpu_index:
+            return self
+        key = ("gpu", g)
+        if key not in self._memo:
+            self._memo[key] = CostModel(self.problem, g)
+        return self._memo[key]
+
+    def hop_seconds(self, nbytes: float, a: int, b: int) -> float:
+        """Seconds to move `nbytes` of hidden state from GPU a to GPU b: over the peer link (its latency plus
+        bytes over its rate), or without one through pinned host memory (D2H on a, then H2D on b, each a
+        latency plus bytes over the curve's plateau)."""
+        peer = self.problem.profile.peer
+        lat = peer.latency.value * 1e-6
+        if peer.kind != "none":
+            return lat + nbytes / (peer.gbps.value * 1e9)
+        ga, gb = self.problem.profile.gpus[a], self.problem.profile.gpus[b]
+        return 2 * lat + nbytes / plateau(ga.d2h_pinned) + nbytes / plateau(gb.h2d_pinned)
 
     @cached_property
     def hbm_rate(self) -> float:
@@ -126,7 +160,7 @@ class CostModel:
 
     @cached_property
     def _decode_rates(self) -> dict:
-        return decode_rates(self.problem)
+        return decode_rates(self.problem, self.gpu)
 
     def kernel_rate(self, fmt: str) -> float:
         """Bytes/s the fused MoE decode call streams a packed format from VRAM (rates.decode_rates)."""
@@ -135,7 +169,7 @@ class CostModel:
     @cached_property
     def expansion_rate(self) -> float:
         """Weights/s the fused MoE prefill call expands packed experts at (rates.expansion_rate)."""
-        return expansion_rate(self.problem).value
+        return expansion_rate(self.problem, self.gpu).value
 
     def nvme_reads(self, in_flight: int) -> dict[str, ExpertRead]:
         """Per format: how the store reads it with `in_flight` experts outstanding (reads.expert_read)."""
@@ -272,10 +306,22 @@ class CostModel:
                 "cold_counts": np.array([beyond(mask) for mask in self._format_masks]),   # [F, L] NVMe misses
                 "ram_share": between(1.0) / k, "nvme_share": beyond(1.0) / k}
 
+    def _by_layer(self, placement, what) -> dict:
+        """`what(model)` -> dict of [..., L] arrays over MoE layers, each layer's entry from the model of its GPU."""
+        mg = placement.moe_gpus(self.problem.spec.moe_layers)
+        used = sorted(set(int(g) for g in mg))
+        out = what(self.gpu_model(used[0]))
+        for g in used[1:]:
+            other = what(self.gpu_model(g))
+            out = {k: np.where(mg == g, other[k], v) for k, v in out.items()}
+        return out
+
     def predict(self, placement) -> Prediction:
         p, cur, tb = self.problem, self.problem.curves, self._tables
         spec, k = p.spec, cur.top_k
-        x = self._misses(placement)
+        split = placement.several
+        ug = placement.unit_gpus()
+        x = self._by_layer(placement, lambda m: m._misses(placement)) if split else self._misses(placement)
         depth = placement.prefetch_depth
         recall, precision = cur.lookahead(depth)
         R = np.where(np.arange(cur.n_layers) >= depth, recall, 0.0)   # layers j < d have no source layer
@@ -284,30 +330,47 @@ class CostModel:
         fill = (1 - R) * np.where(x["n_cold"] >= 1.0, x["fg_cold"] / np.maximum(x["n_cold"], 1.0), x["fg_cold"])
         pre_p = R * (1 + waste) * (x["bg_warm"] + x["bg_cold"])
         pre_n = self._cold_batch(R * (1 + waste) * x["cold_counts"])
-        t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
+        if split:
+            kern = self._by_layer(placement, lambda m: {"kern": m._tables["kern"],
+                                                        "flop": np.full(cur.n_layers, m.flop_rate)})
+            remote = self._remote(placement)
+            t_exp = np.maximum(k * kern["kern"] - remote["kern_local"], 2.0 * k * spec.expert_params / kern["flop"])
+            t_peer = (1 - remote["p"]) * t_exp + remote["p"] * np.maximum(t_exp, remote["t_hit"]) - t_exp
+        else:
+            t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
+            t_peer = None
+
         n = x["n_miss"]                                                    # [L] experts fetched a token
         one = np.where(n > 0, (x["fg_warm"] + x["fg_cold"]) / np.maximum(n, 1e-30), 0.0)   # one's link time
         host_dem = (1 - R) * n * self.host_fetch + np.minimum(1.0, (1 - R) * n) * one
         host_pre = R * (1 + waste) * n * self.host_fetch
 
-        dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre)
+        dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
+                                           t_peer)
         streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
-        link_p = float(np.sum(dem_p + pre_p)) + sum(self._stream_time(u) for u in streamed) + row / self.h2d(row)
         link_n = float(np.sum(dem_n + pre_n))
+        warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
+        wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
+        if split:
+            links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste, remote["p"])
+            dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
+            link_p = max(max(links), host)
+        else:
+            link_p = float(np.sum(dem_p + pre_p)) + sum(self._stream_time(u) for u in streamed) + row / self.h2d(row)
         T = max(t, link_p, link_n)
         dec_seconds.update(pcie_link=link_p, nvme_link=link_n, token=T)
         if T > t:
             dec_binding = "pcie" if link_p >= link_n else "nvme"
         else:
-            dec_binding = max(RESOURCES, key=lambda r: dec_seconds[r])
+            dec_binding = max(RESOURCES + (("peer",) if split else ()), key=lambda r: dec_seconds[r])
 
-        warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
         ram = warm + sum(streamed) + row
-        wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
         dense_res = sum(u for u, res in zip(p.dense_units, placement.dense_resident) if res)
         bpt = {"vram": float(k * tb["bytes"].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
                "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted}
+        if split:
+            bpt["peer"] = float(hops(ug) * row + 2 * row * remote["p"].sum())  # split points, remote experts
         s, m, _ = placement.arrays
         pre_tok_s, pre_binding, pre_seconds, bpc = self._prefill(placement, s, s + m)
         plain = lambda d: {key: float(v) for key, v in d.items()}  # noqa: E731
@@ -315,36 +378,122 @@ class CostModel:
                           plain(pre_seconds), plain(bpt), plain(bpc), float(np.mean(x["hit"])),
                           float(np.mean(x["ram_share"])), float(np.mean(x["nvme_share"])))
 
-    def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre) -> tuple[dict, float]:
-        """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource.
+    def _remote(self, placement) -> dict:
+        """[L] terms of the static experts a partner GPU holds (`Placement.remote`): `p` the chance a token routes
+        to at least one of them (1 - (1 - q)^k, q their access share), `kern_local` the kernel seconds they take
+        off the layer's own GPU, `t_hit` the seconds when hit: the hidden state to the partner, its kernel over
+        them (their bytes per token / p), the partial output back. The layer then takes
+        (1 - p) t_local + p max(t_local, t_hit); the excess over t_local is charged to `peer`."""
+        p, k = self.problem, self.problem.spec.top_k
+        pop = p.curves.pop
+        L, E = pop.shape
+        rem, v = placement.remote_counts, np.array(placement.vram, dtype=np.int64)
+        mg = placement.moe_gpus(p.spec.moe_layers)
+        ranks = np.arange(E)[None, :]
+        mask = (ranks >= (v - rem)[:, None]) & (ranks < v[:, None])            # [L, E] remote static ranks
+        q = (pop * mask).sum(axis=1)
+        hit = np.where(rem > 0, 1.0 - (1.0 - np.minimum(q, 1.0)) ** k, 0.0)
+        out = {"p": hit, "kern_local": np.zeros(L), "t_hit": np.zeros(L)}
+        row = 2 * p.spec.hidden
+        for j in np.flatnonzero(rem > 0):
+            a = int(mg[j])
+            b = placement.partner(a, p.n_gpus)
+            ka, kb = self.gpu_model(a)._rank_times["kern"], self.gpu_model(b)._rank_times["kern"]
+            out["kern_local"][j] = k * float(np.sum(pop[j] * mask[j] * ka))
+            remote_kern = k * float(np.sum(pop[j] * mask[j] * kb))
+            out["t_hit"][j] = (self.hop_seconds(row, a, b) + remote_kern / max(hit[j], 1e-300)
+                               + self.hop_seconds(row, b, a))
+        return out
+
+    def _link_busy(self, placement, ug, moe_link, row, x, R, waste, remote_p) -> tuple[list[float], float]:
+        """Several GPUs: each GPU's H2D link busy seconds a token (its MoE layers' fetches, its streamed dense
+        units, the embedding row on the first GPU, the hidden state arriving through host memory where there is
+        no peer link), and the host side's: every byte over PCIe a token, to all GPUs, over the profile's
+        concurrent H2D (only when two or more GPUs hold layers)."""
+        p = self.problem
+        units, G = p.dense_units, p.n_gpus
+        mg = ug[np.asarray(p.spec.moe_layers, dtype=np.int64)]
+        links = [float(np.sum(np.where(mg == g, moe_link, 0.0))) for g in range(G)]
+        total = float(np.sum((1 + R * waste) * (x["warm_bytes"] + x["cold_bytes"])))
+        for i, (u, res) in enumerate(zip(units, placement.dense_resident)):
+            if not res:
+                links[ug[i]] += self.gpu_model(int(ug[i]))._stream_time(u)
+                total += u
+        links[ug[0]] += row / self.gpu_model(int(ug[0])).h2d(row)
+        total += row
+        if p.profile.peer.kind == "none":                  # the hidden state's H2D half at each split point
+            for i in np.flatnonzero(np.diff(ug)):
+                b = int(ug[i + 1])
+                links[b] += row / plateau(p.profile.gpus[b].h2d_pinned)
+                total += row
+            for j in np.flatnonzero(remote_p > 0):         # ... and both ways to a remote experts' partner
+                a = int(mg[j])
+                for g in (a, placement.partner(a, G)):
+                    links[g] += remote_p[j] * row / plateau(p.profile.gpus[g].h2d_pinned)
+                    total += remote_p[j] * row
+        used = set(int(g) for g in ug) | {placement.partner(int(mg[j]), G) for j in np.flatnonzero(remote_p > 0)}
+        host = total / (p.profile.concurrent_h2d().value * 1e9) if len(used) > 1 else 0.0
+        return links, host
+
+    def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
+                     t_peer=None) -> tuple[dict, float]:
+        """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource. With
+        a pipeline split each layer runs at its GPU's rates, each GPU streams its own dense units over its own
+        link (double buffered), and the hidden state crosses to the next GPU at each split point.
         host_dem [L]: the host issuing a MoE layer's demand fetches, until the last one's copy lands (the stall
         when the host is slower than the link); host_pre [L]: the host issuing the layer's prefetches (the
         engine gives hints on its main thread, at the round trip: serial with everything else it does)."""
         spec, lay = self.problem.spec, self._layers
-        t_hbm = (lay["dense"] + lay["kv"]) / self.hbm_rate
-        t_fl = lay["flops_dec"] / self.flop_rate
-        t_fl_exp = 2.0 * spec.top_k * spec.expert_params / self.flop_rate
+        ug = placement.unit_gpus()
+        split = placement.several
+        models = [self.gpu_model(int(g)) for g in ug]        # per dense unit
+        if split:
+            t_hbm = (lay["dense"] + lay["kv"]) / np.array([m.hbm_rate for m in models[:-1]])
+            t_fl = lay["flops_dec"] / np.array([m.flop_rate for m in models[:-1]])
+        else:
+            t_hbm = (lay["dense"] + lay["kv"]) / self.hbm_rate
+            t_fl = lay["flops_dec"] / self.flop_rate
         sec = dict.fromkeys(RESOURCES, 0.0)
         sec["round_trip"] = 0.0                            # of "overhead": the MoE layers' host round trips
         sec["host_fetch"] = 0.0                            # of "overhead": issuing fetches, beyond the links' time
+        if split:
+            sec["peer"] = 0.0
         depth = placement.prefetch_depth
         units = self.problem.dense_units
-        t, link_free = 0.0, 0.0
-        finish: list[float] = []          # per decoder layer
+        t = 0.0
+        link_free = [0.0] * self.problem.n_gpus
+        finish: list[list[float]] = [[] for _ in range(self.problem.n_gpus)]   # per GPU, its decoder layers'
         moe_done: list[float] = []        # per MoE layer: when its output (the lookahead source) exists
         moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
+        hop = 2 * spec.hidden
+
+        def cross(a: int, b: int) -> None:                 # a split point: the hidden state moves on
+            nonlocal t
+            h = self.hop_seconds(hop, a, b)
+            sec["peer"] += h
+            t += h
+
+        def stream(g: int, i: int) -> None:                # double buffer: the slot frees when the GPU's
+            nonlocal t                                     # unit two before ends
+            done = finish[g]
+            start = max(link_free[g], done[-2] if len(done) >= 2 else 0.0)
+            link_free[g] = start + models[i]._stream_time(units[i])
+            if link_free[g] > t:
+                sec["pcie"] += link_free[g] - t
+                t = link_free[g]
+
         for i in range(spec.n_layers):
-            if not placement.dense_resident[i]:        # double buffer: the slot frees when layer i-2 ends
-                start = max(link_free, finish[i - 2] if i >= 2 else 0.0)
-                link_free = start + self._stream_time(units[i])
-                if link_free > t:
-                    sec["pcie"] += link_free - t
-                    t = link_free
+            g = int(ug[i])
+            if i and g != ug[i - 1]:
+                cross(int(ug[i - 1]), g)
+            if not placement.dense_resident[i]:
+                stream(g, i)
             sec["overhead"] += self.overhead
             sec["hbm" if t_hbm[i] >= t_fl[i] else "compute"] += max(t_hbm[i], t_fl[i])
             t += self.overhead + max(t_hbm[i], t_fl[i])
             j = moe_index.get(i)
             if j is not None:
+                t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
                 sec["overhead"] += self.round_trip         # the router's ids reach the host: demand copies
                 sec["round_trip"] += self.round_trip       # can only be issued after it
                 t += self.round_trip
@@ -362,15 +511,17 @@ class CostModel:
                         t = ready
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
                 t += t_exp[j]
+                if t_peer is not None:                      # remote experts on the partner GPU (_remote)
+                    sec["peer"] += t_peer[j]
+                    t += t_peer[j]
                 moe_done.append(t)
-            finish.append(t)
+            finish[g].append(t)
+        g, head = int(ug[-1]), models[-1]
+        if g != ug[-2]:                                    # the head alone on the next GPU
+            cross(int(ug[-2]), g)
         if not placement.dense_resident[-1]:            # lm_head
-            start = max(link_free, finish[-2] if len(finish) >= 2 else 0.0)
-            link_free = start + self._stream_time(units[-1])
-            if link_free > t:
-                sec["pcie"] += link_free - t
-                t = link_free
-        t_lm_hbm, t_lm_fl = units[-1] / self.hbm_rate, 2.0 * self.problem.head_params / self.flop_rate
+            stream(g, len(units) - 1)
+        t_lm_hbm, t_lm_fl = units[-1] / head.hbm_rate, 2.0 * self.problem.head_params / head.flop_rate
         sec["hbm" if t_lm_hbm >= t_lm_fl else "compute"] += max(t_lm_hbm, t_lm_fl)
         return sec, t + max(t_lm_hbm, t_lm_fl)
 
@@ -382,35 +533,57 @@ class CostModel:
         touched = tb["t_bytes"][:, E]
         warm = tb["t_bytes"][rows, b] - tb["t_bytes"][rows, s]
         cold = touched - tb["t_bytes"][rows, b]
-        pcie = tb["t_bg"][:, E] - tb["t_bg"][rows, s]
+        by_gpu = lambda m: {"pcie": m._tables["t_bg"][:, E] - m._tables["t_bg"][rows, s],   # noqa: E731
+                            "expand": tb["t_count"][:, E] * spec.expert_params / m.expansion_rate}
+        per = self._by_layer(placement, by_gpu) if placement.several else by_gpu(self)
+        pcie, expand = per["pcie"], per["expand"]          # expand: [L] s, every touched expert once
         tn = self._nvme_table(self.prefill_in_flight(placement.prefetch_depth))
         nvme = tn[:, E] - tn[rows, b]
-        expand = tb["t_count"][:, E] * spec.expert_params / self.expansion_rate    # [L] s: touched experts, once
         sec = dict.fromkeys(RESOURCES, 0.0)
+        ug = placement.unit_gpus()
+        models = [self.gpu_model(int(g)) for g in ug]
+        if placement.several:
+            sec["peer"] = 0.0
         moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
+        rem = placement.remote_counts
         units = p.dense_units
         T = 0.0
         for i in range(spec.n_layers):
-            j = moe_index.get(i)
+            j, m = moe_index.get(i), models[i]
+            if i and ug[i] != ug[i - 1]:                   # a split point: the chunk's hidden states move on
+                h = self.hop_seconds(C * 2 * spec.hidden, int(ug[i - 1]), int(ug[i]))
+                sec["peer"] += h
+                T += h
             w_bytes = lay["dense"][i] + (touched[j] if j is not None else 0.0)
             flops = C * (lay["flops_pre"][i] + (2 * k * spec.expert_params if j is not None else 0.0))
-            parts = {"compute": max(flops / self.flop_rate, expand[j] if j is not None else 0.0),
-                     "hbm": w_bytes / self.hbm_rate,
+            parts = {"compute": max(flops / m.flop_rate, expand[j] if j is not None else 0.0),
+                     "hbm": w_bytes / m.hbm_rate,
                      "pcie": (pcie[j] if j is not None else 0.0)
-                     + (0.0 if placement.dense_resident[i] else self._stream_time(units[i])),
+                     + (0.0 if placement.dense_resident[i] else m._stream_time(units[i])),
                      "nvme": nvme[j] if j is not None else 0.0}
             worst = max(parts, key=parts.get)
             sec[worst] += parts[worst]
             host = self.overhead + (self.round_trip if j is not None else 0.0)   # a MoE layer's fetches wait
             sec["overhead"] += host                                               # for its router's ids
             T += parts[worst] + host
-        lm = max(units[-1] / self.hbm_rate, 2.0 * p.head_params / self.flop_rate,
-                 0.0 if placement.dense_resident[-1] else self._stream_time(units[-1]))
+            if j is not None and rem[j]:     # remote experts: the chunk's states to the partner and its output back
+                a = int(ug[i])
+                b = placement.partner(a, p.n_gpus)
+                h = self.hop_seconds(C * 2 * spec.hidden, a, b) + self.hop_seconds(C * 2 * spec.hidden, b, a)
+                sec["peer"] += h
+                T += h
+        head = models[-1]
+        if ug[-1] != ug[-2]:                               # the head alone on the next GPU: one token's state
+            h = self.hop_seconds(2 * spec.hidden, int(ug[-2]), int(ug[-1]))
+            sec["peer"] += h
+            T += h
+        lm = max(units[-1] / head.hbm_rate, 2.0 * p.head_params / head.flop_rate,
+                 0.0 if placement.dense_resident[-1] else head._stream_time(units[-1]))
         sec["pcie" if not placement.dense_resident[-1] else "hbm"] += lm
         T += lm
         sec["chunk"] = T
         streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
         bpc = {"vram": float(np.sum(touched - warm - cold)), "ram": float(warm.sum()) + streamed,
                "nvme": float(cold.sum())}
-        binding = max(RESOURCES, key=lambda r: sec[r])
+        binding = max(RESOURCES + (("peer",) if placement.several else ()), key=lambda r: sec[r])
         return C / T, binding, sec, bpc

@@ -21,7 +21,7 @@ pinned H2D: Gen4 x16 as measured on RTX 4090 and A100 (23.9-26.2 GB/s, hardware-
 
 @dataclass(frozen=True)
 class EstimatedInput:
-    link: str               # the resource it sets: nvme, pcie, hbm, compute, overhead
+    link: str               # the resource it sets: nvme, pcie, hbm, compute, overhead, peer (several GPUs)
     name: str
     value: str
     source: str
@@ -39,6 +39,15 @@ def estimated_inputs(problem) -> list[EstimatedInput]:
     if gpu.h2d_pinned.provenance == "estimate":
         c = gpu.h2d_pinned
         out.append(EstimatedInput("pcie", "pinned H2D", f"best {max(v for _, v in c.points):.3g} GB/s", c.source))
+    if problem.n_gpus > 1:                  # several GPUs: the host side's concurrent H2D, the peer link
+        host = prof.concurrent_h2d()
+        if host.provenance == "estimate":
+            out.append(EstimatedInput("pcie", "concurrent H2D to all GPUs", f"{host.value:.3g} GB/s", host.source))
+        peer = prof.peer
+        for fig, what in ((peer.gbps, "peer link"), (peer.latency, "peer latency")):
+            if fig is not None and fig.provenance == "estimate":
+                unit = "GB/s" if what == "peer link" else "us"
+                out.append(EstimatedInput("peer", f"{what} ({peer.kind})", f"{fig.value:g} {unit}", fig.source))
     rates = decode_rates(problem)
     est = [f for f, r in rates.items() if r.estimated]
     if est:

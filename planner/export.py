@@ -14,6 +14,11 @@ So a plan, which places single experts in VRAM, pinned RAM or NVMe, exports laye
     prefixes the one whose own prediction scores best on the plan's objective;
   * CPU layers' experts are split between RAM and NVMe by popularity, as a page cache would keep them.
 
+A plan over several GPUs keeps its pipeline split: `--tensor-split` gives each GPU its share of the decoder
+layers (llama.cpp's default `--split-mode layer` places whole layers by those proportions), and each GPU's
+chosen MoE layers go to its own buffer (`-ot ...=CUDA0`, `-ot ...=CUDA1`); the knapsack then fills each
+GPU's VRAM budget with its own layers.
+
 That layer-granular placement is predicted again with the cost model and reported beside the plan's own
 per-expert prediction; the plan's own per-layer majority (more than half of a layer's experts static in
 VRAM) only explains, in the notes, which layers moved. The cost model predicts strata-plan's engine running it (CPU-held experts copied to the GPU
@@ -57,6 +62,7 @@ class LayerChoice:
     nvme: int
     cache_slots: int
     on_gpu: bool               # the export's choice
+    gpu: int = 0               # the GPU holding the layer (a plan over several GPUs: its pipeline split)
 
     @property
     def n_experts(self) -> int:
@@ -93,6 +99,11 @@ class LlamaCppExport:
     cpu_bound_decode_tok_s: float | None   # llama.cpp computes CPU experts: host RAM bandwidth bounds decode
     streamed_dense_bytes: int          # dense weights the plan streams from RAM; -ngl 999 keeps them in VRAM
     notes: tuple[str, ...]             # what per-expert detail the export loses, and why
+    tensor_split: tuple[int, ...] = ()     # several GPUs: decoder layers on each (llama.cpp --tensor-split)
+
+    def buffer(self, g: int) -> str:
+        """GPU g's buffer type: `gpu_buffer` with its device number replaced (CUDA0 -> CUDA1)."""
+        return self.gpu_buffer if not self.tensor_split else self.gpu_buffer.rstrip("0123456789") + str(g)
 
     @property
     def gpu_layers(self) -> tuple[int, ...]:
@@ -110,7 +121,9 @@ class LlamaCppExport:
     def override_args(self) -> tuple[str, ...]:
         """`-ot REGEX=BUFFER` pairs naming every MoE layer exactly once (GPU layers first)."""
         out: list[str] = []
-        for layers, buffer in ((self.gpu_layers, self.gpu_buffer), (self.cpu_layers, CPU_BUFFER)):
+        groups = [(tuple(c.layer for c in self.layers if c.on_gpu and c.gpu == g), self.buffer(g))
+                  for g in range(max(1, len(self.tensor_split)))]
+        for layers, buffer in (*groups, (self.cpu_layers, CPU_BUFFER)):
             if layers:
                 out += ["-ot", f"{layer_regex(layers)}={buffer}"]
         return tuple(out)
@@ -119,7 +132,8 @@ class LlamaCppExport:
         return [*self._base(gguf, binary), *self.override_args]
 
     def _base(self, gguf: str, binary: str) -> list[str]:
-        return [binary, "-m", gguf, "-ngl", "999", "-c", str(self.context)]
+        split = ["--tensor-split", ",".join(str(n) for n in self.tensor_split)] if self.tensor_split else []
+        return [binary, "-m", gguf, "-ngl", "999", "-c", str(self.context), *split]
 
     def shell(self, gguf: str = "MODEL.gguf", binary: str = "llama-server") -> str:
         """The command as a shell script with the export's explanation as comments."""
@@ -133,7 +147,9 @@ class LlamaCppExport:
     def summary_lines(self) -> list[str]:
         pp, p = self.plan_predicted, self.predicted
         need, budget = fmt_bytes_pair(self.vram_needed, self.vram_budget)
-        lines = [f"MoE layers: {len(self.gpu_layers)} with experts on the GPU ({self.gpu_buffer}), "
+        gpus = (f"the GPUs ({', '.join(f'{self.buffer(g)}: {n} decoder layers' for g, n in enumerate(self.tensor_split))}"
+                f", --tensor-split)" if self.tensor_split else f"the GPU ({self.gpu_buffer})")
+        lines = [f"MoE layers: {len(self.gpu_layers)} with experts on {gpus}, "
                  f"{len(self.cpu_layers)} on the CPU, chosen for this placement's own best predicted score "
                  f"under the VRAM budget; every dense weight on the GPU (-ngl 999).",
                  f"VRAM: {need} needed of the plan's {budget} budget"
@@ -155,6 +171,7 @@ class LlamaCppExport:
     def as_data(self) -> dict:
         import dataclasses
         return {"format": "llama.cpp", "model": self.model, "plan": self.plan, "gpu_buffer": self.gpu_buffer,
+                **({"tensor_split": list(self.tensor_split)} if self.tensor_split else {}),
                 "override_args": list(self.override_args), "command": self.command(),
                 "gpu_layers": list(self.gpu_layers), "cpu_layers": list(self.cpu_layers),
                 "demoted_layers": [c.layer for c in self.layers if c.demoted],
@@ -190,9 +207,10 @@ def _page_cache(problem, on_gpu: np.ndarray, ram_bytes: float) -> np.ndarray:
     return np.bincount(layer[order[:n]], minlength=L)
 
 
-def layer_placement(problem, on_gpu) -> Placement:
+def layer_placement(problem, on_gpu, gpu_split: tuple[int, ...] = ()) -> Placement:
     """Whole layers of experts on the GPU or the CPU, every dense unit resident, no cache, no prefetch;
-    CPU layers' experts split between RAM and NVMe by `_page_cache` within the RAM budget."""
+    CPU layers' experts split between RAM and NVMe by `_page_cache` within the RAM budget; `gpu_split`:
+    the plan's pipeline split over several GPUs."""
     spec, budget = problem.spec, problem.budget
     gpu = np.asarray(on_gpu, dtype=bool)
     L, E = problem.curves.pop.shape
@@ -202,7 +220,7 @@ def layer_placement(problem, on_gpu) -> Placement:
         ram = _page_cache(problem, gpu, room - staging_slots(spec, 0) * problem.slot_bytes)
     vram = np.where(gpu, E, 0)
     return Placement(tuple(int(v) for v in vram), tuple(int(r) for r in ram), (0,) * L,
-                     (True,) * (spec.n_layers + 1), 0)
+                     (True,) * (spec.n_layers + 1), 0, gpu_split)
 
 
 def layer_values(problem) -> np.ndarray:
@@ -226,20 +244,24 @@ def choose_layers(plan, problem, cost=None) -> tuple[tuple[bool, ...], Placement
     value = layer_values(problem) / float(problem.rank_bytes.sum())
     order = sorted(range(L), key=lambda j: (-value[j], -len(plan.layers[j].vram), j))
     objective, weight = plan.search.objective, plan.search.mix_weight
+    split = plan.gpu_split
     best = None
     gpu = [False] * L
     for k in range(L + 1):
         if k:
             gpu[order[k - 1]] = True
-        p = layer_placement(problem, gpu)
-        if footprint(problem, p).vram > problem.budget.vram:
-            break                                    # equal weights: no longer prefix fits either
+        p = layer_placement(problem, gpu, split)
+        if footprint(problem, p).overflow(problem.budget)[0] > 0:
+            if not split:
+                break                                # equal weights: no longer prefix fits either
+            gpu[order[k - 1]] = False                # several GPUs: this layer's GPU is full, another may not be
+            continue
         pred = cost.predict(p)
         s = score(pred, objective, weight)
         if best is None or s > best[0]:
             best = (s, tuple(gpu), p, pred)
     if best is None:
-        p = layer_placement(problem, [False] * L)
+        p = layer_placement(problem, [False] * L, split)
         return (False,) * L, p, cost.predict(p)
     return best[1], best[2], best[3]
 
@@ -269,6 +291,10 @@ def _notes(plan, layers: tuple[LayerChoice, ...], problem, streamed: int, fits: 
     if promoted:
         out.append(f"layers {', '.join(map(str, promoted))} have most experts off VRAM in the plan (its cache and "
                    f"prefetch serve them) but go to the GPU here, where the budget has room for them whole.")
+    remote = [l.layer for l in plan.layers if l.remote]
+    if remote:
+        out.append(f"layers {', '.join(map(str, remote))} keep some experts on a second GPU (remote experts): "
+                   f"llama.cpp places a layer's merged expert tensors on one device, so they stay with the layer.")
     slots = sum(c.cache_slots for c in layers)
     if slots:
         out.append(f"the plan's LRU expert cache ({slots} slots in all): llama.cpp has no dynamic expert cache.")
@@ -303,14 +329,17 @@ def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: st
     pr = plan.predicted
     planned = Throughput(pr.decode_tok_s, pr.prefill_tok_s, pr.decode_binding, pr.prefill_binding,
                          pr.bound_decode_tok_s, pr.bound_prefill_tok_s)
-    layers = tuple(LayerChoice(l.layer, len(l.vram), len(l.ram), len(l.nvme), l.cache_slots, g)
-                   for l, g in zip(plan.layers, on_gpu))
+    mg = p.moe_gpus(problem.spec.moe_layers)
+    layers = tuple(LayerChoice(l.layer, len(l.vram), len(l.ram), len(l.nvme), l.cache_slots, g, int(d))
+                   for l, g, d in zip(plan.layers, on_gpu, mg))
     streamed = sum(problem.dense_units[i] for i in plan.dense.streamed_layers) + (
         problem.dense_units[-1] if plan.dense.lm_head == "ram" else 0)
-    fits = fp.vram <= problem.budget.vram
+    fits = fp.overflow(problem.budget)[0] <= 0
+    ug = p.unit_gpus()[:-1]
+    tensor_split = tuple(int((ug == g).sum()) for g in range(problem.n_gpus)) if problem.n_gpus > 1 else ()
     return LlamaCppExport(plan.model, plan_path, gpu_buffer, plan.context, layers, fp.vram, problem.budget.vram,
                           fp.ram_experts, fp.nvme_experts, planned, predicted, cpu_expert_bound(problem, on_gpu),
-                          streamed, _notes(plan, layers, problem, streamed, fits))
+                          streamed, _notes(plan, layers, problem, streamed, fits), tensor_split)
 
 
 def export_text(plan, problem, plan_path: str, gguf: str = "MODEL.gguf", gpu_buffer: str = GPU_BUFFER,

@@ -73,13 +73,18 @@ def sources_of(problem, stats_path: str | None, prior: str | None, gpu_preset: s
 
 def make_problem(profile: str, model: str, stats: str | None = None, prior: str | None = None,
                  gpu_preset: str | None = None, context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
-                 vram_gb: float | None = None, ram_gb: float | None = None, nvme_gb: float | None = None,
-                 prior_seed: int = 0, prior_tokens: int | None = None) -> Problem:
+                 vram_gb: float | tuple | None = None, ram_gb: float | None = None, nvme_gb: float | None = None,
+                 prior_seed: int = 0, prior_tokens: int | None = None, gpus: int | None = None) -> Problem:
+    """The planning problem from names and paths. `vram_gb`: one budget, or one per GPU (`--vram-gb 24,24`);
+    `gpus`: how many of the profile's GPUs to plan over (default: as many as `vram_gb` lists, else all)."""
     from strata_plan.planner.spec import load_spec
     spec = load_spec(model)
     prof = load_machine(profile, gpu_preset)
     routing_stats = load_routing(spec, stats, prior, prior_seed, prior_tokens)
-    return Problem(spec, prof, routing_stats, Budget.from_profile(prof, vram_gb, ram_gb, nvme_gb), context, chunk)
+    if gpus is None and not isinstance(vram_gb, (tuple, list)):
+        gpus = max(1, prof.n_gpus)
+    return Problem(spec, prof, routing_stats, Budget.from_profile(prof, vram_gb, ram_gb, nvme_gb, gpus=gpus), context,
+                   chunk)
 
 
 def plan_from_result(problem: Problem, result: SearchResult, sources: Sources, cost: CostModel) -> Plan:
@@ -90,11 +95,12 @@ def plan_from_result(problem: Problem, result: SearchResult, sources: Sources, c
 
 def make_plan(profile: str, model: str, stats: str | None = None, prior: str | None = None,
               gpu_preset: str | None = None, context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
-              trials: int = 200, objective: str = "decode", mix_weight: float = 0.5, vram_gb: float | None = None,
+              trials: int = 200, objective: str = "decode", mix_weight: float = 0.5, vram_gb: float | tuple | None = None,
               ram_gb: float | None = None, nvme_gb: float | None = None, study_db: str | None = None, seed: int = 0,
-              on_trial=None) -> Plan:
+              on_trial=None, gpus: int | None = None) -> Plan:
     """Search the best placement and return it as a Plan (see module docstring)."""
-    problem = make_problem(profile, model, stats, prior, gpu_preset, context, chunk, vram_gb, ram_gb, nvme_gb)
+    problem = make_problem(profile, model, stats, prior, gpu_preset, context, chunk, vram_gb, ram_gb, nvme_gb,
+                           gpus=gpus)
     cost = CostModel(problem)
     result = search_ladder(problem, trials=trials, seed=seed, objective=objective, mix_weight=mix_weight,
                            study_db=study_db, cost=cost, on_trial=on_trial)
@@ -163,8 +169,9 @@ def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | 
                         "the ones the plan was made for", "pass --stats PATH, the statistics the plan was made with")
     b = plan.memory.budgets
     try:
-        return Problem(spec, prof, routing_stats, Budget(b.vram_bytes, b.ram_bytes, b.nvme_bytes, b.vram_reserve_bytes),
-                       plan.context, plan.prefill_chunk)
+        gpus = tuple(g.vram_budget_bytes for g in plan.gpus) if plan.gpus else ()
+        return Problem(spec, prof, routing_stats, Budget(b.vram_bytes, b.ram_bytes, b.nvme_bytes, b.vram_reserve_bytes,
+                                                         gpus), plan.context, plan.prefill_chunk)
     except UserError as e:
         raise UserError(where, "memory.budgets", f"{e.where} {e.field}: {e.problem}", "plan again") from None
 

@@ -22,6 +22,7 @@ Keys fall strictly with rank inside a layer, so each tier is a contiguous rank r
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,10 +40,27 @@ class Knobs:
     cache_bias: float
     skew_weight: float
     prefetch_depth: int
+    gpu_split: float | None = None    # several GPUs: the share of decoder layers on the first (split_points)
 
     def as_params(self) -> dict:
-        return {"dense_share": self.dense_share, "cache_bias": self.cache_bias,
-                "skew_weight": self.skew_weight, "prefetch_depth": self.prefetch_depth}
+        out = {"dense_share": self.dense_share, "cache_bias": self.cache_bias,
+               "skew_weight": self.skew_weight, "prefetch_depth": self.prefetch_depth}
+        if self.gpu_split is not None:
+            out["gpu_split"] = self.gpu_split
+        return out
+
+
+def split_points(n_layers: int, n_gpus: int, share: float | None) -> tuple[int, ...]:
+    """Pipeline split of `n_layers` decoder layers over `n_gpus` GPUs: the first takes round(share x n_layers)
+    layers, the others the rest in equal parts; the decoder index where each next GPU begins. () (everything
+    on the first GPU) for one GPU, no share, or a first share that leaves the others nothing or takes nothing."""
+    if n_gpus < 2 or share is None:
+        return ()
+    first = int(round(min(max(share, 0.0), 1.0) * n_layers))
+    if first <= 0 or first >= n_layers:
+        return ()
+    rest = n_layers - first
+    return tuple(first + (rest * g) // (n_gpus - 1) for g in range(n_gpus - 1))
 
 
 CACHE_BIAS_MAX = 0.95
@@ -64,12 +82,45 @@ class Placement:
     cache: tuple[int, ...]            # per MoE layer: LRU cache slots over the non-static experts
     dense_resident: tuple[bool, ...]  # per dense unit (decoder layers in order, then the lm_head)
     prefetch_depth: int
+    gpu_split: tuple[int, ...] = ()   # several GPUs: decoder index where each next GPU's layers begin; () one GPU
+    remote: tuple[int, ...] = ()      # several GPUs: per MoE layer, how many of its static experts (the least
+                                      # used of them, ranks [vram - remote, vram)) the partner GPU holds and runs
 
     def __post_init__(self) -> None:
         if not (len(self.vram) == len(self.ram) == len(self.cache)):
             raise ValueError("vram, ram and cache need one count per MoE layer")
         if min(self.vram + self.ram + self.cache, default=0) < 0 or self.prefetch_depth < 0:
             raise ValueError("counts must be >= 0")
+        if list(self.gpu_split) != sorted(self.gpu_split) or min(self.gpu_split, default=1) < 1:
+            raise ValueError("gpu_split must be increasing decoder indices >= 1")
+        if self.remote and (len(self.remote) != len(self.vram)
+                            or any(not 0 <= r <= v for r, v in zip(self.remote, self.vram))):
+            raise ValueError("remote needs one count per MoE layer, each between 0 and the layer's static count")
+
+    @property
+    def several(self) -> bool:
+        """Uses more than one GPU: a pipeline split, or static experts held by a partner GPU."""
+        return bool(self.gpu_split) or any(self.remote)
+
+    @property
+    def remote_counts(self) -> np.ndarray:
+        return np.array(self.remote or (0,) * len(self.vram), dtype=np.int64)
+
+    def partner(self, g: int, n_gpus: int) -> int:
+        """The GPU that holds the remote experts of GPU g's layers: the next one (the last GPU's: the one before)."""
+        return g + 1 if g + 1 < n_gpus else max(g - 1, 0)
+
+    def unit_gpus(self) -> np.ndarray:
+        """[n dense units] the GPU of each dense unit (decoder layers, then the lm_head with the last layer):
+        GPU g holds decoder layers [gpu_split[g-1], gpu_split[g])."""
+        n = len(self.dense_resident)
+        idx = np.arange(n)
+        idx[-1] = n - 2                       # the head goes with the last decoder layer
+        return np.searchsorted(np.array(self.gpu_split, dtype=np.int64), idx, side="right")
+
+    def moe_gpus(self, moe_layers) -> np.ndarray:
+        """[MoE layers] the GPU of each MoE layer (its decoder layer's)."""
+        return self.unit_gpus()[np.asarray(moe_layers, dtype=np.int64)]
 
     @property
     def n_layers(self) -> int:
@@ -91,27 +142,65 @@ class Allocation:
 
 
 def footprint(problem, p: Placement) -> Footprint:
-    """Bytes per tier of placement `p` (see capacity.Footprint)."""
+    """Bytes per tier of placement `p` (see capacity.Footprint). Several GPUs: each GPU used holds the runtime
+    reserve, a prefill workspace and its own staging slots, the KV cache, dense weights (resident, or a double
+    buffer when streamed), static experts and cache slots of its own layers; the sums are the fields,
+    `per_gpu_vram` each GPU's."""
     spec, units, rb = problem.spec, problem.dense_units, problem.rank_bytes
     cum = np.concatenate([[0.0], np.cumsum(rb)])
     v, r, c = p.arrays
     streamed = [b for b, res in zip(units, p.dense_resident) if not res]
     slots = staging_slots(spec, p.prefetch_depth) * problem.slot_bytes
     nvme_experts = float(np.sum(cum[-1] - cum[v + r]))
-    return Footprint(
+    one = Footprint(
         reserve=problem.budget.reserve, kv_cache=spec.kv_cache_bytes(problem.context),
         workspace=workspace_bytes(spec, problem.prefill_chunk), staging=slots,
         dense_buffers=2 * max(streamed, default=0), dense_resident=sum(b for b, res in zip(units, p.dense_resident) if res),
         static_experts=int(np.sum(cum[v])), cache_slots=int(np.sum(c)) * problem.slot_bytes,
         embeddings=spec.embedding_bytes, dense_streamed=sum(streamed), ram_experts=int(np.sum(cum[v + r] - cum[v])),
         host_staging=slots if nvme_experts > 0 else 0, nvme_experts=int(nvme_experts))
+    if problem.n_gpus == 1:
+        return one
+    ug, mg = p.unit_gpus(), p.moe_gpus(spec.moe_layers)
+    rem = p.remote_counts
+    host_of = np.array([p.partner(int(g), problem.n_gpus) for g in mg], dtype=np.int64)
+    remote_bytes = cum[v] - cum[v - rem]                                   # [L] static bytes a partner holds
+    parts = []
+    for g in range(problem.n_gpus):
+        mine = [i for i in range(len(units)) if ug[i] == g]
+        hosted = int(np.sum(remote_bytes[(host_of == g) & (rem > 0)]))
+        if not mine and hosted:
+            parts.append(dict(reserve=problem.budget.reserve, kv_cache=0, workspace=one.workspace, staging=0,
+                              dense_buffers=0, dense_resident=0, static_experts=hosted, cache_slots=0))
+            continue
+        if not mine:
+            parts.append(dict(reserve=0, kv_cache=0, workspace=0, staging=0, dense_buffers=0, dense_resident=0,
+                              static_experts=0, cache_slots=0))
+            continue
+        moe = mg == g
+        parts.append(dict(
+            reserve=problem.budget.reserve, workspace=one.workspace, staging=slots if moe.any() else 0,
+            kv_cache=sum(problem.layer_kv_bytes[i] for i in mine if i < spec.n_layers),
+            dense_buffers=2 * max((units[i] for i in mine if not p.dense_resident[i]), default=0),
+            dense_resident=sum(units[i] for i in mine if p.dense_resident[i]),
+            static_experts=int(np.sum((cum[v] - remote_bytes)[moe])) + hosted,
+            cache_slots=int(np.sum(c[moe])) * problem.slot_bytes))
+    sums = {k: sum(d[k] for d in parts) for k in parts[0]}
+    return dataclasses.replace(one, **sums, per_gpu=tuple(parts))
 
 
-def dense_choice(problem, share: float) -> tuple[bool, ...]:
-    """The `share` (by count) of dense units that stay resident: the smallest first, ties by position."""
+def dense_choice(problem, share: float, gpu_split: tuple[int, ...] = ()) -> tuple[bool, ...]:
+    """The `share` (by count) of dense units that stay resident: the smallest first, ties by position; with a
+    pipeline split, that share of each GPU's own units."""
     units = problem.dense_units
-    n = int(round(min(max(share, 0.0), 1.0) * len(units)))
-    keep = set(sorted(range(len(units)), key=lambda i: (units[i], i))[:n])
+    groups = [range(len(units))]
+    if gpu_split:
+        ug = Placement((), (), (), (False,) * len(units), 0, gpu_split).unit_gpus()
+        groups = [[i for i in range(len(units)) if ug[i] == g] for g in range(int(ug.max()) + 1)]
+    keep: set[int] = set()
+    for grp in groups:
+        n = int(round(min(max(share, 0.0), 1.0) * len(grp)))
+        keep |= set(sorted(grp, key=lambda i: (units[i], i))[:n])
     return tuple(i in keep for i in range(len(units)))
 
 
@@ -148,7 +237,8 @@ def _fill(order: tuple[np.ndarray, np.ndarray, np.ndarray], rank_bytes: np.ndarr
         counts[l] += 1
 
 
-def _vram_fill(problem, budget: float, skew_weight: float, cache_weight: float) -> tuple[np.ndarray, np.ndarray]:
+def _vram_fill(problem, budget: float, skew_weight: float, cache_weight: float,
+               layers: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Static experts and LRU cache slots per layer for `budget` bytes of VRAM, by joint water-filling.
 
     Each layer offers two moves: one more static expert (costs its bytes; gains the hit rate it adds, in
@@ -179,8 +269,8 @@ def _vram_fill(problem, budget: float, skew_weight: float, cache_weight: float) 
             v = cache_weight * g * mean / ((nxt - cl) * slot)
             heapq.heappush(heap, (-v, sl, l, version[l], "cache", nxt - cl, (nxt - cl) * slot))
 
-    for l in range(L):
-        push(l)
+    for l in (range(L) if layers is None else np.flatnonzero(layers)):     # layers: [L] mask of one GPU's
+        push(int(l))
     left = max(float(budget), 0.0)
     while heap:
         negv, _, l, ver, kind, n, cost = heapq.heappop(heap)
@@ -207,17 +297,27 @@ def allocate(problem, knobs: Knobs) -> Allocation:
     spec, budget, cur = problem.spec, problem.budget, problem.curves
     L, E = cur.pop.shape
     depth = int(knobs.prefetch_depth)
-    resident = dense_choice(problem, knobs.dense_share)
-    empty = Placement((0,) * L, (0,) * L, (0,) * L, resident, depth)
+    split = split_points(spec.n_layers, problem.n_gpus, knobs.gpu_split)
+    resident = dense_choice(problem, knobs.dense_share, split)
+    empty = Placement((0,) * L, (0,) * L, (0,) * L, resident, depth, split)
     base = footprint(problem, empty)                      # everything fixed, all experts on NVMe
-    expert_vram = budget.vram - (base.vram - base.static_experts - base.cache_slots)
     ram_budget = budget.ram - base.embeddings - base.dense_streamed
-    vram, cache = _vram_fill(problem, expert_vram, float(knobs.skew_weight), cache_weight(knobs.cache_bias))
+    if problem.n_gpus == 1:
+        expert_vram = budget.vram - (base.vram - base.static_experts - base.cache_slots)
+        vram, cache = _vram_fill(problem, expert_vram, float(knobs.skew_weight), cache_weight(knobs.cache_bias))
+    else:                                                 # each GPU water-fills its own layers in its own budget
+        vram, cache = np.zeros(L, dtype=np.int64), np.zeros(L, dtype=np.int64)
+        mg = empty.moe_gpus(spec.moe_layers)
+        for g, (have, used) in enumerate(zip(budget.gpus, base.per_gpu_vram)):
+            if (mg == g).any():
+                v, c = _vram_fill(problem, have - used, float(knobs.skew_weight), cache_weight(knobs.cache_bias), mg == g)
+                vram, cache = vram + v, cache + c
     order = _rank_order(cur, float(knobs.skew_weight))
     ram = _fill(order, problem.rank_bytes, vram, ram_budget) - vram
     if np.any(vram + ram < E):      # experts remain on NVMe: its bounce buffers take pinned RAM too
         ram = _fill(order, problem.rank_bytes, vram, ram_budget - staging_slots(spec, depth) * problem.slot_bytes) - vram
-    p = Placement(tuple(int(x) for x in vram), tuple(int(x) for x in ram), tuple(int(x) for x in cache), resident, depth)
+    p = Placement(tuple(int(x) for x in vram), tuple(int(x) for x in ram), tuple(int(x) for x in cache), resident, depth,
+                  split)
     return Allocation(p, footprint(problem, p))
 
 
@@ -226,9 +326,11 @@ def greedy_knobs(problem) -> Knobs:
     every layer, no dynamic cache, one layer of lookahead when the statistics describe it."""
     depth = min(1, problem.curves.max_depth)
     L, n = problem.curves.n_layers, len(problem.dense_units)
+    share = 1.0 / problem.n_gpus if problem.n_gpus > 1 else None      # several GPUs: an even pipeline split
+    split = split_points(problem.spec.n_layers, problem.n_gpus, share)
     for k in range(n, -1, -1):
-        empty = Placement((0,) * L, (0,) * L, (0,) * L, dense_choice(problem, k / n), depth)
+        empty = Placement((0,) * L, (0,) * L, (0,) * L, dense_choice(problem, k / n, split), depth, split)
         vram_over, ram_over, _ = footprint(problem, empty).overflow(problem.budget)
         if vram_over <= 0 and ram_over <= 0:
-            return Knobs(k / n, 0.0, 0.0, depth)
-    return Knobs(0.0, 0.0, 0.0, depth)
+            return Knobs(k / n, 0.0, 0.0, depth, share)
+    return Knobs(0.0, 0.0, 0.0, depth, share)

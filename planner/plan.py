@@ -29,7 +29,8 @@ from strata_plan.yamlio import atomic_write_yaml, read_yaml
 PACKAGE_ROOT = Path(os.path.abspath(__file__)).parent      # shipped specs live here (planner/models)
 SCHEMA_NAME = "strata-plan/plan"
 SCHEMA_VERSION = 1
-Resource = Literal["pcie", "nvme", "hbm", "compute", "overhead"]
+Resource = Literal["pcie", "nvme", "hbm", "compute", "overhead", "peer"]     # peer: a split plan's hidden-state hops
+Link = Literal["pcie", "nvme", "hbm", "compute", "peer"]
 assert set(RESOURCES) == {"pcie", "nvme", "hbm", "compute", "overhead"}
 
 
@@ -71,8 +72,13 @@ class LayerPlan:
     nvme: tuple[int, ...] = ()
     cache_slots: int = bounded(0, None, default=0)
     formats: dict[str, tuple[int, ...]] | None = None
+    remote: tuple[int, ...] | None = None     # several GPUs: the last ids of `vram`, held and run by `remote_gpu`
+    remote_gpu: int | None = None
 
     def __post_init__(self) -> None:
+        if self.remote is not None and (self.remote_gpu is None or not self.remote
+                                        or tuple(self.vram[len(self.vram) - len(self.remote):]) != self.remote):
+            raise ValueError(f"layer {self.layer}: remote must be the last (least used) ids of vram, with remote_gpu")
         ids = self.vram + self.ram + self.nvme
         E = len(ids)
         if sorted(ids) != list(range(E)):
@@ -107,6 +113,29 @@ class DensePlan:
     def __post_init__(self) -> None:
         if set(self.resident_layers) & set(self.streamed_layers):
             raise ValueError("a dense layer is both resident and streamed")
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """One GPU of a plan over several GPUs (a pipeline split): the decoder layers [first_layer, end_layer) run
+    on it with their dense weights, static experts, cache slots and KV cache; `lm_head` says whether the head
+    runs here. `vram` is what the plan puts on it, by the parts of `memory.vram`."""
+
+    index: int = bounded(0, 63)                    # CUDA device (cuda:N; llama.cpp's CUDAN)
+    name: str
+    first_layer: int = bounded(0, None)
+    end_layer: int = bounded(0, None)
+    lm_head: bool
+    vram_budget_bytes: int = bounded(0, None)
+    vram: dict[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.end_layer < self.first_layer:
+            raise ValueError(f"GPU {self.index}: end_layer {self.end_layer} before first_layer {self.first_layer}")
+
+    @property
+    def holds_layers(self) -> bool:
+        return self.end_layer > self.first_layer or self.lm_head
 
 
 @dataclass(frozen=True)
@@ -178,8 +207,8 @@ class Predicted:
     prefill_binding: Resource = "pcie"
     bound_decode_tok_s: float = bounded(0.0, None, default=0.0)
     bound_prefill_tok_s: float = bounded(0.0, None, default=0.0)
-    bound_decode_binding: Literal["pcie", "nvme", "hbm", "compute"] = "pcie"
-    bound_prefill_binding: Literal["pcie", "nvme", "hbm", "compute"] = "pcie"
+    bound_decode_binding: Link = "pcie"
+    bound_prefill_binding: Link = "pcie"
     bytes_per_token: dict[str, float] | None = None    # decode, by source tier: vram, ram, nvme; wasted; pcie
     bytes_per_chunk: dict[str, float] | None = None    # prefill, by source tier
     seconds_per_token: dict[str, float] | None = None  # critical path per resource, link busy times
@@ -188,8 +217,8 @@ class Predicted:
     nvme_share: float = bounded(0.0, 1.0, default=0.0)
     machine_decode_tok_s: float = bounded(0.0, None, default=0.0)     # the machine bound (bound.machine_bound);
     machine_prefill_tok_s: float = bounded(0.0, None, default=0.0)    # 0: a plan written before it was recorded
-    machine_decode_binding: Literal["", "pcie", "nvme", "hbm", "compute"] = ""
-    machine_prefill_binding: Literal["", "pcie", "nvme", "hbm", "compute"] = ""
+    machine_decode_binding: Literal["", "pcie", "nvme", "hbm", "compute", "peer"] = ""
+    machine_prefill_binding: Literal["", "pcie", "nvme", "hbm", "compute", "peer"] = ""
 
     def __post_init__(self) -> None:
         if self.decode_tok_s > self.bound_decode_tok_s * (1 + 1e-9) or self.prefill_tok_s > self.bound_prefill_tok_s * (1 + 1e-9):
@@ -233,6 +262,7 @@ class Plan:
     search: SearchInfo | None = None
     created: str = ""
     strata_plan_version: str = ""
+    gpus: tuple[GpuPlan, ...] | None = None      # a plan over several GPUs: which holds what; absent for one GPU
 
     def __post_init__(self) -> None:
         check_schema(self, SCHEMA_NAME, SCHEMA_VERSION)
@@ -248,6 +278,30 @@ class Plan:
             raise ValueError("layers must be listed once each, in increasing layer order")
         if self.cache.total_slots != sum(l.cache_slots for l in self.layers):
             raise ValueError("cache.total_slots must equal the sum of the layers' cache_slots")
+        if self.gpus is not None:
+            n = len(self.dense.resident_layers) + len(self.dense.streamed_layers)
+            g = self.gpus
+            if len(g) < 2 or [x.index for x in g] != list(range(len(g))):
+                raise ValueError("gpus lists two or more GPUs, indices 0, 1, ... in order (one GPU: no `gpus`)")
+            if g[0].first_layer != 0 or g[-1].end_layer != n or any(a.end_layer != b.first_layer for a, b in zip(g, g[1:])):
+                raise ValueError(f"gpus: the layer ranges must cover decoder layers 0..{n - 1} in order, each once")
+            if sum(x.lm_head for x in g) != 1:
+                raise ValueError("gpus: exactly one GPU holds the lm_head")
+
+    @property
+    def gpu_split(self) -> tuple[int, ...]:
+        """The pipeline split (`Placement.gpu_split`): where each GPU after the first that holds anything begins."""
+        if not self.gpus:
+            return ()
+        used = [x for x in self.gpus if x.holds_layers]
+        return tuple(x.first_layer for x in used[1:])
+
+    @property
+    def n_gpus_used(self) -> int:
+        """GPUs holding layers or remote experts."""
+        if not self.gpus:
+            return 1
+        return len({x.index for x in self.gpus if x.holds_layers} | {l.remote_gpu for l in self.layers if l.remote})
 
     @property
     def placement(self) -> Placement:
@@ -257,7 +311,8 @@ class Plan:
         return Placement(tuple(len(l.vram) for l in self.layers), tuple(len(l.ram) for l in self.layers),
                          tuple(l.cache_slots for l in self.layers),
                          tuple(i in resident for i in range(n_layers)) + (self.dense.lm_head == "vram",),
-                         self.prefetch_depth)
+                         self.prefetch_depth, self.gpu_split,
+                         tuple(len(l.remote or ()) for l in self.layers) if any(l.remote for l in self.layers) else ())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -274,6 +329,7 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
     spec, cur, best = problem.spec, problem.curves, result.best
     p, fp, pred = best.placement, best.footprint, best.prediction
     E = cur.n_experts
+    mg = p.moe_gpus(spec.moe_layers)
     layers = []
     for j, layer in enumerate(spec.moe_layers):
         order = [int(e) for e in cur.order[j]]
@@ -281,8 +337,10 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
         fmts: dict[str, list[int]] = {f: [] for f in problem.mix.formats}
         for e, f in zip(order, problem.rank_formats):
             fmts[f].append(e)
+        r = int(p.remote_counts[j])
+        remote = dict(remote=tuple(order[s - r:s]), remote_gpu=p.partner(int(mg[j]), problem.n_gpus)) if r else {}
         layers.append(LayerPlan(layer, tuple(order[:s]), tuple(order[s:s + m]), tuple(order[s + m:]), p.cache[j],
-                                {f: tuple(v) for f, v in fmts.items() if v}))
+                                {f: tuple(v) for f, v in fmts.items() if v}, **remote))
     streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
     reads = lambda n: {f: NvmeRead(r.split, r.queue_depth, r.splits) for f, r in cost.nvme_reads(n).items()}  # noqa: E731
     slots = (p.prefetch_depth + 1) * spec.top_k
@@ -317,7 +375,24 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
                 p.prefetch_depth, sources, DensePlan(tuple(i for i in range(spec.n_layers) if p.dense_resident[i]),
                                                      tuple(streamed), "vram" if p.dense_resident[-1] else "ram"),
                 CachePlan("lru", problem.slot_bytes, sum(p.cache)), staging, tuple(layers), memory, predicted, search,
-                _dt.date.today().isoformat(), __version__)
+                _dt.date.today().isoformat(), __version__, gpu_plans(problem, p, fp))
+
+
+def gpu_plans(problem, p: Placement, fp) -> tuple[GpuPlan, ...] | None:
+    """The `gpus` section of a plan over several GPUs (None for one GPU): each GPU's decoder layers, head and
+    VRAM parts; a GPU the split leaves empty gets an empty range at the end of the one before."""
+    if problem.n_gpus == 1:
+        return None
+    ug = p.unit_gpus()
+    L = problem.spec.n_layers
+    out, start = [], 0
+    for g, gpu in enumerate(problem.gpus):
+        mine = [i for i in range(L) if ug[i] == g]
+        end = mine[-1] + 1 if mine else start
+        out.append(GpuPlan(g, gpu.name, start, end, bool(ug[-1] == g), problem.budget.gpus[g],
+                           {k: int(v) for k, v in fp.per_gpu[g].items()}))
+        start = end
+    return tuple(out)
 
 
 def _with_paths(plan: Plan, change) -> Plan:

@@ -7,7 +7,9 @@ moves on one layer at a time, scored by the real cost model, and keeps any that 
     static <-> RAM (one expert), RAM <-> NVMe (one expert), cache slot +/- 1,
     static -> cache slot (the expert goes to RAM) and back, prefetch depth +/- 1,
     one more or one fewer dense unit resident,
-    and, for models of at most PAIR_LAYERS MoE layers, a static expert or a cache slot moved between layers.
+    and, for models of at most PAIR_LAYERS MoE layers, a static expert or a cache slot moved between layers;
+    several GPUs: a split point one layer either way, and one more (or fewer) static expert of a layer held and
+    run by the partner GPU ("spill": one layer's experts over two GPUs).
 
 First improvement wins; it stops at a local optimum or after `max_evals` cost-model calls. Deterministic.
 """
@@ -42,6 +44,9 @@ def _moves(problem, L: int) -> list[tuple]:
         out += [("layer", {a: d, b: (-d[0], -d[1], -d[2])}) for a in range(L) for b in range(L) if a != b
                 for d in ((-1, +1, 0), (0, 0, -1))]
     out += [("depth", -1), ("depth", +1), ("dense", -1), ("dense", +1)]
+    if problem.n_gpus > 1:                           # several GPUs: a split point one decoder layer either way,
+        out += [("split", (g, d)) for g in range(problem.n_gpus - 1) for d in (-1, +1)]
+        out += [("spill", (l, d)) for l in range(L) for d in (+1, -1)]   # one static expert more on the partner
     return out
 
 
@@ -52,6 +57,22 @@ def _apply(problem, p: Placement, move: tuple) -> Placement | None:
     if kind == "depth":
         d = p.prefetch_depth + arg
         return dataclasses.replace(p, prefetch_depth=d) if 0 <= d <= problem.curves.max_depth else None
+    if kind == "spill":                              # the layer's next expert becomes static, held by the partner
+        l, d = arg                                   # GPU (+1), or its least used remote expert leaves VRAM (-1)
+        rem = list(p.remote or (0,) * p.n_layers)
+        rem[l] += d
+        if rem[l] < 0:
+            return None
+        q = _shift(p, {l: (d, -d if p.ram[l] >= d else 0, 0)})
+        return dataclasses.replace(q, remote=tuple(rem)) if q is not None and rem[l] <= q.vram[l] else None
+    if kind == "split":
+        g, d = arg
+        if len(p.gpu_split) <= g:
+            return None
+        split = list(p.gpu_split)
+        split[g] += d
+        ok = split == sorted(set(split)) and 1 <= split[0] and split[-1] <= problem.spec.n_layers
+        return dataclasses.replace(p, gpu_split=tuple(split)) if ok else None
     units = len(problem.dense_units)
     k = sum(p.dense_resident) + arg
     return dataclasses.replace(p, dense_resident=dense_choice(problem, k / units)) if 0 <= k <= units else None

@@ -49,7 +49,20 @@ class Problem:
         if self.profile.gpu is None:
             raise UserError(f"profile {self.profile.name}", "gpus", "has no GPU to plan for",
                             "pass --gpu-preset NAME (a shipped profile's GPU)")
+        if self.budget.n_gpus > self.profile.n_gpus:
+            raise UserError(f"profile {self.profile.name}", "gpus", f"has {self.profile.n_gpus} GPU(s), the budgets "
+                            f"name {self.budget.n_gpus}", "give one --vram-gb figure per GPU of the profile at most")
         check_working_set(s, self.budget, self.context, self.prefill_chunk, self.slot_bytes)
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs planned over: one, or as many as the budgets list (`Budget.gpus`)."""
+        return self.budget.n_gpus
+
+    @property
+    def gpus(self) -> tuple:
+        """The profile's GPUs planned over, in order (the first holds the first layers)."""
+        return tuple(self.profile.gpus[:self.n_gpus])
 
     @cached_property
     def curves(self) -> RankCurves:
@@ -83,6 +96,11 @@ class Problem:
         head = s.lm_head_bytes + (s.embedding_bytes if s.tied_embeddings else 0)
         return tuple(s.dense_layer_bytes(i) for i in range(s.n_layers)) + (head,)
 
+    @cached_property
+    def layer_kv_bytes(self) -> tuple[int, ...]:
+        """KV cache of each decoder layer at `context` (ModelSpec.kv_cache_layer_bytes)."""
+        return tuple(self.spec.kv_cache_layer_bytes(i, self.context) for i in range(self.spec.n_layers))
+
     @property
     def head_params(self) -> int:
         """Parameters the logits of one token multiply by (lm_head or tied embeddings, and the final norm)."""
@@ -94,4 +112,6 @@ class Problem:
         p = dataclasses.replace(self, **changes)
         if "stats" not in changes and "curves" in self.__dict__:
             p.__dict__["curves"] = self.curves
+        if "context" not in changes and "spec" not in changes and "layer_kv_bytes" in self.__dict__:
+            p.__dict__["layer_kv_bytes"] = self.layer_kv_bytes
         return p

@@ -45,9 +45,9 @@ def layer_bytes(problem) -> float:
     return float(sum(spec.routed_expert_bytes(f) for f in problem.mix.names(spec.top_k)))
 
 
-def decode_rates(problem) -> dict[str, Rate]:
+def decode_rates(problem, gpu=None) -> dict[str, Rate]:
     """Bytes/s the fused MoE decode call streams each tier format at (never above HBM)."""
-    gpu, cal = problem.profile.gpu, problem.profile.calibration
+    gpu, cal = gpu or problem.profile.gpu, problem.profile.calibration
     hbm = gpu.hbm_gbps.value * 1e9
     if gpu.fused_moe_decode is not None:
         fm = gpu.fused_moe_decode
@@ -67,9 +67,9 @@ def decode_rates(problem) -> dict[str, Rate]:
     return out
 
 
-def expansion_rate(problem) -> Rate:
+def expansion_rate(problem, gpu=None) -> Rate:
     """Weights/s the fused MoE prefill call expands packed experts at, for this chunk length."""
-    gpu, spec, C = problem.profile.gpu, problem.spec, problem.prefill_chunk
+    gpu, spec, C = gpu or problem.profile.gpu, problem.spec, problem.prefill_chunk
     fm = gpu.fused_moe_prefill
     if fm is not None:
         return Rate(fm.at(spec.expert_params, C) * 1e9, fm.provenance,

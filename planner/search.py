@@ -73,7 +73,7 @@ def study_name(problem, objective: str, mix_weight: float, seed: int) -> str:
     b, st = problem.budget, problem.stats
     ident = {"model": problem.spec.config_sha256, "profile": to_data(problem.profile),
              "stats": [st.source, st.source_sha256, st.kind, getattr(st, "tokens", 0)],
-             "budget": [b.vram, b.ram, b.nvme, b.reserve], "context": problem.context, "chunk": problem.prefill_chunk,
+             "budget": [b.vram, b.ram, b.nvme, b.reserve] + ([list(b.gpus)] if b.gpus else []), "context": problem.context, "chunk": problem.prefill_chunk,
              "mix": list(problem.mix.fractions), "objective": objective, "w": mix_weight, "seed": seed}
     h = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{problem.spec.name}-{problem.profile.name}-{objective}-{h}"
@@ -133,7 +133,8 @@ def _run_study(problem, cost, trials, seed, objective, mix_weight, study_db, gre
 
     def objective_fn(trial) -> float:
         kn = Knobs(trial.suggest_float("dense_share", 0.0, 1.0), trial.suggest_float("cache_bias", 0.0, CACHE_BIAS_MAX),
-                   trial.suggest_float("skew_weight", 0.0, 1.0), trial.suggest_int("prefetch_depth", 0, max_depth))
+                   trial.suggest_float("skew_weight", 0.0, 1.0), trial.suggest_int("prefetch_depth", 0, max_depth),
+                   trial.suggest_float("gpu_split", 0.0, 1.0) if problem.n_gpus > 1 else None)
         c = evaluate(problem, cost, kn, objective, mix_weight)
         over = [o / 1e9 for o in c.footprint.overflow(budget)]
         trial.set_user_attr("overflow_gb", over)
@@ -156,7 +157,7 @@ def _run_study(problem, cost, trials, seed, objective, mix_weight, study_db, gre
         if not study.trials:
             study.enqueue_trial(greedy_knobs_.as_params())
             if start_knobs is not None:
-                study.enqueue_trial(_clip(start_knobs, max_depth).as_params())
+                study.enqueue_trial(_clip(start_knobs, max_depth, problem.n_gpus).as_params())
         done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
         if trials > done:
             study.optimize(objective_fn, n_trials=trials - done, gc_after_trial=False)
@@ -177,10 +178,12 @@ def _no_fit(problem, greedy: Candidate):
                     f"({fmt_bytes(over[i])} more needed in {tier})", f"raise {flag}, lower --context, or use a smaller model")
 
 
-def _clip(k: Knobs, max_depth: int) -> Knobs:
+def _clip(k: Knobs, max_depth: int, n_gpus: int = 1) -> Knobs:
+    """Knobs in this problem's ranges (several GPUs: a one-GPU start keeps every layer on the first, share 1)."""
     clamp = lambda v, hi=1.0: min(max(float(v), 0.0), hi)  # noqa: E731
+    split = (1.0 if k.gpu_split is None else clamp(k.gpu_split)) if n_gpus > 1 else None
     return Knobs(clamp(k.dense_share), clamp(k.cache_bias, CACHE_BIAS_MAX), clamp(k.skew_weight),
-                 min(max(int(k.prefetch_depth), 0), max_depth))
+                 min(max(int(k.prefetch_depth), 0), max_depth), split)
 
 
 def _storage(study_db: str | None) -> str | None:
@@ -219,7 +222,7 @@ def sweep_budgets(problem, budgets, trials: int = 200, seed: int = 0, objective:
             p = problem.replace(budget=b)
         except UserError:                          # below the working set
             continue
-        below = [r for bb, r in done if bb.vram <= b.vram and bb.ram <= b.ram and bb.nvme <= b.nvme]
+        below = [r for bb, r in done if b.contains(bb)]
         start = max(below, key=lambda r: r.best.score) if below else None
         try:
             r = search(p, trials=trials, seed=seed, objective=objective, mix_weight=mix_weight,
@@ -234,16 +237,32 @@ def sweep_budgets(problem, budgets, trials: int = 200, seed: int = 0, objective:
 
 def search_ladder(problem, trials: int = 200, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
                   study_db: str | None = None, cost: CostModel | None = None, on_trial=None,
-                  ladder: tuple[float, ...] = LADDER) -> SearchResult:
+                  ladder: tuple[float, ...] = LADDER, one_gpu: "SearchResult | None" = None) -> SearchResult:
     """`search` at the problem's budget, started from the best plans of the smaller budgets `ladder` (every
     tier scaled by each fraction; searches of trials // 8 each, chained by `sweep_budgets`). The trials add
     up to `trials` (the ladder's are taken from the final search's; `on_trial` sees every one, so progress
-    and cancelling work as for one search); below LADDER_MIN_TRIALS, one search."""
+    and cancelling work as for one search); below LADDER_MIN_TRIALS, one search.
+
+    Several GPUs: the best plan on the first GPU alone (`one_gpu`, else a ladder of half the trials on
+    `bound.first_gpu_problem`) joins the starting plans, so a second GPU never predicts a slower plan than
+    the first GPU's alone."""
+    if problem.n_gpus > 1 and one_gpu is None:
+        from strata_plan.planner.bound import first_gpu_problem
+        one = first_gpu_problem(problem)
+        if one is not None:
+            half = trials // 2 if trials >= 2 else 0
+            if half:
+                try:
+                    one_gpu = search_ladder(one, trials=half, seed=seed, objective=objective, mix_weight=mix_weight,
+                                            on_trial=on_trial, ladder=ladder)
+                    trials -= half
+                except UserError:                  # nothing fits the first GPU alone
+                    one_gpu = None
     b = problem.budget
     each = trials // 8 if trials >= LADDER_MIN_TRIALS and ladder else 0
     steps = sweep_budgets(problem, [b.scaled(f) for f in ladder], trials=each, seed=seed, objective=objective,
                           mix_weight=mix_weight, on_trial=on_trial) if each else []
-    found = [r for r in steps if r is not None]
+    found = [r for r in steps if r is not None] + ([one_gpu] if one_gpu is not None else [])
     start = max(found, key=lambda r: r.best.score) if found else None
     result = search(problem, trials=trials - each * len(ladder), seed=seed, objective=objective, mix_weight=mix_weight,
                     study_db=study_db,

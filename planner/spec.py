@@ -208,13 +208,18 @@ class ModelSpec:
         return self.kv_cache_bytes(context) // max(context, 1)
 
     def kv_cache_bytes(self, context: int) -> int:
-        per = self.attention.kv_bytes_per_token_layer
+        """KV cache of every decoder layer at `context` tokens: `kv_cache_layer_bytes` added up."""
+        n_sliding = sum(1 for i in range(self.n_layers) if self._sliding(i))
         w = self.attention.sliding_window
-        total = 0
-        for i in range(self.n_layers):
-            sliding = bool(self.sliding_layers) and self.sliding_layers[i] and w > 0
-            total += per * (min(context, w) if sliding else context)
-        return total
+        return self.attention.kv_bytes_per_token_layer * (n_sliding * min(context, w) + (self.n_layers - n_sliding) * context)
+
+    def kv_cache_layer_bytes(self, i: int, context: int) -> int:
+        """KV cache of decoder layer i at `context` tokens (a sliding-window layer keeps its window)."""
+        w = self.attention.sliding_window
+        return self.attention.kv_bytes_per_token_layer * (min(context, w) if self._sliding(i) else context)
+
+    def _sliding(self, i: int) -> bool:
+        return bool(self.sliding_layers) and bool(self.sliding_layers[i]) and self.attention.sliding_window > 0
 
     # ---- FLOPs ---------------------------------------------------------------------------------
     def flops_per_token(self, context: int = 0) -> int:

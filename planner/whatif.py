@@ -28,7 +28,7 @@ class Change:
     pcie: float = 1.0
 
 
-CHANGES = (Change("+16 GB VRAM", vram_gb=16), Change("+64 GB pinned RAM", ram_gb=64),
+CHANGES = (Change("+16 GB VRAM", vram_gb=16), Change("+64 GB pinned RAM", ram_gb=64),     # VRAM: on each GPU
            Change("2x NVMe read bandwidth", nvme=2.0), Change("2x PCIe bandwidth", pcie=2.0))
 
 
@@ -91,7 +91,8 @@ def replan(problem, plan, trials: int) -> object | None:
     from strata_plan.planner.search import search
     s = plan.search
     names = {f.name for f in dataclasses.fields(Knobs)}
-    knobs = Knobs(**s.knobs) if s.knobs and set(s.knobs) == names else None   # None: a plan of older knobs
+    needed = {f.name for f in dataclasses.fields(Knobs) if f.default is dataclasses.MISSING}
+    knobs = Knobs(**s.knobs) if s.knobs and needed <= set(s.knobs) <= names else None   # None: older knobs
     try:
         result = search(problem, trials=trials, seed=s.seed, objective=s.objective, mix_weight=s.mix_weight,
                         start=plan.placement, start_knobs=knobs)
@@ -100,11 +101,21 @@ def replan(problem, plan, trials: int) -> object | None:
     return result.best.prediction
 
 
+def with_vram(b, change: Callable[[int], int]):
+    """Budget `b` with `change` applied to the VRAM of each GPU (one GPU: to `vram`)."""
+    from strata_plan.planner.capacity import Budget
+    if b.gpus:
+        gpus = tuple(change(v) for v in b.gpus)
+        return Budget(sum(gpus), b.ram, b.nvme, b.reserve, gpus)
+    return Budget(change(b.vram), b.ram, b.nvme, b.reserve)
+
+
 def changed_problem(problem, change: Change):
     from strata_plan.planner.capacity import Budget
     from strata_plan.planner.compare import scale_links
     b = problem.budget
-    budget = Budget(b.vram + int(change.vram_gb * 1e9), b.ram + int(change.ram_gb * 1e9), b.nvme, b.reserve)
+    budget = with_vram(Budget(b.vram, b.ram + int(change.ram_gb * 1e9), b.nvme, b.reserve, b.gpus),
+                       lambda v: v + int(change.vram_gb * 1e9))          # several GPUs: on each
     profile = problem.profile
     if change.nvme != 1.0 or change.pcie != 1.0:
         profile = scale_links(profile, pcie=change.pcie, nvme=change.nvme)
@@ -116,7 +127,6 @@ def what_if(plan, problem, trials: int = 16, changes: tuple[Change, ...] = CHANG
             on_step: Callable[[int, int], None] | None = None) -> WhatIf:
     """Re-plan `problem` (the plan's, see `planner.make.problem_for_plan`) under each change and each VRAM
     budget of the sweep; `on_step(done, total)` reports progress (and may raise to cancel)."""
-    from strata_plan.planner.capacity import Budget
     s = plan.search
     total, done = len(changes) + len(factors), 0
 
@@ -130,8 +140,8 @@ def what_if(plan, problem, trials: int = 16, changes: tuple[Change, ...] = CHANG
     out = []
     for c in changes:
         pred = replan(changed_problem(problem, c), plan, trials)
-        out.append(_outcome(c.label, pred, s.objective, s.mix_weight) if pred else
-                   Outcome(c.label, 0.0, 0.0, "", 0.0))
+        label = c.label + (" on each GPU" if c.vram_gb and problem.n_gpus > 1 else "")
+        out.append(_outcome(label, pred, s.objective, s.mix_weight) if pred else Outcome(label, 0.0, 0.0, "", 0.0))
         step()
     b, sweep = problem.budget, []
     for f in factors:
@@ -140,7 +150,7 @@ def what_if(plan, problem, trials: int = 16, changes: tuple[Change, ...] = CHANG
             sweep.append(SweepPoint(vram / 1e9, base.decode_tok_s, base.prefill_tok_s, True, True))
         else:
             try:
-                changed = problem.replace(budget=Budget(vram, b.ram, b.nvme, b.reserve))
+                changed = problem.replace(budget=with_vram(b, lambda v: int(v * f)))
             except UserError:                      # below the working set: nothing fits
                 changed = None
             pred = replan(changed, plan, trials) if changed is not None else None

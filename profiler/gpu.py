@@ -33,6 +33,10 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def device_count() -> int:
+    return torch.cuda.device_count()
+
+
 @dataclass(frozen=True)
 class GpuSettings:
     sizes: tuple[int, ...]              # host<->GPU transfer sizes (bytes)

@@ -56,6 +56,7 @@ FULL = Preset("full", GiB, 5, 4.0, 32.0,
 MATMUL_N = 8192
 GEMV_SHAPE = (16384, 7168)      # (n, k): large enough that the packed weights do not fit in the L2 of an H200
 HEADLINE_SIZE = 16 * MiB        # the transfer size the summary and copy_overlap are read at
+LINK_BYTES = 256 * MiB          # copies of the several-GPU link measurements (profiler.multi)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ def default_name(gpu_name: str | None = None) -> str:
         if _gpu_available():
             import torch
             gpu_name = torch.cuda.get_device_name(0)
+            n = torch.cuda.device_count()
+            return _slug(gpu_name.replace("NVIDIA ", "")) + (f"-x{n}" if n > 1 else "")
     return _slug(gpu_name.replace("NVIDIA ", "")) if gpu_name else f"host-{_slug(platform.node() or 'host')}"
 
 
@@ -175,12 +178,19 @@ def profile_machine(opts: Options, console: Console | None = None, show_progress
     gpu_settings = None
     plan = [("host RAM copy", 0.4 * p.ram_repeats * p.ram_copy_bytes / GiB + 1, p.ram_repeats),
             *nvme_mod.phase_plan(p.disk, file_bytes)]
+    n_gpus = 0
     if has_gpu:
         from . import gpu as gpu_mod
+        from . import multi as multi_mod
         from .moe import MoESettings
         gpu_settings = gpu_mod.GpuSettings(p.gpu_sizes, p.during_sizes, p.gpu_repeats, p.target_bytes, p.max_iters,
                                            p.hbm_bytes, MATMUL_N, GEMV_SHAPE, MoESettings(repeats=p.moe_repeats))
         plan += gpu_mod.phase_plan(gpu_settings, max(pin_cap, 0))
+        n_gpus = gpu_mod.device_count()
+        for g in range(1, n_gpus):                 # every other GPU: the same phases, no pin probe (host RAM)
+            plan += [(f"GPU {g}: {name}", est, ticks) for name, est, ticks in gpu_mod.phase_plan(gpu_settings, 0)]
+        if n_gpus > 1:
+            plan.append(multi_mod.phase_plan(n_gpus, p.gpu_repeats))
 
     t0 = time.perf_counter()
     columns = (TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -189,20 +199,24 @@ def profile_machine(opts: Options, console: Console | None = None, show_progress
         steps = _Steps(progress, plan, on_progress)
         ram_copy = host_mod.memcpy_bandwidth(p.ram_copy_bytes, threads, p.ram_repeats, steps("host RAM copy"))
         disk = nvme_mod.measure_disk(folder, file_bytes, p.disk, steps)
-        gpu = None
+        gpu, more, links = None, [], None
         if has_gpu:
             gpu = gpu_mod.measure_gpu(gpu_settings, max(pin_cap, 0), steps)
+            for g in range(1, n_gpus):
+                more.append(gpu_mod.measure_gpu(gpu_settings, 0, lambda name, g=g: steps(f"GPU {g}: {name}"), index=g))
+            if n_gpus > 1:
+                links = multi_mod.measure_links(n_gpus, LINK_BYTES, p.gpu_repeats, steps(multi_mod.PHASE))
         steps.finish()
-    notes += disk.notes + (gpu.notes if gpu else ())
+    notes += disk.notes + (gpu.notes if gpu else ()) + tuple(f"GPU {g}: {n}" for g, r in enumerate(more, 1) for n in r.notes)
     cpu = cpu_mod.cpu_info()
-    profile = build_profile(opts, ram, ram_copy, threads, disk, cpu, gpu)
-    stats = collect_stats(ram_copy, disk, gpu)
+    profile = build_profile(opts, ram, ram_copy, threads, disk, cpu, gpu, tuple(more), links)
+    stats = collect_stats(ram_copy, disk, gpu, links)
     return ProfileRun(profile, stats, tuple(notes), time.perf_counter() - t0, has_gpu,
                       {"test_file_bytes": file_bytes, "pin_cap_bytes": max(pin_cap, 0) if has_gpu else 0,
                        "notes_shown": len(early)})
 
 
-def collect_stats(ram_copy: Stats, disk: nvme_mod.DiskResult, gpu) -> dict[str, Stats]:
+def collect_stats(ram_copy: Stats, disk: nvme_mod.DiskResult, gpu, links=None) -> dict[str, Stats]:
     def size(b: int) -> str:
         return f"{b // GiB}GiB" if b >= GiB else f"{b // MiB}MiB" if b >= MiB else f"{b // KiB}KiB"
     out = {"ram_copy_gbps": ram_copy}
@@ -216,11 +230,17 @@ def collect_stats(ram_copy: Stats, disk: nvme_mod.DiskResult, gpu) -> dict[str, 
         if gpu.moe is not None:
             out.update({f"fused_moe_decode_{h}x{i}_gbps": Stats((v,)) for h, i, _, _, v in gpu.moe.decode})
             out.update({f"fused_moe_prefill_M{m}_gweights_s": Stats((v,)) for *_, m, v in gpu.moe.prefill})
+    if links is not None:
+        out.update({f"h2d_alone_gpu{g}_gbps": st for g, st in links.alone.items()})
+        out["h2d_all_gpus_at_once_gbps"] = links.concurrent
+        out.update({f"peer_copy_{a}_to_{b}_gbps": st for (a, b), st in links.peer.items()})
     return out
 
 
 def build_profile(opts: Options, ram: host_mod.RamInfo, ram_copy: Stats, threads: int, disk: nvme_mod.DiskResult,
-                  cpu: cpu_mod.CpuInfo, gpu) -> HardwareProfile:
+                  cpu: cpu_mod.CpuInfo, gpu, more_gpus: tuple = (), links=None) -> HardwareProfile:
+    """The profile from the measurements: `gpu` the first GPU's (None: host-only), `more_gpus` every other
+    GPU's, `links` (profiler.multi.LinkResult) the links between them and the host (several GPUs)."""
     mode = "quick" if opts.quick else "full"
     host = Host(
         ram_gb=measured(ram.total_gb, "psutil.virtual_memory().total"),
@@ -241,17 +261,21 @@ def build_profile(opts: Options, ram: host_mod.RamInfo, ram_copy: Stats, threads
     cpu_fig = CPU(cpu.model, measured(cpu.cores, cpu.source), measured(cpu.threads, cpu.source))
     gpus: tuple[GPU, ...] = ()
     calibration = default_calibration()
+    topology = None
     if gpu:
-        gpus = (_gpu_entry(gpu, opts.preset),)
+        gpus = tuple(_gpu_entry(g, opts.preset) for g in (gpu, *more_gpus))
         calibration = _calibration(gpu, calibration)
+        if len(gpus) > 1 and links is not None:
+            from .multi import topology_from
+            topology = topology_from(links)
     host_name = platform.node() or "host"
     gpu_name = gpus[0].name if gpus else ""
-    name = opts.name or default_name(gpu_name)
-    what = f"{gpu_name} + " if gpu_name else "no GPU (host-only) + "
+    name = opts.name or default_name(gpu_name) + (f"-x{len(gpus)}" if len(gpus) > 1 else "")
+    what = (f"{len(gpus)}x " if len(gpus) > 1 else "") + (f"{gpu_name} + " if gpu_name else "no GPU (host-only) + ")
     desc = (f"measured by `strata-plan profile{' --quick' if opts.quick else ''}` ({mode}) on {host_name}: {what}"
             f"{ram.total_gb:.0f} GB RAM + {disk.info.name}; {cpu.model}")
     return HardwareProfile(SCHEMA_NAME, SCHEMA_VERSION, name, gpus, host, (nvme,), cpu_fig, calibration, desc,
-                           today(), __version__)
+                           today(), __version__, topology)
 
 
 def ram_copy_label(opts: Options) -> str:

@@ -298,6 +298,59 @@ def default_calibration() -> Calibration:
                        copy_overlap=e(0.9), dense_stream_efficiency=e(0.9))
 
 
+PeerKind = Literal["none", "pcie", "nvlink"]
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    """How the GPUs of a several-GPU profile reach each other: `none` (every GPU-to-GPU byte goes through
+    host memory: D2H on one, H2D on the other), `pcie` (PCIe peer-to-peer through the root complex or a
+    switch) or `nvlink`; `gbps` is one direction between one pair (required unless `none`)."""
+
+    kind: PeerKind
+    gbps: Figure | None = None
+    latency_us: Figure | None = None      # one small transfer; absent: DEFAULT_PEER_LATENCY (an estimate)
+
+    def __post_init__(self) -> None:
+        if self.kind != "none" and (self.gbps is None or self.gbps.value <= 0):
+            raise ValueError(f"peer kind {self.kind!r} needs `gbps` (one direction, one pair)")
+        if self.kind == "none" and self.gbps is not None:
+            raise ValueError("peer kind 'none' has no `gbps` (remove it, or say pcie / nvlink)")
+
+    @property
+    def latency(self) -> Figure:
+        return self.latency_us if self.latency_us is not None else DEFAULT_PEER_LATENCY
+
+
+DEFAULT_PEER_LATENCY = Figure(10.0, "estimate", "one small peer copy (cudaMemcpyPeerAsync launch and completion), "
+                              "~10 us assumed; unmeasured")
+
+
+@dataclass(frozen=True)
+class HostLinks:
+    """The host side of the GPUs' PCIe links: whether they share a root complex (a CPU's x16 lanes split x8/x8,
+    or a switch with one uplink), and the pinned H2D the host delivers to all GPUs at once (the limit of
+    concurrent copies). Stated with provenance: `estimate` with the assumption in `source` when unknown."""
+
+    shared_root_complex: bool
+    concurrent_h2d_gbps: Figure           # total pinned H2D to all GPUs at once
+    provenance: Provenance = "estimate"   # of `shared_root_complex`
+    source: str = ""
+    date: str = ""
+
+    def __post_init__(self) -> None:
+        _check_provenance(self, "host_links")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How the GPUs of a profile with several GPUs connect (absent in one-GPU profiles). Each GPU's own link
+    (generation, lanes: x16, or x8 on a consumer board's x8/x8) and H2D curves stay in its `GPU` entry."""
+
+    peer: PeerLink
+    host_links: HostLinks
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     schema: str
@@ -311,18 +364,46 @@ class HardwareProfile:
     description: str = ""
     created: str = ""
     strata_plan_version: str = ""
+    topology: Topology | None = None      # several GPUs only: peer links and the host side of their links
 
     def __post_init__(self) -> None:
         check_schema(self, SCHEMA_NAME, SCHEMA_VERSION)
+        if self.topology is not None and len(self.gpus) < 2:
+            raise ValueError("`topology` describes several GPUs; this profile has "
+                             f"{len(self.gpus)} (remove `topology`, or list every GPU)")
 
     @property
     def gpu(self) -> GPU | None:
         """The GPU plans use (the first); None for a host-only profile."""
         return self.gpus[0] if self.gpus else None
 
+    @property
+    def n_gpus(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def peer(self) -> PeerLink:
+        """The GPUs' peer link: the topology's, else none (every GPU-to-GPU byte through host memory)."""
+        return self.topology.peer if self.topology is not None else PeerLink("none")
+
+    def concurrent_h2d(self) -> Figure:
+        """Total pinned H2D to all GPUs at once: the topology's, else (stated as an assumption) the sum of the
+        GPUs' own plateaus, as if no two GPUs shared a root complex."""
+        if self.topology is not None:
+            return self.topology.host_links.concurrent_h2d_gbps
+        total = sum(max(v for _, v in g.h2d_pinned.points) for g in self.gpus)
+        return Figure(total, "estimate", "no topology in the profile: the GPUs' H2D plateaus added, assuming "
+                      "separate root complexes (an assumption)")
+
     def with_gpu(self, gpu: GPU, name: str | None = None) -> "HardwareProfile":
         """This host with another GPU (e.g. a measured laptop host plus a shipped card)."""
-        return dataclasses.replace(self, gpus=(gpu,), name=name or f"{self.name}+{gpu.name}")
+        return dataclasses.replace(self, gpus=(gpu,), name=name or f"{self.name}+{gpu.name}", topology=None)
+
+    def first_gpus(self, n: int) -> "HardwareProfile":
+        """This machine using only its first `n` GPUs (one: the topology goes)."""
+        if n >= len(self.gpus):
+            return self
+        return dataclasses.replace(self, gpus=self.gpus[:n], topology=self.topology if n > 1 else None)
 
 
 def load_profile(name_or_path: str) -> HardwareProfile:
@@ -352,7 +433,8 @@ def shipped_profiles() -> list[str]:
 def profile_summary(p: HardwareProfile) -> dict:
     """One row of `strata-plan profiles`: GPU, VRAM, pinned H2D and NVMe reads at 16 MiB, RAM."""
     g = p.gpu
-    return {"name": p.name, "gpu": g.name if g else "(none)", "vram_gb": g.vram_gb.value if g else 0,
+    return {"name": p.name, "gpu": (f"{p.n_gpus}x " if p.n_gpus > 1 else "") + g.name if g else "(none)",
+            "vram_gb": g.vram_gb.value if g else 0,
             "h2d_16MiB_gbps": round(g.h2d_pinned.at(16 << 20), 1) if g else 0, "ram_gb": p.host.ram_gb.value,
             "nvme_16MiB_gbps": round(p.nvme[0].rand_read.best(16 << 20)[0], 2) if p.nvme else 0}
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from strata_plan.planner import compare
-from strata_plan.planner.compare import SEED_CLAIMS, compare_tables, to_markdown
+from strata_plan.planner.compare import ONE_GPU_PROFILES, SEED_CLAIMS, compare_tables, to_markdown
 
 TRIALS, TOKENS = 6, 512        # small and fixed: this test is part of the README's test command
 
 
 @pytest.fixture(scope="module")
 def table():
-    return compare_tables(trials=TRIALS, tokens=TOKENS)
+    return compare_tables(profiles=ONE_GPU_PROFILES, trials=TRIALS, tokens=TOKENS)   # two GPUs: test_planner_compare_multi
 
 
 def test_every_prediction_within_bound_and_monotone(table):

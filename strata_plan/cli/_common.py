@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from strata_plan.errors import UserError
+
 
 def add_json(p, help: str = "machine-readable output") -> None:
     p.add_argument("--json", action="store_true", help=help)
@@ -71,3 +73,25 @@ def emit(args, data, t) -> None:
         print_json(data)
     else:
         console().print(t)
+
+
+def gb_list(text: str | None, flag: str):
+    """A GB figure, or one per GPU comma-separated (`24,24`) as a tuple; None stays None. Bad text: one line."""
+    if text is None:
+        return None
+    parts = [t.strip() for t in str(text).split(",")]
+    try:
+        vals = [float(t) for t in parts]
+    except ValueError:
+        raise UserError(flag, str(text), "must be a number of GB, or one per GPU separated by commas",
+                        f"pass e.g. {flag} 24 or {flag} 24,24") from None
+    return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def gb_figures(text: str):
+    """argparse `type=` of a budget flag that takes one GB figure or one per GPU (`24,24`): gb_list's value."""
+    import argparse
+    try:
+        return gb_list(text, "")
+    except UserError as e:
+        raise argparse.ArgumentTypeError(e.problem) from None

@@ -9,7 +9,7 @@ from strata_plan.errors import UserError
 
 def register(sub) -> None:
     c = sub.add_parser("compare-tables", help="the seed's published tok/s beside our predictions and bounds")
-    c.add_argument("--profiles", nargs="+", help="profiles to compare (default: the seed's single-GPU rows)")
+    c.add_argument("--profiles", nargs="+", help="profiles to compare (default: the seed's rows, one GPU and two)")
     c.add_argument("--model", default="kimi-k3.1-pro", help="model (default kimi-k3.1-pro, the seed's)")
     c.add_argument("--trials", type=int, default=60, help="Optuna trials per search (default 60)")
     c.add_argument("--seed", type=int, default=0, help="sampler seed")

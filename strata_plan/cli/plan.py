@@ -2,7 +2,7 @@
 and write the plan YAML; a progress bar on a terminal, the predictions as tables (or JSON)."""
 from __future__ import annotations
 
-from strata_plan.cli._common import add_json, add_out, console, print_json, table
+from strata_plan.cli._common import add_json, add_out, console, gb_figures, print_json, table
 from strata_plan.errors import UserError
 
 
@@ -21,7 +21,9 @@ def register(sub) -> None:
     p.add_argument("--objective", choices=("decode", "prefill", "mix"), default="decode",
                    help="maximise decode tok/s (default), prefill tok/s, or decode^w x prefill^(1-w)")
     p.add_argument("--mix-weight", type=float, help="w of --objective mix (default 0.5)")
-    p.add_argument("--vram-gb", type=float, help="VRAM budget in GB (default: the whole card)")
+    p.add_argument("--vram-gb", type=gb_figures, help="VRAM budget in GB (default: the whole card); one per GPU, comma-separated, "
+                   "plans over that many GPUs (--vram-gb 24,24)")
+    p.add_argument("--gpus", type=int, help="plan over the profile's first N GPUs (default: all of them)")
     p.add_argument("--ram-gb", type=float, help="pinned RAM budget in GB (default: the profile's pinnable RAM)")
     p.add_argument("--nvme-gb", type=float, help="NVMe budget in GB (default: the drive's capacity)")
     p.add_argument("--study-db", help="SQLite file (or sqlite:///PATH) to keep the Optuna study in; resumes")
@@ -55,7 +57,8 @@ def cmd_plan(args) -> int:
     drop_interrupted_trials()
     kw = dict(stats=args.stats, prior=args.prior, gpu_preset=args.gpu_preset, context=args.context, chunk=args.chunk,
               trials=args.trials, objective=args.objective, mix_weight=0.5 if args.mix_weight is None else args.mix_weight,
-              vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb, study_db=args.study_db, seed=args.seed)
+              vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb,
+              study_db=args.study_db, seed=args.seed, gpus=args.gpus)
     model = args.model if args.moe_layers is None else f"{args.model}@{args.moe_layers}moe"
     plan = _with_progress(args.trials, lambda on_trial: make_plan(args.profile, model, on_trial=on_trial, **kw))
     path = save_plan(plan, out)
@@ -98,7 +101,10 @@ def plan_summary(plan, path: str = "") -> dict:
             "prefetch_depth": plan.prefetch_depth, "cache_slots": plan.cache.total_slots,
             "memory_gb": {"vram": plan.memory.vram_total / 1e9, "ram": plan.memory.ram_total / 1e9,
                           "nvme": plan.memory.nvme_total / 1e9},
-            "trials": plan.search.trials, "knobs": plan.search.knobs}
+            "trials": plan.search.trials, "knobs": plan.search.knobs,
+            **({"gpus": [{"index": g.index, "name": g.name, "layers": [g.first_layer, g.end_layer], "lm_head": g.lm_head,
+                          "vram_gb": sum((g.vram or {}).values()) / 1e9, "budget_gb": g.vram_budget_bytes / 1e9}
+                         for g in plan.gpus]} if plan.gpus else {})}
 
 
 def _print_plan(plan, path: str) -> None:
@@ -120,7 +126,12 @@ def _print_plan(plan, path: str) -> None:
     h.add_row("from pinned RAM", f"{pr.ram_share:.1%}")
     h.add_row("from NVMe", f"{pr.nvme_share:.1%}")
     m = table("tier", "used GB", "budget GB")
-    m.add_row("VRAM", f"{mem.vram_total / 1e9:.2f}", f"{mem.budgets.vram_bytes / 1e9:.2f}")
+    m.add_row("VRAM" + (" (all GPUs)" if plan.gpus else ""), f"{mem.vram_total / 1e9:.2f}",
+              f"{mem.budgets.vram_bytes / 1e9:.2f}")
+    for g in plan.gpus or ():
+        m.add_row(f"  GPU {g.index}: decoder layers {g.first_layer}..{g.end_layer - 1}"
+                  + (" + lm_head" if g.lm_head else ""), f"{sum((g.vram or {}).values()) / 1e9:.2f}",
+                  f"{g.vram_budget_bytes / 1e9:.2f}")
     m.add_row("pinned RAM", f"{mem.ram_total / 1e9:.2f}", f"{mem.budgets.ram_bytes / 1e9:.2f}")
     m.add_row("NVMe", f"{mem.nvme_total / 1e9:.2f}", f"{mem.budgets.nvme_bytes / 1e9:.2f}")
     con = console()

@@ -20,9 +20,15 @@ def profile_rows(profile, borrowed: str = "") -> list[tuple[str, str]]:
     if g is None:
         rows.append(("GPU", "none (host-only profile): pick a shipped GPU to borrow"))
     else:
-        rows += [("GPU", f"{g.name}, {_fig(g.vram_gb, 'GB')}" + (f", borrowed from {borrowed}" if borrowed else "")),
+        n = len(profile.gpus)
+        each = f"{n}x " if n > 1 else ""
+        rows += [("GPU", f"{each}{g.name}, {_fig(g.vram_gb, 'GB')}" + (" each" if n > 1 else "")
+                  + (f", borrowed from {borrowed}" if borrowed else "")),
                  ("HBM / BF16", f"{_fig(g.hbm_gbps, 'GB/s')}, {_fig(g.bf16_tflops, 'TFLOPS')}"),
-                 ("pinned H2D", f"{g.h2d_pinned.at(16 * MiB):.1f} GB/s at 16 MiB ({g.h2d_pinned.provenance})")]
+                 ("pinned H2D", f"{g.h2d_pinned.at(16 * MiB):.1f} GB/s at 16 MiB ({g.h2d_pinned.provenance})"
+                  + (f" each, x{g.pcie_width.value:g}" if n > 1 else ""))]
+        if n > 1:
+            rows.append(("GPU links", gpu_links_text(profile)))
     h = profile.host
     rows += [("RAM", f"{_fig(h.ram_gb, 'GB', '{:.0f}')}, pinnable {h.pinnable_gb.value:.0f} GB, "
                      f"copy {h.ram_gbps.value:.1f} GB/s")]
@@ -34,6 +40,17 @@ def profile_rows(profile, borrowed: str = "") -> list[tuple[str, str]]:
     else:
         rows.append(("NVMe", "none"))
     return rows
+
+
+def gpu_links_text(profile) -> str:
+    """How the GPUs of a several-GPU profile reach each other and the host."""
+    peer, host = profile.peer, profile.concurrent_h2d()
+    kind = {"none": "no peer-to-peer (through host memory)", "pcie": "PCIe peer-to-peer",
+            "nvlink": "NVLink"}[peer.kind]
+    rate = f" {_fig(peer.gbps, 'GB/s')}" if peer.gbps is not None else ""
+    shared = profile.topology.host_links.shared_root_complex if profile.topology is not None else False
+    return (f"{kind}{rate}; host links {'share a root complex' if shared else 'separate'}, "
+            f"{_fig(host, 'GB/s')} H2D to all at once")
 
 
 def model_rows(spec) -> list[tuple[str, str]]:
@@ -62,4 +79,7 @@ def plan_rows(plan) -> list[tuple[str, str]]:
                         f"bound {fmt_tok(p.bound_prefill_tok_s)} ({p.bound_prefill_binding})"),
             ("bytes/token", " · ".join(f"{name} {fmt_bytes(bpt.get(k, 0.0))}" for k, name in TIERS.items())
              + f" · over PCIe {fmt_bytes(bpt.get('pcie', 0.0))}"),
-            ("expert reads", f"VRAM {p.vram_hit_rate:.1%} · RAM {p.ram_share:.1%} · NVMe {p.nvme_share:.1%}")]
+            ("expert reads", f"VRAM {p.vram_hit_rate:.1%} · RAM {p.ram_share:.1%} · NVMe {p.nvme_share:.1%}"),
+            *([("GPUs", " · ".join(f"GPU {g.index}: layers {g.first_layer}..{g.end_layer - 1}"
+                                   + (" + lm_head" if g.lm_head else "") + f", {sum((g.vram or {}).values()) / 1e9:.1f}"
+                                   f" of {g.vram_budget_bytes / 1e9:g} GB" for g in plan.gpus))] if plan.gpus else [])]

@@ -120,7 +120,9 @@ class HardwareScreen(StepScreen):
         if src == DETECT and run is not None and run.notes:
             rows.append(("notes", " ".join(run.notes)))
         figures.update(rows_text(rows))
-        defaults = {"vram": f"{gpu.vram_gb.value:.4g}, the whole card" if gpu else "the borrowed GPU's VRAM",
+        n = len(shown.gpus)
+        whole = f"{gpu.vram_gb.value:.4g} on each of the {n} GPUs" if n > 1 else f"{gpu.vram_gb.value:.4g}, the whole card" if gpu else ""
+        defaults = {"vram": whole if gpu else "the borrowed GPU's VRAM",
                     "ram": f"{prof.host.pinnable_gb.value:.4g}, what the profile can pin",
                     "nvme": f"{prof.nvme[0].capacity_gb.value:.4g}, the drive" if prof.nvme else "0, no drive"}
         for key, text in defaults.items():
@@ -175,7 +177,7 @@ class HardwareScreen(StepScreen):
         machine = load_machine(profile, preset or None)
         vram, ram, nvme = (parse_gb(self.query_one(f"#{k}", Input).value, f"{k.upper()} budget")
                            for k in ("vram", "ram", "nvme"))
-        Budget.from_profile(machine, vram, ram, nvme)          # the planner's own checks
+        Budget.from_profile(machine, vram, ram, nvme, gpus=max(1, machine.n_gpus))   # the planner's own checks
         self.session.choices = self.session.choices.with_(profile=profile, gpu_preset=preset, vram_gb=vram,
                                                           ram_gb=ram, nvme_gb=nvme)
 
