@@ -500,7 +500,9 @@ class CostModel:
                 stall = max(dem_p[j], dem_n[j]) + fill[j]
                 sec["pcie" if dem_p[j] >= dem_n[j] else "nvme"] += max(dem_p[j], dem_n[j])
                 sec["pcie"] += fill[j]
-                host = max(0.0, host_dem[j] - stall) + host_pre[j]      # the host paces the copies, and the hints
+                # the host paces the copies when slower than the link; it gives the hints (issues the prefetches)
+                # while the GPU runs this layer's attention and router, beyond which they delay it
+                host = max(0.0, host_dem[j] - stall) + max(0.0, host_pre[j] - max(t_hbm[i], t_fl[i]))
                 sec["overhead"] += host
                 sec["host_fetch"] += host
                 t += stall + host

@@ -43,6 +43,10 @@ def _moves(problem, L: int) -> list[tuple]:
     if L <= PAIR_LAYERS:
         out += [("layer", {a: d, b: (-d[0], -d[1], -d[2])}) for a in range(L) for b in range(L) if a != b
                 for d in ((-1, +1, 0), (0, 0, -1))]
+        # one static expert of layer a traded for one in each of b and c (layers' experts differ in size: the
+        # freed bytes may hold two; found on a 3-layer instance that pair moves alone could not reach)
+        out += [("layer", {a: (-1, +1, 0), b: (+1, -1, 0), c: (+1, -1, 0)}) for a in range(L)
+                for b in range(L) for c in range(b + 1, L) if a not in (b, c)]
     out += [("depth", -1), ("depth", +1), ("dense", -1), ("dense", +1)]
     if problem.n_gpus > 1:                           # several GPUs: a split point one decoder layer either way,
         out += [("split", (g, d)) for g in range(problem.n_gpus - 1) for d in (-1, +1)]
