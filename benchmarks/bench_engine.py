@@ -43,6 +43,11 @@ DATA = Path(__file__).resolve().parent / "data"
 PLANS = {"ramrich": DATA / "plan-kimi5-h200-ramrich.yaml", "seed": DATA / "plan-kimi5-h200-seed.yaml"}
 
 
+def replay_for(plan) -> Replay:
+    """The runs' routing: the olmoe-like prior, seed 11 (the plans' statistics were sampled with seed 0)."""
+    return Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=4096, seed=11)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True)
@@ -95,10 +100,8 @@ def main() -> int:
                 for mode in ("plan", "lru"):
                     if late(f"{first_name}/{mode}/copy {w}"):
                         continue
-                    replay = Replay.from_prior("olmoe-like", len(first.layers), first.n_experts, first.top_k,
-                                               tokens=4096, seed=11)
-                    r = measure(folder, PLANS[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay,
-                                options=opts)
+                    r = measure(folder, PLANS[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup,
+                                replay=replay_for(plans[first_name]), options=opts)
                     out[f"{first_name}/{mode}/copy{mb}x{n}"] = r
                     key = f"{first_name}.{mode}.copy_{mb}mb_x{n}"
                     tp = r["time_per_token"]
@@ -112,9 +115,7 @@ def main() -> int:
             for mode in a.modes.split(","):
                 if late(f"{name}/{mode}"):
                     continue
-                replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k,
-                                           tokens=4096, seed=11)
-                r = measure(folder, PLANS[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay)
+                r = measure(folder, PLANS[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan))
                 out[f"{name}/{mode}"] = r
                 m = r["measured"]
                 print(f"{name:8s} {mode:9s} decode {m['decode_tok_s']:8.2f} tok/s (predicted for the plan "

@@ -15,7 +15,7 @@ make the experts resident), into segments whose shapes and addresses never chang
 
 Between segments the host does only the store's part: after head_j the round trip and `ensure` (copies
 queued, the compute stream made to wait for them, offsets[j] written on the stream), after tail_j `release`
-and the hints. The first step runs the segments eagerly (kernels compile, scratch is allocated), the
+and the lookahead's ids queued for the host (given to the store at the next round trip). The first step runs the segments eagerly (kernels compile, scratch is allocated), the
 second captures each segment into its own CUDA graph just before its first replay, later steps replay.
 On a CPU device, or with `graphs=False`, the segments run eagerly in the same order (tests hold this
 loop to the model's own forward, which stays the plain reference).
@@ -24,8 +24,8 @@ Host time spent launching segments (graph replays, or eager launches) is summed 
 `timing=True` (CUDA) events on the compute stream split each step's device time per MoE layer into
 compute (head and tail segments), waiting (from the router's end to the tail's start: the round trip,
 the store's work and the copies not yet landed) and idle (from the tail's end to the next segment's
-launch: the host was still busy with `release` and the hints; their small copies to the host land
-there too); `split()` returns the sums since the last call.
+launch: the host was still busy with `release` and queueing the hints; their small copies to the host
+land there too); `split()` returns the sums since the last call.
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ files.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -322,7 +323,8 @@ class ExpertStore:
         self._hints[j] = {}
         batch = self._nvme_batch(j, [e for e, kind in zip(ids, kinds) if kind == DEMAND])
         waits = []
-        with self.transfers.stream():               # the layer's demand copies: one switch to the copy stream
+        copies = any(kind in (DEMAND, LATE) for kind in kinds)
+        with self.transfers.stream() if copies else contextlib.nullcontext():   # one switch for the layer's copies
             for e, kind in zip(ids, kinds):
                 c.uses[kind] += 1
                 if kind == DEMAND:
@@ -332,9 +334,10 @@ class ExpertStore:
         return waits
 
     def _late(self, slot) -> Fetch:
-        """(lock held, the copy stream current: `_claim`) A prefetch `ensure` needs before it landed: a RAM copy still queued for the copy thread
-        is taken back and copied from this thread at once (no wait behind the copy thread's window of earlier
-        prefetch chunks); anything further along is promoted to demand order. Returns the fetch to wait for."""
+        """(lock held, the copy stream current: `_claim`) A prefetch `ensure` needs before it landed: a RAM copy
+        still queued for the copy thread is taken back and copied from this thread at once (no wait behind the
+        copy thread's window of earlier prefetch chunks); anything further along is promoted to demand order.
+        Returns the fetch to wait for."""
         f = slot.fetch
         if f.ram is not None and self.transfers.take_back(f):
             slot.fetch = self.transfers.copy_now(Fetch(f.layer, f.expert, f.dst_offset, f.nbytes, True, ram=f.ram,

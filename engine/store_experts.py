@@ -40,7 +40,7 @@ class StoreExperts:
         self.moe_s = 0.0                      # host time in ensure + launch + release
         self.cuda = store.device.type == "cuda"
         n = store.n_layers
-        self._ring = [torch.empty((max(depth, 1), 2, store.top_k), dtype=torch.float32, pin_memory=True)
+        self._ring = [torch.empty((depth, 2, store.top_k), dtype=torch.float32, pin_memory=True)
                       for _ in range(2 * n)] if self.cuda and depth else []
         self._ring_i = 0
         self._hints: list = []                # (target layers, [depth, 2, k] ids and weights, event or None)
