@@ -671,7 +671,13 @@ def main(argv=None) -> int:
         entries = {("moe" if k == "moe_kimi-k3.1-pro" else k): v for k, v in b.tuned.items() if k != "moe_kimi-k2"}
         data = tuned.config_file(gpu, gpu.lower().replace("nvidia ", ""), f"sm_{major}{minor}", entries,
                                  f"benchmarks/results/{path.name}", os.environ.get("STRATA_GIT_SHA", "unknown"))
-        Path(args.out_dir, gpu.lower().replace(" ", "-") + ".json").write_text(json.dumps(data, indent=1) + "\n")
+        name = gpu.lower().replace(" ", "-") + ".json"
+        shipped_file = tuned.CONFIG_DIR / name          # kinds this run did not sweep keep their shipped entries
+        if shipped_file.exists():
+            kept = {k: v for k, v in tuned.load_config_file(shipped_file)["configs"].items() if k not in data["configs"]}
+            data["configs"] = {**kept, **data["configs"]}
+            data["source"]["kept_from_shipped"] = sorted(kept)
+        Path(args.out_dir, name).write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 

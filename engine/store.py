@@ -60,7 +60,7 @@ class StoreOptions:
     poison: bool = False           # host check that no routed id points at the poison slot
     readers: int = 0               # reader threads; 0: the plan's largest queue depth (at least 4)
     chunk_bytes: int = 8 << 20     # copy chunk
-    chunks_in_flight: int = 3      # chunks queued on the copy stream: a demand copy waits behind at most these
+    chunks_in_flight: int = 1      # prefetch chunks on the copy stream at once: a demand copy waits behind at most these
     speculative_cap: int = 0       # bytes of hinted fetches in flight at once; 0: the staging slots' bytes
     allow_buffered: bool = True    # a filesystem without O_DIRECT: warn and read buffered (benchmarks pass False)
 
@@ -244,6 +244,7 @@ class ExpertStore:
             ids = [e for _, e in sorted(zip([-float(s) for s in scores], ids))]
         with self._lock:
             self._hint(j, ids, depth)
+        self.transfers.pump()                   # the first chunks go out now
 
     def _hint(self, j: int, ids: list[int], depth: int) -> None:
         self._hints[j][depth] = set(ids)
@@ -299,6 +300,7 @@ class ExpertStore:
         ids = [int(e) for e in ids]
         with self._lock:
             waits = self._claim(j, ids)
+        self.transfers.pump()                   # behind the demand copies: prefetches keep the link busy
         c = self.counters.layers[j]
         t0 = time.perf_counter()
         for f in waits:

@@ -15,8 +15,9 @@ Per MoE layer j and call:
    definition of planner/routing/TRACE.md) are computed on the device and copied to pinned host memory
    without a wait; at the next layer's round trip, before reading its router's ids (the GPU is running
    that layer's attention meanwhile), the main thread gives them to the store (`store.hint(j+d, ids,
-   scores, d)`, which issues the prefetches). One thread issues every fetch: no hint thread competing
-   for the interpreter lock. `replay` replaces the router's ids by a replayed routing
+   scores, d)`, which queues the prefetches); their chunks go on the copy stream from the main thread
+   (`Transfers.pump`), also while it waits for the next router's ids. One thread issues every RAM fetch:
+   no hint or copy thread competing for the interpreter lock. `replay` replaces the router's ids by a replayed routing
 (`engine.replay`): the data movement is real, the text is not.
 """
 from __future__ import annotations
@@ -45,6 +46,8 @@ class StoreExperts:
         self._ring_i = 0
         self._hints: list = []                # (target layers, [depth, 2, k] ids and weights, event or None)
         self.hints_s = 0.0                    # host time giving hints to the store (its prefetches issued)
+        self._ids_host = None                 # pinned copy of the router's ids (`_ids_to_host`)
+        self._ids_event = torch.cuda.Event() if self.cuda else None
 
     # ---- the Experts interface -------------------------------------------------------------------
     def __call__(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -64,13 +67,32 @@ class StoreExperts:
         the router's still make the round trip). Returns (ids on the host, ids, weights) for the MoE call."""
         self.give_hints()                     # while the GPU runs this layer's attention and router
         t0 = time.perf_counter()
-        ids = topk_ids.cpu()
+        ids = self._ids_to_host(topk_ids)
         if self.replay is not None:
             ids, w = self.replay.route(j, m, "cpu")
             topk_ids, topk_weights = ids.to(topk_ids.device), w.to(topk_ids.device)
         self.host_sync_s += time.perf_counter() - t0
         self.syncs += 1
         return ids, topk_ids, topk_weights
+
+    def _ids_to_host(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        """The router's ids on the host. While prefetches wait in the store's pump, the main thread keeps
+        putting their chunks on the copy stream until the ids have landed (polling the copy's event, the
+        interpreter lock given up between polls), instead of blocking with the link idle."""
+        tr = self.store.transfers
+        if not (self.cuda and tr.pumping()):
+            return topk_ids.cpu()
+        if self._ids_host is None or self._ids_host.shape != topk_ids.shape or self._ids_host.dtype != topk_ids.dtype:
+            self._ids_host = torch.empty(topk_ids.shape, dtype=topk_ids.dtype, pin_memory=True)
+        self._ids_host.copy_(topk_ids, non_blocking=True)
+        self._ids_event.record()
+        while not self._ids_event.query():
+            if not tr.pumping():
+                self._ids_event.synchronize()
+                break
+            tr.pump()
+            time.sleep(0)
+        return self._ids_host.clone()
 
     def prepare(self, j: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
         """One token's routed experts of MoE layer j resident: (ids, weights, offsets row) for `moe`."""

@@ -9,9 +9,13 @@ by one copy thread on one copy stream.
 NVMe fetches are read with O_DIRECT (`directio.BlobFile`) into one of `bounce_slots` pinned buffers,
 as `split` requests on the reader threads (queue depth = requests in flight over all fetches), then
 copied. Copies over one PCIe link serialize whatever their streams' priorities, so the store orders them
-itself: one copy thread takes demand fetches before prefetches and enqueues each blob in chunks of
-`chunk_bytes`, keeping at most `chunks_in_flight` chunks queued on the copy stream, so a demand copy
-never waits behind more than that many prefetch chunks. A copy into a slot first waits (on the GPU) for
+itself: a demand copy from RAM is enqueued at once by the thread that needs it (`copy_now`, one piece);
+prefetches from RAM wait in the pump's queue and the main thread puts them on the copy stream in chunks
+of `chunk_bytes` (`pump`, called at each hint, `ensure` and while the main thread waits for the router's
+ids), keeping at most `chunks_in_flight` of them unfinished there, so a demand copy never waits behind more
+than that many prefetch chunks and no second thread competes for the interpreter lock to keep the link
+busy; NVMe fetches, once read, and streamed dense weights are enqueued by one copy thread, in chunks under
+the same bound. A copy into a slot first waits (on the GPU) for
 the event of the last kernel that read the slot (`Fetch.after`). A fetch can be cancelled until its copy
 is enqueued (a dropped prefetch). On a CPU device the copies are plain synchronous copies and `event`
 is None. Busy times (reader threads in preadv, the copy stream from first enqueue to last completion)
@@ -87,7 +91,7 @@ class Fetch:
 
 class Transfers:
     def __init__(self, arena: torch.Tensor, bounce_slots: int, slot_bytes: int, readers: int = 8,
-                 chunk_bytes: int = 8 << 20, chunks_in_flight: int = 3):
+                 chunk_bytes: int = 8 << 20, chunks_in_flight: int = 1):
         self.arena = arena
         self.cuda = arena.is_cuda
         self.copy_stream = torch.cuda.Stream(arena.device) if self.cuda else None
@@ -105,6 +109,9 @@ class Transfers:
         self.read_bytes = 0
         self.copy_bytes = 0
         self.timed: list[Fetch] = []  # CUDA fetches whose start/end events give the copy stream's busy time
+        self._pump_q: deque[Fetch] = deque()   # RAM expert prefetches for `pump` (the main thread's), in order
+        self._pump_at = 0                      # bytes of _pump_q[0] already enqueued
+        self._pump_window: deque = deque()     # end events of the pump's chunks not known finished
         self._threads = [threading.Thread(target=self._read_loop, name=f"strata-read-{i}", daemon=True)
                          for i in range(readers if bounce_slots else 0)]
         self._threads.append(threading.Thread(target=self._copy_loop, name="strata-copy", daemon=True))
@@ -113,10 +120,14 @@ class Transfers:
 
     # ---- API ---------------------------------------------------------------------------------------
     def submit(self, f: Fetch) -> Fetch:
+        """Queue a fetch: a RAM expert prefetch for `pump`, anything else for the reader and copy threads."""
         f.seq, f.t_submit = next(self._seq), time.perf_counter()
         with self._lock:
             if self._closed:
                 raise RuntimeError("transfers are closed")
+            if f.file is None and f.dst is None and not f.demand:
+                self._pump_q.append(f)
+                return f
             if f.file is None:
                 heapq.heappush(self._copies, (not f.demand, f.seq, f))
             else:
@@ -133,6 +144,60 @@ class Transfers:
         self._enqueue_copy(f, f.ram, window=None, switched=switched)
         return f
 
+    def pump(self) -> None:
+        """(the main thread) Put queued RAM prefetches on the copy stream, chunk by chunk, while fewer than
+        `chunks_in_flight` of the pump's chunks are unfinished there (on a CPU device: copy them all now)."""
+        q, w = self._pump_q, self._pump_window
+        if not q:
+            return
+        while w and w[0].query():
+            w.popleft()
+        if len(w) >= self.chunks_in_flight:
+            return
+        with self.stream():
+            while q and len(w) < self.chunks_in_flight:
+                self._pump_chunk()
+
+    def pumping(self) -> bool:
+        """Prefetches wait in the pump's queue (the main thread should call `pump` while it waits)."""
+        return bool(self._pump_q)
+
+    def _pump_chunk(self, whole: bool = False) -> None:
+        """(the copy stream current) The next chunk of the pump's first fetch (`whole`: all the rest of it)."""
+        f = self._pump_q[0]
+        if f.cancelled:
+            self._pump_q.popleft()
+            self._pump_at = 0
+            f.enqueued.set()
+            return
+        dst = self.arena[f.dst_offset:f.dst_offset + f.nbytes]
+        a = self._pump_at
+        b = f.nbytes if whole else min(f.nbytes, a + self.chunk_bytes)
+        if not self.cuda:
+            dst[a:b].copy_(f.ram[a:b])
+        else:
+            if a == 0:
+                if f.after is not None:
+                    self.copy_stream.wait_event(f.after)
+                f.spans = []
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(self.copy_stream)
+            dst[a:b].copy_(f.ram[a:b], non_blocking=True)
+            end.record(self.copy_stream)
+            f.spans.append((start, end))
+            self._pump_window.append(end)
+        if b < f.nbytes:
+            self._pump_at = b
+            return
+        self._pump_q.popleft()
+        self._pump_at = 0
+        if self.cuda:
+            f.start, f.event = f.spans[0][0], f.spans[-1][1]
+            self.timed.append(f)
+        with self._lock:
+            self.copy_bytes += f.nbytes
+        f.enqueued.set()
+
     def stream(self):
         """A context making the copy stream current on this thread, for a batch of `copy_now(f, switched=True)`
         (one stream switch instead of one a copy; a switch is torch.cuda Python, tens of us under cProfile)."""
@@ -140,7 +205,12 @@ class Transfers:
 
     def promote(self, f: Fetch) -> None:
         """A prefetch its layer now needs: from here on it is ordered as a demand fetch (its reads, its wait
-        for a bounce buffer and its copy go before every prefetch's), if it is not enqueued yet."""
+        for a bounce buffer and its copy go before every prefetch's), if it is not enqueued yet. A pump
+        fetch already started has the rest of its chunks enqueued now (`take_back` takes the others)."""
+        if self._pump_q and self._pump_q[0] is f and not f.enqueued.is_set():
+            with self.stream():
+                self._pump_chunk(whole=True)
+            return
         with self._lock:
             if f.demand or f.enqueued.is_set():
                 return
@@ -159,6 +229,13 @@ class Transfers:
         with self._lock:
             if f.file is not None or f.enqueued.is_set():
                 return False
+            if f in self._pump_q:
+                if self._pump_q[0] is f and self._pump_at:
+                    return False                  # started: `promote` finishes it
+                self._pump_q.remove(f)
+                f.cancelled = True
+                f.enqueued.set()
+                return True
             for i, item in enumerate(self._copies):
                 if item[2] is f:
                     self._copies.pop(i)
@@ -180,6 +257,10 @@ class Transfers:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
+            for f in self._pump_q:                # never started: nobody waits for them
+                f.cancelled = True
+                f.enqueued.set()
+            self._pump_q.clear()
         for t in self._threads:
             t.join(timeout=10)
         if self.cuda:

@@ -256,16 +256,18 @@ def test_a_plan_needing_more_ram_than_the_machine_has_is_refused_before_loading(
 
 
 def test_a_prefetch_its_layer_needs_is_copied_before_other_prefetches():
-    """`Transfers.promote`: a hinted fetch that `ensure` finds still in flight (LATE) is ordered as a demand:
-    ahead of every prefetch queued before it, for its reads and for its copy (checked in the queues, with the
-    copy and reader threads held off by the transfers' lock)."""
+    """`Transfers.promote`: a fetch of the copy thread's queue that `ensure` finds still in flight (LATE) is
+    ordered as a demand: ahead of every prefetch queued before it, for its reads and for its copy (checked in
+    the queues, with the copy and reader threads held off by the transfers' lock). The copy thread's queue
+    holds NVMe fetches once read and streamed dense weights (`Fetch.dst`); these are the latter."""
     from strata_plan.engine.directio import aligned_empty
     from strata_plan.engine.transfer import Fetch, Transfers
     arena = torch.zeros(1 << 16, dtype=torch.uint8)
     t = Transfers(arena, bounce_slots=0, slot_bytes=4096, readers=0)
     try:
         _, ram = aligned_empty(4 * 4096, pin=False)
-        fs = [Fetch(0, e, e * 4096, 4096, demand=False, ram=ram[e * 4096:(e + 1) * 4096]) for e in range(4)]
+        fs = [Fetch(0, e, 0, 4096, demand=False, ram=ram[e * 4096:(e + 1) * 4096],
+                    dst=arena[e * 4096:(e + 1) * 4096]) for e in range(4)]
         with t._lock:                       # the copy thread waits for the lock: nothing is copied yet
             for f in fs:
                 t.submit(f)
@@ -281,41 +283,47 @@ def test_a_prefetch_its_layer_needs_is_copied_before_other_prefetches():
 
 
 def test_a_late_ram_prefetch_is_taken_back_and_copied_by_the_caller():
-    """`Transfers.take_back`: a RAM prefetch still queued for the copy thread is withdrawn (marked cancelled
-    and done, never copied by the copy thread), so `ensure` copies it itself instead of waiting behind the
-    copy thread's window; one already handed to the copy thread, or an NVMe read, is not taken back."""
+    """RAM prefetches wait in the pump's queue until the main thread pumps them (`Transfers.pump`);
+    `Transfers.take_back` withdraws one not started (marked cancelled and done, never copied), so `ensure`
+    copies it itself at once; one already copied is not taken back; one started (some chunks on the copy
+    stream) is not taken back but finished whole by `promote`."""
     from strata_plan.engine.directio import aligned_empty
     from strata_plan.engine.transfer import Fetch, Transfers
     arena = torch.zeros(1 << 16, dtype=torch.uint8)
-    t = Transfers(arena, bounce_slots=0, slot_bytes=4096, readers=0)
+    t = Transfers(arena, bounce_slots=0, slot_bytes=4096, readers=0, chunk_bytes=1024)
     try:
-        _, ram = aligned_empty(4 * 4096, pin=False)
+        _, ram = aligned_empty(5 * 4096, pin=False)
         ram[:] = 7
-        fs = [Fetch(0, e, e * 4096, 4096, demand=False, ram=ram[e * 4096:(e + 1) * 4096]) for e in range(4)]
-        with t._lock:                       # the copy thread waits for the lock: nothing is copied yet
-            for f in fs:
-                t.submit(f)
-            assert t.take_back(fs[2])
-            assert all(item[2] is not fs[2] for item in t._copies)
+        fs = [Fetch(0, e, e * 4096, 4096, demand=False, ram=ram[e * 4096:(e + 1) * 4096]) for e in range(5)]
+        for f in fs[:4]:
+            t.submit(f)
+        assert t.pumping() and not t._copies and int(arena.sum()) == 0    # queued for the pump, not copied
+        assert t.take_back(fs[2])
         assert fs[2].cancelled and fs[2].done()
-        for f in fs:
-            f.wait_enqueued()
-        assert int(arena[2 * 4096:3 * 4096].sum()) == 0          # the copy thread never copied it
+        t.pump()
+        assert not t.pumping() and all(f.done() for f in fs[:4])
+        assert int(arena[2 * 4096:3 * 4096].sum()) == 0          # never copied
         assert all(int(arena[e * 4096:(e + 1) * 4096].min()) == 7 for e in (0, 1, 3))
         assert not t.take_back(fs[1])                             # already copied
+        t.submit(fs[4])
+        t._pump_chunk()                                           # its first 1024-byte chunk only
+        assert not fs[4].done() and int(arena[4 * 4096:].sum()) == 7 * 1024
+        assert not t.take_back(fs[4])
+        t.promote(fs[4])
+        assert fs[4].done() and int(arena[4 * 4096:5 * 4096].min()) == 7 and not t.pumping()
     finally:
         t.close()
 
 
 def test_ensure_copies_a_late_ram_prefetch_itself(packed, plan_path):
-    """A hinted RAM expert still queued for the copy thread when `ensure` needs it (the copy thread held off by
-    the transfers' lock) is served right: counted LATE, taken back, copied by the caller; its bytes arrive."""
+    """A hinted RAM expert still in the pump's queue when `ensure` needs it (the pump held off) is served
+    right: counted LATE, taken back, copied by the caller; its bytes arrive."""
     plan = tiers(load_plan(plan_path), 0, 32, 4, depth=1)
     with open_store(packed, plan) as store:
-        with store.transfers._lock:
-            store.hint(1, [5], depth=1)
-            f = store.residency.slot_of(1, 5).fetch
-            offs = store.ensure(1, [5, 6])
+        store.transfers.pump = lambda: None          # the main thread never got to pump it
+        store.hint(1, [5], depth=1)
+        f = store.residency.slot_of(1, 5).fetch
+        offs = store.ensure(1, [5, 6])
         assert f.cancelled and store.residency.slot_of(1, 5).fetch is not f
         store.release(1)
         o, want = int(offs[5]), packed[1][1][5]
