@@ -178,7 +178,7 @@ def _fetch_host(r: dict, where: str, prefix: str) -> tuple[float, float] | None:
     """(host seconds per fetched expert, fetches per token) of an LRU-only run without NVMe: the store's host time in
     `ensure` and the launch, less its waits for fetches, over the experts it fetched. None for other modes:
     with lookahead the store also issues and waits for prefetches, and on-demand runs
-    measured about twice the LRU figure per fetch on the H200 (unexplained: engine/ENGINE.md)."""
+    measured about twice the LRU figure per fetch on the H200 at 61d12b8 (not seen at 72fdad2: engine/ENGINE.md)."""
     if r.get("mode") != "lru" or (r.get("bytes_per_token") or {}).get("nvme", 0.0) > 0:
         return None                       # NVMe fetches also pay the reader threads' share of the lock
     fetches = sum((r.get("counters") or {}).get("fetches_from", {}).values())
