@@ -1,5 +1,5 @@
-"""Moving expert blobs to the device arena: NVMe reads on a reader pool, host-to-device copies ordered
-by one copy thread on one copy stream.
+"""Moving expert blobs to the device arena: NVMe reads on a reader pool, host-to-device copies on one
+copy stream, ordered by the store.
 
     t = Transfers(arena, bounce_slots=..., slot_bytes=..., readers=8)
     f = Fetch(layer, expert, dst_offset, nbytes, demand=True, ram=view)           # from pinned RAM
@@ -9,18 +9,20 @@ by one copy thread on one copy stream.
 NVMe fetches are read with O_DIRECT (`directio.BlobFile`) into one of `bounce_slots` pinned buffers,
 as `split` requests on the reader threads (queue depth = requests in flight over all fetches), then
 copied. Copies over one PCIe link serialize whatever their streams' priorities, so the store orders them
-itself: a demand copy from RAM is enqueued at once by the thread that needs it (`copy_now`, one piece);
-prefetches from RAM wait in the pump's queue and the main thread puts them on the copy stream in chunks
-of `chunk_bytes` (`pump`, called at each hint, `ensure` and while the main thread waits for the router's
-ids), keeping at most `chunks_in_flight` of them unfinished there, so a demand copy never waits behind more
-than that many prefetch chunks and no second thread competes for the interpreter lock to keep the link
-busy; NVMe fetches, once read, and streamed dense weights are enqueued by one copy thread, in chunks under
-the same bound. A copy into a slot first waits (on the GPU) for
-the event of the last kernel that read the slot (`Fetch.after`). A fetch can be cancelled until its copy
-is enqueued (a dropped prefetch). On a CPU device the copies are plain synchronous copies and `event`
-is None. Busy times (reader threads in preadv, the copy stream from first enqueue to last completion)
-are accumulated for the benchmark. Streamed dense weights (`engine.dense`) take the same queue with
-`Fetch.dst` naming their device buffer instead of an arena offset.
+itself:
+- a demand copy from RAM is enqueued at once, in one piece, by the thread that needs it (`copy_now`);
+- prefetches from RAM wait in the pump's queue; the main thread puts them on the copy stream in chunks of
+  `chunk_bytes` (`pump`, called at each hint, after `ensure` and while it waits for the router's ids), so
+  no second thread competes for the interpreter lock to keep the link busy;
+- NVMe fetches, once read, and streamed dense weights are enqueued in chunks by one copy thread, demand
+  before prefetch;
+- the pump's and the copy thread's chunks share one window of at most `chunks_in_flight` unfinished
+  chunks (`_window`), so a demand copy never waits behind more than that many chunks.
+A copy into a slot first waits (on the GPU) for the event of the last kernel that read the slot
+(`Fetch.after`). A fetch can be cancelled until its copy is enqueued (a dropped prefetch). On a CPU device
+the copies are plain synchronous copies and `event` is None. Busy times (reader threads in preadv, the
+copy stream's chunks) are accumulated for the benchmark. Streamed dense weights (`engine.dense`) take the
+copy thread's queue with `Fetch.dst` naming their device buffer instead of an arena offset.
 """
 from __future__ import annotations
 
@@ -111,7 +113,10 @@ class Transfers:
         self.timed: list[Fetch] = []  # CUDA fetches whose start/end events give the copy stream's busy time
         self._pump_q: deque[Fetch] = deque()   # RAM expert prefetches for `pump` (the main thread's), in order
         self._pump_at = 0                      # bytes of _pump_q[0] already enqueued
-        self._pump_window: deque = deque()     # end events of the pump's chunks not known finished
+        # the chunks of prefetches (the pump's) and of the copy thread's copies unfinished on the copy stream,
+        # shared so that together they never exceed chunks_in_flight: (end event, fetch whose bounce buffer
+        # frees when it completes, or None); lock held to change it
+        self._window: deque = deque()
         self._threads = [threading.Thread(target=self._read_loop, name=f"strata-read-{i}", daemon=True)
                          for i in range(readers if bounce_slots else 0)]
         self._threads.append(threading.Thread(target=self._copy_loop, name="strata-copy", daemon=True))
@@ -141,22 +146,22 @@ class Transfers:
         one piece (chunks bound a demand's wait behind prefetches; a demand itself needs none). switched:
         the caller made the copy stream current already (`with transfers.stream():` around a batch)."""
         f.seq, f.t_submit = next(self._seq), time.perf_counter()
-        self._enqueue_copy(f, f.ram, window=None, switched=switched)
+        self._enqueue_copy(f, f.ram, switched=switched)
         return f
 
     def pump(self) -> None:
         """(the main thread) Put queued RAM prefetches on the copy stream, chunk by chunk, while fewer than
         `chunks_in_flight` of the pump's chunks are unfinished there (on a CPU device: copy them all now)."""
-        q, w = self._pump_q, self._pump_window
+        q, w = self._pump_q, self._window
         if not q:
             return
-        while w and w[0].query():
-            w.popleft()
-        if len(w) >= self.chunks_in_flight:
-            return
-        with self.stream():
-            while q and len(w) < self.chunks_in_flight:
-                self._pump_chunk()
+        with self._lock:
+            self._retire_done()
+            if len(w) >= self.chunks_in_flight:
+                return
+            with self.stream():
+                while q and len(w) < self.chunks_in_flight:
+                    self._pump_chunk()
 
     def pumping(self) -> bool:
         """Prefetches wait in the pump's queue (the main thread should call `pump` while it waits)."""
@@ -180,12 +185,9 @@ class Transfers:
                 if f.after is not None:
                     self.copy_stream.wait_event(f.after)
                 f.spans = []
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(self.copy_stream)
-            dst[a:b].copy_(f.ram[a:b], non_blocking=True)
-            end.record(self.copy_stream)
-            f.spans.append((start, end))
-            self._pump_window.append(end)
+            f.spans.append(self._copy_chunk(dst, f.ram, a, b))
+            with self._lock:
+                self._window.append((f.spans[-1][1], None))
         if b < f.nbytes:
             self._pump_at = b
             return
@@ -316,12 +318,11 @@ class Transfers:
 
     # ---- the copy thread -----------------------------------------------------------------------------
     def _copy_loop(self) -> None:
-        window: deque = deque()          # (event, fetch whose bounce frees when it completes, or None)
         while True:
             with self._lock:
                 while not self._copies and not self._closed:
-                    if window:
-                        break
+                    if any(f is not None for _, f in self._window):
+                        break                     # a bounce buffer frees when its copy completes
                     self._lock.wait()
                 if self._closed:
                     return
@@ -330,22 +331,32 @@ class Transfers:
                     self._release_bounce(item)
                     item.enqueued.set()
                     continue
-            if item is None:                      # nothing new: retire the oldest chunk in flight
-                self._retire(window)
+            if item is None:                      # nothing new: wait for the oldest chunk in flight
+                self._wait_oldest()
                 continue
             src = self._bounce[item._bounce][1][:item.nbytes] if item.file is not None else item.ram
             try:
-                self._enqueue_copy(item, src, window)
+                self._enqueue_copy(item, src, windowed=True)
             except Exception as e:               # noqa: BLE001 - reported on the fetch, raised by the store
                 item.error = FetchError(f"copy failed for {item.describe()}: {e}")
                 item.enqueued.set()
 
-    def _retire(self, window: deque) -> None:
-        ev, f = window.popleft()
-        ev.synchronize()                          # releases the GIL while it waits
-        if f is not None:
-            with self._lock:
+    def _retire_done(self) -> None:
+        """(lock held) Drop the window's finished chunks, oldest first, freeing their bounce buffers."""
+        w = self._window
+        while w and w[0][0].query():
+            _, f = w.popleft()
+            if f is not None:
                 self._release_bounce(f)
+
+    def _wait_oldest(self) -> None:
+        """Wait (lock not held, the interpreter lock released) for the window's oldest chunk, then retire."""
+        with self._lock:
+            ev = self._window[0][0] if self._window else None
+        if ev is not None:
+            ev.synchronize()
+        with self._lock:
+            self._retire_done()
 
     def _release_bounce(self, f: Fetch) -> None:
         """(lock held) Return a fetch's bounce buffer and admit waiting reads."""
@@ -355,7 +366,7 @@ class Transfers:
             self._admit()
             self._lock.notify_all()
 
-    def _enqueue_copy(self, f: Fetch, src: torch.Tensor, window: deque | None, switched: bool = False) -> None:
+    def _enqueue_copy(self, f: Fetch, src: torch.Tensor, windowed: bool = False, switched: bool = False) -> None:
         dst = f.dst if f.dst is not None else self.arena[f.dst_offset:f.dst_offset + f.nbytes]
         if not self.cuda:
             dst.copy_(src)
@@ -364,27 +375,36 @@ class Transfers:
                 self._release_bounce(f)
             f.enqueued.set()
             return
-        chunk = self.chunk_bytes if window is not None else max(1, f.nbytes)     # demand copies: one piece
-        with contextlib.nullcontext() if switched else torch.cuda.stream(self.copy_stream):
+        chunk = self.chunk_bytes if windowed else max(1, f.nbytes)     # demand copies from RAM: one piece
+        with contextlib.nullcontext() if switched else self.stream():
             if f.after is not None:
                 self.copy_stream.wait_event(f.after)
             f.spans = []
             for a in range(0, max(1, f.nbytes), chunk):
                 b = min(f.nbytes, a + chunk)
-                if window is not None:
-                    while len(window) >= self.chunks_in_flight:
-                        self._retire(window)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(self.copy_stream)
-                dst[a:b].copy_(src[a:b], non_blocking=True)
-                end.record(self.copy_stream)
-                f.spans.append((start, end))
-                if window is not None:
-                    window.append((end, f if b == f.nbytes and f.file is not None else None))
+                if not windowed:
+                    f.spans.append(self._copy_chunk(dst, src, a, b))
+                    continue
+                while True:                       # room in the shared window, then the chunk (lock held)
+                    with self._lock:
+                        self._retire_done()
+                        if len(self._window) < self.chunks_in_flight:
+                            f.spans.append(self._copy_chunk(dst, src, a, b))
+                            self._window.append((f.spans[-1][1], f if b == f.nbytes and f.file is not None else None))
+                            break
+                    self._wait_oldest()
             f.start, f.event = f.spans[0][0], f.spans[-1][1]
         self.copy_bytes += f.nbytes
         self.timed.append(f)
         f.enqueued.set()
+
+    def _copy_chunk(self, dst: torch.Tensor, src: torch.Tensor, a: int, b: int) -> tuple:
+        """(the copy stream current) Bytes [a, b) of src into dst between two timing events; (start, end)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(self.copy_stream)
+        dst[a:b].copy_(src[a:b], non_blocking=True)
+        end.record(self.copy_stream)
+        return start, end
 
     def copy_busy_s(self) -> float:
         """Seconds the copy stream spent copying: the sum of every chunk's own start-to-end (chunks on one

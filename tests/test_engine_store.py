@@ -330,3 +330,72 @@ def test_ensure_copies_a_late_ram_prefetch_itself(packed, plan_path):
         assert np.array_equal(store.arena[o:o + want.size].numpy(), want)
         c = store.counters.to_data()
         assert c["by_kind"]["late"] == 1 and c["uses"] == 2 and c["layers"][1]["fetches_from"]["ram"] == 2
+
+
+def test_prefetch_chunks_share_one_window(monkeypatch):
+    """The CUDA path of `Transfers.pump` with stand-in events on the CPU: at most `chunks_in_flight` chunks
+    unfinished on the copy stream, the pump's and the copy thread's counted together (`_window`): the pump
+    puts one chunk out and nothing more until it finishes, and a copy-thread chunk in the window holds it
+    back too; every byte lands, in chunks of `chunk_bytes`."""
+    import contextlib
+
+    from strata_plan.engine.directio import aligned_empty
+    from strata_plan.engine.transfer import Fetch, Transfers
+
+    class Event:                              # a CUDA event that finishes when the test says so
+        def __init__(self, enable_timing=False):
+            self.finished = False
+
+        def record(self, stream=None):
+            pass
+
+        def query(self):
+            return self.finished
+
+        def synchronize(self):
+            self.finished = True
+
+    class Stream:
+        def wait_event(self, ev):
+            pass
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    arena = torch.zeros(1 << 14, dtype=torch.uint8)
+    t = Transfers(arena, bounce_slots=0, slot_bytes=4096, readers=0, chunk_bytes=1024, chunks_in_flight=1)
+    t.cuda, t.copy_stream, t.stream = True, Stream(), contextlib.nullcontext
+    try:
+        _, ram = aligned_empty(2 * 4096, pin=False)
+        ram[:] = 5
+        fs = [Fetch(0, e, e * 4096, 4096, demand=False, ram=ram[e * 4096:(e + 1) * 4096]) for e in range(2)]
+        for f in fs:
+            t.submit(f)
+        landed = lambda: int(arena.sum()) // 5          # noqa: E731
+        t.pump()
+        assert len(t._window) == 1 and landed() == 1024
+        t.pump()
+        assert len(t._window) == 1 and landed() == 1024  # the window is full until that chunk finishes
+        t._window[0][0].finished = True
+        t.pump()
+        assert landed() == 2048
+        t._window[0][0].finished = True
+        copy_thread_chunk = Event()
+        t._window.append((copy_thread_chunk, None))
+        t.pump()
+        assert landed() == 2048                         # held back by the copy thread's chunk
+        copy_thread_chunk.finished = True
+        while t.pumping():
+            for ev, _ in t._window:
+                ev.finished = True
+            t.pump()
+        assert landed() == 8192 and not fs[1].done()    # its last chunk is still on the copy stream
+        t._window[-1][0].finished = True
+        assert all(f.done() and len(f.spans) == 4 for f in fs)
+        dense = Fetch(0, -1, 0, 4096, demand=False, ram=ram[:4096], dst=arena[8192:12288])   # the copy thread's
+        t.submit(dense)
+        dense.wait_enqueued()
+        assert len(dense.spans) == 4 and int(arena[8192:12288].min()) == 5 and len(t._window) <= 1
+    finally:
+        t.close()
