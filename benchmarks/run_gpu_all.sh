@@ -6,6 +6,10 @@
 #       single GEMVs, launch overhead, profiler GEMV (kernels); fused_moe host time (kernels-moe-host)
 #   STRATA_GIT_SHA=<sha> OUT=$OUT bash benchmarks/run_gpu_all.sh 2
 #       prefill GEMMs in bursts and back to back (kernels-prefill); fused MoE prefill (kernels-moe-prefill)
+# GemLite (the baseline of the GemLite rows; pure Python over Triton, not on the GPU machine) goes as a wheel
+# in .whl/, made here once and carried (device `carry`: [".whl"]):
+#   python3 -m pip download --no-deps -d /tmp/gl gemlite==0.6.0.post2 && python3 -m pip wheel --no-deps /tmp/gl/gemlite-*.tar.gz -w .whl
+# Without it those rows fail in one line ("No module named 'gemlite'") and every other row runs.
 # Then here: cp <files_at>/*.json benchmarks/results/ && python benchmarks/summarize.py
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
