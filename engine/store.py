@@ -336,10 +336,10 @@ class ExpertStore:
         return waits
 
     def _late(self, slot) -> Fetch:
-        """(lock held, the copy stream current: `_claim`) A prefetch `ensure` needs before it landed: a RAM copy
-        still queued for the copy thread is taken back and copied from this thread at once (no wait behind the
-        copy thread's window of earlier prefetch chunks); anything further along is promoted to demand order.
-        Returns the fetch to wait for."""
+        """(lock held, the copy stream current: `_claim`) A prefetch `ensure` needs before it landed: a RAM
+        prefetch not yet started in the pump's queue is taken back and copied from this thread at once, in one
+        piece; one started has its remaining chunks enqueued now, and an NVMe one is promoted to demand order
+        (`Transfers.promote`). Returns the fetch to wait for."""
         f = slot.fetch
         if f.ram is not None and self.transfers.take_back(f):
             slot.fetch = self.transfers.copy_now(Fetch(f.layer, f.expert, f.dst_offset, f.nbytes, True, ram=f.ram,

@@ -150,8 +150,8 @@ class Transfers:
         return f
 
     def pump(self) -> None:
-        """(the main thread) Put queued RAM prefetches on the copy stream, chunk by chunk, while fewer than
-        `chunks_in_flight` of the pump's chunks are unfinished there (on a CPU device: copy them all now)."""
+        """(the main thread) Put queued RAM prefetches on the copy stream, chunk by chunk, while the shared
+        window holds fewer than `chunks_in_flight` unfinished chunks (on a CPU device: copy them all now)."""
         q, w = self._pump_q, self._window
         if not q:
             return
@@ -182,9 +182,7 @@ class Transfers:
             dst[a:b].copy_(f.ram[a:b])
         else:
             if a == 0:
-                if f.after is not None:
-                    self.copy_stream.wait_event(f.after)
-                f.spans = []
+                self._begin(f)
             f.spans.append(self._copy_chunk(dst, f.ram, a, b))
             with self._lock:
                 self._window.append((f.spans[-1][1], None))
@@ -193,12 +191,7 @@ class Transfers:
             return
         self._pump_q.popleft()
         self._pump_at = 0
-        if self.cuda:
-            f.start, f.event = f.spans[0][0], f.spans[-1][1]
-            self.timed.append(f)
-        with self._lock:
-            self.copy_bytes += f.nbytes
-        f.enqueued.set()
+        self._finish(f)
 
     def stream(self):
         """A context making the copy stream current on this thread, for a batch of `copy_now(f, switched=True)`
@@ -225,27 +218,16 @@ class Transfers:
             self._lock.notify_all()
 
     def take_back(self, f: Fetch) -> bool:
-        """Withdraw a RAM fetch from the copy thread's queue if its copy has not been handed to the copy thread
-        yet: True if withdrawn (it is marked cancelled and done; the caller copies the blob itself, e.g. by
-        `copy_now` from the thread that needs it, instead of waiting for the copy thread to reach it)."""
+        """Withdraw a RAM prefetch from the pump's queue if none of it is on the copy stream yet: True if
+        withdrawn (it is marked cancelled and done; the caller copies the blob itself, by `copy_now` from the
+        thread that needs it). One started is finished by `promote`."""
         with self._lock:
-            if f.file is not None or f.enqueued.is_set():
+            if f.enqueued.is_set() or f not in self._pump_q or (self._pump_q[0] is f and self._pump_at):
                 return False
-            if f in self._pump_q:
-                if self._pump_q[0] is f and self._pump_at:
-                    return False                  # started: `promote` finishes it
-                self._pump_q.remove(f)
-                f.cancelled = True
-                f.enqueued.set()
-                return True
-            for i, item in enumerate(self._copies):
-                if item[2] is f:
-                    self._copies.pop(i)
-                    heapq.heapify(self._copies)
-                    f.cancelled = True
-                    f.enqueued.set()
-                    return True
-        return False
+            self._pump_q.remove(f)
+            f.cancelled = True
+            f.enqueued.set()
+            return True
 
     def cancel(self, f: Fetch) -> bool:
         """Drop a fetch whose copy is not enqueued yet; True if it was dropped (else it lands anyway)."""
@@ -370,16 +352,13 @@ class Transfers:
         dst = f.dst if f.dst is not None else self.arena[f.dst_offset:f.dst_offset + f.nbytes]
         if not self.cuda:
             dst.copy_(src)
-            self.copy_bytes += f.nbytes
             with self._lock:
                 self._release_bounce(f)
-            f.enqueued.set()
+            self._finish(f)
             return
         chunk = self.chunk_bytes if windowed else max(1, f.nbytes)     # demand copies from RAM: one piece
         with contextlib.nullcontext() if switched else self.stream():
-            if f.after is not None:
-                self.copy_stream.wait_event(f.after)
-            f.spans = []
+            self._begin(f)
             for a in range(0, max(1, f.nbytes), chunk):
                 b = min(f.nbytes, a + chunk)
                 if not windowed:
@@ -393,9 +372,21 @@ class Transfers:
                             self._window.append((f.spans[-1][1], f if b == f.nbytes and f.file is not None else None))
                             break
                     self._wait_oldest()
+        self._finish(f)
+
+    def _begin(self, f: Fetch) -> None:
+        """(CUDA, the copy stream current) Before a fetch's first chunk: wait for the slot's last reader."""
+        if f.after is not None:
+            self.copy_stream.wait_event(f.after)
+        f.spans = []
+
+    def _finish(self, f: Fetch) -> None:
+        """After a fetch's last chunk is enqueued: its readiness and timing events, counted, enqueued."""
+        if self.cuda:
             f.start, f.event = f.spans[0][0], f.spans[-1][1]
-        self.copy_bytes += f.nbytes
-        self.timed.append(f)
+            self.timed.append(f)
+        with self._lock:
+            self.copy_bytes += f.nbytes
         f.enqueued.set()
 
     def _copy_chunk(self, dst: torch.Tensor, src: torch.Tensor, a: int, b: int) -> tuple:
