@@ -19,9 +19,12 @@ What the runs identify, and how each constant is fitted:
 - `layer_overhead_us` (and `hbm_efficiency` where the runs separate it): least squares on decode seconds
   per token, predicted (`repredict.predict_plan`, the plan as the run executed it) against measured, each
   run's residual relative to its measurement so that every run counts alike; Gauss-Newton on the
-  piecewise-linear prediction (the walk's maxima), with a numerical Jacobian.
+  piecewise-linear prediction (the walk's maxima), with a numerical Jacobian and halved steps.
 - `hbm_efficiency` is fitted only when its column of the Jacobian is not (nearly) parallel to the
   overhead's: runs of one model at one context move HBM time and per-layer overhead together.
+- `prefetch_overlap` (the share of a prefetch's link time the engine hides) jointly with them, from the
+  lookahead runs (mode `plan` at depth > 0), clamped to [0, 1] and started from 0 (near 1 a lookahead token
+  is bound by the link's busy time, where it moves nothing). Each step is halved until it lowers the squares.
 - Left alone: `compute_efficiency` (decode at batch 1 is never compute-bound; the prefill a bench times is
   one chunk shorter than the plan's and bound by the measured expansion rate), `copy_overlap` (measured by
   the profiler), `dense_stream_efficiency` (the engine keeps dense weights resident).
@@ -307,25 +310,36 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     if fus:
         prof = _with_calibration(prof, host_fetch_us=_figure(fetch, sources, f"host time per fetched expert, {fspread}"))
 
-    def at(o: float, e: float):
-        return _with_calibration(prof, layer_overhead_us=dataclasses.replace(cal.layer_overhead_us, value=o),
-                                 hbm_efficiency=dataclasses.replace(cal.hbm_efficiency, value=e))
+    names = ("layer_overhead_us", "hbm_efficiency", "prefetch_overlap")
+    lo, hi = np.array([0.0, 0.05, 0.0]), np.array([np.inf, 1.0, 1.0])
 
-    def resid(o: float, e: float) -> np.ndarray:
-        return pred.seconds(at(o, e)) / meas - 1.0
+    def at(x: np.ndarray):
+        figs = {n: dataclasses.replace(f, value=float(v)) for n, f, v in
+                zip(names, (cal.layer_overhead_us, cal.hbm_efficiency, cal.overlap), x)}
+        return _with_calibration(prof, **figs)
 
-    o, e = cal.layer_overhead_us.value, cal.hbm_efficiency.value
+    def resid(x: np.ndarray) -> np.ndarray:
+        return pred.seconds(at(x)) / meas - 1.0
 
-    def jac(o: float, e: float, r0: np.ndarray) -> np.ndarray:
-        ho, he = max(1.0, 0.01 * o), 0.01 * e
-        return np.stack([(resid(o + ho, e) - r0) / ho, (resid(o, e - he) - r0) / -he], axis=1)
+    def jac(x: np.ndarray, r0: np.ndarray) -> np.ndarray:
+        cols = []
+        for i, h in enumerate((max(1.0, 0.01 * x[0]), -0.01 * x[1], -0.01 if x[2] > 0.5 else 0.01)):
+            y = x.copy()
+            y[i] += h
+            cols.append((resid(y) - r0) / h)
+        return np.stack(cols, axis=1)
 
-    r0 = resid(o, e)
-    J = jac(o, e, r0)
+    look = [r for r in runs if _looks_ahead(r)]
+    # from no overlap: near full overlap a lookahead token is bound by the link's busy time, where the overlap
+    # moves nothing (a zero column)
+    x = np.array([cal.layer_overhead_us.value, cal.hbm_efficiency.value, 0.0 if look else cal.overlap.value])
+    r0 = resid(x)
+    J = jac(x, r0)
     norms = np.linalg.norm(J, axis=0)
     fit_o = norms[0] > 1e-12
     cos = abs(float(J[:, 0] @ J[:, 1])) / (norms[0] * norms[1]) if fit_o and norms[1] > 1e-12 else 1.0
     fit_e = fit_o and norms[1] > 1e-12 and cos < COLLINEAR and len(runs) >= 2
+    fit_ov = norms[2] > 1e-12
     why_o = ("least squares on decode s/token" if fit_o else "left alone: no run's predicted token is paced by the "
              "per-layer host terms (every run bound by a link's busy time)")
     why_e = ("least squares on decode s/token, with layer_overhead_us" if fit_e else
@@ -333,23 +347,29 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
                                "no run's predicted token depends on it" if norms[1] <= 1e-12 else
                                f"the runs move it together with layer_overhead_us (|cos| {cos:.3f} between their "
                                "columns): runs of other models or contexts separate them"))
-    for _ in range(iterations if fit_o else 0):
-        cols = [0, 1] if fit_e else [0]
-        A = J[:, cols]
-        step, *_ = np.linalg.lstsq(A, -r0, rcond=None)
-        o_new = max(0.0, o + float(step[0]))
-        e_new = min(1.0, max(0.05, e + float(step[1]))) if fit_e else e
-        done = abs(o_new - o) <= 1e-6 * max(1.0, o) and abs(e_new - e) <= 1e-9
-        o, e = o_new, e_new
-        r0 = resid(o, e)
+    why_ov = (f"least squares on decode s/token, with the others ({len(look)} lookahead runs)" if fit_ov else
+              "left alone: " + ("no lookahead run" if not look else "no lookahead run's predicted token depends on "
+                                "it (bound by a link's busy time)"))
+    cols = [i for i, ok in enumerate((fit_o, fit_e, fit_ov)) if ok]
+    for _ in range(iterations if cols else 0):
+        step, *_ = np.linalg.lstsq(J[:, cols], -r0, rcond=None)
+        for _half in range(12):           # backtrack: the prediction is piecewise linear (the walk's maxima)
+            x_new = x.copy()
+            x_new[cols] = np.clip(x[cols] + step, lo[cols], hi[cols])
+            r_new = resid(x_new)
+            if float(r_new @ r_new) <= float(r0 @ r0):
+                break
+            step = step / 2
+        else:
+            break                         # no step lowers the squares: a minimum
+        done = bool(np.all(np.abs(x_new - x) <= 1e-6 * np.maximum(1.0, np.abs(x))))
+        x, r0 = x_new, r_new
         if done:
             break
-        J = jac(o, e, r0)
-    figures = {}
-    if fit_o:
-        figures["layer_overhead_us"] = _figure(o, sources, why_o)
-    if fit_e:
-        figures["hbm_efficiency"] = _figure(e, sources, why_e)
+        J = jac(x, r0)
+    o, e, ov = (float(v) for v in x)
+    figures = {n: _figure(v, sources, why) for n, v, why, ok in
+               zip(names, (o, e, ov), (why_o, why_e, why_ov), (fit_o, fit_e, fit_ov)) if ok}
     prof = _with_calibration(prof, **figures)
     after = pred.seconds(prof)
     left = "left alone: "
@@ -359,6 +379,7 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
                  f"LRU-only runs, {fspread}" if fus else "left alone: no LRU-only graphed run", bool(fus)),
         Constant("layer_overhead_us", cal.layer_overhead_us.value, o if fit_o else cal.layer_overhead_us.value, why_o, fit_o),
         Constant("hbm_efficiency", cal.hbm_efficiency.value, e if fit_e else cal.hbm_efficiency.value, why_e, fit_e),
+        Constant("prefetch_overlap", cal.overlap.value, ov if fit_ov else cal.overlap.value, why_ov, fit_ov),
         Constant("compute_efficiency", cal.compute_efficiency.value, cal.compute_efficiency.value, left +
                  "decode at batch 1 is never compute-bound, and a bench times one prefill chunk", False),
         Constant("copy_overlap", cal.copy_overlap.value, cal.copy_overlap.value, left + "the profiler measures it", False),
@@ -366,6 +387,10 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
                  left + "the engine streams no dense weights", False),
     )
     return Fit(prof, constants, tuple(RunFit(r, float(b), float(a)) for r, b, a in zip(runs, before, after)))
+
+
+def _looks_ahead(r: Run) -> bool:
+    return r.mode == "plan" and r.plan.prefetch_depth > 0
 
 
 def check(runs: list[Run], profile, calibration) -> list[tuple[Run, float]]:

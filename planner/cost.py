@@ -20,7 +20,8 @@ Both wait for a host round trip rt (calibration `moe_round_trip_us`): the router
 hints) reach the host, the store issues the copies, the MoE call is launched.
 
     t += overhead + max((dense_i + kv_i) / (HBM x hbm_eff), FLOPs_i / (TFLOPS x compute_eff))   each layer
-    t += rt + demand stall;  t = max(t, done_{j-d} + rt + prefetch time);                      MoE layers
+    t += rt + demand stall + (1 - overlap) prefetch time;  t = max(t, done_{j-d} + rt + prefetch time)   MoE layers
+    (overlap: calibration `prefetch_overlap`, the share of a prefetch's link time the engine hides; 1 the ideal)
     t += k sum_r p_r b_r / kernel_GBps(format_r);  done_j = t   (kernel_GBps: the fused MoE decode call, rates.py)
     streamed dense weights: double buffered, serial on the link, must land before their layer starts
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
@@ -137,6 +138,11 @@ class CostModel:
     def host_fetch(self) -> float:
         """Seconds of host time to issue one expert fetch (the store's bookkeeping and the copy's enqueue)."""
         return self._cal.host_fetch.value * 1e-6
+
+    @cached_property
+    def prefetch_overlap(self) -> float:
+        """Share (0..1) of a prefetch's link time hidden behind the rest of the token (calibration)."""
+        return min(1.0, max(0.0, self._cal.overlap.value))
 
     @cached_property
     def round_trip(self) -> float:
@@ -506,10 +512,15 @@ class CostModel:
                 sec["overhead"] += host
                 sec["host_fetch"] += host
                 t += stall + host
-                if depth and j >= depth:                   # the hints' ids reach the host a round trip after
-                    ready = moe_done[j - depth] + self.round_trip + max(pre_p[j], pre_n[j])   # their source
+                if depth and j >= depth:
+                    pre, link = max(pre_p[j], pre_n[j]), "pcie" if pre_p[j] >= pre_n[j] else "nvme"
+                    serial = (1.0 - self.prefetch_overlap) * pre     # the share the engine does not hide
+                    sec[link] += serial
+                    t += serial
+                    # the hints' ids reach the host a round trip after their source
+                    ready = moe_done[j - depth] + self.round_trip + pre
                     if ready > t:
-                        sec["pcie" if pre_p[j] >= pre_n[j] else "nvme"] += ready - t
+                        sec[link] += ready - t
                         t = ready
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
                 t += t_exp[j]

@@ -264,6 +264,7 @@ class Calibration:
     dense_stream_efficiency: Figure   # fraction of pinned H2D reached when streaming dense weights
     moe_round_trip_us: Figure | None = None   # host round trip of one MoE layer per token; None: the default
     host_fetch_us: Figure | None = None       # host time the store spends issuing one expert fetch; None: the default
+    prefetch_overlap: Figure | None = None    # share of the lookahead's link time hidden behind other work; None: 1
 
     @property
     def round_trip(self) -> Figure:
@@ -277,6 +278,11 @@ class Calibration:
         """`host_fetch_us`, or the default estimate (`DEFAULT_HOST_FETCH`) where the profile has none."""
         return self.host_fetch_us if self.host_fetch_us is not None else DEFAULT_HOST_FETCH
 
+    @property
+    def overlap(self) -> Figure:
+        """`prefetch_overlap`, or the default (`DEFAULT_PREFETCH_OVERLAP`, the ideal) where the profile has none."""
+        return self.prefetch_overlap if self.prefetch_overlap is not None else DEFAULT_PREFETCH_OVERLAP
+
 
 DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
                                 "(engine/ENGINE.md); refine with `strata-plan calibrate`")
@@ -289,6 +295,13 @@ DEFAULT_HOST_FETCH = Figure(90.0, "estimate", "H200 host, the engine's store (Py
 """Host time of one expert fetch issued by the store (bookkeeping, the copy's enqueue, its events): the demand
 fetches of a MoE layer are issued one after another after its round trip, the hinted ones by the hint thread
 under the same interpreter lock (planner/PLANNER.md, "Host time per fetch")."""
+
+
+DEFAULT_PREFETCH_OVERLAP = Figure(1.0, "estimate", "the ideal: every prefetch copy runs while the GPU computes or the "
+                                  "host works; measured 0.14-0.36 on the H200 (planner/PLANNER.md, \"Lookahead overlap\"); "
+                                  "refine with `strata-plan calibrate` on lookahead runs")
+"""The share of a lookahead prefetch's link time that overlaps the rest of the token (the GPU's kernels, the host's
+work); the rest is serial with the layer it is for (planner/PLANNER.md, "Lookahead overlap")."""
 
 
 def default_calibration() -> Calibration:

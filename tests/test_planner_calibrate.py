@@ -81,6 +81,29 @@ def test_round_trip_also_delays_the_lookahead():
     assert t1 >= t0 and t1 == pytest.approx(max(w1, t1), rel=1e-12)
 
 
+def test_prefetch_overlap_charges_the_unhidden_share_of_the_prefetch():
+    """`prefetch_overlap` < 1: the share of each layer's prefetch link time the engine does not hide is serial
+    with the layer, so the walk grows as the overlap falls (by less than the prefetch time where the layer
+    waited for its prefetch anyway); without lookahead it changes nothing; at the default (1) the prediction
+    is as before."""
+    p = tiny_problem(skews=(1.4, 0.5, 0.0), locality=0.4).replace(budget=Budget(10**13, 10**13, 10**13, 0))
+    E, L = p.curves.n_experts, p.curves.n_layers
+    ahead = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 1)
+    plain = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
+
+    def walk(place, ov=None):
+        prof = p.profile if ov is None else with_cal(p.profile, prefetch_overlap=ov)
+        pred = CostModel(p.replace(profile=prof)).predict(place)
+        return sum(pred.decode_seconds[r] for r in RESOURCES), pred
+    assert walk(ahead)[1] == walk(ahead, 1.0)[1]
+    assert walk(plain, 0.0)[1] == walk(plain, 1.0)[1]
+    w1, pred1 = walk(ahead, 1.0)
+    w0, pred0 = walk(ahead, 0.0)
+    wh, _ = walk(ahead, 0.5)
+    assert w0 > wh >= w1 and pred0.decode_tok_s < pred1.decode_tok_s
+    assert w0 - w1 <= pred0.decode_seconds["pcie"] + pred0.decode_seconds["nvme"]
+
+
 def test_default_round_trip_is_an_estimate_and_old_profiles_keep_their_hash():
     prof = load_profile("rtx-4090")
     assert prof.calibration.moe_round_trip_us is None                    # shipped profiles: not written
@@ -118,7 +141,8 @@ def test_modes_order_and_baselines():
 
 
 # ---- calibrate -----------------------------------------------------------------------------------------
-TRUE = {"layer_overhead_us": 42.0, "moe_round_trip_us": 180.0, "hbm_efficiency": 0.55, "host_fetch_us": 400.0}
+TRUE = {"layer_overhead_us": 42.0, "moe_round_trip_us": 180.0, "hbm_efficiency": 0.55, "host_fetch_us": 400.0,
+        "prefetch_overlap": 0.45}
 
 
 def _run(plan_path: Path, mode: str, profile, record: str) -> dict:
@@ -152,7 +176,7 @@ def bench_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     true = with_cal(load_profile("h200"), **TRUE)
     fixture = {m: _run(FIXTURE_PLAN, m, true, "path") for m in ("plan", "lru")}
-    kimi = {m: _run(KIMI5_PLAN, m, true, "data") for m in ("lru", "on-demand")}
+    kimi = {m: _run(KIMI5_PLAN, m, true, "data") for m in ("plan", "lru", "on-demand")}
     bare = d / "bench-fixture.json"
     bare.write_text(json.dumps(fixture["plan"]))                                       # bench --json
     results = d / "bench-20261203T000000Z.json"
@@ -170,11 +194,12 @@ def test_calibrate_recovers_the_constants(bench_files, capsys):
     res = json.loads(capsys.readouterr().out)
     cal = load_profile(str(out)).calibration
     for name, want in TRUE.items():
-        fig = {"moe_round_trip_us": cal.round_trip, "host_fetch_us": cal.host_fetch}.get(name) or getattr(cal, name)
+        fig = ({"moe_round_trip_us": cal.round_trip, "host_fetch_us": cal.host_fetch, "prefetch_overlap": cal.overlap}
+               .get(name) or getattr(cal, name))
         assert fig.value == pytest.approx(want, rel=0.01), name
         assert fig.provenance == "measured" and "calibrate" in fig.source and files[0].name in fig.source
     assert cal.compute_efficiency.provenance == "estimate"                # left alone, and says so
-    assert all(abs(r["residual"]) < 0.01 for r in res["runs"]) and len(res["runs"]) == 4
+    assert all(abs(r["residual"]) < 0.01 for r in res["runs"]) and len(res["runs"]) == 5
 
 
 def test_calibrate_leaves_hbm_alone_when_runs_cannot_separate_it(bench_files, capsys):
