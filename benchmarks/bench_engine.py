@@ -63,7 +63,13 @@ def main() -> int:
                     "copy windows, MB:CHUNKS[,...] (chunk size and chunks queued on the copy stream; default 8:3)")
     ap.add_argument("--profile", help="re-predict every plan and mode with this profile (one measured in the same "
                     "run: `strata-plan profile --quick`); default: the plans' own predictions (the shipped h200)")
+    ap.add_argument("--calibration", help="with --profile: predict with the calibration constants of this profile "
+                    "YAML (fitted by `strata-plan calibrate` and committed before the run) and --profile's measured figures")
     a = ap.parse_args()
+    predict_with = a.profile
+    if a.profile and a.calibration:
+        from strata_plan.planner.repredict import with_calibration_of
+        predict_with = with_calibration_of(a.profile, a.calibration)
     plans = {k: load_plan(PLANS[k]) for k in a.plans.split(",")}
     first = next(iter(plans.values()))
     for k, p in plans.items():
@@ -141,13 +147,13 @@ def main() -> int:
                       f"{behind['prefetch']:.2f} prefetch a token", flush=True)
                 metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
                 if a.profile:
-                    pr = predict_plan(plan, a.profile, mode, where=str(PLANS[name]))
-                    r["predicted"] = {"profile": a.profile, "decode_tok_s": pr.decode_tok_s,
+                    pr = predict_plan(plan, predict_with, mode, where=str(PLANS[name]))
+                    r["predicted"] = {"profile": a.profile, "calibration": a.calibration, "decode_tok_s": pr.decode_tok_s,
                                       "decode_binding": pr.decode_binding, "bytes_per_token": pr.bytes_per_token,
                                       "decode_seconds": pr.decode_seconds}
                     metrics[f"{name}.{mode}.predicted_decode_tok_s"] = pr.decode_tok_s
                     metrics[f"{name}.{mode}.measured_over_predicted"] = m["decode_tok_s"] / pr.decode_tok_s
-                    print(f"{'':18s} predicted with {a.profile}: {pr.decode_tok_s:.2f} tok/s ({pr.decode_binding}), "
+                    print(f"{'':18s} predicted with {a.profile} (constants: {a.calibration or 'its own'}): {pr.decode_tok_s:.2f} tok/s ({pr.decode_binding}), "
                           f"measured / predicted {m['decode_tok_s'] / pr.decode_tok_s:.3f}", flush=True)
                 metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
                 metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9

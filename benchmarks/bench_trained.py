@@ -294,7 +294,7 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
     from strata_plan.engine.engine import baseline
     from strata_plan.planner.plan import load_plan
     for name, path in plans.items():
-        pred = Predictor(path, a.profile_predict)
+        pred = Predictor(path, predict_profile(a))
         plan = load_plan(path)
         got = {mode: measure_one(run, a, f"{name}.{mode}", packed[name], baseline(plan, mode), mode, pred, prompt)
                for mode in MODES}
@@ -327,7 +327,7 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
     from strata_plan.planner.plan import load_plan
     for name, path in plans.items():
         plan = load_plan(path)
-        pred = Predictor(path, a.profile_predict)
+        pred = Predictor(path, predict_profile(a))
         table = {0: f"{name}.lru", plan.prefetch_depth: f"{name}.plan"}
         for d in [int(x) for x in a.depths.split(",") if x]:
             if d not in table:
@@ -507,6 +507,8 @@ def parse(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default="h200", help="profile the plans are made with (default h200)")
     p.add_argument("--profile-predict", default=None, help="re-predict with this profile YAML (default: the plan's)")
+    p.add_argument("--calibration", default=None, help="with --profile-predict: the calibration constants of this "
+                   "profile YAML (fitted by `strata-plan calibrate`, committed before the run) with its measured figures")
     p.add_argument("--budgets", default="ramrich,seed")
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--context", type=int, default=1024)
@@ -532,7 +534,17 @@ def parse(argv=None):
             a.source_root = [sysconfig.get_paths()["stdlib"]]
     if bool(a.checkpoint) != bool(a.trace):
         p.error("--checkpoint and --trace go together")
+    if a.calibration and not a.profile_predict:
+        p.error("--calibration goes with --profile-predict")
     return a
+
+
+def predict_profile(a):
+    """What the predictions use: --profile-predict's measured figures, with --calibration's constants if given."""
+    if a.calibration:
+        from strata_plan.planner.repredict import with_calibration_of
+        return with_calibration_of(a.profile_predict, a.calibration)
+    return a.profile_predict
 
 
 def main(argv=None) -> int:

@@ -46,6 +46,17 @@ def machine_for_plan(plan, profile):
     return profile
 
 
+def with_calibration_of(profile, frozen: str):
+    """`profile` (a HardwareProfile, a shipped name or a YAML path: the machine's measured figures, e.g. a profile
+    measured in the same call as the runs) with the calibration constants of the profile YAML `frozen` (fitted
+    by `strata-plan calibrate` and committed before the runs it is to predict)."""
+    import dataclasses
+
+    from strata_plan.profiles.schema import load_profile
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    return dataclasses.replace(prof, calibration=load_profile(frozen).calibration)
+
+
 def plan_problem(plan, profile, where: str = "plan"):
     """The plan's planning problem (`where`: the plan file, for messages) on `profile`."""
     from strata_plan.planner.make import problem_for_plan

@@ -283,3 +283,17 @@ def test_check_predicts_held_out_runs_with_the_fitted_constants(bench_files, cap
     fitted = {c["name"]: c["after"] for c in res["constants"]}
     assert fitted["moe_round_trip_us"] == pytest.approx(TRUE["moe_round_trip_us"], rel=0.01)
     assert abs(res["check"][0]["predicted_over_measured"]) < 0.02
+
+
+def test_frozen_calibration_keeps_the_machine_and_takes_the_constants(tmp_path):
+    """`with_calibration_of`: the measured figures of one profile, the calibration constants of another
+    (the benches predict with a same-call profile and constants committed before the run)."""
+    from strata_plan.planner.repredict import with_calibration_of
+    from strata_plan.profiles.schema import save_profile
+    frozen = with_cal(load_profile("h200"), layer_overhead_us=250.0, prefetch_overlap=0.3)
+    path = save_profile(frozen, tmp_path / "frozen.yaml")
+    got = with_calibration_of("a100-80g", str(path))
+    assert got.gpu == load_profile("a100-80g").gpu
+    assert got.calibration.layer_overhead_us.value == 250.0 and got.calibration.overlap.value == 0.3
+    plan = load_plan(KIMI5_PLAN)
+    assert predict_plan(plan, got, "plan").decode_tok_s < predict_plan(plan, "a100-80g", "plan").decode_tok_s

@@ -6,7 +6,7 @@ actually moved.
     p.bound_from_bytes(executed_plan, pcie_bytes, nvme_bytes)   # tok/s no run moving these bytes can beat
 
 Predictions: `planner.repredict.predict_plan`, the cost model re-run on the placement the engine ran in
-each mode, with `profile` (default: the plan's own, by name). Every figure here is a prediction or a bound, never a measurement.
+each mode, with `profile` (a name, a YAML path or a HardwareProfile; default: the plan's own, by name). Every figure here is a prediction or a bound, never a measurement.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 class Predictor:
-    def __init__(self, plan_path: str | Path, profile: str | None = None):
+    def __init__(self, plan_path: str | Path, profile=None):
         from strata_plan.planner.cost import CostModel
         from strata_plan.planner.plan import load_plan
         from strata_plan.planner.repredict import plan_problem
