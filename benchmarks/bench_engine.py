@@ -126,7 +126,7 @@ def main() -> int:
                 m = r["measured"]
                 print(f"{name:8s} {mode:9s} decode {m['decode_tok_s']:8.2f} tok/s (predicted for the plan "
                       f"{r['plan']['predicted']:.2f}) hit {r['hit_rate']:.3f} resident {r['resident_hit_rate']:.3f} "
-                      f"pcie {r['bytes_per_token']['pcie'] / 1e9:.3f} GB/tok copy busy "
+                      f"pcie {r['bytes_per_token']['pcie'] / 1e9:.3f} GB/tok issued, {r['bytes_per_token']['pcie_copied'] / 1e9:.3f} copied; copy busy "
                       f"{r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
                 tp = r["time_per_token"]
                 print(f"{'':18s} host: round trips {tp['router_round_trip_s'] * 1e3:.2f} store+launch "
@@ -156,6 +156,7 @@ def main() -> int:
                     print(f"{'':18s} predicted with {a.profile} (constants: {a.calibration or 'its own'}): {pr.decode_tok_s:.2f} tok/s ({pr.decode_binding}), "
                           f"measured / predicted {m['decode_tok_s'] / pr.decode_tok_s:.3f}", flush=True)
                 metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
+                metrics[f"{name}.{mode}.pcie_copied_gb_per_token"] = r["bytes_per_token"]["pcie_copied"] / 1e9
                 metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
                 metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s

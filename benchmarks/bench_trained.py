@@ -259,7 +259,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     c = r["counters"]
     bt = r["bytes_per_token"]
     mean_blob = mean_blob_bytes(packed)
-    bound = pred.bound_from_bytes(executed, bt["pcie"], bt["nvme"])
+    bound = pred.bound_from_bytes(executed, bt.get("pcie_copied", bt["pcie"]), bt["nvme"])   # bytes actually copied
     m = r["measured"]
     r.update(predicted=p, bound_from_moved_bytes=bound)
     pcie = r["links"]["pcie_gbps_during_copies"]
@@ -272,6 +272,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
            "vram_hit_rate_predicted": p["vram_hit_rate"],
            "ram_gb_per_token_measured": bt["ram"] / 1e9, "nvme_gb_per_token_measured": bt["nvme"] / 1e9,
            "pcie_gb_per_token_measured": bt["pcie"] / 1e9, "wasted_gb_per_token_measured": bt["wasted"] / 1e9,
+           "pcie_copied_gb_per_token_measured": bt.get("pcie_copied", bt["pcie"]) / 1e9,
            "pcie_gb_per_token_predicted": p["bytes_per_token"].get("pcie", 0.0) / 1e9,
            "nvme_gb_per_token_predicted": p["bytes_per_token"].get("nvme", 0.0) / 1e9,
            "bound_from_moved_bytes_tok_s": bound["decode_tok_s"],

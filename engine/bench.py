@@ -67,7 +67,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         store.counters = StoreCounters(store.n_layers)
         tr = store.transfers
         read0, rbytes0, copy0, nt0 = tr.read_busy_s, tr.read_bytes, tr.copy_busy_s(), len(tr.timed)
-        behind0 = dict(tr.behind_reader)
+        behind0, copied0 = dict(tr.behind_reader), tr.copy_bytes
         sync0, moe0, syncs0, hints0 = ex.host_sync_s, ex.moe_s, ex.syncs, ex.hints_s
         runner = m.step_runner
         if runner is not None:
@@ -101,7 +101,9 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             },
             "bytes_per_token": {"ram": c["bytes_from"]["ram"] / n, "nvme": c["bytes_from"]["nvme"] / n,
                                 "pcie": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / n,
-                                "wasted": c["wasted_bytes"] / n, "dense": sum(c["dense_bytes"].values()) / n},
+                                "wasted": c["wasted_bytes"] / n, "dense": sum(c["dense_bytes"].values()) / n,
+                                # bytes the copies enqueued (pcie: the fetches issued, cancelled prefetches too)
+                                "pcie_copied": (tr.copy_bytes - copied0) / n},
             "links": {"copy_busy_s_per_token": copy_s / n, "pcie_gbps_during_copies":
                       sum(f.nbytes for f in tr.timed[nt0:]) / copy_s / 1e9 if copy_s else 0.0,
                       "pcie_gbps_wall": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / wall / 1e9,

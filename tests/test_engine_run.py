@@ -165,6 +165,8 @@ def test_run_and_bench_commands(packed_bf16, plan_file, tmp_path, capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["measured"]["decode_tok_s"] > 0 and r["counters"]["uses"] == 3 * 5 * 4
     assert r["replay"].startswith("prior olmoe-like") and list(tmp_path.glob("bench-*.json"))
+    bt = r["bytes_per_token"]       # copied: what the copies moved; pcie: every fetch issued (cancelled ones too)
+    assert 0 < bt["pcie_copied"] <= bt["pcie"] + bt["dense"] + 1e-9
 
 
 @pytest.mark.parametrize("extra,field", [(["--max-tokens", "0"], "--max-tokens"),

@@ -6,7 +6,10 @@
 Builds the synthetic model if the folder has none. Host time of each phase (router round trip, ensure,
 the MoE launch, release, attention and the rest of the layer) is summed per token with perf_counter
 around the engine's own functions; the torch profiler gives the device side (kernel and copy times) for
-a few tokens: its table goes to timeline-<mode>.txt under --out-dir. Not a benchmark: no results file.
+a few tokens: its table goes to timeline-<mode>.txt under --out-dir, its Chrome trace to
+trace-<mode>-<graphs>.json (open in Perfetto), and the device's overlap is printed: the time a token's
+host-to-device copies and its kernels each keep the GPU busy, both at once, and neither (where the copies
+wait, if they do). Not a benchmark: no results file.
 """
 from __future__ import annotations
 
@@ -28,6 +31,42 @@ from strata_plan.planner.plan import load_plan
 from strata_plan.planner.spec import load_spec
 
 HOST = defaultdict(float)
+
+
+def union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Merged, sorted intervals."""
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def length(spans) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def overlap(prof, tokens: int) -> str:
+    """Device time per token (us) of H2D copies, kernels, both at once and neither, over the profiled span."""
+    copies, kernels = [], []
+    for e in prof.events():
+        if getattr(e, "device_type", None) is None or str(e.device_type) != "DeviceType.CUDA":
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        (copies if "Memcpy HtoD" in e.name else kernels if "Memcpy" not in e.name and "Memset" not in e.name
+         else []).append(span)
+    if not copies and not kernels:
+        return "no device events (CPU run)"
+    c, k = union(copies), union(kernels)
+    lo, hi = min(x[0] for x in c + k), max(x[1] for x in c + k)
+    both = length(union([(max(a, x), min(b, y)) for a, b in c for x, y in k if min(b, y) > max(a, x)]))
+    total = hi - lo
+    neither = total - (length(c) + length(k) - both)
+    f = lambda v: f"{v / tokens / 1e3:.2f}"   # noqa: E731  us over the span -> ms a token
+    return (f"device ms/token over {tokens} tokens: span {f(total)}, H2D copies {f(length(c))}, kernels "
+            f"{f(length(k))}, both at once {f(both)}, neither {f(neither)}")
 
 
 def timed(owner, name: str, label: str) -> None:
@@ -97,6 +136,8 @@ def main() -> int:
             table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
             table_cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
             Path(a.out_dir, f"timeline-{mode}-{int(graphs)}.txt").write_text(table + "\n\n" + table_cpu)
+            prof.export_chrome_trace(str(Path(a.out_dir, f"trace-{mode}-{int(graphs)}.json")))
+            print("  ", overlap(prof, 3))
             print(table[:6000])
             print(table_cpu[:4000])
     return 0
