@@ -36,7 +36,7 @@ from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  #
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 from strata_plan.planner.plan import load_plan  # noqa: E402
-from strata_plan.planner.repredict import predict_plan  # noqa: E402
+from strata_plan.planner.repredict import predict_plan, with_calibration_of  # noqa: E402
 from strata_plan.planner.spec import load_spec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -60,16 +60,13 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=0, help="start no further run after this many seconds "
                     "(the runs done are written; 0: no limit)")
     ap.add_argument("--copy-windows", default="", help="also run the first plan in mode plan and lru with these "
-                    "copy windows, MB:CHUNKS[,...] (chunk size and chunks queued on the copy stream; default 8:3)")
+                    "copy windows, MB:CHUNKS[,...] (chunk size and chunks in flight on the copy stream; the engine's default is 8:1)")
     ap.add_argument("--profile", help="re-predict every plan and mode with this profile (one measured in the same "
                     "run: `strata-plan profile --quick`); default: the plans' own predictions (the shipped h200)")
     ap.add_argument("--calibration", help="with --profile: predict with the calibration constants of this profile "
                     "YAML (fitted by `strata-plan calibrate` and committed before the run) and --profile's measured figures")
     a = ap.parse_args()
-    predict_with = a.profile
-    if a.profile and a.calibration:
-        from strata_plan.planner.repredict import with_calibration_of
-        predict_with = with_calibration_of(a.profile, a.calibration)
+    predict_with = with_calibration_of(a.profile, a.calibration) if a.profile else None
     plans = {k: load_plan(PLANS[k]) for k in a.plans.split(",")}
     first = next(iter(plans.values()))
     for k, p in plans.items():

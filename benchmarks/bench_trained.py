@@ -259,7 +259,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     c = r["counters"]
     bt = r["bytes_per_token"]
     mean_blob = mean_blob_bytes(packed)
-    bound = pred.bound_from_bytes(executed, bt.get("pcie_copied", bt["pcie"]), bt["nvme"])   # bytes actually copied
+    bound = pred.bound_from_bytes(executed, bt["pcie_copied"], bt["nvme"])   # the bytes the copies moved
     m = r["measured"]
     r.update(predicted=p, bound_from_moved_bytes=bound)
     pcie = r["links"]["pcie_gbps_during_copies"]
@@ -272,7 +272,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
            "vram_hit_rate_predicted": p["vram_hit_rate"],
            "ram_gb_per_token_measured": bt["ram"] / 1e9, "nvme_gb_per_token_measured": bt["nvme"] / 1e9,
            "pcie_gb_per_token_measured": bt["pcie"] / 1e9, "wasted_gb_per_token_measured": bt["wasted"] / 1e9,
-           "pcie_copied_gb_per_token_measured": bt.get("pcie_copied", bt["pcie"]) / 1e9,
+           "pcie_copied_gb_per_token_measured": bt["pcie_copied"] / 1e9,
            "pcie_gb_per_token_predicted": p["bytes_per_token"].get("pcie", 0.0) / 1e9,
            "nvme_gb_per_token_predicted": p["bytes_per_token"].get("nvme", 0.0) / 1e9,
            "bound_from_moved_bytes_tok_s": bound["decode_tok_s"],
@@ -294,8 +294,9 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
 def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], prompt: list[int]) -> None:
     from strata_plan.engine.engine import baseline
     from strata_plan.planner.plan import load_plan
+    from strata_plan.planner.repredict import with_calibration_of
     for name, path in plans.items():
-        pred = Predictor(path, predict_profile(a))
+        pred = Predictor(path, with_calibration_of(a.profile_predict, a.calibration))
         plan = load_plan(path)
         got = {mode: measure_one(run, a, f"{name}.{mode}", packed[name], baseline(plan, mode), mode, pred, prompt)
                for mode in MODES}
@@ -326,9 +327,10 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
     """Hit rate (the seeds' definition) by lookahead depth: depth 0 is the LRU-only run, the plan's own depth
     its plan run, every other depth of --depths the plan run at that depth."""
     from strata_plan.planner.plan import load_plan
+    from strata_plan.planner.repredict import with_calibration_of
     for name, path in plans.items():
         plan = load_plan(path)
-        pred = Predictor(path, predict_profile(a))
+        pred = Predictor(path, with_calibration_of(a.profile_predict, a.calibration))
         table = {0: f"{name}.lru", plan.prefetch_depth: f"{name}.plan"}
         for d in [int(x) for x in a.depths.split(",") if x]:
             if d not in table:
@@ -539,13 +541,6 @@ def parse(argv=None):
         p.error("--calibration goes with --profile-predict")
     return a
 
-
-def predict_profile(a):
-    """What the predictions use: --profile-predict's measured figures, with --calibration's constants if given."""
-    if a.calibration:
-        from strata_plan.planner.repredict import with_calibration_of
-        return with_calibration_of(a.profile_predict, a.calibration)
-    return a.profile_predict
 
 
 def main(argv=None) -> int:

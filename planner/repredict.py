@@ -46,13 +46,16 @@ def machine_for_plan(plan, profile):
     return profile
 
 
-def with_calibration_of(profile, frozen: str):
+def with_calibration_of(profile, frozen: str | None):
     """`profile` (a HardwareProfile, a shipped name or a YAML path: the machine's measured figures, e.g. a profile
     measured in the same call as the runs) with the calibration constants of the profile YAML `frozen` (fitted
-    by `strata-plan calibrate` and committed before the runs it is to predict)."""
+    by `strata-plan calibrate` and committed before the runs it is to predict); `profile` itself when `frozen`
+    is None."""
     import dataclasses
 
     from strata_plan.profiles.schema import load_profile
+    if not frozen:
+        return profile
     prof = load_profile(profile) if isinstance(profile, str) else profile
     return dataclasses.replace(prof, calibration=load_profile(frozen).calibration)
 
