@@ -8,7 +8,7 @@ The plans (`benchmarks/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
 `strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60
 --context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0.01` (RAM-rich: 8.5% of routed bytes static in VRAM,
 2.3% cache, the rest in pinned RAM) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's proportions: 12% VRAM,
-25% pinned RAM, 63% NVMe). The packed folder is built each run (engine/synthetic.py, random weights in the
+25% pinned RAM, 63% NVMe). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
 plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.from_prior("olmoe-like")`
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
 of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
@@ -35,9 +35,9 @@ from strata_plan.engine.engine import EngineOptions  # noqa: E402
 from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
-from strata_plan.planner.plan import load_plan  # noqa: E402
+from strata_plan.core.plan import load_plan  # noqa: E402
 from strata_plan.planner.repredict import predict_plan, with_calibration_of  # noqa: E402
-from strata_plan.planner.spec import load_spec  # noqa: E402
+from strata_plan.core.spec import load_spec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 PLANS = {"ramrich": DATA / "plan-kimi5-h200-ramrich.yaml", "seed": DATA / "plan-kimi5-h200-seed.yaml"}

@@ -460,7 +460,7 @@ def main(argv=None) -> int:
     run = Run(a)
     try:
         from strata_plan.engine.calib import activation_stats
-        from strata_plan.planner.spec import load_spec
+        from strata_plan.core.spec import load_spec
         ckpt = model(a)
         spec = load_spec(str(ckpt))
         run.model = model_metrics(ckpt)

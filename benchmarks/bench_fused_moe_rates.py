@@ -1,4 +1,4 @@
-"""The profiler's fused MoE rates on this GPU (profiler/moe.py), written into a copy of a shipped profile.
+"""The profiler's fused MoE rates on this GPU (strata_plan/profiler/moe.py), written into a copy of a shipped profile.
 
     STRATA_GIT_SHA=<sha> python benchmarks/bench_fused_moe_rates.py --profile h200 --out-dir OUT [--repeats 10]
 
@@ -7,7 +7,7 @@ whole 384-expert kimi-k3.1-pro layer at M = 512 and 2048), exactly as `strata-pl
 writes OUT/<profile>.yaml: the shipped profile with `fused_moe_decode` and `fused_moe_prefill` replaced
 by these measurements (everything else unchanged), and the result JSON (benchmark `profiler-fused-moe`,
 benchmarks/_result.py) with the microseconds a layer and milliseconds a chunk. Copy the YAML over
-profiles/<profile>.yaml and the JSON into benchmarks/results/, then `python benchmarks/summarize.py`.
+strata_plan/profiles/<profile>.yaml and the JSON into benchmarks/results/, then `python benchmarks/summarize.py`.
 """
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ def main() -> int:
         print(f"fused MoE decode {h}x{i} top-{k}: {res.decode_us[(h, i)]:.1f} us a layer, {v:.0f} GB/s")
     for *_, e, m, v in res.prefill:
         print(f"fused MoE prefill M={m}, {e} experts: {res.prefill_ms[m]:.2f} ms, {v:.0f} G weights expanded/s")
-    notes = ("The profiler's fused MoE rates (profiler/moe.py, as `strata-plan profile` measures them): decode GB/s "
+    notes = ("The profiler's fused MoE rates (strata_plan/profiler/moe.py, as `strata-plan profile` measures them): decode GB/s "
              "of one layer's top-k experts in the tier mix at each expert shape, and weights expanded a second by the "
-             f"prefill call on a whole layer; written into profiles/{args.profile}.yaml as fused_moe_decode / "
+             f"prefill call on a whole layer; written into strata_plan/profiles/{args.profile}.yaml as fused_moe_decode / "
              "fused_moe_prefill, which the planner's decode kernel rate and prefill expansion term read.")
     print(f"wrote {path} and {write_result('profiler-fused-moe', metrics, out_dir=out, notes=notes)}")
     return 0

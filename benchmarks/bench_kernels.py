@@ -7,7 +7,7 @@ In one run, at kimi-k3.1-pro's expert shapes (hidden 7168, intermediate 3584) an
  2. the fused MoE call for one layer's top-8 experts at batch 1 in the seed's tier mix (2 x q2_g16_s8m4,
     1 x q2_g32_s8m8, 5 x q1_g32_s8m4: 1.92 bpw), 8 layers with disjoint experts captured in one CUDA
     graph (weights rotate, L2 never serves a repeat), eager timed separately; both launches' configs are
-    swept (GATE_UP_SWEEP, DOWN_SWEEP below); the "shipped" rows time this GPU's shipped configs (kernels/configs/; what
+    swept (GATE_UP_SWEEP, DOWN_SWEEP below); the "shipped" rows time this GPU's shipped configs (strata_plan/kernels/configs/; what
     the library runs) beside the portable defaults, and a "best" row the sweep's winner if it differs;
     the shipped row again with every layer back to back (--sustained-s, with the SM clock and power);
  3. GemLite (2 and 4 bit, groups of 64), 24 calls per layer in a CUDA graph, and single-matrix GEMVs;
@@ -51,7 +51,7 @@ LAYERS = 8
 TOPK = 8
 GB = 1e9
 
-# Sweep candidates, as named fields of the configs (kernels/tuned.py): gate/up and down are timed as
+# Sweep candidates, as named fields of the configs (strata_plan/kernels/tuned.py): gate/up and down are timed as
 # separate launches, so each is tuned on its own. Only options the kernels still carry are swept; what
 # was measured and dropped, with its result files, is in docs/kernels-log.md.
 GATE_UP_SWEEP = [dict(rows1=64, warps1=4, split1=0, wave1=4, chunk=4096, dp4a_block1=True, clamp_rows1=True,
@@ -63,7 +63,7 @@ GEMV_SWEEP = [dict(rows=bn, warps=w, threads=131072, max_split=ms, dp4a_block=Tr
 GEMV_SWEEP_Q4 = GEMV_SWEEP + [dict(rows=64, warps=4, threads=th, max_split=ms, dp4a_block=True) for th, ms in
                               ((262144, 16), (57344, 16), (57344, 32), (114688, 32))]
 # fused MoE prefill (the grouped Triton kernels) and the Hopper prefill GEMM (the Gluon kernel)
-MOE_PREFILL_EXPERTS = 384           # routed experts of a kimi-k3.1-pro layer (planner/models/kimi-k3.1-pro.json)
+MOE_PREFILL_EXPERTS = 384           # routed experts of a kimi-k3.1-pro layer (strata_plan/core/models/kimi-k3.1-pro.json)
 MOE_GROUPED_SWEEP = [dict(bf16x2_dequant=False, prefetch_scales=False),
                      dict(bf16x2_dequant=True, prefetch_scales=True, stages=2),
                      dict(bf16x2_dequant=True, prefetch_scales=True, stages=4),
@@ -665,7 +665,7 @@ def main(argv=None) -> int:
                         extra={"tuned": winners})
     b.log(f"wrote {path}")
     if args.out_dir and args.sweep:
-        # the winners as a kernels/configs/<gpu>.json file (copy it there to ship it), with their source
+        # the winners as a strata_plan/kernels/configs/<gpu>.json file (copy it there to ship it), with their source
         gpu = torch.cuda.get_device_name(0)
         major, minor = torch.cuda.get_device_capability(0)
         entries = {("moe" if k == "moe_kimi-k3.1-pro" else k): v for k, v in b.tuned.items() if k != "moe_kimi-k2"}

@@ -11,7 +11,7 @@ the calls were done is not counted (the GPU must still be busy at the end: its e
 
 Rows: `fused_moe` with an `ExpertFormats` (what the engine passes), with a list of 384 names (hashed
 every call), and a `PreparedMoE` called directly; each twice, side by side: launching the compiled
-kernels directly (`kernels/launch.py`, the default) and through Triton's launcher (`kernel[grid](...)`,
+kernels directly (`strata_plan/kernels/launch.py`, the default) and through Triton's launcher (`kernel[grid](...)`,
 `STRATA_TRITON_LAUNCH=plain`), with their ratio. The launch mode the calls actually took is recorded
 (`launch_mode_m*`: "plain" where this Triton cannot launch directly). The first call of a shape (it
 compiles) is reported apart. Target (issue 27): under 30 us a call at batch 1, `fused_moe` with an

@@ -97,7 +97,7 @@ def main() -> None:
     from strata_plan.engine.pack import default_device, formats_from_mix
     from strata_plan.engine.synthetic import pack_synthetic
     from strata_plan.kernels import formats as F
-    from strata_plan.planner.spec import load_spec
+    from strata_plan.core.spec import load_spec
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=MODEL, help=f"model spec (default {MODEL}, the seed)")
     ap.add_argument("--experts", type=int, default=6, help="timed experts per format after one warm-up (0: skip)")

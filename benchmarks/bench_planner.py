@@ -40,7 +40,7 @@ def run_plan(profile: str, prior: str, trials: int, out: Path) -> tuple[float, d
 
 
 def main() -> None:
-    from strata_plan.planner.routing import SKEWED_PRIOR
+    from strata_plan.core.routing import SKEWED_PRIOR
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", nargs="+", default=["rtx-pro-6000", "rtx-4090"])
     ap.add_argument("--prior", default=SKEWED_PRIOR)

@@ -132,7 +132,7 @@ def main_paired(args, out: Path) -> int:
     res = write_result("profiler_paired", metrics, command=command, out_dir=out, notes=(
         "The profiler's own functions (copy_curves; nvme.read_pass) alternated with the references (CuPy "
         "cudaMemcpy[Async] + CUDA events; Python O_DIRECT loop; dd iflag=direct) on the same buffers and file; "
-        "median_ratio = median over pairs of profiler/reference. " + " | ".join(notes)),
+        "median_ratio = median over pairs of strata_plan/profiler/reference. " + " | ".join(notes)),
         extra={"pairs": rows, "profiler_samples": prof, "reference_samples": refs})
     print(f"{'figure':<42} {'pairs':>5} {'profiler':>9} {'spread':>7} {'reference':>9} {'spread':>7} {'ratio':>7} "
           f"{'r.spread':>8}  verdict")
@@ -223,7 +223,7 @@ def main() -> int:
     metrics["pinnable_gb"] = full.profile.host.pinnable_gb.value
     notes_text = ("Headline figures of `strata-plan profile` (full) against references by other mechanisms "
                   "(CuPy cudaMemcpy/cudaMemcpyAsync + CUDA events; dd iflag=direct; Python O_DIRECT loop), "
-                  "same run. diff = profiler/reference - 1; spreads are (max-min)/median of the repeats. "
+                  "same run. diff = strata_plan/profiler/reference - 1; spreads are (max-min)/median of the repeats. "
                   + " | ".join(notes))
     command = " ".join(["python", "benchmarks/bench_profiler.py", *sys.argv[1:]])
     res = write_result("profiler", metrics, command=command, notes=notes_text, out_dir=out,

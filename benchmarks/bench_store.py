@@ -43,10 +43,10 @@ from strata_plan.engine.directio import BlobFile, aligned_empty, aligned_view, p
 from strata_plan.engine.store import ExpertStore, StoreOptions  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 from strata_plan.kernels.formats import tier_mix  # noqa: E402
-from strata_plan.planner.plan import CachePlan, NvmeRead, load_plan  # noqa: E402
-from strata_plan.planner.routing.priors import load_prior  # noqa: E402
-from strata_plan.planner.routing.sample import sample_experts  # noqa: E402
-from strata_plan.planner.spec import load_spec  # noqa: E402
+from strata_plan.core.plan import CachePlan, NvmeRead, load_plan  # noqa: E402
+from strata_plan.core.routing.priors import load_prior  # noqa: E402
+from strata_plan.core.routing.sample import sample_experts  # noqa: E402
+from strata_plan.core.spec import load_spec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 # `strata-plan plan --model kimi-k3.1-pro --moe-layers N --profile h200 --prior olmoe-like --trials 10`: the
@@ -55,7 +55,7 @@ BASE_PLAN = DATA / "plan-kimi-k3.1-pro-{n}moe-h200.yaml"
 
 
 def build_packed(folder: Path, spec, plan) -> float:
-    """The synthetic packed model of `spec` in `plan`'s formats (engine/synthetic.py), built on the GPU,
+    """The synthetic packed model of `spec` in `plan`'s formats (strata_plan/engine/synthetic.py), built on the GPU,
     dropped from the page cache; returns seconds."""
     t0 = time.perf_counter()
     pack_synthetic(spec, folder, [{e: l.format_of(e) for e in range(plan.n_experts)} for l in plan.layers],

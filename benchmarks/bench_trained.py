@@ -159,9 +159,9 @@ def trace_statistics(run: Run, a, ckpt: Path, trace: Path) -> None:
     """What `plan --stats TRACE` reads from the trace: its warm-up (tokens not counted; the engine's warm-up
     must be at least that) and the lookahead precision / recall by depth (measured teacher-forced on
     held-out text: the inputs the engine's own lookahead figures compare with)."""
-    from strata_plan.planner.make import load_routing
-    from strata_plan.planner.routing import load_trace
-    from strata_plan.planner.spec import load_spec
+    from strata_plan.core.routing.sources import load_routing
+    from strata_plan.core.routing import load_trace
+    from strata_plan.core.spec import load_spec
     spec = load_spec(str(ckpt))
     st = load_routing(spec, stats=str(trace))
     warm = load_trace(str(trace), spec).n_tokens - st.tokens
@@ -184,7 +184,7 @@ def plan_budget(run: Run, a, name: str, ckpt: Path, trace: Path) -> Path:
             "--chunk", str(a.chunk), "--trials", str(a.trials), *b.flags(), "--out", str(path), "--force", "--json"]
     summary = json.loads(cli(argv))
     run.extra["commands"].append("strata-plan " + " ".join(argv))
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     plan = load_plan(path)
     got = achieved(plan)
     run.extra["budgets"][name] = {"budget": b.to_data(), "achieved": got}
@@ -206,7 +206,7 @@ def plan_budget(run: Run, a, name: str, ckpt: Path, trace: Path) -> Path:
 
 def bf16_plan(plan_path: Path, out: Path) -> Path:
     """The plan with every expert in bf16 (the placement unchanged): what the bf16-packed folder runs."""
-    from strata_plan.planner.plan import load_plan, save_plan
+    from strata_plan.core.plan import load_plan, save_plan
     plan = load_plan(plan_path)
     every = tuple(range(plan.n_experts))
     layers = tuple(dataclasses.replace(l, formats={"bf16": every}) for l in plan.layers)
@@ -214,7 +214,7 @@ def bf16_plan(plan_path: Path, out: Path) -> Path:
 
 
 def pack(run: Run, a, ckpt: Path, plans: dict[str, Path]) -> dict[str, Path]:
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     formats = {k: [l.formats for l in load_plan(p).layers] for k, p in plans.items()}
     packed = {}
     for name, path in plans.items():
@@ -293,7 +293,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
 
 def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], prompt: list[int]) -> None:
     from strata_plan.engine.engine import baseline
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     from strata_plan.planner.repredict import with_calibration_of
     for name, path in plans.items():
         pred = Predictor(path, with_calibration_of(a.profile_predict, a.calibration))
@@ -326,7 +326,7 @@ def mean_blob_bytes(folder: Path) -> float:
 def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], prompt: list[int]) -> None:
     """Hit rate (the seeds' definition) by lookahead depth: depth 0 is the LRU-only run, the plan's own depth
     its plan run, every other depth of --depths the plan run at that depth."""
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     from strata_plan.planner.repredict import with_calibration_of
     for name, path in plans.items():
         plan = load_plan(path)
@@ -560,7 +560,7 @@ def main(argv=None) -> int:
         ckpt, trace = got
         _empty()                                                     # the training run's cached GPU memory
         from strata_plan.engine.generate import load_tokenizer
-        from strata_plan.planner.spec import load_spec
+        from strata_plan.core.spec import load_spec
         prompt = [0] + load_tokenizer(ckpt).encode(PROMPT).ids       # <|endoftext|> first, as every training file
         run.extra["prompt"] = {"text": PROMPT, "ids": prompt}
         n_moe = load_spec(str(ckpt)).n_moe_layers

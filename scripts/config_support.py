@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from strata_plan.errors import UserError
-from strata_plan.planner.spec import spec_from_config
+from strata_plan.core.spec import spec_from_config
 
 
 def support_rows(folder: Path) -> list[tuple[str, str, str]]:

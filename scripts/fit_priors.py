@@ -2,7 +2,7 @@
 """Fit the named routing priors to the real data in ../shared/data/routing and show the fit.
 
     python scripts/fit_priors.py            # fit, print the table, compare with the shipped priors
-    python scripts/fit_priors.py --write    # also (re)write planner/priors/*.yaml
+    python scripts/fit_priors.py --write    # also (re)write strata_plan/core/routing/priors/*.yaml
 
 mixtral-like: Zipf s to Mixtral-8x7B popularity (Fiddler's MMLU tables + the OLMoE paper's Mixtral
 counts), locality to the Mixtral decode trace's previous-token reuse. olmoe-like: Zipf s to OLMoE-1B-7B's
@@ -19,10 +19,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from strata_plan.planner.routing import compute_stats, load_prior, save_prior
-from strata_plan.planner.routing import fit as F
-from strata_plan.planner.routing.convert import trace_from_jsonl
-from strata_plan.planner.routing.priors import PRIORS_DIR, SCHEMA_NAME, SCHEMA_VERSION, Prior, PriorFit
+from strata_plan.core.routing import compute_stats, load_prior, save_prior
+from strata_plan.core.routing import fit as F
+from strata_plan.core.routing.convert import trace_from_jsonl
+from strata_plan.core.routing.priors import PRIORS_DIR, SCHEMA_NAME, SCHEMA_VERSION, Prior, PriorFit
 
 ROOT = Path(__file__).resolve().parents[1]
 METHOD = ("target: mean over (file, layer) of sorted expert shares, sources weighted equally. s minimises the RMSE "
@@ -96,7 +96,7 @@ def _r(a) -> tuple[float, ...]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data", help="the shared data folder")
-    ap.add_argument("--write", action="store_true", help="write planner/priors/*.yaml")
+    ap.add_argument("--write", action="store_true", help="write strata_plan/core/routing/priors/*.yaml")
     args = ap.parse_args(argv)
     if not (args.data / "routing").is_dir():
         print(f"fit_priors: {args.data}/routing not found; pass --data", file=sys.stderr)

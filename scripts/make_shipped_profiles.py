@@ -1,4 +1,4 @@
-"""Write the shipped hardware profiles (profiles/*.yaml) from sourced figures.
+"""Write the shipped hardware profiles (strata_plan/profiles/*.yaml) from sourced figures.
 
 Sources are the tags of ../shared/reference/hardware-specs.md (its section 7 lists them). Figures that
 someone measured on another machine are marked `estimate` here (we did not measure them), with the

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_fidelity as B  # noqa: E402
 
 from strata_plan.kernels import formats as F  # noqa: E402
-from strata_plan.planner.spec import load_spec  # noqa: E402
+from strata_plan.core.spec import load_spec  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
 

@@ -36,7 +36,7 @@ def test_first_divergence():
 def test_a_plan_under_the_budget_holds_its_shares(name, tmp_path):
     pytest.importorskip("optuna")
     from strata_plan.cli import main
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     b = budgets(str(FIXTURE), str(TRACE), "h200", 256, 32)[name]
     assert b.expert_vram_share == pytest.approx(VRAM_SHARE, abs=1e-6)
     out = tmp_path / "plan.yaml"

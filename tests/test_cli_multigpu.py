@@ -9,7 +9,7 @@ import re
 import pytest
 
 from strata_plan.cli import main
-from strata_plan.planner.plan import load_plan
+from strata_plan.core.plan import load_plan
 
 
 @pytest.fixture(scope="module")

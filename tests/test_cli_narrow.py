@@ -14,7 +14,7 @@ def whole(text: str, *values: str) -> None:
 
 
 def test_lists_keep_every_name_whole_at_80_columns(capsys, monkeypatch):
-    from strata_plan.planner.spec import shipped_models
+    from strata_plan.core.spec import shipped_models
     from strata_plan.profiles.schema import load_profile, shipped_profiles
     monkeypatch.setenv("COLUMNS", "80")
     for argv, names in ((["profiles"], shipped_profiles()), (["models"], shipped_models())):

@@ -53,7 +53,7 @@ def work_forbidden(monkeypatch):
         raise AssertionError("the work started before the output path was checked")
     import strata_plan.planner.compare as compare
     import strata_plan.planner.make as make
-    import strata_plan.planner.routing.sources as sources
+    import strata_plan.core.routing.sources as sources
     import strata_plan.profiler.run as run
     monkeypatch.setattr(make, "make_plan", forbidden)
     monkeypatch.setattr(make, "load_plan_problem", forbidden)
@@ -209,7 +209,7 @@ def test_yaml_float_forms_are_numbers_and_out_of_range_is_said(tmp_path):
 
 
 def test_small_figures_are_printed_with_enough_digits(capsys, tmp_path):
-    from strata_plan.planner.spec import load_spec
+    from strata_plan.core.spec import load_spec
     from strata_plan.units import fmt_bytes, fmt_bytes_pair
     assert fmt_bytes(2e6) == "2 MB" and fmt_bytes(0) == "0 B" and fmt_bytes(1.5e12) == "1.5 TB"
     assert fmt_bytes_pair(24.0004e9, 24.001e9) == ("24.000 GB", "24.001 GB")

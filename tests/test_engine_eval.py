@@ -1,4 +1,4 @@
-"""`strata-plan eval` (engine/eval.py) on the committed fixture: the packed model through the engine on the
+"""`strata-plan eval` (strata_plan/engine/eval.py) on the committed fixture: the packed model through the engine on the
 CPU against the fixture's BF16 checkpoint (the engine's float32 reference forward), on its held-out tokens.
 
 The fixture is packed once per format (module scope) and every tier format evaluated once on the same
@@ -46,7 +46,7 @@ def tiers(packed, heldout):
     return {f: evaluate(packed[f], FIXTURE, heldout, CHUNK, TOKENS, device="cpu") for f in TIER_FORMATS}
 
 
-# Measured on the CI-sized windows above (CPU, one torch thread, engine/eval.py at its first commit:
+# Measured on the CI-sized windows above (CPU, one torch thread, strata_plan/engine/eval.py at its first commit:
 # OMP_NUM_THREADS=1 python -c "import numpy as np; from strata_plan.engine.eval import evaluate;
 #   t = np.load('tests/data/fixture-moe/heldout_tokens.npz')['tokens']; print(evaluate(DIR, 'tests/data/fixture-moe',
 #   t, 128, 256, device='cpu'))" on each packed DIR):
@@ -165,7 +165,7 @@ def test_a_tiered_plan_gives_the_resident_figures_and_a_plan_for_other_formats_i
     measures what the all-resident default does (to float32 rounding of the waves' partial sums)."""
     import dataclasses
 
-    from strata_plan.planner.plan import CachePlan, load_plan, save_plan
+    from strata_plan.core.plan import CachePlan, load_plan, save_plan
     plan = load_plan(FIXTURE / "plan-rtx-4090.yaml")
     layers = tuple(dataclasses.replace(l, vram=tuple(range(4)), ram=tuple(range(4, 16)), nvme=tuple(range(16, 32)),
                                        cache_slots=2, formats={"bf16": tuple(range(32))}) for l in plan.layers)

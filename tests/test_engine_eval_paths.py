@@ -1,4 +1,4 @@
-"""The two other ways engine/eval.py runs a packed model: token by token (`evaluate(..., packed_chunk=1)`: on a
+"""The two other ways strata_plan/engine/eval.py runs a packed model: token by token (`evaluate(..., packed_chunk=1)`: on a
 GPU the fused MoE's batch-1 decode kernels) and over its dequantized weights (`evaluate_dequantized`: weight
 quantization alone, fast on any device). benchmarks/bench_fidelity.py uses both. On the CPU the engine's path
 is the same float32 math over the same weights, so all three must agree."""

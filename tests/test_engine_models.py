@@ -166,7 +166,7 @@ def test_streamed_dense_weights_give_the_resident_logits(pair, keep_routers):
     from strata_plan.engine.counters import StoreCounters
     from strata_plan.engine.dense import DenseStream, host_units
     from strata_plan.engine.transfer import Transfers
-    from strata_plan.planner.plan import DensePlan
+    from strata_plan.core.plan import DensePlan
     _, engine, prompt, folder = pair
     cfg = engine.cfg
     plan = SimpleNamespace(dense=DensePlan((), tuple(range(cfg.n_layers)), "ram"), prefill_chunk=CHUNK,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from strata_plan.errors import UserError
-from strata_plan.planner.plan import GpuPlan, load_plan, save_plan
+from strata_plan.core.plan import GpuPlan, load_plan, save_plan
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "fixture-moe"
 

@@ -16,7 +16,7 @@ import torch
 from strata_plan.engine.engine import Engine, EngineOptions
 from strata_plan.engine.graphed import GraphedDecode
 from strata_plan.errors import UserError
-from strata_plan.planner.plan import CachePlan, DensePlan, load_plan
+from strata_plan.core.plan import CachePlan, DensePlan, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
@@ -147,7 +147,7 @@ def test_user_mistakes_are_one_line(packed_bf16, tmp_path):
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
-    from strata_plan.planner.plan import save_plan
+    from strata_plan.core.plan import save_plan
     path = tmp_path_factory.mktemp("plans") / "plan.yaml"
     save_plan(dataclasses.replace(bf16_plan(4, 10, 3, 2), context=64), path)
     return path
@@ -190,7 +190,7 @@ def test_a_plan_for_other_formats_is_refused_naming_the_plan(packed_bf16, capsys
 
 
 
-# ---- dense weights streamed from pinned RAM (engine/dense.py) --------------------------------------------
+# ---- dense weights streamed from pinned RAM (strata_plan/engine/dense.py) --------------------------------------------
 def streaming(plan, layers, lm_head: str = "ram", buffers: int = 2):
     """The plan with decoder `layers` streamed from pinned RAM through `buffers` device buffers."""
     n = len(plan.dense.resident_layers) + len(plan.dense.streamed_layers)
@@ -258,7 +258,7 @@ def test_dense_bytes_counted_per_token_are_the_streamed_layers(packed_bf16):
 
 def test_a_plan_streaming_dense_weights_without_buffers_is_one_line(packed_bf16, tmp_path, capsys):
     from strata_plan.cli import main
-    from strata_plan.planner.plan import save_plan
+    from strata_plan.core.plan import save_plan
     for plan, field in [(streaming(bf16_plan(4, 10, 3, 2), (1, 2), buffers=0), "staging.dense_buffers"),
                         (streaming(bf16_plan(4, 10, 3, 2), (9,)), "dense.streamed_layers")]:
         path = tmp_path / "plan.yaml"

@@ -22,8 +22,8 @@ from strata_plan.engine.kv import MLACache, make_cache  # noqa: E402
 from strata_plan.engine.model import MoEModel  # noqa: E402
 from strata_plan.engine.weights import TensorSource  # noqa: E402
 from strata_plan.errors import UserError  # noqa: E402
-from strata_plan.planner.routing import load_trace  # noqa: E402
-from strata_plan.planner.spec import load_spec  # noqa: E402
+from strata_plan.core.routing import load_trace  # noqa: E402
+from strata_plan.core.spec import load_spec  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_mla_absorbed_form_equals_the_expanded_one(engine):
 @pytest.mark.parametrize("model", [str(FIXTURE), "kimi-k3.1-pro", "deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b"])
 def test_kv_cache_holds_what_the_planner_counts(model):
     """The cache of a whole context in bf16 is `ModelSpec.kv_cache_bytes(context)`: MLA's latent + rope key."""
-    path = FIXTURE / "config.json" if model == str(FIXTURE) else ROOT / "planner" / "models" / f"{model}.json"
+    path = FIXTURE / "config.json" if model == str(FIXTURE) else MODELS_DIR / f"{model}.json"
     cfg = ModelConfig.load(path)
     spec = load_spec(str(path))
     cache = make_cache(cfg, 4096, "meta", torch.bfloat16)
@@ -203,7 +203,7 @@ def test_bad_input_is_one_line(engine, tmp_path):
         TensorSource(FIXTURE).get("model.layers.99.mlp.gate.weight")
     with pytest.raises(UserError, match="tokenizer.json"):
         load_tokenizer(tmp_path)
-    cfg = json.loads((ROOT / "planner" / "models" / "gpt-oss-20b.json").read_text())
+    cfg = json.loads((MODELS_DIR / "gpt-oss-20b.json").read_text())
     with pytest.raises(UserError, match="model_type") as e:
         ModelConfig.from_dict(cfg, "gpt-oss/config.json")
     assert "\n" not in str(e.value) and "fix:" in str(e.value)

@@ -17,9 +17,9 @@ from strata_plan.engine.transfer import FetchError
 from strata_plan.errors import UserError
 from strata_plan.kernels import ops
 from strata_plan.engine.synthetic import pack_synthetic
-from strata_plan.planner.spec import load_spec
-from strata_plan.planner.plan import CachePlan, load_plan
-from strata_plan.planner.routing.reference import simulate_cache
+from strata_plan.core.spec import load_spec
+from strata_plan.core.plan import CachePlan, load_plan
+from strata_plan.core.routing.reference import simulate_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"

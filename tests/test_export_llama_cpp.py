@@ -12,7 +12,7 @@ from strata_plan.planner.capacity import Budget
 from strata_plan.planner.export import LayerChoice, export_llama_cpp, layer_regex
 from strata_plan.planner.make import problem_for_plan
 from strata_plan.planner.make import make_plan
-from strata_plan.planner.plan import load_plan, save_plan
+from strata_plan.core.plan import load_plan, save_plan
 
 
 def _plan(tmp_path, name="p", model="mixtral-8x7b", **kw):

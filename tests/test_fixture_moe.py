@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from strata_plan.planner.routing import load_trace  # noqa: E402
-from strata_plan.planner.spec import load_spec  # noqa: E402
+from strata_plan.core.routing import load_trace  # noqa: E402
+from strata_plan.core.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
@@ -67,7 +67,7 @@ def test_tokenizer_round_trips():
     tok = Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
     hf = transformers.AutoTokenizer.from_pretrained(FIXTURE)
     assert tok.get_vocab_size() == 4096 and tok.token_to_id("<|endoftext|>") == 0
-    texts = [(ROOT / "planner" / "spec.py").read_text(), "x = 'naïve ☃ 数据'\n\tif a:  # tab\r\n  pass\n", ""]
+    texts = [(ROOT / "strata_plan" / "core" / "spec.py").read_text(), "x = 'naïve ☃ 数据'\n\tif a:  # tab\r\n  pass\n", ""]
     for text in texts:
         ids = tok.encode(text).ids
         assert tok.decode(ids) == text

@@ -23,7 +23,7 @@ from strata_plan.kernels.formats import EXPERT_ALIGN, tier_mix  # noqa: E402
 from strata_plan.engine.pack import formats_from_mix  # noqa: E402
 from strata_plan.engine.packed import check_plan_matches, load_index, read_blob, verify_all  # noqa: E402
 from strata_plan.errors import UserError  # noqa: E402
-from strata_plan.planner.spec import load_spec  # noqa: E402
+from strata_plan.core.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
@@ -63,7 +63,7 @@ def _expert(original, layer, e):
 
 def test_pack_with_a_plan_lays_out_every_expert(planned, original):
     plan_path, out = planned
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     spec = load_spec(str(FIXTURE))
     plan = load_plan(plan_path, spec)
     index = load_index(out)
@@ -132,7 +132,7 @@ def test_bf16_format_round_trips_exactly(tmp_path, original, one_thread):
 
 
 def test_tier_mix_gives_the_most_used_experts_the_first_tier():
-    from strata_plan.planner.routing import compute_stats, load_trace
+    from strata_plan.core.routing import compute_stats, load_trace
     spec = load_spec(str(FIXTURE))
     stats = compute_stats(load_trace(TRACE, spec))
     mix = tier_mix(1.92)
@@ -235,7 +235,7 @@ def test_a_damaged_folder_is_refused_in_one_line(planned, tmp_path, damage, fiel
 
 
 def test_a_plan_with_other_tiers_runs_a_plan_with_other_formats_is_refused(planned):
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     plan_path, out = planned
     index = load_index(out)
     plan = load_plan(plan_path)

@@ -29,7 +29,7 @@ TOY = replace(FIXTURE, name="toy", vocab=300, hidden=64, layers=4, dense_interme
 
 
 def _repo_sources() -> list[C.SourceFile]:
-    return C.read_sources([("planner", ROOT / "planner"), ("strata_plan", ROOT / "strata_plan")])
+    return C.read_sources([("strata_plan", ROOT / "strata_plan")])
 
 
 @pytest.fixture(scope="module")

@@ -66,8 +66,11 @@ def test_unreachable_targets_are_refused():
 
 
 def test_package_installs_under_one_namespace():
+    """Folders match imports: the one package is the folder strata_plan/ (no package-dir mapping), so nothing
+    at the repository's root shadows another distribution's package (`kernels`, `planner`, `profiler`)."""
     import tomllib
     from conftest import ROOT
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert all(p == "strata_plan" or p.startswith("strata_plan.") for p in cfg["packages"])
-    assert all(k.startswith("strata_plan") for k in cfg["package-dir"])
+    assert "package-dir" not in cfg and cfg["packages"]["find"]["include"] == ["strata_plan*"]
+    shadowing = [p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "strata_plan"]
+    assert shadowing == []

@@ -1,4 +1,4 @@
-"""The Gluon prefill GEMM (kernels/gluon_gemm.py) against the plain-torch reference.
+"""The Gluon prefill GEMM (strata_plan/kernels/gluon_gemm.py) against the plain-torch reference.
 
 Gluon kernels cannot run in Triton's interpreter, so on a machine without a GPU only three things are
 checked: the constants of the PTX that expands a pair of codes (here, by evaluating its logic op in

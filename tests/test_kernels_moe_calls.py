@@ -217,7 +217,7 @@ def test_direct_launch_matches_plain_on_the_gpu(m):
     names = ["q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4", "bf16"] * 4
     a, offsets = make_arena(names, hidden, inter)
     got, want, modes = _both_paths((a, offsets, hidden, inter), names, m, topk=8, calls=3)
-    assert modes == {"direct"}, "this Triton's compiled kernels are not launched directly: see kernels/launch.py"
+    assert modes == {"direct"}, "this Triton's compiled kernels are not launched directly: see strata_plan/kernels/launch.py"
     for g in got:
         assert torch.equal(g, want)
 

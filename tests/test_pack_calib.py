@@ -1,4 +1,4 @@
-"""`pack --calib` (engine/calib.py: activation statistics of the routed experts for the quantizer's
+"""`pack --calib` (strata_plan/engine/calib.py: activation statistics of the routed experts for the quantizer's
 importance input) and `pack --rtn` (quantize(..., rtn=True): plain round-to-nearest with min/max scales)."""
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_calibrated_importance_lowers_the_error_on_the_experts_own_inputs(stats)
 
 def test_pack_with_calibration_text(tmp_path, capsys):
     text = tmp_path / "calib.txt"
-    text.write_text("".join(p.read_text() for p in sorted((ROOT / "engine").glob("*.py"))[:4]))
+    text.write_text("".join(p.read_text() for p in sorted((ROOT / "strata_plan" / "engine").glob("*.py"))[:4]))
     assert len(calibration_tokens(FIXTURE, text, 10 ** 9)) > 256
     out = tmp_path / "packed"
     assert main(["pack", str(FIXTURE), "--out", str(out), "--format", "q1_g32_s8m4", "--calib", str(text),

@@ -36,7 +36,7 @@ def _to_fp8_blocks(w: torch.Tensor):
 
 
 def _reference_dequant(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Independent of engine/fp8.py: pad to whole blocks, multiply block views, crop."""
+    """Independent of strata_plan/engine/fp8.py: pad to whole blocks, multiply block views, crop."""
     n, k = codes.shape
     nb, kb = scale.shape
     padded = torch.zeros(nb * BLOCK, kb * BLOCK)

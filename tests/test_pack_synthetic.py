@@ -22,7 +22,7 @@ from strata_plan.errors import UserError  # noqa: E402
 from strata_plan.kernels import dequantize, unpack_expert  # noqa: E402
 from strata_plan.kernels import formats as F  # noqa: E402
 from strata_plan.kernels import reference  # noqa: E402
-from strata_plan.planner.spec import load_spec, shipped_models  # noqa: E402
+from strata_plan.core.spec import load_spec, shipped_models  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "fixture-moe"
 
@@ -100,7 +100,7 @@ def synthetic(tmp_path_factory):
 
 
 def test_synthetic_folder_is_a_packed_model_of_the_truncated_spec(synthetic):
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     plan_path, out = synthetic
     index = load_index(out)
     spec = load_spec(str(out))                                    # config.json reads back as the truncated spec

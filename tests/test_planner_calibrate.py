@@ -15,8 +15,9 @@ from strata_plan.cli import main
 from strata_plan.planner.capacity import Budget
 from strata_plan.planner.cost import RESOURCES, CostModel
 from strata_plan.planner.placement import Placement
-from strata_plan.planner.plan import load_plan
-from strata_plan.planner.repredict import MODES, baseline, plan_problem, predict_plan
+from strata_plan.core.plan import load_plan
+from strata_plan.core.modes import MODES, baseline
+from strata_plan.planner.repredict import plan_problem, predict_plan
 from strata_plan.planner.testing import tiny_problem
 from strata_plan.profiles.schema import Figure, load_profile
 from strata_plan.schema import to_data
@@ -146,7 +147,7 @@ TRUE = {"layer_overhead_us": 42.0, "moe_round_trip_us": 180.0, "hbm_efficiency":
 
 
 def _run(plan_path: Path, mode: str, profile, record: str) -> dict:
-    """A bench run as engine/bench.py measure() returns it, its figures predicted with `profile`."""
+    """A bench run as strata_plan/engine/bench.py measure() returns it, its figures predicted with `profile`."""
     plan = load_plan(plan_path)
     pred = predict_plan(plan, profile, mode, where=str(plan_path))
     n = len(plan.layers)
@@ -262,7 +263,7 @@ def test_calibrate_bad_input(bench_files, tmp_path, capsys):
 
 
 def test_bench_record_holds_what_calibrate_needs():
-    """engine/bench.py's plan record: path and sha256 of a plan file, and the plan itself."""
+    """strata_plan/engine/bench.py's plan record: path and sha256 of a plan file, and the plan itself."""
     pytest.importorskip("torch")
     from strata_plan.engine.bench import _plan_record
     rec = _plan_record(str(FIXTURE_PLAN))

@@ -11,10 +11,10 @@ from strata_plan.planner.bound import BoundViolation, check_within, physical_bou
 from strata_plan.planner.capacity import Budget
 from strata_plan.planner.compare import scale_links
 from strata_plan.planner.cost import RESOURCES, CostModel
-from strata_plan.planner.make import load_routing
+from strata_plan.core.routing.sources import load_routing
 from strata_plan.planner.placement import Knobs, Placement, allocate
 from strata_plan.planner.problem import Problem
-from strata_plan.planner.spec import load_spec
+from strata_plan.core.spec import load_spec
 from strata_plan.planner.testing import tiny_problem
 from strata_plan.profiles.schema import load_profile
 

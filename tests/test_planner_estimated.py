@@ -1,4 +1,4 @@
-"""Estimated inputs (planner/estimated.py): which inputs of a prediction are estimates, which one binds it,
+"""Estimated inputs (strata_plan/planner/estimated.py): which inputs of a prediction are estimates, which one binds it,
 the same plan at a typical alternative; what-if lists them first."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 
 from strata_plan.planner.capacity import Budget
 from strata_plan.planner.cost import CostModel
-from strata_plan.planner.placement import Placement, footprint, split_points
+from strata_plan.planner.placement import Placement, footprint, placement_of, split_points
 from strata_plan.planner.testing import tiny_problem
 from strata_plan.profiles.schema import Figure, PeerLink, load_profile
 
@@ -245,7 +245,8 @@ def test_a_second_gpu_never_predicts_slower(searched):
 
 def test_two_gpu_plan_file_says_which_gpu_holds_what(searched, tmp_path):
     from strata_plan.planner.bound import machine_bound, physical_bound
-    from strata_plan.planner.plan import Sources, SourceRef, build_plan, load_plan, save_plan
+    from strata_plan.core.plan import Sources, SourceRef, load_plan, save_plan
+    from strata_plan.planner.build import build_plan
     p2, _, two = searched
     cost = CostModel(p2)
     src = Sources(SourceRef("tiny", "0" * 64), SourceRef(p2.profile.name, "0" * 64), SourceRef("trace", "0" * 64))
@@ -256,7 +257,7 @@ def test_two_gpu_plan_file_says_which_gpu_holds_what(searched, tmp_path):
     assert sum(x.lm_head for x in g) == 1 and all(x.vram_budget_bytes == b for x, b in zip(g, p2.budget.gpus))
     assert sum(sum(x.vram.values()) for x in g) == plan.memory.vram_total
     back = load_plan(save_plan(plan, tmp_path / "two.yaml"))
-    assert back == plan and back.placement == two.best.placement
+    assert back == plan and placement_of(back) == two.best.placement
 
 
 def test_bad_gpus_section_is_one_line(searched, tmp_path):
@@ -264,7 +265,8 @@ def test_bad_gpus_section_is_one_line(searched, tmp_path):
 
     from strata_plan.errors import UserError
     from strata_plan.planner.bound import physical_bound
-    from strata_plan.planner.plan import Sources, SourceRef, build_plan, load_plan
+    from strata_plan.core.plan import Sources, SourceRef, load_plan
+    from strata_plan.planner.build import build_plan
     from strata_plan.schema import to_data
     p2, _, two = searched
     src = Sources(SourceRef("tiny", "0" * 64), SourceRef(p2.profile.name, "0" * 64), SourceRef("trace", "0" * 64))
@@ -283,11 +285,11 @@ def test_a_shipped_one_gpu_plan_is_unchanged(name, tmp_path):
     model path is the one difference, as before this change, where the checkout is not the plan's."""
     from pathlib import Path
 
-    from strata_plan.planner.plan import load_plan, save_plan
+    from strata_plan.core.plan import load_plan, save_plan
     from strata_plan.yamlio import read_yaml
     src = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / name
     plan = load_plan(src)
-    assert plan.gpus is None and plan.gpu_split == () and plan.placement.gpu_split == ()
+    assert plan.gpus is None and plan.gpu_split == () and placement_of(plan).gpu_split == ()
     out = save_plan(plan, tmp_path / name)
     a, b = read_yaml(src), read_yaml(out)
     for d in (a, b):
@@ -389,7 +391,8 @@ def one_layer_two_gpus():
 
 def test_polish_spills_a_layers_experts_to_the_partner_gpu(one_layer_two_gpus, tmp_path):
     from strata_plan.planner.bound import physical_bound
-    from strata_plan.planner.plan import Sources, SourceRef, build_plan, load_plan, save_plan
+    from strata_plan.core.plan import Sources, SourceRef, load_plan, save_plan
+    from strata_plan.planner.build import build_plan
     from strata_plan.planner.polish import polish
     from strata_plan.planner.search import search
     p = one_layer_two_gpus
@@ -405,7 +408,7 @@ def test_polish_spills_a_layers_experts_to_the_partner_gpu(one_layer_two_gpus, t
     assert r.best.placement.remote[0] > 0
     plan = build_plan(p, r, physical_bound(p, r.best.placement), src, cm)
     back = load_plan(save_plan(plan, tmp_path / "remote.yaml"))
-    assert back.placement == r.best.placement
+    assert placement_of(back) == r.best.placement
     lay = back.layers[0]
     assert lay.remote_gpu == 1 and lay.remote == lay.vram[len(lay.vram) - len(lay.remote):]
     assert back.n_gpus_used == 2            # the engine refuses it (one GPU)

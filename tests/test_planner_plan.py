@@ -9,8 +9,8 @@ import yaml
 
 from strata_plan.errors import UserError
 from strata_plan.planner.make import make_plan
-from strata_plan.planner.plan import load_plan, save_plan
-from strata_plan.planner.spec import load_spec
+from strata_plan.core.plan import load_plan, save_plan
+from strata_plan.core.spec import load_spec
 from strata_plan.planner.testing import skewed_trace, tiny_spec
 from strata_plan.profiles.schema import load_profile
 from strata_plan.schema import to_data
@@ -21,7 +21,7 @@ TINY = dict(vram_gb=1.5, ram_gb=1.0, context=512, chunk=256)
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory):
     """A tiny model's config.json, a routing trace of it, and a trace of another geometry."""
-    from strata_plan.planner.routing import save_trace
+    from strata_plan.core.routing import save_trace
     d = tmp_path_factory.mktemp("tiny")
     spec = tiny_spec(n_layers=3, n_experts=8, top_k=2)
     cfg = {"model_type": "mixtral", "hidden_size": spec.hidden, "intermediate_size": spec.moe_intermediate,
@@ -181,7 +181,7 @@ def test_bad_input_is_one_line_exit_2_and_no_file(capsys, tiny_files, tmp_path):
 def test_statistics_of_another_geometry_are_refused():
     from strata_plan.planner.capacity import Budget
     from strata_plan.planner.problem import Problem
-    from strata_plan.planner.routing import stats_from_prior
+    from strata_plan.core.routing import stats_from_prior
     kimi, prof = load_spec("kimi-k3.1-pro"), load_profile("a100-80g")
     for layers, experts, k, field in ((3, 384, 8, "layers"), (92, 256, 8, "n_experts"), (92, 384, 6, "top_k")):
         stats = stats_from_prior("uniform", layers, experts, k, tokens=64)

@@ -160,7 +160,7 @@ def test_decode_rate_from_the_fused_moe_call_interpolates_over_layer_bytes():
 
 
 def test_plan_records_how_to_read(flat):
-    from strata_plan.planner.plan import build_plan  # noqa: F401 -- the fields exist
+    from strata_plan.planner.build import build_plan  # noqa: F401 -- the fields exist
     cm = CostModel(flat)
     k = flat.spec.top_k
     assert cm.decode_in_flight == k

@@ -11,7 +11,7 @@ from strata_plan.errors import UserError
 from strata_plan.planner.capacity import Budget
 from strata_plan.planner.make import problem_for_plan
 from strata_plan.planner.make import make_plan
-from strata_plan.planner.plan import save_plan
+from strata_plan.core.plan import save_plan
 from strata_plan.planner.whatif import CHANGES, SWEEP_FACTORS, what_if
 
 TRIALS = 8

@@ -1,4 +1,4 @@
-"""The fused MoE rates of the profiler (profiler/moe.py): run on CPU at tiny shapes through the kernels'
+"""The fused MoE rates of the profiler (strata_plan/profiler/moe.py): run on CPU at tiny shapes through the kernels'
 plain-torch reference path with a host clock, turned into the profile's fused_moe_decode / fused_moe_prefill,
 and skipped with a note where the kernels cannot run."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from strata_plan.cli import main
-from strata_plan.planner.routing import load_stats, load_trace
+from strata_plan.core.routing import load_stats, load_trace
 
 SLICE = str(Path(__file__).parent / "data" / "routing_mixtral_slice.jsonl")
 

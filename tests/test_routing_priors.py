@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 from strata_plan.errors import UserError
-from strata_plan.planner.routing import (SKEWED_PRIOR, compute_stats, load_prior, shipped_priors, stats_from_prior)
-from strata_plan.planner.routing import fit as F
-from strata_plan.planner.routing.convert import trace_from_jsonl
-from strata_plan.planner.routing.priors import PRIORS_DIR
-from strata_plan.planner.routing.sample import rank_weights, sample_experts, sample_trace
+from strata_plan.core.routing import (SKEWED_PRIOR, compute_stats, load_prior, shipped_priors, stats_from_prior)
+from strata_plan.core.routing import fit as F
+from strata_plan.core.routing.convert import trace_from_jsonl
+from strata_plan.core.routing.priors import PRIORS_DIR
+from strata_plan.core.routing.sample import rank_weights, sample_experts, sample_trace
 
-# Tolerances stated in planner/routing/TRACE.md: a sampled prior's statistics lie within the fit's own
+# Tolerances stated in strata_plan/core/routing/TRACE.md: a sampled prior's statistics lie within the fit's own
 # error plus these margins of the data it was fitted to.
 POP_RMSE_MARGIN = 0.003
 STATIC_MARGIN = 0.01

@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from strata_plan.errors import UserError
-from strata_plan.planner.routing import (LOOKAHEAD_PRIOR, RoutingStats, Trace, compute_stats, load_stats,
+from strata_plan.core.routing import (LOOKAHEAD_PRIOR, RoutingStats, Trace, compute_stats, load_stats,
                                          save_stats)
-from strata_plan.planner.routing import reference as ref
-from strata_plan.planner.routing.compute import size_grid
-from strata_plan.planner.routing.convert import trace_from_jsonl
-from strata_plan.planner.routing.sample import sample_trace
+from strata_plan.core.routing import reference as ref
+from strata_plan.core.routing.compute import size_grid
+from strata_plan.core.routing.convert import trace_from_jsonl
+from strata_plan.core.routing.sample import sample_trace
 from strata_plan.schema import to_data
 
 SLICE = Path(__file__).parent / "data" / "routing_mixtral_slice.jsonl"

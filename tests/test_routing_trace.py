@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from strata_plan.errors import UserError
-from strata_plan.planner.routing import Trace, load_trace, save_trace
-from strata_plan.planner.routing.convert import trace_from_jsonl
-from strata_plan.planner.routing.sample import sample_trace
-from strata_plan.planner.spec import load_spec
+from strata_plan.core.routing import Trace, load_trace, save_trace
+from strata_plan.core.routing.convert import trace_from_jsonl
+from strata_plan.core.routing.sample import sample_trace
+from strata_plan.core.spec import load_spec
 
 SLICE = Path(__file__).parent / "data" / "routing_mixtral_slice.jsonl"
 

@@ -7,7 +7,7 @@ import pytest
 
 from strata_plan.errors import UserError
 from strata_plan.kernels.formats import tier_mix
-from strata_plan.planner.spec import load_spec, shipped_models, spec_from_config
+from strata_plan.core.spec import load_spec, shipped_models, spec_from_config
 
 # Published total parameters (shared/data/README.md). Kimi-K2's config counts 1.03T against the
 # advertised "1T" (the issue says: test against 1.03T).

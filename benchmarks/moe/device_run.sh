@@ -13,7 +13,7 @@ mkdir -p "$W/results"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1
 # strata_plan must import (the traces go through its writer).
 source benchmarks/device_setup.sh
-python3 -c "import strata_plan.planner.routing" || exit 1
+python3 -c "import strata_plan.core.routing" || exit 1
 python3 -c "import sys, torch, transformers, tokenizers, numpy; print(sys.version.split()[0], torch.__version__, \
 transformers.__version__, tokenizers.__version__, numpy.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader || true

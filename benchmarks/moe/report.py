@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from strata_plan.planner.routing import compute_stats, load_prior, load_trace, stats_from_prior
-from strata_plan.planner.routing.compute import layer_stats
-from strata_plan.planner.routing.sample import sample_experts
-from strata_plan.planner.spec import load_spec
+from strata_plan.core.routing import compute_stats, load_prior, load_trace, stats_from_prior
+from strata_plan.core.routing.compute import layer_stats
+from strata_plan.core.routing.sample import sample_experts
+from strata_plan.core.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "data"
@@ -68,7 +68,7 @@ def training_balance(path: Path, n_experts: int) -> dict:
 
 
 def fitted_prior(trace, stats) -> dict:
-    from strata_plan.planner.routing.fit import fit
+    from strata_plan.core.routing.fit import fit
     target = np.mean([np.sort(np.asarray(l.popularity))[::-1] for l in stats.layers], axis=0)
     r = fit(target, trace.top_k, target_reuse=stats.mean_prev_reuse)
     return {"zipf_s": r.zipf_s, "locality": r.locality, "popularity_rmse": round(r.popularity_rmse, 5),
@@ -106,7 +106,7 @@ def build(shared: Path | None, do_fit: bool) -> dict:
         report["traces"][name] = row
     folder = shared / "routing" / "mixtral8x7b_vllm_routing" if shared else None
     if folder and folder.is_dir():
-        from strata_plan.planner.routing.convert import trace_from_jsonl
+        from strata_plan.core.routing.convert import trace_from_jsonl
         paths = sorted(folder.glob("*_routing.jsonl"))
         row = trace_row(trace_from_jsonl(paths), do_fit)
         row["source"] = "shared/data/routing/mixtral8x7b_vllm_routing (" + ", ".join(p.name for p in paths) + ")"

@@ -1,5 +1,5 @@
 """Routing traces of a trained model on held-out text, in the planner's trace format (v1, see
-planner/routing/TRACE.md): per token and MoE layer the top-k experts and gate weights, and the
+strata_plan/core/routing/TRACE.md): per token and MoE layer the top-k experts and gate weights, and the
 router-lookahead guesses at depths 1..D.
 
 Lookahead, exactly: for MoE layer i (the i-th MoE layer) and depth d, take h = the output of that decoder
@@ -75,7 +75,7 @@ def routing_trace(model, sequences: list[np.ndarray], depth: int = 4) -> dict[st
 
 def write_trace(path: Path, model, name: str, arrays: dict[str, np.ndarray], source: str) -> Path:
     """Write the trace through the planner's writer (which checks it against the format)."""
-    from strata_plan.planner.routing import Trace, save_trace
+    from strata_plan.core.routing import Trace, save_trace
     trace = Trace(experts=arrays["experts"], weights=arrays["weights"], sequence=arrays["sequence"], model=name,
                   n_experts=int(model.config.n_routed_experts), phase="decode", source=source,
                   lookahead_experts=arrays["lookahead_experts"], lookahead_scores=arrays["lookahead_scores"])

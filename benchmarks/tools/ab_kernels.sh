@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side timing of several source trees of the package in one GPU session (the device tool):
 #   OUT=dir bash benchmarks/tools/ab_kernels.sh ROUNDS DIR... -- [bench_kernels.py args]
-# Each DIR holds a copy of the tree (strata_plan/ kernels/ planner/ profiler/ engine/ profiles/
+# Each DIR holds a copy of the tree (strata_plan/ strata_plan/kernels/ strata_plan/planner/ strata_plan/profiler/ strata_plan/engine/ strata_plan/profiles/
 # benchmarks/bench_kernels.py benchmarks/_result.py), e.g. `git archive REV ... | tar -x -C DIR`. Every
 # tree is imported through its own path shim; rounds alternate the trees (A B C, A B C, ...) so that
 # clock or temperature drift falls on all of them. Results: $OUT/<dir name>-<round>/*.json, then a table

@@ -27,8 +27,8 @@ from strata_plan.engine.model import MoEModel
 from strata_plan.engine.replay import Replay
 from strata_plan.engine.store import ExpertStore
 from strata_plan.engine.synthetic import pack_synthetic
-from strata_plan.planner.plan import load_plan
-from strata_plan.planner.spec import load_spec
+from strata_plan.core.plan import load_plan
+from strata_plan.core.spec import load_spec
 
 HOST = defaultdict(float)
 

@@ -3,7 +3,7 @@ Compute.
 
     ncu --section WarpStateStats ... -k regex:gemm_kernel python3 benchmarks/tools/ncu_gemm.py '{"prefetch_scales": false}' [M] [fmt]
 
-The JSON argument overrides the launch config this GPU gets (`kernels/tuned.py: config_for`); M
+The JSON argument overrides the launch config this GPU gets (`strata_plan/kernels/tuned.py: config_for`); M
 defaults to 2048, the format to q2_g16_s8m4. ncu flushes the caches before each profiled launch."""
 from __future__ import annotations
 

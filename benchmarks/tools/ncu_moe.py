@@ -3,7 +3,7 @@
     ncu --clock-control none --section SpeedOfLight --section Occupancy ... \
         -k regex:"gate_up_kernel|down_kernel" python3 benchmarks/tools/ncu_moe.py '{"rows1": 128}' [hidden inter]
 
-The JSON argument overrides the launch config this GPU gets (`kernels/tuned.py: config_for`). ncu flushes the caches before each
+The JSON argument overrides the launch config this GPU gets (`strata_plan/kernels/tuned.py: config_for`). ncu flushes the caches before each
 profiled launch, so one layer's weights are enough (no rotation needed as in bench_kernels.py)."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     python3 benchmarks/tools/slot_reader_age.py [--plan benchmarks/data/plan-kimi5-h200-ramrich.yaml] [--extra-slots 0]
 
-Replays the store's residency decisions (engine/residency.py) in the store's call order for each MoE layer
+Replays the store's residency decisions (strata_plan/engine/residency.py) in the store's call order for each MoE layer
 of each token: `ensure` (classify the routed ids, a slot for each demand fetch, touch), `release` (the
 layer's kernel queued: its slots' last reader), then the hints of the plan's depth and their slots, with the
 routing and hints of bench_engine (the olmoe-like prior, seed 11). A copy into a slot whose last reader is
@@ -20,7 +20,7 @@ import numpy as np
 
 from strata_plan.engine.replay import Replay
 from strata_plan.engine.residency import DEMAND, Residency
-from strata_plan.planner.plan import load_plan
+from strata_plan.core.plan import load_plan
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 class Predictor:
     def __init__(self, plan_path: str | Path, profile=None):
         from strata_plan.planner.cost import CostModel
-        from strata_plan.planner.plan import load_plan
+        from strata_plan.core.plan import load_plan
         from strata_plan.planner.repredict import plan_problem
         self.path = str(plan_path)
         self.plan = load_plan(self.path)

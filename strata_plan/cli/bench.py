@@ -30,7 +30,7 @@ def _replay(args, plan):
         return None
     from strata_plan.engine.replay import Replay
     if args.replay.endswith(".npz"):
-        from strata_plan.planner.spec import load_spec
+        from strata_plan.core.spec import load_spec
         return Replay.from_trace(args.replay, load_spec(plan.sources.model.path or plan.model), seed=args.replay_seed)
     return Replay.from_prior(args.replay, len(plan.layers), plan.n_experts, plan.top_k,
                              tokens=max(4096, 4 * (args.tokens + args.warmup)), seed=args.replay_seed)
@@ -76,7 +76,7 @@ def _against_profile(r: dict, profile: str) -> dict:
 
 def cmd_bench(args) -> int:
     from strata_plan.engine.bench import measure
-    from strata_plan.planner.plan import load_plan
+    from strata_plan.core.plan import load_plan
     if args.tokens < 1 or args.warmup < 0:
         raise UserError("--tokens/--warmup", f"{args.tokens}/{args.warmup}", "need at least 1 timed token and "
                         "0 or more warm-up tokens", "pass e.g. --tokens 64 --warmup 32")

@@ -15,7 +15,7 @@ def cmd_formats(args) -> int:
     from strata_plan.kernels.formats import FORMATS
     spec = None
     if args.model:
-        from strata_plan.planner.spec import load_spec
+        from strata_plan.core.spec import load_spec
         spec = load_spec(args.model)
     rows = []
     for f in FORMATS.values():

@@ -13,7 +13,7 @@ def register(sub) -> None:
 
 
 def cmd_models(args) -> int:
-    from strata_plan.planner.spec import load_spec, shipped_models
+    from strata_plan.core.spec import load_spec, shipped_models
     if not args.model:
         rows = [load_spec(m).summary() for m in shipped_models()]
         t = table("model", "type", "layers (MoE)", "experts / top-k", "total B", "active B", title="shipped model specs")

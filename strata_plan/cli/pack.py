@@ -41,7 +41,7 @@ def cmd_pack(args) -> int:
     from strata_plan.engine.pack import (check_free_space, default_device, formats_from_mix, formats_from_plan,
                                          pack_checkpoint)
     from strata_plan.outpaths import check_out_folder
-    from strata_plan.planner.spec import load_spec
+    from strata_plan.core.spec import load_spec
     if args.format is not None and args.format not in F.FORMATS:
         raise UserError("--format", args.format, "unknown format", f"use one of {', '.join(F.FORMATS)}")
     if args.stats and not args.bpw:

@@ -51,7 +51,7 @@ def cmd_plan(args) -> int:
     from strata_plan.outpaths import check_out_file
     from strata_plan.planner.make import make_plan
     from strata_plan.planner.optuna_log import drop_interrupted_trials
-    from strata_plan.planner.plan import save_plan
+    from strata_plan.core.plan import save_plan
     _check_args(args)
     out = check_out_file(args.out, "--out", args.force)
     drop_interrupted_trials()

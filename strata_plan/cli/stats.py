@@ -26,9 +26,9 @@ def cmd_stats(args) -> int:
     import datetime
 
     from strata_plan.outpaths import check_out_file
-    from strata_plan.planner.routing import save_stats, save_trace
-    from strata_plan.planner.routing.sources import stats_for, summary_rows
-    from strata_plan.planner.spec import load_spec
+    from strata_plan.core.routing import save_stats, save_trace
+    from strata_plan.core.routing.sources import stats_for, summary_rows
+    from strata_plan.core.spec import load_spec
     out = check_out_file(args.out, "--out", args.force) if args.out else None
     trace_out = check_out_file(args.save_trace, "--save-trace", args.force) if args.save_trace else None
     spec = load_spec(args.model)

@@ -18,8 +18,8 @@ class ModelScreen(StepScreen):
     STEP = 1
 
     def body(self) -> ComposeResult:
-        from strata_plan.planner.routing import shipped_priors
-        from strata_plan.planner.spec import shipped_models
+        from strata_plan.core.routing import shipped_priors
+        from strata_plan.core.spec import shipped_models
         ch = self.session.choices
         models = shipped_models()
         model = ch.model if ch.model in models else FILE
@@ -73,7 +73,7 @@ class ModelScreen(StepScreen):
         return path, ""
 
     def refresh_model(self) -> None:
-        from strata_plan.planner.spec import load_spec
+        from strata_plan.core.spec import load_spec
         self.query_one("#config-row").display = self.query_one("#model", Select).value == FILE
         self.query_one("#stats-row").display = self.query_one("#routing", Select).value == FILE
         figures = self.query_one("#model-figures", Static)
@@ -84,7 +84,7 @@ class ModelScreen(StepScreen):
         prior = self.query_one("#routing", Select).value
         text = ""
         if prior != FILE:
-            from strata_plan.planner.routing import load_prior
+            from strata_plan.core.routing import load_prior
             pr = load_prior(str(prior))
             text = f"{pr.description} (Zipf s = {pr.zipf_s:g}, locality {pr.locality:g})"
         self.query_one("#routing-figures", Static).update(text)

@@ -130,7 +130,7 @@ class SaveScreen(StepScreen):
 
     def save(self) -> None:
         """Profile first (the export reads it back), then the plan, then the export."""
-        from strata_plan.planner.plan import save_plan
+        from strata_plan.core.plan import save_plan
         from strata_plan.profiles.schema import save_profile
         from strata_plan.yamlio import atomic_write_text
         s = self.session

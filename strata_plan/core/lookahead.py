@@ -1,0 +1,15 @@
+"""Router lookahead: the facts the routing statistics, the planner, the plan file and the engine share.
+
+Lookahead depth d means layer j's hidden state, passed through the gate of layer j + d, guesses the experts
+that layer will route to; the engine prefetches those guesses while layers j .. j + d - 1 run.
+"""
+from __future__ import annotations
+
+MAX_DEPTH = 4
+"""Lookahead depths the routing statistics describe (1..4), and the deepest prefetch a plan may ask for."""
+
+
+def staging_slots(top_k: int, depth: int) -> int:
+    """VRAM landing slots for experts in flight at once: the current layer's `top_k` and `depth` layers of
+    prefetch, `(depth + 1) x top_k`."""
+    return (depth + 1) * top_k

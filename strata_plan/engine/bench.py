@@ -1,0 +1,146 @@
+"""`strata-plan bench`'s measurement: prefill and decode tok/s of a plan run by the engine, and what the
+store did, beside the planner's prediction for the same plan.
+
+    r = measure(packed_dir, plan_path, mode="plan", tokens=64, warmup=32, replay=None)
+    r["measured"]["decode_tok_s"], r["counters"], r["time_per_token"]
+
+Decode: after `warmup` tokens (which fill the LRU cache; at least the statistics' warm-up), `tokens`
+greedy tokens are timed one by one (each ends when its sampled id reaches the host, so every token's
+GPU work is included); tok/s = 1 / median seconds per token, and the mean beside it. The time split per token: host time in the router round trips, in the store and the
+MoE launch, in launching the graphed segments; on the compute stream (CUDA events) the segments' compute
+and the waits from each router's end to its MoE (round trip, store, copies not landed). Prefill: one chunk
+of the plan's `prefill_chunk` tokens after one warm-up chunk. Counters and link busy times cover the
+timed decode tokens only. Every figure here is measured on this machine; `predicted` figures come from
+the cost model and are labelled so by the caller.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from strata_plan.core.plan import load_plan
+from strata_plan.schema import to_data
+
+from .counters import StoreCounters
+from .engine import Engine, EngineOptions
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32, replay=None,
+            device: str = "", prompt: list[int] | None = None, seed: int = 0, progress=None,
+            options: EngineOptions | None = None) -> dict:
+    """`options` (optional) sets the engine's other knobs; its mode and device are replaced by these."""
+    opts = dataclasses.replace(options or EngineOptions(), mode=mode, device=device)
+    with Engine.open(packed, plan, opts, replay=replay) as eng:
+        m, store, ex = eng.model, eng.store, eng.experts
+        dev = m.device
+        V = m.cfg.vocab
+        rng = np.random.default_rng(seed)
+        chunk = eng.plan.prefill_chunk
+        n_prefill = min(chunk, max(1, m.context - tokens - warmup - 1) // 2)
+        # ---- prefill: one warm-up chunk, one timed chunk ---------------------------------------------
+        m.reset()
+        m.prefill(rng.integers(0, V, n_prefill).tolist(), chunk)
+        _sync(dev)
+        t0 = time.perf_counter()
+        logits = m.prefill(prompt or rng.integers(0, V, n_prefill).tolist(), chunk)
+        _sync(dev)
+        prefill_s = time.perf_counter() - t0
+        # ---- decode ------------------------------------------------------------------------------------
+        tok = logits.argmax()
+        for i in range(warmup):
+            tok = m.decode_step(tok).argmax()
+            if progress:
+                progress("warm-up", i + 1, warmup)
+        int(tok)
+        store.counters = StoreCounters(store.n_layers)
+        tr = store.transfers
+        read0, rbytes0, copy0, nt0 = tr.read_busy_s, tr.read_bytes, tr.copy_busy_s(), len(tr.timed)
+        behind0, copied0 = dict(tr.behind_reader), tr.copy_bytes
+        sync0, moe0, syncs0, hints0 = ex.host_sync_s, ex.moe_s, ex.syncs, ex.hints_s
+        runner = m.step_runner
+        if runner is not None:
+            runner.timing = True
+            runner.split()
+            launch0 = runner.launch_s
+        per = []
+        t_all = time.perf_counter()
+        for i in range(tokens):
+            t1 = time.perf_counter()
+            tok = m.decode_step(tok).argmax()
+            int(tok)                                  # the token on the host: its GPU work is done
+            per.append(time.perf_counter() - t1)
+            if progress:
+                progress("decode", i + 1, tokens)
+        wall = time.perf_counter() - t_all
+        split = runner.split() if runner is not None else {"steps": 0}
+        launch_s = (runner.launch_s - launch0) / tokens if runner is not None else None
+        copy_s = tr.copy_busy_s() - copy0
+        c = store.counters.to_data()
+        n = tokens
+        L = store.n_layers
+        med = statistics.median(per)
+        return {
+            "mode": mode,
+            "measured": {
+                "decode_tok_s": 1.0 / med, "decode_tok_s_mean": n / wall,
+                "prefill_tok_s": n_prefill / prefill_s, "prefill_tokens": n_prefill,
+                "decode_s_per_token": {"median": med, "p10": float(np.percentile(per, 10)),
+                                       "p90": float(np.percentile(per, 90))},
+            },
+            "bytes_per_token": {"ram": c["bytes_from"]["ram"] / n, "nvme": c["bytes_from"]["nvme"] / n,
+                                "pcie": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / n,
+                                "wasted": c["wasted_bytes"] / n, "dense": sum(c["dense_bytes"].values()) / n,
+                                # bytes the copies enqueued (pcie: the fetches issued, cancelled prefetches too)
+                                "pcie_copied": (tr.copy_bytes - copied0) / n},
+            "links": {"copy_busy_s_per_token": copy_s / n, "pcie_gbps_during_copies":
+                      sum(f.nbytes for f in tr.timed[nt0:]) / copy_s / 1e9 if copy_s else 0.0,
+                      "pcie_gbps_wall": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / wall / 1e9,
+                      "reader_busy_s_per_token": (tr.read_busy_s - read0) / n,
+                      "nvme_gbps_wall": (tr.read_bytes - rbytes0) / wall / 1e9},
+            "time_per_token": {"router_round_trip_s": (ex.host_sync_s - sync0) / n,
+                               "round_trips": (ex.syncs - syncs0) / n,
+                               "store_and_launch_host_s": (ex.moe_s - moe0) / n,
+                               "hints_host_s": (ex.hints_s - hints0) / n,     # giving hints: prefetches issued
+                               "segment_launch_host_s": launch_s,
+                               "store_wait_s": sum(x["wait_s"] for x in c["layers"]) / n,
+                               "per_moe_layer_s": med / L,
+                               # device time on the compute stream (CUDA events; graphed loop only)
+                               "device_compute_s": split["compute_s"] / split["steps"] if split["steps"] else None,
+                               "device_wait_s": split["wait_s"] / split["steps"] if split["steps"] else None,
+                               "device_idle_s": split["idle_s"] / split["steps"] if split["steps"] else None,
+                               # per MoE layer j: [compute, waiting] seconds per token (the flatness check)
+                               "device_per_moe_layer_s": [[c / split["steps"], w / split["steps"]] for c, w in
+                                                          zip(split["layer_compute_s"], split["layer_wait_s"])]
+                               if split["steps"] else None},
+            "graphs": bool(runner is not None and runner.graphs),
+            "copy": {"chunk_bytes": opts.chunk_bytes, "chunks_in_flight": opts.chunks_in_flight,
+                     # fetches a token whose copy waited on the copy stream for its slot's last reader (a kernel)
+                     "behind_reader_per_token": {k: (v - behind0[k]) / n for k, v in tr.behind_reader.items()}},
+            "counters": {k: v for k, v in c.items() if k != "layers"},
+            "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],
+            "replay": None if replay is None else replay.source,
+            "plan": {"prefetch_depth": eng.plan.prefetch_depth, "cache_slots": eng.plan.cache.total_slots,
+                     "n_moe_layers": L, "predicted": eng.plan.predicted.decode_tok_s, **_plan_record(plan)},
+        }
+
+
+def _plan_record(plan) -> dict:
+    """What `strata-plan calibrate` re-predicts the run from: the plan file's path and sha256 (when a path
+    was given) and the whole plan as written (before the mode's baseline)."""
+    if isinstance(plan, (str, Path)):
+        path = os.path.abspath(plan)
+        return {"path": path, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+                "data": to_data(load_plan(path))}
+    return {"path": "", "sha256": "", "data": to_data(plan)}

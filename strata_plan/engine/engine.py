@@ -1,0 +1,118 @@
+"""A plan, executed: the model runtime over the tiered expert store.
+
+    with Engine.open(packed_dir, plan_path) as eng:           # device: cuda if there is one, else cpu
+        ids = eng.generate(eng.encode("def main():"), max_new_tokens=32, on_token=print)
+
+`EngineOptions.mode` picks the loop:
+- "plan":      the plan as written: static set, LRU cache, router-lookahead prefetch at the plan's depth;
+- "lru":       the same store without lookahead (the LRU-only baseline);
+- "on-demand": no cache and no prefetch: every non-static expert fetched when the router asks.
+`EngineOptions.graphs` (default) runs decode steps through `graphed.GraphedDecode` (CUDA graphs on a GPU,
+the same segments eagerly on a CPU); `graphs=False` with "on-demand" is the plain, non-overlapped
+reference loop (the model's own forward, everything fetched when asked), which tests hold the others to.
+The dense weights (attention, norms, routers, shared experts, embeddings, lm_head) are read from the
+packed folder's `dense.safetensors`: onto the device, or into pinned RAM where the plan's `dense` section
+says (streamed through the store's copy queue by `engine.dense`); the routed experts stay where the plan
+puts them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from strata_plan.errors import UserError
+from strata_plan.core.plan import load_plan
+from strata_plan.core.modes import MODES, baseline
+
+from .config import ModelConfig
+from .dense import DenseStream, host_units
+from .generate import Sampling, encode_prompt, generate, load_tokenizer
+from .graphed import GraphedDecode
+from .model import MoEModel
+from .store import ExpertStore, StoreOptions
+from .store_experts import StoreExperts
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    mode: str = "plan"
+    device: str = ""                 # "" = cuda if available, else cpu
+    backend: str = "auto"            # fused_moe backend: Triton on CUDA, the torch reference on CPU
+    verify: bool = False
+    poison: bool = False
+    allow_buffered: bool = True
+    graphs: bool = True              # decode: static parts in CUDA graphs (graphed.py); False: the eager forward
+    chunk_bytes: int = StoreOptions.chunk_bytes            # copy chunk (engine.transfer)
+    chunks_in_flight: int = StoreOptions.chunks_in_flight  # chunks queued on the copy stream at once
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise UserError("--mode", self.mode, "unknown", f"use one of {', '.join(MODES)}")
+
+
+class Engine:
+    def __init__(self, folder: Path, plan, store: ExpertStore, model: MoEModel, experts: StoreExperts,
+                 options: EngineOptions):
+        self.folder, self.plan, self.store, self.model, self.experts, self.opt = folder, plan, store, model, experts, options
+
+    @classmethod
+    def open(cls, packed: str | Path, plan, options: EngineOptions = EngineOptions(), replay=None,
+             plan_path: str = "plan") -> "Engine":
+        """`plan`: a plan path or a loaded Plan. `replay`: an `engine.replay.Replay` (routing replayed)."""
+        folder = Path(packed)
+        if not isinstance(plan, type(None)) and isinstance(plan, (str, Path)):
+            plan_path, plan = str(plan), load_plan(plan)
+        if plan.n_gpus_used > 1:
+            raise UserError(plan_path, "gpus", f"a plan over {plan.n_gpus_used} GPUs (a pipeline split); the engine "
+                            "runs one GPU", "plan again for one GPU (strata-plan plan --gpus 1)")
+        plan = baseline(plan, options.mode)
+        host = host_units(plan, ModelConfig.load(folder), plan_path)     # dense weights kept in pinned RAM
+        device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
+                                                                    verify=options.verify, poison=options.poison,
+                                                                    allow_buffered=options.allow_buffered,
+                                                                    chunk_bytes=options.chunk_bytes,
+                                                                    chunks_in_flight=options.chunks_in_flight), plan_path)
+        try:
+            experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,
+                                   depth=plan.prefetch_depth if options.mode == "plan" else 0,
+                                   backend=options.backend, replay=replay)
+            model = MoEModel.load(folder, experts, context=plan.context, device=device, dtype=dtype, host=host)
+            dense = DenseStream(model, store, plan, host, keep_routers=experts.depth > 0, plan_path=plan_path)
+        except BaseException:
+            store.close()
+            raise
+        experts.model = model
+        if experts.depth:
+            model.after_moe = experts.after_moe
+        if options.graphs and model.before_layer is None:
+            model.step_runner = GraphedDecode(model, experts, graphs=device.type == "cuda")
+        eng = cls(folder, plan, store, model, experts, options)
+        eng.dense = dense
+        return eng
+
+    # ---- text ---------------------------------------------------------------------------------------
+    def tokenizer(self):
+        return load_tokenizer(self.folder)
+
+    def encode(self, text: str) -> list[int]:
+        return encode_prompt(self.tokenizer(), text, self.model.cfg, self.folder)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling = Sampling(),
+                 on_token: Callable[[int], None] | None = None) -> list[int]:
+        return generate(self.model, prompt_ids, max_new_tokens, self.plan.prefill_chunk, sampling,
+                        on_token=on_token)
+
+    def close(self) -> None:
+        self.experts.close()
+        self.store.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,54 @@
+"""The router of one MoE layer: normalised hidden states [M, H] -> top-k expert ids and gate weights.
+
+Ids come back sorted by gate weight, highest first (the order of routing traces, core/routing/TRACE.md),
+int64 [M, k] on the hidden states' device; weights float32 [M, k], exactly what the expert sum multiplies
+by (DeepSeek: the unbiased sigmoid scores of the chosen experts, normalised, times routed_scaling_factor;
+Qwen3-MoE: softmax probabilities, optionally renormalised, rounded to the model dtype as transformers
+does; Mixtral: softmax over the top-k logits). Nothing here leaves the device.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .config import RouterConfig
+
+
+class Router:
+    def __init__(self, rc: RouterConfig, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        self.rc, self.weight, self.bias, self.dtype = rc, weight, bias, dtype
+
+    @staticmethod
+    def load(rc: RouterConfig, src, prefix: str, device, dtype: torch.dtype) -> "Router":
+        """prefix: the gate's module path, e.g. `model.layers.3.mlp.gate`."""
+        if rc.kind == "sigmoid_grouped":       # DeepSeek keeps its router and bias in float32
+            return Router(rc, src.get(prefix + ".weight", device, torch.float32),
+                          src.get(prefix + ".e_score_correction_bias", device, torch.float32), dtype)
+        return Router(rc, src.get(prefix + ".weight", device, dtype), None, dtype)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rc = self.rc
+        if rc.kind == "sigmoid_grouped":
+            scores = F.linear(x.float(), self.weight).sigmoid()                              # [M, E]
+            choice = scores + self.bias
+            if rc.n_group > 1:
+                m = x.shape[0]
+                grouped = choice.view(m, rc.n_group, -1)
+                group_scores = grouped.topk(2, dim=-1)[0].sum(-1)                              # [M, G]
+                keep = torch.zeros_like(group_scores, dtype=torch.bool)
+                keep.scatter_(1, group_scores.topk(rc.topk_group, dim=-1, sorted=False)[1], True)
+                choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(m, -1), float("-inf"))
+            ids = choice.topk(rc.top_k, dim=-1, sorted=False)[1]
+            w = scores.gather(1, ids)
+            if rc.norm_topk_prob:
+                w = w / (w.sum(-1, keepdim=True) + 1e-20)
+            w = w * rc.scaling
+            w, order = torch.sort(w, dim=-1, descending=True, stable=True)
+            return ids.gather(1, order), w
+        probs = torch.softmax(F.linear(x, self.weight).float(), dim=-1)
+        w, ids = probs.topk(rc.top_k, dim=-1)
+        if rc.norm_topk_prob:
+            w = w / w.sum(-1, keepdim=True)
+        if rc.round_weights:
+            w = w.to(self.dtype).float()
+        return ids, w

@@ -1,0 +1,484 @@
+"""The tiered expert store (the Strata loader): every routed expert where the plan puts it, on the device
+before the kernel reads it, and counters that say how well that went.
+
+    store = ExpertStore.open(packed_dir, plan, device, plan_path="plan.yaml")
+    store.hint(j, ids, scores, depth)      # router lookahead: MoE layer j will probably use ids
+    offs = store.ensure(j, ids)            # every id of this token resident; returns offsets [E] on device
+    fused_moe(x, topk_ids, topk_w, store.arena, offs, store.formats[j], H, I)
+    store.release(j)                       # after the MoE call is queued: its slots may be reused after it
+    for wave in store.waves(j, ids): ...   # prefill: a chunk's experts in waves through the free slots
+    store.counters.to_data(); store.close()
+
+Tiers (the plan's `layers[j].vram / ram / nvme`):
+1. VRAM: one device arena `[static experts | dynamic slots | poison slot]`. Static experts are laid out
+   back to back (4 KiB-aligned blobs) and loaded at start; the dynamic slots (the plan's cache slots plus
+   its staging slots, `residency.Residency`) receive fetched experts. `offsets[j]` (int64 [L, E] on the
+   device, one row per MoE layer) is the residency map the kernel reads: a resident expert's byte offset
+   in the arena, else the poison slot (0xFF bytes: NaN scales, so a kernel that read a non-resident
+   expert would produce NaN; `poison=True` also checks on the host that none is routed there).
+2. Pinned RAM: the plan's RAM experts in page-locked host regions, filled at start.
+3. NVMe: the packed files, read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
+   `staging.nvme_reads` shape (split into requests, queue depth) into pinned bounce buffers, then copied.
+Everything is allocated at start; per token the store allocates no tensors (`offsets` rows go through a
+ring of preallocated pinned rows). Correctness never depends on prefetch: `ensure` fetches and waits for
+whatever is missing. On a CPU device (CI) tier 1 is a CPU tensor, tier 2 ordinary memory, tier 3 real
+files.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import psutil
+import torch
+
+from strata_plan.core.lookahead import staging_slots
+from strata_plan.errors import UserError
+from strata_plan.kernels.formats import EXPERT_ALIGN
+
+from .packed import check_plan_matches, load_index, verify_blob
+from .counters import StoreCounters
+from .directio import BlobFile, aligned_empty, aligned_view
+from .residency import DEMAND, LATE, Residency
+from .transfer import Fetch, FetchError, Transfers
+
+POISON_BYTE = 0xFF          # fp16 0xFFFF is NaN: every scale of a poisoned blob is NaN
+RING = 64                   # pinned offsets rows in flight
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    prefetch: bool = True          # act on hints (off: the LRU-only and on-demand baselines)
+    verify: bool = False           # sha256 of every NVMe read against the index (start-up loads are always checked)
+    poison: bool = False           # host check that no routed id points at the poison slot
+    readers: int = 0               # reader threads; 0: the plan's largest queue depth (at least 4)
+    chunk_bytes: int = 8 << 20     # copy chunk
+    chunks_in_flight: int = 1      # prefetch chunks on the copy stream at once: a demand copy waits behind at most these
+    speculative_cap: int = 0       # bytes of hinted fetches in flight at once; 0: the staging slots' bytes
+    allow_buffered: bool = True    # a filesystem without O_DIRECT: warn and read buffered (benchmarks pass False)
+
+
+@dataclass(frozen=True)
+class Wave:
+    """One prefill wave of a layer: these experts are resident now (offsets), the MoE runs for them."""
+
+    offsets: torch.Tensor          # int64 [E] on the device
+    experts: tuple[int, ...]
+    mask: torch.Tensor             # bool [E] on the device: expert in this wave
+
+
+def _pread(fd: int, buf: memoryview, offset: int, nbytes: int) -> None:
+    done = 0
+    while done < nbytes:
+        n = os.preadv(fd, [buf[done:nbytes]], offset + done)
+        if n <= 0:
+            raise OSError(f"short read at offset {offset + done}")
+        done += n
+
+
+class ExpertStore:
+    def __init__(self, folder: Path, index, plan, device: torch.device, options: StoreOptions = StoreOptions(),
+                 plan_path: str = "plan"):
+        self.folder, self.index, self.plan, self.device, self.opt = Path(folder), index, plan, device, options
+        check_plan_matches(index, plan, plan_path)
+        self.n_layers, self.E = len(plan.layers), plan.n_experts
+        self.top_k = plan.top_k
+        ent = {(e.layer, e.expert): e for e in index.entries}
+        self.entries = [[ent[(l.layer, x)] for x in range(self.E)] for l in plan.layers]   # [j][e]
+        self.nbytes = np.array([[e.nbytes for e in row] for row in self.entries], dtype=np.int64)
+        self.tier = [dict([(e, "vram") for e in l.vram] + [(e, "ram") for e in l.ram] + [(e, "nvme") for e in l.nvme])
+                     for l in plan.layers]
+        # ---- sizes ---------------------------------------------------------------------------------
+        static_bytes = int(sum(self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.vram))
+        dyn = [self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.ram + l.nvme]
+        self.slot_bytes = int(max(dyn, default=EXPERT_ALIGN))
+        self.n_slots = plan.cache.total_slots + max(plan.staging.vram_slots, staging_slots(self.top_k, plan.prefetch_depth))
+        self.dyn_base = static_bytes
+        self.poison_offset = self.dyn_base + self.n_slots * self.slot_bytes
+        arena_bytes = self.poison_offset + self.slot_bytes
+        ram_bytes = int(sum(self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.ram))
+        has_nvme = any(l.nvme for l in plan.layers)
+        in_flight = max(getattr(plan.staging, "nvme_in_flight_prefill", 0) or 0, 2 * self.top_k)
+        bounce = max(plan.staging.host_slots, in_flight) if has_nvme else 0
+        self._check_capacity(arena_bytes, ram_bytes + bounce * self.slot_bytes, plan_path)
+        # ---- files ---------------------------------------------------------------------------------
+        self.files: dict[str, BlobFile] = {}
+        try:
+            for row in self.entries:
+                for e in row:
+                    self._file(e)
+        except BaseException:
+            self._close_files()
+            raise
+        # ---- allocate once ---------------------------------------------------------------------------
+        self.arena = torch.empty(arena_bytes, dtype=torch.uint8, device=device)
+        self.arena[self.poison_offset:].fill_(POISON_BYTE)
+        self._ram_backing, self.ram = aligned_empty(max(ram_bytes, EXPERT_ALIGN), pin=device.type == "cuda")
+        self.ram_offset: dict[tuple[int, int], int] = {}
+        self.offsets_host = np.full((self.n_layers, self.E), self.poison_offset, dtype=np.int64)
+        self.offsets = torch.full((self.n_layers, self.E), self.poison_offset, dtype=torch.int64, device=device)
+        self._ring = torch.empty((RING, self.E), dtype=torch.int64, pin_memory=device.type == "cuda")
+        self._ring_events: list = [None] * RING
+        self._ring_i = 0
+        self.formats = [torch.tensor([self._fmt_code(e.format) for e in row], dtype=torch.int32, device=device)
+                        for row in self.entries]
+        readers = options.readers or max([4] + [r.queue_depth for r in (plan.staging.nvme_reads or {}).values()])
+        self.transfers = Transfers(self.arena, bounce, self.slot_bytes, readers=readers,
+                                   chunk_bytes=options.chunk_bytes, chunks_in_flight=options.chunks_in_flight)
+        # PLANNER.md "What the engine must do": a batch of i NVMe experts of format f is split batch_splits[i-1]
+        # ways (decode), every prefill read split nvme_reads_prefill[f].split ways
+        self.batch_splits = {f: (tuple(r.batch_splits) or (r.split,)) for f, r in (plan.staging.nvme_reads or {}).items()}
+        self.split_prefill = {f: r.split for f, r in (plan.staging.nvme_reads_prefill or {}).items()}
+        self.compute_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self.residency = Residency([l.vram for l in plan.layers], [l.cache_slots for l in plan.layers], self.n_slots)
+        self.counters = StoreCounters(self.n_layers)
+        self._hints: list[dict[int, set[int]]] = [{} for _ in range(self.n_layers)]
+        self._inflight_spec: list[Fetch] = []
+        self._lock = threading.RLock()      # hints may come from the lookahead thread
+        self.spec_cap = options.speculative_cap or plan.staging.vram_slots * self.slot_bytes
+        self._old_switch = sys.getswitchinterval()
+        sys.setswitchinterval(2e-4)     # wake the copy and reader threads promptly (restored on close)
+        try:
+            self.load_s = self._load()
+        except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
+            self.close()
+            raise
+
+    # ---- start-up ---------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, folder, plan, device, options: StoreOptions = StoreOptions(), plan_path: str = "plan"):
+        return cls(Path(folder), load_index(folder), plan, torch.device(device), options, plan_path)
+
+    @staticmethod
+    def _fmt_code(name: str) -> int:
+        from strata_plan.kernels.reference import FORMAT_CODES
+        return FORMAT_CODES.index(name)
+
+    def _check_capacity(self, vram: int, ram: int, plan_path: str) -> None:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            if vram > free:
+                raise UserError(plan_path, "memory.budgets.vram_bytes", f"needs {vram / 1e9:.2f} GB of VRAM for experts "
+                                f"and slots, {free / 1e9:.2f} GB is free on {torch.cuda.get_device_name(self.device)}",
+                                "plan again with a smaller --vram-gb")
+        avail = psutil.virtual_memory().available
+        if ram > avail:
+            raise UserError(plan_path, "memory.budgets.ram_bytes", f"needs {ram / 1e9:.2f} GB of pinned RAM, "
+                            f"{avail / 1e9:.2f} GB is available", "plan again with a smaller --ram-gb")
+
+    def _file(self, e) -> BlobFile:
+        """The open blob file of an entry (load_index checked that it exists and is long enough)."""
+        f = self.files.get(e.file)
+        if f is None:
+            path = self.folder / e.file
+            f = BlobFile.open(path, warn=True)
+            if not f.direct and not self.opt.allow_buffered:
+                f.close()
+                raise UserError(str(path), "", "is on a filesystem without O_DIRECT: the NVMe tier would be served "
+                                "by the page cache", "put the packed model on a local disk (ext4, xfs)")
+            self.files[e.file] = f
+        return f
+
+    def _load(self) -> float:
+        """Read the static experts into the arena and the RAM experts into pinned RAM; every blob's sha256 is
+        checked against the index on hashing threads while the next one is read. Start-up reads go through
+        the page cache (a second start of the same model is faster); when the plan has an NVMe tier the
+        files' cached pages are dropped afterwards, so that tier is read cold."""
+        t0 = time.perf_counter()
+        pin = self.device.type == "cuda"
+        fds = {name: os.open(self.folder / name, os.O_RDONLY) for name in self.files}   # buffered: start-up only
+        bounces = [aligned_empty(int(self.nbytes.max()), pin=pin)[1] for _ in range(4)]
+        checks = []
+        off, ram_off, i = 0, 0, 0
+        with ThreadPoolExecutor(8) as pool:
+            for j, l in enumerate(self.plan.layers):
+                for e in l.vram:
+                    ent = self.entries[j][e]
+                    bounce = bounces[i % len(bounces)]
+                    if i >= len(bounces):
+                        checks[i - len(bounces)].result()       # its bounce buffer is free again
+                    i += 1
+                    if pin:
+                        torch.cuda.current_stream(self.device).synchronize()
+                    _pread(fds[ent.file], aligned_view(bounce), ent.offset, ent.nbytes)
+                    checks.append(pool.submit(verify_blob, self.index, ent, bounce[:ent.nbytes]))
+                    self.arena[off:off + ent.nbytes].copy_(bounce[:ent.nbytes], non_blocking=pin)
+                    self.offsets_host[j, e] = off
+                    off += ent.nbytes
+            for j, l in enumerate(self.plan.layers):
+                for e in l.ram:
+                    ent = self.entries[j][e]
+                    dst = self.ram[ram_off:ram_off + ent.nbytes]
+                    _pread(fds[ent.file], aligned_view(dst), ent.offset, ent.nbytes)
+                    checks.append(pool.submit(verify_blob, self.index, ent, dst))
+                    self.ram_offset[(j, e)] = ram_off
+                    ram_off += ent.nbytes
+            for c in checks:
+                c.result()
+        for fd in fds.values():
+            if any(l.nvme for l in self.plan.layers):      # the cold tier stays cold: drop what start-up cached
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        if pin:
+            torch.cuda.synchronize(self.device)
+        self._static_rows = self.offsets_host.copy()     # static offsets, poison elsewhere: each row's base
+        self.offsets.copy_(torch.from_numpy(self.offsets_host))
+        return time.perf_counter() - t0
+
+    # ---- decode -----------------------------------------------------------------------------------------
+    def hint(self, j: int, ids: Sequence[int], scores: Sequence[float] | None = None, depth: int = 1) -> None:
+        """MoE layer j will probably use `ids` (router lookahead at `depth`): at the plan's prefetch depth,
+        fetch the missing ones, best score first, while free slots (beyond one token's demand) and the
+        speculative cap allow. Hints at other depths are only counted (precision and recall by depth):
+        acting on every depth fetches the union of several guesses, more bytes than the planner's cost
+        model charges (measured on the H200: 35% more bytes than LRU-only at depth 2)."""
+        ids = [int(e) for e in ids if e >= 0]
+        if scores is not None:
+            ids = [e for _, e in sorted(zip([-float(s) for s in scores], ids))]
+        with self._lock:
+            self._hint(j, ids, depth)
+        self.transfers.pump()                   # the first chunks go out now
+
+    def _hint(self, j: int, ids: list[int], depth: int) -> None:
+        self._hints[j][depth] = set(ids)
+        if not self.opt.prefetch or depth != self.plan.prefetch_depth:
+            return                  # as the cost model: layer j's misses are fetched on the hint from j - depth
+        self._inflight_spec = [f for f in self._inflight_spec if not f.done()]
+        inflight = sum(f.nbytes for f in self._inflight_spec)
+        c = self.counters.layers[j]
+        res = self.residency
+        batch = self._nvme_batch(j, [e for e in ids if not res.is_resident(j, e)])
+        for e in ids:
+            if res.is_resident(j, e):
+                continue
+            nb = int(self.nbytes[j, e])
+            if res.n_free() <= self.top_k or inflight + nb > self.spec_cap:
+                c.dropped_hints += 1
+                continue
+            slot, _ = res.take(j, e, by_hint=True, steal=False)
+            slot.fetch = self._fetch(j, e, slot, demand=False, batch=batch)
+            self._inflight_spec.append(slot.fetch)
+            inflight += nb
+            c.prefetch_bytes += nb
+
+    def _fetch(self, j: int, e: int, slot, demand: bool, prefill: bool = False, batch: dict | None = None,
+               switched: bool = False) -> Fetch:
+        """Issue the fetch of (layer j, expert e) into `slot`; `batch`: NVMe experts per format submitted
+        together with it (sets the split); switched: the copy stream is current (a demand from RAM is
+        copied from this thread)."""
+        batch = batch or {}
+        ent = self.entries[j][e]
+        tier = self.tier[j][e]
+        f = Fetch(ent.layer, e, self.dyn_base + slot.index * self.slot_bytes, ent.nbytes, demand, after=slot.release)
+        c = self.counters.layers[j]
+        c.bytes_from[tier] += ent.nbytes
+        c.fetches_from[tier] += 1
+        if tier == "ram":
+            o = self.ram_offset[(j, e)]
+            f.ram = self.ram[o:o + ent.nbytes]
+            return self.transfers.copy_now(f, switched) if demand else self.transfers.submit(f)
+        f.file, f.file_offset = self.files[ent.file], ent.offset
+        if prefill:
+            f.split = self.split_prefill.get(ent.format, 1)
+        else:
+            splits = self.batch_splits.get(ent.format, (1,))
+            f.split = splits[min(batch.get(ent.format, 1), len(splits)) - 1]
+        f.sha256 = ent.sha256 if self.opt.verify else ""
+        return self.transfers.submit(f)
+
+    def ensure(self, j: int, ids: Sequence[int]) -> torch.Tensor:
+        """Make every expert of `ids` (one token's routed ids in slot order, each once) resident for MoE
+        layer j and return its offsets row (int64 [E] on the device). The compute stream is made to wait
+        for the copies it needs (no host wait for a copy, only for reads to be issued)."""
+        ids = [int(e) for e in ids]
+        with self._lock:
+            waits = self._claim(j, ids)
+        self.transfers.pump()                   # behind the demand copies: prefetches keep the link busy
+        c = self.counters.layers[j]
+        t0 = time.perf_counter()
+        for f in waits:
+            f.wait_enqueued()
+            if f.event is not None:
+                self.compute_stream.wait_event(f.event)
+        c.wait_s += time.perf_counter() - t0
+        with self._lock:
+            for s in self.residency.touch(j, ids):
+                self._drop_fetch(s)
+            return self._publish(j)
+
+    def _claim(self, j: int, ids: list[int]) -> list[Fetch]:
+        """(lock held) Count how each use is served, fetch what is missing; the fetches to wait for."""
+        res, c = self.residency, self.counters.layers[j]
+        kinds = res.classify(j, ids, done=lambda s: s.fetch is None or s.fetch.done())
+        for d, hinted in self._hints[j].items():
+            used = set(ids)
+            c.hint_guesses[d] = c.hint_guesses.get(d, 0) + len(hinted)
+            c.hint_right[d] = c.hint_right.get(d, 0) + len(hinted & used)
+            c.hint_used[d] = c.hint_used.get(d, 0) + len(used)
+        self._hints[j] = {}
+        batch = self._nvme_batch(j, [e for e, kind in zip(ids, kinds) if kind == DEMAND])
+        waits = []
+        copies = any(kind in (DEMAND, LATE) for kind in kinds)
+        with self.transfers.stream() if copies else contextlib.nullcontext():   # one switch for the layer's copies
+            for e, kind in zip(ids, kinds):
+                c.uses[kind] += 1
+                if kind == DEMAND:
+                    waits.append(self._demand(j, e, batch=batch, switched=True).fetch)
+                elif kind == LATE:                  # a prefetch still in flight: needed now, so a demand
+                    waits.append(self._late(res.slot_of(j, e)))
+        return waits
+
+    def _late(self, slot) -> Fetch:
+        """(lock held, the copy stream current: `_claim`) A prefetch `ensure` needs before it landed: a RAM
+        prefetch not yet started in the pump's queue is taken back and copied from this thread at once, in one
+        piece; one started has its remaining chunks enqueued now, and an NVMe one is promoted to demand order
+        (`Transfers.promote`). Returns the fetch to wait for."""
+        f = slot.fetch
+        if f.ram is not None and self.transfers.take_back(f):
+            slot.fetch = self.transfers.copy_now(Fetch(f.layer, f.expert, f.dst_offset, f.nbytes, True, ram=f.ram,
+                                                       after=f.after), switched=True)
+            return slot.fetch
+        self.transfers.promote(f)
+        return f
+
+    def _nvme_batch(self, j: int, experts: list[int]) -> dict[str, int]:
+        """NVMe-tier experts per format among `experts` (fetched together: one batch)."""
+        out: dict[str, int] = {}
+        for e in experts:
+            if self.tier[j][e] == "nvme":
+                f = self.entries[j][e].format
+                out[f] = out.get(f, 0) + 1
+        return out
+
+    def _drop_fetch(self, s) -> None:
+        """A hinted fetch no token used: cancel it if its copy is not queued yet, count it as wasted."""
+        c = self.counters.layers[s.layer]
+        if s.fetch is not None:
+            self.transfers.cancel(s.fetch)
+        c.wasted_bytes += int(self.nbytes[s.layer, s.expert])
+        c.wasted_fetches += 1
+
+    def _publish(self, j: int) -> torch.Tensor:
+        """Write layer j's residency into its offsets row on the device (stream-ordered, no allocation)."""
+        row = self.offsets_host[j]
+        row[:] = self._static_rows[j]
+        for e, i in self.residency.where[j].items():
+            row[e] = self.dyn_base + i * self.slot_bytes
+        if self.device.type != "cuda":
+            self.offsets[j].copy_(torch.from_numpy(row))
+            return self.offsets[j]
+        k = self._ring_i
+        self._ring_i = (k + 1) % RING
+        if self._ring_events[k] is not None:
+            self._ring_events[k].synchronize()
+        self._ring[k].numpy()[:] = row
+        self.offsets[j].copy_(self._ring[k], non_blocking=True)
+        ev = self._ring_events[k] or torch.cuda.Event()
+        ev.record(self.compute_stream)
+        self._ring_events[k] = ev
+        return self.offsets[j]
+
+    def release(self, j: int) -> None:
+        """Layer j's kernel is queued on the compute stream: its slots may be overwritten once it ran."""
+        ev = None
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record(self.compute_stream)
+        with self._lock:
+            self.residency.release(j, ev)
+
+    def check_routed(self, j: int, topk_ids: torch.Tensor) -> None:
+        """Poison mode: fail loudly if any routed id of layer j points at the poison slot."""
+        ids = topk_ids.flatten().tolist()
+        bad = [e for e in ids if e >= 0 and self.offsets_host[j, e] == self.poison_offset]
+        if bad:
+            raise FetchError(f"layer {j}: experts {sorted(set(bad))} are routed but not resident (poison slot)")
+
+    # ---- prefill ----------------------------------------------------------------------------------------
+    def waves(self, j: int, ids: Sequence[int]) -> Iterator[Wave]:
+        """A chunk's experts of layer j (unique ids) in waves: first everything resident plus as many
+        fetched as half the free slots hold, then the next half-slot batches, each fetched while the
+        previous wave computes. The caller runs the MoE for each wave's experts (ids outside the wave
+        skipped) before asking for the next wave; the slots a wave read are reused only after it ran.
+        The LRU cache is not changed by prefill, and prefill uses are not counted as decode uses."""
+        res = self.residency
+        ids = [int(e) for e in dict.fromkeys(int(e) for e in ids)]
+        resident = [e for e in ids if res.is_resident(j, e)]
+        missing = [e for e in ids if not res.is_resident(j, e)]
+        for e in resident:
+            s = res.slot_of(j, e)
+            if s is not None:
+                s.pinned = True
+        width = max(1, res.n_free() // 2)
+        batches = [missing[a:a + width] for a in range(0, len(missing), width)]
+        pending = self._prefill_fetch(j, batches[0]) if batches else []
+        first, ev = True, None
+        for b in range(max(1, len(batches))):
+            current = pending
+            pending = self._prefill_fetch(j, batches[b + 1]) if b + 1 < len(batches) else []
+            for slot in current:
+                slot.fetch.wait_enqueued()
+                if slot.fetch.event is not None:
+                    self.compute_stream.wait_event(slot.fetch.event)
+            members = (resident if first else []) + [s.expert for s in current]
+            first = False
+            row = self._publish(j)
+            mask = self._mask(j, members)
+            yield Wave(row, tuple(members), mask)
+            ev = None
+            if self.device.type == "cuda":
+                ev = torch.cuda.Event()
+                ev.record(self.compute_stream)
+            for slot in current:                # transient: the LRU cache is left as it was
+                slot.release = ev
+                slot.pinned = False
+                res._drop(slot)
+        res.release(j, ev)                      # the cached slots the waves read
+
+    def _prefill_fetch(self, j: int, experts: list[int]) -> list:
+        return [self._demand(j, e, prefill=True) for e in experts]
+
+    def _demand(self, j: int, e: int, batch: dict | None = None, prefill: bool = False, switched: bool = False):
+        """(lock held) A pinned slot for (layer j, expert e), taking an unused prefetch of another layer if
+        none is free, and its fetch issued."""
+        slot, stolen = self.residency.take(j, e, by_hint=False, steal=True)
+        if slot is None:
+            raise RuntimeError(f"no free slot for layer {j} expert {e}: {self.n_slots} slots")
+        if stolen is not None:
+            self._drop_fetch(stolen)
+        slot.pinned = True
+        slot.fetch = self._fetch(j, e, slot, demand=True, prefill=prefill, batch=batch, switched=switched)
+        return slot
+
+    def _mask(self, j: int, members: list[int]) -> torch.Tensor:
+        m = np.zeros(self.E, dtype=np.bool_)
+        m[members] = True
+        return torch.from_numpy(m).to(self.device, non_blocking=False)
+
+    # ---- end ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the reader and copy threads, wait for queued copies, close the files. Idempotent."""
+        if getattr(self, "transfers", None) is not None:
+            self.transfers.close()
+            self.transfers = None
+        self._close_files()
+        sys.setswitchinterval(self._old_switch)
+
+    def _close_files(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+
+    def __enter__(self) -> "ExpertStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,602 @@
+"""The cost model: predicted decode and prefill tok/s of a placement, with the binding resource.
+
+Decode (batch 1) walks the decoder layers in order, keeping a GPU clock t. For MoE layer j with s static
+experts, m in RAM, c cache slots, k routed per token, rank popularity p_r and expert bytes b_r:
+
+    h  = cache_hit(j, s, c)                      hit rate of static set + LRU cache (routing statistics)
+    w_r = p_r exp(-k p_r T)  for r >= s          the share of accesses that miss, by rank (Che's LRU
+                                                 approximation), T such that sum_r w_r = 1 - h
+    warm bytes = k sum_{s <= r < s+m} w_r b_r    from pinned RAM over PCIe
+    cold bytes = k sum_{r >= s+m}     w_r b_r    NVMe read, then PCIe
+    link time of an expert: b_r / H2D(b_r) (the pinned curve at that transfer size; while kernels run the
+    h2d_during_kernel curve, else H2D x copy_overlap); NVMe: a layer's expected misses of each format are
+    read together as one batch at the store's queue depth (reads.py: T(n_f) per batch)
+
+With lookahead depth d (recall R, precision P from the routing statistics; layers j < d have no source layer
+and get R = 0) a share R of the misses is issued when MoE layer j-d finishes and must be ready before
+layer j's experts run; the engine also fetches R (1-P)/P wasted bytes per miss byte. The rest (1-R) is
+fetched on demand after the router: stall = max(PCIe time, T((1-R) n_f)) + one expert's copy (pipeline fill).
+Both wait for a host round trip rt (calibration `moe_round_trip_us`): the router's ids (or the lookahead's
+hints) reach the host, the store issues the copies, the MoE call is launched.
+
+    t += overhead + max((dense_i + kv_i) / (HBM x hbm_eff), FLOPs_i / (TFLOPS x compute_eff))   each layer
+    t += rt + demand stall + (1 - overlap) prefetch time;  t = max(t, done_{j-d} + rt + prefetch time)   MoE layers
+    (overlap: calibration `prefetch_overlap`, the share of a prefetch's link time the engine hides; 1 the ideal)
+    t += k sum_r p_r b_r / kernel_GBps(format_r);  done_j = t   (kernel_GBps: the fused MoE decode call, rates.py)
+    streamed dense weights: double buffered, serial on the link, must land before their layer starts
+    T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
+
+Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with probability
+1 - (1 - min(1, k p_r))^C and every touched non-resident expert streams once per chunk:
+    T_chunk = sum_i [overhead (+ rt at MoE layers) + max(GPU_i, PCIe_i + dense stream_i, NVMe_i)],
+    prefill tok/s = C / T_chunk
+with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff), touched experts x
+3 hidden moe_intermediate / expansion rate) (rates.py: every touched expert is expanded once a chunk).
+
+Several GPUs (`Placement.gpu_split`, `Placement.remote`): each layer at its GPU's rates over its GPU's link,
+the hidden state's hops at split points and to a partner's remote experts, the host side's concurrent H2D
+(PLANNER.md, "Several GPUs"). The constants that measured runs refine come from the profile's
+`Calibration`. PLANNER.md has the long form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from strata_plan.core.lookahead import staging_slots
+from strata_plan.planner.rates import decode_rates, expansion_rate
+from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
+
+RESOURCES = ("pcie", "nvme", "hbm", "compute", "overhead")
+
+
+def plateau(curve) -> float:
+    """Bytes/s at a curve's best point (a large transfer)."""
+    return max(v for _, v in curve.points) * 1e9
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted throughput of one placement (all figures are predictions, not measurements)."""
+
+    decode_tok_s: float
+    prefill_tok_s: float
+    decode_binding: str
+    prefill_binding: str
+    decode_seconds: dict        # per token: critical-path seconds per resource, plus link busy totals
+    prefill_seconds: dict       # per chunk, the same
+    bytes_per_token: dict       # decode bytes per token by source tier (vram, ram, nvme), wasted, pcie
+    bytes_per_chunk: dict       # prefill bytes per chunk by source tier
+    hit_rate: float             # share of routed-expert accesses served from VRAM (static + cache)
+    ram_share: float            # ... from pinned RAM
+    nvme_share: float           # ... from NVMe
+
+
+def hops(ug: np.ndarray) -> int:
+    """Split points the hidden state crosses: consecutive dense units (decoder layers, then the head) on
+    different GPUs."""
+    return int(np.count_nonzero(np.diff(ug)))
+
+
+def _cumrows(x: np.ndarray) -> np.ndarray:
+    """[L, E] -> [L, E+1] prefix sums along ranks, starting at 0."""
+    out = np.zeros((x.shape[0], x.shape[1] + 1))
+    np.cumsum(x, axis=1, out=out[:, 1:])
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    problem: object     # planner.problem.Problem
+    gpu_index: int = 0  # the GPU whose rates this model reads (several GPUs: `predict` asks each GPU's model)
+    _memo: dict = field(default_factory=dict, repr=False)    # NVMe read shapes and tables per in-flight count
+
+    # ---- machine rates (bytes/s, FLOP/s, s) ------------------------------------------------------
+    @cached_property
+    def _cal(self):
+        return self.problem.profile.calibration
+
+    @property
+    def gpu(self):
+        return self.problem.profile.gpus[self.gpu_index]
+
+    def gpu_model(self, g: int) -> "CostModel":
+        """The cost model reading GPU g's rates (the same problem)."""
+        if g == self.gpu_index:
+            return self
+        key = ("gpu", g)
+        if key not in self._memo:
+            self._memo[key] = CostModel(self.problem, g)
+        return self._memo[key]
+
+    def hop_seconds(self, nbytes: float, a: int, b: int) -> float:
+        """Seconds to move `nbytes` of hidden state from GPU a to GPU b: over the peer link (its latency plus
+        bytes over its rate), or without one through pinned host memory (D2H on a, then H2D on b, each a
+        latency plus bytes over the curve's plateau)."""
+        peer = self.problem.profile.peer
+        lat = peer.latency.value * 1e-6
+        if peer.kind != "none":
+            return lat + nbytes / (peer.gbps.value * 1e9)
+        ga, gb = self.problem.profile.gpus[a], self.problem.profile.gpus[b]
+        return 2 * lat + nbytes / plateau(ga.d2h_pinned) + nbytes / plateau(gb.h2d_pinned)
+
+    @cached_property
+    def hbm_rate(self) -> float:
+        return self.gpu.hbm_gbps.value * 1e9 * self._cal.hbm_efficiency.value
+
+    @cached_property
+    def flop_rate(self) -> float:
+        return self.gpu.bf16_tflops.value * 1e12 * self._cal.compute_efficiency.value
+
+    @cached_property
+    def overhead(self) -> float:
+        return self._cal.layer_overhead_us.value * 1e-6
+
+    @cached_property
+    def host_fetch(self) -> float:
+        """Seconds of host time to issue one expert fetch (the store's bookkeeping and the copy's enqueue)."""
+        return self._cal.host_fetch.value * 1e-6
+
+    @cached_property
+    def prefetch_overlap(self) -> float:
+        """Share (0..1) of a prefetch's link time hidden behind the rest of the token (calibration)."""
+        return min(1.0, max(0.0, self._cal.overlap.value))
+
+    @cached_property
+    def round_trip(self) -> float:
+        """Seconds of one MoE layer's host round trip (router ids to the host, `ensure`, the MoE launch)."""
+        return self._cal.round_trip.value * 1e-6
+
+    def h2d(self, size: float) -> float:
+        """Pinned H2D bytes/s at this transfer size with nothing else running (demand fetches)."""
+        return self.gpu.h2d_pinned.at(size) * 1e9
+
+    def h2d_background(self, size: float) -> float:
+        """Pinned H2D bytes/s while kernels run (prefetches, dense streaming, prefill)."""
+        if self.gpu.h2d_during_kernel is not None:
+            return self.gpu.h2d_during_kernel.at(size) * 1e9
+        return self.h2d(size) * self._cal.copy_overlap.value
+
+    def nvme(self, size: float, queue_depth: int) -> float:
+        """O_DIRECT random-read bytes/s at this block size and queue depth (the first NVMe of the profile)."""
+        nv = self.problem.profile.nvme
+        return nv[0].rand_read.at(size, queue_depth) * 1e9 if nv else TINY_RATE
+
+    @cached_property
+    def _decode_rates(self) -> dict:
+        return decode_rates(self.problem, self.gpu)
+
+    def kernel_rate(self, fmt: str) -> float:
+        """Bytes/s the fused MoE decode call streams a packed format from VRAM (rates.decode_rates)."""
+        return self._decode_rates[fmt].value
+
+    @cached_property
+    def expansion_rate(self) -> float:
+        """Weights/s the fused MoE prefill call expands packed experts at (rates.expansion_rate)."""
+        return expansion_rate(self.problem, self.gpu).value
+
+    def nvme_reads(self, in_flight: int) -> dict[str, ExpertRead]:
+        """Per format: how the store reads it with `in_flight` experts outstanding (reads.expert_read)."""
+        key = ("nvme_reads", in_flight)
+        if key not in self._memo:
+            nv = self.problem.profile.nvme
+            depths = nv[0].rand_read.queue_depths if nv else ()
+            self._memo[key] = {f: expert_read(self.nvme, depths, f, self.problem.spec.routed_expert_bytes(f), in_flight)
+                               for f in self.problem.mix.formats}
+        return self._memo[key]
+
+    # ---- per-layer model quantities ---------------------------------------------------------------
+    @cached_property
+    def _layers(self) -> dict:
+        spec, ctx = self.problem.spec, self.problem.context
+        att, w = spec.attention, spec.attention.sliding_window
+        kv_dec, fl_dec, fl_pre = [], [], []
+        ctx_pre = max(1, ctx // 2)       # a prompt of `context` tokens attends on average to half of it
+        for i in range(spec.n_layers):
+            sliding = bool(spec.sliding_layers) and spec.sliding_layers[i] and w > 0
+            c_dec, c_pre = (min(ctx, w), min(ctx_pre, w)) if sliding else (ctx, ctx_pre)
+            kv_dec.append(att.kv_bytes_per_token_layer * c_dec)
+            base = 2 * spec.dense_layer_params(i)
+            fl_dec.append(base + att.score_flops(c_dec))
+            fl_pre.append(base + att.score_flops(c_pre))
+        return {"kv": np.array(kv_dec, float), "flops_dec": np.array(fl_dec, float),
+                "flops_pre": np.array(fl_pre, float), "dense": np.array(self.problem.dense_units[:-1], float)}
+
+    @cached_property
+    def _rank_times(self) -> dict:
+        """Seconds per byte-weighted access of each rank over each path, [E] arrays."""
+        p = self.problem
+        rb, fmts = p.rank_bytes, p.rank_formats
+        size = {f: float(b) for f, b in zip(fmts, rb)}
+        fg = {f: size[f] / self.h2d(size[f]) for f in size}
+        bg = {f: size[f] / self.h2d_background(size[f]) for f in size}
+        kern = {f: size[f] / self.kernel_rate(f) for f in size}
+        arr = lambda d: np.array([d[f] for f in fmts])  # noqa: E731
+        return {"fg": arr(fg), "bg": arr(bg), "kern": arr(kern)}
+
+    def _nvme_table(self, in_flight: int) -> np.ndarray:
+        """[L, E+1] prefix sums over ranks of P(touched by a prefill chunk) x NVMe seconds of the rank's expert
+        at a full queue of `in_flight` experts (a stream of reads: prefill)."""
+        key = ("nvme_table", in_flight)
+        if key not in self._memo:
+            reads = self.nvme_reads(in_flight)
+            t = np.array([reads[f].seconds_per_expert for f in self.problem.rank_formats])
+            self._memo[key] = _cumrows(self._tables["touch"] * t)
+        return self._memo[key]
+
+    @property
+    def decode_in_flight(self) -> int:
+        """Experts whose NVMe reads the store keeps outstanding at decode: a layer's top-k misses, known
+        together after its router and submitted together (independent of the placement, so fewer misses
+        never predict a slower drive)."""
+        return self.problem.spec.top_k
+
+    @cached_property
+    def _format_masks(self) -> np.ndarray:
+        """[F, E] 1.0 where the rank's expert has format F (mix order)."""
+        fmts = self.problem.rank_formats
+        return np.array([[1.0 if g == f else 0.0 for g in fmts] for f in self.problem.mix.formats])
+
+    def _cold_batch(self, counts: np.ndarray) -> np.ndarray:
+        """[L] seconds to read batches of counts [F, L] expected NVMe misses together (reads.batch_seconds)."""
+        reads = self.nvme_reads(self.decode_in_flight)
+        return batch_seconds([reads[f] for f in self.problem.mix.formats], counts)
+
+    def prefill_in_flight(self, depth: int) -> int:
+        """Experts in flight while prefill streams a layer: every staging slot."""
+        return staging_slots(self.problem.spec.top_k, depth)
+
+    @cached_property
+    def _tables(self) -> dict:
+        """Per-layer popularity-weighted totals ([L]) and prefill prefix sums over ranks ([L, E+1])."""
+        cur, rb, rt = self.problem.curves, self.problem.rank_bytes, self._rank_times
+        pop = cur.pop
+        k = cur.top_k
+        C = self.problem.prefill_chunk
+        touch = 1.0 - (1.0 - np.minimum(1.0, k * pop)) ** C      # P(expert touched by a prefill chunk)
+        return {
+            "touch": touch,
+            "bytes": (pop * rb).sum(axis=1), "kern": (pop * rt["kern"]).sum(axis=1),
+            "t_bytes": _cumrows(touch * rb), "t_bg": _cumrows(touch * rt["bg"]),
+            "t_count": _cumrows(touch),
+        }
+
+    def _stream_time(self, nbytes: float) -> float:
+        return nbytes / (self.h2d_background(nbytes) * self._cal.dense_stream_efficiency.value) if nbytes else 0.0
+
+    # ---- prediction ---------------------------------------------------------------------------------
+    def _miss_weights(self, s: np.ndarray, hit: np.ndarray) -> np.ndarray:
+        """[L, E] share of a layer's routed accesses that miss VRAM, by rank: none of the s static ranks; the
+        non-static ranks miss as an LRU cache under independent requests does (Che's approximation: rank r,
+        accessed k pop_r times a token, is still cached after a characteristic time T with probability
+        1 - exp(-k pop_r T)), T chosen so that the misses add up to the statistics' hit rate `hit`. So misses
+        fall on every non-static rank, the less used more often; at the same hit rate they cost more bytes
+        than if they fell on the least used alone (PLANNER.md, "Which experts miss")."""
+        pop, k = self.problem.curves.pop, self.problem.curves.top_k
+        L, E = pop.shape
+        p = pop * (np.arange(E)[None, :] >= s[:, None])                       # [L, E] non-static ranks
+        lam = k * p
+        total = p.sum(axis=1)
+        target = np.clip(hit - (1.0 - total), 0.0, total)                     # [L] cache hits to explain
+        T = np.zeros(L)
+        rows = np.flatnonzero((target > 0) & (target < total - 1e-12))      # layers with a cache to solve
+        for _ in range(60):          # f(T) = sum p (1 - e^-lam T) - target: concave, rising; Newton from below
+            if rows.size == 0:
+                break
+            pr, lr = p[rows], lam[rows]
+            e = np.exp(-lr * T[rows, None])
+            f = (pr * (1.0 - e)).sum(axis=1) - target[rows]
+            df = (pr * lr * e).sum(axis=1)
+            T[rows] = T[rows] - f / np.maximum(df, 1e-300)
+            rows = rows[f < -1e-12 * target[rows]]
+        w = p * np.exp(-lam * T[:, None])
+        return np.where((target >= total - 1e-12)[:, None], 0.0, w)
+
+    def _misses(self, placement) -> dict:
+        """Per-layer miss terms of one decode token, [L] arrays: bytes from RAM and NVMe, cold misses, and the
+        link seconds they take (demand 'fg' and background 'bg' H2D, NVMe)."""
+        cur, k, E = self.problem.curves, self.problem.curves.top_k, self.problem.curves.n_experts
+        s, m, c = placement.arrays
+        h = cur.hits(s, c)
+        w = self._miss_weights(np.asarray(s), h)                             # [L, E]
+        cold = np.arange(E)[None, :] >= (np.asarray(s) + np.asarray(m))[:, None]     # NVMe-tier ranks [L, E]
+        warm_w, cold_w = k * np.where(cold, 0.0, w), k * np.where(cold, w, 0.0)     # misses a token, by rank
+        rb, rt = self.problem.rank_bytes, self._rank_times
+        between = lambda x: (warm_w * x).sum(axis=1)      # noqa: E731
+        beyond = lambda x: (cold_w * x).sum(axis=1)       # noqa: E731
+        return {"hit": h, "warm_bytes": between(rb), "cold_bytes": beyond(rb), "n_miss": between(1.0) + beyond(1.0),
+                "n_cold": beyond(1.0), "fg_warm": between(rt["fg"]), "fg_cold": beyond(rt["fg"]),
+                "bg_warm": between(rt["bg"]), "bg_cold": beyond(rt["bg"]),
+                "cold_counts": np.array([beyond(mask) for mask in self._format_masks]),   # [F, L] NVMe misses
+                "ram_share": between(1.0) / k, "nvme_share": beyond(1.0) / k}
+
+    def _by_layer(self, placement, what) -> dict:
+        """`what(model)` -> dict of [..., L] arrays over MoE layers, each layer's entry from the model of its GPU."""
+        mg = placement.moe_gpus(self.problem.spec.moe_layers)
+        used = sorted(set(int(g) for g in mg))
+        out = what(self.gpu_model(used[0]))
+        for g in used[1:]:
+            other = what(self.gpu_model(g))
+            out = {k: np.where(mg == g, other[k], v) for k, v in out.items()}
+        return out
+
+    def predict(self, placement) -> Prediction:
+        p, cur, tb = self.problem, self.problem.curves, self._tables
+        spec, k = p.spec, cur.top_k
+        split = placement.several
+        ug = placement.unit_gpus()
+        x = self._by_layer(placement, lambda m: m._misses(placement)) if split else self._misses(placement)
+        depth = placement.prefetch_depth
+        recall, precision = cur.lookahead(depth)
+        R = np.where(np.arange(cur.n_layers) >= depth, recall, 0.0)   # layers j < d have no source layer
+        waste = (1.0 - precision) / precision
+        dem_p, dem_n = (1 - R) * (x["fg_warm"] + x["fg_cold"]), self._cold_batch((1 - R) * x["cold_counts"])
+        fill = (1 - R) * np.where(x["n_cold"] >= 1.0, x["fg_cold"] / np.maximum(x["n_cold"], 1.0), x["fg_cold"])
+        pre_p = R * (1 + waste) * (x["bg_warm"] + x["bg_cold"])
+        pre_n = self._cold_batch(R * (1 + waste) * x["cold_counts"])
+        if split:
+            kern = self._by_layer(placement, lambda m: {"kern": m._tables["kern"],
+                                                        "flop": np.full(cur.n_layers, m.flop_rate)})
+            remote = self._remote(placement)
+            t_exp = np.maximum(k * kern["kern"] - remote["kern_local"], 2.0 * k * spec.expert_params / kern["flop"])
+            t_peer = (1 - remote["p"]) * t_exp + remote["p"] * np.maximum(t_exp, remote["t_hit"]) - t_exp
+        else:
+            t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
+            t_peer = None
+
+        n = x["n_miss"]                                                    # [L] experts fetched a token
+        one = np.where(n > 0, (x["fg_warm"] + x["fg_cold"]) / np.maximum(n, 1e-30), 0.0)   # one's link time
+        host_dem = (1 - R) * n * self.host_fetch + np.minimum(1.0, (1 - R) * n) * one
+        host_pre = R * (1 + waste) * n * self.host_fetch
+
+        dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
+                                           t_peer)
+        streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
+        row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
+        link_n = float(np.sum(dem_n + pre_n))
+        warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
+        wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
+        if split:
+            links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste, remote["p"])
+            dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
+            link_p = max(max(links), host)
+        else:
+            link_p = float(np.sum(dem_p + pre_p)) + sum(self._stream_time(u) for u in streamed) + row / self.h2d(row)
+        T = max(t, link_p, link_n)
+        dec_seconds.update(pcie_link=link_p, nvme_link=link_n, token=T)
+        if T > t:
+            dec_binding = "pcie" if link_p >= link_n else "nvme"
+        else:
+            dec_binding = max(RESOURCES + (("peer",) if split else ()), key=lambda r: dec_seconds[r])
+
+        ram = warm + sum(streamed) + row
+        dense_res = sum(u for u, res in zip(p.dense_units, placement.dense_resident) if res)
+        bpt = {"vram": float(k * tb["bytes"].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
+               "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted}
+        if split:
+            bpt["peer"] = float(hops(ug) * row + 2 * row * remote["p"].sum())  # split points, remote experts
+        s, m, _ = placement.arrays
+        pre_tok_s, pre_binding, pre_seconds, bpc = self._prefill(placement, s, s + m)
+        plain = lambda d: {key: float(v) for key, v in d.items()}  # noqa: E731
+        return Prediction(float(1.0 / T), float(pre_tok_s), dec_binding, pre_binding, plain(dec_seconds),
+                          plain(pre_seconds), plain(bpt), plain(bpc), float(np.mean(x["hit"])),
+                          float(np.mean(x["ram_share"])), float(np.mean(x["nvme_share"])))
+
+    def _remote(self, placement) -> dict:
+        """[L] terms of the static experts a partner GPU holds (`Placement.remote`): `p` the chance a token routes
+        to at least one of them (1 - (1 - q)^k, q their access share), `kern_local` the kernel seconds they take
+        off the layer's own GPU, `t_hit` the seconds when hit: the hidden state to the partner, its kernel over
+        them (their bytes per token / p), the partial output back. The layer then takes
+        (1 - p) t_local + p max(t_local, t_hit); the excess over t_local is charged to `peer`."""
+        p, k = self.problem, self.problem.spec.top_k
+        pop = p.curves.pop
+        L, E = pop.shape
+        rem, v = placement.remote_counts, np.array(placement.vram, dtype=np.int64)
+        mg = placement.moe_gpus(p.spec.moe_layers)
+        ranks = np.arange(E)[None, :]
+        mask = (ranks >= (v - rem)[:, None]) & (ranks < v[:, None])            # [L, E] remote static ranks
+        q = (pop * mask).sum(axis=1)
+        hit = np.where(rem > 0, 1.0 - (1.0 - np.minimum(q, 1.0)) ** k, 0.0)
+        out = {"p": hit, "kern_local": np.zeros(L), "t_hit": np.zeros(L)}
+        row = 2 * p.spec.hidden
+        for j in np.flatnonzero(rem > 0):
+            a = int(mg[j])
+            b = placement.partner(a, p.n_gpus)
+            ka, kb = self.gpu_model(a)._rank_times["kern"], self.gpu_model(b)._rank_times["kern"]
+            out["kern_local"][j] = k * float(np.sum(pop[j] * mask[j] * ka))
+            remote_kern = k * float(np.sum(pop[j] * mask[j] * kb))
+            out["t_hit"][j] = (self.hop_seconds(row, a, b) + remote_kern / max(hit[j], 1e-300)
+                               + self.hop_seconds(row, b, a))
+        return out
+
+    def _link_busy(self, placement, ug, moe_link, row, x, R, waste, remote_p) -> tuple[list[float], float]:
+        """Several GPUs: each GPU's H2D link busy seconds a token (its MoE layers' fetches, its streamed dense
+        units, the embedding row on the first GPU, the hidden state arriving through host memory where there is
+        no peer link), and the host side's: every byte over PCIe a token, to all GPUs, over the profile's
+        concurrent H2D (only when two or more GPUs hold layers)."""
+        p = self.problem
+        units, G = p.dense_units, p.n_gpus
+        mg = ug[np.asarray(p.spec.moe_layers, dtype=np.int64)]
+        links = [float(np.sum(np.where(mg == g, moe_link, 0.0))) for g in range(G)]
+        total = float(np.sum((1 + R * waste) * (x["warm_bytes"] + x["cold_bytes"])))
+        for i, (u, res) in enumerate(zip(units, placement.dense_resident)):
+            if not res:
+                links[ug[i]] += self.gpu_model(int(ug[i]))._stream_time(u)
+                total += u
+        links[ug[0]] += row / self.gpu_model(int(ug[0])).h2d(row)
+        total += row
+        if p.profile.peer.kind == "none":                  # the hidden state's H2D half at each split point
+            for i in np.flatnonzero(np.diff(ug)):
+                b = int(ug[i + 1])
+                links[b] += row / plateau(p.profile.gpus[b].h2d_pinned)
+                total += row
+            for j in np.flatnonzero(remote_p > 0):         # ... and both ways to a remote experts' partner
+                a = int(mg[j])
+                for g in (a, placement.partner(a, G)):
+                    links[g] += remote_p[j] * row / plateau(p.profile.gpus[g].h2d_pinned)
+                    total += remote_p[j] * row
+        used = set(int(g) for g in ug) | {placement.partner(int(mg[j]), G) for j in np.flatnonzero(remote_p > 0)}
+        host = total / (p.profile.concurrent_h2d().value * 1e9) if len(used) > 1 else 0.0
+        return links, host
+
+    def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
+                     t_peer=None) -> tuple[dict, float]:
+        """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource. With
+        a pipeline split each layer runs at its GPU's rates, each GPU streams its own dense units over its own
+        link (double buffered), and the hidden state crosses to the next GPU at each split point.
+        host_dem [L]: the host issuing a MoE layer's demand fetches, until the last one's copy lands (the stall
+        when the host is slower than the link); host_pre [L]: the host issuing the layer's prefetches (the
+        engine gives hints on its main thread, at the round trip: serial with everything else it does)."""
+        spec, lay = self.problem.spec, self._layers
+        ug = placement.unit_gpus()
+        split = placement.several
+        models = [self.gpu_model(int(g)) for g in ug]        # per dense unit
+        if split:
+            t_hbm = (lay["dense"] + lay["kv"]) / np.array([m.hbm_rate for m in models[:-1]])
+            t_fl = lay["flops_dec"] / np.array([m.flop_rate for m in models[:-1]])
+        else:
+            t_hbm = (lay["dense"] + lay["kv"]) / self.hbm_rate
+            t_fl = lay["flops_dec"] / self.flop_rate
+        sec = dict.fromkeys(RESOURCES, 0.0)
+        sec["round_trip"] = 0.0                            # of "overhead": the MoE layers' host round trips
+        sec["host_fetch"] = 0.0                            # of "overhead": issuing fetches, beyond the links' time
+        if split:
+            sec["peer"] = 0.0
+        depth = placement.prefetch_depth
+        units = self.problem.dense_units
+        t = 0.0
+        link_free = [0.0] * self.problem.n_gpus
+        finish: list[list[float]] = [[] for _ in range(self.problem.n_gpus)]   # per GPU, its decoder layers'
+        moe_done: list[float] = []        # per MoE layer: when its output (the lookahead source) exists
+        moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
+        hop = 2 * spec.hidden
+
+        def cross(a: int, b: int) -> None:                 # a split point: the hidden state moves on
+            nonlocal t
+            h = self.hop_seconds(hop, a, b)
+            sec["peer"] += h
+            t += h
+
+        def stream(g: int, i: int) -> None:                # double buffer: the slot frees when the GPU's
+            nonlocal t                                     # unit two before ends
+            done = finish[g]
+            start = max(link_free[g], done[-2] if len(done) >= 2 else 0.0)
+            link_free[g] = start + models[i]._stream_time(units[i])
+            if link_free[g] > t:
+                sec["pcie"] += link_free[g] - t
+                t = link_free[g]
+
+        for i in range(spec.n_layers):
+            g = int(ug[i])
+            if i and g != ug[i - 1]:
+                cross(int(ug[i - 1]), g)
+            if not placement.dense_resident[i]:
+                stream(g, i)
+            sec["overhead"] += self.overhead
+            sec["hbm" if t_hbm[i] >= t_fl[i] else "compute"] += max(t_hbm[i], t_fl[i])
+            t += self.overhead + max(t_hbm[i], t_fl[i])
+            j = moe_index.get(i)
+            if j is not None:
+                t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
+                sec["overhead"] += self.round_trip         # the router's ids reach the host: demand copies
+                sec["round_trip"] += self.round_trip       # can only be issued after it
+                t += self.round_trip
+                stall = max(dem_p[j], dem_n[j]) + fill[j]
+                sec["pcie" if dem_p[j] >= dem_n[j] else "nvme"] += max(dem_p[j], dem_n[j])
+                sec["pcie"] += fill[j]
+                # the host paces the copies when slower than the link; it gives the hints (issues the prefetches)
+                # while the GPU runs this layer's attention and router, beyond which they delay it
+                host = max(0.0, host_dem[j] - stall) + max(0.0, host_pre[j] - max(t_hbm[i], t_fl[i]))
+                sec["overhead"] += host
+                sec["host_fetch"] += host
+                t += stall + host
+                if depth and j >= depth:
+                    pre, link = max(pre_p[j], pre_n[j]), "pcie" if pre_p[j] >= pre_n[j] else "nvme"
+                    serial = (1.0 - self.prefetch_overlap) * pre     # the share the engine does not hide
+                    sec[link] += serial
+                    t += serial
+                    # the hints' ids reach the host a round trip after their source
+                    ready = moe_done[j - depth] + self.round_trip + pre
+                    if ready > t:
+                        sec[link] += ready - t
+                        t = ready
+                sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
+                t += t_exp[j]
+                if t_peer is not None:                      # remote experts on the partner GPU (_remote)
+                    sec["peer"] += t_peer[j]
+                    t += t_peer[j]
+                moe_done.append(t)
+            finish[g].append(t)
+        g, head = int(ug[-1]), models[-1]
+        if g != ug[-2]:                                    # the head alone on the next GPU
+            cross(int(ug[-2]), g)
+        if not placement.dense_resident[-1]:            # lm_head
+            stream(g, len(units) - 1)
+        t_lm_hbm, t_lm_fl = units[-1] / head.hbm_rate, 2.0 * self.problem.head_params / head.flop_rate
+        sec["hbm" if t_lm_hbm >= t_lm_fl else "compute"] += max(t_lm_hbm, t_lm_fl)
+        return sec, t + max(t_lm_hbm, t_lm_fl)
+
+    def _prefill(self, placement, s: np.ndarray, b: np.ndarray) -> tuple[float, str, dict, dict]:
+        p, tb, lay = self.problem, self._tables, self._layers
+        spec, E, C = p.spec, p.curves.n_experts, p.prefill_chunk
+        rows = np.arange(p.curves.n_layers)
+        k = spec.top_k
+        touched = tb["t_bytes"][:, E]
+        warm = tb["t_bytes"][rows, b] - tb["t_bytes"][rows, s]
+        cold = touched - tb["t_bytes"][rows, b]
+        by_gpu = lambda m: {"pcie": m._tables["t_bg"][:, E] - m._tables["t_bg"][rows, s],   # noqa: E731
+                            "expand": tb["t_count"][:, E] * spec.expert_params / m.expansion_rate}
+        per = self._by_layer(placement, by_gpu) if placement.several else by_gpu(self)
+        pcie, expand = per["pcie"], per["expand"]          # expand: [L] s, every touched expert once
+        tn = self._nvme_table(self.prefill_in_flight(placement.prefetch_depth))
+        nvme = tn[:, E] - tn[rows, b]
+        sec = dict.fromkeys(RESOURCES, 0.0)
+        ug = placement.unit_gpus()
+        models = [self.gpu_model(int(g)) for g in ug]
+        if placement.several:
+            sec["peer"] = 0.0
+        moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
+        rem = placement.remote_counts
+        units = p.dense_units
+        T = 0.0
+        for i in range(spec.n_layers):
+            j, m = moe_index.get(i), models[i]
+            if i and ug[i] != ug[i - 1]:                   # a split point: the chunk's hidden states move on
+                h = self.hop_seconds(C * 2 * spec.hidden, int(ug[i - 1]), int(ug[i]))
+                sec["peer"] += h
+                T += h
+            w_bytes = lay["dense"][i] + (touched[j] if j is not None else 0.0)
+            flops = C * (lay["flops_pre"][i] + (2 * k * spec.expert_params if j is not None else 0.0))
+            parts = {"compute": max(flops / m.flop_rate, expand[j] if j is not None else 0.0),
+                     "hbm": w_bytes / m.hbm_rate,
+                     "pcie": (pcie[j] if j is not None else 0.0)
+                     + (0.0 if placement.dense_resident[i] else m._stream_time(units[i])),
+                     "nvme": nvme[j] if j is not None else 0.0}
+            worst = max(parts, key=parts.get)
+            sec[worst] += parts[worst]
+            host = self.overhead + (self.round_trip if j is not None else 0.0)   # a MoE layer's fetches wait
+            sec["overhead"] += host                                               # for its router's ids
+            T += parts[worst] + host
+            if j is not None and rem[j]:     # remote experts: the chunk's states to the partner and its output back
+                a = int(ug[i])
+                b = placement.partner(a, p.n_gpus)
+                h = self.hop_seconds(C * 2 * spec.hidden, a, b) + self.hop_seconds(C * 2 * spec.hidden, b, a)
+                sec["peer"] += h
+                T += h
+        head = models[-1]
+        if ug[-1] != ug[-2]:                               # the head alone on the next GPU: one token's state
+            h = self.hop_seconds(2 * spec.hidden, int(ug[-2]), int(ug[-1]))
+            sec["peer"] += h
+            T += h
+        lm = max(units[-1] / head.hbm_rate, 2.0 * p.head_params / head.flop_rate,
+                 0.0 if placement.dense_resident[-1] else head._stream_time(units[-1]))
+        sec["pcie" if not placement.dense_resident[-1] else "hbm"] += lm
+        T += lm
+        sec["chunk"] = T
+        streamed = sum(u for u, res in zip(units, placement.dense_resident) if not res)
+        bpc = {"vram": float(np.sum(touched - warm - cold)), "ram": float(warm.sum()) + streamed,
+               "nvme": float(cold.sum())}
+        binding = max(RESOURCES + (("peer",) if placement.several else ()), key=lambda r: sec[r])
+        return C / T, binding, sec, bpc
