@@ -4,7 +4,7 @@ on-demand baselines built from the same plan.
 
     python3 benchmarks/bench_engine.py --dir /root/kimi5 --out-dir $OUT [--tokens 48] [--warmup 32]
 
-The plans (`benchmarks/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
+The plans (`tests/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
 `strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60
 --context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0.01` (RAM-rich: 8.5% of routed bytes static in VRAM,
 2.3% cache, the rest in pinned RAM) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's proportions: 12% VRAM,
@@ -39,8 +39,8 @@ from strata_plan.core.plan import load_plan  # noqa: E402
 from strata_plan.planner.repredict import predict_plan, with_calibration_of  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
 
-DATA = Path(__file__).resolve().parent / "data"
-PLANS = {"ramrich": DATA / "plan-kimi5-h200-ramrich.yaml", "seed": DATA / "plan-kimi5-h200-seed.yaml"}
+PLANS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data"     # the tests read the same plans
+PLANS = {"ramrich": PLANS_DIR / "plan-kimi5-h200-ramrich.yaml", "seed": PLANS_DIR / "plan-kimi5-h200-seed.yaml"}
 
 
 def replay_for(plan) -> Replay:

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
-TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
+TRACE = ROOT / "tests" / "data" / "fixture-moe.trace.npz"
 
 from trained import hf  # noqa: E402
 from trained.budgets import SEED_RAM_SHARE, VRAM_SHARE, achieved, budgets  # noqa: E402

@@ -28,7 +28,7 @@ from strata_plan.core.spec import load_spec  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
-TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
+TRACE = ROOT / "tests" / "data" / "fixture-moe.trace.npz"
 HELDOUT = np.load(FIXTURE / "heldout_tokens.npz")
 
 

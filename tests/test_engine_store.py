@@ -23,7 +23,7 @@ from strata_plan.core.routing.reference import simulate_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
-TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
+TRACE = ROOT / "tests" / "data" / "fixture-moe.trace.npz"
 H, I = 256, 32          # the fixture's hidden and moe_intermediate sizes
 
 
@@ -35,7 +35,7 @@ def _one_thread(one_torch_thread):
 @pytest.fixture(scope="module")
 def plan_path():
     """The fixture's committed plan (`strata-plan plan --profile rtx-4090 --model tests/data/fixture-moe --stats
-    benchmarks/data/fixture-moe.trace.npz --trials 3`): the tests re-tier it, so its budgets do not matter."""
+    tests/data/fixture-moe.trace.npz --trials 3`): the tests re-tier it, so its budgets do not matter."""
     return FIXTURE / "plan-rtx-4090.yaml"
 
 

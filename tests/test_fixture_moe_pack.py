@@ -27,7 +27,7 @@ from strata_plan.core.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
-TRACE = ROOT / "benchmarks" / "data" / "fixture-moe.trace.npz"
+TRACE = ROOT / "tests" / "data" / "fixture-moe.trace.npz"
 
 
 @pytest.fixture(scope="module")

@@ -63,14 +63,3 @@ def test_unreachable_targets_are_refused():
         F.tier_mix(1.0)
     with pytest.raises(KeyError):
         F.get_format("q3_nope")
-
-
-def test_package_installs_under_one_namespace():
-    """Folders match imports: the one package is the folder strata_plan/ (no package-dir mapping), so nothing
-    at the repository's root shadows another distribution's package (`kernels`, `planner`, `profiler`)."""
-    import tomllib
-    from conftest import ROOT
-    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "package-dir" not in cfg and cfg["packages"]["find"]["include"] == ["strata_plan*"]
-    shadowing = [p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "strata_plan"]
-    assert shadowing == []

@@ -24,7 +24,7 @@ from strata_plan.schema import to_data
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_PLAN = ROOT / "tests" / "data" / "fixture-moe" / "plan-rtx-4090.yaml"
-KIMI5_PLAN = ROOT / "benchmarks" / "data" / "plan-kimi5-h200-ramrich.yaml"
+KIMI5_PLAN = ROOT / "tests" / "data" / "plan-kimi5-h200-ramrich.yaml"
 
 
 def with_cal(profile, **values):

@@ -9,7 +9,7 @@ import pytest
 
 from strata_plan.planner.bound import BoundViolation, check_within, physical_bound
 from strata_plan.planner.capacity import Budget
-from strata_plan.planner.compare import scale_links
+from strata_plan.planner.estimated import scale_links
 from strata_plan.planner.cost import RESOURCES, CostModel
 from strata_plan.core.routing.sources import load_routing
 from strata_plan.planner.placement import Knobs, Placement, allocate

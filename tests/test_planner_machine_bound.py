@@ -8,7 +8,7 @@ import pytest
 
 from strata_plan.planner.bound import machine_bound, machine_bounds, physical_bound
 from strata_plan.planner.capacity import Budget
-from strata_plan.planner.compare import scale_links
+from strata_plan.planner.estimated import scale_links
 from strata_plan.planner.placement import Knobs, allocate
 from strata_plan.planner.search import search
 from strata_plan.planner.testing import tiny_problem

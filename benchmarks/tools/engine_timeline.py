@@ -1,6 +1,6 @@
 """Diagnostic: where a decode token's time goes in the engine (host phases and a torch profiler trace).
 
-    python3 benchmarks/tools/engine_timeline.py --dir /root/kimi5 --plan benchmarks/data/plan-kimi5-h200-ramrich.yaml \
+    python3 benchmarks/tools/engine_timeline.py --dir /root/kimi5 --plan tests/data/plan-kimi5-h200-ramrich.yaml \
         --mode lru --tokens 8 --out-dir $OUT
 
 Builds the synthetic model if the folder has none. Host time of each phase (router round trip, ensure,

@@ -1,6 +1,6 @@
 """Diagnostic (CPU, seconds): does a fetch land in a slot whose last reader is the kernel just queued?
 
-    python3 benchmarks/tools/slot_reader_age.py [--plan benchmarks/data/plan-kimi5-h200-ramrich.yaml] [--extra-slots 0]
+    python3 benchmarks/tools/slot_reader_age.py [--plan tests/data/plan-kimi5-h200-ramrich.yaml] [--extra-slots 0]
 
 Replays the store's residency decisions (strata_plan/engine/residency.py) in the store's call order for each MoE layer
 of each token: `ensure` (classify the routed ids, a slot for each demand fetch, touch), `release` (the
@@ -25,7 +25,7 @@ from strata_plan.core.plan import load_plan
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plan", default="benchmarks/data/plan-kimi5-h200-ramrich.yaml")
+    ap.add_argument("--plan", default="tests/data/plan-kimi5-h200-ramrich.yaml")
     ap.add_argument("--extra-slots", type=int, default=0, help="staging slots beyond the store's count")
     ap.add_argument("--tokens", type=int, default=400)
     a = ap.parse_args()

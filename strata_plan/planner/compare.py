@@ -17,6 +17,7 @@ from typing import Callable
 from strata_plan.planner.bound import (BoundViolation, Throughput, check_within, first_gpu_problem, link_peaks,
                                        machine_bound, physical_bound)
 from strata_plan.planner.cost import CostModel
+from strata_plan.planner.estimated import at_alternative, binding_estimate, scale_links
 from strata_plan.planner.placement import Placement, footprint
 from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, Problem
 
@@ -114,31 +115,10 @@ class Comparison:
         return dataclasses.asdict(self)
 
 
-def scale_links(profile, pcie: float = 1.0, nvme: float = 1.0, hbm: float = 1.0, compute: float = 1.0):
-    """The same machine with faster (or slower) links: every curve and figure of a link times its factor (on
-    every GPU; PCIe also scales the host side's concurrent H2D and the peer link)."""
-    fig = lambda f, x: dataclasses.replace(f, value=f.value * x)  # noqa: E731
-    surf = lambda s, x: None if s is None else dataclasses.replace(s, points=tuple((b, q, v * x) for b, q, v in s.points))  # noqa: E731
-    gpus = tuple(dataclasses.replace(
-        g, h2d_pinned=g.h2d_pinned.scaled(pcie),
-        h2d_during_kernel=g.h2d_during_kernel.scaled(pcie) if g.h2d_during_kernel else None,
-        hbm_gbps=fig(g.hbm_gbps, hbm), bf16_tflops=fig(g.bf16_tflops, compute),
-        kernel_gbps={k: fig(v, hbm) for k, v in g.kernel_gbps.items()}) for g in profile.gpus)
-    drives = tuple(dataclasses.replace(d, rand_read=surf(d.rand_read, nvme), seq_read=surf(d.seq_read, nvme))
-                   for d in profile.nvme)
-    topo = profile.topology
-    if topo is not None:
-        peer = topo.peer if topo.peer.gbps is None else dataclasses.replace(topo.peer, gbps=fig(topo.peer.gbps, pcie))
-        host = dataclasses.replace(topo.host_links, concurrent_h2d_gbps=fig(topo.host_links.concurrent_h2d_gbps, pcie))
-        topo = dataclasses.replace(topo, peer=peer, host_links=host)
-    return dataclasses.replace(profile, gpus=gpus, nvme=drives, topology=topo)
-
-
 def _case(routing: str, problem: Problem, result, where: str, failures: list[str], machine: bool = True,
           extra_placements: tuple = ()) -> Case:
     """The plan's prediction and bound, the machine bound (`machine`) and the estimated input behind each
     binding; a prediction above its bound, or a bound above the machine bound, is recorded in `failures`."""
-    from strata_plan.planner.estimated import at_alternative, binding_estimate
     p = result.best.prediction
     b = physical_bound(problem, result.best.placement)
     try:

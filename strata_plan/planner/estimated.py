@@ -8,6 +8,7 @@ placement at a typical alternative (`ALTERNATIVES`), and what-if lists the estim
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 ALTERNATIVES = {
@@ -76,7 +77,6 @@ def at_alternative(problem, placement, link: str):
     """(prediction of `placement` with `link` at its typical alternative, what the alternative is), or None
     when the link has no alternative here (or the profile has no such link)."""
     from strata_plan.planner.bound import link_peaks
-    from strata_plan.planner.compare import scale_links
     from strata_plan.planner.cost import CostModel
     if link not in ALTERNATIVES:
         return None
@@ -99,3 +99,23 @@ def estimated_table(problem, predicted) -> list[dict]:
     rows = [{"name": e.name, "value": e.value, "link": e.link, "binds": binds.get(e.link, ""), "source": e.source}
             for e in estimated_inputs(problem)]
     return sorted(rows, key=lambda r: not r["binds"])
+
+
+def scale_links(profile, pcie: float = 1.0, nvme: float = 1.0, hbm: float = 1.0, compute: float = 1.0):
+    """The same machine with faster (or slower) links: every curve and figure of a link times its factor (on
+    every GPU; PCIe also scales the host side's concurrent H2D and the peer link)."""
+    fig = lambda f, x: dataclasses.replace(f, value=f.value * x)  # noqa: E731
+    surf = lambda s, x: None if s is None else dataclasses.replace(s, points=tuple((b, q, v * x) for b, q, v in s.points))  # noqa: E731
+    gpus = tuple(dataclasses.replace(
+        g, h2d_pinned=g.h2d_pinned.scaled(pcie),
+        h2d_during_kernel=g.h2d_during_kernel.scaled(pcie) if g.h2d_during_kernel else None,
+        hbm_gbps=fig(g.hbm_gbps, hbm), bf16_tflops=fig(g.bf16_tflops, compute),
+        kernel_gbps={k: fig(v, hbm) for k, v in g.kernel_gbps.items()}) for g in profile.gpus)
+    drives = tuple(dataclasses.replace(d, rand_read=surf(d.rand_read, nvme), seq_read=surf(d.seq_read, nvme))
+                   for d in profile.nvme)
+    topo = profile.topology
+    if topo is not None:
+        peer = topo.peer if topo.peer.gbps is None else dataclasses.replace(topo.peer, gbps=fig(topo.peer.gbps, pcie))
+        host = dataclasses.replace(topo.host_links, concurrent_h2d_gbps=fig(topo.host_links.concurrent_h2d_gbps, pcie))
+        topo = dataclasses.replace(topo, peer=peer, host_links=host)
+    return dataclasses.replace(profile, gpus=gpus, nvme=drives, topology=topo)

@@ -112,7 +112,7 @@ def with_vram(b, change: Callable[[int], int]):
 
 def changed_problem(problem, change: Change):
     from strata_plan.planner.capacity import Budget
-    from strata_plan.planner.compare import scale_links
+    from strata_plan.planner.estimated import scale_links
     b = problem.budget
     budget = with_vram(Budget(b.vram, b.ram + int(change.ram_gb * 1e9), b.nvme, b.reserve, b.gpus),
                        lambda v: v + int(change.vram_gb * 1e9))          # several GPUs: on each

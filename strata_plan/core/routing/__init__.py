@@ -11,9 +11,9 @@
 TRACE.md documents the trace, the statistics file and the priors with their fit.
 """
 from .compute import compute_stats
-from .priors import (LOOKAHEAD_PRIOR, SKEWED_PRIOR, Prior, PriorFit, default_lookahead, load_prior, save_prior,
+from .priors import (SKEWED_PRIOR, Prior, PriorFit, load_prior, save_prior,
                      shipped_priors, stats_from_prior)
-from .stats import LayerStats, LookaheadStats, RoutingStats, load_stats, save_stats
+from .stats import LOOKAHEAD_PRIOR, LayerStats, LookaheadStats, RoutingStats, default_lookahead, load_stats, save_stats
 from .trace import Trace, load_trace, save_trace
 
 __all__ = ["Trace", "load_trace", "save_trace", "LayerStats", "LookaheadStats", "RoutingStats", "load_stats",

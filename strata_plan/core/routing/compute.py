@@ -12,7 +12,7 @@ import numpy as np
 from strata_plan.core.lookahead import MAX_DEPTH
 
 from .lru import hit_counts, hit_grid, stack_distances
-from .stats import SCHEMA_NAME, SCHEMA_VERSION, LayerStats, LookaheadStats, RoutingStats
+from .stats import SCHEMA_NAME, SCHEMA_VERSION, LayerStats, LookaheadStats, RoutingStats, default_lookahead
 from .trace import Trace
 
 
@@ -130,11 +130,10 @@ def compute_stats(trace: Trace, *, warmup: int = 0, lookahead_prior: Sequence[Lo
                   static_sizes: Sequence[int] | None = None, cache_sizes: Sequence[int] | None = None) -> RoutingStats:
     """Statistics of every MoE layer of `trace`. The first `warmup` tokens set the caches' state but are
     not counted (0 for a real trace: its cold misses are real). Lookahead depths the trace does not
-    record come from `lookahead_prior` (default: the documented prior in priors.py)."""
+    record come from `lookahead_prior` (default: the documented prior, `stats.LOOKAHEAD_PRIOR`)."""
     if not 0 <= warmup < trace.n_tokens:
         raise ValueError(f"warmup {warmup} must leave tokens to count (trace has {trace.n_tokens})")
     if lookahead_prior is None:
-        from .priors import default_lookahead
         lookahead_prior = default_lookahead()
     layers = tuple(layer_stats(trace.experts[:, i, :], trace.sequence, trace.n_experts, warmup, static_sizes, cache_sizes)
                    for i in range(trace.n_layers))

@@ -21,32 +21,14 @@ from strata_plan.yamlio import atomic_write_yaml, read_yaml
 
 from .compute import pooled_layer_stats
 from .sample import sample_experts
-from .stats import SCHEMA_NAME as STATS_SCHEMA, SCHEMA_VERSION as STATS_VERSION, LookaheadStats, RoutingStats
+from .stats import (LOOKAHEAD_PRIOR, SCHEMA_NAME as STATS_SCHEMA, SCHEMA_VERSION as STATS_VERSION, LookaheadStats,
+                    RoutingStats)
 
 SCHEMA_NAME = "strata-plan/routing-prior"
 SCHEMA_VERSION = 1
 PRIORS_DIR = Path(__file__).resolve().parent / "priors"
 SKEWED_PRIOR = "olmoe-like"      # the skewed prior compare-tables and the benchmarks use
 CHAINS = 16                      # independent layers sampled and pooled for a prior's statistics
-
-_DEPTH1 = ("Eliseev & Mazur 2023 (mixtral-offloading, arXiv 2312.17238): Mixtral-8x7B's next-layer gate applied "
-           "to the current hidden state guesses that layer's experts with recall about 80-90% (secondary summaries, "
-           "marked unverified in shared/reference/offload-systems.md); 0.85 is the midpoint. k guesses for k "
-           "experts, so precision = recall.")
-_DEEPER = ("assumption, no sourced figure: each further layer keeps 85% of the previous depth's recall "
-           "(0.85^depth); record lookahead arrays in a trace to replace it")
-LOOKAHEAD_PRIOR = (
-    LookaheadStats(depth=1, precision=0.85, recall=0.85, provenance="prior", source=_DEPTH1),
-    LookaheadStats(depth=2, precision=0.72, recall=0.72, provenance="prior", source=_DEEPER),
-    LookaheadStats(depth=3, precision=0.61, recall=0.61, provenance="prior", source=_DEEPER),
-    LookaheadStats(depth=4, precision=0.52, recall=0.52, provenance="prior", source=_DEEPER),
-)
-
-
-def default_lookahead() -> tuple[LookaheadStats, ...]:
-    """Lookahead precision/recall used where a trace records no lookahead arrays (documented above)."""
-    return LOOKAHEAD_PRIOR
-
 
 @dataclass(frozen=True)
 class PriorFit:

@@ -38,6 +38,26 @@ class LookaheadStats:
     pairs: int = bounded(0, None, default=0)   # (token, layer) pairs measured (trace only)
 
 
+
+_DEPTH1 = ("Eliseev & Mazur 2023 (mixtral-offloading, arXiv 2312.17238): Mixtral-8x7B's next-layer gate applied "
+           "to the current hidden state guesses that layer's experts with recall about 80-90% (secondary summaries, "
+           "marked unverified in shared/reference/offload-systems.md); 0.85 is the midpoint. k guesses for k "
+           "experts, so precision = recall.")
+_DEEPER = ("assumption, no sourced figure: each further layer keeps 85% of the previous depth's recall "
+           "(0.85^depth); record lookahead arrays in a trace to replace it")
+LOOKAHEAD_PRIOR = (
+    LookaheadStats(depth=1, precision=0.85, recall=0.85, provenance="prior", source=_DEPTH1),
+    LookaheadStats(depth=2, precision=0.72, recall=0.72, provenance="prior", source=_DEEPER),
+    LookaheadStats(depth=3, precision=0.61, recall=0.61, provenance="prior", source=_DEEPER),
+    LookaheadStats(depth=4, precision=0.52, recall=0.52, provenance="prior", source=_DEEPER),
+)
+
+
+def default_lookahead() -> tuple[LookaheadStats, ...]:
+    """Lookahead precision/recall used where a trace records no lookahead arrays (documented above)."""
+    return LOOKAHEAD_PRIOR
+
+
 @dataclass(frozen=True)
 class LayerStats:
     """One MoE layer. `static_hit[s]`: share of accesses served by the s most popular experts (s = 0..E).
