@@ -1,2 +1,16 @@
-"""The benchmarks' result files: `strata_plan.results` (which `strata-plan bench` writes through too)."""
-from strata_plan.results import RESULTS, git_sha, machine, write_result  # noqa: F401
+"""The benchmarks' result files: `strata_plan.results` (which `strata-plan bench --results` writes through too),
+into benchmarks/results/ unless a script is given --out-dir."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from strata_plan import results
+
+RESULTS = Path(__file__).resolve().parent / "results"
+git_sha, machine = results.git_sha, results.machine
+
+
+def write_result(benchmark: str, metrics: dict, command: str | None = None, notes: str = "", out_dir=None,
+                 extra: dict | None = None) -> Path:
+    """`strata_plan.results.write_result` into `out_dir`, benchmarks/results/ when None."""
+    return results.write_result(benchmark, metrics, out_dir or RESULTS, command=command, notes=notes, extra=extra)

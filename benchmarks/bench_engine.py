@@ -21,13 +21,11 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _result import write_result  # noqa: E402
 
 from strata_plan.engine.bench import measure  # noqa: E402

@@ -20,12 +20,10 @@ import argparse
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _result import write_result  # noqa: E402
 
 MODEL = "kimi-k3.1-pro"

@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _result import write_result  # noqa: E402
 
 MODEL = "kimi-k3.1-pro"

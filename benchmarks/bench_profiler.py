@@ -25,7 +25,6 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 import profiler_reference as ref  # noqa: E402
 from _result import write_result  # noqa: E402

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,14 +35,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _result import write_result  # noqa: E402
 
 from strata_plan.engine.directio import BlobFile, aligned_empty, aligned_view, page_cache_residency  # noqa: E402
 from strata_plan.engine.store import ExpertStore, StoreOptions  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 from strata_plan.kernels.formats import tier_mix  # noqa: E402
-from strata_plan.core.plan import CachePlan, NvmeRead, load_plan  # noqa: E402
+from strata_plan.core.plan import CachePlan, load_plan  # noqa: E402
 from strata_plan.core.routing.priors import load_prior  # noqa: E402
 from strata_plan.core.routing.sample import sample_experts  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402

@@ -46,7 +46,6 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 from _result import write_result  # noqa: E402
 

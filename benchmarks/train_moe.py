@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from strata_plan.errors import UserError  # noqa: E402
 

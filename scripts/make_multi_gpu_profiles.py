@@ -14,10 +14,6 @@ Seed rows (../shared/seeds/000_*.txt):
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_shipped_profiles import MiB, OUT, ds, est, nvme_gen4, pinned, scaled_curve  # noqa: E402
 

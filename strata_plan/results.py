@@ -1,5 +1,5 @@
-"""Write one benchmark result as JSON (the format BENCHMARKS.md is built from; benchmarks/results/ by default
-in a source checkout).
+"""Write one benchmark result as JSON, into the folder the caller names (the format BENCHMARKS.md is built
+from: a checkout's benchmarks write into benchmarks/results/, `strata-plan bench --results DIR` wherever asked).
 
 Every result carries: benchmark, date, git_sha, machine (with the GPU name), command, metrics
 {name: value}, and optional notes. `python benchmarks/summarize.py` rebuilds BENCHMARKS.md from the
@@ -14,9 +14,6 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-
 
 def git_sha() -> str:
     try:
@@ -42,9 +39,9 @@ def machine() -> dict:
     return info
 
 
-def write_result(benchmark: str, metrics: dict, command: str | None = None, notes: str = "",
-                 out_dir: str | os.PathLike | None = None, extra: dict | None = None) -> Path:
-    """Write `<out_dir or benchmarks/results>/<benchmark>-<UTC timestamp>.json` and return its path."""
+def write_result(benchmark: str, metrics: dict, out_dir: str | os.PathLike, command: str | None = None,
+                 notes: str = "", extra: dict | None = None) -> Path:
+    """Write `<out_dir>/<benchmark>-<UTC timestamp>.json` and return its path."""
     now = _dt.datetime.now(_dt.timezone.utc)
     data = {"benchmark": benchmark, "date": now.isoformat(timespec="seconds"),
             "git_sha": os.environ.get("STRATA_GIT_SHA") or git_sha(), "machine": machine(),
@@ -52,7 +49,7 @@ def write_result(benchmark: str, metrics: dict, command: str | None = None, note
             "metrics": metrics, "notes": notes}
     if extra:
         data.update(extra)
-    out = Path(out_dir) if out_dir else RESULTS
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{benchmark}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")

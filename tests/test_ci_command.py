@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ci_runs_the_readme_test_command():

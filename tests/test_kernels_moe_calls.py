@@ -5,16 +5,13 @@ Runs the Triton kernels on CUDA where there is a GPU, else in Triton's interpret
 """
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
 from strata_plan.kernels import fused_moe, launch, ops
 from strata_plan.kernels import reference as R
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_kernels_triton import DEVICE, MIX, make_arena, nan_like, rel, route  # noqa: E402
+from test_kernels_triton import DEVICE, MIX, make_arena, nan_like, rel, route   # a test module beside this one
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -21,6 +21,9 @@ FORBIDDEN = [
     ("strata_plan.core", ("strata_plan.planner", "strata_plan.engine", "strata_plan.profiler", "strata_plan.cli",
                           "strata_plan.tui")),
     ("strata_plan.planner", ("strata_plan.engine", "strata_plan.cli", "strata_plan.tui")),
+    ("strata_plan.profiler", ("strata_plan.planner", "strata_plan.engine", "strata_plan.core", "strata_plan.cli",
+                              "strata_plan.tui")),
+    ("strata_plan.tui", ("strata_plan.cli",)),
     ("strata_plan.profiles", ("strata_plan.planner", "strata_plan.engine", "strata_plan.profiler", "strata_plan.cli",
                               "strata_plan.tui")),
 ]

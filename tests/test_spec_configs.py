@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from conftest import ROOT
+from strata_plan.core.spec import scan_configs
 
-from scripts_loader import support_rows  # noqa: E402  (tests/scripts_loader.py imports scripts/config_support.py)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_rows() -> dict[str, str]:
@@ -15,5 +16,5 @@ def readme_rows() -> dict[str, str]:
 
 
 def test_readme_config_list_matches_reader(shared_data):
-    actual = {rel: result for rel, result, _ in support_rows(shared_data / "configs")}
+    actual = {rel: result for rel, result, _ in scan_configs(shared_data / "configs")}
     assert readme_rows() == actual

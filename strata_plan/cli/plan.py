@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from strata_plan.cli._common import add_json, add_out, console, gb_figures, print_json, table
 from strata_plan.errors import UserError
+from strata_plan.planner.problem import DEFAULT_TRIALS
 
 
 def register(sub) -> None:
@@ -17,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--prior", help="named routing prior (default: uniform) or a prior YAML path")
     p.add_argument("--context", type=int, default=8192, help="tokens of KV cache to hold (default 8192)")
     p.add_argument("--chunk", type=int, default=2048, help="prefill chunk length in tokens (default 2048)")
-    p.add_argument("--trials", type=int, default=200, help="Optuna trials (default 200)")
+    p.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"Optuna trials (default {DEFAULT_TRIALS})")
     p.add_argument("--objective", choices=("decode", "prefill", "mix"), default="decode",
                    help="maximise decode tok/s (default), prefill tok/s, or decode^w x prefill^(1-w)")
     p.add_argument("--mix-weight", type=float, help="w of --objective mix (default 0.5)")
@@ -41,7 +42,7 @@ def _check_args(args) -> None:
         raise UserError("--stats/--prior", f"{args.stats} / {args.prior}", "both given",
                         "pass one: measured statistics or a prior")
     if args.trials < 1:
-        raise UserError("--trials", str(args.trials), "must be at least 1", "pass e.g. --trials 200")
+        raise UserError("--trials", str(args.trials), "must be at least 1", f"pass e.g. --trials {DEFAULT_TRIALS}")
     for flag, v in (("--context", args.context), ("--chunk", args.chunk)):
         if v < 1:
             raise UserError(flag, str(v), "must be a positive number of tokens", f"pass e.g. {flag} 2048")

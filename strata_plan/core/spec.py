@@ -441,6 +441,26 @@ def _sha(cfg: dict) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
 
 
+def scan_configs(folder: str | Path) -> list[tuple[str, str, str]]:
+    """(path relative to `folder`, "loads" or "refused", what it is or why not) for every `*.json` under
+    `folder` (names starting with `_` skipped): which Hugging Face configs this reader takes."""
+    folder = Path(folder)
+    rows = []
+    for p in sorted(folder.rglob("*.json")):
+        if p.name.startswith("_"):
+            continue
+        rel = p.relative_to(folder).as_posix()
+        try:
+            s = spec_from_config(json.loads(p.read_text()), p.stem, rel)
+            rows.append((rel, "loads", f"{s.model_type}, {s.total_params / 1e9:.1f}B params, "
+                                       f"{s.n_moe_layers} MoE layers x {s.n_routed} experts, top-{s.top_k}"))
+        except UserError as e:
+            rows.append((rel, "refused", f"{e.field}: {e.problem}"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            rows.append((rel, "refused", f"not valid JSON ({e.__class__.__name__})"))
+    return rows
+
+
 def shipped_models() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
 

@@ -48,7 +48,7 @@ from .packed import check_plan_matches, load_index, verify_blob
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
 from .residency import DEMAND, LATE, Residency
-from .transfer import Fetch, FetchError, Transfers
+from .transfer import CHUNK_BYTES, CHUNKS_IN_FLIGHT, Fetch, FetchError, Transfers
 
 POISON_BYTE = 0xFF          # fp16 0xFFFF is NaN: every scale of a poisoned blob is NaN
 RING = 64                   # pinned offsets rows in flight
@@ -60,8 +60,8 @@ class StoreOptions:
     verify: bool = False           # sha256 of every NVMe read against the index (start-up loads are always checked)
     poison: bool = False           # host check that no routed id points at the poison slot
     readers: int = 0               # reader threads; 0: the plan's largest queue depth (at least 4)
-    chunk_bytes: int = 8 << 20     # copy chunk
-    chunks_in_flight: int = 1      # prefetch chunks on the copy stream at once: a demand copy waits behind at most these
+    chunk_bytes: int = CHUNK_BYTES             # copy chunk
+    chunks_in_flight: int = CHUNKS_IN_FLIGHT   # prefetch chunks on the copy stream at once: a demand waits behind these
     speculative_cap: int = 0       # bytes of hinted fetches in flight at once; 0: the staging slots' bytes
     allow_buffered: bool = True    # a filesystem without O_DIRECT: warn and read buffered (benchmarks pass False)
 
@@ -159,7 +159,7 @@ class ExpertStore:
 
     @staticmethod
     def _fmt_code(name: str) -> int:
-        from strata_plan.kernels.reference import FORMAT_CODES
+        from strata_plan.kernels.formats import FORMAT_CODES
         return FORMAT_CODES.index(name)
 
     def _check_capacity(self, vram: int, ram: int, plan_path: str) -> None:

@@ -91,9 +91,13 @@ class Fetch:
         return f"layer {self.layer}, expert {self.expert} ({where})"
 
 
+CHUNK_BYTES = 8 << 20      # a RAM copy goes out in chunks of this size ...
+CHUNKS_IN_FLIGHT = 1       # ... at most this many on the copy stream at once (a demand copy waits behind them)
+
+
 class Transfers:
     def __init__(self, arena: torch.Tensor, bounce_slots: int, slot_bytes: int, readers: int = 8,
-                 chunk_bytes: int = 8 << 20, chunks_in_flight: int = 1):
+                 chunk_bytes: int = CHUNK_BYTES, chunks_in_flight: int = CHUNKS_IN_FLIGHT):
         self.arena = arena
         self.cuda = arena.is_cuda
         self.copy_stream = torch.cuda.Stream(arena.device) if self.cuda else None

@@ -119,6 +119,7 @@ FORMATS: dict[str, PackedFormat] = {f.name: f for f in (
                  description="4-bit codes; per 128 weights an fp16 scale and an fp16 min (HQQ/GemLite-style g128)"),
     PackedFormat("bf16", bits=16, description="plain bfloat16, unquantized"),
 )}
+FORMAT_CODES = tuple(FORMATS)   # the kernels' run-time format code of each format is its index here (bf16 last)
 
 # The seed's three tiers of routed experts, most used first.
 TIER_FORMATS = ("q2_g16_s8m4", "q2_g32_s8m8", "q1_g32_s8m4")

@@ -15,11 +15,10 @@ from typing import Sequence
 
 import torch
 
-from .formats import FORMATS
+from .formats import FORMAT_CODES
 from .quantizer import PackedMatrix, dequantize, group_params, unpack_bits, unpack_expert
 
 XBLOCK = 32          # activations share one int8 scale per 32 inputs
-FORMAT_CODES = tuple(FORMATS)   # the run-time format code of each format is its index here
 
 
 def linear(x: torch.Tensor, p: PackedMatrix) -> torch.Tensor:

@@ -43,7 +43,7 @@ if INTERPRET:
 else:
     INTERPRETER_OK = False
 
-from .formats import FORMATS  # noqa: E402
+from .formats import FORMAT_CODES, FORMATS  # noqa: E402
 
 if INTERPRET:
     # Compiled kernels wrap on int32 overflow (DP4A's emulation shifts bytes out on purpose); the
@@ -52,7 +52,6 @@ if INTERPRET:
     _interp.interpreter_builder.options = _interp.InterpreterOptions(sanitize_overflow=False)
 
 USE_ASM = not INTERPRET          # DP4A through inline PTX on the GPU, emulated in the interpreter
-FORMAT_CODES = tuple(FORMATS)    # run-time format code = index in this tuple (bf16 is the last)
 BF16_CODE = FORMAT_CODES.index("bf16")
 
 

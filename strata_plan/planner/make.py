@@ -16,7 +16,7 @@ from strata_plan.planner.cost import CostModel
 from strata_plan.core.plan import Plan, SourceRef, Sources, sha256_of
 from strata_plan.core.routing.sources import DEFAULT_PRIOR, load_routing
 from strata_plan.planner.build import build_plan
-from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, Problem
+from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, DEFAULT_TRIALS, Problem
 from strata_plan.planner.search import SearchResult, search_ladder
 from strata_plan.schema import to_data
 
@@ -79,7 +79,7 @@ def plan_from_result(problem: Problem, result: SearchResult, sources: Sources, c
 
 def make_plan(profile: str, model: str, stats: str | None = None, prior: str | None = None,
               gpu_preset: str | None = None, context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
-              trials: int = 200, objective: str = "decode", mix_weight: float = 0.5, vram_gb: float | tuple | None = None,
+              trials: int = DEFAULT_TRIALS, objective: str = "decode", mix_weight: float = 0.5, vram_gb: float | tuple | None = None,
               ram_gb: float | None = None, nvme_gb: float | None = None, study_db: str | None = None, seed: int = 0,
               on_trial=None, gpus: int | None = None) -> Plan:
     """Search the best placement and return it as a Plan (see module docstring)."""

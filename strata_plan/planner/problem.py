@@ -19,6 +19,7 @@ from strata_plan.planner.curves import RankCurves
 
 DEFAULT_CONTEXT = 8192
 DEFAULT_CHUNK = 2048
+DEFAULT_TRIALS = 200        # Optuna trials of a search (`strata-plan plan --trials`, the wizard)
 
 
 @dataclass(frozen=True, eq=False)

@@ -21,6 +21,7 @@ from strata_plan.errors import UserError
 from strata_plan.planner.capacity import Footprint
 from strata_plan.planner.cost import CostModel, Prediction
 from strata_plan.planner.polish import polish
+from strata_plan.planner.problem import DEFAULT_TRIALS
 from strata_plan.planner.placement import CACHE_BIAS_MAX, Knobs, Placement, allocate, footprint, greedy_knobs
 
 OBJECTIVES = ("decode", "prefill", "mix")
@@ -79,7 +80,7 @@ def study_name(problem, objective: str, mix_weight: float, seed: int) -> str:
     return f"{problem.spec.name}-{problem.profile.name}-{objective}-{h}"
 
 
-def search(problem, trials: int = 200, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
+def search(problem, trials: int = DEFAULT_TRIALS, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
            study_db: str | None = None, start: Placement | None = None, start_knobs: Knobs | None = None,
            cost: CostModel | None = None, on_trial: Callable[[int, float], None] | None = None,
            polish_evals: int = 400) -> SearchResult:
@@ -113,7 +114,7 @@ def _check(objective: str, trials: int, mix_weight: float) -> None:
     if objective not in OBJECTIVES:
         raise UserError("--objective", objective, "unknown objective", f"use one of {', '.join(OBJECTIVES)}")
     if trials < 1:
-        raise UserError("--trials", str(trials), "must be at least 1", "pass --trials 200 (or more)")
+        raise UserError("--trials", str(trials), "must be at least 1", f"pass --trials {DEFAULT_TRIALS} (or more)")
     if not 0.0 <= mix_weight <= 1.0:
         raise UserError("--mix-weight", str(mix_weight), "must lie in [0, 1]", "pass e.g. --mix-weight 0.5")
 
@@ -207,7 +208,7 @@ smaller budgets (the issue-26 case: a fresh 104 GB search found 0.448 tok/s, bel
 LADDER_MIN_TRIALS = 16          # fewer trials: no ladder (each step would get less than 2)
 
 
-def sweep_budgets(problem, budgets, trials: int = 200, seed: int = 0, objective: str = "decode",
+def sweep_budgets(problem, budgets, trials: int = DEFAULT_TRIALS, seed: int = 0, objective: str = "decode",
                   mix_weight: float = 0.5, cost_of=None, polish_evals: int = 400,
                   on_trial: Callable[[int, float], None] | None = None) -> list[SearchResult | None]:
     """A search at each budget (`capacity.Budget`, in any order), run from the smallest up, each started
@@ -235,7 +236,7 @@ def sweep_budgets(problem, budgets, trials: int = 200, seed: int = 0, objective:
     return out
 
 
-def search_ladder(problem, trials: int = 200, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
+def search_ladder(problem, trials: int = DEFAULT_TRIALS, seed: int = 0, objective: str = "decode", mix_weight: float = 0.5,
                   study_db: str | None = None, cost: CostModel | None = None, on_trial=None,
                   ladder: tuple[float, ...] = LADDER, one_gpu: "SearchResult | None" = None) -> SearchResult:
     """`search` at the problem's budget, started from the best plans of the smaller budgets `ladder` (every

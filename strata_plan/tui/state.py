@@ -13,11 +13,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from strata_plan.errors import UserError
-from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT
+from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, DEFAULT_TRIALS
 
 DEFAULT_PROFILE = "rtx-4090"
 DEFAULT_MODEL = "mixtral-8x7b"
-DEFAULT_TRIALS = 200            # strata-plan plan's default (strata_plan/cli/plan.py)
 OBJECTIVES = {"decode": "decode", "prefill": "prefill", "both": "mix"}   # wizard label -> --objective
 
 

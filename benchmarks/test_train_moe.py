@@ -16,7 +16,6 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from moe import corpus as C  # noqa: E402
 from moe.model import FIXTURE, GateTap, build_model, moe_blocks, moe_layer_indices, sequence_balance_loss, \

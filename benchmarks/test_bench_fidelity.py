@@ -4,7 +4,6 @@ per weight counted from the formats' bytes, and the targets' verdicts. The whole
 with `python benchmarks/bench_fidelity.py --smoke` (about 1.7 minutes on 2 shared cores, not part of CI)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_fidelity as B  # noqa: E402
 

@@ -4,13 +4,11 @@ user gets, and that accelerate's offload computes what the resident model comput
 runs on the CPU with `python benchmarks/bench_trained.py --smoke` (about 1.5 minutes, not part of CI)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
 TRACE = ROOT / "tests" / "data" / "fixture-moe.trace.npz"
 
@@ -53,6 +51,16 @@ def test_a_plan_under_the_budget_holds_its_shares(name, tmp_path):
         assert got["nvme_share"] == 0.0
     else:
         assert got["ram_share"] <= SEED_RAM_SHARE + 1e-9 and got["nvme_share"] >= 1 - VRAM_SHARE - SEED_RAM_SHARE
+
+
+@pytest.fixture
+def one_torch_thread():
+    """A tiny model on a busy 2-core runner: a second torch thread only spins."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def test_accelerate_offload_computes_what_the_resident_model_computes(tmp_path, one_torch_thread):
