@@ -51,8 +51,8 @@ TOPK = 8
 GB = 1e9
 
 # Sweep candidates, as named fields of the configs (strata_plan/kernels/tuned.py): gate/up and down are timed as
-# separate launches, so each is tuned on its own. Only options the kernels still carry are swept; what
-# was measured and dropped, with its result files, is in docs/kernels-log.md.
+# separate launches, so each is tuned on its own. Only options the kernels still carry are swept (the
+# candidates that lost and are not carried: strata_plan/kernels/KERNELS.md).
 GATE_UP_SWEEP = [dict(rows1=64, warps1=4, split1=0, wave1=4, chunk=4096, dp4a_block1=True, clamp_rows1=True,
                       max_registers1=mx) for mx in (128, 0)]
 DOWN_SWEEP = [dict(rows2=64, warps2=4, split2=1, dp4a_block2=True, clamp_rows2=True, max_registers2=mx) for mx in (0, 72)]
@@ -447,7 +447,7 @@ class Bench:
                                                                     make("gemm", {"gluon_split": 4}, gl)), 4),
                               "triton_ms": round(self._gemm_ms("q2_g16_s8m4", inter, hidden, m, triton_cfg), 4)}
         res["small_m_q2_g16_gate"] = small
-        # wave quantization: 256-token tiles x the gate's row tiles on the SMs' program slots (docs/kernels-log.md)
+        # wave quantization: 256-token tiles x the gate's row tiles on the SMs' program slots
         waves = {}
         w = torch.randn(inter, hidden, dtype=torch.bfloat16, device=self.dev)
         sms = torch.cuda.get_device_properties(self.dev).multi_processor_count

@@ -10,10 +10,10 @@ lookups, scratch, the two Triton launches), not the kernels'. A round whose slee
 the calls were done is not counted (the GPU must still be busy at the end: its event not yet reached).
 
 Rows: `fused_moe` with an `ExpertFormats` (what the engine passes), with a list of 384 names (hashed
-every call), and a `PreparedMoE` called directly; each twice, side by side: launching the compiled
-kernels directly (`strata_plan/kernels/launch.py`, the default) and through Triton's launcher (`kernel[grid](...)`,
-`STRATA_TRITON_LAUNCH=plain`), with their ratio. The launch mode the calls actually took is recorded
-(`launch_mode_m*`: "plain" where this Triton cannot launch directly). The first call of a shape (it
+every call), and a `PreparedMoE` called directly, each launching the compiled kernels directly
+(`strata_plan/kernels/launch.py`, the default); beside the last, a `PreparedMoE` made with `direct=False`
+(`_plain`: every call through Triton's launcher, `kernel[grid](...)`), and their ratio. The launch mode
+the calls actually took is recorded (`launch_mode_m*`: "plain" where this Triton cannot launch directly). The first call of a shape (it
 compiles) is reported apart. Target (issue 27): under 30 us a call at batch 1, `fused_moe` with an
 `ExpertFormats`, direct. The kernels' own time (graph-timed) is bench_kernels.py's.
 """
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from _result import write_result  # noqa: E402
 from strata_plan.kernels import bench as B  # noqa: E402
-from strata_plan.kernels import launch, ops  # noqa: E402
+from strata_plan.kernels import ops  # noqa: E402
 from strata_plan.kernels.triton_common import triton  # noqa: E402
 from strata_plan.kernels.formats import tier_mix  # noqa: E402
 
@@ -99,36 +99,34 @@ def main(argv=None) -> int:
         # one call's kernels take ~70 us; calls * 1.5 x that, plus margin, of sleep keeps the GPU busy
         cycles = _busy_ms_cycles(args.calls * 0.2 + 20)
         pm = ops.prepare_moe(fm, EXPERTS, HIDDEN, INTER, dev)
+        plain = ops.PreparedMoE(fm, HIDDEN, INTER, dev, direct=False)     # every call through Triton's launcher
+        plain(x, ids, wts, arena, offsets, out=out)
         rows = {
             "fused_moe_expertformats": lambda: ops.fused_moe(x, ids, wts, arena, offsets, fm, HIDDEN, INTER, out=out),
             "fused_moe_name_list": lambda: ops.fused_moe(x, ids, wts, arena, offsets, names, HIDDEN, INTER, out=out),
             "prepared_call": lambda: pm(x, ids, wts, arena, offsets, out=out),
+            "prepared_call_plain": lambda: plain(x, ids, wts, arena, offsets, out=out),
         }
         for label, fn in rows.items():
-            for path, direct in (("", True), ("_plain", False)):     # direct (the default), Triton's launcher
-                launch.DIRECT = direct
-                r = host_us(fn, args.calls, args.rounds, cycles)
-                res[f"{label}{path}_m{m}"] = r
-                metrics[f"host_us_{label}{path}_m{m}"] = r["us_median"]
-                print(f"m={m} {label + path:32s} {r['us_median']:7.2f} us a call (min {r['us_min']:.2f}, "
-                      f"{r['rounds']} rounds, {r['rounds_dropped_gpu_idle']} dropped)", flush=True)
-            ratio = metrics[f"host_us_{label}_plain_m{m}"] / metrics[f"host_us_{label}_m{m}"]
-            metrics[f"plain_over_direct_{label}_m{m}"] = round(ratio, 2)
-            print(f"m={m} {label:32s} Triton's launcher / direct: {ratio:.2f}x", flush=True)
-        launch.DIRECT = True
+            r = host_us(fn, args.calls, args.rounds, cycles)
+            res[f"{label}_m{m}"] = r
+            metrics[f"host_us_{label}_m{m}"] = r["us_median"]
+            print(f"m={m} {label:32s} {r['us_median']:7.2f} us a call (min {r['us_min']:.2f}, "
+                  f"{r['rounds']} rounds, {r['rounds_dropped_gpu_idle']} dropped)", flush=True)
+        ratio = metrics[f"host_us_prepared_call_plain_m{m}"] / metrics[f"host_us_prepared_call_m{m}"]
+        metrics[f"plain_over_direct_prepared_call_m{m}"] = round(ratio, 2)
+        print(f"m={m} {'prepared_call':32s} Triton's launcher / direct: {ratio:.2f}x", flush=True)
         metrics[f"launch_mode_m{m}"] = pm.launch_mode(x, ids, wts, arena, offsets, out)
         metrics[f"first_call_ms_m{m}"] = round(first_s * 1e3, 1)
         # allocations: none in a warm call, either path (the allocator's counters before and after)
-        for path, direct in (("", True), ("_plain", False)):
-            launch.DIRECT = direct
+        for path, call in (("", rows["fused_moe_expertformats"]), ("_plain", rows["prepared_call_plain"])):
             torch.cuda.synchronize()
             before = torch.cuda.memory_stats()["allocation.all.allocated"]
             for _ in range(10):
-                ops.fused_moe(x, ids, wts, arena, offsets, fm, HIDDEN, INTER, out=out)
+                call()
             torch.cuda.synchronize()
             metrics[f"allocations_per_call{path}_m{m}"] = (
                 torch.cuda.memory_stats()["allocation.all.allocated"] - before) / 10
-        launch.DIRECT = True
     metrics["target_us"] = TARGET_US
     metrics["meets_target_m1"] = metrics["host_us_fused_moe_expertformats_m1"] < TARGET_US
     path = write_result("kernels-moe-host", metrics, out_dir=args.out_dir,

@@ -64,7 +64,7 @@ def fmt(v) -> str:
 MOE_RUNS = ("kernels", "kernels-gemlite", "kernels-moe-sweep", "kernels-moe")
 
 HEADLINES = (
-    # "shipped": tuned.py's config; before 2026-12-02 the same row was "best" (tuned.py's, or a sweep's winner)
+    # "shipped": tuned.py's config; older result files name the same row "best" (tuned.py's, or a sweep's winner)
     (MOE_RUNS, ("moe_kimi-k3.1-pro.shipped.pct_of_read_bw", "moe_kimi-k3.1-pro.best.pct_of_read_bw"),
      "fused MoE layer, kimi-k3.1-pro, batch 1, % of read BW", (">=", 60)),
     (MOE_RUNS, ("moe_kimi-k3.1-pro.shipped.graph_us_per_layer", "moe_kimi-k3.1-pro.best.graph_us_per_layer"),

@@ -19,7 +19,7 @@ from strata_plan.core.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
-BENCH = ROOT / "benchmarks" / "data"
+BENCH = ROOT / "benchmarks" / "data" / "trained-20261203" / "bench-moe"   # the 260M model the trained bench runs
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,8 @@ def test_cpu_forward_reproduces_the_committed_trace(model, heldout):
 
 
 def test_bench_model_record_and_trace():
-    log = json.loads((BENCH / "bench-moe.train_log.json").read_text())
-    spec = load_spec(str(BENCH / "bench-moe.config.json"))
+    log = json.loads((BENCH / "train_log.json").read_text())
+    spec = load_spec(str(BENCH))
     assert 100e6 <= log["parameters"] <= 300e6 and (spec.n_routed, spec.top_k) == (64, 6)
     biases = spec.n_moe_layers * spec.n_routed
     assert spec.total_params == log["parameters"] + biases

@@ -46,7 +46,7 @@ def tiers(packed, heldout):
     return {f: evaluate(packed[f], FIXTURE, heldout, CHUNK, TOKENS, device="cpu") for f in TIER_FORMATS}
 
 
-# Measured on the CI-sized windows above (CPU, one torch thread, strata_plan/engine/eval.py at its first commit:
+# Measured on the CI-sized windows above (CPU, one torch thread:
 # OMP_NUM_THREADS=1 python -c "import numpy as np; from strata_plan.engine.eval import evaluate;
 #   t = np.load('tests/data/fixture-moe/heldout_tokens.npz')['tokens']; print(evaluate(DIR, 'tests/data/fixture-moe',
 #   t, 128, 256, device='cpu'))" on each packed DIR):

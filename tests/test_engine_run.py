@@ -111,7 +111,7 @@ def test_cuda_graphs_replay_the_eager_segments(packed_bf16):
     """On a GPU: decode steps replayed from CUDA graphs (captured at the second step) give the eager
     segments' tokens, and their logits to bf16 rounding, with the tiers and the lookahead at work. Each
     step's logits are kept: a runner that returned the graph's output buffer itself (overwritten by the
-    next replay) fails here (it did on the H200, 2026-12-03: up to 11.6 apart on every step but the last)."""
+    next replay) fails here."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for split, mode in CASES:

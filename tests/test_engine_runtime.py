@@ -23,7 +23,7 @@ from strata_plan.engine.model import MoEModel  # noqa: E402
 from strata_plan.engine.weights import TensorSource  # noqa: E402
 from strata_plan.errors import UserError  # noqa: E402
 from strata_plan.core.routing import load_trace  # noqa: E402
-from strata_plan.core.spec import load_spec  # noqa: E402
+from strata_plan.core.spec import MODELS_DIR, load_spec  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[1]

@@ -98,7 +98,7 @@ def test_a_new_specialization_goes_through_triton(tensors, change):
     assert len(fn.calls) == 1 and len(ck.launches) == 1
 
 
-def test_plain_when_asked_or_when_the_kernel_cannot_be_launched_directly(tensors, monkeypatch):
+def test_plain_when_asked_or_when_the_kernel_cannot_be_launched_directly(tensors):
     a, b = tensors
     cases = {"asked": (FakeCompiled(), dict(direct=False)),
              "interpreter": (None, dict(direct=True)),
@@ -113,22 +113,13 @@ def test_plain_when_asked_or_when_the_kernel_cannot_be_launched_directly(tensors
             ln(0, a, 7)
         assert len(fn.calls) == 3 and ln.mode(a, 7) == "plain", label
         assert compiled is None or not getattr(compiled, "launches", []), label
-    # the environment's switch: direct=None follows launch.DIRECT at each call
+    # not asked: direct
     ck = FakeCompiled()
     fn = FakeJIT(ck)
     ln = make(fn, b)
-    monkeypatch.setattr(launch, "DIRECT", False)
     ln(0, a, 7)
     ln(0, a, 7)
-    assert len(fn.calls) == 2 and ln.mode(a, 7) == "plain"
-    monkeypatch.setattr(launch, "DIRECT", True)
-    assert ln.mode(a, 7) == "new"
-    ln(0, a, 7)
-    ln(0, a, 7)
-    assert len(fn.calls) == 3 and len(ck.launches) == 1
-    monkeypatch.setattr(launch, "DIRECT", False)
-    ln(0, a, 7)
-    assert len(fn.calls) == 4 and len(ck.launches) == 1
+    assert len(fn.calls) == 1 and len(ck.launches) == 1 and ln.mode(a, 7) == "direct"
 
 
 def test_a_launcher_that_refuses_the_arguments_falls_back(tensors):

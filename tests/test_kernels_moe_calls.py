@@ -5,10 +5,12 @@ Runs the Triton kernels on CUDA where there is a GPU, else in Triton's interpret
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
-from strata_plan.kernels import fused_moe, launch, ops
+from strata_plan.kernels import fused_moe, ops
 from strata_plan.kernels import reference as R
 
 from test_kernels_triton import DEVICE, MIX, make_arena, nan_like, rel, route   # a test module beside this one
@@ -107,7 +109,6 @@ def test_prepared_call_reuses_its_scratch_and_allocates_nothing(arena, monkeypat
                 made.append(_name)
             return _real(*args, **kwargs)
         monkeypatch.setattr(torch, name, counting)
-    monkeypatch.setattr(ops, "POISON_SCRATCH", False)
     again = fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out, backend="triton")
     assert made == []
     assert again is out and torch.equal(again, first)
@@ -148,17 +149,23 @@ def _gpu_layer():
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("direct", [True, False])
-def test_decode_call_allocates_nothing_on_the_gpu(direct, monkeypatch):
-    monkeypatch.setattr(launch, "DIRECT", direct)
+def test_decode_call_allocates_nothing_on_the_gpu(direct):
     hidden, inter = GPU_HIDDEN, GPU_INTER
     a, offsets, fm, x, ids, wts, out = _gpu_layer()
-    fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out)
-    pm = ops.prepare_moe(fm, len(GPU_NAMES), hidden, inter, DEVICE)
+    # direct: fused_moe as the engine calls it; plain: a PreparedMoE made with direct=False
+    pm = ops.prepare_moe(fm, len(GPU_NAMES), hidden, inter, DEVICE) if direct else \
+        ops.PreparedMoE(fm, hidden, inter, DEVICE, direct=False)
+
+    def call():
+        if direct:
+            return fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out)
+        return pm(x, ids, wts, a, offsets, out=out)
+    call()
     assert pm.launch_mode(x, ids, wts, a, offsets, out) == ("direct" if direct else "plain")
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()
     for _ in range(10):
-        fused_moe(x, ids, wts, a, offsets, fm, hidden, inter, out=out)
+        call()
     torch.cuda.synchronize()
     after = torch.cuda.memory_stats()
     assert after["allocation.all.allocated"] == before["allocation.all.allocated"]

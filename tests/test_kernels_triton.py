@@ -2,7 +2,7 @@
 
 Runs on CUDA where there is a GPU, else through Triton's interpreter on CPU (strata_plan.kernels sets
 TRITON_INTERPRET=1 when no GPU is present; shapes are kept small for it). Every input is drawn fresh each
-run, every output (and, with POISON_SCRATCH, every scratch buffer) is poisoned before the call.
+run, every output and every scratch buffer (`poison_scratch` below) is poisoned before the call.
 
 Tolerances (relative Frobenius norm of the difference):
 - decode GEMV vs `reference.linear_q8` on the kernel's own int8 activation grid (float64): 3e-5 with
@@ -41,9 +41,30 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+def garbage(t: torch.Tensor) -> torch.Tensor:
+    """t filled with NaN (floating point) or 0x7F7F7F7F (integers), in place."""
+    return t.fill_(float("nan") if t.dtype.is_floating_point else 0x7F7F7F7F)
+
+
+def poisoned_scratch(*shape: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """`ops.scratch`, its buffer filled with garbage."""
+    return garbage(torch.empty(shape, dtype=dtype, device=device))
+
+
+def poison_moe_scratch(sc: ops.MoEScratch) -> None:
+    """`ops.use_scratch`: garbage in every buffer of a decode call's scratch but its counters (which every
+    kernel leaves at zero, and the next one needs so)."""
+    for name, t in vars(sc).items():
+        if name not in ("cnt1", "cnt2"):
+            garbage(t)
+
+
 @pytest.fixture(autouse=True)
 def poison_scratch(monkeypatch):
-    monkeypatch.setattr(ops, "POISON_SCRATCH", True)
+    """Every scratch buffer holds garbage when the kernels get it, fresh or cached (ops' two seams), so a
+    kernel that reads an element it did not write shows it in the result."""
+    monkeypatch.setattr(ops, "scratch", poisoned_scratch)
+    monkeypatch.setattr(ops, "use_scratch", poison_moe_scratch)
 
 
 def nan_like(shape, dtype):

@@ -5,8 +5,7 @@ program an SM, NS 3 for two). Checks every variant against the first one's outpu
     python3 benchmarks/tools/probe_gluon_programs.py OUT.json [NS:P[:NW] ...]
 
 P is a number or `tiles` / `2tiles` (skipped past the SM count) / `2tiles2` (past twice that: two an SM);
-NS:P:NW runs NW warps (default 4; 8: 128-row tiles, `tiles` counts those). (The kernel's PROF diagnostics,
-MMA or dequantization alone, were removed from the shipped kernel: docs/kernels-log.md.)
+NS:P:NW runs NW warps (default 4; 8: 128-row tiles, `tiles` counts those).
 Default: 3:tiles 3:2tiles 3:132 3:264. CUDA-graph medians, q2_g16 / q1_g32 / q4_g128 at kimi-k3.1-pro's
 gate and down shapes, bf16 matmul beside them."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`strata-plan stats`: routing statistics of a trace or a prior (`planner.routing.sources`), printed as a
+"""`strata-plan stats`: routing statistics of a trace or a prior (`core.routing.sources`), printed as a
 per-layer table; with `--out`, also written as the YAML the planner reads (`strata-plan plan --stats`)."""
 from __future__ import annotations
 

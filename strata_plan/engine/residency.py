@@ -1,7 +1,7 @@
 """Which expert is where in VRAM: the static set, each layer's LRU cache and the landing slots.
 
 Pure bookkeeping (no tensors, no threads), so the cache policy can be held to the routing package's
-brute-force simulation (`planner.routing.reference.simulate_cache`) access by access.
+brute-force simulation (`core.routing.reference.simulate_cache`) access by access.
 
 The device arena's dynamic part is `n_slots` slots of one size (the largest format): the plan's cache
 slots (`cache_slots` per layer, summed) plus its staging slots. A slot's role is logical, not fixed:

@@ -239,7 +239,7 @@ class ExpertStore:
         fetch the missing ones, best score first, while free slots (beyond one token's demand) and the
         speculative cap allow. Hints at other depths are only counted (precision and recall by depth):
         acting on every depth fetches the union of several guesses, more bytes than the planner's cost
-        model charges (measured on the H200: 35% more bytes than LRU-only at depth 2)."""
+        model charges (35% more bytes than LRU-only at depth 2 on the H200, and slower: engine/ENGINE.md)."""
         ids = [int(e) for e in ids if e >= 0]
         if scores is not None:
             ids = [e for _, e in sorted(zip([-float(s) for s in scores], ids))]

@@ -18,27 +18,23 @@ works). Nothing is allocated and nothing read back from the device.
                      live=("x_p", "stride_xm"))          # everything `kernel[grid](**kwargs)` takes, once
     gate_up(stream, x, x.stride(0))                      # every call: the live arguments, in `live` order
 
-Plain path: `STRATA_TRITON_LAUNCH=plain` in the environment (or `direct=False`) sends every call through
-`kernel[grid](...)`. Where the direct launch cannot be made (Triton's interpreter returns no compiled
-kernel; a Triton without `knobs.runtime`, or whose `CompiledKernel` lacks `run` / `function` /
-`packed_metadata` or orders its signature otherwise) the calls take the plain path with the same
-arguments, and nothing fails. A launch hook (a profiler's) gets its launch metadata as from Triton.
-Not seen after the first call of a specialization: Triton knobs changed later (debug, instrumentation)
-and changed globals a kernel reads (Triton refuses those launches; this launches the kernel compiled
-before).
+Plain path: `direct=False` sends every call through `kernel[grid](...)`. Where the direct launch cannot
+be made (Triton's interpreter returns no compiled kernel; a Triton without `knobs.runtime`, or whose
+`CompiledKernel` lacks `run` / `function` / `packed_metadata` or orders its signature otherwise) the
+calls take the plain path with the same arguments, and nothing fails. A launch hook (a profiler's)
+gets its launch metadata as from Triton. Not seen after the first call of a specialization: Triton
+knobs changed later (debug, instrumentation) and changed globals a kernel reads (Triton refuses those
+launches; this launches the kernel compiled before).
 """
 from __future__ import annotations
 
 import inspect
-import os
-import sys
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import torch
 
 from .triton_common import triton
 
-DIRECT = os.environ.get("STRATA_TRITON_LAUNCH", "direct") != "plain"   # process-wide default
 _NEEDED = ("run", "function", "packed_metadata")    # what JITFunction.run itself uses to launch
 _REPLAY = "replay"                                  # cache entry: no compiled kernel, launch the plain way
 
@@ -71,9 +67,9 @@ class Launch:
     kwargs: every argument of the kernel by name (constexprs included; parameters with defaults may be
     left out) and the launch options (num_warps, maxnreg, ...), exactly as to `fn[grid]`; the values given
     for the `live` names only say which are ints (the others are tensors) and are not kept. `direct`:
-    None follows `DIRECT` at each call."""
+    False sends every call through Triton's launcher (`triton`)."""
 
-    def __init__(self, fn, grid: tuple, kwargs: Mapping[str, Any], live: Sequence[str], direct: bool | None = None):
+    def __init__(self, fn, grid: tuple, kwargs: Mapping[str, Any], live: Sequence[str], direct: bool = True):
         sig = inspect.signature(fn.fn)
         bound = sig.bind(**{k: v for k, v in kwargs.items() if k in sig.parameters})
         bound.apply_defaults()                              # every parameter without a default must be given
@@ -106,7 +102,7 @@ class Launch:
         params = [f"a{j}" for j in range(len(kinds))]
         live = ", ".join(params)
         lines = [f"def launch(stream, {live}):",
-                 "    if not (module.DIRECT if self.direct is None else self.direct):",
+                 "    if not self.direct:",
                  f"        return self.triton({live})",
                  "    args = ints.copy()"]
         key = []
@@ -128,8 +124,8 @@ class Launch:
             "        e.run(g0, g1, g2, stream, e.function, e.metadata, None, None, None, *args)",
             "    except TypeError:       # a launcher that takes its arguments otherwise: parsed before launching",
             f"        self._refused({live})"]
-        ns = dict(self=self, ints=self._ints, entries=self._entries, Entry=_Entry, module=sys.modules[__name__],
-                  knobs=_KNOBS, g0=self.grid[0], g1=self.grid[1], g2=self.grid[2])
+        ns = dict(self=self, ints=self._ints, entries=self._entries, Entry=_Entry, knobs=_KNOBS,
+                  g0=self.grid[0], g1=self.grid[1], g2=self.grid[2])
         exec("\n".join(lines), ns)                        # noqa: S102 - our own source, from names above
         return ns["launch"]
 
@@ -146,7 +142,7 @@ class Launch:
         """How a call with these live arguments runs: "direct", "plain" (Triton's launcher: asked for, or
         no direct launch possible) or "new" (direct asked for, its specialization not launched yet: the
         next call goes through Triton's launcher, which compiles or finds the kernel)."""
-        if not (DIRECT if self.direct is None else self.direct):
+        if not self.direct:
             return "plain"
         e = self._entries.get(spec_key(live))
         return "new" if e is None else "plain" if e is _REPLAY else "direct"

@@ -28,8 +28,6 @@ from . import launch, triton_gemm, triton_gemv, triton_moe
 from .tuned import GemmConfig, GemvConfig, MoEConfig, MoEGroupedConfig, config_for, resolve
 
 GEMV_MAX_M = 8            # decode kernel up to this many rows; the tensor-core GEMM above
-POISON_SCRATCH = False    # tests: fill every scratch buffer with NaN / garbage, so a read of an unwritten
-                          # element shows in the result
 MOE_DECODE_MAX_M = 16     # fused MoE decode kernels up to this many tokens; grouped GEMMs above
 _SEGS = ("codes", "scales", "mins", "d", "dmin")
 
@@ -66,10 +64,8 @@ def _chunk(chunk: int, k: int) -> int:
 
 
 def scratch(*shape: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """An uninitialized buffer the kernels fill; poisoned (NaN, or 0x7F7F7F7F) under POISON_SCRATCH."""
-    if POISON_SCRATCH:
-        fill = float("nan") if dtype.is_floating_point else 0x7F7F7F7F
-        return torch.full(shape, fill, dtype=dtype, device=device)
+    """An uninitialized buffer the kernels fill. A seam: the kernel tests replace it with one that fills the
+    buffer with garbage, so that a read of an element no kernel wrote shows in the result."""
     return torch.empty(shape, dtype=dtype, device=device)
 
 
@@ -366,10 +362,11 @@ class MoEScratch:
             cnt1=torch.zeros(p * nt1 if split1 > 1 else 1, dtype=i32, device=device),
             cnt2=torch.zeros(m * nt2, dtype=i32, device=device))
 
-    def poison(self) -> None:
-        """Tests (POISON_SCRATCH): NaN / garbage in every buffer a kernel must write before it reads."""
-        for t in (self.xq, self.xdx, self.xsum, self.hq, self.hdx, self.hsum, self.hf, self.gpart, self.part):
-            t.fill_(float("nan") if t.dtype.is_floating_point else 0x7F7F7F7F)
+
+def use_scratch(sc: MoEScratch) -> None:
+    """A decode call's scratch (fresh, or cached and holding an earlier call's values) just before its
+    kernels run: nothing to do. A seam: the kernel tests replace it with one that fills every buffer but
+    the counters with garbage, so that a read of an element no kernel wrote shows in the result."""
 
 
 _SCRATCH: dict[tuple, MoEScratch] = {}
@@ -429,7 +426,7 @@ class PreparedMoE:
     (`launch.Launch`). A call then checks shapes and launches two kernels: no host sync, no allocation
     (except `out` when not given). After the first call of a shape, the decode kernels (M <=
     MOE_DECODE_MAX_M) are launched straight from their compiled kernels, skipping Triton's Python
-    launcher; `direct=False` (or STRATA_TRITON_LAUNCH=plain) keeps every call on `kernel[grid](...)`.
+    launcher; `direct=False` keeps every call on `kernel[grid](...)`.
 
         moe = prepare_moe(formats, n_experts, hidden, intermediate, device)     # once per layer
         moe(x, topk_ids, topk_weights, arena, offsets, out=out)                  # every token
@@ -440,7 +437,7 @@ class PreparedMoE:
 
     def __init__(self, fm: ExpertFormats, hidden: int, intermediate: int, device,
                  config: MoEConfig | None = None, grouped_config: MoEGroupedConfig | None = None,
-                 direct: bool | None = None):
+                 direct: bool = True):
         self.fm, self.hidden, self.inter = fm, hidden, intermediate
         self.device = torch.device(device)
         self.n_experts = fm.codes.numel()
@@ -449,7 +446,7 @@ class PreparedMoE:
         self.cfg = config or config_for("moe", "mix", 1, hidden, intermediate, self.device)
         self.grouped_cfg = grouped_config or config_for("moe_grouped", "mix", MOE_DECODE_MAX_M + 1, hidden,
                                                         intermediate, self.device)
-        self.direct = direct              # None: launch.DIRECT (the environment) at each call
+        self.direct = direct              # False: every decode launch through Triton's launcher
         # a compiled kernel runs on the device it was loaded on: with several GPUs, check the current one
         self._one_gpu = self.device.type != "cuda" or torch.cuda.device_count() == 1
         self._launches: dict[tuple, _DecodeCall] = {}
@@ -482,8 +479,7 @@ class PreparedMoE:
         d = self._launches.get(key)
         if d is None:
             d = self._launches[key] = self._decode_call(x, ids, wts, arena, offsets, out)
-        if POISON_SCRATCH:
-            d.sc.poison()
+        use_scratch(d.sc)
         if self._one_gpu or torch.cuda.current_device() == x.device.index:
             d.gate_up.launch(stream, x, x.stride(0), ids, offsets, arena)
             d.down.launch(stream, ids, wts, offsets, arena, out, out.stride(0))
@@ -661,9 +657,8 @@ def moe_gate_up(x, ids, arena, offsets, fm: ExpertFormats, hidden: int, inter: i
     m, topk = ids.shape
     cfg = resolve("moe", cfg, config_for("moe", "mix", m, hidden, inter, x.device))
     ln = _decode_launch(m, topk, fm, hidden, inter, cfg, x.device, fresh)
-    if POISON_SCRATCH:
-        ln.sc.poison()
     sc = ln.sc
+    use_scratch(sc)
     table = _layout_table(hidden, inter, str(x.device))
     triton_moe.gate_up_kernel[ln.grid1](**_gate_up_args(sc, x, ids, fm.codes, offsets, arena, table, m, hidden, inter,
                                                         ln.ku1), **ln.kw1)

@@ -204,8 +204,8 @@ def _ld_rows(p, r2, STRIDE: tl.constexpr, W4: tl.constexpr, PER: tl.constexpr, m
     # records r2 [BN, 1] of STRIDE elements: their first W4 * PER elements as [BN, W4, PER]. Loaded as
     # [W4, BN, PER] and permuted (free: a layout change): Triton lays lanes along the vector dimension
     # and then along the lower-numbered of two equally contiguous dimensions, so here a warp's lanes run
-    # along each record. Loaded as [BN, W4, PER], the lanes ran along rows instead and every warp load
-    # fetched 2-8x the 32-byte sectors it needed (Nsight Compute; docs/kernels-log.md, 2026-12-02)
+    # along each record. Loaded as [BN, W4, PER], the lanes would run along rows instead and every warp load
+    # fetch 2-8x the 32-byte sectors it needs (Nsight Compute's excess sectors: benchmarks/tools/ncu_excess.py)
     BN: tl.constexpr = r2.shape[0]
     r3 = tl.reshape(r2, [1, BN, 1])
     offs = r3 * STRIDE + tl.arange(0, W4)[:, None, None] * PER + tl.arange(0, PER)[None, None, :]
@@ -263,8 +263,8 @@ def _x_lanes(xq_p, t, W4: tl.constexpr, S: tl.constexpr):
     X_s of word c is activation word c*S + s (its four int8s are the inputs of the codes in lane s of
     the code word's four bytes). One contiguous [4*S] int32 load a thread, then split; Triton moves
     the split tiles to the codes' layout through shared memory, with two barriers a step. (S loads of
-    4 words each, lane by lane, needs neither: it won the GEMV sweep twice and lost or tied in the MoE
-    launches and at the gate shapes, and was removed: docs/kernels-log.md.)"""
+    4 words each, lane by lane, needs neither, but it loses or ties in the MoE launches and at the gate
+    shapes, and is not carried: KERNELS.md.)"""
     j3 = tl.arange(0, W4)[None, :, None]
     x = tl.load(xq_p + (t + j3 * 4) * S + tl.arange(0, 4 * S)[None, None, :])       # [1, W4, 4*S]
     if S == 2:
@@ -426,7 +426,7 @@ def gemv_rows(a_codes, a_scales, a_mins, a_d, a_dmin, b_codes, b_scales, b_mins,
     sums are added across threads once, at the end.
 
     One pipeline stage, loop not unrolled: staging the codes through shared memory (cp.async), register
-    prefetch of the next step and unrolling all lost on the H200 and were removed (docs/kernels-log.md).
+    prefetch of the next step and unrolling all lose on the H200 and are not carried (KERNELS.md).
 
     CG: code-generation options (the H200's are in configs/): CG & 1 the DP4A chain as one PTX block a
     word, CG & 2 rows past N clamped instead of masked."""

@@ -21,10 +21,11 @@ Skipped pairs: an expert id < 0 in topk_ids contributes nothing (the engine runs
 of the experts resident at once). Its gate/up programs read no weights and leave h = 0 on the grid; its
 down programs store a zero part (the counters still count them, so every row tile is written).
 K splits are about filling the GPU, not about bytes. At batch 1 the gate/up grid is at most one wave
-of programs, and at Kimi-K2's I = 2048 it does not even fill the SMs. Splits measured: +21% at K2
-(gate/up 39.7 -> 32.9 us on the H200), a loss where the grid already fills the GPU. A persistent
-variant (resident programs taking (pair, row tile) items from a counter, against the 2x cost spread
-between 2-bit and 1-bit experts' rows) was measured slower at every setting and removed (docs/kernels-log.md).
+of programs, and at Kimi-K2's I = 2048 it does not even fill the SMs. Splits gain 21% at K2 (gate/up
+32.9 against 39.7 us on the H200: benchmarks/bench_kernels.py, KERNELS.md), a loss where the grid
+already fills the GPU. A persistent variant (resident programs taking (pair, row tile) items from a
+counter, against the 2x cost spread between 2-bit and 1-bit experts' rows) is slower at every setting
+and not carried (KERNELS.md lists the losing candidates).
 
 Scratch: xq int8 [M, HP] (held as int32 [M, HP/4]), xdx f32 [M, HP/32], xsum f32 [M, 3*HP/32] (sums per
 16 inputs, then per 32: `triton_common.quantize_store`); hq, hdx, hsum the same for h over IP, one row

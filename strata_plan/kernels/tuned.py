@@ -9,7 +9,7 @@ written by `benchmarks/bench_kernels.py --sweep` with the result file and commit
 a file gets the file of its architecture (same compute capability: an H100 gets the H200's sm_90
 configs) with one logged line, and the defaults otherwise (and on CPU). An entry "kind:fmt" (e.g.
 "gemv:q4_g128_f16") overrides "kind" for one format. Why each shipped value won: KERNELS.md, and the
-measurements behind them in docs/kernels-log.md.
+result files behind them in each config file's "source".
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ class Run:
     name: str               # file:run
     file: str
     mode: str
-    plan: object            # planner.plan.Plan, as written (before the mode's baseline)
+    plan: object            # core.plan.Plan, as written (before the mode's baseline)
     plan_where: str         # where the plan came from, for messages
     measured_s: float       # median seconds per decode token
     host_s: float | None    # the round trips' seconds per token (`_round_trip_s`); None: not identified
@@ -180,8 +180,8 @@ def _plan_of(rec: dict, where: str, prefix: str, override: str | None, folders: 
 def _fetch_host(r: dict, where: str, prefix: str) -> tuple[float, float] | None:
     """(host seconds per fetched expert, fetches per token) of an LRU-only run without NVMe: the store's host time in
     `ensure` and the launch, less its waits for fetches, over the experts it fetched. None for other modes:
-    with lookahead the store also issues and waits for prefetches, and on-demand runs
-    measured about twice the LRU figure per fetch on the H200 at 61d12b8 (not seen at 72fdad2: engine/ENGINE.md)."""
+    with lookahead the store also issues and waits for prefetches, and on-demand runs are left out as
+    planner/PLANNER.md's `host_fetch_us` row says."""
     if r.get("mode") != "lru" or (r.get("bytes_per_token") or {}).get("nvme", 0.0) > 0:
         return None                       # NVMe fetches also pay the reader threads' share of the lock
     fetches = sum((r.get("counters") or {}).get("fetches_from", {}).values())
