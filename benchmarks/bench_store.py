@@ -7,7 +7,7 @@ Builds (every run) a packed folder of `--layers` MoE layers x 384 experts in the
 fsynced and dropped from the page cache. Routing is replayed from the skewed prior (`olmoe-like`, ids =
 popularity ranks) and the store is driven as the decode loop drives it (ensure, release; no kernel), the
 experts most used first in the plan's static VRAM set (8% of each layer's experts), side by side in one run
-(the plan: `benchmarks/data/plan-kimi-k3.1-pro-{N}moe-h200.yaml`, re-tiered):
+(the plan: `tests/data/plan-kimi-k3.1-pro-{N}moe-h200.yaml`, re-tiered):
 
 - ram:  every other expert in pinned RAM. Store bytes/s (bytes fetched / wall time) against plain pinned
         copies of the same blob sequence into VRAM on one stream (the profiler's pinned H2D method).
@@ -46,7 +46,7 @@ from strata_plan.core.routing.priors import load_prior  # noqa: E402
 from strata_plan.core.routing.sample import sample_experts  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"     # the plan the tests read too
 # `strata-plan plan --model kimi-k3.1-pro --moe-layers N --profile h200 --prior olmoe-like --trials 10`: the
 # runs re-tier them; they give the truncated spec's sources, staging and NVMe read shape.
 BASE_PLAN = DATA / "plan-kimi-k3.1-pro-{n}moe-h200.yaml"

@@ -1,4 +1,5 @@
-"""Routing statistics of the trained MoE traces (benchmarks/data/*.trace.npz), beside the Mixtral-8x7B
+"""Routing statistics of the trained MoE traces (tests/data/fixture-moe.trace.npz,
+benchmarks/data/trained-20261203/bench-moe/bench-moe.trace.npz), beside the Mixtral-8x7B
 decode trace of the shared data and the named priors, written to benchmarks/data/routing-report.json and
 as a benchmark result.
 
@@ -26,10 +27,11 @@ from strata_plan.core.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "data"
-TRACES = {"fixture-moe": ("fixture-moe.trace.npz", ROOT / "tests" / "data" / "fixture-moe"),
-          "bench-moe": ("bench-moe.trace.npz", DATA / "bench-moe.config.json")}
+BENCH = DATA / "trained-20261203" / "bench-moe"
+TRACES = {"fixture-moe": (ROOT / "tests" / "data" / "fixture-moe.trace.npz", ROOT / "tests" / "data" / "fixture-moe"),
+          "bench-moe": (BENCH / "bench-moe.trace.npz", BENCH / "config.json")}
 TRAIN_LOGS = {"fixture-moe": ROOT / "tests" / "data" / "fixture-moe" / "train_log.json",
-              "bench-moe": DATA / "bench-moe.train_log.json"}
+              "bench-moe": BENCH / "train_log.json"}
 PRIORS = ("uniform", "mixtral-like", "olmoe-like")
 
 
