@@ -135,11 +135,6 @@ def main() -> int:
                 for j, (c, w) in enumerate(tp["device_per_moe_layer_s"] or []):
                     metrics[f"{name}.{mode}.moe_layer{j}_ms_per_token"] = (c + w) * 1e3
                 metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
-                behind = r["copy"]["behind_reader_per_token"]
-                for k, v in behind.items():
-                    metrics[f"{name}.{mode}.{k}_copies_behind_reader_per_token"] = v
-                print(f"{'':18s} copies queued behind their slot's unfinished reader: {behind['demand']:.2f} demand, "
-                      f"{behind['prefetch']:.2f} prefetch a token", flush=True)
                 metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
                 if a.profile:
                     pr = predict_plan(plan, predict_with, mode, where=str(PLANS[name]))

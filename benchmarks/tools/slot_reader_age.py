@@ -9,8 +9,7 @@ routing and hints of bench_engine (the olmoe-like prior, seed 11). A copy into a
 the kernel just queued waits on the copy stream until that kernel has run, and holds every copy behind it:
 this prints how often a prefetch lands in such a slot, and how often its reader is the layer before (already
 run: this layer's router came after it). A demand fetch cannot wait so: the router's ids arrive after the
-previous layer's kernel ran. A model of the store's order, not the store: on a GPU the engine counts the
-copies that waited (`copy.behind_reader_per_token` in bench results).
+previous layer's kernel ran. A model of the store's order, not the store.
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         store.counters = StoreCounters(store.n_layers)
         tr = store.transfers
         read0, rbytes0, copy0, nt0 = tr.read_busy_s, tr.read_bytes, tr.copy_busy_s(), len(tr.timed)
-        behind0, copied0 = dict(tr.behind_reader), tr.copy_bytes
+        copied0 = tr.copy_bytes
         sync0, moe0, syncs0, hints0 = ex.host_sync_s, ex.moe_s, ex.syncs, ex.hints_s
         runner = m.step_runner
         if runner is not None:
@@ -125,9 +125,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                                                           zip(split["layer_compute_s"], split["layer_wait_s"])]
                                if split["steps"] else None},
             "graphs": bool(runner is not None and runner.graphs),
-            "copy": {"chunk_bytes": opts.chunk_bytes, "chunks_in_flight": opts.chunks_in_flight,
-                     # fetches a token whose copy waited on the copy stream for its slot's last reader (a kernel)
-                     "behind_reader_per_token": {k: (v - behind0[k]) / n for k, v in tr.behind_reader.items()}},
+            "copy": {"chunk_bytes": opts.chunk_bytes, "chunks_in_flight": opts.chunks_in_flight},
             "counters": {k: v for k, v in c.items() if k != "layers"},
             "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],
             "replay": None if replay is None else replay.source,

@@ -114,9 +114,6 @@ class Transfers:
         self.read_busy_s = 0.0       # summed over reader threads
         self.read_bytes = 0
         self.copy_bytes = 0
-        # fetches whose copy went on the copy stream before the slot's last reader (a kernel) had run: the
-        # stream, and every copy queued behind it, waits for that kernel ({"demand": n, "prefetch": n})
-        self.behind_reader = {"demand": 0, "prefetch": 0}
         self.timed: list[Fetch] = []  # CUDA fetches whose start/end events give the copy stream's busy time
         self._pump_q: deque[Fetch] = deque()   # RAM expert prefetches for `pump` (the main thread's), in order
         self._pump_at = 0                      # bytes of _pump_q[0] already enqueued
@@ -384,9 +381,6 @@ class Transfers:
     def _begin(self, f: Fetch) -> None:
         """(CUDA, the copy stream current) Before a fetch's first chunk: wait for the slot's last reader."""
         if f.after is not None:
-            if not f.after.query():
-                with self._lock:
-                    self.behind_reader["demand" if f.demand else "prefetch"] += 1
             self.copy_stream.wait_event(f.after)
         f.spans = []
 
