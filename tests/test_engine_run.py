@@ -293,10 +293,11 @@ def test_on_the_gpu_streamed_dense_weights_give_the_resident_logits(packed_bf16)
 @pytest.fixture(scope="module")
 def packed_tied(packed_bf16, tmp_path_factory):
     """The packed fixture with its embeddings tied to the lm_head (config and dense tensors edited)."""
-    import hashlib
     import json
     import shutil
     from safetensors.torch import load_file, save_file
+
+    from strata_plan.engine.files import part_digests
     out = tmp_path_factory.mktemp("tied") / "packed"
     shutil.copytree(packed_bf16, out)
     cfg = json.loads((out / "config.json").read_text())
@@ -306,7 +307,7 @@ def packed_tied(packed_bf16, tmp_path_factory):
     save_file(dense, out / "dense.safetensors")
     data = (out / "dense.safetensors").read_bytes()
     index = json.loads((out / "index.json").read_text())
-    index.update(dense_nbytes=len(data), dense_sha256=hashlib.sha256(data).hexdigest())
+    index.update(dense_nbytes=len(data), dense_parts=part_digests(data, index["part_bytes"]))
     (out / "index.json").write_text(json.dumps(index))
     return out
 

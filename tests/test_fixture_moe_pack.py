@@ -174,13 +174,16 @@ def test_plan_for_another_model_is_refused(planned, tmp_path, capsys):
 
 
 def test_index_of_an_older_version_is_refused(tmp_path):
-    # version 1 blobs (byte-ordered codes, row-major tensors) would decode to garbage; version 2 has no checksums
-    for v in (1, 2):
+    # version 1 blobs (byte-ordered codes, row-major tensors) would decode to garbage; version 2 has no checksums;
+    # version 3 has one sha256 a blob (v4: one a 1 MiB part, checked as the parts are read)
+    for v in (1, 2, 3):
         (tmp_path / "index.json").write_text(json.dumps({"format": "strata-plan/packed-experts", "version": v,
                                                          "entries": []}))
         with pytest.raises(UserError) as e:
             load_index(tmp_path)
-        assert "pack the checkpoint again" in str(e.value) and f"v{v}" in str(e.value)
+        line = e.value.line()
+        assert "pack the checkpoint again" in line and f"v{v}" in line and "\n" not in line
+        assert f"--out {tmp_path} --force" in line
 
 
 def test_checksums_of_every_blob_dense_and_plan(planned):
@@ -188,7 +191,9 @@ def test_checksums_of_every_blob_dense_and_plan(planned):
     index = load_index(out)
     assert index.plan_sha256 == hashlib.sha256(plan_path.read_bytes()).hexdigest()
     assert verify_all(index) == index.expert_bytes + (out / "dense.safetensors").stat().st_size
-    assert len({e.sha256 for e in index.entries}) == len(index.entries)
+    assert len({e.parts for e in index.entries}) == len(index.entries)
+    assert all(len(e.parts) == -(-e.nbytes // index.part_bytes) for e in index.entries)
+    assert len(index.dense_parts) == -(-index.dense_nbytes // index.part_bytes) > 1
 
 
 def _copy(out, tmp_path):
@@ -221,8 +226,10 @@ def test_a_damaged_blob_names_its_layer_expert_and_file(planned, tmp_path):
     (lambda d: os.truncate(d / "experts-layer005.bin", 4096 * 3), "truncated"),
     (lambda d: (d / "dense.safetensors").unlink(), "dense.safetensors"),
     (lambda d: (d / "index.json").write_text((d / "index.json").read_text()[:-50]), "JSONDecodeError"),
-    (lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"sha256"', '"sha"', 1)),
-     "entries[0].sha"),
+    (lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"parts"', '"part"', 1)),
+     "entries[0].part"),
+    (lambda d: (d / "index.json").write_text(json.dumps({**json.loads((d / "index.json").read_text()),
+                                                         "dense_parts": ["0" * 64]})), "dense_parts"),
 ])
 def test_a_damaged_folder_is_refused_in_one_line(planned, tmp_path, damage, field):
     _, out = planned

@@ -34,6 +34,9 @@ COMMANDS = (
     "calibrate",        # calibrate (fit the profile to measured runs)
 )
 
+# Commands that compute with torch: its thread count is set once before they start (strata_plan/threads.py).
+TORCH_COMMANDS = ("pack", "run", "bench", "eval", "profile")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors also exit 2, in one line
@@ -68,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    if args.command in TORCH_COMMANDS:
+        from strata_plan.threads import limit_torch_threads
+        limit_torch_threads()
     try:
         return args.func(args) or 0
     except UserError as e:

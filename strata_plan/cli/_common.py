@@ -21,37 +21,76 @@ def print_json(data) -> None:
     print(json.dumps(data, indent=2))
 
 
-def console(stderr: bool = False):
-    """A rich Console whose `print` first fits tables to its width (see `fit`)."""
+def console(stderr: bool = False, **kw):
+    """A rich Console whose `print` first fits tables to its width (see `fit`); `kw` goes to rich's Console
+    (e.g. `file=` and `width=` in tests)."""
     from rich.console import Console
     from rich.table import Table
 
     class _Console(Console):
         def print(self, *objects, **kw) -> None:
-            for o in objects:
-                if isinstance(o, Table):
-                    fit(o, self.width)
-            super().print(*objects, **kw)
-    return _Console(stderr=stderr)
+            super().print(*(fit(o, self.width) if isinstance(o, Table) else o for o in objects), **kw)
+    return _Console(stderr=stderr, **kw)
 
 
-def fit(t, width: int) -> None:
-    """Give a table's columns widths that break lines between words, never inside one, when the table is
-    wider than `width` (rich alone squeezes the widest columns and folds their words): each column gets its
-    longest word, and what is left goes to the columns in proportion to what more they would use."""
+def _texts(column) -> list[str]:
+    return [str(column.header)] + [str(x) for x in column.cells]
+
+
+def fit(t, width: int, blocks: bool = True):
+    """Fit a table to `width` columns breaking lines between words, never inside one (rich alone squeezes
+    the widest columns and folds their words, and truncates a column that must not wrap). Returns what to
+    print: the table itself when it fits as it is; the table with column widths set when it fits with its
+    lines broken between words (a column that must not wrap (`no_wrap`) keeps its longest line, the others
+    get their longest word, and what is left goes to the columns in proportion to what more they would
+    use); else (`blocks`) one block a row, each of its figures on a line beside its header."""
     import re
+
+    from rich.cells import cell_len
     cols = t.columns
-    lines = [[str(c.header)] + [str(x) for x in c.cells] for c in cols]
-    longest = [max((len(w) for s in cells for w in re.split(r"\s+", s)), default=1) for cells in lines]
-    natural = [max((len(line) for s in cells for line in s.splitlines()), default=1) for cells in lines]
+    lines = [_texts(c) for c in cols]
+    natural = [max((cell_len(line) for s in cells for line in s.splitlines()), default=1) for cells in lines]
+    longest = [n if c.no_wrap else max((cell_len(w) for s in cells for w in re.split(r"\s+", s)), default=1)
+               for c, n, cells in zip(cols, natural, lines)]
     room = width - (3 * len(cols) + 1)                 # padding of one either side and a rule per column
-    if sum(natural) <= room or sum(longest) > room:
-        return                                         # fits as it is, or cannot without folding a word
+    if sum(natural) <= room:
+        return t
+    if sum(longest) > room:
+        return _blocks(t, width) if blocks and len(cols) > 2 else t
     spare, want = room - sum(longest), [n - m for n, m in zip(natural, longest)]
     total = sum(want) or 1
     widths = [m + spare * w // total for m, w in zip(longest, want)]
     for c, w in zip(cols, widths):
         c.width = w
+    return t
+
+
+def _blocks(t, width: int):
+    """The rows of `t` one after another, each a two-column table of (header, figure) lines headed by its
+    first cell (empty figures left out), under the table's title; every block as wide as the others."""
+    import re
+
+    from rich.cells import cell_len
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+    cols = [_texts(c) for c in t.columns]
+    keys, values = [c[0] for c in cols], [v for c in cols for v in c[1:]]
+    room = width - 7                                   # two columns: padding either side, three rules
+    word = lambda texts: max((cell_len(w) for s in texts for w in re.split(r"\s+", s)), default=1)  # noqa: E731
+    longest = lambda texts: max((cell_len(x) for s in texts for x in s.splitlines()), default=1)  # noqa: E731
+    key_w = max(word(keys), min(longest(keys), room // 2, room - word(values)))
+    value_w = max(1, min(longest(values), room - key_w))
+    out = [Text(str(t.title), justify="center")] if t.title else []
+    for i in range(t.row_count):
+        b = Table(show_header=True)
+        b.add_column(keys[0] or " ", overflow="fold", width=key_w)
+        b.add_column(cols[0][i + 1], overflow="fold", width=value_w)
+        for c in cols[1:]:
+            if c[i + 1].strip():
+                b.add_row(c[0], c[i + 1])
+        out.append(b)
+    return Group(*out)
 
 
 def table(*columns: str, title: str | None = None, keep: int = 1):

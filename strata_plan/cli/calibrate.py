@@ -48,10 +48,13 @@ def _plans(items: list[str]) -> dict[str, str]:
 
 def cmd_calibrate(args) -> int:
     from strata_plan.outpaths import check_out_file
-    from strata_plan.planner.calibrate import calibrate, read_runs, sources_text
+    from strata_plan.planner.calibrate import calibrate, read_runs, require_gpu, sources_text
     from strata_plan.profiles.schema import load_profile, save_profile
     out = check_out_file(args.out, "--out", args.force)
     profile = load_profile(args.profile)
+    require_gpu(profile)
+    if args.check:
+        require_gpu(load_profile(args.check_profile or args.profile), "--check-profile" if args.check_profile else "--profile")
     modes = [m for m in args.modes.split(",") if m]
     runs = [r for r in read_runs(args.bench, _plans(args.plan), args.find) if r.mode in modes]
     if not runs:

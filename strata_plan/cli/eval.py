@@ -53,7 +53,9 @@ def held_out_tokens(reference: str, text: str | None) -> tuple[list[int], str]:
 def cmd_eval(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from strata_plan.engine.engine import resolve_device
     from strata_plan.engine.eval import evaluate, load_config
+    resolve_device(args.device)                         # before any work: a device this torch lacks is one line
     if not Path(args.packed).is_dir():
         raise UserError(args.packed, "--packed", "folder not found", "give a folder written by strata-plan pack")
     if not Path(args.reference).is_dir():

@@ -16,8 +16,6 @@ def add_engine_args(p) -> None:
     p.add_argument("--mode", default="plan", choices=("plan", "lru", "on-demand"),
                    help="plan (default): as planned; lru: no lookahead prefetch; on-demand: no cache, no prefetch")
     p.add_argument("--device", default="", help="cuda or cpu (default: cuda when there is a GPU)")
-    p.add_argument("--verify", action="store_true", help="check every NVMe read's sha256 (costs about 0.65 s of "
-                   "one core per GB read)")
 
 
 def register(sub) -> None:
@@ -36,15 +34,17 @@ def register(sub) -> None:
 def cmd_run(args) -> int:
     import time
 
-    from strata_plan.engine.engine import Engine, EngineOptions
+    from strata_plan.core.plan import load_plan
+    from strata_plan.engine.engine import Engine, EngineOptions, prompt_ids, resolve_device
     from strata_plan.engine.generate import Sampling, TextStream
     if args.max_tokens < 1:
         raise UserError("--max-tokens", str(args.max_tokens), "must be at least 1", "ask for one token or more")
     sampling = Sampling(args.temperature, args.top_p, args.seed)
-    opts = EngineOptions(mode=args.mode, device=args.device, verify=args.verify)
+    opts = EngineOptions(mode=args.mode, device=args.device)
+    resolve_device(args.device)                         # before any work: a device this torch lacks is one line
+    prompt = prompt_ids(args.packed, load_plan(args.plan).context, args.prompt, args.max_tokens)  # fits, or one line
     with Engine.open(args.packed, args.plan, opts) as eng:
         tok = eng.tokenizer()
-        prompt = eng.encode(args.prompt)
         stream = TextStream(tok)
         if not args.json:
             sys.stdout.write(args.prompt)

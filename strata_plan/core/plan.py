@@ -173,9 +173,9 @@ class StagingPlan:
 class Memory:
     """Bytes the plan puts in each tier (capacity.Footprint), and the budgets it was planned for."""
 
-    vram: dict[str, int]
-    ram: dict[str, int]
-    nvme: dict[str, int]
+    vram: dict[str, int] = bounded(0, None)      # bytes per item: never negative
+    ram: dict[str, int] = bounded(0, None)
+    nvme: dict[str, int] = bounded(0, None)
     budgets: Budgets
 
     @property
@@ -351,9 +351,13 @@ def load_plan(path: str | Path, spec=None) -> Plan:
 
 
 def check_plan_model(plan: Plan, spec, where: str) -> None:
-    if plan.n_experts != spec.n_routed or plan.top_k != spec.top_k:
+    """The plan places `spec`'s experts (count and top-k), its MoE layers and each of its decoder layers once."""
+    if plan.n_experts != spec.n_routed:
         raise UserError(where, "n_experts", f"plan is for {plan.n_experts} experts top-{plan.top_k}, "
                         f"{spec.name} has {spec.n_routed} top-{spec.top_k}", f"plan again for {spec.name}")
+    if plan.top_k != spec.top_k:
+        raise UserError(where, "top_k", f"{plan.top_k}, {spec.name} routes each token to {spec.top_k} experts",
+                        f"write `top_k: {spec.top_k}` back, or plan again for {spec.name}")
     if tuple(l.layer for l in plan.layers) != spec.moe_layers:
         raise UserError(where, "layers", f"plan places layers that are not {spec.name}'s MoE layers",
                         f"plan again for {spec.name}")

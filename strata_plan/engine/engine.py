@@ -13,7 +13,9 @@ reference loop (the model's own forward, everything fetched when asked), which t
 The dense weights (attention, norms, routers, shared experts, embeddings, lm_head) are read from the
 packed folder's `dense.safetensors`: onto the device, or into pinned RAM where the plan's `dense` section
 says (streamed through the store's copy queue by `engine.dense`); the routed experts stay where the plan
-puts them.
+puts them. Every byte is checked against index.json before a kernel reads it, always: the store checks the
+static and RAM experts at start and each NVMe expert on its first read, and `open` checks dense.safetensors
+(`packed.verify_dense`, on hashing threads) before the model loads it; a mismatch is one `UserError` line.
 """
 from __future__ import annotations
 
@@ -29,11 +31,49 @@ from strata_plan.core.modes import MODES, baseline
 
 from .config import ModelConfig
 from .dense import DenseStream, host_units
-from .generate import Sampling, encode_prompt, generate, load_tokenizer
+from .generate import Sampling, check_length, encode_prompt, generate, load_tokenizer
 from .graphed import GraphedDecode
 from .model import MoEModel
+from .packed import verify_dense
 from .store import ExpertStore, StoreOptions
 from .store_experts import StoreExperts
+
+
+def resolve_device(name: str = "", flag: str = "--device") -> torch.device:
+    """The device the engine runs on: `name` ("cuda", "cuda:N" or "cpu"; "" = cuda when there is a GPU, else
+    cpu), refused in one line when this build of torch or this machine has no such device: what `run`,
+    `bench` and `eval` check before any work."""
+    if not name:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(flag, name, "not a device", f"pass {flag} cuda, cuda:N or cpu") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise UserError(flag, name, f"the engine runs on cuda or cpu, not {dev.type}", f"pass {flag} cuda or cpu")
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        raise UserError(flag, name, f"this torch ({torch.__version__}) is a CPU build, not compiled with CUDA",
+                        f"pass {flag} cpu, or install a CUDA build of torch")
+    if not torch.cuda.is_available():
+        raise UserError(flag, name, "no CUDA GPU is visible to torch (torch.cuda.is_available() is False)",
+                        f"pass {flag} cpu, or check the driver and CUDA_VISIBLE_DEVICES")
+    n = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= n:
+        raise UserError(flag, name, f"this machine has {n} CUDA GPU(s)", f"pass {flag} cuda:0 to cuda:{n - 1}")
+    return dev
+
+
+def prompt_ids(packed: str | Path, context: int, text: str, max_new_tokens: int) -> list[int]:
+    """The prompt's ids in the packed folder's tokenizer (`encode_prompt`), refused in one line when they and
+    `max_new_tokens` do not fit the plan's `context` or the model's positions (`check_length`): what `run`
+    calls before opening the engine, so a prompt too long costs no loading."""
+    folder = Path(packed)
+    cfg = ModelConfig.load(folder)
+    ids = encode_prompt(load_tokenizer(folder), text, cfg, folder)
+    check_length(len(ids), max_new_tokens, context, cfg.max_positions)
+    return ids
 
 
 @dataclass(frozen=True)
@@ -41,7 +81,6 @@ class EngineOptions:
     mode: str = "plan"
     device: str = ""                 # "" = cuda if available, else cpu
     backend: str = "auto"            # fused_moe backend: Triton on CUDA, the torch reference on CPU
-    verify: bool = False
     poison: bool = False
     allow_buffered: bool = True
     graphs: bool = True              # decode: static parts in CUDA graphs (graphed.py); False: the eager forward
@@ -63,6 +102,7 @@ class Engine:
              plan_path: str = "plan") -> "Engine":
         """`plan`: a plan path or a loaded Plan. `replay`: an `engine.replay.Replay` (routing replayed)."""
         folder = Path(packed)
+        device = resolve_device(options.device)
         if not isinstance(plan, type(None)) and isinstance(plan, (str, Path)):
             plan_path, plan = str(plan), load_plan(plan)
         if plan.n_gpus_used > 1:
@@ -70,14 +110,14 @@ class Engine:
                             "runs one GPU", "plan again for one GPU (strata-plan plan --gpus 1)")
         plan = baseline(plan, options.mode)
         host = host_units(plan, ModelConfig.load(folder), plan_path)     # dense weights kept in pinned RAM
-        device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
-                                                                    verify=options.verify, poison=options.poison,
+                                                                    poison=options.poison,
                                                                     allow_buffered=options.allow_buffered,
                                                                     chunk_bytes=options.chunk_bytes,
                                                                     chunks_in_flight=options.chunks_in_flight), plan_path)
         try:
+            verify_dense(store.index)            # before any dense weight is read
             experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,
                                    depth=plan.prefetch_depth if options.mode == "plan" else 0,
                                    backend=options.backend, replay=replay)

@@ -204,15 +204,16 @@ def dequantized_model(packed: str | Path, cfg: ModelConfig, context: int, device
 
     from .experts import TorchExperts
     from .model import MoEModel
-    from .packed import load_index
+    from .packed import load_index, read_blob, verify_dense
     index = load_index(packed)
+    verify_dense(index)                          # every byte checked against index.json, as the engine does
     where = {(e.layer, e.expert): e for e in index.entries}
     layers = []
     for layer in cfg.moe_layers:
         mats = []
         for e in range(cfg.spec.n_routed):
             ent = where[(layer, e)]
-            blob = np.fromfile(index.path(ent.file), dtype=np.uint8, count=ent.nbytes, offset=ent.offset)
+            blob = np.frombuffer(read_blob(index, ent, verify=True), dtype=np.uint8).copy()
             m = unpack_expert(torch.from_numpy(blob).to(device), ent.format, index.hidden, index.moe_intermediate)
             mats.append([dequantize(m[k]) for k in ("gate", "up", "down")])
         layers.append(tuple(torch.stack([m[i] for m in mats]) for i in range(3)))
@@ -224,7 +225,8 @@ def evaluate_dequantized(packed: str | Path, reference: str | Path, tokens: Sequ
     """Like `evaluate`, the packed model being `dequantized_model`: weight quantization alone, on any device at
     the reference's speed (the fused MoE's torch reference, one token and expert at a time, is far slower)."""
     pcfg, rcfg, data = checked_windows(packed, reference, tokens, chunk, max_tokens, text_where)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from .engine import resolve_device
+    dev = resolve_device(device)
     with torch.inference_mode():
         model = dequantized_model(packed, pcfg, chunk, dev)
         return compare(model, reference_model(reference, rcfg, chunk, dev), data, chunk, chunk)

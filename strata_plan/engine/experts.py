@@ -82,7 +82,7 @@ class PackedExperts:
 
     def __init__(self, folder: str | Path, cfg: ModelConfig, device="cpu", backend: str = "torch"):
         from strata_plan.kernels.ops import ExpertFormats
-        from strata_plan.engine.packed import load_index
+        from strata_plan.engine.packed import load_index, verify_blob
         folder = Path(folder)
         index = load_index(folder)
         self.hidden, self.intermediate, self.backend = index.hidden, index.moe_intermediate, backend
@@ -91,7 +91,10 @@ class PackedExperts:
             rows = sorted((e for e in index.entries if e.layer == layer), key=lambda e: e.expert)
             files = {e.file for e in rows}
             assert len(files) == 1 and [e.expert for e in rows] == list(range(cfg.spec.n_routed)), (layer, files)
-            arena = torch.from_numpy(np.fromfile(folder / rows[0].file, dtype=np.uint8)).to(device)
+            data = np.fromfile(folder / rows[0].file, dtype=np.uint8)
+            for e in rows:                       # every blob checked against index.json before a kernel reads it
+                verify_blob(index, e, data[e.offset:e.offset + e.nbytes])
+            arena = torch.from_numpy(data).to(device)
             offsets = torch.tensor([e.offset for e in rows], dtype=torch.int64, device=device)
             self.layers.append((arena, offsets, ExpertFormats.from_names([e.format for e in rows], device)))
 

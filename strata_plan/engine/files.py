@@ -1,7 +1,9 @@
 """Writing a packed folder's files: atomically, in large sequential writes, hashed as they are written.
 
+    with AtomicFolder(out) as tmp: ...                 # a temp folder beside `out`, renamed into place when complete
     with AtomicFile(path) as f: f.write(...)            # temp name in the same folder, renamed when closed cleanly
-    nbytes, sha = write_safetensors(path, specs, get)  # one tensor in memory at a time, sha256 of the whole file
+    nbytes, parts = write_safetensors(path, specs, get, part_bytes)   # one tensor in memory at a time
+    parts = part_digests(data, part_bytes)             # sha256 of each part_bytes slice (the index's `parts`)
 
 `write_safetensors` writes the safetensors format (8-byte little-endian header length, JSON header with
 dtype/shape/data_offsets, then the tensors back to back) itself, so a 40 GB dense file never sits in memory;
@@ -12,8 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import signal
 import struct
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -48,6 +54,99 @@ def _umask() -> int:
     return mask
 
 
+class AtomicFolder:
+    """A folder filled under a temporary name beside its target (`.NAME.XXXXXXXX.tmp`, the same file system) and
+    renamed into place when the block ends cleanly; an error or Ctrl-C inside the block removes the temporary
+    folder and any parent folders it created, so the target is as it was: absent, or the old folder intact.
+
+        with AtomicFolder(out, keep=lambda name: ...) as tmp:   # write everything into tmp
+            ...
+
+    An existing target is replaced whole (renamed aside, the new folder renamed in, the old one removed), its
+    entries for which `keep(name)` is true (files the writer never writes, e.g. a user's notes) moved into the
+    new folder. The swap runs with Ctrl-C held back until it is done (in the main thread), and a failed swap
+    puts the old folder back."""
+
+    def __init__(self, path: str | os.PathLike, keep=lambda name: False):
+        p = Path(path).absolute()
+        self.path = p.resolve() if p.is_symlink() else p
+        self.keep = keep
+        self.tmp: Path | None = None
+        self._made: list[Path] = []         # parent folders created here, innermost last
+
+    def __enter__(self) -> Path:
+        missing = [a for a in [self.path.parent, *self.path.parent.parents] if not a.exists()]
+        for folder in reversed(missing):
+            folder.mkdir()
+            self._made.append(folder)
+        try:
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
+        except BaseException:
+            self._discard()
+            raise
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._discard()
+            return
+        with interrupts_deferred():
+            try:
+                self._commit()
+            except BaseException:
+                self._discard()
+                raise
+
+    def _commit(self) -> None:
+        os.chmod(self.tmp, 0o777 & ~_umask())          # what mkdir would have given, not mkdtemp's 0700
+        target = self.path
+        if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+            target.rmdir()
+        if not os.path.lexists(target):
+            os.rename(self.tmp, target)
+            return
+        old = self.tmp.with_suffix(".old")
+        os.rename(target, old)
+        try:
+            os.rename(self.tmp, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+        for entry in sorted(old.iterdir()):
+            if self.keep(entry.name) and not os.path.lexists(target / entry.name):
+                os.rename(entry, target / entry.name)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _discard(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        for folder in reversed(self._made):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+@contextmanager
+def interrupts_deferred():
+    """Ctrl-C (SIGINT) held back until the block ends, then raised; outside the main thread (where Python runs
+    no signal handler) a plain block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda sig, frame: got.append(sig))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
+    if got:
+        if callable(old) and old is not signal.default_int_handler:
+            old(signal.SIGINT, None)
+        elif old in (signal.default_int_handler, None):
+            raise KeyboardInterrupt
+
+
 def _st_dtypes():
     import torch
     return {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
@@ -56,9 +155,10 @@ def _st_dtypes():
 
 
 def write_safetensors(path: str | os.PathLike, specs: list[tuple[str, object, tuple[int, ...]]], get,
-                      metadata: dict[str, str] | None = None) -> tuple[int, str]:
+                      part_bytes: int, metadata: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Write tensors `specs` [(name, torch dtype, shape), ...] in that order, each produced by `get(name)` (a CPU
-    or GPU tensor of exactly that dtype and shape) only when it is written. Returns (file bytes, sha256)."""
+    or GPU tensor of exactly that dtype and shape) only when it is written. Returns (file bytes, the sha256 of
+    each `part_bytes` slice of the file)."""
     import torch
     names = _st_dtypes()
     header: dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
@@ -71,7 +171,7 @@ def write_safetensors(path: str | os.PathLike, specs: list[tuple[str, object, tu
         off += n
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)                       # the data starts 8-byte aligned
-    h = hashlib.sha256()
+    h = PartHasher(part_bytes)
     total = 0
     with AtomicFile(path) as f:
         for part in (struct.pack("<Q", len(blob)), blob):
@@ -86,7 +186,7 @@ def write_safetensors(path: str | os.PathLike, specs: list[tuple[str, object, tu
             _write_all(f, data)
             h.update(data)
             total += len(data)
-    return total, h.hexdigest()
+    return total, h.digests()
 
 
 def _write_all(f, data: memoryview) -> None:
@@ -99,12 +199,13 @@ def _write_all(f, data: memoryview) -> None:
 
 class BlobWriter:
     """Writes blobs to an open file in the order given, on one background thread, while up to `hashers` threads
-    compute their sha256 (hashlib releases the GIL): the caller (quantizing or generating on the GPU) overlaps
-    with both. `put(array)` returns a future of the blob's sha256; at most `depth` blobs wait in memory."""
+    compute the sha256 of each `part_bytes` slice (hashlib releases the GIL): the caller (quantizing or
+    generating on the GPU) overlaps with both. `put(array)` returns a future of the blob's part digests; at
+    most `depth` blobs wait in memory."""
 
-    def __init__(self, f, depth: int = 4, hashers: int = 2):
+    def __init__(self, f, part_bytes: int, depth: int = 4, hashers: int = 2):
         from concurrent.futures import ThreadPoolExecutor
-        self.f, self.depth = f, depth
+        self.f, self.depth, self.part_bytes = f, depth, part_bytes
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="pack-write")
         self.hasher = ThreadPoolExecutor(max(1, hashers), thread_name_prefix="pack-hash")
         self.pending: list = []
@@ -114,7 +215,7 @@ class BlobWriter:
             for fut in self.pending.pop(0):
                 fut.result()
         w = self.writer.submit(_write_all, self.f, memoryview(data))
-        h = self.hasher.submit(sha256_bytes, data)
+        h = self.hasher.submit(part_digests, data, self.part_bytes)
         self.pending.append((w, h))
         return h
 
@@ -137,3 +238,30 @@ class BlobWriter:
 def sha256_bytes(data) -> str:
     """sha256 of a bytes-like object (numpy arrays and memoryviews included)."""
     return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
+
+
+def part_digests(data, part_bytes: int) -> list[str]:
+    """sha256 of each `part_bytes` slice of a bytes-like object, the last one shorter if it must be."""
+    view = memoryview(data).cast("B")
+    return [hashlib.sha256(view[a:a + part_bytes]).hexdigest() for a in range(0, len(view), part_bytes)]
+
+
+class PartHasher:
+    """`part_digests` of a stream fed in pieces of any size."""
+
+    def __init__(self, part_bytes: int):
+        self.part_bytes, self.parts, self.h, self.filled = part_bytes, [], hashlib.sha256(), 0
+
+    def update(self, data) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            n = min(len(view), self.part_bytes - self.filled)
+            self.h.update(view[:n])
+            self.filled += n
+            view = view[n:]
+            if self.filled == self.part_bytes:
+                self.parts.append(self.h.hexdigest())
+                self.h, self.filled = hashlib.sha256(), 0
+
+    def digests(self) -> list[str]:
+        return self.parts + ([self.h.hexdigest()] if self.filled else [])

@@ -85,19 +85,40 @@ def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None 
     return torch.multinomial(probs, 1, generator=generator)
 
 
+def check_length(n: int, max_new_tokens: int, context: int, max_positions: int = 0) -> None:
+    """Refuse, in one line, `n` prompt tokens and `max_new_tokens` new ones that do not fit: the KV cache holds
+    `context` tokens (the plan's) and the model knows `max_positions` (its config's max_position_embeddings;
+    0: not given); the last new token is never fed back, so n + max_new_tokens - 1 positions are used."""
+    if max_new_tokens < 1:
+        raise UserError("--max-tokens", str(max_new_tokens), "must be at least 1", "ask for one token or more")
+    if n == 0:
+        raise UserError("--prompt", "", "the prompt has no tokens", "give a non-empty prompt")
+    limit = min(context, max_positions) if max_positions > 0 else context
+    if n + max_new_tokens - 1 <= limit:
+        return
+    if limit < context:
+        why = f"the model's max_position_embeddings; the plan's context is {context}"
+    elif max_positions > context:
+        why = f"the plan's context; the model has {max_positions} positions"
+    else:
+        why = "the plan's context" + (" and the model's max_position_embeddings" if max_positions == context else "")
+    more = f", or plan again with a larger --context (at most {max_positions})" if max_positions > context else ""
+    if n > limit:
+        keep = limit - max_new_tokens + 1
+        fix = (f"shorten the prompt to at most {keep} tokens" if keep >= 1 else
+               f"shorten the prompt and lower --max-tokens: together at most {limit + 1}")
+        raise UserError("--prompt", f"{n} tokens", f"exceed the context of {limit} tokens ({why})", fix + more)
+    raise UserError("--max-tokens", str(max_new_tokens), f"{n} prompt tokens + {max_new_tokens} new ones exceed the "
+                    f"context of {limit} tokens ({why})",
+                    f"pass --max-tokens {limit - n + 1} or fewer, or shorten the prompt" + more)
+
+
 def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, sampling: Sampling = Sampling(),
              eos_ids: Sequence[int] | None = None, on_token: Callable[[int], None] | None = None) -> list[int]:
     """Prefill the prompt (in chunks of `chunk`) from an empty cache and decode up to `max_new_tokens`
     tokens, stopping after an end-of-sequence id (default: the config's `eos_token_id`). Returns the
     new ids."""
-    if max_new_tokens < 1:
-        raise UserError("--max-tokens", str(max_new_tokens), "must be at least 1", "ask for one token or more")
-    n = len(prompt_ids)
-    if n == 0:
-        raise UserError("--prompt", "", "the prompt has no tokens", "give a non-empty prompt")
-    if n + max_new_tokens - 1 > model.context:
-        raise UserError("--prompt", "", f"{n} prompt tokens + {max_new_tokens} new ones exceed the context of "
-                        f"{model.context} tokens", "shorten the prompt, lower --max-tokens or raise the context")
+    check_length(len(prompt_ids), max_new_tokens, model.context, getattr(model.cfg, "max_positions", 0))
     eos = set(model.cfg.eos_ids if eos_ids is None else eos_ids)
     gen = None
     if sampling.seed is not None:

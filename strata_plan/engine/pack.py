@@ -7,12 +7,14 @@ the engine reads.
 Every routed expert is quantized with `pack_expert` (on the GPU when there is one) into one blob of its format
 (`formats.expert_layout`: gate, up, down, padded to 4 KiB), and the blobs of one MoE layer go one after another
 into `experts-layer{L:03d}.bin` (L = decoder layer), so every blob starts on a 4 KiB boundary of its file: one
-O_DIRECT read per expert. `index.json` (engine/packed.py) lists every blob with its sha256, and the sha256 of
-`dense.safetensors` and of the plan; `dense.safetensors` holds every other tensor of the checkpoint (attention,
+O_DIRECT read per expert. `index.json` (engine/packed.py) lists every blob with the sha256 of each of its 1 MiB
+parts, the same of `dense.safetensors`, and the sha256 of the plan; `dense.safetensors` holds every other tensor of the checkpoint (attention,
 norms, routers and their biases, shared experts, dense MLPs, embeddings, lm_head) unchanged, or as BF16 where
 the checkpoint stores FP8 blocks (engine/fp8.py: dequantized on the fly, scale tensors left out); tensors of
 layers past `num_hidden_layers` (DeepSeek-V3's multi-token-prediction layer) are left out; `config.json` is
-copied. `--synthetic` writes random weights instead (engine/synthetic.py).
+copied. `--synthetic` writes random weights instead (engine/synthetic.py). Everything is written into a temporary
+folder beside the target and renamed into place when complete (`files.AtomicFolder`): an error or Ctrl-C
+leaves no folder behind, or the old pack intact under `--force`.
 
 Which format each expert gets: from a plan (its per-layer `formats`), or from a tier mix at a target
 bits-per-weight (`formats.tier_mix`; the most used experts by `--stats`, else ids 0.. first, take the
@@ -30,8 +32,8 @@ import shutil
 from pathlib import Path
 
 from strata_plan.engine import fp8
-from strata_plan.engine.files import AtomicFile, BlobWriter, write_safetensors
-from strata_plan.engine.packed import DENSE_FILE, PackedEntry, PackIndex, write_index
+from strata_plan.engine.files import AtomicFile, AtomicFolder, BlobWriter, write_safetensors
+from strata_plan.engine.packed import DENSE_FILE, PART_BYTES, PackedEntry, PackIndex, write_index
 from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
 
@@ -39,6 +41,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 PER_EXPERT = {"mlp.experts": ("gate_proj", "up_proj", "down_proj"),
               "block_sparse_moe.experts": ("w1", "w3", "w2")}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_PACK_WRITES = re.compile(r"^(index\.json|config\.json|dense\.safetensors|experts-layer\d+\.bin|"
+                          + "|".join(re.escape(n) for n in TOKENIZER_FILES) + r")$|^\..*\.(tmp|old)$")
+
+
+def packed_folder(out: str | os.PathLike) -> AtomicFolder:
+    """Where a pack writes: a temporary folder beside `out`, renamed into place when complete (an existing `out`
+    replaced whole; files of it that a pack never writes, e.g. a user's notes, are moved into the new one)."""
+    return AtomicFolder(out, keep=lambda name: not _PACK_WRITES.match(name))
 
 
 def default_device() -> str:
@@ -171,20 +181,21 @@ def check_layer_formats(spec, layer_formats: list[dict[int, str]]) -> None:
                         f"plan again for {spec.name}")
 
 
-def write_layers(out: Path, spec, layer_formats: list[dict[int, str]], make_blob, progress=None) -> list[PackedEntry]:
+def write_layers(out: Path, spec, layer_formats: list[dict[int, str]], make_blob, progress=None,
+                 part_bytes: int = PART_BYTES) -> list[PackedEntry]:
     """One `experts-layerLLL.bin` per MoE layer: make_blob(layer, expert, fmt) -> uint8 array of the blob, written
-    in expert order while the next one is made; returns the entries with their sha256."""
+    in expert order while the next one is made; returns the entries with the sha256 of each part_bytes part."""
     entries: list[PackedEntry] = []
     for layer, fmts in zip(spec.moe_layers, layer_formats):
         file = f"experts-layer{layer:03d}.bin"
         rows, offset = [], 0
-        with AtomicFile(out / file) as f, BlobWriter(f) as w:
+        with AtomicFile(out / file) as f, BlobWriter(f, part_bytes) as w:
             for e in range(spec.n_routed):
                 blob = make_blob(layer, e, fmts[e])
                 assert blob.nbytes % F.EXPERT_ALIGN == 0 and blob.nbytes == spec.routed_expert_bytes(fmts[e])
                 rows.append((e, offset, blob.nbytes, fmts[e], w.put(blob)))
                 offset += blob.nbytes
-        entries += [PackedEntry(layer, e, file, off, n, fmt, sha.result()) for e, off, n, fmt, sha in rows]
+        entries += [PackedEntry(layer, e, file, off, n, fmt, tuple(parts.result())) for e, off, n, fmt, parts in rows]
         if progress:
             progress(layer, offset)
     return entries
@@ -192,11 +203,12 @@ def write_layers(out: Path, spec, layer_formats: list[dict[int, str]], make_blob
 
 def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_formats: list[dict[int, str]],
                     device: str | None = None, plan_sha256: str = "", progress=None, importance=None,
-                    rtn: bool = False) -> PackIndex:
+                    rtn: bool = False, part_bytes: int = PART_BYTES) -> PackIndex:
     """Pack every routed expert of the checkpoint in `folder` into `out` (see the module docstring).
 
     importance: calibration statistics (`engine.calib.ActivationStats`) for the quantizer's importance
-    input; rtn: plain round-to-nearest with group-wise min/max scaling instead of the fit (the baseline)."""
+    input; rtn: plain round-to-nearest with group-wise min/max scaling instead of the fit (the baseline);
+    part_bytes: bytes per hashed part (a multiple of 4 KiB; tests use small ones to have several parts a blob)."""
     import torch
 
     from strata_plan.kernels import pack_expert
@@ -207,7 +219,6 @@ def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_for
     check_layer_formats(spec, layer_formats)
     config = json.loads((folder / "config.json").read_text())
     ckpt = Checkpoint(folder, config)
-    out.mkdir(parents=True, exist_ok=True)
     expert_names: set[str] = set()
     getters = {}
     for layer in spec.moe_layers:
@@ -223,20 +234,22 @@ def pack_checkpoint(folder: str | os.PathLike, out: str | os.PathLike, layer_for
             imp = {k: v.to(gate.device) for k, v in importance.importance(spec.moe_layers.index(layer), e).items()}
         return pack_expert(gate, up, down, fmt, imp, rtn=rtn).cpu().numpy()
 
-    entries = write_layers(out, spec, layer_formats, make_blob, progress)
     dense = [n for n in ckpt.names if n not in expert_names and _layer_of(n) < spec.n_layers]
     is_fp8 = {n: fp8.is_fp8(ckpt.stored_dtype(n)) for n in dense}
     out_dtype = {n: torch.bfloat16 if is_fp8[n] else ckpt.stored_dtype(n) for n in dense}
-    dense_nbytes, dense_sha = write_safetensors(  # only FP8 tensors visit the device (to be dequantized there)
-        out / DENSE_FILE, [(n, out_dtype[n], ckpt.shape(n)) for n in dense],
-        lambda n: ckpt.get(n, device if is_fp8[n] else "cpu", out_dtype[n]))
-    shutil.copyfile(folder / "config.json", out / "config.json")
-    for name in TOKENIZER_FILES:                 # `strata-plan run --packed DIR` tokenizes from the packed folder
-        if (folder / name).is_file():
-            shutil.copyfile(folder / name, out / name)
-    index = PackIndex(spec.name, spec.hidden, spec.moe_intermediate, spec.n_routed, str(folder), spec.config_sha256,
-                      plan_sha256, dense_nbytes, dense_sha, tuple(entries), folder=str(out))
-    write_index(out, index)
+    with packed_folder(out) as tmp:
+        entries = write_layers(tmp, spec, layer_formats, make_blob, progress, part_bytes)
+        dense_nbytes, dense_parts = write_safetensors(  # only FP8 tensors visit the device (to be dequantized there)
+            tmp / DENSE_FILE, [(n, out_dtype[n], ckpt.shape(n)) for n in dense],
+            lambda n: ckpt.get(n, device if is_fp8[n] else "cpu", out_dtype[n]), part_bytes)
+        shutil.copyfile(folder / "config.json", tmp / "config.json")
+        for name in TOKENIZER_FILES:             # `strata-plan run --packed DIR` tokenizes from the packed folder
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, tmp / name)
+        index = PackIndex(spec.name, spec.hidden, spec.moe_intermediate, spec.n_routed, str(folder),
+                          spec.config_sha256, plan_sha256, part_bytes, dense_nbytes, tuple(dense_parts),
+                          tuple(entries), folder=str(out))
+        write_index(tmp, index)
     return index
 
 
@@ -253,5 +266,6 @@ def check_free_space(out: str | os.PathLike, spec, layer_formats: list[dict[int,
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < need:
+        kept = " (an old pack there is kept until the new one is complete)" if Path(out).exists() else ""
         raise UserError(str(out), "free space", f"{free / 1e9:.1f} GB free, the packed {spec.name} needs about "
-                        f"{need / 1e9:.1f} GB", "free space or choose another --out")
+                        f"{need / 1e9:.1f} GB{kept}", "free space or choose another --out")

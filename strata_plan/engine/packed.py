@@ -2,30 +2,36 @@
 packed folder to a plan and every byte to its sha256.
 
     index = load_index(DIR)                     # strict: format, version, fields, files present and long enough
-    check_plan_matches(index, plan, plan_path)  # model, experts, layers, each expert's format: the packed ones
-    verify_blob(index, entry, data)             # sha256 of one blob as read; a mismatch names layer, expert, file
-    verify_dense(index)                         # sha256 of dense.safetensors
+    check_plan_matches(index, plan, plan_path)  # model, top-k, experts, layers, each expert's format: the packed ones
+    verify_blob(index, entry, data)             # sha256 of each part of one blob as read; names layer, expert, file
+    verify_dense(index)                         # sha256 of each part of dense.safetensors, on hashing threads
 
-A plan with other budgets or tier splits (vram/ram/nvme ids, cache slots, staging) and the same formats runs
-on the same packed folder without re-packing. sha256 costs about 0.65 s per GB on one core (PACK.md).
+Every blob and dense.safetensors are hashed in parts of `part_bytes` (1 MiB): the parts of one blob or file are
+checked on several threads at once (hashlib releases the interpreter lock), and the store checks an NVMe
+blob's parts as its reads land (engine/transfer.py). A plan with other budgets or tier splits (vram/ram/nvme
+ids, cache slots, staging) and the same formats runs on the same packed folder without re-packing. sha256
+costs about 0.65 s per GB on one core (PACK.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from pathlib import Path
 
-from strata_plan.engine.files import sha256_bytes
 from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
 
 INDEX_FORMAT = "strata-plan/packed-experts"
-INDEX_VERSION = 3        # 2: lane-major codes, unit-major tensors; 3: sha256 of every blob, dense and plan
+INDEX_VERSION = 4        # 2: lane-major codes, unit-major tensors; 3: sha256 of every blob, dense and plan;
+                         # 4: sha256 of every part_bytes part of each blob and of dense.safetensors
 DENSE_FILE = "dense.safetensors"
-HASH_CHUNK = 64 << 20    # bytes hashed per read when hashing a file
+PART_BYTES = 1 << 20     # bytes per hashed part (a multiple of formats.EXPERT_ALIGN): 18 parts of a 18.5 MB expert
+DIGEST_CHARS = 64        # a sha256 in hex
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,7 @@ class PackedEntry:
     offset: int         # bytes, a multiple of formats.EXPERT_ALIGN
     nbytes: int
     format: str
-    sha256: str         # of the blob's nbytes bytes
+    parts: tuple[str, ...]   # sha256 of each part_bytes slice of the blob's nbytes bytes (the last one shorter)
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,9 @@ class PackIndex:
     source: str                 # checkpoint folder, or "synthetic (random weights, seed S)"
     config_sha256: str          # ModelSpec.config_sha256 of config.json in the folder
     plan_sha256: str            # sha256 of the plan file's bytes it was packed from ("" for --bpw / --format)
+    part_bytes: int             # bytes per hashed part of a blob or of dense.safetensors
     dense_nbytes: int
-    dense_sha256: str
+    dense_parts: tuple[str, ...]   # sha256 of each part_bytes slice of dense.safetensors
     entries: tuple[PackedEntry, ...]
     folder: str = ""            # where it was loaded from (not stored)
 
@@ -91,28 +98,19 @@ class PackIndex:
         return {"format": INDEX_FORMAT, "version": INDEX_VERSION, **d}
 
 
-def sha256_file(path: str | os.PathLike, offset: int = 0, nbytes: int | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(offset)
-        left = nbytes
-        while left is None or left > 0:
-            chunk = f.read(HASH_CHUNK if left is None else min(HASH_CHUNK, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return h.hexdigest()
-
-
 def write_index(out: str | os.PathLike, index: PackIndex) -> Path:
     from strata_plan.yamlio import atomic_write_text
     return atomic_write_text(Path(out) / "index.json", json.dumps(index.to_data(), indent=1) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- loading
-_REPACK = f"pack the checkpoint again with this strata-plan (writes {INDEX_FORMAT} v{INDEX_VERSION})"
+_REPACK = (f"pack the checkpoint again with this strata-plan (`strata-plan pack CHECKPOINT --out DIR --force` writes "
+           f"{INDEX_FORMAT} v{INDEX_VERSION})")
+
+
+def _repack(folder) -> str:
+    return (f"pack the checkpoint again with this strata-plan: strata-plan pack CHECKPOINT --out {folder} --force "
+            f"(writes v{INDEX_VERSION})")
 
 
 def _field_types(cls) -> dict[str, type]:
@@ -141,8 +139,9 @@ def load_index(path: str | os.PathLike, check_files: bool = True) -> PackIndex:
 
     Refuses, with one line naming the file, the field and the fix: unreadable or invalid JSON, another format or
     version (pack again), a missing or mistyped field, an entry whose offset, size or format does not fit the
-    format registry, and (with `check_files`) a blob file or dense.safetensors that is missing or shorter than the
-    index says. Checksums are not computed here (`verify_blob`, `verify_dense`, `verify_all`)."""
+    format registry, a part digest list of the wrong length, and (with `check_files`) a blob file or
+    dense.safetensors that is missing or shorter than the index says. Checksums are not computed here
+    (`verify_blob`, `verify_dense`, `verify_all`)."""
     p = Path(path)
     p = p / "index.json" if p.is_dir() else p
     where = str(p)
@@ -156,16 +155,24 @@ def load_index(path: str | os.PathLike, check_files: bool = True) -> PackIndex:
     if not isinstance(data, dict):
         raise UserError(where, "", "is not a JSON object", _REPACK)
     if data.get("format") != INDEX_FORMAT or data.get("version") != INDEX_VERSION:
-        raise UserError(where, "version", f"got {data.get('format')!r} v{data.get('version')}, this strata-plan reads "
-                        f"v{INDEX_VERSION}", _REPACK)
+        v = data.get("version")
+        why = " (one sha256 per blob)" if data.get("format") == INDEX_FORMAT and v == 3 else ""
+        raise UserError(where, "version", f"got {data.get('format')!r} v{v}{why}, this strata-plan reads "
+                        f"v{INDEX_VERSION} (a sha256 of every {PART_BYTES >> 20} MiB part, checked on every run)",
+                        _repack(p.parent))
     data = dict(data)
     data.pop("format"), data.pop("version")
     _strict(PackIndex, data, where, "", skip=("folder",))
     if not isinstance(data["entries"], list):
         raise UserError(where, "entries", "must be a list", _REPACK)
+    pb = data["part_bytes"]
+    if pb <= 0 or pb % F.EXPERT_ALIGN:
+        raise UserError(where, "part_bytes", f"{pb}: not a positive multiple of {F.EXPERT_ALIGN}", _REPACK)
+    data["dense_parts"] = _digests(data["dense_parts"], data["dense_nbytes"], pb, where, "dense_parts")
     entries = []
     for i, raw in enumerate(data["entries"]):
-        e = PackedEntry(**_strict(PackedEntry, raw, where, f"entries[{i}]"))
+        raw = _strict(PackedEntry, raw, where, f"entries[{i}]")
+        e = PackedEntry(**{**raw, "parts": _digests(raw["parts"], raw["nbytes"], pb, where, f"entries[{i}].parts")})
         if e.format not in F.FORMATS:
             raise UserError(where, f"entries[{i}].format", f"unknown format {e.format!r}", _REPACK)
         want = F.expert_bytes(e.format, data["hidden"], data["moe_intermediate"])
@@ -178,6 +185,17 @@ def load_index(path: str | os.PathLike, check_files: bool = True) -> PackIndex:
     if check_files:
         check_files_present(index)
     return index
+
+
+def _digests(value, nbytes: int, part_bytes: int, where: str, field: str) -> tuple[str, ...]:
+    """A list of one sha256 (hex) per part_bytes part of nbytes bytes, as a tuple."""
+    n = -(-nbytes // part_bytes)
+    if not isinstance(value, list) or len(value) != n:
+        got = f"{len(value)} digests" if isinstance(value, list) else repr(type(value).__name__)
+        raise UserError(where, field, f"{got}, {nbytes} bytes in parts of {part_bytes} need {n}", _REPACK)
+    if not all(isinstance(d, str) and len(d) == DIGEST_CHARS for d in value):
+        raise UserError(where, field, "a digest that is not a sha256 in hex", _REPACK)
+    return tuple(value)
 
 
 def _check_expert_ids(index: PackIndex, where: str) -> None:
@@ -212,14 +230,24 @@ def check_files_present(index: PackIndex) -> None:
 
 # ------------------------------------------------------------------------------------------- plan checks
 def check_plan_matches(index: PackIndex, plan, plan_path: str) -> None:
-    """Refuse a plan whose model, experts, MoE layers or any expert's format differ from the packed ones.
+    """Refuse a plan whose model (its name against the one it records, its config against the packed one), top-k,
+    experts, MoE layers, dense layers or any expert's format differ from the packed model's (the folder's
+    config.json read as a spec, checked against the index).
 
     Budgets, tier splits, cache and staging may differ: such a plan runs on the same packed folder."""
     src = plan.sources.model.sha256 if plan.sources else ""
     fix = f"plan again with --model {index.folder or 'the packed folder'}, or pack again with --plan {plan_path}"
+    recorded = plan.sources.model.name if plan.sources else ""
+    if plan.model != recorded:
+        raise UserError(plan_path, "model", f"{plan.model!r}, but the plan was made for {recorded!r} (sources.model; "
+                        f"the packed folder holds {index.model})", f"write `model: {recorded}` back, or plan again")
     if src != index.config_sha256:
         raise UserError(plan_path, "sources.model.sha256", f"plan is for {plan.model} (config {src[:12]}), the packed "
                         f"folder holds {index.model} (config {index.config_sha256[:12]})", fix)
+    if index.folder:
+        from strata_plan.core.plan import check_plan_model
+        spec = packed_spec(index)
+        check_plan_model(plan, spec, plan_path)
     if plan.n_experts != index.n_experts:
         raise UserError(plan_path, "n_experts", f"{plan.n_experts}, the packed model has {index.n_experts}", fix)
     layers = tuple(lp.layer for lp in plan.layers)
@@ -235,20 +263,58 @@ def check_plan_matches(index: PackIndex, plan, plan_path: str) -> None:
                                 f"packed as {have}", fix)
 
 
+def packed_spec(index: PackIndex):
+    """The ModelSpec of the folder's config.json, refused in one line unless it is the config the index was
+    packed from (a config.json edited or copied from elsewhere would give the runtime other shapes)."""
+    from strata_plan.core.spec import load_spec
+    path = index.path("config.json")
+    if not path.is_file():
+        raise UserError(str(path), "file", "missing (every packed folder has one)", f"pack {index.folder} again")
+    spec = load_spec(str(path))
+    spec = dataclasses.replace(spec, name=index.model)        # named as packed, not after the folder
+    if spec.config_sha256 != index.config_sha256:
+        raise UserError(str(path), "config_sha256", f"{spec.config_sha256[:12]}, index.json says the folder was packed "
+                        f"from config {index.config_sha256[:12]}", f"restore the config.json it was packed with, or "
+                        f"pack {index.folder} again")
+    return spec
+
+
 def _span(layers) -> str:
     return f"{layers[0]}..{layers[-1]} ({len(layers)})" if layers else "none"
 
 
 # -------------------------------------------------------------------------------------------- checksums
+def hash_threads() -> int:
+    """Threads that hash at once: the cores this process may use (affinity), at least one."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:                     # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def part_ok(data, a: int, b: int, want: str) -> bool:
+    """Bytes [a, b) of a bytes-like object hash to `want` (sha256 hex)."""
+    return hashlib.sha256(memoryview(data).cast("B")[a:b]).hexdigest() == want
+
+
+def blob_mismatch(folder, path, layer: int, expert: int, offset: int, nbytes: int, part: int,
+                  part_bytes: int) -> UserError:
+    """The one line for an expert blob whose part `part` differs from its sha256 in the index."""
+    a = part * part_bytes
+    return UserError(str(path), f"layer {layer} expert {expert}", f"checksum mismatch in bytes {a}..{min(nbytes, a + part_bytes)} "
+                     f"of the {nbytes}-byte blob at offset {offset} (sha256 of part {part} differs from index.json)",
+                     f"the file is damaged: copy it again, or pack again with `strata-plan pack ... --out {folder} --force`")
+
+
 def verify_blob(index: PackIndex, entry: PackedEntry, data) -> None:
-    """Check one expert blob as read (bytes, numpy array, or a CPU uint8 tensor) against its sha256."""
+    """Check one expert blob as read (bytes, numpy array, or a CPU uint8 tensor) against its parts' sha256."""
     if hasattr(data, "numpy"):
         data = data.numpy()
-    got = sha256_bytes(data)
-    if got != entry.sha256:
-        raise UserError(str(index.path(entry.file)), f"layer {entry.layer} expert {entry.expert}",
-                        f"checksum mismatch at offset {entry.offset} ({entry.nbytes} bytes): sha256 {got[:16]}..., "
-                        f"index.json says {entry.sha256[:16]}...", f"the file is damaged: pack {index.folder} again")
+    P = index.part_bytes
+    for k, want in enumerate(entry.parts):
+        if not part_ok(data, k * P, min(entry.nbytes, (k + 1) * P), want):
+            raise blob_mismatch(index.folder, index.path(entry.file), entry.layer, entry.expert, entry.offset,
+                                entry.nbytes, k, P)
 
 
 def read_blob(index: PackIndex, entry: PackedEntry, verify: bool = True) -> bytes:
@@ -261,17 +327,33 @@ def read_blob(index: PackIndex, entry: PackedEntry, verify: bool = True) -> byte
     return data
 
 
-def verify_dense(index: PackIndex) -> None:
+def verify_dense(index: PackIndex, threads: int = 0) -> None:
+    """Check dense.safetensors against its parts' sha256, reading and hashing the parts on `threads` threads (0:
+    `hash_threads()`); reads go through the page cache, so the weights' load that follows reads them from it."""
     path = index.path(DENSE_FILE)
-    got = sha256_file(path)
-    if got != index.dense_sha256:
-        raise UserError(str(path), "dense_sha256", f"checksum mismatch: sha256 {got[:16]}..., index.json says "
-                        f"{index.dense_sha256[:16]}...", f"the file is damaged: pack {index.folder} again")
+    P, n = index.part_bytes, index.dense_nbytes
+    fd = os.open(path, os.O_RDONLY)
+
+    def ok(k: int) -> bool:
+        a = k * P
+        data = os.pread(fd, min(P, n - a), a)
+        return len(data) == min(P, n - a) and part_ok(data, 0, len(data), index.dense_parts[k])
+    try:
+        with ThreadPoolExecutor(threads or hash_threads()) as pool:
+            bad = next((k for k, good in enumerate(pool.map(ok, range(len(index.dense_parts)))) if not good), None)
+    finally:
+        os.close(fd)
+    if bad is not None:
+        raise UserError(str(path), "dense_parts", f"checksum mismatch in bytes {bad * P}..{min(n, (bad + 1) * P)} (sha256 "
+                        f"of part {bad} differs from index.json): the dense weights are damaged",
+                        f"copy the file again, or pack again with `strata-plan pack ... --out {index.folder} --force`")
 
 
 def verify_all(index: PackIndex) -> int:
     """Check every blob and dense.safetensors; returns the bytes hashed."""
-    for e in index.entries:
+    def check(e: PackedEntry) -> None:
         read_blob(index, e, verify=True)
+    with ThreadPoolExecutor(hash_threads()) as pool:
+        list(pool.map(check, index.entries))
     verify_dense(index)
     return index.expert_bytes + index.dense_nbytes

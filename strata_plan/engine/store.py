@@ -19,6 +19,10 @@ Tiers (the plan's `layers[j].vram / ram / nvme`):
 2. Pinned RAM: the plan's RAM experts in page-locked host regions, filled at start.
 3. NVMe: the packed files, read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
    `staging.nvme_reads` shape (split into requests, queue depth) into pinned bounce buffers, then copied.
+Integrity, always on: every static and RAM blob is checked against the sha256 of its parts in index.json at
+start (on hashing threads, while the next blob is read), and every NVMe blob the first time it is read in
+this store (its parts hashed as their reads land, before the copy; `verified[j, e]` records it); a mismatch
+is a one-line `UserError` naming the file, layer, expert and offset, and the bad bytes never reach the arena.
 Everything is allocated at start; per token the store allocates no tensors (`offsets` rows go through a
 ring of preallocated pinned rows). Correctness never depends on prefetch: `ensure` fetches and waits for
 whatever is missing. On a CPU device (CI) tier 1 is a CPU tensor, tier 2 ordinary memory, tier 3 real
@@ -44,7 +48,7 @@ from strata_plan.core.lookahead import staging_slots
 from strata_plan.errors import UserError
 from strata_plan.kernels.formats import EXPERT_ALIGN
 
-from .packed import check_plan_matches, load_index, verify_blob
+from .packed import check_plan_matches, hash_threads, load_index, verify_blob
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
 from .residency import DEMAND, LATE, Residency
@@ -57,7 +61,6 @@ RING = 64                   # pinned offsets rows in flight
 @dataclass(frozen=True)
 class StoreOptions:
     prefetch: bool = True          # act on hints (off: the LRU-only and on-demand baselines)
-    verify: bool = False           # sha256 of every NVMe read against the index (start-up loads are always checked)
     poison: bool = False           # host check that no routed id points at the poison slot
     readers: int = 0               # reader threads; 0: the plan's largest queue depth (at least 4)
     chunk_bytes: int = CHUNK_BYTES             # copy chunk
@@ -124,6 +127,7 @@ class ExpertStore:
         self._ram_backing, self.ram = aligned_empty(max(ram_bytes, EXPERT_ALIGN), pin=device.type == "cuda")
         self.ram_offset: dict[tuple[int, int], int] = {}
         self.offsets_host = np.full((self.n_layers, self.E), self.poison_offset, dtype=np.int64)
+        self.verified = np.zeros((self.n_layers, self.E), dtype=np.bool_)   # NVMe blobs checked by a read so far
         self.offsets = torch.full((self.n_layers, self.E), self.poison_offset, dtype=torch.int64, device=device)
         self._ring = torch.empty((RING, self.E), dtype=torch.int64, pin_memory=device.type == "cuda")
         self._ring_events: list = [None] * RING
@@ -198,7 +202,7 @@ class ExpertStore:
         bounces = [aligned_empty(int(self.nbytes.max()), pin=pin)[1] for _ in range(4)]
         checks = []
         off, ram_off, i = 0, 0, 0
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(hash_threads()) as pool:
             for j, l in enumerate(self.plan.layers):
                 for e in l.vram:
                     ent = self.entries[j][e]
@@ -291,7 +295,9 @@ class ExpertStore:
         else:
             splits = self.batch_splits.get(ent.format, (1,))
             f.split = splits[min(batch.get(ent.format, 1), len(splits)) - 1]
-        f.sha256 = ent.sha256 if self.opt.verify else ""
+        if not self.verified[j, e]:           # the first read of this blob: its parts are checked before the copy
+            f.parts, f.part_bytes = ent.parts, self.index.part_bytes
+            f.on_verified = lambda: self.verified.__setitem__((j, e), True)
         return self.transfers.submit(f)
 
     def ensure(self, j: int, ids: Sequence[int]) -> torch.Tensor:

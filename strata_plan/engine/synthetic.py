@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 
 from strata_plan.engine.files import write_safetensors
-from strata_plan.engine.pack import check_layer_formats, write_layers
-from strata_plan.engine.packed import DENSE_FILE, PackIndex, write_index
+from strata_plan.engine.pack import check_layer_formats, packed_folder, write_layers
+from strata_plan.engine.packed import DENSE_FILE, PART_BYTES, PackIndex, write_index
 from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
 
@@ -151,7 +151,7 @@ def random_dense(name: str, dtype, shape: tuple[int, ...], gen, device):
 
 
 def pack_synthetic(spec, out: str | os.PathLike, layer_formats: list[dict[int, str]], device: str = "cpu",
-                   seed: int = 0, plan_sha256: str = "", progress=None) -> PackIndex:
+                   seed: int = 0, plan_sha256: str = "", progress=None, part_bytes: int = PART_BYTES) -> PackIndex:
     """Write a random-weight packed folder of `spec` (see the module docstring)."""
     import torch
 
@@ -159,20 +159,35 @@ def pack_synthetic(spec, out: str | os.PathLike, layer_formats: list[dict[int, s
     check_layer_formats(spec, layer_formats)
     specs = dense_tensor_specs(spec)                          # refuses an architecture before writing anything
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     H, I = spec.hidden, spec.moe_intermediate
-    entries = write_layers(out, spec, layer_formats,
-                           lambda layer, e, fmt: random_blob(fmt, H, I, gen, device).cpu().numpy(), progress)
     shapes = {n: (dt, sh) for n, dt, sh in specs}
-    dense_nbytes, dense_sha = write_safetensors(out / DENSE_FILE, specs,
-                                                lambda n: random_dense(n, *shapes[n], gen, device))
-    atomic_write_text(out / "config.json", json.dumps(config_of(spec), indent=2) + "\n")
-    index = PackIndex(spec.name, H, I, spec.n_routed, f"synthetic (random weights, seed {seed}, {device})",
-                      spec.config_sha256, plan_sha256, dense_nbytes, dense_sha, tuple(entries), folder=str(out))
-    write_index(out, index)
+    with packed_folder(out) as tmp:             # renamed into place when complete (engine/pack.py)
+        entries = write_layers(tmp, spec, layer_formats,
+                               lambda layer, e, fmt: random_blob(fmt, H, I, gen, device).cpu().numpy(), progress,
+                               part_bytes)
+        dense_nbytes, dense_parts = write_safetensors(tmp / DENSE_FILE, specs,
+                                                      lambda n: random_dense(n, *shapes[n], gen, device), part_bytes)
+        atomic_write_text(tmp / "config.json", json.dumps(config_of(spec), indent=2) + "\n")
+        if spec.vocab >= 256:
+            atomic_write_text(tmp / "tokenizer.json", byte_tokenizer_json())
+        index = PackIndex(spec.name, H, I, spec.n_routed, f"synthetic (random weights, seed {seed}, {device})",
+                          spec.config_sha256, plan_sha256, part_bytes, dense_nbytes, tuple(dense_parts),
+                          tuple(entries), folder=str(out))
+        write_index(tmp, index)
     return index
+
+
+def byte_tokenizer_json() -> str:
+    """A byte-level tokenizer for a random-weight model: ids 0..255 are the 256 bytes (no merges), so `strata-plan
+    run` takes a text prompt on a synthetic pack; what it prints is bytes of random weights' choosing."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str()
 
 
 def config_of(spec) -> dict:

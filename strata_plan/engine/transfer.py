@@ -8,7 +8,12 @@ copy stream, ordered by the store.
 
 NVMe fetches are read with O_DIRECT (`directio.BlobFile`) into one of `bounce_slots` pinned buffers,
 as `split` requests on the reader threads (queue depth = requests in flight over all fetches), then
-copied. Copies over one PCIe link serialize whatever their streams' priorities, so the store orders them
+copied. A fetch carrying `parts` (the sha256 of each `part_bytes` part of the blob, engine/packed.py: the
+store sets them on an expert's first read) is checked before its copy: each part is hashed on the hashing
+pool (`hashers` threads, hashlib releases the interpreter lock) as soon as the reads covering it have
+landed, so the hashing overlaps the fetch's other reads and the reader threads keep the queue depth; a
+mismatch fails the fetch with a one-line `UserError` (file, layer, expert, offset, the fix) and its bytes
+never reach the arena. Copies over one PCIe link serialize whatever their streams' priorities, so the store orders them
 itself:
 - a demand copy from RAM is enqueued at once, in one piece, by the thread that needs it (`copy_now`);
 - prefetches from RAM wait in the pump's queue; the main thread puts them on the copy stream in chunks of
@@ -27,18 +32,19 @@ copy thread's queue with `Fetch.dst` naming their device buffer instead of an ar
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import heapq
 import itertools
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .directio import BlobFile, aligned_empty, aligned_view
+from .packed import blob_mismatch, hash_threads, part_ok
 
 
 class FetchError(RuntimeError):
@@ -58,7 +64,9 @@ class Fetch:
     file: BlobFile | None = None     # or: where it lies on NVMe
     file_offset: int = 0
     split: int = 1
-    sha256: str = ""                 # checked after the read when set (--verify)
+    parts: tuple[str, ...] = ()      # sha256 of each part_bytes part: checked before the copy when set
+    part_bytes: int = 0
+    on_verified: Callable[[], None] | None = None   # called (transfers' lock held) once every part matched
     after: Any = None                # event the copy must wait for (the slot's last reader)
     event: Any = None                # recorded after the copy; None on CPU
     start: Any = None                # recorded before the copy (timing events, CUDA only)
@@ -68,7 +76,9 @@ class Fetch:
     error: BaseException | None = None
     enqueued: threading.Event = field(default_factory=threading.Event)
     t_submit: float = 0.0
-    _parts_left: int = 0
+    _parts_left: int = 0             # read requests not finished
+    _hashes_left: int = 0            # part hashes submitted, not finished
+    _hash_wait: list = field(default_factory=list)   # per hashed part: read requests covering it not finished
     _bounce: int = -1
 
     @property
@@ -97,7 +107,7 @@ CHUNKS_IN_FLIGHT = 1       # ... at most this many on the copy stream at once (a
 
 class Transfers:
     def __init__(self, arena: torch.Tensor, bounce_slots: int, slot_bytes: int, readers: int = 8,
-                 chunk_bytes: int = CHUNK_BYTES, chunks_in_flight: int = CHUNKS_IN_FLIGHT):
+                 chunk_bytes: int = CHUNK_BYTES, chunks_in_flight: int = CHUNKS_IN_FLIGHT, hashers: int = 0):
         self.arena = arena
         self.cuda = arena.is_cuda
         self.copy_stream = torch.cuda.Stream(arena.device) if self.cuda else None
@@ -121,6 +131,8 @@ class Transfers:
         # shared so that together they never exceed chunks_in_flight: (end event, fetch whose bounce buffer
         # frees when it completes, or None); lock held to change it
         self._window: deque = deque()
+        self._hasher = ThreadPoolExecutor(hashers or hash_threads(), thread_name_prefix="strata-hash") \
+            if bounce_slots else None
         self._threads = [threading.Thread(target=self._read_loop, name=f"strata-read-{i}", daemon=True)
                          for i in range(readers if bounce_slots else 0)]
         self._threads.append(threading.Thread(target=self._copy_loop, name="strata-copy", daemon=True))
@@ -251,6 +263,8 @@ class Transfers:
             self._pump_q.clear()
         for t in self._threads:
             t.join(timeout=10)
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True, cancel_futures=True)
         if self.cuda:
             self.copy_stream.synchronize()
 
@@ -266,6 +280,11 @@ class Transfers:
             step = -(-f.nbytes // max(1, f.split) // 4096) * 4096
             parts = [(a, min(step, f.nbytes - a)) for a in range(0, f.nbytes, step)]
             f._parts_left = len(parts)
+            if f.parts:                         # read requests covering each hashed part
+                f._hash_wait = [0] * len(f.parts)
+                for a, n in parts:
+                    for k in range(a // f.part_bytes, (a + n - 1) // f.part_bytes + 1):
+                        f._hash_wait[k] += 1
             for i, (a, n) in enumerate(parts):
                 heapq.heappush(self._reads, (not f.demand, f.seq, i, f, a, n))
 
@@ -287,20 +306,42 @@ class Transfers:
             with self._lock:
                 self.read_busy_s += dt
                 self.read_bytes += n
+                if f.parts and f.error is None:  # the hashed parts this request completed go to the hashers
+                    for k in range(a // f.part_bytes, (a + n - 1) // f.part_bytes + 1):
+                        f._hash_wait[k] -= 1
+                        if f._hash_wait[k] == 0:
+                            f._hashes_left += 1
+                            self._hasher.submit(self._check_part, f, k)
                 f._parts_left -= 1
-                if f._parts_left == 0:
-                    if f.error is None and f.sha256:
-                        got = hashlib.sha256(self._bounce_views[f._bounce][:f.nbytes]).hexdigest()
-                        if got != f.sha256:
-                            f.error = FetchError(f"checksum mismatch for {f.describe()}: the blob changed since "
-                                                 f"it was packed; pack the model again")
-                    if f.error is not None or f.cancelled:
-                        self._free_bounce.append(f._bounce)
-                        f.enqueued.set()
-                        self._admit()
-                    else:
-                        heapq.heappush(self._copies, (not f.demand, f.seq, f))
-                    self._lock.notify_all()
+                self._read_done(f)
+
+    def _check_part(self, f: Fetch, k: int) -> None:
+        """(a hashing thread) Part k of an NVMe fetch against its sha256, then the fetch's completion."""
+        a = k * f.part_bytes
+        b = min(f.nbytes, a + f.part_bytes)
+        good = part_ok(self._bounce_views[f._bounce], a, b, f.parts[k])
+        with self._lock:
+            if not good and f.error is None:
+                f.error = blob_mismatch(f.file.path.parent, f.file.path, f.layer, f.expert, f.file_offset,
+                                        f.nbytes, k, f.part_bytes)
+            f._hashes_left -= 1
+            self._read_done(f)
+
+    def _read_done(self, f: Fetch) -> None:
+        """(lock held) Once every read and part hash of an NVMe fetch finished: on to the copy thread, or (an
+        error, a cancelled fetch) its bounce buffer freed and the fetch marked enqueued."""
+        if f._parts_left or f._hashes_left:
+            return
+        if f.error is None and f.parts and f.on_verified is not None:
+            f.on_verified()
+        if f.error is not None or f.cancelled:
+            self._free_bounce.append(f._bounce)
+            f._bounce = -1
+            f.enqueued.set()
+            self._admit()
+        else:
+            heapq.heappush(self._copies, (not f.demand, f.seq, f))
+        self._lock.notify_all()
 
     # ---- the copy thread -----------------------------------------------------------------------------
     def _copy_loop(self) -> None:

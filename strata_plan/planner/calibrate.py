@@ -215,6 +215,15 @@ def _round_trip_s(r: dict, where: str, prefix: str) -> float | None:
                - _field(r, "time_per_token.store_wait_s", where, prefix))
 
 
+def require_gpu(profile, flag: str = "--profile") -> None:
+    """Refuse a profile without a GPU: each run is re-predicted on the profile's GPU, and the constants fitted are
+    those of a machine whose GPU ran the plans."""
+    if profile.gpu is None:
+        raise UserError(flag, profile.name, "the profile has no GPU to re-predict the runs on (the cost model "
+                        "predicts a GPU running the plans)", "pass the profile of the machine the runs were "
+                        "measured on, one with a GPU (a shipped one such as rtx-4090, or `strata-plan profile` there)")
+
+
 def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> list[Run]:
     """Every run in the bench files `paths`. `plans`: run name (or its prefix before '/') -> plan file, for
     files that do not record their plans (results written before engine/bench.py recorded them). `find`: more
@@ -293,6 +302,7 @@ def _figure(value: float, sources: str, how: str):
 
 def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> Fit:
     """Fit the constants the runs identify (module docstring) starting from `profile`'s calibration."""
+    require_gpu(profile)
     cal = profile.calibration
     meas = np.array([r.measured_s for r in runs])
     pred = _Predictor(runs, profile)

@@ -55,7 +55,8 @@ class Budget:
                      nvme_gb: float | None = None, reserve: int = RUNTIME_RESERVE, gpus: int | None = None) -> "Budget":
         """Budgets from the profile, with the flags' overrides. `vram_gb` is one figure (one GPU, or each of
         `gpus` GPUs) or one per GPU (`--vram-gb 24,24`: plans over that many GPUs); `gpus`: how many of the
-        profile's GPUs to plan over (default: as many as `vram_gb` lists, else one)."""
+        profile's GPUs to plan over (default: as many as `vram_gb` lists, else one). A budget above the profile's
+        hardware (a GPU's VRAM, the host's RAM, its drives' capacity) is refused: this plans for that machine."""
         gpu = profile.gpu
         if gpu is None:
             raise UserError(f"profile {profile.name}", "gpus", "has no GPU to plan for",
@@ -70,8 +71,12 @@ class Budget:
                             f"profile {profile.name} has {profile.n_gpus} GPU(s)",
                             f"plan over 1..{profile.n_gpus} GPUs, or use a profile with more")
         for v in (per or ()) + ((vram_gb,) if per is None else ()):
-            if v is not None and not (0 < v < 1e6):
+            if v is not None and not v > 0:
                 raise UserError("--vram-gb", str(v), "must be a positive number of GB", "pass e.g. --vram-gb 24")
+        for i, (g, v) in enumerate(zip(profile.gpus, per or (vram_gb,) * n)):
+            if v is not None:
+                _within_machine("--vram-gb", v, g.vram_gb.value, "VRAM" + (f" on GPU {i}" if n > 1 else ""),
+                                profile.name, f"GPU {i}: " if n > 1 else "")
         if n > 1:
             each = per or (vram_gb,) * n
             vrams = tuple(int((g.vram_gb.value if v is None else v) * 1e9) for g, v in zip(profile.gpus, each))
@@ -79,11 +84,15 @@ class Budget:
             return cls(sum(vrams), one.ram, one.nvme, reserve, vrams)
         if per is not None:
             vram_gb = per[0]
-        if ram_gb is not None and not (0 < ram_gb < 1e6):
+        if ram_gb is not None and not ram_gb > 0:
             raise UserError("--ram-gb", str(ram_gb), "must be a positive number of GB", "pass e.g. --ram-gb 24")
-        if nvme_gb is not None and not (0 <= nvme_gb < 1e6):       # 0: no NVMe tier (everything in VRAM and RAM)
+        if ram_gb is not None:
+            _within_machine("--ram-gb", ram_gb, profile.host.ram_gb.value, "RAM", profile.name)
+        if nvme_gb is not None and not nvme_gb >= 0:       # 0: no NVMe tier (everything in VRAM and RAM)
             raise UserError("--nvme-gb", str(nvme_gb), "must be 0 (no NVMe tier) or a positive number of GB",
                             "pass e.g. --nvme-gb 24, or 0 to keep every expert in VRAM and pinned RAM")
+        if nvme_gb is not None and profile.nvme:
+            _within_machine("--nvme-gb", nvme_gb, sum(d.capacity_gb.value for d in profile.nvme), "NVMe", profile.name)
         vram = gpu.vram_gb.value if vram_gb is None else vram_gb
         ram = profile.host.pinnable_gb.value if ram_gb is None else ram_gb
         nvme = (profile.nvme[0].capacity_gb.value if profile.nvme else 0.0) if nvme_gb is None else nvme_gb
@@ -93,6 +102,24 @@ class Budget:
         gpus = tuple(int(v * factor) for v in self.gpus)
         return Budget(sum(gpus) if gpus else int(self.vram * factor), int(self.ram * factor), int(self.nvme * factor),
                       self.reserve, gpus)
+
+
+def _within_machine(flag: str, gb: float, have_gb: float, what: str, profile: str, label: str = "") -> None:
+    """Refuse a budget above what the profile's machine has: `plan` (and the wizard) plan for the machine the
+    profile describes; `what-if` builds its budgets itself to explore hardware one does not have."""
+    if not gb <= have_gb * (1 + 1e-9):
+        at_most = f"give {label.rstrip(': ')} {have_gb:g} GB or less" if label else f"pass {flag} {have_gb:g} or less"
+        raise UserError(flag, f"{label}{gb:g}", f"exceeds the {have_gb:g} GB of {what} of profile {profile}",
+                        f"{at_most} (strata-plan what-if explores hardware this machine does not have)")
+
+
+def max_context(spec, kv_bytes: int, most: int) -> int:
+    """The longest context, at most `most` tokens, whose KV cache fits in `kv_bytes` (0: not one token)."""
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if spec.kv_cache_bytes(mid) <= kv_bytes else (lo, mid - 1)
+    return lo
 
 
 def workspace_bytes(spec, chunk: int) -> int:
@@ -151,25 +178,42 @@ class Footprint:
         return max(self.overflow(budget)) <= 0
 
 
-def check_working_set(spec, budget: Budget, context: int, chunk: int, slot_bytes: int) -> None:
+def check_working_set(spec, budget: Budget, context: int, chunk: int, slot_bytes: int, machine_vram: int = 0) -> None:
     """Refuse a VRAM budget that cannot hold the working set: reserve, KV cache, workspace, the top-k
-    staging slots and one layer's dense weights."""
+    staging slots and one layer's dense weights (several GPUs: each GPU's own part, the KV cache shared out).
+    `machine_vram`: the VRAM of the GPUs planned over (0: unknown); a KV cache that would not fit even there
+    is the context's doing (`--context` names it), one that would is the budget's (`--vram-gb`)."""
     layer = max(spec.dense_layer_bytes(i) for i in range(spec.n_layers))
     fixed = budget.reserve + workspace_bytes(spec, chunk) + staging_slots(spec.top_k, 0) * slot_bytes + max(layer, spec.lm_head_bytes)
-    for g, v in enumerate(budget.gpus):         # several GPUs: each runs its layers; the KV cache is shared out
-        if fixed > v or fixed * len(budget.gpus) + spec.kv_cache_bytes(context) > budget.vram:
+    for g, v in enumerate(budget.gpus):         # several GPUs: each runs its layers with its own working set
+        if fixed > v:
             have, needed = fmt_bytes_pair(v, fixed)
             raise UserError("--vram-gb", f"GPU {g}: {have}", f"below the working set of a GPU, {needed} (runtime "
-                            "reserve, prefill workspace, staging and one layer) with the KV cache of "
-                            f"{fmt_bytes(spec.kv_cache_bytes(context))} shared out", "raise --vram-gb or lower --context")
-    need = (budget.reserve + spec.kv_cache_bytes(context) + workspace_bytes(spec, chunk)
-            + staging_slots(spec.top_k, 0) * slot_bytes + max(layer, spec.lm_head_bytes))
-    if not budget.gpus and need > budget.vram:
+                            "reserve, prefill workspace, staging and one layer)", "raise --vram-gb or lower --chunk")
+    n = len(budget.gpus) or 1
+    kv = spec.kv_cache_bytes(context)
+    need = fixed * n + kv
+    if need <= budget.vram:
+        pass
+    elif fixed * n + spec.kv_cache_bytes(1) <= max(budget.vram, machine_vram) < need:   # no budget would hold it
+        cap = max(budget.vram, machine_vram)
+        have, needed = fmt_bytes(cap), fmt_bytes(need)
+        where = f"the {have} of VRAM of the GPU{'s' if n > 1 else ''}" if cap == machine_vram else f"the {have} budget"
+        raise UserError("--context", str(context), f"its KV cache, {fmt_bytes(kv)}, and the working set "
+                        f"(runtime reserve, prefill workspace, staging and one layer{' on each GPU' if n > 1 else ''}, "
+                        f"{fmt_bytes(fixed * n)}) need {needed}, more than {where}",
+                        f"lower --context to at most {max_context(spec, cap - fixed * n, context)} tokens")
+    else:
         have, needed = fmt_bytes_pair(budget.vram, need)
+        most = max_context(spec, budget.vram - fixed * n, context)
+        fix = "raise --vram-gb" + (f", lower --context (at most {most} tokens fit)" if most else "") + " or lower --chunk"
+        if budget.gpus:
+            raise UserError("--vram-gb", f"{have} over {n} GPUs", f"below the working set of {needed}: each GPU's "
+                            f"{fmt_bytes(fixed, 4)} (runtime reserve, prefill workspace, staging and one layer) and the KV "
+                            f"cache at context {context}, {fmt_bytes(kv)}, shared out", fix)
         raise UserError("--vram-gb", have, f"below the working set of {needed} (runtime reserve "
-                        f"{fmt_bytes(budget.reserve)}, KV cache at context {context} "
-                        f"{fmt_bytes(spec.kv_cache_bytes(context))}, prefill workspace, staging and one layer)",
-                        "raise --vram-gb, lower --context or lower --chunk")
+                        f"{fmt_bytes(budget.reserve)}, KV cache at context {context} {fmt_bytes(kv)}, prefill "
+                        "workspace, staging and one layer)", fix)
     if spec.embedding_bytes > budget.ram:
         have, needed = fmt_bytes_pair(budget.ram, spec.embedding_bytes)
         raise UserError("--ram-gb", have, f"below the {needed} of embeddings kept in pinned RAM", "raise --ram-gb")

@@ -53,7 +53,8 @@ class Problem:
         if self.budget.n_gpus > self.profile.n_gpus:
             raise UserError(f"profile {self.profile.name}", "gpus", f"has {self.profile.n_gpus} GPU(s), the budgets "
                             f"name {self.budget.n_gpus}", "give one --vram-gb figure per GPU of the profile at most")
-        check_working_set(s, self.budget, self.context, self.prefill_chunk, self.slot_bytes)
+        machine = sum(int(g.vram_gb.value * 1e9) for g in self.profile.gpus[:self.budget.n_gpus])
+        check_working_set(s, self.budget, self.context, self.prefill_chunk, self.slot_bytes, machine)
 
     @property
     def n_gpus(self) -> int:

@@ -175,8 +175,14 @@ def _no_fit(problem, greedy: Candidate):
     flag, tier, have = (("--vram-gb", "VRAM", budget.vram), ("--ram-gb", "pinned RAM", budget.ram),
                         ("--nvme-gb", "NVMe", budget.nvme))[i]
     from strata_plan.units import fmt_bytes
-    raise UserError(flag, fmt_bytes(have), f"no placement of {problem.spec.name} fits "
-                    f"({fmt_bytes(over[i])} more needed in {tier})", f"raise {flag}, lower --context, or use a smaller model")
+    prof = problem.profile                  # what the machine has: a budget already there cannot be raised
+    machine = (sum(g.vram_gb.value for g in problem.gpus), prof.host.ram_gb.value,
+               sum(d.capacity_gb.value for d in prof.nvme) if prof.nvme else 0.0)[i] * 1e9
+    full = have >= machine * (1 - 1e-9)
+    kv = f"lower --context (its KV cache takes {fmt_bytes(problem.spec.kv_cache_bytes(problem.context))}), " if i == 0 else ""
+    fix = ("" if full else f"raise {flag}, ") + kv + "or use a smaller model" + (f" or a machine with more {tier}" if full else "")
+    raise UserError(flag, fmt_bytes(have), f"no placement of {problem.spec.name} fits ({fmt_bytes(over[i])} more "
+                    f"needed in {tier}" + (f"; {fmt_bytes(have)} is all the machine has" if full else "") + ")", fix)
 
 
 def _clip(k: Knobs, max_depth: int, n_gpus: int = 1) -> Knobs:
