@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,8 @@ def test_run_and_bench_commands(packed_bf16, plan_file, tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,field", [(["--max-tokens", "0"], "--max-tokens"),
                                         (["--prompt", "x" * 400], "exceed the context"),
+                                        (["--max-tokens", "100000"], "context of 64 tokens (the plan's context; "
+                                                                     "the model has 1024 positions)"),
                                         (["--mode", "fast"], "--mode")])
 def test_run_mistakes_exit_2_in_one_line(packed_bf16, plan_file, capsys, extra, field):
     from strata_plan.cli import main
@@ -297,6 +300,7 @@ def packed_tied(packed_bf16, tmp_path_factory):
     import shutil
     from safetensors.torch import load_file, save_file
 
+    from strata_plan.core.spec import load_spec
     from strata_plan.engine.files import part_digests
     out = tmp_path_factory.mktemp("tied") / "packed"
     shutil.copytree(packed_bf16, out)
@@ -307,7 +311,8 @@ def packed_tied(packed_bf16, tmp_path_factory):
     save_file(dense, out / "dense.safetensors")
     data = (out / "dense.safetensors").read_bytes()
     index = json.loads((out / "index.json").read_text())
-    index.update(dense_nbytes=len(data), dense_parts=part_digests(data, index["part_bytes"]))
+    index.update(dense_nbytes=len(data), dense_parts=part_digests(data, index["part_bytes"]),
+                 config_sha256=load_spec(str(out)).config_sha256)     # the edited config is the packed one
     (out / "index.json").write_text(json.dumps(index))
     return out
 
@@ -317,6 +322,9 @@ def test_tied_embeddings_stream_as_the_lm_head_or_stay_on_the_device(packed_tied
     """A table tied to the lm_head is one tensor: streamed as the lm_head (and gathered on the host from
     the same pinned copy) or, with the lm_head in VRAM, on the device (no host gather)."""
     plan = bf16_plan(4, 10, 3, 2, chunk=5)
+    sha = json.loads((packed_tied / "index.json").read_text())["config_sha256"]      # a plan for the tied config
+    plan = dataclasses.replace(plan, sources=dataclasses.replace(
+        plan.sources, model=dataclasses.replace(plan.sources.model, sha256=sha)))
     ref_logits, ref_tokens, _ = run(packed_tied, plan, "lru", new=3, graphs=False)
     logits, tokens, c = run(packed_tied, streaming(plan, layers, head), "lru", new=3)
     assert torch.equal(logits, ref_logits) and tokens == ref_tokens

@@ -45,9 +45,11 @@ def packed(tmp_path_factory, plan_path):
 
 
 def write_packed(plan, d: Path):
-    """A synthetic packed fixture in the plan's formats (random, sane blobs); returns (folder, blobs[j][e])."""
+    """A synthetic packed fixture in the plan's formats (random, sane blobs), hashed in 4 KiB parts (several a
+    blob, each checked by the store); returns (folder, blobs[j][e])."""
     spec = load_spec(str(FIXTURE))
-    index = pack_synthetic(spec, d, [{e: l.format_of(e) for e in range(plan.n_experts)} for l in plan.layers])
+    index = pack_synthetic(spec, d, [{e: l.format_of(e) for e in range(plan.n_experts)} for l in plan.layers],
+                           part_bytes=4096)
     blobs = [[np.fromfile(d / index.entry(l.layer, e).file, dtype=np.uint8, count=index.entry(l.layer, e).nbytes,
                           offset=index.entry(l.layer, e).offset) for e in range(plan.n_experts)] for l in plan.layers]
     return d, blobs

@@ -141,7 +141,7 @@ def test_the_layer_placement_is_predicted_again_within_its_bound(mixtral):
 
 
 def test_dense_layers_and_shared_experts_are_never_matched(tmp_path):
-    plan, path = _plan(tmp_path, model="deepseek-v3", vram_gb=80, ram_gb=300, prior=None, trials=4)
+    plan, path = _plan(tmp_path, model="deepseek-v3", profile="h100-80g", vram_gb=80, ram_gb=150, prior=None, trials=4)
     problem = problem_for_plan(plan, path)
     ex = export_llama_cpp(plan, problem, path)
     where = placement_of(ex.override_args, problem.spec)

@@ -11,13 +11,19 @@ from strata_plan.planner.compare import ONE_GPU_PROFILES, SEED_CLAIMS, compare_t
 TRIALS, TOKENS = 6, 512        # small and fixed: this test is part of the README's test command
 
 
+PROGRESS: list[tuple[str, int, int]] = []      # compare_tables' progress calls (what, done, total)
+
+
 @pytest.fixture(scope="module")
 def table():
-    return compare_tables(profiles=ONE_GPU_PROFILES, trials=TRIALS, tokens=TOKENS)   # two GPUs: test_planner_compare_multi
+    return compare_tables(profiles=ONE_GPU_PROFILES, trials=TRIALS, tokens=TOKENS,   # two GPUs: test_planner_compare_multi
+                          progress=lambda *call: PROGRESS.append(call))
 
 
 def test_every_prediction_within_bound_and_monotone(table):
     assert table.failures == ()
+    total = TRIALS * 3 * len(ONE_GPU_PROFILES)          # uniform, skewed and 2x RAM searches a profile: every trial
+    assert [c[1] for c in PROGRESS] == list(range(total + 1)) and {c[2] for c in PROGRESS} == {total}
     assert [r.profile for r in table.rows] == ["rtx-4090", "rtx-5090", "a100-80g", "h100-80g", "rtx-pro-6000"]
     for r in table.rows:
         for case in (r.uniform, r.skewed, r.more_ram):

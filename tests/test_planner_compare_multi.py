@@ -11,14 +11,20 @@ from strata_plan.planner.compare import SEED_CLAIMS, TWO_GPU_PROFILES, compare_t
 TRIALS, TOKENS = 6, 512
 
 
+PROGRESS: list[tuple[str, int, int]] = []      # compare_tables' progress calls (what, done, total)
+
+
 @pytest.fixture(scope="module")
 def table():
-    return compare_tables(profiles=TWO_GPU_PROFILES, trials=TRIALS, tokens=TOKENS)
+    return compare_tables(profiles=TWO_GPU_PROFILES, trials=TRIALS, tokens=TOKENS,
+                          progress=lambda *call: PROGRESS.append(call))
 
 
 def test_two_gpu_rows_within_bounds_never_below_one_gpu_and_in_markdown(table):
     assert table.failures == ()
     assert [r.profile for r in table.rows] == ["rtx-4090-x2", "rtx-pro-6000-x2", "h100-nvl-x2"]
+    total = TRIALS * 5 * len(TWO_GPU_PROFILES)   # first GPU and both, per routing, and 2x RAM: every trial counted
+    assert [c[1] for c in PROGRESS] == list(range(total + 1)) and {c[2] for c in PROGRESS} == {total}
     for r in table.rows:
         assert r.n_gpus == 2 and r.claim == SEED_CLAIMS[r.profile]
         for case in (r.uniform, r.skewed, r.more_ram):

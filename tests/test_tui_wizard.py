@@ -207,6 +207,10 @@ def test_bad_input_stays_on_the_step_with_one_line(in_tmp):
             assert type(app.screen).__name__ == "HardwareScreen"
             assert error_line(app) == "VRAM budget: lots: must be a positive number of GB; fix: type e.g. 24, or " \
                                       "leave it blank for the default"
+            await type_into(pilot, "vram", "1000")          # more than the card has: refused as `plan` refuses it
+            await pilot.press("ctrl+n")
+            assert type(app.screen).__name__ == "HardwareScreen"
+            assert "1000: exceeds the 24 GB of VRAM of profile rtx-4090" in error_line(app)
             await type_into(pilot, "vram", "2")
             await pilot.press("ctrl+n")                     # fine as a number; too small for Mixtral's working set
             await pilot.press("ctrl+n")

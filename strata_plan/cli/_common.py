@@ -1,8 +1,10 @@
-"""What every command's module shares: `--out`/`--force`, `--json`, and printing tables that never cut a
-name the user must type next (at 80 columns, or piped, the widest other columns wrap first)."""
+"""What every command's module shares: `--out`/`--force`, `--json`, printing tables that never cut or split a
+word (at 80 columns, or piped: columns wrap between words, a name the user types next not at all, and a table
+whose words cannot sit side by side prints one block a row), and progress bars on stderr."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 from strata_plan.errors import UserError
 
@@ -104,6 +106,32 @@ def table(*columns: str, title: str | None = None, keep: int = 1):
         else:
             t.add_column(c, overflow="fold")
     return t
+
+
+def progress_console():
+    """Where progress bars go: stderr (tests replace this to read them)."""
+    return console(stderr=True)
+
+
+@contextmanager
+def progress_bar(what: str, total: float, on: bool = True, unit: str = ""):
+    """A rich progress bar (what, bar, done/total `unit`, elapsed, time left) on `progress_console()` while the
+    work in the `with` block runs; yields `update(done, what=None, total=None)`. Nothing is drawn when not `on`
+    (--json) or where that console is not a terminal (piped), and the bar is gone when the block ends."""
+    con = progress_console() if on else None
+    if con is None or not con.is_terminal:
+        yield lambda done, what=None, total=None: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    count = TextColumn("{task.completed:.0f}/{task.total:.0f}" + (f" {unit}" if unit else ""))
+    with Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), count,
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=con, transient=True) as bar:
+        task = bar.add_task(what, total=total)
+
+        def update(done: float, what: str | None = None, total: float | None = None) -> None:
+            bar.update(task, completed=done, **({"description": what} if what else {}),
+                       **({"total": total} if total else {}))
+        yield update
 
 
 def emit(args, data, t) -> None:

@@ -4,9 +4,15 @@ lookahead precision and recall, the time split and the links' achieved bandwidth
 replays routing (a model without trained weights): its hit rates are inputs, not measurements."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from strata_plan.cli._common import add_json, console, print_json, table
 from strata_plan.cli.run import add_engine_args
 from strata_plan.errors import UserError
+
+
+NO_RATIO_ON_CPU = ("the experts were computed on the CPU, and the cost model predicts a GPU computing them (it "
+                   "has no mode for a CPU that computes the experts): the ratio would compare two machines")
 
 
 def register(sub) -> None:
@@ -77,9 +83,15 @@ def _against_profile(r: dict, profile: str) -> dict:
 def cmd_bench(args) -> int:
     from strata_plan.engine.bench import measure
     from strata_plan.core.plan import load_plan
+    from strata_plan.outpaths import check_out_folder
     if args.tokens < 1 or args.warmup < 0:
         raise UserError("--tokens/--warmup", f"{args.tokens}/{args.warmup}", "need at least 1 timed token and "
                         "0 or more warm-up tokens", "pass e.g. --tokens 64 --warmup 32")
+    if args.results and Path(args.results).exists() and not Path(args.results).is_dir():   # before the work
+        raise UserError("--results", args.results, "is a file, not a folder", "name a folder for the results JSON "
+                        "(created if missing; each run adds bench-<time>.json)")
+    if args.results:
+        check_out_folder(args.results, "--results", force=True)     # a folder this user can write (or create)
     plan = load_plan(args.plan)
     pred = predicted(plan, args.plan, args.profile, args.mode)
     replay = _replay(args, plan)
@@ -91,6 +103,10 @@ def cmd_bench(args) -> int:
     r["links"].update(_against_profile(r, args.profile or plan.sources.profile.name))
     m = r["measured"]
     r["ratio_measured_to_predicted"] = m["decode_tok_s"] / pred["decode_tok_s"] if pred["decode_tok_s"] else None
+    r["ratio_null_because"] = None
+    if r["device"] == "cpu":          # measured and predicted are kept; their ratio compares two machines
+        r["ratio_measured_to_predicted"] = None
+        r["ratio_null_because"] = NO_RATIO_ON_CPU
     if args.results:
         from strata_plan.results import write_result
         metrics = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_predicted": pred["decode_tok_s"],
@@ -101,40 +117,48 @@ def cmd_bench(args) -> int:
     if args.json:
         print_json(r)
         return 0
-    t = table("quantity", "measured", "predicted", "measured / predicted",
-              title=f"{plan.model}: {args.mode} on {args.packed}" + (f" (routing replayed: {replay.source})" if replay else ""))
+    on_cpu = r["ratio_null_because"] is not None
+    t = table("quantity", "measured", "predicted", *(() if on_cpu else ("measured / predicted",)), keep=0,
+              title=f"{plan.model}: {args.mode} on {args.packed} ({r['device']})"
+              + (f" (routing replayed: {replay.source})" if replay else ""))
+
+    def row(*cells: str) -> None:
+        t.add_row(*cells[:len(t.columns)])           # on the CPU: no ratio column
     ratio = lambda a, b: f"{a / b:.3f}" if b else "-"   # noqa: E731
-    t.add_row("decode tok/s (median)", f"{m['decode_tok_s']:.3f}", f"{pred['decode_tok_s']:.3f}",
-              ratio(m["decode_tok_s"], pred["decode_tok_s"]))
-    t.add_row("prefill tok/s", f"{m['prefill_tok_s']:.1f}", f"{pred['prefill_tok_s']:.1f}",
-              ratio(m["prefill_tok_s"], pred["prefill_tok_s"]))
+    row("decode tok/s (median)", f"{m['decode_tok_s']:.3f}", f"{pred['decode_tok_s']:.3f}",
+        ratio(m["decode_tok_s"], pred["decode_tok_s"]))
+    row("prefill tok/s", f"{m['prefill_tok_s']:.1f}", f"{pred['prefill_tok_s']:.1f}",
+        ratio(m["prefill_tok_s"], pred["prefill_tok_s"]))
     for tier in ("ram", "nvme", "pcie", "wasted"):
         a, b = r["bytes_per_token"][tier], (pred["bytes_per_token"] or {}).get(tier, 0.0)
-        t.add_row(f"{tier} GB / token", f"{a / 1e9:.4f}", f"{b / 1e9:.4f}", ratio(a, b))
+        row(f"{tier} GB / token", f"{a / 1e9:.4f}", f"{b / 1e9:.4f}", ratio(a, b))
     label = " (replayed: an input)" if replay else ""
-    t.add_row("hit rate (seeds)" + label, f"{r['hit_rate']:.3f}", "-", "-")
-    t.add_row("resident hit rate" + label, f"{r['resident_hit_rate']:.3f}",
-              f"{pred['vram_hit_rate']:.3f}", ratio(r["resident_hit_rate"], pred["vram_hit_rate"]))
+    row("hit rate (seeds)" + label, f"{r['hit_rate']:.3f}", "-", "-")
+    row("resident hit rate" + label, f"{r['resident_hit_rate']:.3f}",
+        f"{pred['vram_hit_rate']:.3f}", ratio(r["resident_hit_rate"], pred["vram_hit_rate"]))
     for d, la in r["counters"]["lookahead"].items():
-        t.add_row(f"lookahead d={d} P / R", f"{la['precision']:.3f} / {la['recall']:.3f}", "-", "-")
+        row(f"lookahead d={d} P / R", f"{la['precision']:.3f} / {la['recall']:.3f}", "-", "-")
     tp = r["time_per_token"]
-    t.add_row("router round trips / token", f"{tp['round_trips']:.0f} ({tp['router_round_trip_s'] * 1e3:.2f} ms)", "-", "-")
-    t.add_row("store+launch host ms/tok", f"{tp['store_and_launch_host_s'] * 1e3:.2f}", "-", "-")
+    row("router round trips / token", f"{tp['round_trips']:.0f} ({tp['router_round_trip_s'] * 1e3:.2f} ms)", "-", "-")
+    row("store+launch host ms/tok", f"{tp['store_and_launch_host_s'] * 1e3:.2f}", "-", "-")
     if tp["segment_launch_host_s"] is not None:
-        t.add_row("segment launch host ms/tok" + (" (graphs)" if r["graphs"] else ""),
-                  f"{tp['segment_launch_host_s'] * 1e3:.2f}", "-", "-")
+        row("segment launch host ms/tok" + (" (graphs)" if r["graphs"] else ""),
+            f"{tp['segment_launch_host_s'] * 1e3:.2f}", "-", "-")
     if tp["device_compute_s"] is not None:
-        t.add_row("GPU compute / waiting ms/tok", f"{tp['device_compute_s'] * 1e3:.2f} / {tp['device_wait_s'] * 1e3:.2f}",
-                  "-", "-")
+        row("GPU compute / waiting ms/tok", f"{tp['device_compute_s'] * 1e3:.2f} / {tp['device_wait_s'] * 1e3:.2f}",
+            "-", "-")
     lk = r["links"]
-    t.add_row("copy busy ms / token", f"{lk['copy_busy_s_per_token'] * 1e3:.2f}", "-", "-")
-    t.add_row("PCIe GB/s while copying", f"{lk['pcie_gbps_during_copies']:.1f}", "-", "-")
-    t.add_row("NVMe GB/s over the run", f"{lk['nvme_gbps_wall']:.2f}", "-", "-")
+    row("copy busy ms / token", f"{lk['copy_busy_s_per_token'] * 1e3:.2f}", "-", "-")
+    row("PCIe GB/s while copying", f"{lk['pcie_gbps_during_copies']:.1f}", "-", "-")
+    row("NVMe GB/s over the run", f"{lk['nvme_gbps_wall']:.2f}", "-", "-")
     for key, label in (("pcie_share_of_profile", "PCIe while copying / profile"), ("nvme_share_of_profile",
                                                                                   "NVMe over the run / profile")):
         if key in lk:
-            t.add_row(label, f"{lk[key]:.2f}", "-", "-")
-    console().print(t)
-    print(f"predicted by {pred['source']} (binding: {pred['decode_binding']}); measured here, "
-          f"{args.tokens} tokens after {args.warmup} warm-up")
+            row(label, f"{lk[key]:.2f}", "-", "-")
+    con = console()
+    con.print(t)
+    con.print(f"predicted by {pred['source']} (binding: {pred['decode_binding']}); measured here on "
+              f"{r['device']}, {args.tokens} tokens after {args.warmup} warm-up", markup=False)
+    if on_cpu:
+        con.print(f"no measured / predicted ratio: {NO_RATIO_ON_CPU}", markup=False)
     return 0

@@ -3,7 +3,7 @@
 (column, value) lines, so no figure or name is cut."""
 from __future__ import annotations
 
-from strata_plan.cli._common import add_json, add_out, console, print_json, table
+from strata_plan.cli._common import add_json, add_out, console, print_json, progress_bar, table
 from strata_plan.errors import UserError
 
 
@@ -29,8 +29,9 @@ def cmd_compare_tables(args) -> int:
         raise UserError("--trials", str(args.trials), "must be at least 1", "pass e.g. --trials 60")
     out = check_out_file(args.out, "--out", args.force) if args.out else None
     drop_interrupted_trials()
-    result = compare_tables(profiles=args.profiles, model=args.model, trials=args.trials, seed=args.seed,
-                            tokens=args.tokens)
+    with progress_bar("searching", 1, on=not args.json, unit="trials") as update:
+        result = compare_tables(profiles=args.profiles, model=args.model, trials=args.trials, seed=args.seed,
+                                tokens=args.tokens, progress=lambda what, done, total: update(done, what, total))
     md = to_markdown(result)
     if out is not None:
         from strata_plan.yamlio import atomic_write_text

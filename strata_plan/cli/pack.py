@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from strata_plan.cli._common import add_json, add_out, console
+from strata_plan.cli._common import add_json, add_out, console, progress_bar
 from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
 
@@ -18,8 +18,8 @@ def register(sub) -> None:
                    "geometry (a shipped name or config.json; NAME@Nmoe or --moe-layers cuts it after N MoE layers)")
     p.add_argument("--moe-layers", type=int, help="with --synthetic: keep the first N MoE layers")
     p.add_argument("--seed", type=int, default=0, help="with --synthetic: random seed (default 0)")
-    add_out(p, "folder to write the packed model to (new or empty; --force writes into a non-empty one)",
-            required=True)
+    add_out(p, "folder to write the packed model to (new or empty; --force replaces a non-empty one once the new "
+               "pack is complete, keeping files a pack never writes)", required=True)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--plan", help="plan YAML (strata-plan plan): each expert's format")
     g.add_argument("--bpw", type=float, help="tier mix of the three tier formats at this mean bits per weight")
@@ -38,8 +38,8 @@ def register(sub) -> None:
 
 
 def cmd_pack(args) -> int:
-    from strata_plan.engine.pack import (check_free_space, default_device, formats_from_mix, formats_from_plan,
-                                         pack_checkpoint)
+    from strata_plan.engine.pack import (check_free_space, check_pack_target, default_device, formats_from_mix,
+                                         formats_from_plan, pack_checkpoint)
     from strata_plan.outpaths import check_out_folder
     from strata_plan.core.spec import load_spec
     if args.format is not None and args.format not in F.FORMATS:
@@ -58,6 +58,7 @@ def cmd_pack(args) -> int:
     if args.calib_tokens < 2:
         raise UserError("--calib-tokens", str(args.calib_tokens), "must be at least 2", "use 2 or more")
     check_out_folder(args.out, "--out", args.force)      # before any work (issue 25)
+    check_pack_target(args.out)                          # written beside it and renamed: not a mount point
     spec = load_spec(args.synthetic, args.moe_layers) if args.synthetic else load_spec(args.checkpoint)
     plan_sha = ""
     if args.plan:
@@ -71,14 +72,21 @@ def cmd_pack(args) -> int:
         from strata_plan.engine.calib import activation_stats, calibration_tokens
         stats = activation_stats(args.checkpoint, calibration_tokens(args.checkpoint, args.calib, args.calib_tokens),
                                  512, device)
+    done: list[int] = []
+
+    def on_layer(layer: int, nbytes: int) -> None:       # the packer's progress: a MoE layer's experts written
+        done.append(layer)
+        update(len(done), "writing dense weights" if len(done) == spec.n_moe_layers else None)
     t0 = time.perf_counter()
     try:
-        if args.synthetic:
-            from strata_plan.engine.synthetic import pack_synthetic
-            index = pack_synthetic(spec, args.out, layer_formats, device, args.seed, plan_sha)
-        else:
-            index = pack_checkpoint(args.checkpoint, args.out, layer_formats, device, plan_sha, importance=stats,
-                                    rtn=args.rtn)
+        with progress_bar(f"packing {spec.name}'s experts", spec.n_moe_layers, on=not args.json,
+                          unit="MoE layers") as update:
+            if args.synthetic:
+                from strata_plan.engine.synthetic import pack_synthetic
+                index = pack_synthetic(spec, args.out, layer_formats, device, args.seed, plan_sha, progress=on_layer)
+            else:
+                index = pack_checkpoint(args.checkpoint, args.out, layer_formats, device, plan_sha, importance=stats,
+                                        rtn=args.rtn, progress=on_layer)
     except OSError as e:
         raise UserError(str(e.filename or args.out), "write", e.strerror or str(e),
                         "free space or choose another --out, then pack again") from None

@@ -35,14 +35,16 @@ def cmd_run(args) -> int:
     import time
 
     from strata_plan.core.plan import load_plan
-    from strata_plan.engine.engine import Engine, EngineOptions, prompt_ids, resolve_device
+    from strata_plan.engine.engine import Engine, EngineOptions, check_one_gpu, prompt_ids, resolve_device
     from strata_plan.engine.generate import Sampling, TextStream
     if args.max_tokens < 1:
         raise UserError("--max-tokens", str(args.max_tokens), "must be at least 1", "ask for one token or more")
     sampling = Sampling(args.temperature, args.top_p, args.seed)
     opts = EngineOptions(mode=args.mode, device=args.device)
     resolve_device(args.device)                         # before any work: a device this torch lacks is one line
-    prompt = prompt_ids(args.packed, load_plan(args.plan).context, args.prompt, args.max_tokens)  # fits, or one line
+    plan = load_plan(args.plan)
+    check_one_gpu(plan, args.plan)
+    prompt = prompt_ids(args.packed, plan.context, args.prompt, args.max_tokens)      # fits, or one line
     with Engine.open(args.packed, args.plan, opts) as eng:
         tok = eng.tokenizer()
         stream = TextStream(tok)

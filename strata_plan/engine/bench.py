@@ -93,6 +93,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         med = statistics.median(per)
         return {
             "mode": mode,
+            "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": n / wall,
                 "prefill_tok_s": n_prefill / prefill_s, "prefill_tokens": n_prefill,

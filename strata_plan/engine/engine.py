@@ -65,6 +65,13 @@ def resolve_device(name: str = "", flag: str = "--device") -> torch.device:
     return dev
 
 
+def check_one_gpu(plan, plan_path: str = "plan") -> None:
+    """Refuse a plan over several GPUs (a pipeline split) before any file of the packed model is read."""
+    if plan.n_gpus_used > 1:
+        raise UserError(plan_path, "gpus", f"a plan over {plan.n_gpus_used} GPUs (a pipeline split); the engine "
+                        "runs one GPU", "plan again for one GPU (strata-plan plan --gpus 1)")
+
+
 def prompt_ids(packed: str | Path, context: int, text: str, max_new_tokens: int) -> list[int]:
     """The prompt's ids in the packed folder's tokenizer (`encode_prompt`), refused in one line when they and
     `max_new_tokens` do not fit the plan's `context` or the model's positions (`check_length`): what `run`
@@ -105,9 +112,7 @@ class Engine:
         device = resolve_device(options.device)
         if not isinstance(plan, type(None)) and isinstance(plan, (str, Path)):
             plan_path, plan = str(plan), load_plan(plan)
-        if plan.n_gpus_used > 1:
-            raise UserError(plan_path, "gpus", f"a plan over {plan.n_gpus_used} GPUs (a pipeline split); the engine "
-                            "runs one GPU", "plan again for one GPU (strata-plan plan --gpus 1)")
+        check_one_gpu(plan, plan_path)
         plan = baseline(plan, options.mode)
         host = host_units(plan, ModelConfig.load(folder), plan_path)     # dense weights kept in pinned RAM
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

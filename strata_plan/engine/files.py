@@ -19,6 +19,7 @@ import signal
 import struct
 import tempfile
 import threading
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,7 +75,19 @@ class AtomicFolder:
         self.tmp: Path | None = None
         self._made: list[Path] = []         # parent folders created here, innermost last
 
+    def check(self) -> None:
+        """Refuse (one line) a target that is a file, or a folder on another file system than its parent (a mount
+        point): the temporary folder beside it would fill the parent's disk and could not be renamed into it."""
+        from strata_plan.errors import UserError
+        p = self.path
+        if os.path.lexists(p) and not p.is_dir():
+            raise UserError(str(p), "", "is a file, not a folder", "choose a new folder to write into")
+        if p.is_dir() and p.parent.exists() and os.stat(p).st_dev != os.stat(p.parent).st_dev:
+            raise UserError(str(p), "", f"is a mount point (another file system than {p.parent}): the folder is "
+                            "written beside it and renamed into place", f"name a folder inside it, e.g. {p / 'packed'}")
+
     def __enter__(self) -> Path:
+        self.check()
         missing = [a for a in [self.path.parent, *self.path.parent.parents] if not a.exists()]
         for folder in reversed(missing):
             folder.mkdir()
@@ -112,10 +125,17 @@ class AtomicFolder:
         except BaseException:
             os.rename(old, target)
             raise
+        left = []
         for entry in sorted(old.iterdir()):
             if self.keep(entry.name) and not os.path.lexists(target / entry.name):
-                os.rename(entry, target / entry.name)
-        shutil.rmtree(old, ignore_errors=True)
+                try:
+                    os.rename(entry, target / entry.name)
+                except OSError:
+                    left.append(entry.name)
+        if left:                                        # never delete what could not be carried over
+            warnings.warn(f"{target}: could not move {', '.join(left)} from the old folder; they are in {old}")
+        else:
+            shutil.rmtree(old, ignore_errors=True)
 
     def _discard(self) -> None:
         if self.tmp is not None:
@@ -233,11 +253,6 @@ class BlobWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def sha256_bytes(data) -> str:
-    """sha256 of a bytes-like object (numpy arrays and memoryviews included)."""
-    return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
 
 
 def part_digests(data, part_bytes: int) -> list[str]:

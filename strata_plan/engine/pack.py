@@ -8,13 +8,13 @@ Every routed expert is quantized with `pack_expert` (on the GPU when there is on
 (`formats.expert_layout`: gate, up, down, padded to 4 KiB), and the blobs of one MoE layer go one after another
 into `experts-layer{L:03d}.bin` (L = decoder layer), so every blob starts on a 4 KiB boundary of its file: one
 O_DIRECT read per expert. `index.json` (engine/packed.py) lists every blob with the sha256 of each of its 1 MiB
-parts, the same of `dense.safetensors`, and the sha256 of the plan; `dense.safetensors` holds every other tensor of the checkpoint (attention,
-norms, routers and their biases, shared experts, dense MLPs, embeddings, lm_head) unchanged, or as BF16 where
-the checkpoint stores FP8 blocks (engine/fp8.py: dequantized on the fly, scale tensors left out); tensors of
-layers past `num_hidden_layers` (DeepSeek-V3's multi-token-prediction layer) are left out; `config.json` is
-copied. `--synthetic` writes random weights instead (engine/synthetic.py). Everything is written into a temporary
-folder beside the target and renamed into place when complete (`files.AtomicFolder`): an error or Ctrl-C
-leaves no folder behind, or the old pack intact under `--force`.
+parts, the same of `dense.safetensors`, and the sha256 of the plan; `dense.safetensors` holds every other tensor
+of the checkpoint (attention, norms, routers and their biases, shared experts, dense MLPs, embeddings, lm_head)
+unchanged, or as BF16 where the checkpoint stores FP8 blocks (engine/fp8.py: dequantized on the fly, scale
+tensors left out); tensors of layers past `num_hidden_layers` (DeepSeek-V3's multi-token-prediction layer) are
+left out; `config.json` is copied. `--synthetic` writes random weights instead (engine/synthetic.py).
+Everything is written into a temporary folder beside the target and renamed into place when complete
+(`files.AtomicFolder`): an error or Ctrl-C leaves no folder behind, or the old pack intact under `--force`.
 
 Which format each expert gets: from a plan (its per-layer `formats`), or from a tier mix at a target
 bits-per-weight (`formats.tier_mix`; the most used experts by `--stats`, else ids 0.. first, take the
@@ -43,6 +43,11 @@ PER_EXPERT = {"mlp.experts": ("gate_proj", "up_proj", "down_proj"),
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _PACK_WRITES = re.compile(r"^(index\.json|config\.json|dense\.safetensors|experts-layer\d+\.bin|"
                           + "|".join(re.escape(n) for n in TOKENIZER_FILES) + r")$|^\..*\.(tmp|old)$")
+
+
+def check_pack_target(out: str | os.PathLike) -> None:
+    """Before any work: `out` can be written as a folder beside it and renamed into place (not a mount point)."""
+    packed_folder(out).check()
 
 
 def packed_folder(out: str | os.PathLike) -> AtomicFolder:

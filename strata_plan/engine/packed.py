@@ -301,20 +301,27 @@ def blob_mismatch(folder, path, layer: int, expert: int, offset: int, nbytes: in
                   part_bytes: int) -> UserError:
     """The one line for an expert blob whose part `part` differs from its sha256 in the index."""
     a = part * part_bytes
-    return UserError(str(path), f"layer {layer} expert {expert}", f"checksum mismatch in bytes {a}..{min(nbytes, a + part_bytes)} "
-                     f"of the {nbytes}-byte blob at offset {offset} (sha256 of part {part} differs from index.json)",
-                     f"the file is damaged: copy it again, or pack again with `strata-plan pack ... --out {folder} --force`")
+    return UserError(str(path), f"layer {layer} expert {expert}",
+                     f"checksum mismatch in bytes {a}..{min(nbytes, a + part_bytes)} of the {nbytes}-byte blob at "
+                     f"offset {offset} (sha256 of part {part} differs from index.json)",
+                     f"the file is damaged: copy it again, or pack again with `strata-plan pack ... --out {folder} "
+                     f"--force`")
+
+
+def verify_part(index: PackIndex, entry: PackedEntry, data, k: int) -> None:
+    """Check part k of one expert blob as read (bytes or a numpy array of the whole blob) against its sha256."""
+    P = index.part_bytes
+    if not part_ok(data, k * P, min(entry.nbytes, (k + 1) * P), entry.parts[k]):
+        raise blob_mismatch(index.folder, index.path(entry.file), entry.layer, entry.expert, entry.offset,
+                            entry.nbytes, k, P)
 
 
 def verify_blob(index: PackIndex, entry: PackedEntry, data) -> None:
     """Check one expert blob as read (bytes, numpy array, or a CPU uint8 tensor) against its parts' sha256."""
     if hasattr(data, "numpy"):
         data = data.numpy()
-    P = index.part_bytes
-    for k, want in enumerate(entry.parts):
-        if not part_ok(data, k * P, min(entry.nbytes, (k + 1) * P), want):
-            raise blob_mismatch(index.folder, index.path(entry.file), entry.layer, entry.expert, entry.offset,
-                                entry.nbytes, k, P)
+    for k in range(len(entry.parts)):
+        verify_part(index, entry, data, k)
 
 
 def read_blob(index: PackIndex, entry: PackedEntry, verify: bool = True) -> bytes:
@@ -344,8 +351,8 @@ def verify_dense(index: PackIndex, threads: int = 0) -> None:
     finally:
         os.close(fd)
     if bad is not None:
-        raise UserError(str(path), "dense_parts", f"checksum mismatch in bytes {bad * P}..{min(n, (bad + 1) * P)} (sha256 "
-                        f"of part {bad} differs from index.json): the dense weights are damaged",
+        raise UserError(str(path), "dense_parts", f"checksum mismatch in bytes {bad * P}..{min(n, (bad + 1) * P)} "
+                        f"(sha256 of part {bad} differs from index.json): the dense weights are damaged",
                         f"copy the file again, or pack again with `strata-plan pack ... --out {index.folder} --force`")
 
 

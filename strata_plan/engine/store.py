@@ -48,7 +48,7 @@ from strata_plan.core.lookahead import staging_slots
 from strata_plan.errors import UserError
 from strata_plan.kernels.formats import EXPERT_ALIGN
 
-from .packed import check_plan_matches, hash_threads, load_index, verify_blob
+from .packed import check_plan_matches, hash_threads, load_index, verify_part
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
 from .residency import DEMAND, LATE, Residency
@@ -192,8 +192,9 @@ class ExpertStore:
         return f
 
     def _load(self) -> float:
-        """Read the static experts into the arena and the RAM experts into pinned RAM; every blob's sha256 is
-        checked against the index on hashing threads while the next one is read. Start-up reads go through
+        """Read the static experts into the arena and the RAM experts into pinned RAM; each part of every blob is
+        checked against its sha256 in the index on the hashing threads (one task a part, so the parts of a large
+        blob hash at once) while the next blob is read. Start-up reads go through
         the page cache (a second start of the same model is faster); when the plan has an NVMe tier the
         files' cached pages are dropped afterwards, so that tier is read cold."""
         t0 = time.perf_counter()
@@ -208,12 +209,13 @@ class ExpertStore:
                     ent = self.entries[j][e]
                     bounce = bounces[i % len(bounces)]
                     if i >= len(bounces):
-                        checks[i - len(bounces)].result()       # its bounce buffer is free again
+                        for c in checks[i - len(bounces)]:      # its bounce buffer is free again
+                            c.result()
                     i += 1
                     if pin:
                         torch.cuda.current_stream(self.device).synchronize()
                     _pread(fds[ent.file], aligned_view(bounce), ent.offset, ent.nbytes)
-                    checks.append(pool.submit(verify_blob, self.index, ent, bounce[:ent.nbytes]))
+                    checks.append(self._check_parts(pool, ent, bounce[:ent.nbytes]))
                     self.arena[off:off + ent.nbytes].copy_(bounce[:ent.nbytes], non_blocking=pin)
                     self.offsets_host[j, e] = off
                     off += ent.nbytes
@@ -222,11 +224,12 @@ class ExpertStore:
                     ent = self.entries[j][e]
                     dst = self.ram[ram_off:ram_off + ent.nbytes]
                     _pread(fds[ent.file], aligned_view(dst), ent.offset, ent.nbytes)
-                    checks.append(pool.submit(verify_blob, self.index, ent, dst))
+                    checks.append(self._check_parts(pool, ent, dst))
                     self.ram_offset[(j, e)] = ram_off
                     ram_off += ent.nbytes
-            for c in checks:
-                c.result()
+            for group in checks:
+                for c in group:
+                    c.result()
         for fd in fds.values():
             if any(l.nvme for l in self.plan.layers):      # the cold tier stays cold: drop what start-up cached
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -236,6 +239,11 @@ class ExpertStore:
         self._static_rows = self.offsets_host.copy()     # static offsets, poison elsewhere: each row's base
         self.offsets.copy_(torch.from_numpy(self.offsets_host))
         return time.perf_counter() - t0
+
+    def _check_parts(self, pool, ent, data: torch.Tensor) -> list:
+        """Futures checking each part of one blob as read (a CPU uint8 tensor) on the hashing threads."""
+        view = data.numpy()
+        return [pool.submit(verify_part, self.index, ent, view, k) for k in range(len(ent.parts))]
 
     # ---- decode -----------------------------------------------------------------------------------------
     def hint(self, j: int, ids: Sequence[int], scores: Sequence[float] | None = None, depth: int = 1) -> None:

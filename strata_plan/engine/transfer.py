@@ -13,8 +13,8 @@ store sets them on an expert's first read) is checked before its copy: each part
 pool (`hashers` threads, hashlib releases the interpreter lock) as soon as the reads covering it have
 landed, so the hashing overlaps the fetch's other reads and the reader threads keep the queue depth; a
 mismatch fails the fetch with a one-line `UserError` (file, layer, expert, offset, the fix) and its bytes
-never reach the arena. Copies over one PCIe link serialize whatever their streams' priorities, so the store orders them
-itself:
+never reach the arena. Copies over one PCIe link serialize whatever their streams' priorities, so the store
+orders them itself:
 - a demand copy from RAM is enqueued at once, in one piece, by the thread that needs it (`copy_now`);
 - prefetches from RAM wait in the pump's queue; the main thread puts them on the copy stream in chunks of
   `chunk_bytes` (`pump`, called at each hint, after `ensure` and while it waits for the router's ids), so
@@ -319,11 +319,16 @@ class Transfers:
         """(a hashing thread) Part k of an NVMe fetch against its sha256, then the fetch's completion."""
         a = k * f.part_bytes
         b = min(f.nbytes, a + f.part_bytes)
-        good = part_ok(self._bounce_views[f._bounce], a, b, f.parts[k])
+        err: BaseException | None = None
+        try:
+            if not part_ok(self._bounce_views[f._bounce], a, b, f.parts[k]):
+                err = blob_mismatch(f.file.path.parent, f.file.path, f.layer, f.expert, f.file_offset, f.nbytes, k,
+                                    f.part_bytes)
+        except Exception as e:                # noqa: BLE001 - reported on the fetch, raised by the store
+            err = FetchError(f"checksum of {f.describe()} failed: {e}")
         with self._lock:
-            if not good and f.error is None:
-                f.error = blob_mismatch(f.file.path.parent, f.file.path, f.layer, f.expert, f.file_offset,
-                                        f.nbytes, k, f.part_bytes)
+            if err is not None and f.error is None:
+                f.error = err
             f._hashes_left -= 1
             self._read_done(f)
 

@@ -193,10 +193,10 @@ def check_working_set(spec, budget: Budget, context: int, chunk: int, slot_bytes
     n = len(budget.gpus) or 1
     kv = spec.kv_cache_bytes(context)
     need = fixed * n + kv
+    cap = max(budget.vram, machine_vram)         # the most VRAM a budget may name
     if need <= budget.vram:
         pass
-    elif fixed * n + spec.kv_cache_bytes(1) <= max(budget.vram, machine_vram) < need:   # no budget would hold it
-        cap = max(budget.vram, machine_vram)
+    elif machine_vram and fixed * n + spec.kv_cache_bytes(1) <= cap < need:     # no budget would hold this KV cache
         have, needed = fmt_bytes(cap), fmt_bytes(need)
         where = f"the {have} of VRAM of the GPU{'s' if n > 1 else ''}" if cap == machine_vram else f"the {have} budget"
         raise UserError("--context", str(context), f"its KV cache, {fmt_bytes(kv)}, and the working set "

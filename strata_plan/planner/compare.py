@@ -201,7 +201,10 @@ def check_bandwidth_monotone(problem: Problem, placement, where: str, out: list[
 
 
 def compare_tables(profiles=None, model: str = SEED_MODEL, trials: int = 60, seed: int = 0, tokens: int | None = None,
-                   context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK) -> Comparison:
+                   context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
+                   progress: Callable[[str, int, int], None] | None = None) -> Comparison:
+    """progress(what, done, total), if given, is called as the work starts and after every search trial
+    (`total`: the trials of every search the comparison runs)."""
     from strata_plan.planner.capacity import Budget
     from strata_plan.core.routing.sources import load_routing
     from strata_plan.planner.make import load_machine
@@ -209,23 +212,36 @@ def compare_tables(profiles=None, model: str = SEED_MODEL, trials: int = 60, see
     from strata_plan.planner.search import search
     from strata_plan.core.spec import load_spec
     spec = load_spec(model)
+    names = list(profiles or DEFAULT_PROFILES)
+    machines = {name: load_machine(name) for name in names}
+    total = trials * sum(5 if machines[n].n_gpus > 1 else 3 for n in names)   # searches: see the loop below
+    done = [0]
+
+    def on_trial(what: str):
+        def tick(number: int, value: float) -> None:
+            done[0] += 1
+            progress(what, done[0], total)
+        return tick if progress else None
+    if progress:
+        progress(f"sampling routing for {spec.name}", 0, total)
     routings = {"uniform": load_routing(spec, prior="uniform", tokens=tokens),
                 SKEWED_PRIOR: load_routing(spec, prior=SKEWED_PRIOR, tokens=tokens)}
     rows, failures = [], []
-    for name in profiles or DEFAULT_PROFILES:
-        prof = load_machine(name)
+    for name in names:
+        prof = machines[name]
         budget = Budget.from_profile(prof, gpus=prof.n_gpus)
         cases, skewed, one_case = {}, None, None
         for routing, stats in routings.items():
             problem = Problem(spec, prof, stats, budget, context, chunk)
             if problem.n_gpus > 1:
-                one, result, m1 = _two_gpu_search(problem, trials, seed, f"{name}/{routing}", failures)
+                one, result, m1 = _two_gpu_search(problem, trials, seed, f"{name}/{routing}", failures,
+                                                  on_trial(f"{name}, {routing}"))
                 extra = (m1.decode_placement, m1.prefill_placement)
                 if routing == SKEWED_PRIOR:
                     one_case = _case(f"{routing}, first GPU alone", first_gpu_problem(problem), one,
                                      f"{name}/{routing}/first GPU", failures, machine=False)
             else:
-                result, extra = search(problem, trials=trials, seed=seed), ()
+                result, extra = search(problem, trials=trials, seed=seed, on_trial=on_trial(f"{name}, {routing}")), ()
             cases[routing] = _case(routing, problem, result, f"{name}/{routing}", failures, extra_placements=extra)
             if problem.n_gpus > 1:
                 for what in ("decode", "prefill"):
@@ -236,7 +252,8 @@ def compare_tables(profiles=None, model: str = SEED_MODEL, trials: int = 60, see
                 skewed = (problem, result)
         problem, result = skewed
         bigger = problem.replace(budget=dataclasses.replace(budget, ram=int(budget.ram * RAM_FACTOR)))
-        more = search(bigger, trials=trials, seed=seed, start=result.best.placement, start_knobs=result.best.knobs)
+        more = search(bigger, trials=trials, seed=seed, start=result.best.placement, start_knobs=result.best.knobs,
+                      on_trial=on_trial(f"{name}, {RAM_FACTOR:g}x RAM"))
         more_case = _case(f"{SKEWED_PRIOR}, {RAM_FACTOR:g}x RAM", bigger, more, f"{name}/{RAM_FACTOR:g}x RAM", failures,
                           machine=False)
         if more_case.decode_tok_s < cases[SKEWED_PRIOR].decode_tok_s * (1 - 1e-12):
@@ -249,14 +266,15 @@ def compare_tables(profiles=None, model: str = SEED_MODEL, trials: int = 60, see
     return Comparison(spec.name, SKEWED_PRIOR, trials, seed, context, chunk, tuple(rows), tuple(failures))
 
 
-def _two_gpu_search(problem: Problem, trials: int, seed: int, where: str, failures: list[str]):
+def _two_gpu_search(problem: Problem, trials: int, seed: int, where: str, failures: list[str], on_trial=None):
     """(the first GPU's best result alone, the two-GPU result started from it, the first GPU's machine bound):
     the same trials on each; a two-GPU plan predicting less than the first GPU's alone is a
     failure (a second GPU never predicts slower)."""
     from strata_plan.planner.search import search
     one_p = first_gpu_problem(problem)
-    one = search(one_p, trials=trials, seed=seed)
-    two = search(problem, trials=trials, seed=seed, start=one.best.placement, start_knobs=one.best.knobs)
+    one = search(one_p, trials=trials, seed=seed, on_trial=on_trial)
+    two = search(problem, trials=trials, seed=seed, start=one.best.placement, start_knobs=one.best.knobs,
+                 on_trial=on_trial)
     for what in ("decode_tok_s", "prefill_tok_s"):
         a, b = getattr(one.best.prediction, what), getattr(two.best.prediction, what)
         if what == "decode_tok_s" and b < a * (1 - 1e-12):
