@@ -3,7 +3,7 @@
 
 torch's default (one thread per core) spins every core in its parallel regions. On a machine of two cores
 where any other process uses one, each region waits for the busy core: the fixture's `pack` went from 7 s
-to 83-224 s, `bench` from 57 s to 25 minutes (issue 44), and to 7.9 s with `OMP_NUM_THREADS=1`. So:
+to 83-224 s, `bench` from 57 s to 25 minutes, and to 7.9 s with `OMP_NUM_THREADS=1`. So:
 
     usable_cores()        the cores this process may run on: its CPU affinity, capped by a cgroup CPU quota
     torch_threads(cores)  cores - 1 (at least 1) where there are two cores or fewer, else cores

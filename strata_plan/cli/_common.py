@@ -39,6 +39,20 @@ def _texts(column) -> list[str]:
     return [str(column.header)] + [str(x) for x in column.cells]
 
 
+def _longest_word(texts) -> int:
+    """Terminal cells of the longest word in `texts` (at least 1)."""
+    import re
+
+    from rich.cells import cell_len
+    return max((cell_len(w) for s in texts for w in re.split(r"\s+", s)), default=1)
+
+
+def _longest_line(texts) -> int:
+    """Terminal cells of the longest line in `texts` (at least 1)."""
+    from rich.cells import cell_len
+    return max((cell_len(line) for s in texts for line in s.splitlines()), default=1)
+
+
 def fit(t, width: int, blocks: bool = True):
     """Fit a table to `width` columns breaking lines between words, never inside one (rich alone squeezes
     the widest columns and folds their words, and truncates a column that must not wrap). Returns what to
@@ -46,14 +60,10 @@ def fit(t, width: int, blocks: bool = True):
     lines broken between words (a column that must not wrap (`no_wrap`) keeps its longest line, the others
     get their longest word, and what is left goes to the columns in proportion to what more they would
     use); else (`blocks`) one block a row, each of its figures on a line beside its header."""
-    import re
-
-    from rich.cells import cell_len
     cols = t.columns
     lines = [_texts(c) for c in cols]
-    natural = [max((cell_len(line) for s in cells for line in s.splitlines()), default=1) for cells in lines]
-    longest = [n if c.no_wrap else max((cell_len(w) for s in cells for w in re.split(r"\s+", s)), default=1)
-               for c, n, cells in zip(cols, natural, lines)]
+    natural = [_longest_line(cells) for cells in lines]
+    longest = [n if c.no_wrap else _longest_word(cells) for c, n, cells in zip(cols, natural, lines)]
     room = width - (3 * len(cols) + 1)                 # padding of one either side and a rule per column
     if sum(natural) <= room:
         return t
@@ -70,19 +80,14 @@ def fit(t, width: int, blocks: bool = True):
 def _blocks(t, width: int):
     """The rows of `t` one after another, each a two-column table of (header, figure) lines headed by its
     first cell (empty figures left out), under the table's title; every block as wide as the others."""
-    import re
-
-    from rich.cells import cell_len
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
     cols = [_texts(c) for c in t.columns]
     keys, values = [c[0] for c in cols], [v for c in cols for v in c[1:]]
     room = width - 7                                   # two columns: padding either side, three rules
-    word = lambda texts: max((cell_len(w) for s in texts for w in re.split(r"\s+", s)), default=1)  # noqa: E731
-    longest = lambda texts: max((cell_len(x) for s in texts for x in s.splitlines()), default=1)  # noqa: E731
-    key_w = max(word(keys), min(longest(keys), room // 2, room - word(values)))
-    value_w = max(1, min(longest(values), room - key_w))
+    key_w = max(_longest_word(keys), min(_longest_line(keys), room // 2, room - _longest_word(values)))
+    value_w = max(1, min(_longest_line(values), room - key_w))
     out = [Text(str(t.title), justify="center")] if t.title else []
     for i in range(t.row_count):
         b = Table(show_header=True)

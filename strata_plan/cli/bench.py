@@ -4,8 +4,6 @@ lookahead precision and recall, the time split and the links' achieved bandwidth
 replays routing (a model without trained weights): its hit rates are inputs, not measurements."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from strata_plan.cli._common import add_json, console, print_json, table
 from strata_plan.cli.run import add_engine_args
 from strata_plan.errors import UserError
@@ -87,11 +85,8 @@ def cmd_bench(args) -> int:
     if args.tokens < 1 or args.warmup < 0:
         raise UserError("--tokens/--warmup", f"{args.tokens}/{args.warmup}", "need at least 1 timed token and "
                         "0 or more warm-up tokens", "pass e.g. --tokens 64 --warmup 32")
-    if args.results and Path(args.results).exists() and not Path(args.results).is_dir():   # before the work
-        raise UserError("--results", args.results, "is a file, not a folder", "name a folder for the results JSON "
-                        "(created if missing; each run adds bench-<time>.json)")
-    if args.results:
-        check_out_folder(args.results, "--results", force=True)     # a folder this user can write (or create)
+    if args.results:                    # before the work: a folder this user can write (or create), not a file
+        check_out_folder(args.results, "--results", force=True)
     plan = load_plan(args.plan)
     pred = predicted(plan, args.plan, args.profile, args.mode)
     replay = _replay(args, plan)

@@ -45,7 +45,7 @@ def cmd_run(args) -> int:
     plan = load_plan(args.plan)
     check_one_gpu(plan, args.plan)
     prompt = prompt_ids(args.packed, plan.context, args.prompt, args.max_tokens)      # fits, or one line
-    with Engine.open(args.packed, args.plan, opts) as eng:
+    with Engine.open(args.packed, plan, opts, plan_path=args.plan) as eng:
         tok = eng.tokenizer()
         stream = TextStream(tok)
         if not args.json:

@@ -110,7 +110,7 @@ class Engine:
         """`plan`: a plan path or a loaded Plan. `replay`: an `engine.replay.Replay` (routing replayed)."""
         folder = Path(packed)
         device = resolve_device(options.device)
-        if not isinstance(plan, type(None)) and isinstance(plan, (str, Path)):
+        if isinstance(plan, (str, Path)):
             plan_path, plan = str(plan), load_plan(plan)
         check_one_gpu(plan, plan_path)
         plan = baseline(plan, options.mode)

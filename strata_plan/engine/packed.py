@@ -285,11 +285,9 @@ def _span(layers) -> str:
 
 # -------------------------------------------------------------------------------------------- checksums
 def hash_threads() -> int:
-    """Threads that hash at once: the cores this process may use (affinity), at least one."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:                     # not Linux
-        return max(1, os.cpu_count() or 1)
+    """Threads that hash at once: the cores this process may use (`threads.usable_cores`)."""
+    from strata_plan.threads import usable_cores
+    return usable_cores()
 
 
 def part_ok(data, a: int, b: int, want: str) -> bool:
