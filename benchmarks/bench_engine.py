@@ -13,17 +13,25 @@ plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
 of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
 the warm-up), bytes per tier per token, link figures, round trips; for the NVMe plan also a plain O_DIRECT
-read of the same files at the store's reader count, interleaved. Writes engine-<time>.json.
+read of the same files at the store's reader count, interleaved. Each mode runs with the engine's default loop
+(rows `<plan>.<mode>.*`); where that is the device loop (RAM experts read in place, one CUDA graph a token: the
+on-demand mode of a VRAM + RAM plan) the host loop runs next (rows `<plan>_hostloop.<mode>.*`), and the device
+loop's bound 1 / (t_nonMoE + B / R_zc) is measured in the same run (`bound_rows`), with whether both loops
+gave the same tokens. `--pinned-gb` adds the pinned-memory cost of a region that size against torch's pinned
+allocator. Writes engine-<time>.json.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from _result import write_result  # noqa: E402
@@ -33,6 +41,8 @@ from strata_plan.engine.engine import EngineOptions  # noqa: E402
 from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
+from strata_plan.kernels.stream_read import stream_read  # noqa: E402
+from strata_plan.pinned import HostRegion  # noqa: E402
 from strata_plan.core.plan import load_plan  # noqa: E402
 from strata_plan.planner.repredict import predict_plan, with_calibration_of  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
@@ -44,6 +54,53 @@ PLANS = {"ramrich": PLANS_DIR / "plan-kimi5-h200-ramrich.yaml", "seed": PLANS_DI
 def replay_for(plan) -> Replay:
     """The runs' routing: the olmoe-like prior, seed 11 (the plans' statistics were sampled with seed 0)."""
     return Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=4096, seed=11)
+
+
+def zero_copy_gbps(nbytes: float, reps: int = 20) -> float:
+    """GB/s of a kernel reading `nbytes` of registered pinned RAM in place (kernels.stream_read), the median of
+    `reps` reads rotating over four buffers (no read served by the GPU's L2), after a warm-up."""
+    n = int(nbytes) // 4096 * 4096
+    with HostRegion(4 * n, "cuda") as region:
+        region.tensor.view(torch.int32)[:].copy_(torch.randint(-2**31, 2**31 - 1, (region.nbytes // 4,), dtype=torch.int32))
+        arena = torch.empty(256, dtype=torch.uint8, device="cuda")
+        base = region.device_ptr - arena.data_ptr()
+        out = stream_read(arena, base, n)
+        times = []
+        for i in range(reps + 3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            stream_read(arena, base + (i % 4) * n, n, out=out)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        del out
+    return n / statistics.median(times[3:]) / 1e9
+
+
+def pinned_cost(nbytes: float) -> dict:
+    """RSS growth and seconds of `nbytes` page-locked as the store's RAM tier is (`pinned.HostRegion`) and by
+    torch's pinned allocator, one after the other."""
+    proc = psutil.Process()
+    out = {}
+    for name, make in (("region", lambda: HostRegion(int(nbytes), "cuda")),
+                       ("torch", lambda: torch.empty(int(nbytes), dtype=torch.uint8, pin_memory=True))):
+        gc.collect()
+        rss0, t0 = proc.memory_info().rss, time.perf_counter()
+        obj = make()
+        dt = time.perf_counter() - t0
+        grown = proc.memory_info().rss - rss0
+        key = f"pinned_{nbytes / 1e9:.0f}gb.{name}"
+        out[f"{key}.rss_over_size"], out[f"{key}.seconds"] = grown / nbytes, dt
+        print(f"{nbytes / 1e9:.0f} GB pinned by {name}: RSS grew {grown / 1e9:.2f} GB ({grown / nbytes:.4f} of the size) "
+              f"in {dt:.1f} s", flush=True)
+        if name == "region":
+            obj.close()
+        del obj
+        gc.collect()
+        if name == "torch":
+            torch.cuda.empty_cache()
+            getattr(torch._C, "_host_emptyCache", lambda: None)()     # torch keeps freed pinned blocks cached
+    return out
 
 
 def main() -> int:
@@ -63,6 +120,8 @@ def main() -> int:
                     "run: `strata-plan profile --quick`); default: the plans' own predictions (the shipped h200)")
     ap.add_argument("--calibration", help="with --profile: predict with the calibration constants of this profile "
                     "YAML (fitted by `strata-plan calibrate` and committed before the run) and --profile's measured figures")
+    ap.add_argument("--pinned-gb", type=float, default=0, help="also register a pinned region of this many GB as the "
+                    "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
     a = ap.parse_args()
     predict_with = with_calibration_of(a.profile, a.calibration) if a.profile else None
     plans = {k: load_plan(PLANS[k]) for k in a.plans.split(",")}
@@ -112,43 +171,83 @@ def main() -> int:
                           f"{r['measured']['decode_tok_s']:8.2f} tok/s, GPU waiting {(tp['device_wait_s'] or 0) * 1e3:.2f} "
                           f"ms/tok, copy busy {r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
 
+        def one(name: str, plan, mode: str, loop: str) -> dict | None:
+            """One run; the device loop's rows under `name`, the host loop's under `name`_hostloop (a mode the
+            device loop cannot run is run once, by the host loop, under `name`)."""
+            if late(f"{name}/{mode}/{loop}"):
+                return None
+            r = measure(folder, PLANS[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
+                        options=EngineOptions(loop=loop))
+            key = name if loop == "device" else f"{name}_hostloop"
+            out[f"{key}/{mode}"] = r
+            report(key, plan, mode, r)
+            return r
+
+        def report(name: str, plan, mode: str, r: dict) -> None:
+            m = r["measured"]
+            print(f"{name:8s} {mode:9s} decode {m['decode_tok_s']:8.2f} tok/s (predicted for the plan "
+                  f"{r['plan']['predicted']:.2f}) hit {r['hit_rate']:.3f} resident {r['resident_hit_rate']:.3f} "
+                  f"pcie {r['bytes_per_token']['pcie'] / 1e9:.3f} GB/tok issued, {r['bytes_per_token']['pcie_copied'] / 1e9:.3f} copied; copy busy "
+                  f"{r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
+            tp = r["time_per_token"]
+            print(f"{'':18s} host: round trips {tp['router_round_trip_s'] * 1e3:.2f} store+launch "
+                  f"{tp['store_and_launch_host_s'] * 1e3:.2f} segments {(tp['segment_launch_host_s'] or 0) * 1e3:.2f} "
+                  f"ms/tok; GPU compute {(tp['device_compute_s'] or 0) * 1e3:.2f} waiting "
+                  f"{(tp['device_wait_s'] or 0) * 1e3:.2f} ms/tok (graphs {r['graphs']})", flush=True)
+            for key in ("device_compute_s", "device_wait_s", "router_round_trip_s", "store_and_launch_host_s",
+                        "segment_launch_host_s"):
+                if tp[key] is not None:
+                    metrics[f"{name}.{mode}.{key[:-2]}_ms_per_token"] = tp[key] * 1e3
+            for j, (c, w) in enumerate(tp["device_per_moe_layer_s"] or []):
+                metrics[f"{name}.{mode}.moe_layer{j}_ms_per_token"] = (c + w) * 1e3
+            metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
+            metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
+            metrics[f"{name}.{mode}.device_loop"] = float(r["loop"] == "device")
+            if a.profile:
+                pr = predict_plan(plan, predict_with, mode, where=str(PLANS[name]), loop=r["loop"])
+                r["predicted"] = {"profile": a.profile, "calibration": a.calibration, "decode_tok_s": pr.decode_tok_s,
+                                  "decode_binding": pr.decode_binding, "bytes_per_token": pr.bytes_per_token,
+                                  "decode_seconds": pr.decode_seconds}
+                metrics[f"{name}.{mode}.predicted_decode_tok_s"] = pr.decode_tok_s
+                metrics[f"{name}.{mode}.measured_over_predicted"] = m["decode_tok_s"] / pr.decode_tok_s
+                print(f"{'':18s} predicted with {a.profile} (constants: {a.calibration or 'its own'}): {pr.decode_tok_s:.2f} tok/s ({pr.decode_binding}), "
+                      f"measured / predicted {m['decode_tok_s'] / pr.decode_tok_s:.3f}", flush=True)
+            metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
+            metrics[f"{name}.{mode}.pcie_copied_gb_per_token"] = r["bytes_per_token"]["pcie_copied"] / 1e9
+            metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
+            metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
+        def bound_rows(name: str, mode: str, r: dict, host: dict | None) -> None:
+            """The device loop against its bound 1 / (t_nonMoE + B / R_zc): B the bytes read in place from pinned
+            RAM a token (counted on the device), t_nonMoE the step's GPU time without its MoE calls and R_zc the
+            zero-copy read rate at one layer's share of B, both measured now; the host loop's tokens beside it."""
+            B = r["bytes_per_token"]["ram"]
+            parts = r["device_step"]
+            rate = zero_copy_gbps(max(B / r["plan"]["n_moe_layers"], 1 << 20))
+            bound = 1.0 / (parts["without_moe_s"] + B / (rate * 1e9))
+            k = f"{name}.{mode}"
+            metrics["zero_copy_gbps"] = rate
+            metrics[f"{k}.bound_tok_s"] = bound
+            metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / bound
+            metrics[f"{k}.t_nonmoe_ms"] = parts["without_moe_s"] * 1e3
+            metrics[f"{k}.step_gpu_ms"] = parts["step_s"] * 1e3
+            metrics[f"{k}.ram_gb_per_token"] = B / 1e9
+            pin = r["pinned"]
+            metrics[f"{name}.ram_tier_gb"] = pin["tier_bytes"] / 1e9
+            metrics[f"{name}.ram_tier_pinned_over_size"] = pin["pinned_bytes"] / pin["tier_bytes"]
+            if host is not None:
+                metrics[f"{k}.tokens_equal_hostloop"] = float(r["tokens"] == host["tokens"])
+                metrics[f"{k}.over_hostloop"] = r["measured"]["decode_tok_s"] / host["measured"]["decode_tok_s"]
+            print(f"{name:8s} {mode:9s} device loop {r['measured']['decode_tok_s']:.2f} tok/s = "
+                  f"{metrics[k + '.over_bound']:.3f} of its bound {bound:.2f} (t_nonMoE {parts['without_moe_s'] * 1e3:.2f} ms, "
+                  f"{B / 1e9:.3f} GB/tok in place at {rate:.1f} GB/s zero-copy; step alone {parts['step_s'] * 1e3:.2f} ms); "
+                  f"tokens equal to the host loop's: {metrics.get(k + '.tokens_equal_hostloop')}", flush=True)
+
         for name, plan in plans.items():
             for mode in a.modes.split(","):
-                if late(f"{name}/{mode}"):
-                    continue
-                r = measure(folder, PLANS[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan))
-                out[f"{name}/{mode}"] = r
-                m = r["measured"]
-                print(f"{name:8s} {mode:9s} decode {m['decode_tok_s']:8.2f} tok/s (predicted for the plan "
-                      f"{r['plan']['predicted']:.2f}) hit {r['hit_rate']:.3f} resident {r['resident_hit_rate']:.3f} "
-                      f"pcie {r['bytes_per_token']['pcie'] / 1e9:.3f} GB/tok issued, {r['bytes_per_token']['pcie_copied'] / 1e9:.3f} copied; copy busy "
-                      f"{r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
-                tp = r["time_per_token"]
-                print(f"{'':18s} host: round trips {tp['router_round_trip_s'] * 1e3:.2f} store+launch "
-                      f"{tp['store_and_launch_host_s'] * 1e3:.2f} segments {(tp['segment_launch_host_s'] or 0) * 1e3:.2f} "
-                      f"ms/tok; GPU compute {(tp['device_compute_s'] or 0) * 1e3:.2f} waiting "
-                      f"{(tp['device_wait_s'] or 0) * 1e3:.2f} ms/tok (graphs {r['graphs']})", flush=True)
-                for key in ("device_compute_s", "device_wait_s", "router_round_trip_s", "store_and_launch_host_s",
-                            "segment_launch_host_s"):
-                    if tp[key] is not None:
-                        metrics[f"{name}.{mode}.{key[:-2]}_ms_per_token"] = tp[key] * 1e3
-                for j, (c, w) in enumerate(tp["device_per_moe_layer_s"] or []):
-                    metrics[f"{name}.{mode}.moe_layer{j}_ms_per_token"] = (c + w) * 1e3
-                metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
-                metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
-                if a.profile:
-                    pr = predict_plan(plan, predict_with, mode, where=str(PLANS[name]))
-                    r["predicted"] = {"profile": a.profile, "calibration": a.calibration, "decode_tok_s": pr.decode_tok_s,
-                                      "decode_binding": pr.decode_binding, "bytes_per_token": pr.bytes_per_token,
-                                      "decode_seconds": pr.decode_seconds}
-                    metrics[f"{name}.{mode}.predicted_decode_tok_s"] = pr.decode_tok_s
-                    metrics[f"{name}.{mode}.measured_over_predicted"] = m["decode_tok_s"] / pr.decode_tok_s
-                    print(f"{'':18s} predicted with {a.profile} (constants: {a.calibration or 'its own'}): {pr.decode_tok_s:.2f} tok/s ({pr.decode_binding}), "
-                          f"measured / predicted {m['decode_tok_s'] / pr.decode_tok_s:.3f}", flush=True)
-                metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
-                metrics[f"{name}.{mode}.pcie_copied_gb_per_token"] = r["bytes_per_token"]["pcie_copied"] / 1e9
-                metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
-                metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
+                r = one(name, plan, mode, "device")
+                if r is not None and r["loop"] == "device":
+                    host = one(name, plan, mode, "host")
+                    bound_rows(name, mode, r, host)
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
             if f"{name}.plan.decode_tok_s" in metrics:
                 metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
@@ -157,6 +256,8 @@ def main() -> int:
             if name == next(iter(plans)):
                 copy_windows(name)
         metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)
+        if a.pinned_gb and torch.cuda.is_available() and not late("pinned cost"):
+            metrics.update(pinned_cost(a.pinned_gb * 1e9))
     finally:
         if not a.keep:
             shutil.rmtree(folder, ignore_errors=True)

@@ -50,11 +50,15 @@ def bf16_plan(vram: int, ram: int, cache: int, depth: int, chunk: int = 5):
                                cache=CachePlan("lru", plan.cache.slot_bytes, cache * len(layers)))
 
 
-def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool | str = True):
+def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool | str = True, loop: str = "device",
+        ran: list | None = None):
     """(prompt logits [V], logits of each decode step, greedy tokens, store counters). graphs: True (the
     engine's default loop), False (the model's own forward), "eager" (the graphed loop's segments run
-    eagerly, also on a GPU)."""
-    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, poison=device == "cpu", graphs=bool(graphs))) as eng:
+    eagerly, also on a GPU). loop: EngineOptions.loop; `ran` gets the loop that ran appended."""
+    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, poison=device == "cpu", graphs=bool(graphs),
+                                                 loop=loop)) as eng:
+        if ran is not None:
+            ran.append(eng.loop)
         m = eng.model
         if graphs == "eager":
             m.step_runner = GraphedDecode(m, eng.experts, graphs=False)
@@ -64,7 +68,7 @@ def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool
         for _ in range(new):
             tokens.append(int(logits[-1].argmax()))
             logits.append(m.decode_step(tokens[-1]))
-        return torch.stack(logits), tokens, eng.store.counters.to_data()
+        return torch.stack(logits), tokens, eng.store.counter_data()
 
 
 CASES = [((4, 10, 3, 2), "plan"), ((4, 10, 3, 2), "lru"), ((0, 0, 0, 1), "plan"), ((2, 6, 0, 0), "on-demand")]
@@ -101,10 +105,37 @@ def test_the_segmented_decode_loop_is_the_models_own_forward(packed_bf16):
     static attention over the whole masked cache; the plain reference loop (graphs off, on-demand) is the
     model's own forward with attention over the cached prefix. Same arithmetic up to the order of the
     masked softmax's float32 sums (measured ~1e-6 relative); the same tokens."""
-    ref_logits, ref_tokens, _ = run(packed_bf16, bf16_plan(2, 6, 0, 0), "on-demand", graphs=False)
+    ref_logits, ref_tokens, _ = run(packed_bf16, bf16_plan(2, 6, 0, 0), "on-demand", graphs=False, loop="host")
     logits, tokens, counters = run(packed_bf16, bf16_plan(4, 10, 3, 2), "plan")
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5 * float(ref_logits.abs().max()))
     assert tokens == ref_tokens and counters["lookahead"]["1"]["guesses"] > 0
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_ram_experts_read_in_place_give_the_copying_loops_logits_and_counts(packed_bf16, graphs):
+    """The device loop (on-demand, VRAM + RAM: static experts in the arena, the rest read in place from the RAM
+    tier, on the CPU the same buffer) against the host loop copying those experts into slots first: the same
+    kernel reads the same bytes, so logits are bit-identical, and every routed use the host loop fetched on
+    demand the device loop read in place, byte for byte."""
+    plan = bf16_plan(4, 28, 0, 0)
+    loops: list[str] = []
+    host = run(packed_bf16, plan, "on-demand", graphs=graphs, loop="host", ran=loops)
+    dev = run(packed_bf16, plan, "on-demand", graphs=graphs, loop="device", ran=loops)
+    assert loops == ["host", "device"]
+    assert torch.equal(dev[0], host[0]) and dev[1] == host[1]
+    h, d = host[2], dev[2]
+    assert d["by_kind"]["in_place"] == h["by_kind"]["demand"] > 0 and d["by_kind"]["demand"] == 0
+    assert d["by_kind"]["static"] == h["by_kind"]["static"] and d["uses"] == h["uses"] == 5 * 5 * plan.top_k
+    assert d["bytes_from"]["ram"] == h["bytes_from"]["ram"] > 0
+
+
+def test_the_device_loop_runs_only_plans_without_cache_lookahead_or_nvme(packed_bf16):
+    """loop "device" is a request: a plan with an LRU cache, lookahead or an NVMe tier runs the host loop."""
+    loops: list[str] = []
+    for split, mode in (((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 1), "on-demand"), ((4, 28, 2, 0), "lru"),
+                        ((4, 10, 0, 0), "on-demand"), ((4, 28, 2, 1), "plan")):
+        run(packed_bf16, bf16_plan(*split), mode, new=1, ran=loops)
+    assert loops == ["device", "device", "host", "host", "host"]
 
 
 @pytest.mark.gpu
@@ -121,6 +152,22 @@ def test_cuda_graphs_replay_the_eager_segments(packed_bf16):
         graphed, tokens, _ = run(packed_bf16, plan, mode, new=6, device="cuda")
         assert tokens == eager_tokens, mode
         torch.testing.assert_close(graphed, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()))
+
+
+@pytest.mark.gpu
+def test_the_device_loop_on_a_gpu_reads_registered_ram_in_place(packed_bf16):
+    """On a GPU: the device loop (one CUDA graph a token, RAM experts read over PCIe from the registered RAM tier)
+    gives the host loop's tokens (copies into VRAM slots, graphed segments), its logits to bf16 rounding, and the
+    same routed bytes from RAM."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    plan = bf16_plan(4, 28, 0, 0)
+    loops: list[str] = []
+    host, host_tokens, hc = run(packed_bf16, plan, "on-demand", new=8, device="cuda", loop="host", ran=loops)
+    dev, tokens, dc = run(packed_bf16, plan, "on-demand", new=8, device="cuda", loop="device", ran=loops)
+    assert loops == ["host", "device"] and tokens == host_tokens
+    torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
+    assert dc["bytes_from"]["ram"] == hc["bytes_from"]["ram"] > 0
 
 
 def test_greedy_tokens_are_transformers(packed_bf16):

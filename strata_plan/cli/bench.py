@@ -40,18 +40,18 @@ def _replay(args, plan):
                              tokens=max(4096, 4 * (args.tokens + args.warmup)), seed=args.replay_seed)
 
 
-def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan") -> dict:
+def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan", loop: str = "device") -> dict:
     """The cost model's figures for this plan run as `mode`: the plan's own (as planned, mode "plan"), or
     re-run on the placement the engine runs with `profile` (default: the one the plan was made with)."""
     p = plan.predicted
-    if not profile and mode == "plan":
+    if not profile and mode == "plan" and loop == "device":
         return {"source": f"the plan ({plan.sources.profile.name})", "decode_tok_s": p.decode_tok_s,
                 "prefill_tok_s": p.prefill_tok_s, "bytes_per_token": dict(p.bytes_per_token or {}),
                 "vram_hit_rate": p.vram_hit_rate, "decode_binding": p.decode_binding}
     from strata_plan.planner.repredict import predict_plan
     profile = profile or plan.sources.profile.name
-    pr = predict_plan(plan, profile, mode, where=plan_path)
-    return {"source": f"cost model with {profile}, {mode}", "decode_tok_s": pr.decode_tok_s,
+    pr = predict_plan(plan, profile, mode, where=plan_path, loop=loop)
+    return {"source": f"cost model with {profile}, {mode}, {loop} loop", "decode_tok_s": pr.decode_tok_s,
             "prefill_tok_s": pr.prefill_tok_s, "bytes_per_token": dict(pr.bytes_per_token),
             "vram_hit_rate": min(pr.hit_rate, 1.0), "decode_binding": pr.decode_binding}
 
@@ -80,6 +80,7 @@ def _against_profile(r: dict, profile: str) -> dict:
 
 def cmd_bench(args) -> int:
     from strata_plan.engine.bench import measure
+    from strata_plan.engine.engine import EngineOptions
     from strata_plan.core.plan import load_plan
     from strata_plan.outpaths import check_out_folder
     if args.tokens < 1 or args.warmup < 0:
@@ -88,12 +89,12 @@ def cmd_bench(args) -> int:
     if args.results:                    # before the work: a folder this user can write (or create), not a file
         check_out_folder(args.results, "--results", force=True)
     plan = load_plan(args.plan)
-    pred = predicted(plan, args.plan, args.profile, args.mode)
+    pred = predicted(plan, args.plan, args.profile, args.mode, args.loop)
     replay = _replay(args, plan)
     con = console(stderr=True)
     with con.status("measuring...") as status:
         r = measure(args.packed, args.plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
-                    device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
+                    device=args.device, options=EngineOptions(loop=args.loop), progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
     r["predicted"] = pred
     r["links"].update(_against_profile(r, args.profile or plan.sources.profile.name))
     m = r["measured"]
@@ -114,7 +115,7 @@ def cmd_bench(args) -> int:
         return 0
     on_cpu = r["ratio_null_because"] is not None
     t = table("quantity", "measured", "predicted", *(() if on_cpu else ("measured / predicted",)), keep=0,
-              title=f"{plan.model}: {args.mode} on {args.packed} ({r['device']})"
+              title=f"{plan.model}: {args.mode}, {r['loop']} loop, on {args.packed} ({r['device']})"
               + (f" (routing replayed: {replay.source})" if replay else ""))
 
     def row(*cells: str) -> None:

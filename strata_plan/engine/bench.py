@@ -28,7 +28,6 @@ import torch
 from strata_plan.core.plan import load_plan
 from strata_plan.schema import to_data
 
-from .counters import StoreCounters
 from .engine import Engine, EngineOptions
 
 
@@ -64,7 +63,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             if progress:
                 progress("warm-up", i + 1, warmup)
         int(tok)
-        store.counters = StoreCounters(store.n_layers)
+        store.reset_counters()
         tr = store.transfers
         read0, rbytes0, copy0, nt0 = tr.read_busy_s, tr.read_bytes, tr.copy_busy_s(), len(tr.timed)
         copied0 = tr.copy_bytes
@@ -74,12 +73,12 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             runner.timing = True
             runner.split()
             launch0 = runner.launch_s
-        per = []
+        per, out_ids = [], []
         t_all = time.perf_counter()
         for i in range(tokens):
             t1 = time.perf_counter()
             tok = m.decode_step(tok).argmax()
-            int(tok)                                  # the token on the host: its GPU work is done
+            out_ids.append(int(tok))                  # the token on the host: its GPU work is done
             per.append(time.perf_counter() - t1)
             if progress:
                 progress("decode", i + 1, tokens)
@@ -87,12 +86,15 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         split = runner.split() if runner is not None else {"steps": 0}
         launch_s = (runner.launch_s - launch0) / tokens if runner is not None else None
         copy_s = tr.copy_busy_s() - copy0
-        c = store.counters.to_data()
+        c = store.counter_data()
+        parts = runner.time_parts() if eng.loop == "device" and runner is not None and runner.graphs else None
         n = tokens
         L = store.n_layers
         med = statistics.median(per)
         return {
             "mode": mode,
+            "loop": eng.loop,                   # the decode loop that ran (engine.Engine.loop)
+            "tokens": out_ids,                  # the timed tokens (greedy): the loops must agree
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": n / wall,
@@ -125,7 +127,10 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                                "device_per_moe_layer_s": [[c / split["steps"], w / split["steps"]] for c, w in
                                                           zip(split["layer_compute_s"], split["layer_wait_s"])]
                                if split["steps"] else None},
+            # device loop: GPU seconds of a step replayed alone, and of the step without its MoE calls
+            "device_step": parts,
             "graphs": bool(runner is not None and runner.graphs),
+            "pinned": store.pinned_info(),
             "copy": {"chunk_bytes": opts.chunk_bytes, "chunks_in_flight": opts.chunks_in_flight},
             "counters": {k: v for k, v in c.items() if k != "layers"},
             "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],

@@ -8,9 +8,10 @@ moment the router's ids reached the store, before any waiting (`residency.USE_KI
     prefetched  landed by a lookahead hint before the ids arrived ("prefetched in time")
     late        hinted, but its copy was still in flight: the layer waited for it
     demand      not there: fetched on demand after the router
+    in_place    the device loop: read by the MoE kernel straight from pinned RAM over PCIe (no copy)
 
 **Hit rate** (the seeds' definition, "the needed expert was already there when the layer ran"):
-(static + cached + prefetched) / uses. A use `ensure` had to wait for or fetch is a miss.
+(static + cached + prefetched) / uses. A use `ensure` had to wait for or fetch, or read in place, is a miss.
 **Resident hit rate**: (static + cached) / uses, the same quantity as the planner's
 `predicted.vram_hit_rate` (static set plus LRU cache, prefetch not counted), so the two compare.
 Dense weights streamed by `engine.dense` are counted apart from the experts, in bytes copied for the
@@ -30,7 +31,7 @@ from .residency import CACHED, DEMAND, LATE, PREFETCHED, STATIC, USE_KINDS
 class LayerCounters:
     layer: int
     uses: dict[str, int] = field(default_factory=lambda: {k: 0 for k in USE_KINDS})
-    bytes_from: dict[str, int] = field(default_factory=lambda: {"ram": 0, "nvme": 0})   # fetched over PCIe
+    bytes_from: dict[str, int] = field(default_factory=lambda: {"ram": 0, "nvme": 0})   # over PCIe (copied or in place)
     fetches_from: dict[str, int] = field(default_factory=lambda: {"ram": 0, "nvme": 0})
     prefetch_bytes: int = 0          # of bytes_from, fetched on a hint
     wasted_bytes: int = 0            # hinted, fetched, never used

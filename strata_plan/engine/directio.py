@@ -24,7 +24,10 @@ from pathlib import Path
 
 import torch
 
+from strata_plan.pinned import HostRegion
+
 ALIGN = 4096
+BIG_PINNED = 64 << 20      # pinned buffers from this size are registered mappings of their own size
 
 
 def aligned_view(t: torch.Tensor) -> memoryview:
@@ -33,9 +36,14 @@ def aligned_view(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_uint8 * t.numel()).from_address(t.data_ptr())).cast("B")
 
 
-def aligned_empty(nbytes: int, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def aligned_empty(nbytes: int, pin: bool) -> tuple[object, torch.Tensor]:
     """(backing, view): a uint8 CPU buffer of `nbytes` whose view starts on a 4 KiB boundary; pinned
-    (page-locked, registered with CUDA) when `pin`. Keep `backing` alive as long as `view`."""
+    (page-locked, registered with CUDA) when `pin`: from 64 MiB up a `pinned.HostRegion` of the size asked
+    (torch's pinned allocator would round it up to a power of two), below that torch's. Keep `backing` alive as
+    long as `view`."""
+    if pin and nbytes >= BIG_PINNED:
+        region = HostRegion(nbytes, torch.device("cuda", torch.cuda.current_device()))
+        return region, region.tensor
     backing = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
     skip = (-backing.data_ptr()) % ALIGN
     return backing, backing[skip:skip + nbytes]

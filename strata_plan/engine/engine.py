@@ -7,9 +7,14 @@
 - "plan":      the plan as written: static set, LRU cache, router-lookahead prefetch at the plan's depth;
 - "lru":       the same store without lookahead (the LRU-only baseline);
 - "on-demand": no cache and no prefetch: every non-static expert fetched when the router asks.
-`EngineOptions.graphs` (default) runs decode steps through `graphed.GraphedDecode` (CUDA graphs on a GPU,
-the same segments eagerly on a CPU); `graphs=False` with "on-demand" is the plain, non-overlapped
-reference loop (the model's own forward, everything fetched when asked), which tests hold the others to.
+`EngineOptions.loop` picks how a decode token runs. "device" (default): where the plan in its mode has no LRU
+cache, no lookahead and no NVMe tier (`core.modes.reads_in_place`: on-demand runs of VRAM + RAM plans), every
+non-static expert is read by the MoE kernel in place from pinned RAM and a token is one CUDA graph
+(`device_loop.DeviceDecode`); other plans run the host loop. "host": the store's copies into VRAM slots, one host
+round trip per MoE layer (`graphed.GraphedDecode`: CUDA graphs between the round trips). `Engine.loop` says
+which ran. `graphs=False` runs the same steps eagerly; with "on-demand" and loop "host" it is the plain,
+non-overlapped reference loop (the model's own forward, everything fetched when asked), which tests hold the
+others to.
 The dense weights (attention, norms, routers, shared experts, embeddings, lm_head) are read from the
 packed folder's `dense.safetensors`: onto the device, or into pinned RAM where the plan's `dense` section
 says (streamed through the store's copy queue by `engine.dense`); the routed experts stay where the plan
@@ -27,10 +32,11 @@ import torch
 
 from strata_plan.errors import UserError
 from strata_plan.core.plan import load_plan
-from strata_plan.core.modes import MODES, baseline
+from strata_plan.core.modes import LOOPS, MODES, baseline, reads_in_place
 
 from .config import ModelConfig
 from .dense import DenseStream, host_units
+from .device_loop import DeviceDecode
 from .generate import Sampling, check_length, encode_prompt, generate, load_tokenizer
 from .graphed import GraphedDecode
 from .model import MoEModel
@@ -91,18 +97,22 @@ class EngineOptions:
     poison: bool = False
     allow_buffered: bool = True
     graphs: bool = True              # decode: static parts in CUDA graphs (graphed.py); False: the eager forward
+    loop: str = "device"             # "device": RAM experts read in place where the plan allows; "host": copies
     chunk_bytes: int = StoreOptions.chunk_bytes            # copy chunk (engine.transfer)
     chunks_in_flight: int = StoreOptions.chunks_in_flight  # chunks queued on the copy stream at once
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise UserError("--mode", self.mode, "unknown", f"use one of {', '.join(MODES)}")
+        if self.loop not in LOOPS:
+            raise UserError("--loop", self.loop, "unknown", f"use one of {', '.join(LOOPS)}")
 
 
 class Engine:
     def __init__(self, folder: Path, plan, store: ExpertStore, model: MoEModel, experts: StoreExperts,
                  options: EngineOptions):
         self.folder, self.plan, self.store, self.model, self.experts, self.opt = folder, plan, store, model, experts, options
+        self.loop = "host"              # set by `open`: the decode loop that runs
 
     @classmethod
     def open(cls, packed: str | Path, plan, options: EngineOptions = EngineOptions(), replay=None,
@@ -114,18 +124,20 @@ class Engine:
             plan_path, plan = str(plan), load_plan(plan)
         check_one_gpu(plan, plan_path)
         plan = baseline(plan, options.mode)
+        in_place = reads_in_place(plan, options.loop)
         host = host_units(plan, ModelConfig.load(folder), plan_path)     # dense weights kept in pinned RAM
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
                                                                     poison=options.poison,
                                                                     allow_buffered=options.allow_buffered,
                                                                     chunk_bytes=options.chunk_bytes,
-                                                                    chunks_in_flight=options.chunks_in_flight), plan_path)
+                                                                    chunks_in_flight=options.chunks_in_flight,
+                                                                    in_place=in_place), plan_path)
         try:
             verify_dense(store.index)            # before any dense weight is read
             experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,
                                    depth=plan.prefetch_depth if options.mode == "plan" else 0,
-                                   backend=options.backend, replay=replay)
+                                   backend=options.backend, replay=replay, in_place=in_place)
             model = MoEModel.load(folder, experts, context=plan.context, device=device, dtype=dtype, host=host)
             dense = DenseStream(model, store, plan, host, keep_routers=experts.depth > 0, plan_path=plan_path)
         except BaseException:
@@ -135,8 +147,10 @@ class Engine:
         if experts.depth:
             model.after_moe = experts.after_moe
         if options.graphs and model.before_layer is None:
-            model.step_runner = GraphedDecode(model, experts, graphs=device.type == "cuda")
+            runner = DeviceDecode if in_place else GraphedDecode
+            model.step_runner = runner(model, experts, graphs=device.type == "cuda")
         eng = cls(folder, plan, store, model, experts, options)
+        eng.loop = "device" if in_place else "host"
         eng.dense = dense
         return eng
 

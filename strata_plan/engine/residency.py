@@ -27,7 +27,8 @@ from typing import Any, Iterable
 FREE, STAGED, CACHE, SPENT = "free", "staged", "cache", "spent"
 # how a routed use was served, at the moment the router's ids reached the store (before any wait)
 STATIC, CACHED, PREFETCHED, LATE, DEMAND = "static", "cached", "prefetched", "late", "demand"
-USE_KINDS = (STATIC, CACHED, PREFETCHED, LATE, DEMAND)
+IN_PLACE = "in_place"      # the device loop: read by the MoE kernel straight from pinned RAM (no copy)
+USE_KINDS = (STATIC, CACHED, PREFETCHED, LATE, DEMAND, IN_PLACE)
 HIT_KINDS = (STATIC, CACHED, PREFETCHED)          # the seeds' hit: already there when the layer ran
 
 

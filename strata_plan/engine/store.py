@@ -16,7 +16,12 @@ Tiers (the plan's `layers[j].vram / ram / nvme`):
    device, one row per MoE layer) is the residency map the kernel reads: a resident expert's byte offset
    in the arena, else the poison slot (0xFF bytes: NaN scales, so a kernel that read a non-resident
    expert would produce NaN; `poison=True` also checks on the host that none is routed there).
-2. Pinned RAM: the plan's RAM experts in page-locked host regions, filled at start.
+2. Pinned RAM: the plan's RAM experts in one page-locked region of their size (`pinned.HostRegion`, registered
+   with the driver), filled at start. With `in_place` (the device loop, `core.modes.reads_in_place`)
+   `inplace_offsets[j]` points each RAM expert at its pinned address (offset = its device address - the
+   arena's), so `fused_moe` reads it there over PCIe with no copy, and `count_uses` counts routed uses on the
+   device (`fold_device_counts` turns them into the counters). On a CPU device (the tests' stand-in) arena and
+   RAM tier are one buffer, so the reference kernel follows the same offsets.
 3. NVMe: the packed files, read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
    `staging.nvme_reads` shape (split into requests, queue depth) into pinned bounce buffers, then copied.
 Integrity, always on: every static and RAM blob is checked against the sha256 of its parts in index.json at
@@ -47,11 +52,12 @@ import torch
 from strata_plan.core.lookahead import staging_slots
 from strata_plan.errors import UserError
 from strata_plan.kernels.formats import EXPERT_ALIGN
+from strata_plan.pinned import HostRegion
 
 from .packed import check_plan_matches, hash_threads, load_index, verify_part
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
-from .residency import DEMAND, LATE, Residency
+from .residency import DEMAND, IN_PLACE, LATE, STATIC, Residency
 from .transfer import CHUNK_BYTES, CHUNKS_IN_FLIGHT, Fetch, FetchError, Transfers
 
 POISON_BYTE = 0xFF          # fp16 0xFFFF is NaN: every scale of a poisoned blob is NaN
@@ -67,6 +73,7 @@ class StoreOptions:
     chunks_in_flight: int = CHUNKS_IN_FLIGHT   # prefetch chunks on the copy stream at once: a demand waits behind these
     speculative_cap: int = 0       # bytes of hinted fetches in flight at once; 0: the staging slots' bytes
     allow_buffered: bool = True    # a filesystem without O_DIRECT: warn and read buffered (benchmarks pass False)
+    in_place: bool = False         # the device loop: RAM experts read in place (`inplace_offsets`, `count_uses`)
 
 
 @dataclass(frozen=True)
@@ -122,13 +129,25 @@ class ExpertStore:
             self._close_files()
             raise
         # ---- allocate once ---------------------------------------------------------------------------
-        self.arena = torch.empty(arena_bytes, dtype=torch.uint8, device=device)
-        self.arena[self.poison_offset:].fill_(POISON_BYTE)
-        self._ram_backing, self.ram = aligned_empty(max(ram_bytes, EXPERT_ALIGN), pin=device.type == "cuda")
+        ram_size = max(ram_bytes, EXPERT_ALIGN)
+        if device.type == "cuda":
+            self.arena = torch.empty(arena_bytes, dtype=torch.uint8, device=device)
+            self._ram_region = HostRegion(ram_size, device)
+            self.ram = self._ram_region.tensor
+            self.ram_base = self._ram_region.device_ptr - self.arena.data_ptr()    # RAM byte 0 seen from the arena
+        else:       # the CPU stand-in: one buffer, so arena[offset:] reaches the RAM tier (kernels/reference.py)
+            self._ram_region = None
+            self.ram_base = -(-arena_bytes // EXPERT_ALIGN) * EXPERT_ALIGN
+            self.arena = torch.empty(self.ram_base + ram_size, dtype=torch.uint8)
+            self.ram = self.arena[self.ram_base:]
+        self.arena[self.poison_offset:self.poison_offset + self.slot_bytes].fill_(POISON_BYTE)
         self.ram_offset: dict[tuple[int, int], int] = {}
         self.offsets_host = np.full((self.n_layers, self.E), self.poison_offset, dtype=np.int64)
         self.verified = np.zeros((self.n_layers, self.E), dtype=np.bool_)   # NVMe blobs checked by a read so far
         self.offsets = torch.full((self.n_layers, self.E), self.poison_offset, dtype=torch.int64, device=device)
+        self.inplace_offsets = None         # [L, E] on the device, `in_place` only: set by `_load`
+        self.use_counts = torch.zeros((self.n_layers, self.E), dtype=torch.int64, device=device) if options.in_place else None
+        self._ones = torch.ones(8 * self.top_k, dtype=torch.int64, device=device)
         self._ring = torch.empty((RING, self.E), dtype=torch.int64, pin_memory=device.type == "cuda")
         self._ring_events: list = [None] * RING
         self._ring_i = 0
@@ -238,12 +257,59 @@ class ExpertStore:
             torch.cuda.synchronize(self.device)
         self._static_rows = self.offsets_host.copy()     # static offsets, poison elsewhere: each row's base
         self.offsets.copy_(torch.from_numpy(self.offsets_host))
+        if self.opt.in_place:
+            rows = self._static_rows.copy()
+            for (j, e), o in self.ram_offset.items():
+                rows[j, e] = self.ram_base + o
+            self.inplace_offsets = torch.from_numpy(rows).to(self.device)
         return time.perf_counter() - t0
 
     def _check_parts(self, pool, ent, data: torch.Tensor) -> list:
         """Futures checking each part of one blob as read (a CPU uint8 tensor) on the hashing threads."""
         view = data.numpy()
         return [pool.submit(verify_part, self.index, ent, view, k) for k in range(len(ent.parts))]
+
+    # ---- the device loop (in_place) --------------------------------------------------------------------
+    def count_uses(self, j: int, ids: torch.Tensor) -> None:
+        """Count MoE layer j's routed ids [M, k] on the device (graph-safe: no sync, no allocation)."""
+        flat = ids.reshape(-1)
+        self.use_counts[j].index_add_(0, flat, self._ones[:flat.numel()])
+
+    def fold_device_counts(self) -> None:
+        """Add the device's use counts to the counters (static: in the VRAM set; in_place: read from pinned RAM,
+        its bytes counted as crossing PCIe) and zero them. Waits for the device."""
+        if self.use_counts is None:
+            return
+        counts = self.use_counts.cpu().numpy().copy()     # on a CPU device .cpu() is the tensor itself
+        self.use_counts.zero_()
+        for j, row in enumerate(counts):
+            c = self.counters.layers[j]
+            for e in np.flatnonzero(row):
+                n = int(row[e])
+                if self.tier[j][e] == "vram":
+                    c.uses[STATIC] += n
+                else:                       # reads_in_place: no NVMe tier, so RAM
+                    c.uses[IN_PLACE] += n
+                    c.bytes_from["ram"] += n * int(self.nbytes[j, e])
+
+    def pinned_info(self) -> dict:
+        """The RAM tier's bytes against the page-locked bytes it holds (a `HostRegion`: its size, rounded up to
+        2 MiB), and the seconds registering it took; None figures on a CPU device (nothing pinned)."""
+        tier = int(sum(self.nbytes[j, e] for (j, e) in self.ram_offset))
+        r = self._ram_region
+        return {"tier_bytes": tier, "pinned_bytes": r.mapped if r is not None else None,
+                "register_s": r.register_s if r is not None else None}
+
+    def reset_counters(self) -> None:
+        """Start counting afresh (the host's counters and the device's)."""
+        if self.use_counts is not None:
+            self.use_counts.zero_()
+        self.counters = StoreCounters(self.n_layers)
+
+    def counter_data(self) -> dict:
+        """The counters as JSON-able data (`StoreCounters.to_data`), the device's counts folded in first."""
+        self.fold_device_counts()
+        return self.counters.to_data()
 
     # ---- decode -----------------------------------------------------------------------------------------
     def hint(self, j: int, ids: Sequence[int], scores: Sequence[float] | None = None, depth: int = 1) -> None:
@@ -484,6 +550,10 @@ class ExpertStore:
             self.transfers.close()
             self.transfers = None
         self._close_files()
+        if getattr(self, "_ram_region", None) is not None:
+            self.ram = None
+            self._ram_region.close()
+            self._ram_region = None
         sys.setswitchinterval(self._old_switch)
 
     def _close_files(self) -> None:

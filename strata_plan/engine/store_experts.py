@@ -19,6 +19,12 @@ Per MoE layer j and call:
    (`Transfers.pump`), also while it waits for the next router's ids. One thread issues every RAM fetch:
    no hint or copy thread competing for the interpreter lock. `replay` replaces the router's ids by a replayed routing
 (`engine.replay`): the data movement is real, the text is not.
+
+The device loop (`in_place`, the store opened with `StoreOptions(in_place=True)`): a decode call is graph-safe and
+has no host part: the routed ids are counted on the device (`store.count_uses`) and `fused_moe` reads the table
+`store.inplace_offsets[j]`, static experts in VRAM and the rest in place from pinned RAM; with a replay the ids of
+every layer for the next token are put in device buffers before the step (`stage_replay`, one copy a token).
+Prefill (several tokens) takes the path above.
 """
 from __future__ import annotations
 
@@ -31,8 +37,12 @@ from strata_plan.kernels.ops import fused_moe
 
 
 class StoreExperts:
-    def __init__(self, store, hidden: int, intermediate: int, depth: int = 0, backend: str = "auto", replay=None):
+    def __init__(self, store, hidden: int, intermediate: int, depth: int = 0, backend: str = "auto", replay=None,
+                 in_place: bool = False):
         self.store, self.hidden, self.intermediate, self.backend = store, hidden, intermediate, backend
+        self.in_place = in_place
+        self.skip_moe = False                 # device loop, timing only: the MoE call left out (`DeviceDecode.time_parts`)
+        self.staged = False                   # device loop: replayed ids come from `stage_replay`'s buffers
         self.depth = depth
         self.model = None
         self.replay = replay                  # engine.replay.Replay or None
@@ -48,17 +58,62 @@ class StoreExperts:
         self.hints_s = 0.0                    # host time giving hints to the store (its prefetches issued)
         self._ids_host = None                 # pinned copy of the router's ids (`_ids_to_host`)
         self._ids_event = torch.cuda.Event() if self.cuda else None
+        if in_place and replay is not None:   # stage_replay: two pinned [L, 1, k] rows, device buffers the step reads
+            k, dev = store.top_k, store.device
+            self._stage = [(torch.zeros((n, 1, k), dtype=torch.int64, pin_memory=self.cuda),
+                            torch.zeros((n, 1, k), dtype=torch.float32, pin_memory=self.cuda)) for _ in range(2)]
+            self._stage_ev = [None, None]
+            self._stage_i = 0
+            self._rid = torch.zeros((n, 1, k), dtype=torch.int64, device=dev)
+            self._rw = torch.zeros((n, 1, k), dtype=torch.float32, device=dev)
 
     # ---- the Experts interface -------------------------------------------------------------------
     def __call__(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         if x.shape[0] != 1:
             return self.chunk(j, x, topk_ids, topk_weights)
+        if self.in_place:
+            return self.read_in_place(j, x, topk_ids, topk_weights)
         topk_ids, topk_weights, offs = self.prepare(j, topk_ids, topk_weights)
         t1 = time.perf_counter()
         out = self.moe(j, x, topk_ids, topk_weights, offs)
         self.store.release(j)
         self.moe_s += time.perf_counter() - t1
         return out
+
+    # ---- the device loop ------------------------------------------------------------------------------
+    def read_in_place(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """One token's MoE call of layer j in the device loop: static experts from the arena, the rest from pinned
+        RAM where they are (graph-safe: no host sync, no host work that changes per token)."""
+        if self.replay is not None:
+            if self.staged:
+                topk_ids, topk_weights = self._rid[j], self._rw[j]
+            else:
+                topk_ids, topk_weights = self.replay.route(j, 1, x.device)
+        if self.skip_moe:
+            return torch.zeros_like(x)
+        self.store.count_uses(j, topk_ids)
+        return self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
+
+    def stage_replay(self) -> None:
+        """Device loop with a replay: the next token's replayed ids and weights of every MoE layer into the device
+        buffers the step reads (one copy from pinned memory, which is not rewritten before that copy ran)."""
+        if self.replay is None or not self.in_place:
+            return
+        i = self._stage_i
+        self._stage_i ^= 1
+        ids, w = self._stage[i]
+        if self._stage_ev[i] is not None:
+            self._stage_ev[i].synchronize()
+        for j in range(self.store.n_layers):
+            rid, rw = self.replay.route(j, 1, "cpu")
+            ids[j].copy_(rid)
+            w[j].copy_(rw)
+        self._rid.copy_(ids, non_blocking=self.cuda)
+        self._rw.copy_(w, non_blocking=self.cuda)
+        if self.cuda:
+            ev = self._stage_ev[i] or torch.cuda.Event()
+            ev.record()
+            self._stage_ev[i] = ev
 
     # the pieces of a decode call (engine.graphed runs `moe` inside a CUDA graph, the rest between graphs)
     def round_trip(self, j: int, m: int, topk_ids: torch.Tensor,

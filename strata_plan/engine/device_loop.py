@@ -1,0 +1,125 @@
+"""The device loop: a whole decode token in one CUDA graph, no host work between layers.
+
+    runner = DeviceDecode(model, experts)       # Engine.open installs it when core.modes.reads_in_place(plan)
+    logits = model.decode_step(token)           # eager first step, captured at the second, replayed after
+    runner.time_parts(reps=20)                  # GPU seconds of a step, and of the step without its MoE calls
+
+It runs plans whose routed experts are either static in VRAM or read in place from pinned RAM (no LRU cache, no
+lookahead, no NVMe tier: `store_experts.StoreExperts.read_in_place`), so the residency table never changes
+during decode and the host has nothing to decide: per token it gathers the embedding row (the table may live
+in pinned RAM), puts the replayed routing in device buffers when replaying (`stage_replay`), and replays one
+graph of every decoder layer, router, fused MoE, shared expert and the lm_head. Routed uses are counted on the
+device. On a CPU device, or with `graphs=False`, the same step runs eagerly (tests hold it to the host loop).
+`timing=True` times each step's device work with events; `split()` returns the sums (compute only: no waits).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+class DeviceDecode:
+    def __init__(self, model, experts, graphs: bool = True):
+        self.m, self.ex = model, experts
+        self.graphs = graphs and model.device.type == "cuda"
+        self.x0 = torch.zeros((1, model.cfg.hidden), dtype=model.dtype, device=model.device)   # the token's row
+        experts.staged = experts.replay is not None
+        self.calls = 0
+        self.launch_s = 0.0                  # host time launching steps (graph replays or eager launches)
+        self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.timing = False
+        self._ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.graphs else []
+        self._pending = False
+        self._split = self._zero()
+
+    # ---- the step (device work only) -------------------------------------------------------------------
+    def _step(self) -> torch.Tensor:
+        m = self.m
+        x = self.x0
+        for layer in m.layers:
+            x = m._layer(layer, x, 0, m.at)
+        return m.logits(x[-1])
+
+    def _run(self, key: str, mode: str) -> torch.Tensor:
+        if mode == "eager":
+            return self._step()
+        if mode == "capture":
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
+                out = self._step()
+            self._graphs[key] = (g, out)
+        g, out = self._graphs[key]
+        g.replay()
+        return out
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """One token [1] (on the device) at the position in `model.at`; float32 logits [V], the caller's own
+        tensor (a replayed graph writes its output into the same buffer every step)."""
+        mode = "eager" if not self.graphs or self.calls == 0 else ("capture" if self.calls == 1 else "replay")
+        self.calls += 1
+        if self._pending:
+            self._collect()
+        t0 = time.perf_counter()
+        self.ex.stage_replay()
+        self.x0.copy_(self.m.embed_tokens(token_ids.reshape(1)))    # eager: the rows may come from pinned RAM
+        if self.timing and self._ev:
+            self._ev[0].record()
+        logits = self._run("step", mode)
+        if self.timing and self._ev:
+            self._ev[1].record()
+            self._pending = True
+        self.launch_s += time.perf_counter() - t0
+        return logits.clone() if mode != "eager" else logits
+
+    # ---- timing ------------------------------------------------------------------------------------------
+    def _zero(self) -> dict:
+        return {"compute_s": 0.0, "wait_s": 0.0, "idle_s": 0.0, "steps": 0, "layer_compute_s": [],
+                "layer_wait_s": [], "layer_idle_s": []}
+
+    def _collect(self) -> None:
+        self._pending = False
+        self._ev[1].synchronize()
+        self._split["compute_s"] += self._ev[0].elapsed_time(self._ev[1]) / 1e3
+        self._split["steps"] += 1
+
+    def split(self) -> dict:
+        """Device seconds of the timed steps since the last call (the step's graph, from its launch to its end;
+        nothing waits inside it)."""
+        if self._pending:
+            self._collect()
+        out, self._split = self._split, self._zero()
+        return out
+
+    def time_parts(self, reps: int = 20) -> dict:
+        """Median GPU seconds of one decode step replayed as a graph (`step_s`), and of the same step captured
+        with its MoE calls left out (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head):
+        t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc). Replays rewrite the last position's KV entry with the
+        same values; the routed-use counts they add are removed. CUDA only, after a captured step."""
+        if "step" not in self._graphs:
+            raise RuntimeError("time_parts needs a captured step: decode two tokens first")
+        if "without_moe" not in self._graphs:
+            self.ex.skip_moe = True
+            try:
+                self._run("without_moe", "capture")
+            finally:
+                self.ex.skip_moe = False
+        torch.cuda.synchronize()
+        counts = self.ex.store.use_counts.clone()
+        out = {}
+        for key in ("step", "without_moe"):
+            g = self._graphs[key][0]
+            for _ in range(3):
+                g.replay()
+            times = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+            out[f"{key}_s"] = statistics.median(times)
+        self.ex.store.use_counts.copy_(counts)
+        return out

@@ -1,0 +1,107 @@
+"""Page-locked host memory that costs what it holds, and readable by GPU kernels in place.
+
+    region = HostRegion(nbytes, device)     # mmap'd, 2 MiB-aligned, registered with the GPU when device is cuda
+    region.tensor                           # uint8 CPU tensor [nbytes] over it (is_pinned() on a GPU machine)
+    region.device_ptr                       # the address a kernel reads it at (0 on a CPU device)
+    region.close()                          # unregister and unmap (idempotent)
+
+torch's pinned allocator (`pin_memory=True`, cudaHostAlloc behind a caching allocator) rounds every request up to
+a power of two: a 33 GB tier would take 34.4 GB, a 70 GB one 137 GB. A `HostRegion` is an anonymous mapping of
+exactly `nbytes` (rounded up to 2 MiB, with transparent huge pages asked for) registered with the driver
+(`cuMemHostRegister`, PORTABLE | DEVICEMAP), so it costs its size. Registered memory is mapped into the GPU's
+address space: under unified addressing with `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM` (every 64-bit Linux
+machine with a recent GPU) a kernel reads it at its host address; otherwise at the address
+`cuMemHostGetDevicePointer` gives. Kernels that take an arena and byte offsets (`fused_moe`) read a blob here
+with offset `device_ptr + i - arena.data_ptr()`: over PCIe, with no copy (zero-copy).
+
+The driver API is called through ctypes on `libcuda.so.1` in the primary context torch made current; every
+return code is checked. On a CPU device the region is the same mapping, not registered.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import time
+
+import torch
+
+HUGE = 2 << 20                       # regions are whole 2 MiB pages
+_REGISTER_FLAGS = 0x01 | 0x02        # CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP
+_CAN_USE_HOST_POINTER = 91           # CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+_driver = None
+
+
+def _cuda():
+    """libcuda through ctypes (loaded once), with the current context made torch's primary one."""
+    global _driver
+    if _driver is None:
+        _driver = ctypes.CDLL("libcuda.so.1")
+    return _driver
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        _cuda().cuGetErrorName(rc, ctypes.byref(name))
+        raise RuntimeError(f"{what} failed: {name.value.decode() if name.value else rc}")
+
+
+def can_use_host_pointer(device: torch.device) -> bool:
+    """Whether kernels on `device` read registered host memory at its host address."""
+    v = ctypes.c_int()
+    _check(_cuda().cuDeviceGetAttribute(ctypes.byref(v), _CAN_USE_HOST_POINTER, ctypes.c_int(device.index or 0)),
+           "cuDeviceGetAttribute")
+    return bool(v.value)
+
+
+class HostRegion:
+    def __init__(self, nbytes: int, device: torch.device | str = "cpu"):
+        device = torch.device(device)
+        self.nbytes = int(nbytes)
+        self.mapped = max(HUGE, -(-self.nbytes // HUGE) * HUGE)
+        self._mm = mmap.mmap(-1, self.mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            self._mm.madvise(mmap.MADV_HUGEPAGE)
+        self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8)[:self.nbytes]
+        self.host_ptr = self.tensor.data_ptr()
+        self.registered = False
+        self.register_s = 0.0
+        self.device_ptr = 0
+        if device.type == "cuda":
+            torch.cuda.init()
+            with torch.cuda.device(device):
+                torch.zeros(1, device=device)          # the primary context exists and is current here
+                t0 = time.perf_counter()
+                _check(_cuda().cuMemHostRegister_v2(ctypes.c_void_p(self.host_ptr), ctypes.c_size_t(self.mapped),
+                                                    ctypes.c_uint(_REGISTER_FLAGS)), "cuMemHostRegister")
+                self.register_s = time.perf_counter() - t0
+                self.registered = True
+                if can_use_host_pointer(device):
+                    self.device_ptr = self.host_ptr
+                else:
+                    d = ctypes.c_uint64()
+                    _check(_cuda().cuMemHostGetDevicePointer_v2(ctypes.byref(d), ctypes.c_void_p(self.host_ptr),
+                                                                ctypes.c_uint(0)), "cuMemHostGetDevicePointer")
+                    self.device_ptr = d.value
+
+    def close(self) -> None:
+        """Unregister, and drop this object's hold on the mapping: it is unmapped when the last tensor viewing
+        it goes (torch.frombuffer keeps the mmap object alive, so a live view never points at unmapped memory)."""
+        if getattr(self, "registered", False):
+            self.registered = False
+            torch.cuda.synchronize()             # no kernel or copy still reading it
+            _check(_cuda().cuMemHostUnregister(ctypes.c_void_p(self.host_ptr)), "cuMemHostUnregister")
+        self.tensor = None
+        self._mm = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:            # interpreter shutdown: the driver may be gone already
+            pass
+
+    def __enter__(self) -> "HostRegion":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
