@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The engine's H200 rows in one device call (under 10 minutes):
-#   STRATA_GIT_SHA=<sha> OUT=$OUT [COPY_WINDOWS=8:2,4:2,8:1] [CALIBRATION=P.yaml] bash benchmarks/run_engine_gpu.sh [PLANS]
+#   STRATA_GIT_SHA=<sha> OUT=$OUT [COPY_WINDOWS=8:2,4:2,8:1] [CALIBRATION=P.yaml] [PINNED_GB=64] [GPU_TESTS=]
+#     [GRAPH_VS_EAGER=1] bash benchmarks/run_engine_gpu.sh [PLANS]
 #   (PLANS default ramrich,seed; CALIBRATION: the constants the predictions use, default
 #   benchmarks/data/h200-calibrated-20261203b.yaml, frozen before the run; CALIBRATION= for the quick profile's own)
-# 1. benchmarks/tools/graph_vs_eager.py (graphed decode against its eager segments, per step);
+# 1. with GRAPH_VS_EAGER=1, benchmarks/tools/graph_vs_eager.py (the host loop's graphed decode against its eager segments);
 # 2. a quick profile of this machine (h200-run.yaml: the predictions are re-run with its measured figures);
 # 3. the engine on the synthetic kimi-k3.1-pro@5moe model, every plan in modes plan / lru / on-demand, the first
 #    plan also with each copy window of COPY_WINDOWS before the next plan (engine-*.json; runs past the deadline
-#    are listed as skipped: the seed plan's NVMe runs take ~25 s each);
-# 4. the engine GPU tests (gpu_tests.log).
+#    are listed as skipped: the seed plan's NVMe runs take ~25 s each); where a mode runs the device loop, the host
+#    loop beside it and the bound; with PINNED_GB, the pinned-memory cost of a region that size against torch's;
+# 4. the engine GPU tests (gpu_tests.log; GPU_TESTS= to skip).
 # Then here: cp <files_at>/*.json benchmarks/results/; python benchmarks/summarize.py
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
@@ -17,12 +19,13 @@ source benchmarks/device_setup.sh
 left() { echo $(( $1 - ($(date +%s) - t0) )); }
 CAL=${CALIBRATION-benchmarks/data/h200-calibrated-20261203b.yaml}   # constants frozen before the run ('' for none)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 100 python3 benchmarks/tools/graph_vs_eager.py 2>&1 | grep -v -e "^[│┃┏┗┡└┌]" | tee "$OUT/graph_vs_eager.log"
+[ -n "${GRAPH_VS_EAGER:-}" ] && timeout 100 python3 benchmarks/tools/graph_vs_eager.py 2>&1 | grep -v -e "^[│┃┏┗┡└┌]" | tee "$OUT/graph_vs_eager.log"
 timeout 120 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -3
-timeout "$(left 390)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
-  --warmup 16 --profile "$OUT/h200-run.yaml" ${CAL:+--calibration "$CAL"} --out-dir "$OUT" --copy-windows "${COPY_WINDOWS:-}" \
-  --deadline-s "$(left 350)" 2>&1 | tee "$OUT/bench_engine.log" | grep -v '^ "'
-timeout "$(left 590)" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py \
+PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
+timeout "$(left 470)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
+  --warmup 16 ${PROFILE:+--profile "$PROFILE"} ${CAL:+--calibration "$CAL"} --out-dir "$OUT" --copy-windows "${COPY_WINDOWS:-}" \
+  --pinned-gb "${PINNED_GB:-0}" --deadline-s "$(left 400)" 2>&1 | tee "$OUT/bench_engine.log" | grep -v '^ "'
+[ -n "${GPU_TESTS:-1}" ] && timeout "$(left 590)" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py \
   tests/test_engine_runtime.py tests/test_engine_models.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 \
   | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -30
 echo "run_engine_gpu: $(( $(date +%s) - t0 ))s"
