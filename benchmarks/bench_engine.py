@@ -180,10 +180,10 @@ def main() -> int:
                         options=EngineOptions(loop=loop))
             key = name if loop == "device" else f"{name}_hostloop"
             out[f"{key}/{mode}"] = r
-            report(key, plan, mode, r)
+            report(key, PLANS[name], plan, mode, r)
             return r
 
-        def report(name: str, plan, mode: str, r: dict) -> None:
+        def report(name: str, path: Path, plan, mode: str, r: dict) -> None:
             m = r["measured"]
             print(f"{name:8s} {mode:9s} decode {m['decode_tok_s']:8.2f} tok/s (predicted for the plan "
                   f"{r['plan']['predicted']:.2f}) hit {r['hit_rate']:.3f} resident {r['resident_hit_rate']:.3f} "
@@ -204,7 +204,7 @@ def main() -> int:
             metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
             metrics[f"{name}.{mode}.device_loop"] = float(r["loop"] == "device")
             if a.profile:
-                pr = predict_plan(plan, predict_with, mode, where=str(PLANS[name]), loop=r["loop"])
+                pr = predict_plan(plan, predict_with, mode, where=str(path), loop=r["loop"])
                 r["predicted"] = {"profile": a.profile, "calibration": a.calibration, "decode_tok_s": pr.decode_tok_s,
                                   "decode_binding": pr.decode_binding, "bytes_per_token": pr.bytes_per_token,
                                   "decode_seconds": pr.decode_seconds}

@@ -330,6 +330,14 @@ class DenseStream:
             self._issue(u, demand=False)
             self._next = (self._next + 1) % len(self.units)
 
+    def embed_address(self) -> int | None:
+        """The device address of the pinned embedding table (a kernel reads its rows in place there,
+        `kernels.gather`), or None when it is not in a registered region (CPU, a small table, or none in RAM)."""
+        r = self._region_backing
+        if self.embed_host is None or not getattr(r, "registered", False):
+            return None
+        return r.device_ptr + (self.embed_host.data_ptr() - r.host_ptr)
+
     def embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows [T, H] of token_ids [T]: gathered on the host from pinned RAM, copied up."""
         ids = token_ids.cpu()                    # the host needs the ids (a decode step's id is already there)

@@ -6,10 +6,13 @@
 
 It runs plans whose routed experts are either static in VRAM or read in place from pinned RAM (no LRU cache, no
 lookahead, no NVMe tier: `store_experts.StoreExperts.read_in_place`), so the residency table never changes
-during decode and the host has nothing to decide: per token it gathers the embedding row (the table may live
-in pinned RAM), puts the replayed routing in device buffers when replaying (`stage_replay`), and replays one
-graph of every decoder layer, router, fused MoE, shared expert and the lm_head. Routed uses are counted on the
-device. On a CPU device, or with `graphs=False`, the same step runs eagerly (tests hold it to the host loop).
+during decode and the host has nothing to decide. Per token it copies the token id (on the device) into the
+graph's input and replays one graph: the embedding row (gathered in place from pinned RAM by
+`kernels.gather` when the table lives there: `embed_in_place`), every decoder layer, router, fused MoE, shared
+expert and the lm_head. When replaying routing, the next token's ids go into device buffers right after the
+launch (`stage_replay`, ordered after the step that reads the current ones), so the replay's cursor runs one
+token ahead. Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
+runs eagerly, the embedding gathered by the model (tests hold it to the host loop).
 `timing=True` times each step's device work with events; `split()` returns the sums (compute only: no waits).
 """
 from __future__ import annotations
@@ -19,13 +22,18 @@ import time
 
 import torch
 
+from strata_plan.kernels.gather import gather_rows
+
 
 class DeviceDecode:
     def __init__(self, model, experts, graphs: bool = True):
         self.m, self.ex = model, experts
         self.graphs = graphs and model.device.type == "cuda"
         self.x0 = torch.zeros((1, model.cfg.hidden), dtype=model.dtype, device=model.device)   # the token's row
+        self.tok = torch.zeros(1, dtype=torch.long, device=model.device)                        # the graph's input
+        self._embed_at: int | None = None      # embed_in_place: the table's byte offset from the arena
         experts.staged = experts.replay is not None
+        self._next_staged = False
         self.calls = 0
         self.launch_s = 0.0                  # host time launching steps (graph replays or eager launches)
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -34,9 +42,17 @@ class DeviceDecode:
         self._pending = False
         self._split = self._zero()
 
+    def embed_in_place(self, address: int | None) -> None:
+        """The embedding table is in registered pinned RAM at device `address`: the graphed step gathers the
+        token's row there itself (None: the model gathers it before the step)."""
+        if address is not None and self.graphs and self.m.embed.element_size() == 2:
+            self._embed_at = address - self.ex.store.arena.data_ptr()
+
     # ---- the step (device work only) -------------------------------------------------------------------
     def _step(self) -> torch.Tensor:
         m = self.m
+        if self._embed_at is not None:
+            gather_rows(self.ex.store.arena, self._embed_at, self.tok, self.x0)
         x = self.x0
         for layer in m.layers:
             x = m._layer(layer, x, 0, m.at)
@@ -62,14 +78,22 @@ class DeviceDecode:
         if self._pending:
             self._collect()
         t0 = time.perf_counter()
-        self.ex.stage_replay()
-        self.x0.copy_(self.m.embed_tokens(token_ids.reshape(1)))    # eager: the rows may come from pinned RAM
+        if not self._next_staged:
+            self.ex.stage_replay()
+        if self._embed_at is None:
+            self.x0.copy_(self.m.embed_tokens(token_ids.reshape(1)))    # eager: the model's gather
+        else:
+            self.tok.copy_(token_ids.reshape(1), non_blocking=True)
+            self.ex.store.counters.dense_bytes["embeddings"] += self.x0.numel() * self.x0.element_size()
         if self.timing and self._ev:
             self._ev[0].record()
         logits = self._run("step", mode)
         if self.timing and self._ev:
             self._ev[1].record()
             self._pending = True
+        if self.ex.staged:
+            self.ex.stage_replay()               # the next token's routing, queued behind this step
+            self._next_staged = True
         self.launch_s += time.perf_counter() - t0
         return logits.clone() if mode != "eager" else logits
 

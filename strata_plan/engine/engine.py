@@ -149,6 +149,8 @@ class Engine:
         if options.graphs and model.before_layer is None:
             runner = DeviceDecode if in_place else GraphedDecode
             model.step_runner = runner(model, experts, graphs=device.type == "cuda")
+            if in_place:
+                model.step_runner.embed_in_place(dense.embed_address())
         eng = cls(folder, plan, store, model, experts, options)
         eng.loop = "device" if in_place else "host"
         eng.dense = dense
