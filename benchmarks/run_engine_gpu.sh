@@ -25,7 +25,7 @@ PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
 timeout "$(left 470)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
   --warmup 16 ${PROFILE:+--profile "$PROFILE"} ${CAL:+--calibration "$CAL"} --out-dir "$OUT" --copy-windows "${COPY_WINDOWS:-}" \
   --pinned-gb "${PINNED_GB:-0}" --deadline-s "$(left 400)" 2>&1 | tee "$OUT/bench_engine.log" | grep -v '^ "'
-[ -n "${GPU_TESTS:-1}" ] && timeout "$(left 590)" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py \
+[ -n "${GPU_TESTS-1}" ] && timeout "$(left 590)" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py \
   tests/test_engine_runtime.py tests/test_engine_models.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 \
   | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -30
 echo "run_engine_gpu: $(( $(date +%s) - t0 ))s"

@@ -168,6 +168,12 @@ def test_the_device_loop_on_a_gpu_reads_registered_ram_in_place(packed_bf16):
     assert loops == ["host", "device"] and tokens == host_tokens
     torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
     assert dc["bytes_from"]["ram"] == hc["bytes_from"]["ram"] > 0
+    texts = []
+    for loop in ("host", "device"):          # generate: the device loop queues each step before reading a token
+        with Engine.open(packed_bf16, plan, EngineOptions(mode="on-demand", device="cuda", loop=loop)) as eng:
+            assert getattr(eng.model.step_runner, "ahead", False) == (loop == "device")
+            texts.append(eng.generate(PROMPT, max_new_tokens=8))
+    assert texts[0] == texts[1] == host_tokens[:1] + texts[0][1:] and len(texts[0]) == 8
 
 
 def test_greedy_tokens_are_transformers(packed_bf16):

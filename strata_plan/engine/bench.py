@@ -6,7 +6,9 @@ store did, beside the planner's prediction for the same plan.
 
 Decode: after `warmup` tokens (which fill the LRU cache; at least the statistics' warm-up), `tokens`
 greedy tokens are timed one by one (each ends when its sampled id reaches the host, so every token's
-GPU work is included); tok/s = 1 / median seconds per token, and the mean beside it. The time split per token: host time in the router round trips, in the store and the
+GPU work is included); tok/s = 1 / median seconds per token, and the mean beside it. Where the step runner
+can run ahead (the device loop) token t+1's step is queued before token t is read, as `generate` does, so a
+token's time is the interval between two tokens reaching the host. The time split per token: host time in the router round trips, in the store and the
 MoE launch, in launching the graphed segments; on the compute stream (CUDA events) the segments' compute
 and the waits from each router's end to its MoE (round trip, store, copies not landed). Prefill: one chunk
 of the plan's `prefill_chunk` tokens after one warm-up chunk. Counters and link busy times cover the
@@ -74,21 +76,31 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             runner.split()
             launch0 = runner.launch_s
         per, out_ids = [], []
+        ahead = getattr(runner, "ahead", False)
         t_all = time.perf_counter()
+        pending = m.decode_step(tok).argmax() if ahead else None
+        t1 = t_all
         for i in range(tokens):
-            t1 = time.perf_counter()
-            tok = m.decode_step(tok).argmax()
+            if ahead:                                 # token i+1's step queued before token i is read
+                tok, pending = pending, m.decode_step(pending).argmax()
+            else:
+                tok = m.decode_step(tok).argmax()
             out_ids.append(int(tok))                  # the token on the host: its GPU work is done
-            per.append(time.perf_counter() - t1)
+            t2 = time.perf_counter()
+            per.append(t2 - t1)
+            t1 = t2
             if progress:
                 progress("decode", i + 1, tokens)
         wall = time.perf_counter() - t_all
+        if ahead:
+            int(pending)                              # the step queued past the last timed token
+        steps = tokens + int(ahead)                   # decode steps run while counting
         split = runner.split() if runner is not None else {"steps": 0}
-        launch_s = (runner.launch_s - launch0) / tokens if runner is not None else None
+        launch_s = (runner.launch_s - launch0) / steps if runner is not None else None
         copy_s = tr.copy_busy_s() - copy0
         c = store.counter_data()
         parts = runner.time_parts() if eng.loop == "device" and runner is not None and runner.graphs else None
-        n = tokens
+        n = steps                                     # per-token figures: counted over the steps run
         L = store.n_layers
         med = statistics.median(per)
         return {
@@ -97,7 +109,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "tokens": out_ids,                  # the timed tokens (greedy): the loops must agree
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
-                "decode_tok_s": 1.0 / med, "decode_tok_s_mean": n / wall,
+                "decode_tok_s": 1.0 / med, "decode_tok_s_mean": tokens / wall,
                 "prefill_tok_s": n_prefill / prefill_s, "prefill_tokens": n_prefill,
                 "decode_s_per_token": {"median": med, "p10": float(np.percentile(per, 10)),
                                        "p90": float(np.percentile(per, 90))},

@@ -13,6 +13,10 @@ expert and the lm_head. When replaying routing, the next token's ids go into dev
 launch (`stage_replay`, ordered after the step that reads the current ones), so the replay's cursor runs one
 token ahead. Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
 runs eagerly, the embedding gathered by the model (tests hold it to the host loop).
+
+`ahead`: the step needs nothing of the token on the host (graphs, and the embedding gathered on the device), so
+a caller may queue token t+1's step before reading token t (`generate`, `bench.measure`): the GPU then runs
+token after token while the host reads each one a step late.
 `timing=True` times each step's device work with events; `split()` returns the sums (compute only: no waits).
 """
 from __future__ import annotations
@@ -41,6 +45,10 @@ class DeviceDecode:
         self._ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.graphs else []
         self._pending = False
         self._split = self._zero()
+
+    @property
+    def ahead(self) -> bool:
+        return self.graphs and (self._embed_at is not None or self.m.embed_rows is None)
 
     def embed_in_place(self, address: int | None) -> None:
         """The embedding table is in registered pinned RAM at device `address`: the graphed step gathers the

@@ -117,7 +117,8 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
              eos_ids: Sequence[int] | None = None, on_token: Callable[[int], None] | None = None) -> list[int]:
     """Prefill the prompt (in chunks of `chunk`) from an empty cache and decode up to `max_new_tokens`
     tokens, stopping after an end-of-sequence id (default: the config's `eos_token_id`). Returns the
-    new ids."""
+    new ids. With a step runner that can run ahead (`device_loop.DeviceDecode.ahead`) the next token's step is
+    queued before the host reads this one, so the GPU never waits for the host between tokens."""
     check_length(len(prompt_ids), max_new_tokens, model.context, getattr(model.cfg, "max_positions", 0))
     eos = set(model.cfg.eos_ids if eos_ids is None else eos_ids)
     gen = None
@@ -126,16 +127,20 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
         gen.manual_seed(sampling.seed)
     model.reset()
     logits = model.prefill(list(prompt_ids), chunk)
+    ahead = getattr(model.step_runner, "ahead", False)      # the next step may be queued before the host reads
+    token = sample(logits, sampling, gen)
     out: list[int] = []
     for i in range(max_new_tokens):
-        token = sample(logits, sampling, gen)
+        nxt = None
+        if ahead and i + 1 < max_new_tokens:                # queued behind this token's step (past an EOS: unused)
+            nxt = sample(model.decode_step(token), sampling, gen)
         t = int(token)                                      # the host copy: stream it, check for EOS
         out.append(t)
         if on_token is not None:
             on_token(t)
         if t in eos or i + 1 == max_new_tokens:
             break
-        logits = model.decode_step(token)
+        token = nxt if ahead else sample(model.decode_step(token), sampling, gen)
     return out
 
 
