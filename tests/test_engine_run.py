@@ -173,7 +173,7 @@ def test_the_device_loop_on_a_gpu_reads_registered_ram_in_place(packed_bf16):
         with Engine.open(packed_bf16, plan, EngineOptions(mode="on-demand", device="cuda", loop=loop)) as eng:
             assert getattr(eng.model.step_runner, "ahead", False) == (loop == "device")
             texts.append(eng.generate(PROMPT, max_new_tokens=8))
-    assert texts[0] == texts[1] == host_tokens[:1] + texts[0][1:] and len(texts[0]) == 8
+    assert texts[0] == texts[1] == host_tokens[:len(texts[0])]
 
 
 def test_greedy_tokens_are_transformers(packed_bf16):

@@ -37,7 +37,8 @@ def with_cal(profile, **values):
 def test_round_trip_adds_moe_layers_times_it_when_nothing_overlaps(where):
     """No lookahead: each MoE layer's round trip is serial with its demand fetches, so the token grows by
     exactly L_moe x rt, and a prefill chunk by the same."""
-    p = tiny_problem(skews=(1.4, 0.5, 0.0)).replace(budget=Budget(10**13, 10**13, 10**13, 0))
+    # the host loop (round trips, copies): the device loop runs this placement without them
+    p = tiny_problem(skews=(1.4, 0.5, 0.0)).replace(budget=Budget(10**13, 10**13, 10**13, 0), loop="host")
     E, L = p.curves.n_experts, p.curves.n_layers
     n = (E, 0) if where == "vram" else (0, E)
     place = Placement((n[0],) * L, (n[1],) * L, (0,) * L, (True,) * len(p.dense_units), 0)
@@ -55,7 +56,8 @@ def test_host_fetch_paces_a_layer_whose_copies_are_shorter():
     """Every routed expert fetched from RAM (nothing static, no cache, no lookahead): once issuing a fetch
     on the host takes longer than its copy, each MoE layer waits k x host_fetch (+ the last copy), so the
     token grows by exactly L_moe x k per extra microsecond; below that the links hide it."""
-    p = tiny_problem(skews=(1.4, 0.5, 0.0)).replace(budget=Budget(10**13, 10**13, 10**13, 0))
+    # the host loop (round trips, copies): the device loop runs this placement without them
+    p = tiny_problem(skews=(1.4, 0.5, 0.0)).replace(budget=Budget(10**13, 10**13, 10**13, 0), loop="host")
     E, L = p.curves.n_experts, p.curves.n_layers
     place = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
 

@@ -62,7 +62,8 @@ def test_layer_flops_add_up_to_the_spec(kimi):
 
 def test_fully_resident_decode_is_the_hand_calculation(tiny):
     """Everything in VRAM: per token, every layer's overhead plus its bytes over HBM x efficiency."""
-    p = tiny.replace(budget=Budget(10**13, 10**13, 10**13, 0))
+    # the host loop (round trips, copies): the device loop runs this placement without them
+    p = tiny.replace(budget=Budget(10**13, 10**13, 10**13, 0), loop="host")
     E, L, k = p.curves.n_experts, p.curves.n_layers, p.spec.top_k
     place = Placement((E,) * L, (0,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
     cm = CostModel(p)
@@ -79,7 +80,8 @@ def test_fully_resident_decode_is_the_hand_calculation(tiny):
 
 def test_all_misses_from_ram_stall_on_pcie(tiny):
     """No static experts, no cache, no lookahead: each layer waits for k experts over pinned H2D."""
-    p = tiny.replace(budget=Budget(10**13, 10**13, 10**13, 0))
+    # the host loop (round trips, copies): the device loop runs this placement without them
+    p = tiny.replace(budget=Budget(10**13, 10**13, 10**13, 0), loop="host")
     E, L, k = p.curves.n_experts, p.curves.n_layers, p.spec.top_k
     resident = Placement((E,) * L, (0,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
     ram = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 0)

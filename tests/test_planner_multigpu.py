@@ -49,7 +49,8 @@ def test_resident_split_is_one_gpu_plus_the_hop(name):
     """Fully resident, identical GPUs: the split token takes the one-GPU token plus one crossing of the hidden
     state (2 x hidden BF16 bytes): over the peer link (latency + bytes / rate), or without one through host
     memory (two latencies, bytes over D2H then H2D at their plateaus)."""
-    p2 = two_gpu(name)
+    # the host loop (round trips, copies): the device loop runs this placement without them
+    p2 = two_gpu(name).replace(loop="host")
     prof = p2.profile
     one = CostModel(p2).predict(placement(p2, "vram", ()))
     two = CostModel(p2).predict(placement(p2, "vram", (1,)))
@@ -332,7 +333,8 @@ def test_remote_experts_by_hand():
     over and the partial output back (two hops) while GPU 0 reads the rest: the layer takes
     (1 - p) t_local + p max(t_local, t_hit), t_hit = 2 hops + their kernel seconds / p."""
     import dataclasses as dc
-    p = two_gpu("rtx-pro-6000-x2")
+    # the host loop (round trips, copies): the device loop runs this placement without them
+    p = two_gpu("rtx-pro-6000-x2").replace(loop="host")
     base = placement(p, "vram", ())
     r = 3
     rem = dc.replace(base, remote=(r,) + (0,) * (p.curves.n_layers - 1))
@@ -383,7 +385,9 @@ def one_layer_two_gpus():
     b, slot = p.budget, p.slot_bytes
     from strata_plan.planner.capacity import workspace_bytes
     spare = b.reserve + workspace_bytes(p.spec, p.prefill_chunk) + 6 * slot
-    return p.replace(budget=Budget(b.vram + spare, b.ram, b.nvme, b.reserve, (b.vram, spare)))
+    return p.replace(budget=Budget(b.vram + spare, b.ram, b.nvme, b.reserve, (b.vram, spare)),
+                     loop="host")   # the host loop: in the device loop polish ends at every expert static on
+                                    # GPU 0 at depth 0 (run without round trips), and spilling does not pay
 
 
 def test_polish_spills_a_layers_experts_to_the_partner_gpu(one_layer_two_gpus, tmp_path):

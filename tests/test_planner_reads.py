@@ -67,7 +67,8 @@ def test_mixed_batch_takes_the_longer_of_own_and_stream(flat):
 def test_all_on_nvme_decode_is_the_hand_computation(flat):
     """Every expert on NVMe, no cache, no lookahead: each layer waits for its k expected misses read together
     (per format, the batch of its expected count) plus one cold expert's copy, over the all-VRAM token."""
-    p = flat
+    # the host loop (round trips, copies): the device loop runs this placement without them
+    p = flat.replace(loop="host")
     E, L, k = p.curves.n_experts, p.curves.n_layers, p.spec.top_k
     dense = (True,) * len(p.dense_units)
     cm = CostModel(p)

@@ -18,9 +18,12 @@ def test_measure_gpu_small():
     assert phases == list(gpu.PHASES)
     assert 1 <= r.identity.pcie_gen <= 7 and r.identity.pcie_width in (1, 2, 4, 8, 16, 32)
     assert r.identity.total_bytes > r.identity.free_bytes > 0
-    assert set(r.curves) == {"h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable", "h2d_during_kernel"}
+    assert set(r.curves) == {"h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable", "h2d_during_kernel",
+                             "zero_copy"}, r.notes
     for curve in r.curves.values():
         assert all(st.repeats == 2 and 0 < st.median < 1000 for st in curve.values())   # GB/s: below any link
+    assert tuple(r.curves["zero_copy"]) == gpu.zero_copy_sizes(s) and 256 * MiB in r.curves["zero_copy"]
+    assert not any("zero-copy" in n for n in r.notes)
     assert r.device_copy.median > r.curves["h2d_pinned"][64 * MiB].median
     assert r.hbm_read.median > 100 and r.bf16_tflops.median > 1
     assert r.pin is not None and r.pin.pinned_bytes == 2 * 1024 * MiB and r.pin.hit_cap
@@ -33,4 +36,5 @@ def test_full_profile_entry_loads():
     r = gpu.measure_gpu(s, 0, lambda name: (lambda: None))
     entry = run._gpu_entry(r, run.QUICK)
     assert entry.h2d_pinned.provenance == "measured" and entry.h2d_pinned.at(16 * MiB) > 0
+    assert entry.zero_copy.provenance == "measured" and entry.zero_copy.at(128 * MiB) > 0
     assert 0 < run._calibration(r, run.default_calibration()).copy_overlap.value <= 1

@@ -64,6 +64,8 @@ def link_peaks(profile, gpu=None) -> dict:
     h2d = [v for _, v in gpu.h2d_pinned.points]
     if gpu.h2d_during_kernel is not None:
         h2d += [v for _, v in gpu.h2d_during_kernel.points]
+    if gpu.zero_copy is not None:                  # kernels reading pinned RAM in place cross the same link
+        h2d += [v for _, v in gpu.zero_copy.points]
     nvme = [v for d in profile.nvme for surf in (d.rand_read, d.seq_read) if surf is not None for *_, v in surf.points]
     return {"hbm": gpu.hbm_gbps.value * 1e9, "compute": gpu.bf16_tflops.value * 1e12,
             "pcie": max(h2d) * 1e9, "nvme": max(nvme, default=0.0) * 1e9}

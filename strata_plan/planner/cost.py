@@ -26,6 +26,13 @@ hints) reach the host, the store issues the copies, the MoE call is launched.
     streamed dense weights: double buffered, serial on the link, must land before their layer starts
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
 
+In place (the engine's device loop, `Problem.loop` "device", when the placement has no cache slots, no lookahead
+and no NVMe tier: `in_place`), the MoE kernels read RAM experts straight from registered pinned RAM (zero-copy),
+beside the VRAM ones: no round trip, no fetch, no stall. MoE layer j then takes
+    t += max(warm bytes_j / R_zc(warm bytes_j), t_exp_j)     t_exp_j the kernel time above (VRAM reads overlap)
+with R_zc the profile's zero_copy curve (kernel reads of registered host memory) at that read size, else the
+pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too.
+
 Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with probability
 1 - (1 - min(1, k p_r))^C and every touched non-resident expert streams once per chunk:
     T_chunk = sum_i [overhead (+ rt at MoE layers) + max(GPU_i, PCIe_i + dense stream_i, NVMe_i)],
@@ -158,6 +165,28 @@ class CostModel:
         if self.gpu.h2d_during_kernel is not None:
             return self.gpu.h2d_during_kernel.at(size) * 1e9
         return self.h2d(size) * self._cal.copy_overlap.value
+
+    def zero_copy(self, size: float) -> float:
+        """Bytes/s the kernels read registered pinned host memory in place (zero-copy: the device loop's RAM
+        experts) in a read of `size` bytes: the profile's `zero_copy` curve at that size, else the pinned H2D
+        curve there (an estimate: the same PCIe link, read by the GPU's SMs instead of its copy engine; the H200
+        read 16-256 MiB in place at 48.5-49.5 GB/s and copied it at 51-52)."""
+        if self.gpu.zero_copy is not None:
+            return self.gpu.zero_copy.at(size) * 1e9
+        return self.h2d(size)
+
+    def in_place(self, placement) -> bool:
+        """Whether the engine runs `placement` in its device loop, reading RAM experts in place: the problem's
+        loop is "device" and the placement (one GPU) has no cache slots in any layer, prefetch depth 0 and every
+        expert in VRAM or pinned RAM (no NVMe tier)."""
+        if self.problem.loop != "device" or placement.several or placement.prefetch_depth:
+            return False
+        s, m, c = placement.arrays
+        return not c.any() and bool(np.all(s + m >= self.problem.curves.n_experts))
+
+    def ram_read_seconds(self, warm_bytes: np.ndarray) -> np.ndarray:
+        """[L] seconds the kernels take to read each MoE layer's RAM bytes a token in place: bytes / R_zc(bytes)."""
+        return np.array([w / self.zero_copy(w) if w > 0 else 0.0 for w in warm_bytes])
 
     def nvme(self, size: float, queue_depth: int) -> float:
         """O_DIRECT random-read bytes/s at this block size and queue depth (the first NVMe of the profile)."""
@@ -351,8 +380,12 @@ class CostModel:
         host_dem = (1 - R) * n * self.host_fetch + np.minimum(1.0, (1 - R) * n) * one
         host_pre = R * (1 + waste) * n * self.host_fetch
 
+        t_ram = None
+        if self.in_place(placement):      # the device loop: no fetches; the kernels read RAM experts in place
+            t_ram = self.ram_read_seconds(x["warm_bytes"])
+            dem_p = dem_n = fill = pre_p = pre_n = host_dem = host_pre = np.zeros(cur.n_layers)
         dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
-                                           t_peer)
+                                           t_peer, t_ram)
         streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
         link_n = float(np.sum(dem_n + pre_n))
@@ -363,7 +396,8 @@ class CostModel:
             dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
             link_p = max(max(links), host)
         else:
-            link_p = float(np.sum(dem_p + pre_p)) + sum(self._stream_time(u) for u in streamed) + row / self.h2d(row)
+            moe_link = dem_p + pre_p if t_ram is None else t_ram
+            link_p = float(np.sum(moe_link)) + sum(self._stream_time(u) for u in streamed) + row / self.h2d(row)
         T = max(t, link_p, link_n)
         dec_seconds.update(pcie_link=link_p, nvme_link=link_n, token=T)
         if T > t:
@@ -442,13 +476,15 @@ class CostModel:
         return links, host
 
     def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
-                     t_peer=None) -> tuple[dict, float]:
+                     t_peer=None, t_ram=None) -> tuple[dict, float]:
         """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource. With
         a pipeline split each layer runs at its GPU's rates, each GPU streams its own dense units over its own
         link (double buffered), and the hidden state crosses to the next GPU at each split point.
         host_dem [L]: the host issuing a MoE layer's demand fetches, until the last one's copy lands (the stall
         when the host is slower than the link); host_pre [L]: the host issuing the layer's prefetches (the
-        engine gives hints on its main thread, at the round trip: serial with everything else it does)."""
+        engine gives hints on its main thread, at the round trip: serial with everything else it does).
+        t_ram [L] (in place, `in_place`): the kernels' reads of each MoE layer's RAM experts from pinned RAM; the
+        layer then has no round trip, fetch or stall and takes max(t_ram, t_exp), the excess charged to pcie."""
         spec, lay = self.problem.spec, self._layers
         ug = placement.unit_gpus()
         split = placement.several
@@ -498,7 +534,13 @@ class CostModel:
             sec["hbm" if t_hbm[i] >= t_fl[i] else "compute"] += max(t_hbm[i], t_fl[i])
             t += self.overhead + max(t_hbm[i], t_fl[i])
             j = moe_index.get(i)
-            if j is not None:
+            if j is not None and t_ram is not None:      # in place: RAM and VRAM experts read side by side
+                t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
+                sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
+                sec["pcie"] += max(0.0, t_ram[j] - t_exp[j])
+                t += max(t_exp[j], t_ram[j])
+                moe_done.append(t)
+            elif j is not None:
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
                 sec["overhead"] += self.round_trip         # the router's ids reach the host: demand copies
                 sec["round_trip"] += self.round_trip       # can only be issued after it

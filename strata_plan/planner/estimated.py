@@ -109,6 +109,7 @@ def scale_links(profile, pcie: float = 1.0, nvme: float = 1.0, hbm: float = 1.0,
     gpus = tuple(dataclasses.replace(
         g, h2d_pinned=g.h2d_pinned.scaled(pcie),
         h2d_during_kernel=g.h2d_during_kernel.scaled(pcie) if g.h2d_during_kernel else None,
+        zero_copy=g.zero_copy.scaled(pcie) if g.zero_copy else None,
         hbm_gbps=fig(g.hbm_gbps, hbm), bf16_tflops=fig(g.bf16_tflops, compute),
         kernel_gbps={k: fig(v, hbm) for k, v in g.kernel_gbps.items()}) for g in profile.gpus)
     drives = tuple(dataclasses.replace(d, rand_read=surf(d.rand_read, nvme), seq_read=surf(d.seq_read, nvme))

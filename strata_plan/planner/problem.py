@@ -20,6 +20,7 @@ from strata_plan.planner.curves import RankCurves
 DEFAULT_CONTEXT = 8192
 DEFAULT_CHUNK = 2048
 DEFAULT_TRIALS = 200        # Optuna trials of a search (`strata-plan plan --trials`, the wizard)
+LOOPS = ("device", "host")  # the engine's decode loops (Problem.loop)
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,9 +32,14 @@ class Problem:
     context: int = DEFAULT_CONTEXT
     prefill_chunk: int = DEFAULT_CHUNK
     mix: TierMix = field(default_factory=tier_mix)
+    # the engine's decode loop: "device" reads RAM experts in place (zero-copy) where the placement lets it (no
+    # cache slots, no lookahead, no NVMe tier: cost.CostModel.in_place); "host" always fetches them by copies
+    loop: str = "device"
 
     def __post_init__(self) -> None:
         s, st = self.spec, self.stats
+        if self.loop not in LOOPS:
+            raise UserError("loop", str(self.loop), "unknown decode loop", f"use one of {', '.join(LOOPS)}")
         where = f"statistics {getattr(st, 'source', '') or getattr(st, 'model', '')}".strip()
         if int(st.n_experts) != s.n_routed:
             raise UserError(where, "n_experts", f"{st.n_experts} experts, but {s.name} has {s.n_routed}",

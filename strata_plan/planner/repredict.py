@@ -7,7 +7,9 @@ constants are being fitted, `planner.calibrate`).
 The problem is the plan's own: model, routing statistics (trace, statistics file or prior, checked by
 sha256), budgets, context and prefill chunk as recorded in `sources` and `memory` (`make.problem_for_plan`),
 with `profile` in place of the recorded profile. Modes (`core.modes`) are the engine's: "plan" as written,
-"lru" without lookahead, "on-demand" also without cache slots.
+"lru" without lookahead, "on-demand" also without cache slots. `loop` is the engine's decode loop
+(`Problem.loop`): "device" (its default) reads RAM experts in place where the placement after the mode allows
+it (no cache slots, no lookahead, no NVMe tier), "host" always fetches them by copies.
 """
 from __future__ import annotations
 
@@ -47,13 +49,16 @@ def plan_problem(plan, profile, where: str = "plan"):
     return problem_for_plan(plan, where, machine=machine_for_plan(plan, profile))
 
 
-def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem=None):
-    """The cost model's `Prediction` of `plan` run as `mode` on `profile`. `problem`: the plan's problem
-    already built (`plan_problem`; its profile is replaced by `profile` when one is given)."""
+def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem=None, loop: str = "device"):
+    """The cost model's `Prediction` of `plan` run as `mode` in the engine's `loop` ("device" or "host") on
+    `profile`. `problem`: the plan's problem already built (`plan_problem`; its profile is replaced by
+    `profile` when one is given, its loop by `loop`)."""
     from strata_plan.planner.cost import CostModel
     from strata_plan.planner.placement import placement_of
     if problem is None:
         problem = plan_problem(plan, profile, where)
     elif profile is not None:
         problem = problem.replace(profile=machine_for_plan(plan, profile))
+    if problem.loop != loop:
+        problem = problem.replace(loop=loop)
     return CostModel(problem).predict(placement_of(baseline(plan, mode)))

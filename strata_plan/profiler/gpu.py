@@ -9,6 +9,9 @@ s cycles through the whole 1 GiB buffer (s-sized slots), so small copies are not
 Device copy bandwidth counts bytes read plus bytes written (nvbandwidth's device_local_copy does too);
 HBM read bandwidth counts the bytes a reduction reads. The PCIe generation and width are read while a
 copy is running: idle links drop to Gen1.
+Zero-copy reads (`zero_copy_curve`): a kernel (`kernels.stream_read`) reads registered pinned host memory in
+place, as the engine's device loop reads RAM experts, timed with CUDA events like the pinned copies and
+interleaved with them; the bytes read are checked once against a checksum computed on the CPU.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from .timing import GB, GiB, MiB, Stats, interleaved
 
 HOLD_SECONDS_PER_OP = 30e-6     # enqueue time one copy or kernel launch may take from Python
 HOLD_CLOCK_HZ = 2.0e9           # spin-kernel cycles are counted at the boost clock (longer when slower)
+TRITON_LAUNCH_OPS = 3           # a Triton launch is held as 3 ops: it took 15 us to enqueue on the H200 (Triton 3.6)
+LAYER_READ_SIZES = (64 << 20, 128 << 20, 256 << 20)   # a MoE layer's RAM reads a token (kimi-k3.1-pro: ~100-200 MB)
 
 
 def cuda_available() -> bool:
@@ -70,7 +75,8 @@ class GpuResult:
     hbm_read: Stats
     device_copy: Stats
     bf16_tflops: Stats
-    curves: dict[str, dict[int, Stats]]     # h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, h2d_during_kernel
+    curves: dict[str, dict[int, Stats]]     # h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, h2d_during_kernel,
+                                            # zero_copy (absent when the zero-copy probe could not run)
     pin: PinProbe | None
     kernel_gbps: dict[str, Stats]
     notes: tuple[str, ...] = field(default=())
@@ -206,8 +212,9 @@ def copy_buffers(nbytes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def copy_curves(s: GpuSettings, pinned: torch.Tensor, pageable: torch.Tensor, dev: torch.Tensor,
-                tick: Callable[[], None] | None = None) -> dict[str, dict[int, Stats]]:
-    """Pinned and pageable H2D and D2H over `s.sizes`, interleaved."""
+                tick: Callable[[], None] | None = None, zero_copy=None) -> dict[str, dict[int, Stats]]:
+    """Pinned and pageable H2D and D2H over `s.sizes`, interleaved; with `zero_copy` (a `ZeroCopyProbe`) also
+    its kernel's reads of registered host memory over `zero_copy_sizes(s)`, interleaved with the copies."""
     def h2d_pinned(size: int) -> float:
         it = _iters(size, s)
 
@@ -236,10 +243,93 @@ def copy_curves(s: GpuSettings, pinned: torch.Tensor, pageable: torch.Tensor, de
 
     modes = {"h2d_pinned": h2d_pinned, "h2d_pageable": h2d_pageable, "d2h_pinned": d2h_pinned,
              "d2h_pageable": d2h_pageable}
+    sizes = {m: s.sizes for m in modes}
+    if zero_copy is not None:
+        modes["zero_copy"] = lambda size: zero_copy.gbps(size, s)
+        sizes["zero_copy"] = zero_copy_sizes(s)
     for fn in modes.values():                              # warm-up: contexts, staging buffers, clocks
         fn(s.sizes[-1])
-    stats = interleaved([(m, z) for m in modes for z in s.sizes], lambda k: modes[k[0]](k[1]), s.repeats, tick)
-    return {m: {z: stats[(m, z)] for z in s.sizes} for m in modes}
+    stats = interleaved([(m, z) for m in modes for z in sizes[m]], lambda k: modes[k[0]](k[1]), s.repeats, tick)
+    return {m: {z: stats[(m, z)] for z in sizes[m]} for m in modes}
+
+
+# ---------------------------------------------------------------- zero-copy reads
+
+
+def zero_copy_sizes(s: GpuSettings) -> tuple[int, ...]:
+    """Read sizes of the zero-copy curve: the transfer sizes and the layer-sized reads (LAYER_READ_SIZES)."""
+    return tuple(sorted(set(s.sizes) | set(LAYER_READ_SIZES)))
+
+
+class ZeroCopyProbe:
+    """Registered pinned host memory (`pinned.HostRegion`) of `nbytes`, filled with distinct non-zero int32
+    words, and the kernel that reads it in place (`kernels.stream_read`) from a small device arena at offset
+    `region.device_ptr - arena.data_ptr()`, as `fused_moe` reads a RAM expert. `close()` unregisters it.
+    On a CPU device (tests, Triton's interpreter) the region is not registered and is read at its host address."""
+
+    def __init__(self, nbytes: int, device: torch.device | str = "cuda"):
+        from strata_plan.kernels.stream_read import stream_read
+        from strata_plan.pinned import HostRegion
+        self._read = stream_read
+        self.region = HostRegion(nbytes, device)
+        words = self.region.tensor.view(torch.int32)
+        step = 16 << 20
+        for i in range(0, words.numel(), step):            # 1, 2, 3, ...: no word is zero, no two are equal
+            n = min(step, words.numel() - i)
+            words[i:i + n].copy_(torch.arange(i + 1, i + n + 1, dtype=torch.int32))
+        del words
+        self.arena = torch.empty(256, dtype=torch.uint8, device=device)
+        # where the kernel reads the region: its device address (a CPU device, in Triton's interpreter: its own)
+        self.base = (self.region.device_ptr or self.region.host_ptr) - self.arena.data_ptr()
+        self._outs: dict[int, torch.Tensor] = {}
+
+    def read(self, offset: int, size: int) -> torch.Tensor:
+        """Enqueue one kernel reading `size` bytes at byte `offset` of the region; its per-program partials."""
+        if size not in self._outs:
+            from strata_plan.kernels.stream_read import programs_for
+            self._outs[size] = torch.empty(programs_for(self.arena.device, size), dtype=torch.int64,
+                                           device=self.arena.device)
+        return self._read(self.arena, self.base + offset, size, self._outs[size])
+
+    def check(self, size: int) -> None:
+        """The kernel's checksum of the region's first `size` bytes equals the CPU's of the same bytes."""
+        from strata_plan.kernels.stream_read import checksum, reference_checksum
+        got = checksum(self.read(0, size))
+        want = reference_checksum(self.region.tensor[:size])
+        if got != want:
+            raise RuntimeError(f"zero-copy check failed: the kernel's checksum of {size} bytes of registered host "
+                               f"memory is {got}, the CPU's {want}")
+
+    def gbps(self, size: int, s: GpuSettings) -> float:
+        """GB/s of one timed sample: reads of `size` bytes cycling through the region's size-sized slots
+        (as the copies cycle through their buffer), CUDA events around them."""
+        it = _iters(size, s)
+        slots = max(1, self.region.nbytes // size)
+        offsets = [(i % slots) * size for i in range(it)]
+
+        def go() -> None:
+            for off in offsets:
+                self.read(off, size)
+        return size * it / _event_seconds(go, TRITON_LAUNCH_OPS * it) / GB
+
+    def close(self) -> None:
+        self._outs.clear()
+        self.region.close()
+
+
+def zero_copy_probe(s: GpuSettings, notes: list[str]) -> ZeroCopyProbe | None:
+    """A `ZeroCopyProbe` over the largest zero-copy size, its kernel compiled and its reads checked; None with a
+    note when it cannot run here (no Triton, registration refused, wrong bytes read)."""
+    probe = None
+    try:
+        probe = ZeroCopyProbe(max(zero_copy_sizes(s)))
+        probe.check(max(zero_copy_sizes(s)))
+        return probe
+    except Exception as e:  # noqa: BLE001 -- a kernel failure must not lose the whole profile
+        if probe is not None:
+            probe.close()
+        notes.append(f"zero-copy reads skipped: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+        return None
 
 
 def h2d_during_kernel(s: GpuSettings, pinned: torch.Tensor, dev: torch.Tensor, work: torch.Tensor,
@@ -366,14 +456,14 @@ def fused_moe_rates(settings, notes: list[str], tick: Callable[[], None] | None 
         return None
 
 
-PHASES = ("GPU identity and PCIe link under load", "host<->GPU copies, pinned and pageable",
+PHASES = ("GPU identity and PCIe link under load", "host<->GPU copies and zero-copy reads",
           "H2D while a kernel runs on another stream", "HBM read and device copy", "bf16 matmul",
           "pinnable memory", "packed-format GEMV kernels", "fused MoE call: decode shapes, prefill expansion")
 
 
 def phase_plan(s: GpuSettings, pin_cap_bytes: int) -> list[tuple[str, float, int]]:
     """(phase, estimated seconds on a fast machine, ticks) of `measure_gpu`, for the progress bar's ETA."""
-    copies = 4 * len(s.sizes) * s.repeats
+    copies = (4 * len(s.sizes) + len(zero_copy_sizes(s))) * s.repeats
     n_moe = len(s.moe.decode_shapes) + 1 if s.moe is not None else 1
     return list(zip(PHASES, (1.0, 0.06 * copies + 2, 0.05 * len(s.during_sizes) * s.repeats + 1,
                              0.05 * 2 * s.repeats + 2, 0.05 * s.repeats + 1, pin_cap_bytes / (4 * GB) + 0.5, 6.0,
@@ -397,7 +487,13 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
         notes.append(f"PCIe link ran at Gen{ident.pcie_gen} x{ident.pcie_width} under load, "
                      f"below its maximum Gen{ident.max_gen} x{ident.max_width}")
 
-    curves = copy_curves(s, pinned, pageable, dev, step(PHASES[1]))
+    tick = step(PHASES[1])
+    probe = zero_copy_probe(s, notes)
+    try:
+        curves = copy_curves(s, pinned, pageable, dev, tick, probe)
+    finally:
+        if probe is not None:                       # unregistered before the pin probe counts what it can pin
+            probe.close()
     dev.copy_(pinned)
     if not torch.equal(dev[:MiB].cpu(), pinned[:MiB]):
         raise RuntimeError("H2D check failed: device bytes differ from host bytes")

@@ -56,6 +56,10 @@ FULL = Preset("full", GiB, 5, 4.0, 32.0,
 MATMUL_N = 8192
 GEMV_SHAPE = (16384, 7168)      # (n, k): large enough that the packed weights do not fit in the L2 of an H200
 HEADLINE_SIZE = 16 * MiB        # the transfer size the summary and copy_overlap are read at
+ZERO_COPY_METHOD = ("zero-copy: a Triton kernel (strata_plan.kernels.stream_read: 16-byte loads, a grid-stride "
+                    "loop over every SM) reads cuMemHostRegister'd pinned RAM (strata_plan.pinned.HostRegion) in place "
+                    "at an offset from a device arena, as fused_moe reads RAM experts; CUDA events, reads cycling "
+                    "through the region, checksum checked against the CPU")
 LINK_BYTES = 256 * MiB          # copies of the several-GPU link measurements (profiler.multi)
 
 
@@ -315,6 +319,7 @@ def _gpu_entry(g, p: Preset) -> GPU:
         d2h_pageable=measured_curve(c["d2h_pageable"], "pageable D2H, torch copy_, host clock between synchronizations"),
         h2d_during_kernel=measured_curve(c["h2d_during_kernel"],
                                          "pinned H2D while an HBM-bound elementwise kernel runs on another stream"),
+        zero_copy=measured_curve(c["zero_copy"], ZERO_COPY_METHOD) if "zero_copy" in c else None,
         device_copy_gbps=measured(g.device_copy.median, f"torch copy_ of a {p.hbm_bytes / GiB:g} GiB fp32 tensor on the "
                                                         "device, read + write counted, CUDA events", g.device_copy),
         kernel_gbps={f: measured(st.median, f"strata_plan.kernels.bench.measure_gemv_gbps({f!r}, n={GEMV_SHAPE[0]}, "

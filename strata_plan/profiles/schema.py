@@ -200,6 +200,7 @@ class GPU:
     d2h_pinned: Curve
     d2h_pageable: Curve | None = None
     h2d_during_kernel: Curve | None = None     # pinned H2D while a kernel runs on another stream
+    zero_copy: Curve | None = None             # kernel reads of registered pinned host memory (zero-copy), GB/s by read size
     device_copy_gbps: Figure | None = None     # device-to-device copy, read + write counted
     p2p_gbps: Figure | None = None             # to a peer GPU, if any
     kernel_gbps: dict[str, Figure] = field(default_factory=dict)  # fused-GEMV bytes/s per packed format

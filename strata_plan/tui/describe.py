@@ -5,6 +5,7 @@ from __future__ import annotations
 from strata_plan.units import fmt_bytes
 
 MiB = 1 << 20
+LAYER_READ = 128 * MiB      # the zero-copy row's read size: a MoE layer's RAM reads a token (kimi-k3.1-pro: ~100-200 MB)
 TIERS = {"vram": "VRAM", "ram": "RAM", "nvme": "NVMe"}     # keys of Predicted.bytes_per_token
 
 
@@ -27,6 +28,9 @@ def profile_rows(profile, borrowed: str = "") -> list[tuple[str, str]]:
                  ("HBM / BF16", f"{_fig(g.hbm_gbps, 'GB/s')}, {_fig(g.bf16_tflops, 'TFLOPS')}"),
                  ("pinned H2D", f"{g.h2d_pinned.at(16 * MiB):.1f} GB/s at 16 MiB ({g.h2d_pinned.provenance})"
                   + (f" each, x{g.pcie_width.value:g}" if n > 1 else ""))]
+        if g.zero_copy is not None:         # kernels reading pinned RAM in place: the device loop's RAM experts
+            rows.append(("zero-copy", f"{g.zero_copy.at(LAYER_READ):.1f} GB/s at {LAYER_READ // MiB} MiB "
+                                      f"({g.zero_copy.provenance})" + (" each" if n > 1 else "")))
         if n > 1:
             rows.append(("GPU links", gpu_links_text(profile)))
     h = profile.host

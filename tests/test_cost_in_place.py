@@ -1,0 +1,191 @@
+"""The cost model's device loop: RAM experts read in place (zero-copy) where the placement allows it.
+
+A placement with no cache slots, no lookahead and no NVMe tier, planned for the device loop, runs without the
+host round trip and without copies: each MoE layer takes max(RAM bytes / zero-copy rate, kernel time). Here
+that token is computed by hand from the spec, the routing curves and the profile; the host loop of the same
+placement is the prediction from before the device loop existed (its figures pinned below); and the zero-copy
+rate is the profile's `zero_copy` curve where there is one, else the pinned H2D curve.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from strata_plan.core.modes import baseline
+from strata_plan.core.plan import load_plan
+from strata_plan.errors import UserError
+from strata_plan.planner.capacity import Budget
+from strata_plan.planner.cost import CostModel
+from strata_plan.planner.placement import Placement, placement_of
+from strata_plan.planner.rates import decode_rates
+from strata_plan.planner.repredict import plan_problem, predict_plan
+from strata_plan.planner.testing import tiny_problem
+from strata_plan.profiles.schema import Curve, load_profile
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """Three MoE layers of 8 experts (skews 1.4, 0.5, 0) on the RTX 4090, budgets roomy."""
+    p = tiny_problem(skews=(1.4, 0.5, 0.0), vram_experts=4, ram_experts=4, locality=0.4)
+    return p.replace(budget=Budget(10**13, 10**13, 10**13, 0))
+
+
+def in_place_placement(p, vram=(3, 0, 1)) -> Placement:
+    """`vram` static experts a layer, the rest in pinned RAM: no cache, no lookahead, no NVMe tier."""
+    E = p.curves.n_experts
+    return Placement(tuple(vram), tuple(E - v for v in vram), (0,) * len(vram), (True,) * len(p.dense_units), 0)
+
+
+def with_zero_copy(profile, factor: float):
+    """The profile with a zero_copy curve of `factor` x its pinned H2D curve, marked measured."""
+    g = profile.gpu
+    curve = dataclasses.replace(g.h2d_pinned.scaled(factor), provenance="measured",
+                                source=f"test: {factor} x h2d_pinned", date="2026-12-01")
+    return dataclasses.replace(profile, gpus=(dataclasses.replace(g, zero_copy=curve),) + profile.gpus[1:])
+
+
+def by_hand(p, place: Placement, zc_gbps) -> tuple[float, list[tuple[float, float]]]:
+    """(seconds a token, [(RAM read seconds, kernel seconds)] per MoE layer) of an in-place placement, from the
+    spec and the profile: every decoder layer's overhead plus its dense + KV bytes over HBM x efficiency (or its
+    FLOPs, whichever is longer), every MoE layer's max(RAM bytes / zc_gbps(RAM bytes), kernel time), the head;
+    the token is that or the PCIe link's busy time (the RAM reads and the embedding row), whichever is longer."""
+    spec, gpu, cal = p.spec, p.profile.gpu, p.profile.calibration
+    E, k, ctx = p.curves.n_experts, spec.top_k, p.context
+    hbm = gpu.hbm_gbps.value * 1e9 * cal.hbm_efficiency.value
+    flops = gpu.bf16_tflops.value * 1e12 * cal.compute_efficiency.value
+    t = 0.0
+    for i in range(spec.n_layers):
+        nbytes = spec.dense_layer_bytes(i) + spec.kv_cache_layer_bytes(i, ctx)
+        fl = 2 * spec.dense_layer_params(i) + spec.attention.score_flops(ctx)
+        t += cal.layer_overhead_us.value * 1e-6 + max(nbytes / hbm, fl / flops)
+    rates = decode_rates(p, gpu)
+    layers, link = [], 0.0
+    for j in range(p.curves.n_layers):
+        pop = p.curves.pop[j]
+        warm = k * sum(pop[r] * p.rank_bytes[r] for r in range(place.vram[j], E))       # RAM ranks, no cache
+        t_ram = warm / (zc_gbps(warm) * 1e9) if warm > 0 else 0.0
+        t_exp = max(k * sum(pop[r] * p.rank_bytes[r] / rates[p.rank_formats[r]].value for r in range(E)),
+                    2.0 * k * spec.expert_params / flops)
+        layers.append((t_ram, t_exp))
+        t += max(t_ram, t_exp)
+        link += t_ram
+    t += max(p.dense_units[-1] / hbm, 2.0 * p.head_params / flops)
+    row = 2 * spec.hidden
+    link += row / (gpu.h2d_pinned.at(row) * 1e9)
+    return max(t, link), layers
+
+
+# zero-copy reads on a Gen4 x16 link: a kernel reading 64 KiB in place takes ~10 us, so small reads cost less
+# than the H2D curve's first point (a copy's latency) charges; large ones stay below the copy engine's rate
+ZERO_COPY = Curve(((64 << 10, 6.0), (1 << 20, 18.0), (16 << 20, 22.0), (256 << 20, 23.0)), "measured",
+                  "test: zero-copy reads of a Gen4 x16 link", "2026-12-01")
+
+
+@pytest.mark.parametrize("zero_copy", [None, ZERO_COPY], ids=["h2d_pinned", "zero_copy"])
+def test_in_place_token_is_the_hand_calculation(tiny, zero_copy):
+    p = tiny
+    if zero_copy is not None:
+        g = p.profile.gpu
+        p = p.replace(profile=dataclasses.replace(p.profile, gpus=(dataclasses.replace(g, zero_copy=zero_copy),)))
+    place = in_place_placement(p, (7, 0, 1))
+    cm = CostModel(p)
+    assert cm.in_place(place)
+    want, layers = by_hand(p, place, (zero_copy or p.profile.gpu.h2d_pinned).at)
+    assert any(r > e for r, e in layers)                      # RAM reads outlast the kernel ...
+    if zero_copy is not None:
+        assert any(e > r > 0 for r, e in layers)              # ... or hide behind it: both sides of the max count
+    pred = cm.predict(place)
+    assert 1.0 / pred.decode_tok_s == pytest.approx(want, rel=1e-12)
+    sec = pred.decode_seconds
+    assert sec["round_trip"] == 0.0 and sec["host_fetch"] == 0.0
+    assert sec["pcie_link"] == pytest.approx(sum(r for r, _ in layers)
+                                             + 2 * p.spec.hidden / (p.profile.gpu.h2d_pinned.at(2 * p.spec.hidden) * 1e9),
+                                             rel=1e-12)
+    assert sec["pcie"] == pytest.approx(sum(max(0.0, r - e) for r, e in layers), rel=1e-12)
+    # the same bytes move as in the host loop: only how long they take changes
+    host = CostModel(p.replace(loop="host")).predict(place)
+    assert pred.bytes_per_token == host.bytes_per_token and pred.prefill_tok_s == host.prefill_tok_s
+    assert pred.decode_tok_s > host.decode_tok_s
+
+
+# the host loop's prediction of in_place_placement(tiny), computed by the cost model before the device loop
+# existed (every figure of decode_seconds and both tok/s, as repr printed them)
+BEFORE = {"decode_tok_s": 368.21633963335455, "prefill_tok_s": 24081.241006346638,
+          "decode_seconds": {"pcie": 0.0021361977659550713, "nvme": 0.0, "hbm": 0.00021455697850340135,
+                             "compute": 0.0, "overhead": 0.00036503999999999996, "round_trip": 0.000225,
+                             "host_fetch": 5.004e-05, "pcie_link": 0.0021828011437328492, "nvme_link": 0.0,
+                             "token": 0.002715794744458472}}
+
+
+def test_host_loop_is_the_prediction_from_before(tiny):
+    place = in_place_placement(tiny)
+    host = CostModel(tiny.replace(loop="host"))
+    assert not host.in_place(place)
+    pred = host.predict(place)
+    assert pred.decode_tok_s == pytest.approx(BEFORE["decode_tok_s"], rel=1e-13)
+    assert pred.prefill_tok_s == pytest.approx(BEFORE["prefill_tok_s"], rel=1e-13)
+    assert pred.decode_seconds == pytest.approx(BEFORE["decode_seconds"], rel=1e-13)
+    # ... and a zero_copy curve changes nothing there
+    zc = CostModel(tiny.replace(loop="host", profile=with_zero_copy(tiny.profile, 0.5))).predict(place)
+    assert zc == pred
+
+
+@pytest.mark.parametrize("change", ["cache", "lookahead", "nvme", "split"])
+def test_placements_the_device_loop_cannot_run_are_priced_as_before(tiny, change):
+    """A cache slot, a lookahead, an expert left on NVMe, or a second GPU: the host loop's figures, in either loop."""
+    E = tiny.curves.n_experts
+    base = in_place_placement(tiny)
+    p = tiny
+    if change == "cache":
+        place = dataclasses.replace(base, cache=(0, 2, 0))
+    elif change == "lookahead":
+        place = dataclasses.replace(base, prefetch_depth=1)
+    elif change == "nvme":
+        place = dataclasses.replace(base, ram=(E - 3, E, E - 2))
+    else:                                           # the tiny model split over two GPUs
+        p = tiny_problem(profile="rtx-pro-6000").replace(profile=load_profile("rtx-pro-6000-x2"),
+                                                         budget=Budget(2 * 10**13, 10**13, 10**13, 0, (10**13, 10**13)))
+        place = dataclasses.replace(in_place_placement(p), gpu_split=(1,))
+    device = CostModel(p.replace(profile=with_zero_copy(p.profile, 0.5)))
+    assert not device.in_place(place)
+    assert device.predict(place) == CostModel(p.replace(loop="host")).predict(place)
+
+
+def test_zero_copy_rate_is_the_curve_else_pinned_h2d(tiny):
+    place = in_place_placement(tiny)
+    plain = CostModel(tiny)
+    for size in (4096.0, 3e6, 2.5e7, 4e8):
+        assert plain.zero_copy(size) == plain.h2d(size)                 # no curve: pinned H2D (an estimate)
+    slow = CostModel(tiny.replace(profile=with_zero_copy(tiny.profile, 0.5)))
+    assert slow.zero_copy(2.5e7) == pytest.approx(0.5 * plain.h2d(2.5e7), rel=1e-12)
+    assert slow.predict(place).decode_tok_s < plain.predict(place).decode_tok_s
+    same = CostModel(tiny.replace(profile=with_zero_copy(tiny.profile, 1.0)))
+    assert same.predict(place) == plain.predict(place)                # a curve equal to H2D: the fallback's figures
+
+
+def test_fully_resident_runs_without_round_trips(tiny):
+    """Every expert static: nothing to read from RAM, and the device loop has no round trip to pay."""
+    E, L = tiny.curves.n_experts, tiny.curves.n_layers
+    place = in_place_placement(tiny, (E,) * L)
+    dev, host = CostModel(tiny).predict(place), CostModel(tiny.replace(loop="host")).predict(place)
+    rt = tiny.profile.calibration.round_trip.value * 1e-6
+    assert 1 / host.decode_tok_s - 1 / dev.decode_tok_s == pytest.approx(tiny.spec.n_moe_layers * rt, rel=1e-9)
+
+
+def test_loop_is_checked_and_predict_plan_passes_it(tiny):
+    """The RAM-rich kimi plan (no NVMe tier) run on demand is the device loop's; as written (cache slots,
+    lookahead) it is the host loop's in either."""
+    with pytest.raises(UserError, match="loop"):
+        tiny.replace(loop="gpu")
+    path = Path(__file__).resolve().parent / "data" / "plan-kimi5-h200-ramrich.yaml"
+    plan = load_plan(path)
+    prob = plan_problem(plan, "h200", str(path))
+    place = placement_of(baseline(plan, "on-demand"))
+    assert CostModel(prob).in_place(place) and prob.loop == "device"
+    by = {loop: predict_plan(plan, None, "on-demand", problem=prob, loop=loop) for loop in ("device", "host")}
+    assert by["device"] == CostModel(prob).predict(place)
+    assert by["host"] == CostModel(prob.replace(loop="host")).predict(place)
+    assert by["device"].decode_tok_s > by["host"].decode_tok_s
+    assert predict_plan(plan, None, "plan", problem=prob, loop="host") == predict_plan(plan, None, "plan", problem=prob)
