@@ -189,3 +189,18 @@ def test_loop_is_checked_and_predict_plan_passes_it(tiny):
     assert by["host"] == CostModel(prob.replace(loop="host")).predict(place)
     assert by["device"].decode_tok_s > by["host"].decode_tok_s
     assert predict_plan(plan, None, "plan", problem=prob, loop="host") == predict_plan(plan, None, "plan", problem=prob)
+
+
+@pytest.mark.parametrize("name", ["plan-kimi5-h200-ramrich.yaml", "plan-kimi5-h200-seed.yaml",
+                                  "plan-kimi-k3.1-pro-5moe-h200.yaml"])
+def test_in_place_is_the_engines_rule(name):
+    """The cost model prices the device loop exactly where the engine runs it (`core.modes.reads_in_place`)."""
+    from strata_plan.core.modes import MODES, reads_in_place
+    path = Path(__file__).resolve().parent / "data" / name
+    plan = load_plan(path)
+    prob = plan_problem(plan, "h200", str(path))
+    for loop in ("device", "host"):
+        cm = CostModel(prob.replace(loop=loop))
+        for mode in MODES:
+            run = baseline(plan, mode)
+            assert cm.in_place(placement_of(run)) == reads_in_place(run, loop), (mode, loop)

@@ -332,11 +332,15 @@ class DenseStream:
 
     def embed_address(self) -> int | None:
         """The device address of the pinned embedding table (a kernel reads its rows in place there,
-        `kernels.gather`), or None when it is not in a registered region (CPU, a small table, or none in RAM)."""
+        `kernels.gather`), or None (no table in RAM, or a CPU device). A large table is in a registered region
+        (`pinned.HostRegion`, at its device address); a small one in torch's pinned memory (cudaHostAlloc), which
+        under unified addressing a kernel reads at its host address."""
         r = self._region_backing
-        if self.embed_host is None or not getattr(r, "registered", False):
+        if self.embed_host is None or not self.cuda:
             return None
-        return r.device_ptr + (self.embed_host.data_ptr() - r.host_ptr)
+        if getattr(r, "registered", False):
+            return r.device_ptr + (self.embed_host.data_ptr() - r.host_ptr)
+        return self.embed_host.data_ptr() if self.embed_host.is_pinned() else None
 
     def embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows [T, H] of token_ids [T]: gathered on the host from pinned RAM, copied up."""

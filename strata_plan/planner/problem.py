@@ -12,6 +12,7 @@ from functools import cached_property
 
 import numpy as np
 
+from strata_plan.core.modes import LOOPS
 from strata_plan.errors import UserError
 from strata_plan.kernels.formats import TierMix, tier_mix
 from strata_plan.planner.capacity import Budget, check_working_set
@@ -20,7 +21,6 @@ from strata_plan.planner.curves import RankCurves
 DEFAULT_CONTEXT = 8192
 DEFAULT_CHUNK = 2048
 DEFAULT_TRIALS = 200        # Optuna trials of a search (`strata-plan plan --trials`, the wizard)
-LOOPS = ("device", "host")  # the engine's decode loops (Problem.loop)
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,8 +32,9 @@ class Problem:
     context: int = DEFAULT_CONTEXT
     prefill_chunk: int = DEFAULT_CHUNK
     mix: TierMix = field(default_factory=tier_mix)
-    # the engine's decode loop: "device" reads RAM experts in place (zero-copy) where the placement lets it (no
-    # cache slots, no lookahead, no NVMe tier: cost.CostModel.in_place); "host" always fetches them by copies
+    # the engine's decode loop (core.modes.LOOPS): "device" reads RAM experts in place (zero-copy) where the placement
+    # lets it (no cache slots, no lookahead, no NVMe tier: cost.CostModel.in_place, as core.modes.reads_in_place
+    # says of a plan); "host" always fetches them by copies
     loop: str = "device"
 
     def __post_init__(self) -> None:
