@@ -149,9 +149,10 @@ TRUE = {"layer_overhead_us": 42.0, "moe_round_trip_us": 180.0, "hbm_efficiency":
 
 
 def _run(plan_path: Path, mode: str, profile, record: str) -> dict:
-    """A bench run as strata_plan/engine/bench.py measure() returns it, its figures predicted with `profile`."""
+    """A host-loop bench run as strata_plan/engine/bench.py measure() returns it, its figures predicted with
+    `profile` (the host loop: the one with round trips to fit)."""
     plan = load_plan(plan_path)
-    pred = predict_plan(plan, profile, mode, where=str(plan_path))
+    pred = predict_plan(plan, profile, mode, where=str(plan_path), loop="host")
     n = len(plan.layers)
     host = TRUE["moe_round_trip_us"] * 1e-6 * n
     wait = 3e-3                                          # the store's waits: not host work
@@ -168,7 +169,7 @@ def _run(plan_path: Path, mode: str, profile, record: str) -> dict:
                   device_wait_s=host + max(copy, issue))
         extra = {"links": {"copy_busy_s_per_token": copy}, "bytes_per_token": {"nvme": 0.0},
                  "counters": {"fetches_from": {"ram": fetches * tokens}, "uses": tokens * n * plan.top_k}}
-    return {"mode": mode, "measured": {"decode_tok_s": pred.decode_tok_s,
+    return {"mode": mode, "loop": "host", "measured": {"decode_tok_s": pred.decode_tok_s,
                                        "decode_s_per_token": {"median": 1 / pred.decode_tok_s}},
             "time_per_token": tp, **extra,
             "plan": {"n_moe_layers": n, "prefetch_depth": plan.prefetch_depth, **rec}}
@@ -215,7 +216,7 @@ def test_calibrate_leaves_hbm_alone_when_runs_cannot_separate_it(bench_files, ca
     assert cal.hbm_efficiency.provenance != "measured"
     assert cal.layer_overhead_us.provenance == "measured" and cal.round_trip.value == pytest.approx(180.0, rel=1e-9)
     # with hbm_efficiency at its 0.7 the overhead absorbs the HBM difference: the fit is still exact on these runs
-    t = [1 / predict_plan(load_plan(FIXTURE_PLAN), load_profile(str(out)), m).decode_tok_s for m in ("plan", "lru")]
+    t = [1 / predict_plan(load_plan(FIXTURE_PLAN), load_profile(str(out)), m, loop="host").decode_tok_s for m in ("plan", "lru")]
     want = [json.loads(f.read_text()).get("run", json.loads(f.read_text())) for f in files[:2]]
     assert t == pytest.approx([w["measured"]["decode_s_per_token"]["median"] for w in want], rel=1e-3)
 

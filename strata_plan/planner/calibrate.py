@@ -60,6 +60,7 @@ class Run:
     host_s: float | None    # the round trips' seconds per token (`_round_trip_s`); None: not identified
     n_moe: int
     fetch_us: float | None = None   # host time per fetched expert (`_fetch_host`); None: not identified
+    loop: str = "host"      # the engine's decode loop that ran (bench files before the device loop: host)
 
     @property
     def round_trip_us(self) -> float | None:
@@ -228,7 +229,7 @@ def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> list[Run]:
     """Every run in the bench files `paths`. `plans`: run name (or its prefix before '/') -> plan file, for
     files that do not record their plans (results written before engine/bench.py recorded them). `find`: more
     folders where the files a recorded plan names (model config, statistics) are looked for."""
-    from strata_plan.core.modes import MODES
+    from strata_plan.core.modes import LOOPS, MODES
     plans = plans or {}
     out: list[Run] = []
     for path in paths:
@@ -245,6 +246,9 @@ def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> list[Run]:
             mode = _field(r, "mode", str(path), prefix, str)
             if mode not in MODES:
                 raise UserError(str(path), prefix + "mode", f"{mode!r} is not a mode", f"one of {', '.join(MODES)}")
+            loop = r.get("loop", "host")
+            if loop not in LOOPS:
+                raise UserError(str(path), prefix + "loop", f"{loop!r} is not a loop", f"one of {', '.join(LOOPS)}")
             med = _field(r, "measured.decode_s_per_token.median", str(path), prefix)
             host = _round_trip_s(r, str(path), prefix)
             fh = _fetch_host(r, str(path), prefix) if (r.get("time_per_token") or {}).get("device_wait_s") is not None else None
@@ -260,7 +264,7 @@ def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> list[Run]:
                                 f"{plan_where} has {len(plan.layers)} MoE layers", "pass the plan the run executed")
             out.append(Run(f"{p.name}:{name}" if name else p.name, str(path), mode, plan, plan_where, float(med),
                            None if host is None else float(host), int(n_moe),
-                           None if fh is None else fh[0] * 1e6))
+                           None if fh is None else fh[0] * 1e6, loop))
     if not out:
         raise UserError("BENCH.json", "", "no runs given", "pass at least one bench file")
     return out
@@ -290,7 +294,7 @@ class _Predictor:
 
     def seconds(self, profile) -> np.ndarray:
         from strata_plan.planner.repredict import predict_plan
-        return np.array([1.0 / predict_plan(r.plan, profile, r.mode, problem=self.problems[k]).decode_tok_s
+        return np.array([1.0 / predict_plan(r.plan, profile, r.mode, problem=self.problems[k], loop=r.loop).decode_tok_s
                          for r, k in zip(self.runs, self.keys)])
 
 
