@@ -1,0 +1,108 @@
+"""`kernels.lru`: the planner's LRU decided on the device. The plain reference matches the routing package's
+brute-force simulation hit for hit, the Triton kernel (interpreted on CPU) matches the reference state for state,
+and the fill copies exactly the admitted experts into their slots."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from strata_plan.core.routing.reference import simulate_cache
+from strata_plan.core.routing.sample import sample_experts
+from strata_plan.kernels.lru import (HIT, MISS, MISS_BYTES, STATIC, LruState, fill_slots, lru_step, reference_fill,
+                                     reference_step)
+
+SLOT = 4096
+
+
+def make_state(L: int, E: int, k: int, slots: list[int], static: list[set[int]], device="cpu") -> LruState:
+    """Arena: [slots of every layer | every expert's RAM copy], each expert `SLOT` bytes at most."""
+    C = max(max(slots), 1)
+    base = [sum(slots[:j]) for j in range(L)]
+    slot_offset = torch.tensor([[(base[j] + s) * SLOT for s in range(C)] for j in range(L)], dtype=torch.int64)
+    ram0 = sum(slots) * SLOT
+    ram_offset = torch.tensor([[ram0 + (j * E + e) * SLOT for e in range(E)] for j in range(L)], dtype=torch.int64)
+    st = torch.zeros(L, E, dtype=torch.int8)
+    for j, s in enumerate(static):
+        st[j, list(s)] = 1
+    g = torch.Generator().manual_seed(0)
+    nbytes = (torch.randint(1, SLOT // 512 + 1, (L, E), generator=g) * 512).to(torch.int64)   # 512 .. 4096
+    t = dict(slot_expert=torch.full((L, C), -1), slot_stamp=torch.full((L, C), -1), slot_offset=slot_offset,
+             n_slots=torch.tensor(slots), static=st, ram_offset=ram_offset, nbytes=nbytes,
+             table=ram_offset.clone(), admit=torch.full((L, k), -1), tick=torch.zeros(L, dtype=torch.int64),
+             counts=torch.zeros(L, 4, dtype=torch.int64))
+    return LruState(**{n: v.to(device=device, dtype=torch.int8 if n == "static" else torch.int64) for n, v in t.items()})
+
+
+def routing(L: int, E: int, k: int, T: int, seed: int) -> np.ndarray:
+    experts, _, _ = sample_experts(1.1, 0.4, L, E, k, T, seed=seed, permute=False)
+    return experts                                  # [T, L, k]
+
+
+@pytest.mark.parametrize("slots", [[0, 3], [5, 12], [1, 40]])
+def test_the_reference_is_the_planners_lru_hit_for_hit(slots):
+    L, E, k, T = 2, 48, 6, 300
+    ex = routing(L, E, k, T, seed=len(slots) + sum(slots))
+    static = [set(range(4)), set()]
+    st = make_state(L, E, k, slots, static)
+    for t in range(T):
+        for j in range(L):
+            reference_step(torch.from_numpy(ex[t, j].astype(np.int64)), j, st)
+    for j in range(L):
+        want = simulate_cache(ex[:, j], static[j], slots[j])
+        c = st.counts[j]
+        assert (c[STATIC] + c[HIT]) / (T * k) == pytest.approx(want, abs=0)
+        assert c[STATIC] + c[HIT] + c[MISS] == T * k
+        # the table points every cached expert at its slot and every other non-static one at its RAM copy
+        cached = {int(e): s for s, e in enumerate(st.slot_expert[j, :slots[j]].tolist()) if e >= 0}
+        for e in range(E):
+            want_off = st.slot_offset[j, cached[e]] if e in cached else st.ram_offset[j, e]
+            assert int(st.table[j, e]) == int(want_off)
+
+
+def test_more_misses_than_slots_keeps_the_latest_and_fills_only_what_stays():
+    st = make_state(1, 16, 4, [2], [set()])
+    reference_step(torch.tensor([1, 2, 3, 4]), 0, st)
+    assert sorted(st.slot_expert[0].tolist()) == [3, 4]            # the two touched last stay
+    assert st.admit[0].tolist()[:2] == [-1, -1] and min(st.admit[0].tolist()[2:]) >= 0
+    assert int(st.table[0, 1]) == int(st.ram_offset[0, 1])          # admitted then evicted: read in place
+    reference_step(torch.tensor([3, 5, 1, 6]), 0, st)               # 3 hits; 5, 1, 6 miss into two slots
+    assert sorted(st.slot_expert[0].tolist()) == [1, 6] and int(st.table[0, 3]) == int(st.ram_offset[0, 3])
+    assert st.counts[0].tolist()[:3] == [0, 1, 7]
+
+
+@pytest.mark.parametrize("slots", [[0, 2, 7], [3, 1, 16]])
+def test_the_kernel_is_the_reference_state_for_state(slots):
+    L, E, k, T = 3, 40, 5, 60
+    ex = routing(L, E, k, T, seed=7)
+    static = [set(range(3)), {5, 9}, set()]
+    a, b = make_state(L, E, k, slots, static), make_state(L, E, k, slots, static)
+    for t in range(T):
+        for j in range(L):
+            ids = torch.from_numpy(ex[t, j].astype(np.int64))
+            reference_step(ids, j, a)
+            lru_step(ids.reshape(1, -1), j, b)
+            for name in ("slot_expert", "slot_stamp", "table", "admit", "tick", "counts"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), (t, j, name)
+
+
+def test_fill_copies_the_admitted_experts_into_their_slots():
+    L, E, k = 1, 12, 4
+    st = make_state(L, E, k, [3], [{0}])
+    arena_size = int(st.ram_offset.max()) + SLOT
+    g = torch.Generator().manual_seed(1)
+    arena = torch.randint(0, 256, (arena_size,), dtype=torch.uint8, generator=g)
+    ref = arena.clone()
+    for ids in ([0, 4, 7, 2], [7, 9, 0, 11]):
+        t = torch.tensor(ids)
+        reference_step(t, 0, st)
+        reference_fill(ref, t, 0, st)
+        fill_slots(arena, t, 0, st, SLOT)
+        assert torch.equal(arena, ref)
+        for i, e in enumerate(ids):
+            dst = int(st.admit[0, i])
+            if dst >= 0:
+                n = int(st.nbytes[0, e])
+                src = int(st.ram_offset[0, e])
+                assert torch.equal(arena[dst:dst + n], arena[src:src + n])
+    assert st.counts[0, MISS_BYTES] == sum(int(st.nbytes[0, e]) for e in (4, 7, 2, 9, 11))
