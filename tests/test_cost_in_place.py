@@ -46,11 +46,13 @@ def with_zero_copy(profile, factor: float):
     return dataclasses.replace(profile, gpus=(dataclasses.replace(g, zero_copy=curve),) + profile.gpus[1:])
 
 
-def by_hand(p, place: Placement, zc_gbps) -> tuple[float, list[tuple[float, float]]]:
+def by_hand(p, place: Placement, zc_gbps, warm_bytes=None) -> tuple[float, list[tuple[float, float]]]:
     """(seconds a token, [(RAM read seconds, kernel seconds)] per MoE layer) of an in-place placement, from the
     spec and the profile: every decoder layer's overhead plus its dense + KV bytes over HBM x efficiency (or its
     FLOPs, whichever is longer), every MoE layer's max(RAM bytes / zc_gbps(RAM bytes), kernel time), the head;
-    the token is that or the PCIe link's busy time (the RAM reads and the embedding row), whichever is longer."""
+    the token is that or the PCIe link's busy time (the RAM reads and the embedding row), whichever is longer.
+    `warm_bytes` [L] (a placement with cache slots: the misses after the cache): each such layer takes RAM read +
+    kernel time in series (the device LRU's fill, then the kernel)."""
     spec, gpu, cal = p.spec, p.profile.gpu, p.profile.calibration
     E, k, ctx = p.curves.n_experts, spec.top_k, p.context
     hbm = gpu.hbm_gbps.value * 1e9 * cal.hbm_efficiency.value
@@ -65,11 +67,13 @@ def by_hand(p, place: Placement, zc_gbps) -> tuple[float, list[tuple[float, floa
     for j in range(p.curves.n_layers):
         pop = p.curves.pop[j]
         warm = k * sum(pop[r] * p.rank_bytes[r] for r in range(place.vram[j], E))       # RAM ranks, no cache
+        if warm_bytes is not None:
+            warm = float(warm_bytes[j])
         t_ram = warm / (zc_gbps(warm) * 1e9) if warm > 0 else 0.0
         t_exp = max(k * sum(pop[r] * p.rank_bytes[r] / rates[p.rank_formats[r]].value for r in range(E)),
                     2.0 * k * spec.expert_params / flops)
         layers.append((t_ram, t_exp))
-        t += max(t_ram, t_exp)
+        t += t_ram + t_exp if place.cache[j] else max(t_ram, t_exp)
         link += t_ram
     t += max(p.dense_units[-1] / hbm, 2.0 * p.head_params / flops)
     row = 2 * spec.hidden
@@ -132,15 +136,27 @@ def test_host_loop_is_the_prediction_from_before(tiny):
     assert zc == pred
 
 
-@pytest.mark.parametrize("change", ["cache", "lookahead", "nvme", "split"])
+def test_a_cache_in_the_device_loop_is_the_fill_then_the_kernel(tiny):
+    """Cache slots run in the device loop too (the LRU on the device): a layer with slots reads its misses (the
+    cost model's miss bytes after static set and cache) into them at the zero-copy rate, then the kernel runs;
+    a layer without keeps the overlap."""
+    p = tiny.replace(profile=with_zero_copy(tiny.profile, 0.9))
+    place = dataclasses.replace(in_place_placement(p, (3, 0, 1)), cache=(2, 0, 3))
+    cm = CostModel(p)
+    assert cm.in_place(place)
+    warm = cm._misses(place)["warm_bytes"]
+    want, layers = by_hand(p, place, p.profile.gpu.zero_copy.at, warm)
+    assert 1.0 / cm.predict(place).decode_tok_s == pytest.approx(want, rel=1e-12)
+    assert cm.predict(place).decode_tok_s > CostModel(p.replace(loop="host")).predict(place).decode_tok_s
+
+
+@pytest.mark.parametrize("change", ["lookahead", "nvme", "split"])
 def test_placements_the_device_loop_cannot_run_are_priced_as_before(tiny, change):
-    """A cache slot, a lookahead, an expert left on NVMe, or a second GPU: the host loop's figures, in either loop."""
+    """A lookahead, an expert left on NVMe, or a second GPU: the host loop's figures, in either loop."""
     E = tiny.curves.n_experts
     base = in_place_placement(tiny)
     p = tiny
-    if change == "cache":
-        place = dataclasses.replace(base, cache=(0, 2, 0))
-    elif change == "lookahead":
+    if change == "lookahead":
         place = dataclasses.replace(base, prefetch_depth=1)
     elif change == "nvme":
         place = dataclasses.replace(base, ram=(E - 3, E, E - 2))

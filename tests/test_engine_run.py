@@ -129,13 +129,30 @@ def test_ram_experts_read_in_place_give_the_copying_loops_logits_and_counts(pack
     assert d["bytes_from"]["ram"] == h["bytes_from"]["ram"] > 0
 
 
-def test_the_device_loop_runs_only_plans_without_cache_lookahead_or_nvme(packed_bf16):
-    """loop "device" is a request: a plan with an LRU cache, lookahead or an NVMe tier runs the host loop."""
+@pytest.mark.parametrize("graphs", [True, False])
+def test_the_device_lru_gives_the_host_loops_logits_hits_and_bytes(packed_bf16, graphs):
+    """LRU-only, VRAM + RAM: the device loop decides the plan's LRU on the device (kernels.lru, its reference on
+    the CPU) and copies admitted experts into its slots; the host loop's `Residency` decides the same policy and
+    the copy engine moves them. The same experts are hits, the same bytes cross PCIe, the logits are
+    bit-identical (prompt and 12 tokens, so the cache fills and evicts).""" 
+    plan = bf16_plan(4, 28, 2, 0, chunk=1)        # prefill a token a call: every call goes through the cache
+    loops: list[str] = []
+    host = run(packed_bf16, plan, "lru", new=12, graphs=graphs, loop="host", ran=loops)
+    dev = run(packed_bf16, plan, "lru", new=12, graphs=graphs, loop="device", ran=loops)
+    assert loops == ["host", "device"]
+    assert torch.equal(dev[0], host[0]) and dev[1] == host[1]
+    h, d = host[2], dev[2]
+    assert d["by_kind"]["cached"] == h["by_kind"]["cached"] > 0 and d["by_kind"]["static"] == h["by_kind"]["static"]
+    assert d["by_kind"]["in_place"] == h["by_kind"]["demand"] and d["bytes_from"]["ram"] == h["bytes_from"]["ram"]
+
+
+def test_the_device_loop_runs_only_plans_without_lookahead_or_nvme(packed_bf16):
+    """loop "device" is a request: a plan with lookahead or an NVMe tier runs the host loop."""
     loops: list[str] = []
     for split, mode in (((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 1), "on-demand"), ((4, 28, 2, 0), "lru"),
                         ((4, 10, 0, 0), "on-demand"), ((4, 28, 2, 1), "plan")):
         run(packed_bf16, bf16_plan(*split), mode, new=1, ran=loops)
-    assert loops == ["device", "device", "host", "host", "host"]
+    assert loops == ["device", "device", "device", "host", "host"]
 
 
 @pytest.mark.gpu

@@ -19,11 +19,11 @@ LOOPS = ("device", "host")      # the engine's decode loops (engine/ENGINE.md); 
 
 
 def reads_in_place(plan: Plan, loop: str = "device") -> bool:
-    """Whether the engine's device loop runs `plan` (already in its mode): no LRU cache, no lookahead and no
-    NVMe tier, so every routed expert outside the static VRAM set is read in place from pinned RAM by the MoE
-    kernel, with no copy and no host work per layer. Other plans run the host loop (the store's copies)."""
-    return (loop == "device" and plan.prefetch_depth == 0 and all(l.cache_slots == 0 for l in plan.layers)
-            and not any(l.nvme for l in plan.layers))
+    """Whether the engine's device loop runs `plan` (already in its mode): no lookahead and no NVMe tier, so
+    every routed expert outside the static VRAM set is read from pinned RAM by the GPU with no host work per
+    layer: in place by the MoE kernel, or, with cache slots, copied into its slot by the device LRU's fill when
+    admitted (the planner's LRU decided on the device, `kernels.lru`). Other plans run the host loop."""
+    return loop == "device" and plan.prefetch_depth == 0 and not any(l.nvme for l in plan.layers)
 
 
 def baseline(plan: Plan, mode: str) -> Plan:

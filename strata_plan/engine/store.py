@@ -20,8 +20,12 @@ Tiers (the plan's `layers[j].vram / ram / nvme`):
    with the driver), filled at start. With `in_place` (the device loop, `core.modes.reads_in_place`)
    `inplace_offsets[j]` points each RAM expert at its pinned address (offset = its device address - the
    arena's), so `fused_moe` reads it there over PCIe with no copy, and `count_uses` counts routed uses on the
-   device (`fold_device_counts` turns them into the counters). On a CPU device (the tests' stand-in) arena and
-   RAM tier are one buffer, so the reference kernel follows the same offsets.
+   device (`fold_device_counts` turns them into the counters). With cache slots the plan's LRU is decided on the
+   device too (`kernels.lru`, state in `lru`): the last `cache.total_slots` dynamic slots are its (each layer its
+   own `cache_slots` of them), admitted experts are copied into them from pinned RAM before the MoE kernel and
+   `inplace_offsets` follows; the host `Residency` keeps the other slots for prefill's waves, so a prefill never
+   touches the decode cache. On a CPU device (the tests' stand-in) arena and RAM tier are one buffer, so the
+   reference kernel follows the same offsets.
 3. NVMe: the packed files, read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
    `staging.nvme_reads` shape (split into requests, queue depth) into pinned bounce buffers, then copied.
 Integrity, always on: every static and RAM blob is checked against the sha256 of its parts in index.json at
@@ -57,7 +61,7 @@ from strata_plan.pinned import HostRegion
 from .packed import check_plan_matches, hash_threads, load_index, verify_part
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
-from .residency import DEMAND, IN_PLACE, LATE, STATIC, Residency
+from .residency import CACHED, DEMAND, IN_PLACE, LATE, STATIC, Residency
 from .transfer import CHUNK_BYTES, CHUNKS_IN_FLIGHT, Fetch, FetchError, Transfers
 
 POISON_BYTE = 0xFF          # fp16 0xFFFF is NaN: every scale of a poisoned blob is NaN
@@ -161,7 +165,11 @@ class ExpertStore:
         self.batch_splits = {f: (tuple(r.batch_splits) or (r.split,)) for f, r in (plan.staging.nvme_reads or {}).items()}
         self.split_prefill = {f: r.split for f, r in (plan.staging.nvme_reads_prefill or {}).items()}
         self.compute_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        self.residency = Residency([l.vram for l in plan.layers], [l.cache_slots for l in plan.layers], self.n_slots)
+        self.lru = None                 # kernels.lru.LruState: the device loop's cache (set by `_load`)
+        device_cache = plan.cache.total_slots if options.in_place else 0      # the last slots: the device LRU's
+        self.residency = Residency([l.vram for l in plan.layers],
+                                   [0 if options.in_place else l.cache_slots for l in plan.layers],
+                                   self.n_slots - device_cache)
         self.counters = StoreCounters(self.n_layers)
         self._hints: list[dict[int, set[int]]] = [{} for _ in range(self.n_layers)]
         self._inflight_spec: list[Fetch] = []
@@ -261,8 +269,43 @@ class ExpertStore:
             rows = self._static_rows.copy()
             for (j, e), o in self.ram_offset.items():
                 rows[j, e] = self.ram_base + o
-            self.inplace_offsets = torch.from_numpy(rows).to(self.device)
+            self.inplace_offsets = torch.from_numpy(rows.copy()).to(self.device)
+            if self.plan.cache.total_slots:
+                self.lru = self._device_lru(rows)
         return time.perf_counter() - t0
+
+    def _device_lru(self, rows: np.ndarray):
+        """The device LRU's state (`kernels.lru.LruState`) over the last `cache.total_slots` dynamic slots, its
+        table the in-place rows (`inplace_offsets`, which it rewrites as experts come and go)."""
+        from strata_plan.kernels.lru import LruState
+        slots = [l.cache_slots for l in self.plan.layers]
+        C = max(slots)
+        first = self.n_slots - sum(slots)
+        offs = np.zeros((self.n_layers, C), dtype=np.int64)
+        for j, c in enumerate(slots):
+            base = first + sum(slots[:j])
+            offs[j, :c] = [self.dyn_base + (base + i) * self.slot_bytes for i in range(c)]
+        static = np.zeros((self.n_layers, self.E), dtype=np.int8)
+        for j, l in enumerate(self.plan.layers):
+            static[j, list(l.vram)] = 1
+        dev = lambda a: torch.from_numpy(np.array(a)).to(self.device)    # noqa: E731  (a copy: on a CPU no alias)
+        L, k = self.n_layers, self.top_k
+        return LruState(slot_expert=dev(np.full((L, C), -1, np.int64)), slot_stamp=dev(np.full((L, C), -1, np.int64)),
+                        slot_offset=dev(offs), n_slots=dev(np.array(slots, np.int64)), static=dev(static),
+                        ram_offset=dev(rows), nbytes=dev(self.nbytes), table=self.inplace_offsets,
+                        admit=dev(np.full((L, k), -1, np.int64)), tick=dev(np.zeros(L, np.int64)),
+                        counts=dev(np.zeros((L, 4), np.int64)))
+
+    def cache_step(self, j: int, ids: torch.Tensor) -> None:
+        """The device loop with a cache, MoE layer j, one token: the LRU step and the fill of admitted slots
+        (graph-safe on a GPU: two launches; the plain references on a CPU)."""
+        from strata_plan.kernels import lru
+        if self.device.type == "cuda":
+            lru.lru_step(ids, j, self.lru)
+            lru.fill_slots(self.arena, ids, j, self.lru, self.slot_bytes)
+        else:
+            lru.reference_step(ids, j, self.lru)
+            lru.reference_fill(self.arena, ids, j, self.lru)
 
     def _check_parts(self, pool, ent, data: torch.Tensor) -> list:
         """Futures checking each part of one blob as read (a CPU uint8 tensor) on the hashing threads."""
@@ -278,6 +321,17 @@ class ExpertStore:
     def fold_device_counts(self) -> None:
         """Add the device's use counts to the counters (static: in the VRAM set; in_place: read from pinned RAM,
         its bytes counted as crossing PCIe) and zero them. Waits for the device."""
+        if self.lru is not None:               # the device LRU counted: static, hits, misses, miss bytes
+            from strata_plan.kernels.lru import HIT, MISS, MISS_BYTES, STATIC as STATIC_COUNT
+            got = self.lru.counts.cpu().numpy().copy()
+            self.lru.counts.zero_()
+            for j, row in enumerate(got):
+                c = self.counters.layers[j]
+                c.uses[STATIC] += int(row[STATIC_COUNT])
+                c.uses[CACHED] += int(row[HIT])
+                c.uses[IN_PLACE] += int(row[MISS])
+                c.bytes_from["ram"] += int(row[MISS_BYTES])
+            return
         if self.use_counts is None:
             return
         counts = self.use_counts.cpu().numpy().copy()     # on a CPU device .cpu() is the tensor itself
@@ -304,6 +358,8 @@ class ExpertStore:
         """Start counting afresh (the host's counters and the device's)."""
         if self.use_counts is not None:
             self.use_counts.zero_()
+        if self.lru is not None:
+            self.lru.counts.zero_()
         self.counters = StoreCounters(self.n_layers)
 
     def counter_data(self) -> dict:

@@ -91,7 +91,10 @@ class StoreExperts:
                 topk_ids, topk_weights = self.replay.route(j, 1, x.device)
         if self.skip_moe:
             return torch.zeros_like(x)
-        self.store.count_uses(j, topk_ids)
+        if self.store.lru is not None:        # the LRU on the device: admitted experts copied into their slots
+            self.store.cache_step(j, topk_ids)
+        else:
+            self.store.count_uses(j, topk_ids)
         return self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
 
     def stage_replay(self) -> None:

@@ -26,10 +26,12 @@ hints) reach the host, the store issues the copies, the MoE call is launched.
     streamed dense weights: double buffered, serial on the link, must land before their layer starts
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
 
-In place (the engine's device loop, `Problem.loop` "device", when the placement has no cache slots, no lookahead
-and no NVMe tier: `in_place`), the MoE kernels read RAM experts straight from registered pinned RAM (zero-copy),
-beside the VRAM ones: no round trip, no fetch, no stall. MoE layer j then takes
-    t += max(warm bytes_j / R_zc(warm bytes_j), t_exp_j)     t_exp_j the kernel time above (VRAM reads overlap)
+In place (the engine's device loop, `Problem.loop` "device", when the placement has no lookahead and no NVMe
+tier: `in_place`), the GPU reads RAM experts straight from registered pinned RAM (zero-copy): no round trip, no
+fetch, no stall. Without cache slots the MoE kernels read them beside the VRAM ones; with cache slots the device
+LRU first copies each miss into its slot (the same bytes over the link), then the kernel reads VRAM:
+    t += max(warm bytes_j / R_zc(warm bytes_j), t_exp_j)      no cache (VRAM reads overlap the RAM reads)
+    t += warm bytes_j / R_zc(warm bytes_j) + t_exp_j          cache slots (the fill, then the kernel)
 with R_zc the profile's zero_copy curve (kernel reads of registered host memory) at that read size, else the
 pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too.
 
@@ -176,13 +178,13 @@ class CostModel:
         return self.h2d(size)
 
     def in_place(self, placement) -> bool:
-        """Whether the engine runs `placement` in its device loop, reading RAM experts in place: the problem's
-        loop is "device" and the placement (one GPU) has no cache slots in any layer, prefetch depth 0 and every
-        expert in VRAM or pinned RAM (no NVMe tier)."""
+        """Whether the engine runs `placement` in its device loop (`core.modes.reads_in_place`), reading RAM experts
+        from pinned RAM with no host work: the problem's loop is "device" and the placement (one GPU) has prefetch
+        depth 0 and every expert in VRAM or pinned RAM (no NVMe tier)."""
         if self.problem.loop != "device" or placement.several or placement.prefetch_depth:
             return False
         s, m, c = placement.arrays
-        return not c.any() and bool(np.all(s + m >= self.problem.curves.n_experts))
+        return bool(np.all(s + m >= self.problem.curves.n_experts))
 
     def ram_read_seconds(self, warm_bytes: np.ndarray) -> np.ndarray:
         """[L] seconds the kernels take to read each MoE layer's RAM bytes a token in place: bytes / R_zc(bytes)."""
@@ -381,11 +383,12 @@ class CostModel:
         host_pre = R * (1 + waste) * n * self.host_fetch
 
         t_ram = None
-        if self.in_place(placement):      # the device loop: no fetches; the kernels read RAM experts in place
+        if self.in_place(placement):      # the device loop: no fetches; the GPU reads RAM experts itself
             t_ram = self.ram_read_seconds(x["warm_bytes"])
+            filled = np.asarray(placement.arrays[2]) > 0          # cache slots: the fill, then the kernel
             dem_p = dem_n = fill = pre_p = pre_n = host_dem = host_pre = np.zeros(cur.n_layers)
         dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
-                                           t_peer, t_ram)
+                                           t_peer, t_ram, filled if t_ram is not None else None)
         streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
         link_n = float(np.sum(dem_n + pre_n))
@@ -476,7 +479,7 @@ class CostModel:
         return links, host
 
     def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
-                     t_peer=None, t_ram=None) -> tuple[dict, float]:
+                     t_peer=None, t_ram=None, filled=None) -> tuple[dict, float]:
         """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource. With
         a pipeline split each layer runs at its GPU's rates, each GPU streams its own dense units over its own
         link (double buffered), and the hidden state crosses to the next GPU at each split point.
@@ -484,7 +487,8 @@ class CostModel:
         when the host is slower than the link); host_pre [L]: the host issuing the layer's prefetches (the
         engine gives hints on its main thread, at the round trip: serial with everything else it does).
         t_ram [L] (in place, `in_place`): the kernels' reads of each MoE layer's RAM experts from pinned RAM; the
-        layer then has no round trip, fetch or stall and takes max(t_ram, t_exp), the excess charged to pcie."""
+        layer then has no round trip, fetch or stall and takes max(t_ram, t_exp), the excess charged to pcie, or
+        t_ram + t_exp where `filled[j]` (cache slots: the device LRU copies the misses into slots first)."""
         spec, lay = self.problem.spec, self._layers
         ug = placement.unit_gpus()
         split = placement.several
@@ -537,8 +541,9 @@ class CostModel:
             if j is not None and t_ram is not None:      # in place: RAM and VRAM experts read side by side
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
-                sec["pcie"] += max(0.0, t_ram[j] - t_exp[j])
-                t += max(t_exp[j], t_ram[j])
+                ram = t_ram[j] if filled[j] else max(0.0, t_ram[j] - t_exp[j])
+                sec["pcie"] += ram
+                t += t_exp[j] + ram
                 moe_done.append(t)
             elif j is not None:
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
