@@ -178,13 +178,15 @@ def test_the_device_loop_on_a_gpu_reads_registered_ram_in_place(packed_bf16):
     same routed bytes from RAM."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    plan = bf16_plan(4, 28, 0, 0)
-    loops: list[str] = []
-    host, host_tokens, hc = run(packed_bf16, plan, "on-demand", new=8, device="cuda", loop="host", ran=loops)
-    dev, tokens, dc = run(packed_bf16, plan, "on-demand", new=8, device="cuda", loop="device", ran=loops)
-    assert loops == ["host", "device"] and tokens == host_tokens
-    torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
-    assert dc["bytes_from"]["ram"] == hc["bytes_from"]["ram"] > 0
+    for mode, cache in (("on-demand", 0), ("lru", 2)):     # lru: the device LRU (kernels.lru) and its fill
+        plan = bf16_plan(4, 28, cache, 0, chunk=1)
+        loops: list[str] = []
+        host, host_tokens, hc = run(packed_bf16, plan, mode, new=12, device="cuda", loop="host", ran=loops)
+        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda", loop="device", ran=loops)
+        assert loops == ["host", "device"] and tokens == host_tokens, mode
+        torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
+        assert dc["bytes_from"]["ram"] == hc["bytes_from"]["ram"] > 0
+        assert dc["by_kind"]["cached"] == hc["by_kind"]["cached"] and (dc["by_kind"]["cached"] > 0) == (cache > 0)
     texts = []
     for loop in ("host", "device"):          # generate: the device loop queues each step before reading a token
         with Engine.open(packed_bf16, plan, EngineOptions(mode="on-demand", device="cuda", loop=loop)) as eng:

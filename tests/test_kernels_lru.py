@@ -106,3 +106,26 @@ def test_fill_copies_the_admitted_experts_into_their_slots():
                 src = int(st.ram_offset[0, e])
                 assert torch.equal(arena[dst:dst + n], arena[src:src + n])
     assert st.counts[0, MISS_BYTES] == sum(int(st.nbytes[0, e]) for e in (4, 7, 2, 9, 11))
+
+
+@pytest.mark.gpu
+def test_the_kernels_on_a_gpu_are_the_reference():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    L, E, k, T = 3, 64, 8, 80
+    ex = routing(L, E, k, T, seed=3)
+    static = [set(range(5)), set(), {1}]
+    a, b = make_state(L, E, k, [4, 9, 0], static), make_state(L, E, k, [4, 9, 0], static, device="cuda")
+    arena_size = int(a.ram_offset.max()) + SLOT
+    ra = torch.randint(0, 256, (arena_size,), dtype=torch.uint8)
+    rb = ra.cuda()
+    for t in range(T):
+        for j in range(L):
+            ids = torch.from_numpy(ex[t, j].astype(np.int64))
+            reference_step(ids, j, a)
+            reference_fill(ra, ids, j, a)
+            lru_step(ids.cuda(), j, b)
+            fill_slots(rb, ids.cuda(), j, b, SLOT)
+    for name in ("slot_expert", "slot_stamp", "table", "admit", "tick", "counts"):
+        assert torch.equal(getattr(a, name), getattr(b, name).cpu()), name
+    assert torch.equal(ra, rb.cpu())

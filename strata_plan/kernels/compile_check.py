@@ -22,7 +22,7 @@ import time
 
 from .triton_common import INTERPRET, format_constants
 
-P = {"u8": "*u8", "i32": "*i32", "i64": "*i64", "f16": "*fp16", "bf16": "*bf16", "f32": "*fp32"}
+P = {"u8": "*u8", "i8": "*i8", "i16": "*i16", "i32": "*i32", "i64": "*i64", "f16": "*fp16", "bf16": "*bf16", "f32": "*fp32"}
 
 
 def _compile(fn, sig: dict, consts: dict, arch: int, num_warps: int = 4, num_stages: int = 3,
@@ -47,7 +47,7 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31, smoke: bool = 
     from . import triton_gemm, triton_gemv, triton_moe
     out = []
     if smoke:
-        return _decode_kernels(arch, fmask, ((1, 3),), (0,))
+        return _decode_kernels(arch, fmask, ((1, 3),), (0,)) + _device_loop_kernels(arch)
     out.append(("quantize_x", _compile(
         triton_gemv.quantize_x_kernel,
         {"x_p": P["bf16"], "stride_xm": "i32", "K": "i32", "KPAD": "i32", "xq_p": P["i32"], "xdx_p": P["f32"],
@@ -64,7 +64,29 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31, smoke: bool = 
         dict(FMASK=fmask, BM=64, BN=128, BK=64, DQ=1, PFM=1, INTERP=False), arch)))
     if arch == 90:                                  # Hopper only (wgmma): the Gluon prefill GEMM
         out += _gluon_kernels(arch, (0,) if quick else range(4))
-    return out
+    return out + _device_loop_kernels(arch)
+
+
+def _device_loop_kernels(arch: int) -> list:
+    """The device loop's small kernels (every token: the LRU step, the fill, the embedding gather) and the
+    profiler's zero-copy probe."""
+    from . import gather, lru, stream_read
+    i64 = P["i64"]
+    st = {"static_p": P["i8"], "slot_expert_p": i64, "slot_stamp_p": i64, "slot_offset_p": i64, "n_slots_p": i64,
+          "ram_offset_p": i64, "nbytes_p": i64, "table_p": i64, "admit_p": i64, "tick_p": i64, "counts_p": i64}
+    return [
+        ("lru step", _compile(lru.lru_step_kernel, {"ids_p": i64, "j": "i32", "E": "i32", "C": "i32", **st},
+                              dict(K=8, KB=8, CB=64), arch, num_warps=1)),
+        ("lru fill", _compile(lru.fill_kernel, {"arena_p": P["u8"], "ids_p": i64, "j": "i32", "E": "i32",
+                                                "admit_p": i64, "ram_offset_p": i64, "nbytes_p": i64},
+                              dict(K=8, CHUNK=lru.FILL_CHUNK), arch)),
+        ("gather rows", _compile(gather.gather_rows_kernel, {"arena_p": P["u8"], "offset": "i64", "ids_p": i64,
+                                                             "out_p": P["i16"], "H": "i32"},
+                                 dict(BLOCK=gather.BLOCK), arch)),
+        ("stream read", _compile(stream_read.stream_read_kernel, {"arena_p": P["u8"], "offset": "i64",
+                                                                  "n_pairs": "i64", "out_p": i64},
+                                 dict(BLOCK=stream_read.BLOCK), arch, num_warps=stream_read.NUM_WARPS)),
+    ]
 
 
 def _decode_kernels(arch: int, fmask: int, moe_variants, codes, gemm: bool = False) -> list:

@@ -30,7 +30,7 @@ from .triton_common import tl, triton
 
 STATIC, HIT, MISS, MISS_BYTES = range(4)
 FILL_CHUNK = 64 << 10        # bytes one program of fill_slots copies
-BIG = 1 << 62                # the stamp of a slot a layer does not have: never a victim
+BIG = tl.constexpr(1 << 62)    # the stamp of a slot a layer does not have: never a victim
 
 
 @dataclass(frozen=True)
