@@ -146,6 +146,25 @@ def test_the_device_lru_gives_the_host_loops_logits_hits_and_bytes(packed_bf16, 
     assert d["by_kind"]["in_place"] == h["by_kind"]["demand"] and d["bytes_from"]["ram"] == h["bytes_from"]["ram"]
 
 
+@pytest.mark.parametrize("mode,cache", [("on-demand", 0), ("lru", 2)])
+def test_bench_with_replayed_routing_gives_the_same_tokens_and_counts_in_both_loops(packed_bf16, mode, cache):
+    """`bench.measure` with routing replayed: the device loop reads the replay from the device at a cursor it
+    advances itself, the host loop from the host; the same rows drive both, so tokens and counts agree."""
+    from strata_plan.engine.bench import measure
+    from strata_plan.engine.replay import Replay
+    plan = bf16_plan(4, 28, cache, 0, chunk=1)
+    got = {}
+    for loop in ("host", "device"):
+        replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=64, seed=3)
+        got[loop] = measure(packed_bf16, plan, mode=mode, tokens=6, warmup=3, replay=replay, device="cpu",
+                            options=EngineOptions(loop=loop))
+    h, d = got["host"], got["device"]
+    assert (h["loop"], d["loop"]) == ("host", "device") and d["tokens"] == h["tokens"]
+    for kind in ("static", "cached"):
+        assert d["counters"]["by_kind"][kind] == h["counters"]["by_kind"][kind]
+    assert d["bytes_per_token"]["ram"] == h["bytes_per_token"]["ram"] > 0
+
+
 def test_the_device_loop_runs_only_plans_without_lookahead_or_nvme(packed_bf16):
     """loop "device" is a request: a plan with lookahead or an NVMe tier runs the host loop."""
     loops: list[str] = []

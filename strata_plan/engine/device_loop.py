@@ -9,9 +9,9 @@ lookahead, no NVMe tier: `store_experts.StoreExperts.read_in_place`), so the res
 during decode and the host has nothing to decide. Per token it copies the token id (on the device) into the
 graph's input and replays one graph: the embedding row (gathered in place from pinned RAM by
 `kernels.gather` when the table lives there: `embed_in_place`), every decoder layer, router, fused MoE, shared
-expert and the lm_head. When replaying routing, the next token's ids go into device buffers right after the
-launch (`stage_replay`, ordered after the step that reads the current ones), so the replay's cursor runs one
-token ahead. Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
+expert and the lm_head. When replaying routing, the replay lives on the device and the step reads its row at a
+device cursor it advances (`StoreExperts.replay_rows`, `advance_replay`); the host only keeps its own cursor in
+step (`sync_replay`). Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
 runs eagerly, the embedding gathered by the model (tests hold it to the host loop).
 
 `ahead`: the step needs nothing of the token on the host (graphs, and the embedding gathered on the device), so
@@ -37,7 +37,6 @@ class DeviceDecode:
         self.tok = torch.zeros(1, dtype=torch.long, device=model.device)                        # the graph's input
         self._embed_at: int | None = None      # embed_in_place: the table's byte offset from the arena
         experts.staged = experts.replay is not None
-        self._next_staged = False
         self.calls = 0
         self.launch_s = 0.0                  # host time launching steps (graph replays or eager launches)
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -59,11 +58,13 @@ class DeviceDecode:
     # ---- the step (device work only) -------------------------------------------------------------------
     def _step(self) -> torch.Tensor:
         m = self.m
+        self.ex.replay_rows()
         if self._embed_at is not None:
             gather_rows(self.ex.store.arena, self._embed_at, self.tok, self.x0)
         x = self.x0
         for layer in m.layers:
             x = m._layer(layer, x, 0, m.at)
+        self.ex.advance_replay()
         return m.logits(x[-1])
 
     def _run(self, key: str, mode: str) -> torch.Tensor:
@@ -86,8 +87,7 @@ class DeviceDecode:
         if self._pending:
             self._collect()
         t0 = time.perf_counter()
-        if not self._next_staged:
-            self.ex.stage_replay()
+        self.ex.sync_replay()
         if self._embed_at is None:
             self.x0.copy_(self.m.embed_tokens(token_ids.reshape(1)))    # eager: the model's gather
         else:
@@ -99,9 +99,6 @@ class DeviceDecode:
         if self.timing and self._ev:
             self._ev[1].record()
             self._pending = True
-        if self.ex.staged:
-            self.ex.stage_replay()               # the next token's routing, queued behind this step
-            self._next_staged = True
         self.launch_s += time.perf_counter() - t0
         return logits.clone() if mode != "eager" else logits
 
@@ -128,7 +125,8 @@ class DeviceDecode:
         """Median GPU seconds of one decode step replayed as a graph (`step_s`), and of the same step captured
         with its MoE calls left out (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head):
         t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc). Replays rewrite the last position's KV entry with the
-        same values; the routed-use counts they add are removed. CUDA only, after a captured step."""
+        same values; the counters, the device cache and the replay cursor are put back as they were. CUDA only, after
+        a captured step."""
         if "step" not in self._graphs:
             raise RuntimeError("time_parts needs a captured step: decode two tokens first")
         if "without_moe" not in self._graphs:
@@ -138,7 +136,11 @@ class DeviceDecode:
             finally:
                 self.ex.skip_moe = False
         torch.cuda.synchronize()
-        counts = self.ex.store.use_counts.clone()
+        store = self.ex.store
+        kept = [t for t in (store.use_counts, getattr(self.ex, "_cursor", None)) if t is not None]
+        if store.lru is not None:
+            kept += [store.lru.slot_expert, store.lru.slot_stamp, store.lru.table, store.lru.tick, store.lru.counts]
+        saved = [t.clone() for t in kept]
         out = {}
         for key in ("step", "without_moe"):
             g = self._graphs[key][0]
@@ -153,5 +155,6 @@ class DeviceDecode:
                 b.synchronize()
                 times.append(a.elapsed_time(b) / 1e3)
             out[f"{key}_s"] = statistics.median(times)
-        self.ex.store.use_counts.copy_(counts)
+        for t, v in zip(kept, saved):          # the replays leave counters, cache and replay cursor as they were
+            t.copy_(v)
         return out

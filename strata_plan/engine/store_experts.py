@@ -23,7 +23,8 @@ Per MoE layer j and call:
 The device loop (`in_place`, the store opened with `StoreOptions(in_place=True)`): a decode call is graph-safe and
 has no host part: the routed ids are counted on the device (`store.count_uses`) and `fused_moe` reads the table
 `store.inplace_offsets[j]`, static experts in VRAM and the rest in place from pinned RAM; with a replay the ids of
-every layer for the next token are put in device buffers before the step (`stage_replay`, one copy a token).
+the whole replay lives on the device and the step reads its row at a device cursor (`replay_rows`,
+`advance_replay`): no host work a token.
 Prefill (several tokens) takes the path above.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ class StoreExperts:
         self.store, self.hidden, self.intermediate, self.backend = store, hidden, intermediate, backend
         self.in_place = in_place
         self.skip_moe = False                 # device loop, timing only: the MoE call left out (`DeviceDecode.time_parts`)
-        self.staged = False                   # device loop: replayed ids come from `stage_replay`'s buffers
+        self.staged = False                   # device loop: replayed ids come from the device copy of the replay
         self.depth = depth
         self.model = None
         self.replay = replay                  # engine.replay.Replay or None
@@ -58,15 +59,14 @@ class StoreExperts:
         self.hints_s = 0.0                    # host time giving hints to the store (its prefetches issued)
         self._ids_host = None                 # pinned copy of the router's ids (`_ids_to_host`)
         self._ids_event = torch.cuda.Event() if self.cuda else None
-        if in_place and replay is not None:   # stage_replay: two pinned [L, 1, k] rows, device buffers the step reads
-            k, dev = store.top_k, store.device
-            self._stage = [(torch.zeros((n, 1, k), dtype=torch.int64, pin_memory=self.cuda),
-                            torch.zeros((n, 1, k), dtype=torch.float32, pin_memory=self.cuda)) for _ in range(2)]
-            self._stage_ev = [None, None]
-            self._stage_i = 0
-            self._rid = torch.zeros((n, 1, k), dtype=torch.int64, device=dev)
-            self._rw = torch.zeros((n, 1, k), dtype=torch.float32, device=dev)
-
+        if in_place and replay is not None:   # the replay on the device: [T, L, k] ids and weights, a cursor
+            dev = store.device
+            self._rid_all = torch.from_numpy(replay.experts.astype("int64")).to(dev)
+            self._rw_all = torch.from_numpy(replay.weights.astype("float32")).to(dev)
+            self._cursor = torch.zeros(1, dtype=torch.int64, device=dev)
+            self._host_next = -1              # the host replay's cursor the device one was last set from
+            self._rid = self._rw = None
+        self._stepping = False                # inside a device-loop step reading the device replay
     # ---- the Experts interface -------------------------------------------------------------------
     def __call__(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         if x.shape[0] != 1:
@@ -85,7 +85,7 @@ class StoreExperts:
         """One token's MoE call of layer j in the device loop: static experts from the arena, the rest from pinned
         RAM where they are (graph-safe: no host sync, no host work that changes per token)."""
         if self.replay is not None:
-            if self.staged:
+            if self._stepping:
                 topk_ids, topk_weights = self._rid[j], self._rw[j]
             else:
                 topk_ids, topk_weights = self.replay.route(j, 1, x.device)
@@ -97,26 +97,29 @@ class StoreExperts:
             self.store.count_uses(j, topk_ids)
         return self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
 
-    def stage_replay(self) -> None:
-        """Device loop with a replay: the next token's replayed ids and weights of every MoE layer into the device
-        buffers the step reads (one copy from pinned memory, which is not rewritten before that copy ran)."""
-        if self.replay is None or not self.in_place:
+    def sync_replay(self) -> None:
+        """Before a device-loop step (host): the device cursor follows the host replay where host work moved it
+        (prefill), and the host replay is advanced past the token the step runs (bookkeeping, no device work)."""
+        r = self.replay
+        if r is None or not self.staged:
             return
-        i = self._stage_i
-        self._stage_i ^= 1
-        ids, w = self._stage[i]
-        if self._stage_ev[i] is not None:
-            self._stage_ev[i].synchronize()
-        for j in range(self.store.n_layers):
-            rid, rw = self.replay.route(j, 1, "cpu")
-            ids[j].copy_(rid)
-            w[j].copy_(rw)
-        self._rid.copy_(ids, non_blocking=self.cuda)
-        self._rw.copy_(w, non_blocking=self.cuda)
-        if self.cuda:
-            ev = self._stage_ev[i] or torch.cuda.Event()
-            ev.record()
-            self._stage_ev[i] = ev
+        if r._next != self._host_next:
+            self._cursor.fill_(r._next % r.n_tokens)
+        r.t, r._next, r._m = r._next, r._next + 1, 1
+        self._host_next = r._next
+
+    def replay_rows(self) -> None:
+        """(device, start of a step) The step's replayed ids and weights of every layer, [L, 1, k], at the cursor."""
+        if self.staged:
+            self._rid = self._rid_all.index_select(0, self._cursor)[0].unsqueeze(1)
+            self._rw = self._rw_all.index_select(0, self._cursor)[0].unsqueeze(1)
+            self._stepping = True
+
+    def advance_replay(self) -> None:
+        """(device, end of a step) The cursor to the next token's row."""
+        if self.staged:
+            self._cursor.add_(1).remainder_(self._rid_all.shape[0])
+            self._stepping = False
 
     # the pieces of a decode call (engine.graphed runs `moe` inside a CUDA graph, the rest between graphs)
     def round_trip(self, j: int, m: int, topk_ids: torch.Tensor,
