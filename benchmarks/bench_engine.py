@@ -202,6 +202,7 @@ def main() -> int:
                 metrics[f"{name}.{mode}.moe_layer{j}_ms_per_token"] = (c + w) * 1e3
             metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
             metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
+            metrics[f"{name}.{mode}.host_ms_per_token"] = tp["host_cpu_s"] * 1e3     # decode thread CPU time
             metrics[f"{name}.{mode}.device_loop"] = float(r["loop"] == "device")
             if a.profile:
                 pr = predict_plan(plan, predict_with, mode, where=str(path), loop=r["loop"])

@@ -30,6 +30,7 @@ import torch
 from strata_plan.core.plan import load_plan
 from strata_plan.schema import to_data
 
+from .device_loop import TokenRing
 from .engine import Engine, EngineOptions
 
 
@@ -77,23 +78,34 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             launch0 = runner.launch_s
         per, out_ids = [], []
         ahead = getattr(runner, "ahead", False)
+        ring = TokenRing() if ahead else None
+        cpu0 = time.thread_time()                     # the decode thread's CPU time (its waits sleep: blocking events)
         t_all = time.perf_counter()
-        pending = m.decode_step(tok).argmax() if ahead else None
+        if ahead:
+            tok = m.decode_step(tok).argmax()
+            ring.push(tok)
         t1 = t_all
         for i in range(tokens):
             if ahead:                                 # token i+1's step queued before token i is read
-                tok, pending = pending, m.decode_step(pending).argmax()
+                tok = m.decode_step(tok).argmax()
+                ring.push(tok)
+                out_ids.append(ring.pop())            # token i on the host: its step is done, not the next one
             else:
                 tok = m.decode_step(tok).argmax()
-            out_ids.append(int(tok))                  # the token on the host: its GPU work is done
+                if dev.type == "cuda":
+                    done = torch.cuda.Event(blocking=True)
+                    done.record()
+                    done.synchronize()
+                out_ids.append(int(tok))              # the token on the host: its GPU work is done
             t2 = time.perf_counter()
             per.append(t2 - t1)
             t1 = t2
             if progress:
                 progress("decode", i + 1, tokens)
         wall = time.perf_counter() - t_all
+        host_cpu = time.thread_time() - cpu0
         if ahead:
-            int(pending)                              # the step queued past the last timed token
+            ring.pop()                                # the step queued past the last timed token
         steps = tokens + int(ahead)                   # decode steps run while counting
         split = runner.split() if runner is not None else {"steps": 0}
         launch_s = (runner.launch_s - launch0) / steps if runner is not None else None
@@ -124,7 +136,8 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                       "pcie_gbps_wall": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / wall / 1e9,
                       "reader_busy_s_per_token": (tr.read_busy_s - read0) / n,
                       "nvme_gbps_wall": (tr.read_bytes - rbytes0) / wall / 1e9},
-            "time_per_token": {"router_round_trip_s": (ex.host_sync_s - sync0) / n,
+            "time_per_token": {"host_cpu_s": host_cpu / n,      # the decode thread's CPU time (time.thread_time)
+                               "router_round_trip_s": (ex.host_sync_s - sync0) / n,
                                "round_trips": (ex.syncs - syncs0) / n,
                                "store_and_launch_host_s": (ex.moe_s - moe0) / n,
                                "hints_host_s": (ex.hints_s - hints0) / n,     # giving hints: prefetches issued

@@ -15,8 +15,9 @@ step (`sync_replay`). Routed uses are counted on the device. On a CPU device, or
 runs eagerly, the embedding gathered by the model (tests hold it to the host loop).
 
 `ahead`: the step needs nothing of the token on the host (graphs, and the embedding gathered on the device), so
-a caller may queue token t+1's step before reading token t (`generate`, `bench.measure`): the GPU then runs
-token after token while the host reads each one a step late.
+a caller may queue token t+1's step before reading token t (`generate`, `bench.measure`) through a `TokenRing`:
+each sampled id is copied to pinned memory on the stream right after its step, and the host waits (sleeping, a
+blocking event) only for that copy, not for the step queued behind it; the GPU runs token after token.
 `timing=True` times each step's device work with events; `split()` returns the sums (compute only: no waits).
 """
 from __future__ import annotations
@@ -27,6 +28,31 @@ import time
 import torch
 
 from strata_plan.kernels.gather import gather_rows
+
+
+class TokenRing:
+    """Sampled ids read by the host one step late: `push(id)` (a one-element device tensor) queues its copy into
+    pinned memory behind the work so far; `pop()` waits for the oldest pushed copy alone (a blocking event: the
+    thread sleeps, so its CPU time is work) and returns it as an int."""
+
+    def __init__(self, n: int = 4):
+        self.host = torch.empty(n, dtype=torch.int64, pin_memory=True)
+        self.events = [torch.cuda.Event(blocking=True) for _ in range(n)]
+        self.head = self.size = 0
+
+    def push(self, token: torch.Tensor) -> None:
+        if self.size == len(self.events):
+            raise RuntimeError("TokenRing is full: pop before pushing more")
+        i = (self.head + self.size) % len(self.events)
+        self.host[i:i + 1].copy_(token.reshape(1), non_blocking=True)
+        self.events[i].record()
+        self.size += 1
+
+    def pop(self) -> int:
+        i = self.head
+        self.events[i].synchronize()
+        self.head, self.size = (i + 1) % len(self.events), self.size - 1
+        return int(self.host[i])
 
 
 class DeviceDecode:

@@ -22,6 +22,7 @@ import torch
 from strata_plan.errors import UserError
 
 from .config import ModelConfig
+from .device_loop import TokenRing
 
 
 def load_tokenizer(folder: str | Path):
@@ -128,13 +129,18 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
     model.reset()
     logits = model.prefill(list(prompt_ids), chunk)
     ahead = getattr(model.step_runner, "ahead", False)      # the next step may be queued before the host reads
+    ring = TokenRing() if ahead else None
     token = sample(logits, sampling, gen)
     out: list[int] = []
     for i in range(max_new_tokens):
         nxt = None
-        if ahead and i + 1 < max_new_tokens:                # queued behind this token's step (past an EOS: unused)
-            nxt = sample(model.decode_step(token), sampling, gen)
-        t = int(token)                                      # the host copy: stream it, check for EOS
+        if ahead:
+            ring.push(token)
+            if i + 1 < max_new_tokens:                      # queued behind this token's step (past an EOS: unused)
+                nxt = sample(model.decode_step(token), sampling, gen)
+            t = ring.pop()                                  # waits for this token's copy, not for the next step
+        else:
+            t = int(token)                                  # the host copy: stream it, check for EOS
         out.append(t)
         if on_token is not None:
             on_token(t)
