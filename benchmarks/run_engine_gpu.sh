@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The engine's H200 rows in one device call (under 10 minutes):
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [COPY_WINDOWS=8:2,4:2,8:1] [CALIBRATION=P.yaml] [PINNED_GB=64] [GPU_TESTS=]
+#     [DEVICE_LOOP_LAYERS=5,24]
 #     [GRAPH_VS_EAGER=1] bash benchmarks/run_engine_gpu.sh [PLANS]
 #   (PLANS default ramrich,seed; CALIBRATION: the constants the predictions use, default
 #   benchmarks/data/h200-calibrated-20261203b.yaml, frozen before the run; CALIBRATION= for the quick profile's own)
@@ -10,7 +11,8 @@
 #    plan also with each copy window of COPY_WINDOWS before the next plan (engine-*.json; runs past the deadline
 #    are listed as skipped: the seed plan's NVMe runs take ~25 s each); where a mode runs the device loop, the host
 #    loop beside it and the bound; with PINNED_GB, the pinned-memory cost of a region that size against torch's;
-# 4. the engine GPU tests (gpu_tests.log; GPU_TESTS= to skip).
+# 4. with DEVICE_LOOP_LAYERS, benchmarks/bench_device_loop.py (host and GPU time a token by depth, qwen3-30b-a3b);
+# 5. the engine GPU tests (gpu_tests.log; GPU_TESTS= to skip).
 # Then here: cp <files_at>/*.json benchmarks/results/; python benchmarks/summarize.py
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
@@ -25,6 +27,8 @@ PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
 timeout "$(left 470)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
   --warmup 16 ${PROFILE:+--profile "$PROFILE"} ${CAL:+--calibration "$CAL"} --out-dir "$OUT" --copy-windows "${COPY_WINDOWS:-}" \
   --pinned-gb "${PINNED_GB:-0}" --deadline-s "$(left 400)" 2>&1 | tee "$OUT/bench_engine.log" | grep -v '^ "'
+[ -n "${DEVICE_LOOP_LAYERS:-}" ] && timeout "$(left 560)" python3 benchmarks/bench_device_loop.py --dir /root/dl \
+  --layers "$DEVICE_LOOP_LAYERS" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_device_loop.log" | grep -v '^ "'
 [ -n "${GPU_TESTS-1}" ] && timeout "$(left 590)" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py \
   tests/test_engine_runtime.py tests/test_engine_models.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 \
   | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -30

@@ -1,0 +1,123 @@
+"""The device loop by depth: host time and GPU time a token as MoE layers are added.
+
+    python3 benchmarks/bench_device_loop.py --dir /root/dl --out-dir $OUT [--model qwen3-30b-a3b] [--layers 5,24]
+
+A synthetic model of `--model`'s geometry (random weights in the planned formats) is cut to each layer count of
+`--layers`, planned once for the H200 (`strata-plan plan`, then the tiers set by hand so that every layer keeps
+`--static` of its experts in VRAM, `--cache` LRU slots, the rest in pinned RAM: the device loop's case), packed,
+and run LRU-only and on-demand with routing replayed from the `olmoe-like` prior. Per count and mode: decode
+tok/s, the decode thread's CPU time a token (`host_ms_per_token`: flat in depth when the host is out of the
+loop), the step's GPU time a token, the bytes read from RAM a token and the bound 1 / (t_nonMoE + B / R_zc) with
+every term measured in the run. Then a least-squares line of GPU ms a token over the layer counts per mode: its
+slope (ms per MoE layer) and its largest relative residual (linearity). Writes device-loop-<time>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _result import write_result  # noqa: E402
+from bench_engine import zero_copy_gbps  # noqa: E402
+
+from strata_plan.cli import main as cli  # noqa: E402
+from strata_plan.core.plan import CachePlan, load_plan  # noqa: E402
+from strata_plan.core.spec import load_spec  # noqa: E402
+from strata_plan.engine.bench import measure  # noqa: E402
+from strata_plan.engine.engine import EngineOptions  # noqa: E402
+from strata_plan.engine.replay import Replay  # noqa: E402
+from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
+
+
+def device_plan(model: str, n: int, folder: Path, static: float, cache: int, profile: str):
+    """`model` cut to n MoE layers, planned for `profile`, then per layer the `static` share of its experts (by
+    the plan's popularity order) in VRAM, `cache` LRU slots, the rest in pinned RAM; no lookahead."""
+    path = folder / f"plan-{n}.yaml"
+    assert cli(["plan", "--model", model, "--moe-layers", str(n), "--profile", profile, "--prior", "olmoe-like",
+                "--trials", "8", "--context", "1024", "--out", str(path), "--force", "--json"]) == 0
+    plan = load_plan(path)
+    layers = []
+    for l in plan.layers:
+        order = list(l.vram) + list(l.ram) + list(l.nvme)
+        s = int(round(static * len(order)))
+        layers.append(dataclasses.replace(l, vram=tuple(order[:s]), ram=tuple(order[s:]), nvme=(), cache_slots=cache))
+    return dataclasses.replace(plan, layers=tuple(layers), prefetch_depth=0,
+                               cache=CachePlan("lru", plan.cache.slot_bytes, cache * len(layers)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", required=True, help="scratch folder for plans and packed models (removed at the end)")
+    ap.add_argument("--model", default="qwen3-30b-a3b")
+    ap.add_argument("--layers", default="5,24")
+    ap.add_argument("--modes", default="lru,on-demand")
+    ap.add_argument("--static", type=float, default=0.1)
+    ap.add_argument("--cache", type=int, default=8)
+    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=16)
+    ap.add_argument("--device", default="")
+    ap.add_argument("--out-dir", default=None)
+    a = ap.parse_args()
+    folder = Path(a.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    metrics, runs = {}, {}
+    counts = [int(x) for x in a.layers.split(",")]
+    modes = a.modes.split(",")
+    gpu = {m: [] for m in modes}
+    try:
+        for n in counts:
+            plan = device_plan(a.model, n, folder, a.static, a.cache, a.profile)
+            packed = folder / f"packed-{n}"
+            t0 = time.perf_counter()
+            pack_synthetic(load_spec(f"{a.model}@{n}moe"), packed,
+                           [{e: l.format_of(e) for e in range(plan.n_experts)} for l in plan.layers],
+                           device="cuda" if torch.cuda.is_available() else "cpu")
+            print(f"{n} MoE layers: packed in {time.perf_counter() - t0:.0f} s", flush=True)
+            for mode in modes:
+                replay = Replay.from_prior("olmoe-like", n, plan.n_experts, plan.top_k, tokens=4096, seed=11)
+                r = measure(packed, plan, mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay, device=a.device,
+                            options=EngineOptions(loop="device"))
+                runs[f"{n}/{mode}"] = r
+                tp, k = r["time_per_token"], f"layers{n}.{mode}"
+                B = r["bytes_per_token"]["ram"]
+                metrics[f"{k}.decode_tok_s"] = r["measured"]["decode_tok_s"]
+                metrics[f"{k}.host_ms_per_token"] = tp["host_cpu_s"] * 1e3
+                metrics[f"{k}.ram_gb_per_token"] = B / 1e9
+                metrics[f"{k}.device_loop"] = float(r["loop"] == "device")
+                line = f"{n:3d} layers {mode:9s} {r['measured']['decode_tok_s']:8.2f} tok/s, host {tp['host_cpu_s'] * 1e3:.3f} ms/tok"
+                if tp["device_compute_s"] is not None:
+                    metrics[f"{k}.gpu_ms_per_token"] = tp["device_compute_s"] * 1e3
+                    gpu[mode].append((n, tp["device_compute_s"] * 1e3))
+                    line += f", GPU {tp['device_compute_s'] * 1e3:.2f} ms/tok"
+                if r["device_step"]:
+                    rate = zero_copy_gbps(max(B / n, 1 << 20))
+                    bound = 1.0 / (r["device_step"]["without_moe_s"] + B / (rate * 1e9))
+                    metrics[f"{k}.bound_tok_s"] = bound
+                    metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / bound
+                    line += f", {metrics[k + '.over_bound']:.3f} of its bound {bound:.1f}"
+                print(line, flush=True)
+            shutil.rmtree(packed, ignore_errors=True)
+        for mode, pts in gpu.items():
+            if len(pts) >= 2:
+                x, y = np.array(pts, dtype=float).T
+                slope, icpt = np.polyfit(x, y, 1)
+                metrics[f"{mode}.gpu_ms_per_moe_layer"] = float(slope)
+                metrics[f"{mode}.gpu_ms_fixed"] = float(icpt)
+                metrics[f"{mode}.linear_max_residual"] = float(np.max(np.abs(y - (slope * x + icpt)) / y))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    path = write_result("device-loop", metrics, out_dir=a.out_dir, extra={"runs": runs, "model": a.model})
+    print(json.dumps(metrics, indent=1))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
