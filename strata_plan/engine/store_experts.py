@@ -22,9 +22,9 @@ Per MoE layer j and call:
 
 The device loop (`in_place`, the store opened with `StoreOptions(in_place=True)`): a decode call is graph-safe and
 has no host part: the routed ids are counted on the device (`store.count_uses`) and `fused_moe` reads the table
-`store.inplace_offsets[j]`, static experts in VRAM and the rest in place from pinned RAM; with a replay the ids of
-the whole replay lives on the device and the step reads its row at a device cursor (`replay_rows`,
-`advance_replay`): no host work a token.
+`store.inplace_offsets[j]`, static experts in VRAM and the rest in place from pinned RAM (with cache slots the
+device LRU first admits misses into their slots, `store.cache_step`). With a replay, the whole replay lives on the
+device and the step reads its row at a device cursor (`replay_rows`, `advance_replay`): no host work a token.
 Prefill (several tokens) takes the path above.
 """
 from __future__ import annotations
@@ -67,6 +67,7 @@ class StoreExperts:
             self._host_next = -1              # the host replay's cursor the device one was last set from
             self._rid = self._rw = None
         self._stepping = False                # inside a device-loop step reading the device replay
+
     # ---- the Experts interface -------------------------------------------------------------------
     def __call__(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         if x.shape[0] != 1:
