@@ -668,7 +668,7 @@ def main(argv=None) -> int:
         gpu = torch.cuda.get_device_name(0)
         major, minor = torch.cuda.get_device_capability(0)
         entries = {("moe" if k == "moe_kimi-k3.1-pro" else k): v for k, v in b.tuned.items() if k != "moe_kimi-k2"}
-        data = tuned.config_file(gpu, gpu.lower().replace("nvidia ", ""), f"sm_{major}{minor}", entries,
+        data = tuned.config_file(gpu, f"sm_{major}{minor}", entries,
                                  f"benchmarks/results/{path.name}", os.environ.get("STRATA_GIT_SHA", "unknown"))
         name = gpu.lower().replace(" ", "-") + ".json"
         shipped_file = tuned.CONFIG_DIR / name          # kinds this run did not sweep keep their shipped entries

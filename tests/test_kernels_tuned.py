@@ -25,7 +25,7 @@ def _gpu(monkeypatch, name, arch):
 
 def test_shipped_files_are_valid_and_name_their_source():
     data = tuned.config_files()
-    assert any(f["match"] == "h200" and f["arch"] == "sm_90" for f in data)
+    assert any(f["gpu"] == "NVIDIA H200" and f["arch"] == "sm_90" and "match" not in f for f in data)
     for f in data:
         assert f["source"] and set(f["configs"]) <= {"gemv", "gemm", "moe", "moe_grouped", "gemv:q4_g128_f16",
                                                      *(f"gemv:{k}" for k in ("q2_g16_s8m4", "q2_g32_s8m8",
@@ -35,7 +35,7 @@ def test_shipped_files_are_valid_and_name_their_source():
 
 
 def test_gpu_entry_and_format_entry_layer_over_the_defaults(monkeypatch, files):
-    files({"gpu": "Test GPU", "match": "test gpu", "arch": "sm_90", "source": {"result": "r", "commit": "c"},
+    files({"gpu": "NVIDIA Test GPU", "arch": "sm_90", "source": {"result": "r", "commit": "c"},
            "configs": {"gemv": {"rows": 32, "dp4a_block": True}, "gemv:q4_g128_f16": {"max_split": 16}}})
     _gpu(monkeypatch, "nvidia test gpu", "sm_90")
     q2 = tuned.config_for("gemv", "q2_g16_s8m4", 1, 3584, 7168, "cuda")
@@ -47,8 +47,13 @@ def test_gpu_entry_and_format_entry_layer_over_the_defaults(monkeypatch, files):
 
 
 def test_a_gpu_without_a_file_gets_its_architectures_with_one_line(monkeypatch, files, caplog):
-    files({"gpu": "NVIDIA H200", "match": "h200", "arch": "sm_90", "source": {},
-           "configs": {"gemm": {"gluon": True, "gluon_min_m": 16}}})
+    files({"gpu": "NVIDIA H200", "arch": "sm_90", "source": {},
+           "configs": {"gemm": {"gluon": True, "gluon_min_m": 16}}},
+          {"gpu": "NVIDIA H200 NVL", "arch": "sm_90", "source": {}, "configs": {"gemm": {"gluon": False}}})
+    _gpu(monkeypatch, "nvidia h200", "sm_90")                        # the exact name: its own file, not the NVL's
+    assert tuned.config_for("gemm", "q2_g16_s8m4", 2048, 3584, 7168, "cuda").gluon_min_m == 16
+    _gpu(monkeypatch, "nvidia h200 nvl", "sm_90")                    # a name containing another's: its own
+    assert not tuned.config_for("gemm", "q2_g16_s8m4", 2048, 3584, 7168, "cuda").gluon
     _gpu(monkeypatch, "nvidia h100 80gb hbm3", "sm_90")
     with caplog.at_level(logging.WARNING, logger="strata_plan.kernels"):
         a = tuned.config_for("gemm", "q2_g16_s8m4", 2048, 3584, 7168, "cuda")
@@ -75,7 +80,7 @@ def test_named_overrides_refuse_unknown_fields():
 
 
 def test_tuner_file_roundtrip(tmp_path):
-    data = tuned.config_file("NVIDIA H200", "h200", "sm_90", {"moe": tuned.MoEConfig(split1=0, chunk=4096)},
+    data = tuned.config_file("NVIDIA H200", "sm_90", {"moe": tuned.MoEConfig(split1=0, chunk=4096)},
                              "benchmarks/results/x.json", "abc1234")
     assert data["configs"] == {"moe": {"split1": 0, "chunk": 4096}}       # only what differs from the defaults
     p = tmp_path / "nvidia-h200.json"
@@ -90,6 +95,6 @@ def test_gluon_warps_rule():
     assert ops.gluon_warps(2048, 7168, cfg) == 8 and ops.gluon_warps(1024, 8192, cfg) == 8
     assert ops.gluon_warps(1023, 7168, cfg) == 4 and ops.gluon_warps(2048, 3584, cfg) == 4
     assert ops.gluon_warps(4096, 7168, tuned.GemmConfig()) == 4          # no rule: gluon_warps
-    h200 = next(f for f in tuned.config_files() if f["match"] == "h200")
+    h200 = next(f for f in tuned.config_files() if f["gpu"] == "NVIDIA H200")
     shipped = tuned.make("gemm", h200["configs"]["gemm"])                # the shipped H200 entry carries the rule
     assert ops.gluon_warps(2048, 7168, shipped) == 8 and ops.gluon_warps(512, 7168, shipped) == 4

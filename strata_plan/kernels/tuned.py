@@ -5,9 +5,10 @@
 kind is "gemv" (decode GEMV), "gemm" (prefill GEMM), "moe" (fused MoE decode) or "moe_grouped" (fused
 MoE prefill). The tuned values live in `kernels/configs/<gpu>.json` (package data), one file per GPU,
 written by `benchmarks/bench_kernels.py --sweep` with the result file and commit they came from
-(`config_file`). A GPU is matched by the file's "match" string in its name (lowercased); a GPU without
-a file gets the file of its architecture (same compute capability: an H100 gets the H200's sm_90
-configs) with one logged line, and the defaults otherwise (and on CPU). An entry "kind:fmt" (e.g.
+(`config_file`). A GPU is matched by its exact device name (`torch.cuda.get_device_name`, case aside) against
+the file's "gpu", as vLLM keys its fused-MoE configs; a GPU without a file of its own (another name, e.g. an
+H100 or an "NVIDIA H200 NVL") gets the file of its compute capability (an H100 gets the H200's sm_90 configs)
+with one logged line, and the defaults otherwise (and on CPU). An entry "kind:fmt" (e.g.
 "gemv:q4_g128_f16") overrides "kind" for one format. Why each shipped value won: KERNELS.md, and the
 result files behind them in each config file's "source".
 """
@@ -152,7 +153,7 @@ def resolve(kind: str, config, shipped: Config) -> Config:
 # ------------------------------------------------------------------------------------ per-GPU data files
 
 def load_config_file(path: Path) -> dict:
-    """A configs/<gpu>.json file: {"gpu", "match", "arch", "source": {...}, "configs": {kind: {...}}},
+    """A configs/<gpu>.json file: {"gpu", "arch", "source": {...}, "configs": {kind: {...}}},
     every entry checked against its dataclass."""
     data = json.loads(Path(path).read_text())
     for key, values in data["configs"].items():
@@ -165,7 +166,7 @@ def config_files() -> tuple[dict, ...]:
     return tuple(load_config_file(p) for p in sorted(CONFIG_DIR.glob("*.json")))
 
 
-def config_file(gpu: str, match: str, arch: str, configs: dict[str, Config | dict], result: str, commit: str) -> dict:
+def config_file(gpu: str, arch: str, configs: dict[str, Config | dict], result: str, commit: str) -> dict:
     """The data of a configs/<gpu>.json file (what the tuner writes): only the fields that differ from
     the defaults, with the result file and commit the winners came from."""
     out = {}
@@ -173,17 +174,17 @@ def config_file(gpu: str, match: str, arch: str, configs: dict[str, Config | dic
         d = asdict(cfg) if not isinstance(cfg, dict) else dict(cfg)
         base = asdict(KINDS[key.split(":")[0]]())
         out[key] = {k: v for k, v in d.items() if base.get(k) != v}
-    return {"gpu": gpu, "match": match, "arch": arch, "source": {"result": result, "commit": commit},
+    return {"gpu": gpu, "arch": arch, "source": {"result": result, "commit": commit},
             "configs": out}
 
 
 @lru_cache(maxsize=16)
 def gpu_entries(name: str, arch: str) -> dict:
-    """The tuned entries for a GPU of this name (lowercased) and architecture ("sm_90"): its own file,
-    else the first file of its architecture (logged once), else none."""
+    """The tuned entries for a GPU of this device name (lowercased) and architecture ("sm_90"): the file of
+    exactly that name, else the first file of its architecture (logged once), else none."""
     files = config_files()
     for f in files:
-        if f["match"] in name:
+        if f["gpu"].lower() == name:
             return f["configs"]
     for f in files:
         if f["arch"] == arch:
