@@ -41,6 +41,7 @@ def cmd_pack(args) -> int:
     from strata_plan.engine.pack import (check_free_space, check_pack_target, default_device, formats_from_mix,
                                          formats_from_plan, pack_checkpoint)
     from strata_plan.outpaths import check_out_folder
+    from strata_plan.core.families import require_runs
     from strata_plan.core.spec import load_spec
     if args.format is not None and args.format not in F.FORMATS:
         raise UserError("--format", args.format, "unknown format", f"use one of {', '.join(F.FORMATS)}")
@@ -60,6 +61,7 @@ def cmd_pack(args) -> int:
     check_out_folder(args.out, "--out", args.force)      # before any work (issue 25)
     check_pack_target(args.out)                          # written beside it and renamed: not a mount point
     spec = load_spec(args.synthetic, args.moe_layers) if args.synthetic else load_spec(args.checkpoint)
+    require_runs(spec.model_type, spec.source or spec.name)     # a family the engine runs (core.families)
     plan_sha = ""
     if args.plan:
         layer_formats, plan_sha = formats_from_plan(args.plan, spec)

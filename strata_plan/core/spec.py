@@ -1,9 +1,9 @@
 """ModelSpec: the geometry of an MoE decoder, read from a Hugging Face `config.json`, and every byte and
 FLOP count the rest of strata-plan needs.
 
-One reader covers the families whose configs name the same things (DeepSeek-V2/V3, Kimi-K2, GLM-4.x
-MoE, Qwen2/Qwen3-MoE, Mixtral and its relatives, OLMoE, gpt-oss, Llama-4, DBRX, Arctic). Anything else
-is refused with one line that names what is unsupported. Bytes of routed experts come from
+Each family's own config fields are read by its module in `core.families` (found by `model_type`); this
+module reads what every config shares and builds the spec. Anything else is refused with one line that
+names what is unsupported. Bytes of routed experts come from
 `strata_plan.kernels.formats`; everything else here is counted at BF16 (2 bytes per parameter).
 """
 from __future__ import annotations
@@ -14,64 +14,14 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from strata_plan.core.families import FAMILIES, family_of
+from strata_plan.core.geometry import BF16, AttentionSpec, Cfg, Geometry
 from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
 
 MODELS_DIR = Path(__file__).parent / "models"
-BF16 = 2  # bytes per parameter of everything that is not a routed expert
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    kind: Literal["mla", "gqa"]
-    heads: int
-    kv_heads: int = 0              # gqa
-    head_dim: int = 0              # gqa: per-head q/k/v width
-    q_lora_rank: int = 0           # mla: 0 = q projected straight from hidden
-    kv_lora_rank: int = 0          # mla
-    qk_nope_head_dim: int = 0      # mla
-    qk_rope_head_dim: int = 0      # mla
-    v_head_dim: int = 0            # mla
-    qkv_bias: bool = False
-    o_bias: bool = False
-    qk_norm: bool = False
-    sliding_window: int = 0        # tokens kept by sliding-window layers (0 = none)
-
-    def params(self, hidden: int) -> int:
-        if self.kind == "mla":
-            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
-            if self.q_lora_rank:
-                q = hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.heads * qk
-            else:
-                q = hidden * self.heads * qk
-            kv = hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
-            kv += self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
-            o = self.heads * self.v_head_dim * hidden
-            return q + kv + o
-        q_dim, kv_dim = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        p = hidden * (q_dim + 2 * kv_dim) + q_dim * hidden
-        if self.qkv_bias:
-            p += q_dim + 2 * kv_dim
-        if self.o_bias:
-            p += hidden
-        if self.qk_norm:
-            p += 2 * self.head_dim
-        return p
-
-    @property
-    def kv_bytes_per_token_layer(self) -> int:
-        """KV-cache bytes one token adds to one layer (BF16; MLA caches its compressed latent)."""
-        if self.kind == "mla":
-            return BF16 * (self.kv_lora_rank + self.qk_rope_head_dim)
-        return BF16 * 2 * self.kv_heads * self.head_dim
-
-    def score_flops(self, context: int) -> int:
-        """FLOPs of q.k and p.v for one query over `context` cached tokens (MLA in absorbed form)."""
-        if self.kind == "mla":
-            return 2 * self.heads * context * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
-        return 2 * 2 * self.heads * self.head_dim * context
 
 
 @dataclass(frozen=True)
@@ -278,30 +228,9 @@ REFUSED_TYPES = {
     "jetmoe": "mixture-of-attention heads (JetMoE) are not supported",
     "deepseek_v32": "DeepSeek sparse attention (the lightning indexer of V3.2) is not supported",
 }
-DEEPSEEK_TYPES = ("deepseek", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe")
-MIXTRAL_TYPES = ("mixtral", "phimoe", "grinmoe", "granitemoe", "olmoe", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 
-class _Cfg:
-    """Field access that turns a missing or mistyped config field into one clear line."""
-
-    def __init__(self, data: dict, where: str):
-        self.d, self.where = data, where
-
-    def get(self, key: str, default: Any = None) -> Any:
-        v = self.d.get(key, default)
-        return default if v is None else v
-
-    def int(self, key: str, default: int | None = None, lo: int = 1) -> int:
-        v = self.d.get(key, default)
-        if v is None:
-            raise UserError(self.where, key, "missing field", f"add `{key}` (an integer) to the config")
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise UserError(self.where, key, f"must be an integer >= {lo}, got {v!r}", "correct the config value")
-        return v
-
-
-def _native_expert_bits(c: _Cfg) -> tuple[str, float]:
+def _native_expert_bits(c: Cfg) -> tuple[str, float]:
     dtype = str(c.get("torch_dtype", c.get("dtype", "bfloat16")))
     q = c.get("quantization_config", {}) or {}
     method = str(q.get("quant_method", "")).lower()
@@ -319,10 +248,11 @@ def spec_from_config(cfg: dict, name: str, where: str = "config.json") -> ModelS
     """Read an HF config dict into a ModelSpec, or raise UserError naming what is unsupported."""
     if not isinstance(cfg, dict):
         raise UserError(where, "", "is not a JSON object", "pass a Hugging Face config.json")
-    if cfg.get("text_config") and cfg.get("model_type") == "llama4":
+    family = family_of(cfg.get("model_type"))
+    if family is not None and family.text_config and cfg.get("text_config"):
         inner = dict(cfg["text_config"])
         inner.setdefault("torch_dtype", cfg.get("torch_dtype"))
-        cfg = {**inner, "model_type": "llama4"}
+        cfg = {**inner, "model_type": cfg["model_type"]}
     mt = cfg.get("model_type")
     if not mt:
         raise UserError(where, "model_type", "missing", "use a Hugging Face config.json that names its model_type")
@@ -331,110 +261,27 @@ def spec_from_config(cfg: dict, name: str, where: str = "config.json") -> ModelS
         raise UserError(where, "model_type", f"{mt!r}: {REFUSED_TYPES[mt]}", "use a decoder-only MoE model")
     if cfg.get("is_encoder_decoder"):
         raise UserError(where, "is_encoder_decoder", "encoder-decoder model (not an MoE decoder)", "use a decoder-only MoE model")
-    c = _Cfg(cfg, where)
+    c = Cfg(cfg, where)
     dtype, native_bits = _native_expert_bits(c)
-
-    if mt == "dbrx":
-        return _dbrx(cfg, name, where, dtype, native_bits)
-    if mt == "arctic":
-        n_layers = c.int("num_hidden_layers")
-        heads = c.int("num_attention_heads")
-        att = AttentionSpec("gqa", heads, c.int("num_key_value_heads", heads), c.get("head_dim") or c.int("hidden_size") // heads)
-        return _finish(cfg, name, mt, c, att, ["moe"] * n_layers, c.int("num_local_experts"), c.int("num_experts_per_tok"),
-                       c.int("intermediate_size"), c.int("intermediate_size") if c.get("use_residual") else 0,
-                       c.int("intermediate_size"), dtype, native_bits)
-
-    if mt in DEEPSEEK_TYPES:
-        n_layers = c.int("num_hidden_layers")
-        first_dense = c.int("first_k_dense_replace", 0, lo=0)
-        freq = c.int("moe_layer_freq", 1)
-        kinds = ["moe" if (i >= first_dense and i % freq == 0) else "dense" for i in range(n_layers)]
-        heads = c.int("num_attention_heads")
-        if c.get("kv_lora_rank"):
-            att = AttentionSpec("mla", heads, q_lora_rank=int(c.get("q_lora_rank", 0) or 0), kv_lora_rank=c.int("kv_lora_rank"),
-                                qk_nope_head_dim=c.int("qk_nope_head_dim"), qk_rope_head_dim=c.int("qk_rope_head_dim"),
-                                v_head_dim=c.int("v_head_dim"))
-        else:
-            hd = c.get("head_dim") or c.int("hidden_size") // heads
-            att = AttentionSpec("gqa", heads, c.int("num_key_value_heads", heads), hd,
-                                qkv_bias=bool(c.get("attention_bias", False)), qk_norm=bool(c.get("use_qk_norm", False)))
-        n_shared = c.int("n_shared_experts", 0, lo=0)
-        moe_i = c.int("moe_intermediate_size")
-        return _finish(cfg, name, mt, c, att, kinds, c.int("n_routed_experts"), c.int("num_experts_per_tok"), moe_i,
-                       n_shared * moe_i, c.int("intermediate_size"), dtype, native_bits,
-                       router_bias=c.get("topk_method") == "noaux_tc")
-
-    if mt == "llama4":
-        n_layers = c.int("num_hidden_layers")
-        step = c.int("interleave_moe_layer_step", 1)
-        moe_set = set(c.get("moe_layers") or range(step - 1, n_layers, step))
-        kinds = ["moe" if i in moe_set else "dense" for i in range(n_layers)]
-        heads = c.int("num_attention_heads")
-        att = AttentionSpec("gqa", heads, c.int("num_key_value_heads", heads), c.get("head_dim") or c.int("hidden_size") // heads,
-                            qkv_bias=bool(c.get("attention_bias", False)), qk_norm=bool(c.get("use_qk_norm", False)))
-        return _finish(cfg, name, mt, c, att, kinds, c.int("num_local_experts"), c.int("num_experts_per_tok"),
-                       c.int("intermediate_size"), c.int("intermediate_size"),
-                       c.int("intermediate_size_mlp", c.get("intermediate_size")), dtype, native_bits)
-
-    if mt in MIXTRAL_TYPES:
-        n_layers = c.int("num_hidden_layers")
-        n_exp = c.get("num_local_experts") or c.get("num_experts")
-        if not n_exp:
-            raise UserError(where, "num_experts", "missing", "an MoE config names its routed experts (num_experts or num_local_experts)")
-        top_k = c.int("num_experts_per_tok", c.get("experts_per_token"))
-        kinds = ["moe"] * n_layers
-        shared = 0
-        moe_i = c.int("moe_intermediate_size", c.get("intermediate_size"))
-        if mt in ("qwen2_moe", "qwen3_moe"):
-            step = c.int("decoder_sparse_step", 1)
-            only = set(c.get("mlp_only_layers", []) or [])
-            kinds = ["moe" if (i not in only and (i + 1) % step == 0) else "dense" for i in range(n_layers)]
-            shared = int(c.get("shared_expert_intermediate_size", 0) or 0)
-        heads = c.int("num_attention_heads")
-        hd = c.get("head_dim") or c.int("hidden_size") // heads
-        bias = bool(c.get("attention_bias", mt == "qwen2_moe"))
-        att = AttentionSpec("gqa", heads, c.int("num_key_value_heads", heads), hd, qkv_bias=bias,
-                            o_bias=bias and mt == "gpt_oss", qk_norm=mt in ("qwen3_moe", "olmoe"),
-                            sliding_window=int(c.get("sliding_window", 0) or 0) if mt == "gpt_oss" else 0)
-        sliding = tuple(t == "sliding_attention" for t in c.get("layer_types", [])) if mt == "gpt_oss" else ()
-        spec = _finish(cfg, name, mt, c, att, kinds, int(n_exp), top_k, moe_i, shared, c.int("intermediate_size"),
-                       dtype, native_bits, router_bias=mt == "gpt_oss", expert_bias=mt == "gpt_oss", sliding=sliding)
-        return spec
-
-    raise UserError(where, "model_type", f"{mt!r} is not a supported MoE decoder",
-                    "use a DeepSeek/Kimi/GLM, Qwen-MoE, Mixtral-family, OLMoE, gpt-oss, Llama-4, DBRX or Arctic config")
+    if family is None:
+        raise UserError(where, "model_type", f"{mt!r} is not a supported MoE decoder",
+                        f"use a config of one of: {', '.join(f.title for f in FAMILIES.values())}")
+    return _finish(cfg, name, mt, c, family.read(c), dtype, native_bits)
 
 
-def _finish(cfg: dict, name: str, mt: str, c: _Cfg, att: AttentionSpec, kinds: list[str], n_routed: int, top_k: int,
-            moe_i: int, shared_i: int, dense_i: int, dtype: str, native_bits: float, router_bias: bool = False,
-            expert_bias: bool = False, sliding: tuple[bool, ...] = ()) -> ModelSpec:
+def _finish(cfg: dict, name: str, mt: str, c: Cfg, g: Geometry, dtype: str, native_bits: float) -> ModelSpec:
+    kinds, sliding = g["layer_kinds"], g.get("sliding_layers", ())
     if "moe" not in kinds:
         raise UserError(c.where, "num_hidden_layers", "no layer has routed experts", "use an MoE config")
-    if top_k > n_routed:
-        raise UserError(c.where, "num_experts_per_tok", f"top-k {top_k} exceeds {n_routed} routed experts", "correct the config")
+    if g["top_k"] > g["n_routed"]:
+        raise UserError(c.where, "num_experts_per_tok", f"top-k {g['top_k']} exceeds {g['n_routed']} routed experts",
+                        "correct the config")
     if sliding and len(sliding) != len(kinds):
         raise UserError(c.where, "layer_types", f"{len(sliding)} entries for {len(kinds)} layers", "give one type per layer")
-    return ModelSpec(
-        name=name, model_type=mt, hidden=c.int("hidden_size"), vocab=c.int("vocab_size"), layer_kinds=tuple(kinds),
-        n_routed=n_routed, top_k=top_k, moe_intermediate=moe_i, shared_intermediate=shared_i, dense_intermediate=dense_i,
-        attention=att, tied_embeddings=bool(c.get("tie_word_embeddings", False)), native_dtype=dtype,
-        native_expert_bits=native_bits, router_bias=router_bias, expert_bias=expert_bias, sliding_layers=sliding,
-        config_sha256=_sha(cfg))
-
-
-def _dbrx(cfg: dict, name: str, where: str, dtype: str, native_bits: float) -> ModelSpec:
-    c = _Cfg(cfg, where)
-    ffn = _Cfg(cfg.get("ffn_config") or {}, where + ":ffn_config")
-    attn = _Cfg(cfg.get("attn_config") or {}, where + ":attn_config")
-    d, heads = c.int("d_model"), c.int("n_heads")
-    att = AttentionSpec("gqa", heads, attn.int("kv_n_heads"), d // heads)
-    n = c.int("n_layers")
-    return ModelSpec(name=name, model_type="dbrx", hidden=d, vocab=c.int("vocab_size"), layer_kinds=("moe",) * n,
-                     n_routed=ffn.int("moe_num_experts"), top_k=ffn.int("moe_top_k"),
-                     moe_intermediate=ffn.int("ffn_hidden_size"), shared_intermediate=0,
-                     dense_intermediate=ffn.int("ffn_hidden_size"), attention=att,
-                     tied_embeddings=bool(c.get("tie_word_embeddings", False)), native_dtype=dtype,
-                     native_expert_bits=native_bits, config_sha256=_sha(cfg))
+    shared = {"hidden": g.get("hidden") or c.int("hidden_size"), "vocab": g.get("vocab") or c.int("vocab_size"),
+              "tied_embeddings": bool(c.get("tie_word_embeddings", False))}
+    return ModelSpec(name=name, model_type=mt, **{**shared, **g}, native_dtype=dtype, native_expert_bits=native_bits,
+                     config_sha256=_sha(cfg))
 
 
 def _sha(cfg: dict) -> str:
@@ -517,8 +364,9 @@ def truncate_config(cfg: dict, n_moe: int, where: str = "config.json") -> dict:
                         f"pass 1..{full.n_moe_layers}")
     n = full.moe_layers[n_moe - 1] + 1
     out = json.loads(json.dumps(cfg))
-    inner = out["text_config"] if out.get("model_type") == "llama4" and out.get("text_config") else out
-    inner["n_layers" if full.model_type == "dbrx" else "num_hidden_layers"] = n
+    family = family_of(full.model_type)
+    inner = out["text_config"] if family.text_config and out.get("text_config") else out
+    inner[family.layers_field] = n
     for key in ("layer_types", "no_rope_layers"):
         if isinstance(inner.get(key), list):
             inner[key] = inner[key][:n]

@@ -5,7 +5,8 @@ file itself. Layer kinds, attention widths, expert counts and widths come from t
 `ModelSpec` (one reader of configs for the whole project); this module adds what only a forward pass
 needs: the family, norms, rotary embedding, the router's rule and the special token ids.
 
-Families the engine runs (anything else is refused with one line naming `model_type`):
+Families the engine runs (`runs` in `core.families`; anything else is refused with one line naming
+`model_type` and the families that run), dispatched on the family's router kind:
 
 | family | model_type | attention | router |
 |---|---|---|---|
@@ -21,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata_plan.errors import UserError
+from strata_plan.core.families import FAMILIES, TensorNames, require_runs
 from strata_plan.core.spec import ModelSpec, spec_from_config
-
-FAMILIES = {"deepseek_v3": "deepseek", "kimi_k2": "deepseek", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
+from strata_plan.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,11 @@ class ModelConfig:
     source: str = ""
 
     # ---- derived -------------------------------------------------------------------------------
+    @property
+    def tensors(self) -> TensorNames:
+        """The family's checkpoint tensor names (core.families)."""
+        return FAMILIES[self.family].tensors
+
     @property
     def hidden(self) -> int:
         return self.spec.hidden
@@ -124,15 +129,13 @@ class ModelConfig:
     @staticmethod
     def from_dict(cfg: dict, where: str = "config.json") -> "ModelConfig":
         mt = cfg.get("model_type")
-        if mt not in FAMILIES:
-            raise UserError(where, "model_type", f"{mt!r}: the engine runs {', '.join(FAMILIES)}",
-                            "use a DeepSeek-V3/Kimi-K2, Qwen3-MoE or Mixtral checkpoint")
-        family = FAMILIES[mt]
+        fam = require_runs(mt, where)
+        family = fam.name
         spec = spec_from_config(cfg, Path(where).parent.name or str(mt), where)
         if cfg.get("hidden_act", "silu") != "silu":
             raise UserError(where, "hidden_act", f"{cfg.get('hidden_act')!r}", "the engine runs SwiGLU (silu) MLPs")
         a = spec.attention
-        if family == "deepseek":
+        if fam.router == "sigmoid_grouped":
             if a.kind != "mla":
                 raise UserError(where, "kv_lora_rank", "missing: DeepSeek-V3 attention is MLA", "use a config with MLA")
             scoring = cfg.get("scoring_func", "sigmoid")

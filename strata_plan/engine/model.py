@@ -63,10 +63,11 @@ class DecoderLayer:
         if moe_index is None:
             self.mlp = SwiGLU.load(src, f"{p}.mlp", ("gate_proj", "up_proj", "down_proj"), device, dtype)
             return
-        block = f"{p}.block_sparse_moe" if f"{p}.block_sparse_moe.gate.weight" in src else f"{p}.mlp"
-        self.router = Router.load(cfg.router, src, f"{block}.gate", device, dtype)
+        names = cfg.tensors                   # the family's checkpoint spellings (core.families)
+        gate = next((g for g in names.router if f"{p}.{g}.weight" in src), names.router[-1])
+        self.router = Router.load(cfg.router, src, f"{p}.{gate}", device, dtype)
         if cfg.spec.shared_intermediate:
-            self.shared = SwiGLU.load(src, f"{p}.mlp.shared_experts", ("gate_proj", "up_proj", "down_proj"), device, dtype)
+            self.shared = SwiGLU.load(src, f"{p}.{names.shared}", ("gate_proj", "up_proj", "down_proj"), device, dtype)
 
 
 class MoEModel:

@@ -18,9 +18,10 @@ Everything is written into a temporary folder beside the target and renamed into
 
 Which format each expert gets: from a plan (its per-layer `formats`), or from a tier mix at a target
 bits-per-weight (`formats.tier_mix`; the most used experts by `--stats`, else ids 0.. first, take the
-first tier), or one format for all. Expert tensors are found under the names DeepSeek/Kimi/Qwen
-(`mlp.experts.E.{gate,up,down}_proj.weight`) and Mixtral (`block_sparse_moe.experts.E.{w1,w3,w2}.weight`)
-checkpoints use, or transformers' fused `mlp.experts.gate_up_proj` / `down_proj`.
+first tier), or one format for all. Expert tensors are found under the names the checkpoints of the families
+the engine runs use (their `TensorNames` in `core.families`: DeepSeek/Kimi/Qwen `mlp.experts.E.{gate,up,down}_proj
+.weight`, Mixtral `block_sparse_moe.experts.E.{w1,w3,w2}.weight`), or transformers' fused
+`mlp.experts.gate_up_proj` / `down_proj`.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import re
 import shutil
 from pathlib import Path
 
+from strata_plan.core.families import FAMILIES
 from strata_plan.engine import fp8
 from strata_plan.engine.files import AtomicFile, AtomicFolder, BlobWriter, write_safetensors
 from strata_plan.engine.packed import DENSE_FILE, PART_BYTES, PackedEntry, PackIndex, write_index
@@ -38,8 +40,6 @@ from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-PER_EXPERT = {"mlp.experts": ("gate_proj", "up_proj", "down_proj"),
-              "block_sparse_moe.experts": ("w1", "w3", "w2")}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _PACK_WRITES = re.compile(r"^(index\.json|config\.json|dense\.safetensors|experts-layer\d+\.bin|"
                           + "|".join(re.escape(n) for n in TOKENIZER_FILES) + r")$|^\..*\.(tmp|old)$")
@@ -125,11 +125,16 @@ class Checkpoint:
         return t if dtype is None else t.to(dtype)
 
 
+def per_expert_names() -> dict[str, tuple[str, str, str]]:
+    """prefix -> (gate, up, down) of every per-expert spelling the families the engine runs use (core.families)."""
+    return {prefix: proj for f in FAMILIES.values() if f.runs for prefix, proj in f.tensors.experts}
+
+
 def expert_weights(ckpt: Checkpoint, layer: int, n_experts: int, device: str = "cpu"):
     """(tensor names the layer's experts use, function expert -> float32 (gate [I, H], up [I, H], down [H, I]))."""
     import torch
     f32 = torch.float32
-    for prefix, (g, u, d) in PER_EXPERT.items():
+    for prefix, (g, u, d) in per_expert_names().items():
         base = f"model.layers.{layer}.{prefix}"
         names = [f"{base}.{e}.{m}.weight" for e in range(n_experts) for m in (g, u, d)]
         if all(n in ckpt.where for n in names):
@@ -145,9 +150,9 @@ def expert_weights(ckpt: Checkpoint, layer: int, n_experts: int, device: str = "
             inter = gate_up.shape[1] // 2
             return tuple(w.to(device, f32) for w in (gate_up[e, :inter], gate_up[e, inter:], down[e]))
         return set(fused), expert
+    spelled = ", ".join(f"{prefix}.N.{{{','.join(proj)}}}" for prefix, proj in per_expert_names().items())
     raise UserError(str(ckpt.folder), f"model.layers.{layer}", f"routed-expert tensors of {n_experts} experts not found",
-                    "use a checkpoint with mlp.experts.N.{gate,up,down}_proj, block_sparse_moe.experts.N.w1/w2/w3 "
-                    "or fused mlp.experts.gate_up_proj/down_proj tensors")
+                    f"use a checkpoint with {spelled} or fused mlp.experts.gate_up_proj/down_proj tensors")
 
 
 def formats_from_plan(plan_path: str, spec) -> tuple[list[dict[int, str]], str]:

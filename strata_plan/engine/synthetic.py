@@ -21,14 +21,12 @@ import math
 import os
 from pathlib import Path
 
+from strata_plan.core.families import FAMILIES, family_of
 from strata_plan.engine.files import write_safetensors
 from strata_plan.engine.pack import check_layer_formats, packed_folder, write_layers
 from strata_plan.engine.packed import DENSE_FILE, PART_BYTES, PackIndex, write_index
 from strata_plan.errors import UserError
 from strata_plan.kernels import formats as F
-
-DEEPSEEK_FAMILY = ("deepseek", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe")
-QWEN_MIXTRAL_FAMILY = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def _sigma(k: int) -> float:
@@ -80,13 +78,16 @@ def random_blob(fmt: str, hidden: int, intermediate: int, gen, device):
 
 def dense_tensor_specs(spec) -> list[tuple[str, "torch.dtype", tuple[int, ...]]]:
     """(name, dtype, shape) of every tensor that is not a routed expert, as the architecture's Hugging Face
-    checkpoints name them (DeepSeek-V2/V3, Kimi-K2, GLM-4 MoE; Mixtral, Qwen2/Qwen3-MoE), sorted by name."""
+    checkpoints name them (the families in `core.families` that name their checkpoint tensors), sorted by name."""
     import torch
     bf, f32 = torch.bfloat16, torch.float32
     mt, H, a = spec.model_type, spec.hidden, spec.attention
-    if mt not in DEEPSEEK_FAMILY + QWEN_MIXTRAL_FAMILY:
+    family = family_of(mt)
+    if family is None or family.tensors is None:
+        named = [t for f in FAMILIES.values() if f.tensors for t in f.model_types]
         raise UserError(spec.source or spec.name, "model_type", f"synthetic dense weights of {mt!r} are not written",
-                        f"use a {', '.join(DEEPSEEK_FAMILY + QWEN_MIXTRAL_FAMILY)} model")
+                        f"use a {', '.join(named)} model")
+    names = family.tensors
     out: list[tuple[str, torch.dtype, tuple[int, ...]]] = [("model.embed_tokens.weight", bf, (spec.vocab, H)),
                                                            ("model.norm.weight", bf, (H,))]
     if not spec.tied_embeddings:
@@ -118,16 +119,14 @@ def dense_tensor_specs(spec) -> list[tuple[str, "torch.dtype", tuple[int, ...]]]
         if kind == "dense":
             out += _mlp(p + "mlp.", H, spec.dense_intermediate)
             continue
-        router = p + ("block_sparse_moe.gate." if mt == "mixtral" else "mlp.gate.")
+        router = f"{p}{names.router[0]}."
         out.append((router + "weight", bf, (spec.n_routed, H)))
         if spec.router_bias:
             out.append((router + "e_score_correction_bias", f32, (spec.n_routed,)))
         if spec.shared_intermediate:
-            if mt in DEEPSEEK_FAMILY:
-                out += _mlp(p + "mlp.shared_experts.", H, spec.shared_intermediate)
-            else:                                                     # qwen2_moe: one shared expert and its gate
-                out += _mlp(p + "mlp.shared_expert.", H, spec.shared_intermediate)
-                out.append((p + "mlp.shared_expert_gate.weight", bf, (1, H)))
+            out += _mlp(f"{p}{names.shared}.", H, spec.shared_intermediate)
+            if names.shared_gate:                                     # qwen2_moe: a gate on the shared expert
+                out.append((f"{p}{names.shared_gate}.weight", bf, (1, H)))
     return sorted(out)
 
 

@@ -41,7 +41,8 @@ from strata_plan.units import fmt_bytes_pair
 
 EXPERT_TENSORS = r"ffn_.*_exps\."
 """The part of the regex that picks a layer's merged routed-expert tensors (gate, up, down, or gate_up)
-and none of its shared experts (`ffn_*_shexp`) or dense FFN tensors (`ffn_gate.weight`)."""
+and none of its shared experts (`ffn_*_shexp`) or dense FFN tensors (`ffn_gate.weight`). Each model family states
+its merged expert tensors (`llama_cpp_experts` in `core.families`); tests/test_families.py holds them to this."""
 GPU_BUFFER = "CUDA0"
 CPU_BUFFER = "CPU"
 FORMATS = ("llama.cpp",)
