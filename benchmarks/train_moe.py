@@ -31,7 +31,7 @@ from moe.model import SHAPES, MoEShape, build_model, keep_router_bias_fp32  # no
 from moe.trace import heldout_sequences, routing_trace, write_trace  # noqa: E402
 from moe.train import TrainSettings, evaluate, fit, steps_for, windows  # noqa: E402
 
-DEFAULTS = {"fixture-moe": TrainSettings(lr=3e-3), "bench-moe": TrainSettings(lr=1e-3)}
+DEFAULTS = {"fixture-moe": TrainSettings(lr=3e-3), "bench-moe": TrainSettings(lr=1e-3), "peer-moe": TrainSettings(lr=1e-3)}
 
 
 def log(msg: str) -> None:
@@ -170,7 +170,7 @@ def _version(mod: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=["fixture", "bench"], required=True, help="which model (see moe/model.py)")
+    p.add_argument("--size", choices=["fixture", "bench", "peer"], required=True, help="which model (see moe/model.py)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint and trace folder")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--seconds", type=float, help="training time budget (a probe sets the step count)")

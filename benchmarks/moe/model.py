@@ -36,6 +36,7 @@ class MoEShape:
     topk_group: int = 1
     routed_scaling: float = 2.5
     max_positions: int = 1024
+    q_lora_rank: int | None = None   # queries through a low-rank projection (DeepSeek-V3: 1536); None = direct
 
     @property
     def n_moe_layers(self) -> int:
@@ -48,7 +49,7 @@ class MoEShape:
             moe_intermediate_size=self.moe_intermediate, num_hidden_layers=self.layers,
             num_attention_heads=self.heads, num_key_value_heads=self.heads, n_shared_experts=self.n_shared,
             n_routed_experts=self.n_routed, num_experts_per_tok=self.top_k, first_k_dense_replace=self.first_dense,
-            kv_lora_rank=self.kv_lora_rank, q_lora_rank=None, qk_nope_head_dim=self.qk_nope_dim,
+            kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank, qk_nope_head_dim=self.qk_nope_dim,
             qk_rope_head_dim=self.qk_rope_dim, v_head_dim=self.v_dim, n_group=self.n_group,
             topk_group=self.topk_group, routed_scaling_factor=self.routed_scaling, norm_topk_prob=True,
             topk_method="noaux_tc", max_position_embeddings=self.max_positions, bos_token_id=0, eos_token_id=0,
@@ -68,7 +69,12 @@ FIXTURE = MoEShape("fixture-moe", vocab=4096, hidden=256, layers=6, first_dense=
 BENCH = MoEShape("bench-moe", vocab=16384, hidden=512, layers=10, first_dense=1, dense_intermediate=1536,
                  moe_intermediate=256, n_routed=64, top_k=6, n_shared=1, heads=8, kv_lora_rank=128,
                  qk_nope_dim=64, qk_rope_dim=32, v_dim=96, n_group=8, topk_group=4)
-SHAPES = {s.name: s for s in (FIXTURE, BENCH)}
+# The peer model (benchmarks/peers/): BENCH with a query LoRA of rank 256, the DeepSeek-V3 geometry llama.cpp's
+# loader requires (it has no path for direct queries), trained from the same corpus as a model of its own.
+PEER = MoEShape("peer-moe", vocab=16384, hidden=512, layers=10, first_dense=1, dense_intermediate=1536,
+                moe_intermediate=256, n_routed=64, top_k=6, n_shared=1, heads=8, kv_lora_rank=128,
+                qk_nope_dim=64, qk_rope_dim=32, v_dim=96, n_group=8, topk_group=4, q_lora_rank=256)
+SHAPES = {s.name: s for s in (FIXTURE, BENCH, PEER)}
 
 
 def build_model(shape: MoEShape, seed: int, experts_impl: str = "eager"):
