@@ -1,0 +1,183 @@
+"""llama.cpp beside the engine on one checkpoint, at the same share of routed-expert bytes on the GPU.
+
+    python benchmarks/peers/bench_peer.py --checkpoint CKPT --llama-bin build/bin --work DIR --text FILE \
+        --out-dir $OUT [--types q2_k,iq1_s] [--ours q2_g32_s8m8,q1_g32_s8m4] [--cpu-moe-layers N] [--threads 16]
+
+Per llama.cpp type (`--types`, with `--ours` the engine's format of the nearest bits per weight, pairwise):
+1. GGUF: F32 (the KL base) and BF16 (`to_gguf.py`); an importance matrix from `--text` (`llama-imatrix`); the
+   routed experts quantized to the type, every other tensor kept BF16 (`llama-quantize`, README.md).
+2. llama.cpp, `llama-bench` (median of `--repeats`, prefill `--prompt` tokens, decode `--gen` tokens): every
+   tensor on the GPU (`-ngl 99`, the ceiling) and at the budget: the experts of the first `--cpu-moe-layers`
+   layers in RAM, computed by the CPU (`-ncmoe`, `--threads`).
+3. llama.cpp's KL divergence and top-1 agreement against the F32 GGUF on `--text` (`llama-perplexity`).
+4. The engine on the same checkpoint: packed in the paired format, planned with the same share of each layer's
+   experts in VRAM (the most used, by its routing trace) and the rest in pinned RAM; `strata-plan bench` in modes
+   lru and on-demand, and `strata-plan eval` (KL and top-1 against the float checkpoint, the same text).
+Rows are MEASURED; the budget is the share of routed-expert bytes on the GPU, the same on both sides (each side's
+bytes at its own bits per weight are in the file). Writes peer-llama-cpp-<time>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from _result import write_result  # noqa: E402
+
+EXPERTS = "_exps"             # llama.cpp's routed-expert tensors: blk.N.ffn_{gate,up,down}_exps.weight
+KEEP_BF16 = ("attn_=bf16", "_shexp=bf16", r"ffn_(gate|up|down)\.weight=bf16")
+
+
+def sh(cmd: list[str], log: Path) -> str:
+    """Run a llama.cpp tool; its output goes to `log` and comes back; a failure stops the benchmark."""
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    log.write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+    if r.returncode:
+        raise SystemExit(f"{cmd[0]} failed ({r.returncode}); see {log}")
+    return r.stdout + r.stderr
+
+
+def quantize(bin_: Path, src: Path, out: Path, qtype: str, imatrix: Path | None, log: Path) -> None:
+    """Routed experts to `qtype`, every other tensor BF16 (a Q8_0 base: with a BF16 base the tool copies)."""
+    cmd = [str(bin_ / "llama-quantize")] + (["--imatrix", str(imatrix)] if imatrix else [])
+    cmd += ["--tensor-type", f"{EXPERTS}={qtype}"]
+    for t in KEEP_BF16:
+        cmd += ["--tensor-type", t]
+    sh(cmd + ["--token-embedding-type", "bf16", "--output-tensor-type", "bf16", str(src), str(out), "Q8_0"], log)
+
+
+def llama_bench(bin_: Path, model: Path, args, extra: list[str], log: Path) -> dict:
+    """Prefill and decode tok/s (medians of the repeats) of `llama-bench -o json`."""
+    out = sh([str(bin_ / "llama-bench"), "-m", str(model), "-p", str(args.prompt), "-n", str(args.gen),
+              "-r", str(args.repeats), "-t", str(args.threads), "-o", "json", *extra], log)
+    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    got = {}
+    for r in rows:
+        key = "prefill_tok_s" if r["n_prompt"] else "decode_tok_s"
+        got[key] = statistics.median(r["samples_ts"])
+    return got
+
+
+def llama_kl(bin_: Path, base: Path, model: Path, args, work: Path) -> dict:
+    """Mean KL divergence and top-1 agreement of `model` against `base` on --text (`llama-perplexity`)."""
+    kld = work / "base.kld"
+    ctx = ["-f", args.text, "-c", str(args.chunk), "-t", str(args.threads), "-ngl", "99"]
+    if not kld.exists():
+        sh([str(args.llama_bin / "llama-perplexity"), "-m", str(base), *ctx, "--kl-divergence-base", str(kld)],
+           work / "kl-base.log")
+    out = sh([str(args.llama_bin / "llama-perplexity"), "-m", str(model), *ctx, "--kl-divergence-base", str(kld),
+              "--kl-divergence"], work / f"kl-{model.stem}.log")
+    mean = re.search(r"Mean\s+KLD:\s+([-\d.eE+]+)", out)
+    top1 = re.search(r"Same top p:\s+([\d.]+)", out)
+    return {"kl_mean": float(mean.group(1)) if mean else None, "top1": float(top1.group(1)) / 100 if top1 else None}
+
+
+def cli_json(argv: list[str]) -> dict:
+    """`strata-plan ARGV --json` in process: its JSON."""
+    from strata_plan.cli import main
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(argv + ["--json"])
+    if rc:
+        raise SystemExit(f"strata-plan {' '.join(argv)} failed ({rc})")
+    text = buf.getvalue()
+    return json.loads(text[text.index("{"):])
+
+
+def our_plan(checkpoint: Path, fmt: str, vram_share: float, profile: str, work: Path) -> Path:
+    """The planner's plan of the checkpoint, then per layer the `vram_share` most used experts static in VRAM
+    and the rest in pinned RAM, every expert in `fmt`, no cache, no lookahead: the budget llama.cpp gets."""
+    from strata_plan.cli import main
+    from strata_plan.core.plan import CachePlan, load_plan, save_plan
+    path = work / f"plan-{fmt}.yaml"
+    traces = sorted(checkpoint.glob("*.trace.npz"))
+    stats = ["--stats", str(traces[0])] if traces else ["--prior", "olmoe-like"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["plan", "--model", str(checkpoint / "config.json"), *stats, "--profile", profile, "--trials", "8",
+                     "--out", str(path), "--force"]) == 0
+    plan = load_plan(path)
+    layers = []
+    for l in plan.layers:
+        order = list(l.vram) + list(l.ram) + list(l.nvme)
+        s = int(round(vram_share * len(order)))
+        layers.append(dataclasses.replace(l, vram=tuple(order[:s]), ram=tuple(order[s:]), nvme=(), cache_slots=0,
+                                          formats={fmt: tuple(range(plan.n_experts))}))
+    save_plan(dataclasses.replace(plan, layers=tuple(layers), prefetch_depth=0,
+                                  cache=CachePlan("lru", plan.cache.slot_bytes, 0)), path)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--llama-bin", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--text", required=True, help="calibration and evaluation text (the held-out part of the corpus)")
+    ap.add_argument("--types", default="q2_k,iq1_s")
+    ap.add_argument("--ours", default="q2_g32_s8m8,q1_g32_s8m4", help="the engine's format paired with each type")
+    ap.add_argument("--cpu-moe-layers", type=int, default=6, help="llama.cpp's -ncmoe: MoE layers whose experts stay "
+                    "in RAM; the engine keeps the same share of each layer's expert bytes in RAM")
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--device", default="")
+    ap.add_argument("--out-dir", default=None)
+    a = ap.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    from strata_plan.engine.config import ModelConfig
+    n_moe = len(ModelConfig.load(a.checkpoint).moe_layers)
+    vram_share = (n_moe - a.cpu_moe_layers) / n_moe
+    f32, bf16 = a.work / "model-f32.gguf", a.work / "model-bf16.gguf"
+    for path, kind in ((f32, "f32"), (bf16, "bf16")):
+        if not path.exists():
+            subprocess.run([sys.executable, str(HERE / "to_gguf.py"), str(a.checkpoint), str(path), "--outtype", kind],
+                           check=True, capture_output=True)
+    imatrix = a.work / "imatrix.dat"
+    sh([str(a.llama_bin / "llama-imatrix"), "-m", str(bf16), "-f", a.text, "-o", str(imatrix), "-c", str(a.chunk),
+        "-t", str(a.threads), "-ngl", "99"], a.work / "imatrix.log")
+    metrics = {"budget.vram_share_of_expert_bytes": vram_share, "budget.llama_cpu_moe_layers": a.cpu_moe_layers}
+    runs = {}
+    for qtype, fmt in zip(a.types.split(","), a.ours.split(",")):
+        model = a.work / f"model-{qtype}.gguf"
+        quantize(a.llama_bin, bf16, model, qtype, imatrix, a.work / f"quantize-{qtype}.log")
+        for where, extra in (("gpu", ["-ngl", "99"]), ("budget", ["-ngl", "99", "-ncmoe", str(a.cpu_moe_layers)])):
+            for k, v in llama_bench(a.llama_bin, model, a, extra, a.work / f"bench-{qtype}-{where}.log").items():
+                metrics[f"llama.{qtype}.{where}.{k}"] = v
+        for k, v in llama_kl(a.llama_bin, f32, model, a, a.work).items():
+            metrics[f"llama.{qtype}.{k}"] = v
+        metrics[f"llama.{qtype}.file_bytes"] = model.stat().st_size
+        plan = our_plan(a.checkpoint, fmt, vram_share, a.profile, a.work)
+        packed = a.work / f"packed-{fmt}"
+        cli_json(["pack", str(a.checkpoint), "--plan", str(plan), "--out", str(packed), "--force"])
+        for mode in ("lru", "on-demand"):
+            r = cli_json(["bench", "--packed", str(packed), "--plan", str(plan), "--mode", mode, "--tokens", str(a.gen),
+                          "--warmup", "16", *(["--device", a.device] if a.device else [])])
+            runs[f"ours/{fmt}/{mode}"] = r
+            metrics[f"ours.{fmt}.budget.{mode}.decode_tok_s"] = r["measured"]["decode_tok_s"]
+            metrics[f"ours.{fmt}.budget.{mode}.prefill_tok_s"] = r["measured"]["prefill_tok_s"]
+        ev = cli_json(["eval", "--packed", str(packed), "--reference", str(a.checkpoint), "--text", a.text,
+                       "--chunk", str(a.chunk), *(["--device", a.device] if a.device else [])])
+        runs[f"ours/{fmt}/eval"] = ev
+        metrics[f"ours.{fmt}.kl_mean"] = ev.get("kl_mean")
+        metrics[f"ours.{fmt}.top1"] = ev.get("top1")
+    path = write_result("peer-llama-cpp", metrics, out_dir=a.out_dir, extra={"runs": runs})
+    print(json.dumps(metrics, indent=1))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
