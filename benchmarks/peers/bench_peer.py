@@ -9,7 +9,8 @@ Per llama.cpp type (`--types`, with `--ours` the engine's format of the nearest 
 2. llama.cpp, `llama-bench` (median of `--repeats`, prefill `--prompt` tokens, decode `--gen` tokens): every
    tensor on the GPU (`-ngl 99`, the ceiling) and at the budget: the experts of the first `--cpu-moe-layers`
    layers in RAM, computed by the CPU (`-ncmoe`, `--threads`).
-3. llama.cpp's KL divergence and top-1 agreement against the F32 GGUF on `--text` (`llama-perplexity`).
+3. llama.cpp's KL divergence and top-1 agreement against the F32 GGUF on `--text` (`llama-perplexity`), after
+   checking that its tokenizer gives the checkpoint's own ids on the text (`llama-tokenize`).
 4. The engine on the same checkpoint: packed in the paired format, planned with the same share of each layer's
    experts in VRAM (the most used, by its routing trace) and the rest in pinned RAM; `strata-plan bench` in modes
    lru and on-demand, and `strata-plan eval` (KL and top-1 against the float checkpoint, the same text).
@@ -82,6 +83,18 @@ def llama_kl(bin_: Path, base: Path, model: Path, args, work: Path) -> dict:
     return {"kl_mean": float(mean.group(1)) if mean else None, "top1": float(top1.group(1)) / 100 if top1 else None}
 
 
+def same_ids(bin_: Path, gguf: Path, checkpoint: Path, text: str, log: Path) -> tuple[bool, int]:
+    """Whether llama.cpp's tokenizer (`llama-tokenize`) gives the checkpoint's own ids on `text` (so both sides'
+    KL is taken on the same token ids), and how many tokens."""
+    import ast
+    from tokenizers import Tokenizer
+    out = sh([str(bin_ / "llama-tokenize"), "-m", str(gguf), "-f", text, "--ids", "--log-disable", "--no-bos"], log)
+    theirs = ast.literal_eval(out[out.index("["):out.rindex("]") + 1])
+    ours = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(Path(text).read_text(),
+                                                                          add_special_tokens=False).ids
+    return ours == theirs, len(ours)
+
+
 def cli_json(argv: list[str]) -> dict:
     """`strata-plan ARGV --json` in process: its JSON."""
     from strata_plan.cli import main
@@ -145,10 +158,15 @@ def main() -> int:
         if not path.exists():
             subprocess.run([sys.executable, str(HERE / "to_gguf.py"), str(a.checkpoint), str(path), "--outtype", kind],
                            check=True, capture_output=True)
+    same, n_tokens = same_ids(a.llama_bin, bf16, a.checkpoint, a.text, a.work / "tokenize.log")
+    if not same:
+        raise SystemExit(f"llama.cpp's tokenizer gives other ids than the checkpoint's on {a.text}: the KLs would not "
+                         "compare; see to_gguf.py's pre-tokenizer")
     imatrix = a.work / "imatrix.dat"
     sh([str(a.llama_bin / "llama-imatrix"), "-m", str(bf16), "-f", a.text, "-o", str(imatrix), "-c", str(a.chunk),
         "-t", str(a.threads), "-ngl", "99"], a.work / "imatrix.log")
-    metrics = {"budget.vram_share_of_expert_bytes": vram_share, "budget.llama_cpu_moe_layers": a.cpu_moe_layers}
+    metrics = {"budget.vram_share_of_expert_bytes": vram_share, "budget.llama_cpu_moe_layers": a.cpu_moe_layers,
+               "text.tokens": n_tokens, "text.llama_ids_equal": 1.0}
     runs = {}
     for qtype, fmt in zip(a.types.split(","), a.ours.split(",")):
         model = a.work / f"model-{qtype}.gguf"

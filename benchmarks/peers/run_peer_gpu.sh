@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/peer_gpu}; mkdir -p "$OUT"; t0=$(date +%s)
 source benchmarks/device_setup.sh
 ( cmake -S benchmarks/peers/llama.cpp -B /root/lc -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  && cmake --build /root/lc -j14 --target llama-bench llama-quantize llama-perplexity llama-imatrix ) > "$OUT/build.log" 2>&1 &
+  && cmake --build /root/lc -j14 --target llama-bench llama-quantize llama-perplexity llama-imatrix llama-tokenize ) > "$OUT/build.log" 2>&1 &
 build=$!
 python3 benchmarks/train_moe.py --size peer --out /root/peer --seconds "${TRAIN_S:-240}" 2>&1 | tail -5 | tee "$OUT/train.log"
 wait $build || { tail -20 "$OUT/build.log"; exit 1; }
