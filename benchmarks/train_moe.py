@@ -6,7 +6,8 @@ report its held-out perplexity, save a Hugging Face checkpoint and write its rou
     python benchmarks/train_moe.py --size fixture --out /tmp/f --steps 400      # a fixed step count
 
 The output folder gets config.json, model.safetensors (bf16), tokenizer.json, tokenizer_config.json,
-train_log.json, heldout_tokens.npz (the token ids the trace was taken on) and <name>.trace.npz. With
+train_log.json, heldout_tokens.npz (the token ids the trace was taken on), heldout.txt (the first held-out files'
+text, about 1 MB: what tools that tokenize for themselves, such as llama.cpp, read) and <name>.trace.npz. With
 `--seconds`, a short probe on a copy of the model times one step and the step count is set to fit; the log
 records it, and `--steps` with that count repeats the run. benchmarks/TRAINING.md reports what was run.
 """
@@ -122,6 +123,7 @@ def run(shape: MoEShape, corpus: C.Corpus, out: Path, args, device: str) -> dict
     write_trace(out / f"{shape.name}.trace.npz", ref, shape.name, arrays, source)
     np.savez_compressed(out / "heldout_tokens.npz", tokens=np.concatenate(seqs), sequence=arrays["sequence"],
                         files=np.array(json.dumps(keys)))
+    (out / "heldout.txt").write_text("\n".join(f.text for f in corpus.held_out_prefix(1 << 20)))   # 1 MB: peers' text
     log(f"{shape.name}: trace of {len(arrays['sequence'])} tokens in {len(seqs)} sequences "
         f"({time.perf_counter() - t0:.1f} s)")
     record = {"model": shape.name, "shape": shape.to_dict(), "parameters": n_params, "device": _device_name(device),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The peer rows in one device call (not yet run on the GPU; every step ran on the CPU, README.md):
 #   bash benchmarks/peers/fetch_llama_cpp.sh     # here, once: the source travels in the run's carry
-#   STRATA_GIT_SHA=<sha> OUT=$OUT TEXT=<held-out text file> bash benchmarks/peers/run_peer_gpu.sh
+#   STRATA_GIT_SHA=<sha> OUT=$OUT bash benchmarks/peers/run_peer_gpu.sh     (TEXT: default the peer's heldout.txt)
 # llama.cpp is built for sm_90 on the CPU cores while the peer model trains on the GPU, then bench_peer.py.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache PATH=/usr/local/cuda/bin:$PATH
@@ -15,5 +15,5 @@ python3 benchmarks/train_moe.py --size peer --out /root/peer --seconds "${TRAIN_
 wait $build || { tail -20 "$OUT/build.log"; exit 1; }
 echo "built and trained in $(( $(date +%s) - t0 )) s"
 python3 benchmarks/peers/bench_peer.py --checkpoint /root/peer --llama-bin /root/lc/bin --work /root/pw \
-  --text "${TEXT:?a held-out text file}" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_peer.log" | tail -40
+  --text "${TEXT:-/root/peer/heldout.txt}" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_peer.log" | tail -40
 echo "run_peer_gpu: $(( $(date +%s) - t0 ))s"
