@@ -37,15 +37,20 @@ from _result import write_result  # noqa: E402
 
 EXPERTS = "_exps"             # llama.cpp's routed-expert tensors: blk.N.ffn_{gate,up,down}_exps.weight
 KEEP_BF16 = ("attn_=bf16", "_shexp=bf16", r"ffn_(gate|up|down)\.weight=bf16")
+RAW = "--no-escape"           # llama.cpp's tools turn a text's "\n" into a newline by default: not on source code
 
 
 def sh(cmd: list[str], log: Path) -> str:
-    """Run a llama.cpp tool; its output goes to `log` and comes back; a failure stops the benchmark."""
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    log.write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+    """Run a llama.cpp tool with its output in `log` (a file, not a pipe: through a pipe llama-perplexity's
+    asynchronous logger lost its closing statistics) and return that output; a failure stops the benchmark."""
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    out = log.read_text(errors="replace")
     if r.returncode:
         raise SystemExit(f"{cmd[0]} failed ({r.returncode}); see {log}")
-    return r.stdout + r.stderr
+    return out
 
 
 def quantize(bin_: Path, src: Path, out: Path, qtype: str, imatrix: Path | None, log: Path) -> None:
@@ -72,7 +77,7 @@ def llama_bench(bin_: Path, model: Path, args, extra: list[str], log: Path) -> d
 def llama_kl(bin_: Path, base: Path, model: Path, args, work: Path) -> dict:
     """Mean KL divergence and top-1 agreement of `model` against `base` on --text (`llama-perplexity`)."""
     kld = work / "base.kld"
-    ctx = ["-f", args.text, "-c", str(args.chunk), "-t", str(args.threads), "-ngl", "99"]
+    ctx = ["-f", args.text, RAW, "-c", str(args.chunk), "-t", str(args.threads), "-ngl", "99"]
     if not kld.exists():
         sh([str(args.llama_bin / "llama-perplexity"), "-m", str(base), *ctx, "--kl-divergence-base", str(kld)],
            work / "kl-base.log")
@@ -88,7 +93,7 @@ def same_ids(bin_: Path, gguf: Path, checkpoint: Path, text: str, log: Path) -> 
     KL is taken on the same token ids), and how many tokens."""
     import ast
     from tokenizers import Tokenizer
-    out = sh([str(bin_ / "llama-tokenize"), "-m", str(gguf), "-f", text, "--ids", "--log-disable", "--no-bos"], log)
+    out = sh([str(bin_ / "llama-tokenize"), "-m", str(gguf), "-f", text, "--ids", "--log-disable", "--no-bos", RAW], log)
     theirs = ast.literal_eval(out[out.index("["):out.rindex("]") + 1])
     ours = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(Path(text).read_text(),
                                                                           add_special_tokens=False).ids
@@ -163,7 +168,7 @@ def main() -> int:
         raise SystemExit(f"llama.cpp's tokenizer gives other ids than the checkpoint's on {a.text}: the KLs would not "
                          "compare; see to_gguf.py's pre-tokenizer")
     imatrix = a.work / "imatrix.dat"
-    sh([str(a.llama_bin / "llama-imatrix"), "-m", str(bf16), "-f", a.text, "-o", str(imatrix), "-c", str(a.chunk),
+    sh([str(a.llama_bin / "llama-imatrix"), "-m", str(bf16), "-f", a.text, RAW, "-o", str(imatrix), "-c", str(a.chunk),
         "-t", str(a.threads), "-ngl", "99"], a.work / "imatrix.log")
     metrics = {"budget.vram_share_of_expert_bytes": vram_share, "budget.llama_cpu_moe_layers": a.cpu_moe_layers,
                "text.tokens": n_tokens, "text.llama_ids_equal": 1.0}
