@@ -7,8 +7,9 @@ Per llama.cpp type (`--types`, with `--ours` the engine's format of the nearest 
 1. GGUF: F32 (the KL base) and BF16 (`to_gguf.py`); an importance matrix from `--text` (`llama-imatrix`); the
    routed experts quantized to the type, every other tensor kept BF16 (`llama-quantize`, README.md).
 2. llama.cpp, `llama-bench` (median of `--repeats`, prefill `--prompt` tokens, decode `--gen` tokens): every
-   tensor on the GPU (`-ngl 99`, the ceiling) and at the budget: the experts of the first `--cpu-moe-layers`
-   layers in RAM, computed by the CPU (`-ncmoe`, `--threads`).
+   tensor on the GPU (`-ngl 99`, the ceiling); at the budget, the experts of the first `--cpu-moe-layers` layers in
+   RAM, computed by the CPU (`-ncmoe`, `--threads`); and the placement `strata-plan export --format llama.cpp` makes
+   of the engine's plan below (`-ot`), with the export's predicted decode tok/s beside it.
 3. llama.cpp's KL divergence and top-1 agreement against the F32 GGUF on `--text` (`llama-perplexity`), after
    checking that its tokenizer gives the checkpoint's own ids on the text (`llama-tokenize`).
 4. The engine on the same checkpoint: packed in the paired format, planned with the same share of each layer's
@@ -176,13 +177,17 @@ def main() -> int:
     for qtype, fmt in zip(a.types.split(","), a.ours.split(",")):
         model = a.work / f"model-{qtype}.gguf"
         quantize(a.llama_bin, bf16, model, qtype, imatrix, a.work / f"quantize-{qtype}.log")
-        for where, extra in (("gpu", ["-ngl", "99"]), ("budget", ["-ngl", "99", "-ncmoe", str(a.cpu_moe_layers)])):
+        plan = our_plan(a.checkpoint, fmt, vram_share, a.profile, a.work)
+        export = cli_json(["export", str(plan), "--format", "llama.cpp"])     # the plan as llama.cpp can place it
+        runs[f"export/{fmt}"] = export
+        metrics[f"llama.{qtype}.export.predicted_decode_tok_s"] = export["predicted"]["decode_tok_s"]
+        for where, extra in (("gpu", ["-ngl", "99"]), ("budget", ["-ngl", "99", "-ncmoe", str(a.cpu_moe_layers)]),
+                             ("export", ["-ngl", "99", *export["override_args"]])):
             for k, v in llama_bench(a.llama_bin, model, a, extra, a.work / f"bench-{qtype}-{where}.log").items():
                 metrics[f"llama.{qtype}.{where}.{k}"] = v
         for k, v in llama_kl(a.llama_bin, f32, model, a, a.work).items():
             metrics[f"llama.{qtype}.{k}"] = v
         metrics[f"llama.{qtype}.file_bytes"] = model.stat().st_size
-        plan = our_plan(a.checkpoint, fmt, vram_share, a.profile, a.work)
         packed = a.work / f"packed-{fmt}"
         cli_json(["pack", str(a.checkpoint), "--plan", str(plan), "--out", str(packed), "--force"])
         for mode in ("lru", "on-demand"):
