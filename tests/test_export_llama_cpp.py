@@ -169,9 +169,10 @@ def test_cli_writes_what_it_prints(mixtral, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert out.read_text() == printed
     assert printed.count("-ot ") == 2 and "llama-server -m mixtral.gguf" in printed
-    assert main(["export", path, "--json"]) == 0
+    assert main(["export", path, "--json", "--gguf", "mixtral.gguf"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["label"] == "predicted" and data["command"][-4:] == data["override_args"]
+    assert data["command"][1:3] == ["-m", "mixtral.gguf"]          # the JSON's command names the --gguf too
 
 
 def test_a_measured_profile_needs_its_path(tmp_path, capsys):

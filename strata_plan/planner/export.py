@@ -169,11 +169,11 @@ class LlamaCppExport:
                          f"{_tok(self.cpu_bound_decode_tok_s)} tok/s (bound, not a prediction).")
         return lines + [f"Lost: {n}" for n in self.notes]
 
-    def as_data(self) -> dict:
+    def as_data(self, gguf: str = "MODEL.gguf") -> dict:
         import dataclasses
         return {"format": "llama.cpp", "model": self.model, "plan": self.plan, "gpu_buffer": self.gpu_buffer,
                 **({"tensor_split": list(self.tensor_split)} if self.tensor_split else {}),
-                "override_args": list(self.override_args), "command": self.command(),
+                "override_args": list(self.override_args), "command": self.command(gguf),
                 "gpu_layers": list(self.gpu_layers), "cpu_layers": list(self.cpu_layers),
                 "demoted_layers": [c.layer for c in self.layers if c.demoted],
                 "vram_needed_bytes": self.vram_needed, "vram_budget_bytes": self.vram_budget,
@@ -349,5 +349,5 @@ def export_text(plan, problem, plan_path: str, gguf: str = "MODEL.gguf", gpu_buf
     its JSON."""
     if as_json:
         import json
-        return json.dumps(export_llama_cpp(plan, problem, plan_path, gpu_buffer).as_data(), indent=2) + "\n"
+        return json.dumps(export_llama_cpp(plan, problem, plan_path, gpu_buffer).as_data(gguf), indent=2) + "\n"
     return export_llama_cpp(plan, problem, plan_path, gpu_buffer).shell(gguf)
