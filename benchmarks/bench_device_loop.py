@@ -14,7 +14,6 @@ slope (ms per MoE layer) and its largest relative residual (linearity). Writes d
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import time
@@ -23,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _plans import tiers_by_hand  # noqa: E402
 from _result import write_result  # noqa: E402
 from bench_engine import zero_copy_gbps  # noqa: E402
 
 from strata_plan.cli import main as cli  # noqa: E402
-from strata_plan.core.plan import CachePlan, load_plan  # noqa: E402
+from strata_plan.core.plan import load_plan  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
 from strata_plan.engine.bench import measure  # noqa: E402
 from strata_plan.engine.engine import EngineOptions  # noqa: E402
@@ -41,14 +41,7 @@ def device_plan(model: str, n: int, folder: Path, static: float, cache: int, pro
     path = folder / f"plan-{n}.yaml"
     assert cli(["plan", "--model", model, "--moe-layers", str(n), "--profile", profile, "--prior", "olmoe-like",
                 "--trials", "8", "--context", "1024", "--out", str(path), "--force", "--json"]) == 0
-    plan = load_plan(path)
-    layers = []
-    for l in plan.layers:
-        order = list(l.vram) + list(l.ram) + list(l.nvme)
-        s = int(round(static * len(order)))
-        layers.append(dataclasses.replace(l, vram=tuple(order[:s]), ram=tuple(order[s:]), nvme=(), cache_slots=cache))
-    return dataclasses.replace(plan, layers=tuple(layers), prefetch_depth=0,
-                               cache=CachePlan("lru", plan.cache.slot_bytes, cache * len(layers)))
+    return tiers_by_hand(load_plan(path), static, cache)
 
 
 def main() -> int:

@@ -41,7 +41,7 @@ from strata_plan.engine.engine import EngineOptions  # noqa: E402
 from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
-from strata_plan.kernels.stream_read import stream_read  # noqa: E402
+from strata_plan.profiler.gpu import ZeroCopyProbe  # noqa: E402
 from strata_plan.pinned import HostRegion  # noqa: E402
 from strata_plan.core.plan import load_plan  # noqa: E402
 from strata_plan.planner.repredict import predict_plan, with_calibration_of  # noqa: E402
@@ -58,22 +58,22 @@ def replay_for(plan) -> Replay:
 
 def zero_copy_gbps(nbytes: float, reps: int = 20) -> float:
     """GB/s of a kernel reading `nbytes` of registered pinned RAM in place (kernels.stream_read), the median of
-    `reps` reads rotating over four buffers (no read served by the GPU's L2), after a warm-up."""
+    `reps` reads rotating over four buffers (no read served by the GPU's L2), after a warm-up and a checksum check
+    (the profiler's probe, `profiler.gpu.ZeroCopyProbe`)."""
     n = int(nbytes) // 4096 * 4096
-    with HostRegion(4 * n, "cuda") as region:
-        region.tensor.view(torch.int32)[:].copy_(torch.randint(-2**31, 2**31 - 1, (region.nbytes // 4,), dtype=torch.int32))
-        arena = torch.empty(256, dtype=torch.uint8, device="cuda")
-        base = region.device_ptr - arena.data_ptr()
-        out = stream_read(arena, base, n)
+    probe = ZeroCopyProbe(4 * n)
+    try:
+        probe.check(n)
         times = []
         for i in range(reps + 3):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            stream_read(arena, base + (i % 4) * n, n, out=out)
+            probe.read((i % 4) * n, n)
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b) / 1e3)
-        del out
+    finally:
+        probe.close()
     return n / statistics.median(times[3:]) / 1e9
 
 

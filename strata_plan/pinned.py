@@ -32,7 +32,8 @@ _driver = None
 
 
 def _cuda():
-    """libcuda through ctypes (loaded once), with the current context made torch's primary one."""
+    """libcuda through ctypes (loaded once); calls act on the current context (torch's primary one, made current
+    by `HostRegion` before it registers)."""
     global _driver
     if _driver is None:
         _driver = ctypes.CDLL("libcuda.so.1")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import io
 import json
 import re
@@ -34,6 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from _plans import tiers_by_hand  # noqa: E402
 from _result import write_result  # noqa: E402
 
 EXPERTS = "_exps"             # llama.cpp's routed-expert tensors: blk.N.ffn_{gate,up,down}_exps.weight
@@ -117,22 +117,14 @@ def our_plan(checkpoint: Path, fmt: str, vram_share: float, profile: str, work: 
     """The planner's plan of the checkpoint, then per layer the `vram_share` most used experts static in VRAM
     and the rest in pinned RAM, every expert in `fmt`, no cache, no lookahead: the budget llama.cpp gets."""
     from strata_plan.cli import main
-    from strata_plan.core.plan import CachePlan, load_plan, save_plan
+    from strata_plan.core.plan import load_plan, save_plan
     path = work / f"plan-{fmt}.yaml"
     traces = sorted(checkpoint.glob("*.trace.npz"))
     stats = ["--stats", str(traces[0])] if traces else ["--prior", "olmoe-like"]
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["plan", "--model", str(checkpoint / "config.json"), *stats, "--profile", profile, "--trials", "8",
                      "--out", str(path), "--force"]) == 0
-    plan = load_plan(path)
-    layers = []
-    for l in plan.layers:
-        order = list(l.vram) + list(l.ram) + list(l.nvme)
-        s = int(round(vram_share * len(order)))
-        layers.append(dataclasses.replace(l, vram=tuple(order[:s]), ram=tuple(order[s:]), nvme=(), cache_slots=0,
-                                          formats={fmt: tuple(range(plan.n_experts))}))
-    save_plan(dataclasses.replace(plan, layers=tuple(layers), prefetch_depth=0,
-                                  cache=CachePlan("lru", plan.cache.slot_bytes, 0)), path)
+    save_plan(tiers_by_hand(load_plan(path), vram_share, 0, fmt), path)
     return path
 
 

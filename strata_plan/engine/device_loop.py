@@ -29,6 +29,8 @@ import torch
 
 from strata_plan.kernels.gather import gather_rows
 
+from .dense import EMBED
+
 
 class TokenRing:
     """Sampled ids read by the host one step late: `push(id)` (a one-element device tensor) queues its copy into
@@ -118,7 +120,7 @@ class DeviceDecode:
             self.x0.copy_(self.m.embed_tokens(token_ids.reshape(1)))    # eager: the model's gather
         else:
             self.tok.copy_(token_ids.reshape(1), non_blocking=True)
-            self.ex.store.counters.dense_bytes["embeddings"] += self.x0.numel() * self.x0.element_size()
+            self.ex.store.counters.dense_bytes[EMBED] += self.x0.numel() * self.x0.element_size()
         if self.timing and self._ev:
             self._ev[0].record()
         logits = self._run("step", mode)

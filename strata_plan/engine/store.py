@@ -55,6 +55,7 @@ import torch
 
 from strata_plan.core.lookahead import staging_slots
 from strata_plan.errors import UserError
+from strata_plan.kernels import lru
 from strata_plan.kernels.formats import EXPERT_ALIGN
 from strata_plan.pinned import HostRegion
 
@@ -277,7 +278,6 @@ class ExpertStore:
     def _device_lru(self, rows: np.ndarray):
         """The device LRU's state (`kernels.lru.LruState`) over the last `cache.total_slots` dynamic slots, its
         table the in-place rows (`inplace_offsets`, which it rewrites as experts come and go)."""
-        from strata_plan.kernels.lru import LruState
         slots = [l.cache_slots for l in self.plan.layers]
         C = max(slots)
         first = self.n_slots - sum(slots)
@@ -290,7 +290,7 @@ class ExpertStore:
             static[j, list(l.vram)] = 1
         dev = lambda a: torch.from_numpy(np.array(a)).to(self.device)    # noqa: E731  (a copy: on a CPU no alias)
         L, k = self.n_layers, self.top_k
-        return LruState(slot_expert=dev(np.full((L, C), -1, np.int64)), slot_stamp=dev(np.full((L, C), -1, np.int64)),
+        return lru.LruState(slot_expert=dev(np.full((L, C), -1, np.int64)), slot_stamp=dev(np.full((L, C), -1, np.int64)),
                         slot_offset=dev(offs), n_slots=dev(np.array(slots, np.int64)), static=dev(static),
                         ram_offset=dev(rows), nbytes=dev(self.nbytes), table=self.inplace_offsets,
                         admit=dev(np.full((L, k), -1, np.int64)), tick=dev(np.zeros(L, np.int64)),
@@ -299,7 +299,6 @@ class ExpertStore:
     def cache_step(self, j: int, ids: torch.Tensor) -> None:
         """The device loop with a cache, MoE layer j, one token: the LRU step and the fill of admitted slots
         (graph-safe on a GPU: two launches; the plain references on a CPU)."""
-        from strata_plan.kernels import lru
         if self.device.type == "cuda":
             lru.lru_step(ids, j, self.lru)
             lru.fill_slots(self.arena, ids, j, self.lru, self.slot_bytes)
@@ -322,15 +321,14 @@ class ExpertStore:
         """Add the device's use counts to the counters (static: in the VRAM set; in_place: read from pinned RAM,
         its bytes counted as crossing PCIe) and zero them. Waits for the device."""
         if self.lru is not None:               # the device LRU counted: static, hits, misses, miss bytes
-            from strata_plan.kernels.lru import HIT, MISS, MISS_BYTES, STATIC as STATIC_COUNT
             got = self.lru.counts.cpu().numpy().copy()
             self.lru.counts.zero_()
             for j, row in enumerate(got):
                 c = self.counters.layers[j]
-                c.uses[STATIC] += int(row[STATIC_COUNT])
-                c.uses[CACHED] += int(row[HIT])
-                c.uses[IN_PLACE] += int(row[MISS])
-                c.bytes_from["ram"] += int(row[MISS_BYTES])
+                c.uses[STATIC] += int(row[lru.STATIC])
+                c.uses[CACHED] += int(row[lru.HIT])
+                c.uses[IN_PLACE] += int(row[lru.MISS])
+                c.bytes_from["ram"] += int(row[lru.MISS_BYTES])
             return
         if self.use_counts is None:
             return

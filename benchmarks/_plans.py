@@ -1,0 +1,20 @@
+"""Plans with tiers set by hand, for benchmarks that need a given split rather than the searched one."""
+from __future__ import annotations
+
+import dataclasses
+
+from strata_plan.core.plan import CachePlan
+
+
+def tiers_by_hand(plan, vram_share: float, cache: int, fmt: str | None = None):
+    """`plan` with, in every layer, the `vram_share` most used experts (the plan's popularity order) static in VRAM,
+    the rest in pinned RAM (no NVMe tier), `cache` LRU slots, no lookahead; every expert in `fmt` when given."""
+    layers = []
+    for l in plan.layers:
+        order = list(l.vram) + list(l.ram) + list(l.nvme)
+        s = int(round(vram_share * len(order)))
+        extra = {"formats": {fmt: tuple(range(plan.n_experts))}} if fmt else {}
+        layers.append(dataclasses.replace(l, vram=tuple(order[:s]), ram=tuple(order[s:]), nvme=(), cache_slots=cache,
+                                          **extra))
+    return dataclasses.replace(plan, layers=tuple(layers), prefetch_depth=0,
+                               cache=CachePlan("lru", plan.cache.slot_bytes, cache * len(layers)))
