@@ -279,14 +279,20 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
            "bound_decode_tok_s_predicted_bytes": p["bound_decode_tok_s"],
            "pcie_share_of_profile_measured": r["pcie_share_of_profile_measured"],
            "round_trips_per_token_measured": r["time_per_token"]["round_trips"],
-           "host_ms_per_token_measured": r["time_per_token"]["store_and_launch_host_s"] * 1e3}
+           # the decode thread's CPU time a token (time.thread_time: waits sleep, so this is host work)
+           "host_ms_per_token_measured": r["time_per_token"]["host_cpu_s"] * 1e3,
+           "device_loop": float(r["loop"] == "device")}
+    if r["device_step"]:                    # device loop: the step's GPU time alone, its ceiling 1 / step_s
+        out["gpu_ms_per_token_measured"] = r["device_step"]["step_s"] * 1e3
+        out["gpu_ceiling_tok_s_measured"] = 1.0 / r["device_step"]["step_s"]
     for d, la in c["lookahead"].items():
         out[f"lookahead_d{d}.precision_measured"] = la["precision"]
         out[f"lookahead_d{d}.recall_measured"] = la["recall"]
     run.metrics.update({f"{key}.{k}": v for k, v in out.items()})
     log(f"{key:22s} MEASURED {m['decode_tok_s']:8.2f} tok/s  PREDICTED {p['decode_tok_s']:8.2f}  hit {r['hit_rate']:.3f} "
         f"(resident {r['resident_hit_rate']:.3f})  PCIe {bt['pcie'] / 1e6:.3f} MB/tok  NVMe {bt['nvme'] / 1e6:.3f} MB/tok  "
-        f"wasted {bt['wasted'] / 1e6:.3f} MB/tok  bound {bound['decode_tok_s']:.1f} ({bound['binding']})")
+        f"wasted {bt['wasted'] / 1e6:.3f} MB/tok  bound {bound['decode_tok_s']:.1f} ({bound['binding']})  {r['loop']} loop"
+        + (f", GPU ceiling {out['gpu_ceiling_tok_s_measured']:.1f} tok/s" if "gpu_ceiling_tok_s_measured" in out else ""))
     return out
 
 

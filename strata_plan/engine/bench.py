@@ -60,9 +60,9 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         _sync(dev)
         prefill_s = time.perf_counter() - t0
         # ---- decode ------------------------------------------------------------------------------------
-        tok = logits.argmax()
+        tok = logits.argmax().reshape(1)
         for i in range(warmup):
-            tok = m.decode_step(tok).argmax()
+            tok = m.decode_step(tok, greedy=True)
             if progress:
                 progress("warm-up", i + 1, warmup)
         int(tok)
@@ -82,16 +82,16 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         cpu0 = time.thread_time()                     # the decode thread's CPU time (its waits sleep: blocking events)
         t_all = time.perf_counter()
         if ahead:
-            tok = m.decode_step(tok).argmax()
+            tok = m.decode_step(tok, greedy=True)
             ring.push(tok)
         t1 = t_all
         for i in range(tokens):
             if ahead:                                 # token i+1's step queued before token i is read
-                tok = m.decode_step(tok).argmax()
+                tok = m.decode_step(tok, greedy=True)
                 ring.push(tok)
                 out_ids.append(ring.pop())            # token i on the host: its step is done, not the next one
             else:
-                tok = m.decode_step(tok).argmax()
+                tok = m.decode_step(tok, greedy=True)
                 if dev.type == "cuda":
                     done = torch.cuda.Event(blocking=True)
                     done.record()

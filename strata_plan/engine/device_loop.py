@@ -2,6 +2,7 @@
 
     runner = DeviceDecode(model, experts)       # Engine.open installs it when core.modes.reads_in_place(plan)
     logits = model.decode_step(token)           # eager first step, captured at the second, replayed after
+    nxt = model.decode_step(token, greedy=True) # the same step with its argmax inside the graph: int64 [1]
     runner.time_parts(reps=20)                  # GPU seconds of a step, and of the step without its MoE calls
 
 It runs plans whose routed experts are either static in VRAM or read in place from pinned RAM (no LRU cache, no
@@ -9,7 +10,8 @@ lookahead, no NVMe tier: `store_experts.StoreExperts.read_in_place`), so the res
 during decode and the host has nothing to decide. Per token it copies the token id (on the device) into the
 graph's input and replays one graph: the embedding row (gathered in place from pinned RAM by
 `kernels.gather` when the table lives there: `embed_in_place`), every decoder layer, router, fused MoE, shared
-expert and the lm_head. When replaying routing, the replay lives on the device and the step reads its row at a
+expert, the lm_head and, for greedy decoding (`greedy=True`, a graph of its own), the argmax: the sampled token
+stays on the device as the next step's input. When replaying routing, the replay lives on the device and the step reads its row at a
 device cursor it advances (`StoreExperts.replay_rows`, `advance_replay`); the host only keeps its own cursor in
 step (`sync_replay`). Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
 runs eagerly, the embedding gathered by the model (tests hold it to the host loop).
@@ -65,7 +67,8 @@ class DeviceDecode:
         self.tok = torch.zeros(1, dtype=torch.long, device=model.device)                        # the graph's input
         self._embed_at: int | None = None      # embed_in_place: the table's byte offset from the arena
         experts.staged = experts.replay is not None
-        self.calls = 0
+        self.calls: dict[str, int] = {}      # steps run, by variant ("step": logits; "greedy": the argmax)
+        self.greedy = True                   # the model may ask for the argmax inside the step
         self.launch_s = 0.0                  # host time launching steps (graph replays or eager launches)
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.timing = False
@@ -84,7 +87,7 @@ class DeviceDecode:
             self._embed_at = address - self.ex.store.arena.data_ptr()
 
     # ---- the step (device work only) -------------------------------------------------------------------
-    def _step(self) -> torch.Tensor:
+    def _step(self, greedy: bool = False) -> torch.Tensor:
         m = self.m
         self.ex.replay_rows()
         if self._embed_at is not None:
@@ -93,25 +96,30 @@ class DeviceDecode:
         for layer in m.layers:
             x = m._layer(layer, x, 0, m.at)
         self.ex.advance_replay()
-        return m.logits(x[-1])
+        logits = m.logits(x[-1])
+        return logits.argmax().reshape(1) if greedy else logits
 
     def _run(self, key: str, mode: str) -> torch.Tensor:
+        greedy = key.startswith("greedy")
         if mode == "eager":
-            return self._step()
+            return self._step(greedy)
         if mode == "capture":
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                out = self._step()
+                out = self._step(greedy)
             self._graphs[key] = (g, out)
         g, out = self._graphs[key]
         g.replay()
         return out
 
-    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """One token [1] (on the device) at the position in `model.at`; float32 logits [V], the caller's own
-        tensor (a replayed graph writes its output into the same buffer every step)."""
-        mode = "eager" if not self.graphs or self.calls == 0 else ("capture" if self.calls == 1 else "replay")
-        self.calls += 1
+    def __call__(self, token_ids: torch.Tensor, greedy: bool = False) -> torch.Tensor:
+        """One token [1] (on the device) at the position in `model.at`; float32 logits [V], or with `greedy` the
+        argmax int64 [1]: the caller's own tensor (a replayed graph writes its output into the same buffer every
+        step). Each variant is run eagerly at its first call, captured at its second, replayed after."""
+        key = "greedy" if greedy else "step"
+        n = self.calls.get(key, 0)
+        mode = "eager" if not self.graphs or n == 0 else ("capture" if n == 1 else "replay")
+        self.calls[key] = n + 1
         if self._pending:
             self._collect()
         t0 = time.perf_counter()
@@ -123,12 +131,12 @@ class DeviceDecode:
             self.ex.store.counters.dense_bytes[EMBED] += self.x0.numel() * self.x0.element_size()
         if self.timing and self._ev:
             self._ev[0].record()
-        logits = self._run("step", mode)
+        out = self._run(key, mode)
         if self.timing and self._ev:
             self._ev[1].record()
             self._pending = True
         self.launch_s += time.perf_counter() - t0
-        return logits.clone() if mode != "eager" else logits
+        return out.clone() if mode != "eager" else out
 
     # ---- timing ------------------------------------------------------------------------------------------
     def _zero(self) -> dict:
@@ -150,17 +158,20 @@ class DeviceDecode:
         return out
 
     def time_parts(self, reps: int = 20) -> dict:
-        """Median GPU seconds of one decode step replayed as a graph (`step_s`), and of the same step captured
-        with its MoE calls left out (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head):
+        """Median GPU seconds of one decode step replayed as a graph (`step_s`: the greedy variant when it was
+        captured, else the logits one), and of the same step captured with its MoE calls left out
+        (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head):
         t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc). Replays rewrite the last position's KV entry with the
         same values; the counters, the device cache and the replay cursor are put back as they were. CUDA only, after
         a captured step."""
-        if "step" not in self._graphs:
+        base = "greedy" if "greedy" in self._graphs else "step"
+        if base not in self._graphs:
             raise RuntimeError("time_parts needs a captured step: decode two tokens first")
-        if "without_moe" not in self._graphs:
+        bare = f"{base}_without_moe"
+        if bare not in self._graphs:
             self.ex.skip_moe = True
             try:
-                self._run("without_moe", "capture")
+                self._run(bare, "capture")
             finally:
                 self.ex.skip_moe = False
         torch.cuda.synchronize()
@@ -170,8 +181,8 @@ class DeviceDecode:
             kept += [store.lru.slot_expert, store.lru.slot_stamp, store.lru.table, store.lru.tick, store.lru.counts]
         saved = [t.clone() for t in kept]
         out = {}
-        for key in ("step", "without_moe"):
-            g = self._graphs[key][0]
+        for key, graph in (("step", base), ("without_moe", bare)):
+            g = self._graphs[graph][0]
             for _ in range(3):
                 g.replay()
             times = []

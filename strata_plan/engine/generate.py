@@ -74,6 +74,14 @@ class Sampling:
             raise UserError("--top-p", str(self.top_p), "outside (0, 1]", "use a mass in (0, 1]")
 
 
+def next_token(model, token: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One decode step from `token` to the next, int64 [1] on the device: greedy asks the model for the argmax
+    (inside the step's graph on the device loop), sampling draws from its logits."""
+    if s.temperature == 0:
+        return model.decode_step(token, greedy=True)
+    return sample(model.decode_step(token), s, generator)
+
+
 def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits float32 [V] -> the next token, int64 [1] on the logits' device (no host copy)."""
     if s.temperature == 0:
@@ -137,7 +145,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
         if ahead:
             ring.push(token)
             if i + 1 < max_new_tokens:                      # queued behind this token's step (past an EOS: unused)
-                nxt = sample(model.decode_step(token), sampling, gen)
+                nxt = next_token(model, token, sampling, gen)
             t = ring.pop()                                  # waits for this token's copy, not for the next step
         else:
             t = int(token)                                  # the host copy: stream it, check for EOS
@@ -146,7 +154,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
             on_token(t)
         if t in eos or i + 1 == max_new_tokens:
             break
-        token = nxt if ahead else sample(model.decode_step(token), sampling, gen)
+        token = nxt if ahead else next_token(model, token, sampling, gen)
     return out
 
 

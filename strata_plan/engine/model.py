@@ -145,11 +145,14 @@ class MoEModel:
         """The embedding rows [T, H] of token_ids [T] (int64, on the device)."""
         return F.embedding(token_ids, self.embed) if self.embed_rows is None else self.embed_rows(token_ids)
 
-    def forward(self, token_ids: torch.Tensor, all_logits: bool = False, static: bool = False) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, all_logits: bool = False, static: bool = False,
+                greedy: bool = False) -> torch.Tensor:
         """Run tokens [T] (int64, on the device) at positions pos..pos+T-1 and append them to the cache.
         Returns float32 logits [V] of the last token, or [T, V] with all_logits. static (T = 1 only): the
         position is read from the device tensor `self.at` (set here) and attention spans the whole cache
-        with later positions masked, so every shape is the same at every step (see attention.py)."""
+        with later positions masked, so every shape is the same at every step (see attention.py).
+        greedy (static only): the argmax of the logits instead, int64 [1] on the device (inside the step's graph
+        when the step runner takes `greedy`: `device_loop.DeviceDecode`)."""
         t = token_ids.shape[0]
         if self.pos + t > self.context:
             raise ValueError(f"{self.pos} cached + {t} new tokens exceed the context of {self.context}")
@@ -157,7 +160,11 @@ class MoEModel:
             if t != 1:
                 raise ValueError(f"a static step runs one token, got {t}")
             self.at.fill_(self.pos)
-            out = (self.step_runner or self.step_at)(token_ids)
+            if greedy and getattr(self.step_runner, "greedy", False):
+                out = self.step_runner(token_ids, greedy=True)
+            else:
+                out = (self.step_runner or self.step_at)(token_ids)
+                out = out.argmax().reshape(1) if greedy else out
         else:
             x = self.embed_tokens(token_ids)                                               # [T, H]
             for layer in self.layers:
@@ -190,13 +197,16 @@ class MoEModel:
         return torch.cat(out) if all_logits else out[-1]
 
     @torch.inference_mode()
-    def decode_step(self, token, static: bool | None = None) -> torch.Tensor:
+    def decode_step(self, token, static: bool | None = None, greedy: bool = False) -> torch.Tensor:
         """One token (an int, or a one-element int64 tensor already on the device: no host copy) at position
-        pos. Returns float32 logits [V]. static: shapes independent of the position (`forward`); by default
-        static when a `step_runner` is set (it then runs the step)."""
+        pos. Returns float32 logits [V], or with `greedy` the next token (their argmax, int64 [1] on the device).
+        static: shapes independent of the position (`forward`); by default static when a `step_runner` is set
+        (it then runs the step)."""
         static = self.step_runner is not None if static is None else static
         if isinstance(token, torch.Tensor):
             ids = token.reshape(1).to(device=self.device, dtype=torch.long)
         else:
             ids = torch.tensor([int(token)], dtype=torch.long, device=self.device)
-        return self.forward(ids, static=static)
+        if greedy and not static:
+            return self.forward(ids).argmax().reshape(1)
+        return self.forward(ids, static=static, greedy=greedy)
