@@ -1,0 +1,290 @@
+"""The device loop's handshake with the NVMe stager (`engine.stager`): announce a layer's routed ids, wait only for
+what is not staged, publish the layer's end.
+
+    stage_wait(ids, j, cb)           # after layer j's router: the request row, then every routed NVMe id resident
+    stage_done(j, cb, gids, gscores) # after layer j's MoE (and its lookahead gates): guesses, then "done"
+
+Stores of a program's other threads reach the release through a CTA barrier (`debug_barrier`: bar.sync, and
+release is cumulative). Everything the GPU and the stager share lives in pinned host memory, reached from the arena's base pointer by byte
+offsets (`ControlBlock`: the same trick as the RAM tier's in-place offsets):
+
+    words  int64 [8]        REQ: the last request published, DONE: the last layer whose kernels finished,
+                            ERR: the request that found an expert the stager could not stage (0: none)
+    ready  int64 [L, E]     an NVMe expert's staging address (arena-relative) once it is there; -1 not staged;
+                            -2 the stager failed on it (read error, short read, checksum mismatch)
+    ring   int64 [R, 2 + K + G]   per request s (row s mod R): s, the layer, its K routed ids, then G lookahead
+                            guesses (depth-major, -1 padded) written by `stage_done`
+    scores float32 [R, G]   the guesses' gate weights
+
+`stage_wait` (one program): s = ++seq (a device counter); the row's ids; REQ = s with a release store at system
+scope; a sequentially consistent fence at system scope; then for each routed id whose tier is NVMe and whose table
+entry is not a VRAM slot (the device LRU may hold it), `ready[j, e]` is loaded with acquire semantics at system
+scope until it is not -1, and written into the table (and into `src`, the LRU fill's source). The fence pairs with
+the stager's: it sets `ready` of a victim to -1, fences, then reads REQ and the outstanding row; so either the
+stager sees this request (and keeps the slot) or this kernel sees -1 (and waits for the expert to be staged again):
+a slot is never rewritten while a kernel may read it. `stage_done` writes the guesses, then DONE = s (release):
+after it the stager may reuse the slots this request read. A timeout (`timeout_ns`, or `max_spins` polls) or a -2
+points the entry at the poison slot (NaN scales) and sets ERR; the host raises the stager's one-line error before
+the token reaches the user. Counters `counts [L, 4]`: staged uses (read from pinned staging), their bytes, uses
+that waited, nanoseconds waited (GPU globaltimer).
+
+On the GPU the system-scope loads, stores and fence are inline PTX; under TRITON_INTERPRET=1 (one program at a
+time on the CPU, memory shared with the stager's thread) they are volatile loads and plain stores.
+`reference_wait` / `reference_done` are the same in plain Python (the CPU engine's path; the kernels are tested
+against them).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .triton_common import INTERPRET, tl, triton
+
+REQ, DONE, ERR = 0, 1, 2
+NOT_STAGED, FAILED = -1, -2
+NVME = 2                       # tier code in `tier [L, E]` (0 VRAM, 1 RAM, 2 NVMe)
+USES, BYTES, WAITED, WAIT_NS = range(4)
+TIMEOUT_NS = 60 * 10 ** 9      # a GPU waits at most this long for one expert (then: poison, ERR)
+
+
+@dataclass(frozen=True)
+class ControlBlock:
+    """What `stage_wait` / `stage_done` need: device tensors and the pinned block's offsets from the arena."""
+
+    seq: torch.Tensor          # int64 [1] on the device: requests made so far
+    tier: torch.Tensor         # int8 [L, E] on the device
+    table: torch.Tensor        # int64 [L, E] on the device: the offsets fused_moe reads
+    src: torch.Tensor | None   # int64 [L, E] on the device: the device LRU's fill source (None without a cache)
+    nbytes: torch.Tensor       # int64 [L, E] on the device
+    counts: torch.Tensor       # int64 [L, 4] on the device
+    words_at: int              # arena-relative byte offsets of the pinned words, ready table, ring, scores
+    ready_at: int
+    ring_at: int
+    scores_at: int
+    rows: int                  # R
+    guesses: int               # G
+    cached_hi: int             # table entries in [0, cached_hi) are VRAM (static or a cache slot)
+    poison: int                # the poison slot's offset
+
+
+@triton.jit
+def _addr(p):
+    return p.to(tl.int64)
+
+
+@triton.jit
+def _ld_acquire_sys(p, GPU: tl.constexpr):
+    # p: int64 pointers; acquire loads at system scope (the stager's stores over PCIe)
+    if GPU:
+        return tl.inline_asm_elementwise("ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [_addr(p)],
+                                         dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        return tl.load(p, volatile=True)
+
+
+@triton.jit
+def _st_release_sys(p, v, GPU: tl.constexpr):
+    # one int64 store with release semantics at system scope (orders the stores before it, host-visible)
+    if GPU:
+        tl.inline_asm_elementwise("st.release.sys.global.b64 [$1], $2;\n\tmov.b32 $0, 0;", "=r,l,l", [_addr(p), v],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(p, v)
+
+
+@triton.jit
+def _fence_sc_sys(v, GPU: tl.constexpr):
+    # a sequentially consistent fence at system scope; v (int64 scalar) passed through to order it by data
+    if GPU:
+        return tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.b64 $0, $1;", "=l,l", [v], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return v
+
+
+@triton.jit
+def _now_ns(v, GPU: tl.constexpr):
+    # GPU global timer in ns (v: any int64 scalar, for the data dependence); the interpreter: 0
+    if GPU:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [v], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return v * 0
+
+
+@triton.jit
+def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, nbytes_p, counts_p, words_at, ready_at,
+                      ring_at, R, cached_hi, poison, timeout_ns, max_spins,
+                      K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, HAS_SRC: tl.constexpr,
+                      GPU: tl.constexpr):
+    # ids_p: int64 [K] layer j's routed ids; one program, KB >= K lanes
+    kk = tl.arange(0, KB)
+    m = kk < K
+    ids = tl.load(ids_p + kk, mask=m, other=0)                                  # [KB]
+    words = (arena_p + words_at).to(tl.pointer_type(tl.int64))
+    ready = (arena_p + ready_at).to(tl.pointer_type(tl.int64))
+    s = tl.load(seq_p) + 1
+    tl.store(seq_p, s)
+    row = (arena_p + ring_at).to(tl.pointer_type(tl.int64)) + (s % R) * (2 + K + G)
+    tl.store(row, s)
+    tl.store(row + 1, s * 0 + j)
+    tl.store(row + 2 + kk, ids, mask=m)
+    tl.debug_barrier()                                                          # every thread's row stores first
+    _st_release_sys(words + 0, s, GPU)                                          # REQ = s: the request is out
+    s = _fence_sc_sys(s, GPU)
+    nvme = tl.load(tier_p + j * E + ids, mask=m, other=0) == 2
+    cur = tl.load(table_p + j * E + ids, mask=m, other=0)
+    need = m & nvme & ((cur < 0) | (cur >= cached_hi))                          # not in VRAM: read from staging
+    where = ready + j * E + tl.where(need, ids, 0)
+    v = tl.where(need, _ld_acquire_sys(where, GPU), 0)
+    waited = need & (v == -1)
+    t0 = _now_ns(s, GPU)
+    t = t0
+    spins = s * 0
+    while (tl.sum((need & (v == -1)).to(tl.int32), 0) > 0) & (t - t0 < timeout_ns) & (spins < max_spins):
+        v = tl.where(need, _ld_acquire_sys(where, GPU), 0)
+        t = _now_ns(s, GPU)
+        spins += 1
+    bad = need & (v < 0)                                                        # failed, or still missing
+    off = tl.where(bad, poison, v)
+    tl.store(table_p + j * E + ids, off, mask=need)
+    if HAS_SRC:
+        tl.store(src_p + j * E + ids, off, mask=need)
+    nb = tl.load(nbytes_p + j * E + ids, mask=need, other=0)
+    c = counts_p + j * 4
+    tl.store(c + 0, tl.load(c + 0) + tl.sum(need.to(tl.int64), 0))
+    tl.store(c + 1, tl.load(c + 1) + tl.sum(nb, 0))
+    tl.store(c + 2, tl.load(c + 2) + tl.sum(waited.to(tl.int64), 0))
+    tl.store(c + 3, tl.load(c + 3) + (t - t0))
+    if tl.sum(bad.to(tl.int32), 0) > 0:
+        tl.debug_barrier()
+        _st_release_sys(words + 2, s, GPU)                                      # ERR = s
+
+
+@triton.jit
+def stage_done_kernel(arena_p, seq_p, gids_p, gscores_p, words_at, ring_at, scores_at, R,
+                      K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, HAS_GUESS: tl.constexpr,
+                      GPU: tl.constexpr):
+    # gids_p: int64 [G] guesses (-1 padded), gscores_p: float32 [G]; one program
+    s = tl.load(seq_p)
+    words = (arena_p + words_at).to(tl.pointer_type(tl.int64))
+    if HAS_GUESS:
+        g = tl.arange(0, GB)
+        m = g < G
+        row = (arena_p + ring_at).to(tl.pointer_type(tl.int64)) + (s % R) * (2 + K + G)
+        tl.store(row + 2 + K + g, tl.load(gids_p + g, mask=m, other=-1), mask=m)
+        sc = (arena_p + scores_at).to(tl.pointer_type(tl.float32)) + (s % R) * G
+        tl.store(sc + g, tl.load(gscores_p + g, mask=m, other=0.0), mask=m)
+    tl.debug_barrier()                                      # the guesses (and the MoE kernels before) come first
+    _st_release_sys(words + 1, s, GPU)                                          # DONE = s
+
+
+def stage_wait(arena: torch.Tensor, ids: torch.Tensor, j: int, cb: ControlBlock, max_spins: int = 1 << 62) -> None:
+    """Layer j's request and wait (graph-safe: one launch). ids int64 [1, K] or [K]."""
+    L, E = cb.table.shape
+    K = ids.numel()
+    src = cb.src if cb.src is not None else cb.table
+    stage_wait_kernel[(1,)](arena, ids.reshape(-1), j, E, cb.seq, cb.tier, cb.table, src, cb.nbytes, cb.counts,
+                            cb.words_at, cb.ready_at, cb.ring_at, cb.rows, cb.cached_hi, cb.poison, TIMEOUT_NS,
+                            max_spins, K=K, KB=triton.next_power_of_2(K), G=cb.guesses,
+                            HAS_SRC=cb.src is not None, GPU=not INTERPRET, num_warps=1)
+
+
+def stage_done(arena: torch.Tensor, j: int, cb: ControlBlock, K: int, gids: torch.Tensor | None = None,
+               gscores: torch.Tensor | None = None) -> None:
+    """Layer j's end: its guesses (int64 [G], float32 [G]; None: none) into the row, then DONE. Graph-safe."""
+    has = gids is not None and cb.guesses > 0
+    dummy = cb.seq
+    stage_done_kernel[(1,)](arena, cb.seq, gids if has else dummy, gscores if has else dummy, cb.words_at,
+                            cb.ring_at, cb.scores_at, cb.rows, K=K, G=max(cb.guesses, 1),
+                            GB=triton.next_power_of_2(max(cb.guesses, 1)), HAS_GUESS=has, GPU=not INTERPRET,
+                            num_warps=1)
+
+
+# ---- the pinned block ------------------------------------------------------------------------------------
+@dataclass
+class HostViews:
+    """The pinned block seen from the host (numpy views): what the reference and the stager read and write."""
+
+    words: np.ndarray          # int64 [8]
+    ready: np.ndarray          # int64 [L, E]
+    ring: np.ndarray           # int64 [R, 2 + K + G]
+    scores: np.ndarray         # float32 [R, G]
+
+
+def block_layout(L: int, E: int, K: int, G: int, R: int) -> dict[str, int]:
+    """Byte offsets of the words, ready table, ring and scores inside the pinned block, and its size (each part
+    on a 256-byte boundary: the words and the ring share no cache line with the ready table)."""
+    out, at = {}, 0
+    for name, n in (("words", 8 * 8), ("ready", L * E * 8), ("ring", R * (2 + K + G) * 8), ("scores", R * G * 4)):
+        out[name] = at
+        at += -(-max(n, 8) // 256) * 256
+    out["size"] = at
+    return out
+
+
+def host_views(block: torch.Tensor, L: int, E: int, K: int, G: int, R: int) -> HostViews:
+    """Numpy views of a pinned uint8 CPU block laid out by `block_layout`, initialised: nothing requested, nothing
+    staged (ready -1)."""
+    lay = block_layout(L, E, K, G, R)
+    a = block.numpy()
+    view = lambda name, dt, shape: a[lay[name]:lay[name] + int(np.prod(shape)) * np.dtype(dt).itemsize] \
+        .view(dt).reshape(shape)       # noqa: E731
+    hv = HostViews(view("words", np.int64, (8,)), view("ready", np.int64, (L, E)),
+                   view("ring", np.int64, (R, 2 + K + G)), view("scores", np.float32, (R, G)))
+    hv.words[:] = 0
+    hv.ready[:] = NOT_STAGED
+    hv.ring[:] = -1
+    hv.scores[:] = 0.0
+    return hv
+
+
+# ---- the plain reference (the CPU engine's path; the kernels are held to it) -------------------------------
+
+def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, timeout_s: float = 60.0,
+                   max_spins: int = 1 << 62) -> None:
+    ids = [int(e) for e in ids.reshape(-1).tolist()]
+    K = len(ids)
+    s = int(cb.seq[0]) + 1
+    cb.seq[0] = s
+    row = hv.ring[s % cb.rows]
+    row[0], row[1] = s, j
+    row[2:2 + K] = ids
+    hv.words[REQ] = s
+    need = [e for e in ids if int(cb.tier[j, e]) == NVME and not 0 <= int(cb.table[j, e]) < cb.cached_hi]
+    t0 = time.perf_counter_ns()
+    waited, spins, got = 0, 0, {}
+    for e in need:
+        v = int(hv.ready[j, e])
+        waited += v == NOT_STAGED
+        while v == NOT_STAGED and time.perf_counter_ns() - t0 < timeout_s * 1e9 and spins < max_spins:
+            time.sleep(0)
+            spins += 1
+            v = int(hv.ready[j, e])
+        got[e] = v
+    bad = False
+    for e, v in got.items():
+        off = cb.poison if v < 0 else v
+        bad |= v < 0
+        cb.table[j, e] = off
+        if cb.src is not None:
+            cb.src[j, e] = off
+    c = cb.counts[j]
+    c[USES] += len(need)
+    c[BYTES] += sum(int(cb.nbytes[j, e]) for e in need)
+    c[WAITED] += waited
+    c[WAIT_NS] += time.perf_counter_ns() - t0 if waited else 0
+    if bad:
+        hv.words[ERR] = s
+
+
+def reference_done(j: int, cb: ControlBlock, hv: HostViews, K: int, gids: torch.Tensor | None = None,
+                   gscores: torch.Tensor | None = None) -> None:
+    s = int(cb.seq[0])
+    if gids is not None and cb.guesses > 0:
+        hv.ring[s % cb.rows, 2 + K:2 + K + cb.guesses] = gids.reshape(-1).cpu().numpy()
+        hv.scores[s % cb.rows] = gscores.reshape(-1).float().cpu().numpy()
+    hv.words[DONE] = s

@@ -1,0 +1,124 @@
+"""The device loop's handshake with the NVMe stager (kernels/stage_wait.py): the kernel (interpreted on a CPU, compiled
+on a GPU) against the plain reference, with a second thread publishing `ready` while the kernel polls."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from strata_plan.kernels import stage_wait as sw
+
+L, E, K, G, R = 3, 16, 4, 8, 8
+ARENA = 1 << 16                  # bytes of "VRAM" before the pinned block (static + slots + poison)
+POISON = ARENA - 4096
+STAGE = 10 * ARENA               # arena-relative staging addresses the stager publishes (never dereferenced here)
+
+
+def _setup(device="cpu", cached=()):
+    lay = sw.block_layout(L, E, K, G, R)
+    buf = torch.zeros(ARENA + lay["size"], dtype=torch.uint8)
+    hv = sw.host_views(buf[ARENA:], L, E, K, G, R)
+    tier = torch.zeros((L, E), dtype=torch.int8)
+    tier[:, 4:8] = 1
+    tier[:, 8:] = sw.NVME
+    table = torch.full((L, E), POISON, dtype=torch.int64)
+    table[:, :8] = torch.arange(8) * 4096
+    for j, e, slot in cached:                 # NVMe experts the device LRU holds in a VRAM slot
+        table[j, e] = 9 * 4096 + slot * 4096
+    cb = sw.ControlBlock(seq=torch.zeros(1, dtype=torch.int64), tier=tier, table=table,
+                         src=torch.full((L, E), -7, dtype=torch.int64), nbytes=torch.full((L, E), 4096 * 3),
+                         counts=torch.zeros((L, 4), dtype=torch.int64), words_at=ARENA + lay["words"],
+                         ready_at=ARENA + lay["ready"], ring_at=ARENA + lay["ring"], scores_at=ARENA + lay["scores"],
+                         rows=R, guesses=G, cached_hi=POISON, poison=POISON)
+    return buf, cb, hv
+
+
+def _clone(cb):
+    import dataclasses
+    return dataclasses.replace(cb, seq=cb.seq.clone(), table=cb.table.clone(), src=cb.src.clone(),
+                               counts=cb.counts.clone())
+
+
+def _stager(hv, j, publish, delay=0.05, fail=()):
+    """A stand-in stager: once request for layer j is out, publish each NVMe id after `delay` (failed ids: -2)."""
+    def run():
+        t0 = time.time()
+        while hv.words[sw.REQ] == 0 and time.time() - t0 < 10:
+            time.sleep(0.001)
+        time.sleep(delay)
+        for e in publish:
+            hv.ready[j, e] = sw.FAILED if e in fail else STAGE + e * 4096
+    th = threading.Thread(target=run)
+    th.start()
+    return th
+
+
+@pytest.mark.parametrize("fail", [(), (9,)])
+def test_the_wait_kernel_polls_until_the_stager_publishes_as_the_reference_does(fail):
+    ids = torch.tensor([9, 2, 12, 5])                 # NVMe, VRAM, NVMe (staged already), RAM
+    out = {}
+    for name, wait in (("kernel", sw.stage_wait), ("reference", None)):
+        buf, cb, hv = _setup()
+        hv.ready[1, 12] = STAGE + 12 * 4096
+        th = _stager(hv, 1, [9], fail=fail)
+        if wait is None:
+            sw.reference_wait(ids, 1, cb, hv)
+        else:
+            wait(buf, ids, 1, cb)
+        th.join()
+        out[name] = (cb, hv)
+        assert int(hv.words[sw.REQ]) == 1 and int(cb.seq[0]) == 1
+        assert hv.ring[1, :2 + K].tolist() == [1, 1, 9, 2, 12, 5]
+        want9 = POISON if fail else STAGE + 9 * 4096
+        assert int(cb.table[1, 9]) == want9 and int(cb.src[1, 9]) == want9
+        assert int(cb.table[1, 12]) == STAGE + 12 * 4096
+        assert int(cb.table[1, 2]) == 2 * 4096 and int(cb.src[1, 2]) == -7      # not NVMe: untouched
+        assert cb.counts[1, :3].tolist() == [2, 2 * 4096 * 3, 1]
+        assert int(hv.words[sw.ERR]) == (1 if fail else 0)
+
+
+def test_a_cached_nvme_expert_and_a_layer_without_nvme_ids_do_not_wait():
+    for wait in (sw.stage_wait, None):
+        buf, cb, hv = _setup(cached=[(0, 9, 0)])
+        ids = torch.tensor([9, 1, 5, 7])
+        if wait is None:
+            sw.reference_wait(ids, 0, cb, hv, max_spins=5)
+        else:
+            wait(buf, ids, 0, cb, max_spins=5)
+        assert int(cb.table[0, 9]) == 9 * 4096 and cb.counts[0].tolist() == [0, 0, 0, 0]
+        assert int(hv.words[sw.ERR]) == 0
+
+
+def test_a_missing_expert_times_out_into_the_poison_slot_and_sets_err():
+    for wait in (sw.stage_wait, None):
+        buf, cb, hv = _setup()
+        ids = torch.tensor([10, 1, 2, 3])
+        if wait is None:
+            sw.reference_wait(ids, 2, cb, hv, max_spins=50)
+        else:
+            wait(buf, ids, 2, cb, max_spins=50)
+        assert int(cb.table[2, 10]) == POISON and int(hv.words[sw.ERR]) == 1
+
+
+def test_done_writes_the_guesses_then_publishes_done():
+    gids = torch.tensor([3, 9, -1, -1, 11, -1, -1, -1])
+    gsc = torch.linspace(1, 0, G)
+    rows = {}
+    for name in ("kernel", "reference"):
+        buf, cb, hv = _setup()
+        cb.seq[0] = 5
+        if name == "kernel":
+            sw.stage_done(buf, 0, cb, K, gids, gsc)
+        else:
+            sw.reference_done(0, cb, hv, K, gids, gsc)
+        assert int(hv.words[sw.DONE]) == 5
+        rows[name] = (hv.ring[5 % R].copy(), hv.scores[5 % R].copy())
+        assert hv.ring[5 % R, 2 + K:].tolist() == gids.tolist()
+        np.testing.assert_allclose(hv.scores[5 % R], gsc.numpy())
+    buf, cb, hv = _setup()
+    cb.seq[0] = 2
+    sw.stage_done(buf, 0, cb, K)                      # no guesses: only DONE
+    assert int(hv.words[sw.DONE]) == 2 and (hv.ring[2] == -1).all()
