@@ -150,16 +150,14 @@ def test_a_cache_in_the_device_loop_is_the_fill_then_the_kernel(tiny):
     assert cm.predict(place).decode_tok_s > CostModel(p.replace(loop="host")).predict(place).decode_tok_s
 
 
-@pytest.mark.parametrize("change", ["lookahead", "nvme", "split"])
+@pytest.mark.parametrize("change", ["lookahead", "split"])
 def test_placements_the_device_loop_cannot_run_are_priced_as_before(tiny, change):
-    """A lookahead, an expert left on NVMe, or a second GPU: the host loop's figures, in either loop."""
+    """A lookahead without an NVMe tier, or a second GPU: the host loop's figures, in either loop."""
     E = tiny.curves.n_experts
     base = in_place_placement(tiny)
     p = tiny
     if change == "lookahead":
         place = dataclasses.replace(base, prefetch_depth=1)
-    elif change == "nvme":
-        place = dataclasses.replace(base, ram=(E - 3, E, E - 2))
     else:                                           # the tiny model split over two GPUs
         p = tiny_problem(profile="rtx-pro-6000").replace(profile=load_profile("rtx-pro-6000-x2"),
                                                          budget=Budget(2 * 10**13, 10**13, 10**13, 0, (10**13, 10**13)))
@@ -220,3 +218,26 @@ def test_in_place_is_the_engines_rule(name):
         for mode in MODES:
             run = baseline(plan, mode)
             assert cm.in_place(placement_of(run)) == reads_in_place(run, loop), (mode, loop)
+
+
+def test_an_nvme_tier_in_the_device_loop_reads_staged_experts_in_place(tiny):
+    """NVMe experts in the device loop: staged in pinned RAM by the stager, then read in place like RAM experts. A
+    staging cache that holds every NVMe expert the routing reaches reads nothing from the drive after warm-up: the
+    token is the in-place model's with the NVMe bytes among the warm ones (by hand). The least staging cache the
+    engine takes reads from the drive and waits for it, so it is slower; with lookahead part of the wait hides."""
+    E = tiny.curves.n_experts
+    p = tiny.replace(profile=with_zero_copy(tiny.profile, 0.9))
+    place = dataclasses.replace(in_place_placement(p), ram=(E - 5, E - 4, E - 3))
+    cm = CostModel(p)
+    big = dataclasses.replace(place, staging=10 ** 6)
+    assert cm.in_place(place) and cm.in_place(dataclasses.replace(place, prefetch_depth=1))
+    x = cm._misses(big)
+    pb = cm.predict(big)
+    assert pb.bytes_per_token["nvme_read"] == 0.0 and pb.bytes_per_token["nvme"] > 0
+    want, _ = by_hand(p, big, p.profile.gpu.zero_copy.at, x["warm_bytes"] + x["cold_bytes"])
+    assert 1.0 / pb.decode_tok_s == pytest.approx(want, rel=1e-12)
+    small = cm.predict(place)
+    assert 0 < small.bytes_per_token["nvme_read"] <= small.bytes_per_token["nvme"]
+    assert small.decode_tok_s < pb.decode_tok_s and small.decode_seconds["nvme"] > 0
+    ahead = cm.predict(dataclasses.replace(place, prefetch_depth=1))
+    assert ahead.bytes_per_token["wasted"] > 0

@@ -146,32 +146,37 @@ def test_the_device_lru_gives_the_host_loops_logits_hits_and_bytes(packed_bf16, 
     assert d["by_kind"]["in_place"] == h["by_kind"]["demand"] and d["bytes_from"]["ram"] == h["bytes_from"]["ram"]
 
 
+def bench_both_loops(packed, plan, mode: str) -> tuple[dict, dict]:
+    """`bench.measure` of `plan` in `mode` with the same replayed routing (olmoe-like, seed 3): (host, device)."""
+    from strata_plan.engine.bench import measure
+    from strata_plan.engine.replay import Replay
+    got = []
+    for loop in ("host", "device"):
+        replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=64, seed=3)
+        got.append(measure(packed, plan, mode=mode, tokens=6, warmup=3, replay=replay, device="cpu",
+                           options=EngineOptions(loop=loop)))
+    return got[0], got[1]
+
+
 @pytest.mark.parametrize("mode,cache", [("on-demand", 0), ("lru", 2)])
 def test_bench_with_replayed_routing_gives_the_same_tokens_and_counts_in_both_loops(packed_bf16, mode, cache):
     """`bench.measure` with routing replayed: the device loop reads the replay from the device at a cursor it
     advances itself, the host loop from the host; the same rows drive both, so tokens and counts agree."""
-    from strata_plan.engine.bench import measure
-    from strata_plan.engine.replay import Replay
-    plan = bf16_plan(4, 28, cache, 0, chunk=1)
-    got = {}
-    for loop in ("host", "device"):
-        replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=64, seed=3)
-        got[loop] = measure(packed_bf16, plan, mode=mode, tokens=6, warmup=3, replay=replay, device="cpu",
-                            options=EngineOptions(loop=loop))
-    h, d = got["host"], got["device"]
+    h, d = bench_both_loops(packed_bf16, bf16_plan(4, 28, cache, 0, chunk=1), mode)
     assert (h["loop"], d["loop"]) == ("host", "device") and d["tokens"] == h["tokens"]
     for kind in ("static", "cached"):
         assert d["counters"]["by_kind"][kind] == h["counters"]["by_kind"][kind]
     assert d["bytes_per_token"]["ram"] == h["bytes_per_token"]["ram"] > 0
 
 
-def test_the_device_loop_runs_only_plans_without_lookahead_or_nvme(packed_bf16):
-    """loop "device" is a request: a plan with lookahead or an NVMe tier runs the host loop."""
+def test_the_device_loop_runs_every_plan_but_a_ram_lookahead(packed_bf16):
+    """loop "device" is a request: a plan with lookahead and no NVMe tier (a VRAM prefetch of RAM experts) runs the
+    host loop; with an NVMe tier the lookahead drives the stager in the device loop."""
     loops: list[str] = []
     for split, mode in (((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 1), "on-demand"), ((4, 28, 2, 0), "lru"),
-                        ((4, 10, 0, 0), "on-demand"), ((4, 28, 2, 1), "plan")):
+                        ((4, 10, 0, 0), "on-demand"), ((4, 10, 2, 1), "plan"), ((4, 28, 2, 1), "plan")):
         run(packed_bf16, bf16_plan(*split), mode, new=1, ran=loops)
-    assert loops == ["device", "device", "device", "host", "host"]
+    assert loops == ["device", "device", "device", "device", "device", "host"]
 
 
 @pytest.mark.gpu

@@ -29,7 +29,7 @@ def _setup(device="cpu", cached=()):
     for j, e, slot in cached:                 # NVMe experts the device LRU holds in a VRAM slot
         table[j, e] = 9 * 4096 + slot * 4096
     cb = sw.ControlBlock(seq=torch.zeros(1, dtype=torch.int64), tier=tier, table=table,
-                         src=torch.full((L, E), -7, dtype=torch.int64), nbytes=torch.full((L, E), 4096 * 3),
+                         src=torch.full((L, E), -7, dtype=torch.int64), admit=None, nbytes=torch.full((L, E), 4096 * 3),
                          counts=torch.zeros((L, 4), dtype=torch.int64), words_at=ARENA + lay["words"],
                          ready_at=ARENA + lay["ready"], ring_at=ARENA + lay["ring"], scores_at=ARENA + lay["scores"],
                          rows=R, guesses=G, cached_hi=POISON, poison=POISON)
@@ -71,7 +71,7 @@ def test_the_wait_kernel_polls_until_the_stager_publishes_as_the_reference_does(
         th.join()
         out[name] = (cb, hv)
         assert int(hv.words[sw.REQ]) == 1 and int(cb.seq[0]) == 1
-        assert hv.ring[1, :2 + K].tolist() == [1, 1, 9, 2, 12, 5]
+        assert hv.ring[1, :2 + K].tolist() == [1, 1, 9, -1, 12, -1]     # only ids read from staging
         want9 = POISON if fail else STAGE + 9 * 4096
         assert int(cb.table[1, 9]) == want9 and int(cb.src[1, 9]) == want9
         assert int(cb.table[1, 12]) == STAGE + 12 * 4096
@@ -103,22 +103,38 @@ def test_a_missing_expert_times_out_into_the_poison_slot_and_sets_err():
         assert int(cb.table[2, 10]) == POISON and int(hv.words[sw.ERR]) == 1
 
 
-def test_done_writes_the_guesses_then_publishes_done():
-    gids = torch.tensor([3, 9, -1, -1, 11, -1, -1, -1])
+def test_done_writes_the_guesses_the_stager_must_read_then_publishes_done():
+    gids = torch.tensor([3, 9, 10, -1, 11, 12, -1, -1])       # 4 for layer 1, 4 for layer 2
     gsc = torch.linspace(1, 0, G)
-    rows = {}
     for name in ("kernel", "reference"):
-        buf, cb, hv = _setup()
+        buf, cb, hv = _setup(cached=[(2, 12, 1)])
         cb.seq[0] = 5
         if name == "kernel":
-            sw.stage_done(buf, 0, cb, K, gids, gsc)
+            sw.stage_done(buf, 0, cb, K, gids, gsc, per_layer=4)
         else:
-            sw.reference_done(0, cb, hv, K, gids, gsc)
+            sw.reference_done(0, cb, hv, K, gids, gsc, per_layer=4)
         assert int(hv.words[sw.DONE]) == 5
-        rows[name] = (hv.ring[5 % R].copy(), hv.scores[5 % R].copy())
-        assert hv.ring[5 % R, 2 + K:].tolist() == gids.tolist()
+        # 3: VRAM; 12 at layer 2: in a VRAM slot
+        assert hv.ring[5 % R, 2 + K:].tolist() == [-1, 9, 10, -1, 11, -1, -1, -1], name
         np.testing.assert_allclose(hv.scores[5 % R], gsc.numpy())
     buf, cb, hv = _setup()
     cb.seq[0] = 2
-    sw.stage_done(buf, 0, cb, K)                      # no guesses: only DONE
+    sw.stage_done(buf, 2, cb, K)                      # no guesses: only DONE
     assert int(hv.words[sw.DONE]) == 2 and (hv.ring[2] == -1).all()
+
+
+def test_after_the_lru_step_an_admitted_nvme_expert_is_read_from_staging_into_src_only():
+    """The device LRU admitted expert 9 (its entry is now a VRAM slot, filled from `src` after the wait): the wait
+    asks the stager for it and sets `src`, leaving the table at the slot."""
+    import dataclasses
+    for wait in (sw.stage_wait, None):
+        buf, cb, hv = _setup(cached=[(0, 9, 0)])
+        cb = dataclasses.replace(cb, admit=torch.tensor([[0 * 4096 + 9 * 4096, -1, -1, -1]] * L))
+        hv.ready[0, 9] = STAGE + 9 * 4096
+        ids = torch.tensor([9, 1, 5, 7])
+        if wait is None:
+            sw.reference_wait(ids, 0, cb, hv, max_spins=5)
+        else:
+            wait(buf, ids, 0, cb, max_spins=5)
+        assert int(cb.table[0, 9]) == 9 * 4096 and int(cb.src[0, 9]) == STAGE + 9 * 4096
+        assert hv.ring[1, 2:2 + K].tolist() == [9, -1, -1, -1] and cb.counts[0, :3].tolist() == [1, 4096 * 3, 0]

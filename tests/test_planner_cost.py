@@ -105,7 +105,12 @@ def test_bytes_per_token_add_up(tiny):
     for place in _random_placements(tiny, 20):
         b = cm.predict(place).bytes_per_token
         assert b["vram"] + b["ram"] + b["nvme"] == pytest.approx(total, rel=1e-9)
-        assert b["pcie"] == pytest.approx(b["ram"] + b["nvme"] + b["wasted"], rel=1e-9)
+        if cm.in_place(place):      # the device loop: routed bytes cross PCIe in place; only NVMe guesses are wasted
+            assert b["pcie"] == pytest.approx(b["ram"] + b["nvme"], rel=1e-9)
+            assert 0 <= b["nvme_read"] <= b["nvme"] * (1 + 1e-9)       # the staging cache serves the rest
+        else:
+            assert b["pcie"] == pytest.approx(b["ram"] + b["nvme"] + b["wasted"], rel=1e-9)
+            assert b["nvme_read"] == b["nvme"]
 
 
 def test_predictions_never_exceed_the_physical_bound(kimi_problems, tiny):
@@ -176,6 +181,8 @@ def test_more_residency_never_predicts_less(tiny, kimi_problems):
                     moves.append((v, r, c[:l] + [c[l] + 1] + c[l + 1:]))
                 for mv in moves:
                     better = dataclasses.replace(place, vram=tuple(mv[0]), ram=tuple(mv[1]), cache=tuple(mv[2]))
+                    if cm.in_place(better) != cm.in_place(place):
+                        continue        # the last NVMe expert gone with a lookahead: the engine's host loop runs it
                     assert cm.predict(better).decode_tok_s >= base * (1 - 1e-6), (l, place, better)
 
 

@@ -67,13 +67,12 @@ def cmd_run(args) -> int:
         ids = eng.generate(prompt, args.max_tokens, sampling, on_token=on_token)
         dt = time.perf_counter() - t0
         tail = stream.flush() if hasattr(stream, "flush") else ""
+        counters = eng.store.counter_data()          # the device loop's counts folded in
         if args.json:
             print_json({"prompt_tokens": len(prompt), "ids": ids, "text": tok.decode(ids), "seconds": dt,
-                        "device": str(eng.model.device), "counters": {k: v for k, v in
-                                                                      eng.store.counters.to_data().items() if k != "layers"}})
+                        "device": str(eng.model.device), "counters": {k: v for k, v in counters.items() if k != "layers"}})
         else:
             sys.stdout.write(tail + "\n")
-            c = eng.store.counters
             print(f"[{len(ids)} tokens in {dt:.2f} s on {eng.model.device} (prefill included, measured); "
-                  f"hit rate {c.hit_rate():.3f}]", file=sys.stderr)
+                  f"hit rate {counters['hit_rate']:.3f}]", file=sys.stderr)
     return 0

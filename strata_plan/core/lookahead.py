@@ -9,6 +9,13 @@ MAX_DEPTH = 4
 """Lookahead depths the routing statistics describe (1..4), and the deepest prefetch a plan may ask for."""
 
 
+def pinned_staging_slots(top_k: int, depth: int, planned: int = 0) -> int:
+    """Slots of the device loop's pinned NVMe staging cache (engine.staging): the plan's `staging.host_slots`, at
+    least one layer's routed experts and each lookahead layer's, twice over (the reads in flight, and room for the
+    GPU to read what landed): `max(planned, 2 x top_k x (depth + 1))`."""
+    return max(planned, 2 * top_k * (depth + 1))
+
+
 def staging_slots(top_k: int, depth: int) -> int:
     """VRAM landing slots for experts in flight at once: the current layer's `top_k` and `depth` layers of
     prefetch, `(depth + 1) x top_k`."""

@@ -19,11 +19,13 @@ LOOPS = ("device", "host")      # the engine's decode loops (engine/ENGINE.md); 
 
 
 def reads_in_place(plan: Plan, loop: str = "device") -> bool:
-    """Whether the engine's device loop runs `plan` (already in its mode): no lookahead and no NVMe tier, so
-    every routed expert outside the static VRAM set is read from pinned RAM by the GPU with no host work per
-    layer: in place by the MoE kernel, or, with cache slots, copied into its slot by the device LRU's fill when
-    admitted (the planner's LRU decided on the device, `kernels.lru`). Other plans run the host loop."""
-    return loop == "device" and plan.prefetch_depth == 0 and not any(l.nvme for l in plan.layers)
+    """Whether the engine's device loop runs `plan` (already in its mode): every routed expert outside the static
+    VRAM set is read from pinned RAM by the GPU with no host work per layer: in place by the MoE kernel, or, with
+    cache slots, copied into its slot by the device LRU's fill when admitted (the planner's LRU decided on the
+    device, `kernels.lru`). NVMe experts are staged into pinned RAM by the stager first (`engine.staging`), which
+    the router lookahead drives at the plan's depth. Plans with lookahead and no NVMe tier (a VRAM prefetch of RAM
+    experts) run the host loop."""
+    return loop == "device" and (plan.prefetch_depth == 0 or any(l.nvme for l in plan.layers))
 
 
 def baseline(plan: Plan, mode: str) -> Plan:

@@ -47,6 +47,9 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
     with Engine.open(packed, plan, opts, replay=replay) as eng:
         m, store, ex = eng.model, eng.store, eng.experts
         dev = m.device
+        cold = sorted({str(store.folder / store.entries[j][e].file) for j, l in enumerate(eng.plan.layers)
+                       for e in l.nvme})
+        cache_before = _page_cache(cold)
         V = m.cfg.vocab
         rng = np.random.default_rng(seed)
         chunk = eng.plan.prefill_chunk
@@ -77,6 +80,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             runner.split()
             launch0 = runner.launch_s
         per, out_ids = [], []
+        check = getattr(ex, "check", lambda: None)
         ahead = getattr(runner, "ahead", False)
         ring = TokenRing() if ahead else None
         cpu0 = time.thread_time()                     # the decode thread's CPU time (its waits sleep: blocking events)
@@ -97,6 +101,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                     done.record()
                     done.synchronize()
                 out_ids.append(int(tok))              # the token on the host: its GPU work is done
+            check()                                   # a stager error: one line, no more tokens
             t2 = time.perf_counter()
             per.append(t2 - t1)
             t1 = t2
@@ -126,8 +131,11 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                 "decode_s_per_token": {"median": med, "p10": float(np.percentile(per, 10)),
                                        "p90": float(np.percentile(per, 90))},
             },
+            # nvme: read from the drive; staged: read in place from the pinned staging cache (device loop)
             "bytes_per_token": {"ram": c["bytes_from"]["ram"] / n, "nvme": c["bytes_from"]["nvme"] / n,
-                                "pcie": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / n,
+                                "staged": c["staged_bytes"] / n,
+                                "pcie": (c["bytes_from"]["ram"] + (c["staged_bytes"] if store.staging is not None
+                                                                   else c["bytes_from"]["nvme"])) / n,
                                 "wasted": c["wasted_bytes"] / n, "dense": sum(c["dense_bytes"].values()) / n,
                                 # bytes the copies enqueued (pcie: the fetches issued, cancelled prefetches too)
                                 "pcie_copied": (tr.copy_bytes - copied0) / n},
@@ -155,6 +163,9 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             # device loop: GPU seconds of a step replayed alone, and of the step without its MoE calls
             "device_step": parts,
             "graphs": bool(runner is not None and runner.graphs),
+            # the NVMe tier's files in the page cache (mincore), after start-up and after the run: a cold tier
+            "page_cache": {"files": len(cold), "before": cache_before, "after": _page_cache(cold)},
+            "stager": store.staging.last if store.staging is not None else None,
             "pinned": store.pinned_info(),
             "copy": {"chunk_bytes": opts.chunk_bytes, "chunks_in_flight": opts.chunks_in_flight},
             "counters": {k: v for k, v in c.items() if k != "layers"},
@@ -163,6 +174,12 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "plan": {"prefetch_depth": eng.plan.prefetch_depth, "cache_slots": eng.plan.cache.total_slots,
                      "n_moe_layers": L, "predicted": eng.plan.predicted.decode_tok_s, **_plan_record(plan)},
         }
+
+
+def _page_cache(files: list[str]) -> float | None:
+    """The largest share of any file's pages in the page cache (None: no files)."""
+    from .directio import page_cache_residency
+    return max((page_cache_residency(f) for f in files), default=None)
 
 
 def _plan_record(plan) -> dict:

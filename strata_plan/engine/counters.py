@@ -9,6 +9,8 @@ moment the router's ids reached the store, before any waiting (`residency.USE_KI
     late        hinted, but its copy was still in flight: the layer waited for it
     demand      not there: fetched on demand after the router
     in_place    the device loop: read by the MoE kernel straight from pinned RAM over PCIe (no copy)
+    staged      the device loop: an NVMe expert read in place from the pinned staging cache, staged before the
+                layer asked (with the stager, `demand` is a use the layer waited for: engine.staging)
 
 **Hit rate** (the seeds' definition, "the needed expert was already there when the layer ran"):
 (static + cached + prefetched) / uses. A use `ensure` had to wait for or fetch, or read in place, is a miss.
@@ -41,6 +43,8 @@ class LayerCounters:
     hint_right: dict[int, int] = field(default_factory=dict)       # depth -> hinted ids the token used
     hint_used: dict[int, int] = field(default_factory=dict)        # depth -> ids used where a hint existed
     wait_s: float = 0.0              # host time ensure spent waiting for reads to be enqueued
+    staged_bytes: int = 0            # device loop: bytes the kernels read in place from the NVMe staging cache
+    stage_wait_s: float = 0.0        # device loop: GPU time the layer's stage_wait polled for the stager
 
     @property
     def n_uses(self) -> int:
@@ -87,6 +91,8 @@ class StoreCounters:
             "fetches_from": {t: sum(c.fetches_from[t] for c in self.layers) for t in ("ram", "nvme")},
             "prefetch_bytes": sum(c.prefetch_bytes for c in self.layers),
             "wasted_bytes": sum(c.wasted_bytes for c in self.layers),
+            "staged_bytes": sum(c.staged_bytes for c in self.layers),
+            "stage_wait_s": sum(c.stage_wait_s for c in self.layers),
             "dropped_hints": sum(c.dropped_hints for c in self.layers),
             "lookahead": {str(d): v for d, v in self.lookahead().items()},
             "dense_bytes": dict(self.dense_bytes), "dense_demand": self.dense_demand,

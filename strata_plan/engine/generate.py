@@ -139,6 +139,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
     ahead = getattr(model.step_runner, "ahead", False)      # the next step may be queued before the host reads
     ring = TokenRing() if ahead else None
     token = sample(logits, sampling, gen)
+    check = getattr(model.experts, "check", lambda: None)
     out: list[int] = []
     for i in range(max_new_tokens):
         nxt = None
@@ -149,6 +150,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
             t = ring.pop()                                  # waits for this token's copy, not for the next step
         else:
             t = int(token)                                  # the host copy: stream it, check for EOS
+        check()                                             # a stager error stops the run before the token shows
         out.append(t)
         if on_token is not None:
             on_token(t)

@@ -76,6 +76,29 @@ class Replay:
         w = torch.from_numpy(self.weights[rows, j].astype(np.float32))
         return ids.to(device), w.to(device)
 
+    def hint_table(self, depth: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every token's guesses for the device loop: ids int64 [T, L, depth, width] (-1 padded, past the last
+        layer -1) and scores float32 (popularity), drawn as `hint` draws them (their own seeded stream, so a
+        table is the same for the same replay), the first `width` guesses of each."""
+        T, L, _ = self.experts.shape
+        ids = np.full((T, L, depth, width), -1, dtype=np.int64)
+        scores = np.zeros((T, L, depth, width), dtype=np.float32)
+        saved_t, saved_rng = self.t, self._rng
+        self._rng = np.random.default_rng(self.seed + 104729)
+        try:
+            for t in range(T):
+                self.t = t
+                for j in range(L):
+                    for d in range(1, depth + 1):
+                        if j + d >= L:
+                            break
+                        g, sc = self.hint(j, d)
+                        ids[t, j, d - 1, :len(g[:width])] = g[:width]
+                        scores[t, j, d - 1, :len(sc[:width])] = sc[:width]
+        finally:
+            self.t, self._rng = saved_t, saved_rng
+        return ids, scores
+
     def hint(self, j: int, d: int) -> tuple[list[int], list[float]]:
         """Lookahead guesses for MoE layer j+d of the current token, at (P_d, R_d); scores: popularity."""
         P, R = self.lookahead.get(d, (0.0, 0.0))

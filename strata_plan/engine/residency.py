@@ -28,7 +28,8 @@ FREE, STAGED, CACHE, SPENT = "free", "staged", "cache", "spent"
 # how a routed use was served, at the moment the router's ids reached the store (before any wait)
 STATIC, CACHED, PREFETCHED, LATE, DEMAND = "static", "cached", "prefetched", "late", "demand"
 IN_PLACE = "in_place"      # the device loop: read by the MoE kernel straight from pinned RAM (no copy)
-USE_KINDS = (STATIC, CACHED, PREFETCHED, LATE, DEMAND, IN_PLACE)
+STAGED_USE = "staged"      # the device loop: an NVMe expert read in place from the pinned staging cache, there in time
+USE_KINDS = (STATIC, CACHED, PREFETCHED, LATE, DEMAND, IN_PLACE, STAGED_USE)
 HIT_KINDS = (STATIC, CACHED, PREFETCHED)          # the seeds' hit: already there when the layer ran
 
 

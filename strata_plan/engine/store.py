@@ -63,6 +63,7 @@ from .packed import check_plan_matches, hash_threads, load_index, verify_part
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
 from .residency import CACHED, DEMAND, IN_PLACE, LATE, STATIC, Residency
+from .staging import Staging, staging_bytes
 from .transfer import CHUNK_BYTES, CHUNKS_IN_FLIGHT, Fetch, FetchError, Transfers
 
 POISON_BYTE = 0xFF          # fp16 0xFFFF is NaN: every scale of a poisoned blob is NaN
@@ -123,7 +124,8 @@ class ExpertStore:
         has_nvme = any(l.nvme for l in plan.layers)
         in_flight = max(getattr(plan.staging, "nvme_in_flight_prefill", 0) or 0, 2 * self.top_k)
         bounce = max(plan.staging.host_slots, in_flight) if has_nvme else 0
-        self._check_capacity(arena_bytes, ram_bytes + bounce * self.slot_bytes, plan_path)
+        stage = staging_bytes(plan, self.slot_bytes, self.n_layers) if options.in_place and has_nvme else 0
+        self._check_capacity(arena_bytes, ram_bytes + bounce * self.slot_bytes + stage, plan_path)
         # ---- files ---------------------------------------------------------------------------------
         self.files: dict[str, BlobFile] = {}
         try:
@@ -140,11 +142,16 @@ class ExpertStore:
             self._ram_region = HostRegion(ram_size, device)
             self.ram = self._ram_region.tensor
             self.ram_base = self._ram_region.device_ptr - self.arena.data_ptr()    # RAM byte 0 seen from the arena
+            self._stage_region = HostRegion(stage, device) if stage else None
+            stage_mem = self._stage_region.tensor if stage else None
+            stage_base = self._stage_region.device_ptr - self.arena.data_ptr() if stage else 0
         else:       # the CPU stand-in: one buffer, so arena[offset:] reaches the RAM tier (kernels/reference.py)
-            self._ram_region = None
+            self._ram_region = self._stage_region = None
             self.ram_base = -(-arena_bytes // EXPERT_ALIGN) * EXPERT_ALIGN
-            self.arena = torch.empty(self.ram_base + ram_size, dtype=torch.uint8)
-            self.ram = self.arena[self.ram_base:]
+            stage_base = self.ram_base + -(-ram_size // EXPERT_ALIGN) * EXPERT_ALIGN
+            self._arena_backing, self.arena = aligned_empty(stage_base + stage, pin=False)   # 4 KiB-aligned: O_DIRECT
+            self.ram = self.arena[self.ram_base:self.ram_base + ram_size]
+            stage_mem = self.arena[stage_base:] if stage else None
         self.arena[self.poison_offset:self.poison_offset + self.slot_bytes].fill_(POISON_BYTE)
         self.ram_offset: dict[tuple[int, int], int] = {}
         self.offsets_host = np.full((self.n_layers, self.E), self.poison_offset, dtype=np.int64)
@@ -167,6 +174,7 @@ class ExpertStore:
         self.split_prefill = {f: r.split for f, r in (plan.staging.nvme_reads_prefill or {}).items()}
         self.compute_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.lru = None                 # kernels.lru.LruState: the device loop's cache (set by `_load`)
+        self.staging = None             # engine.staging.Staging: the device loop's NVMe tier (set below)
         device_cache = plan.cache.total_slots if options.in_place else 0      # the last slots: the device LRU's
         self.residency = Residency([l.vram for l in plan.layers],
                                    [0 if options.in_place else l.cache_slots for l in plan.layers],
@@ -180,6 +188,9 @@ class ExpertStore:
         sys.setswitchinterval(2e-4)     # wake the copy and reader threads promptly (restored on close)
         try:
             self.load_s = self._load()
+            if stage:
+                self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
+                                       self.lru.ram_offset if self.lru is not None else None, readers)
         except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
             self.close()
             raise
@@ -296,14 +307,19 @@ class ExpertStore:
                         admit=dev(np.full((L, k), -1, np.int64)), tick=dev(np.zeros(L, np.int64)),
                         counts=dev(np.zeros((L, 4), np.int64)))
 
-    def cache_step(self, j: int, ids: torch.Tensor) -> None:
-        """The device loop with a cache, MoE layer j, one token: the LRU step and the fill of admitted slots
-        (graph-safe on a GPU: two launches; the plain references on a CPU)."""
+    def cache_step(self, j: int, ids: torch.Tensor, before_fill=None) -> None:
+        """The device loop with a cache, MoE layer j, one token: the LRU step, `before_fill()` (the NVMe staging's
+        wait: it needs the step's admissions and evictions), then the fill of admitted slots (graph-safe on a GPU:
+        launches only; the plain references on a CPU)."""
         if self.device.type == "cuda":
             lru.lru_step(ids, j, self.lru)
-            lru.fill_slots(self.arena, ids, j, self.lru, self.slot_bytes)
         else:
             lru.reference_step(ids, j, self.lru)
+        if before_fill is not None:
+            before_fill()
+        if self.device.type == "cuda":
+            lru.fill_slots(self.arena, ids, j, self.lru, self.slot_bytes)
+        else:
             lru.reference_fill(self.arena, ids, j, self.lru)
 
     def _check_parts(self, pool, ent, data: torch.Tensor) -> list:
@@ -319,16 +335,19 @@ class ExpertStore:
 
     def fold_device_counts(self) -> None:
         """Add the device's use counts to the counters (static: in the VRAM set; in_place: read from pinned RAM,
-        its bytes counted as crossing PCIe) and zero them. Waits for the device."""
+        its bytes counted as crossing PCIe; NVMe experts read from the staging cache: `engine.staging`) and zero
+        them. Waits for the device."""
+        staged = self.staging.fold(self.counters) if self.staging is not None else None
         if self.lru is not None:               # the device LRU counted: static, hits, misses, miss bytes
             got = self.lru.counts.cpu().numpy().copy()
             self.lru.counts.zero_()
             for j, row in enumerate(got):
                 c = self.counters.layers[j]
+                su, sb = (int(staged["uses"][j]), int(staged["bytes"][j])) if staged else (0, 0)
                 c.uses[STATIC] += int(row[lru.STATIC])
                 c.uses[CACHED] += int(row[lru.HIT])
-                c.uses[IN_PLACE] += int(row[lru.MISS])
-                c.bytes_from["ram"] += int(row[lru.MISS_BYTES])
+                c.uses[IN_PLACE] += int(row[lru.MISS]) - su          # the misses not from staging: pinned RAM
+                c.bytes_from["ram"] += int(row[lru.MISS_BYTES]) - sb
             return
         if self.use_counts is None:
             return
@@ -340,9 +359,9 @@ class ExpertStore:
                 n = int(row[e])
                 if self.tier[j][e] == "vram":
                     c.uses[STATIC] += n
-                else:                       # reads_in_place: no NVMe tier, so RAM
+                elif self.tier[j][e] == "ram":
                     c.uses[IN_PLACE] += n
-                    c.bytes_from["ram"] += n * int(self.nbytes[j, e])
+                    c.bytes_from["ram"] += n * int(self.nbytes[j, e])      # (NVMe: counted by the staging)
 
     def pinned_info(self) -> dict:
         """The RAM tier's bytes against the page-locked bytes it holds (a `HostRegion`: its size, rounded up to
@@ -358,6 +377,8 @@ class ExpertStore:
             self.use_counts.zero_()
         if self.lru is not None:
             self.lru.counts.zero_()
+        if self.staging is not None:
+            self.staging.reset()
         self.counters = StoreCounters(self.n_layers)
 
     def counter_data(self) -> dict:
@@ -600,6 +621,12 @@ class ExpertStore:
     # ---- end ------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the reader and copy threads, wait for queued copies, close the files. Idempotent."""
+        if getattr(self, "staging", None) is not None:
+            self.staging.close()
+            self.staging = None
+        if getattr(self, "_stage_region", None) is not None:
+            self._stage_region.close()
+            self._stage_region = None
         if getattr(self, "transfers", None) is not None:
             self.transfers.close()
             self.transfers = None

@@ -25,6 +25,9 @@ has no host part: the routed ids are counted on the device (`store.count_uses`) 
 `store.inplace_offsets[j]`, static experts in VRAM and the rest in place from pinned RAM (with cache slots the
 device LRU first admits misses into their slots, `store.cache_step`). With a replay, the whole replay lives on the
 device and the step reads its row at a device cursor (`replay_rows`, `advance_replay`): no host work a token.
+With an NVMe tier (`store.staging`, engine/staging.py) each layer first asks the stager for its routed NVMe experts
+and waits on the GPU only for those not yet staged in pinned RAM (`Staging.wait`); after the layer (with lookahead:
+after its gates for the next layers, `after_moe_staged`) it tells the stager it is done (`Staging.done`).
 Prefill (several tokens) takes the path above.
 """
 from __future__ import annotations
@@ -59,6 +62,7 @@ class StoreExperts:
         self.hints_s = 0.0                    # host time giving hints to the store (its prefetches issued)
         self._ids_host = None                 # pinned copy of the router's ids (`_ids_to_host`)
         self._ids_event = torch.cuda.Event() if self.cuda else None
+        staging = store.staging
         if in_place and replay is not None:   # the replay on the device: [T, L, k] ids and weights, a cursor
             dev = store.device
             self._rid_all = torch.from_numpy(replay.experts.astype("int64")).to(dev)
@@ -66,6 +70,13 @@ class StoreExperts:
             self._cursor = torch.zeros(1, dtype=torch.int64, device=dev)
             self._host_next = -1              # the host replay's cursor the device one was last set from
             self._rid = self._rw = None
+            if staging is not None and staging.depth:     # its lookahead guesses too: [T, L, D, W]
+                g, sc = replay.hint_table(staging.depth, staging.W)
+                self._ghint_all, self._gscore_all = torch.from_numpy(g).to(dev), torch.from_numpy(sc).to(dev)
+        elif staging is not None and staging.depth:       # the gates' guesses, written in place each layer
+            L = store.n_layers
+            self._gids = torch.full((L, staging.depth, staging.W), -1, dtype=torch.int64, device=store.device)
+            self._gsc = torch.zeros((L, staging.depth, staging.W), dtype=torch.float32, device=store.device)
         self._stepping = False                # inside a device-loop step reading the device replay
 
     # ---- the Experts interface -------------------------------------------------------------------
@@ -92,11 +103,47 @@ class StoreExperts:
                 topk_ids, topk_weights = self.replay.route(j, 1, x.device)
         if self.skip_moe:
             return torch.zeros_like(x)
+        staging = self.store.staging
+        wait = (lambda: staging.wait(j, topk_ids)) if staging is not None else None   # noqa: E731
         if self.store.lru is not None:        # the LRU on the device: admitted experts copied into their slots
-            self.store.cache_step(j, topk_ids)
+            self.store.cache_step(j, topk_ids, before_fill=wait)      # NVMe admissions are filled from staging
         else:
             self.store.count_uses(j, topk_ids)
-        return self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
+            if wait is not None:              # NVMe experts: ask the stager, wait only for what is not staged
+                wait()
+        out = self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
+        if staging is not None and not staging.depth:
+            staging.done(j)                   # its staged experts may be evicted once this layer's kernels ran
+        return out
+
+    def after_moe_staged(self, j: int, out: torch.Tensor) -> None:
+        """Device loop with an NVMe tier and lookahead (one token): the gates of layers j+1..j+depth on layer j's
+        output (or the replay's guesses, on the device) go to the stager with layer j's end (graph-safe)."""
+        if out.shape[0] != 1:
+            return
+        st = self.store.staging
+        if self.replay is not None and self._stepping:
+            gids, gsc = self._ghint[j], self._gscore[j]          # [D, W] at the replay's device cursor
+        elif self.replay is not None:                            # outside a step (prefill a token a call): the host's
+            gids = torch.full((st.depth, st.W), -1, dtype=torch.int64)
+            gsc = torch.zeros((st.depth, st.W), dtype=torch.float32)
+            for d, _ in enumerate(self.targets(j), 1):
+                ids, scores = self.replay.hint(j, d)
+                gids[d - 1, :len(ids[:st.W])] = torch.tensor(ids[:st.W], dtype=torch.int64)
+                gsc[d - 1, :len(scores[:st.W])] = torch.tensor(scores[:st.W], dtype=torch.float32)
+            gids, gsc = gids.to(out.device), gsc.to(out.device)
+        else:
+            gids, gsc = self._gids[j], self._gsc[j]
+            for d, jj in enumerate(self.targets(j)):
+                ids, w = self.model.route(jj, out)
+                gids[d, :ids.shape[1]].copy_(ids[0])
+                gsc[d, :w.shape[1]].copy_(w[0])
+        st.done(j, gids, gsc)
+
+    def check(self) -> None:
+        """After a token reached the host: raise the NVMe stager's first error (one line), if any."""
+        if self.store.staging is not None:
+            self.store.staging.check()
 
     def sync_replay(self) -> None:
         """Before a device-loop step (host): the device cursor follows the host replay where host work moved it
@@ -114,6 +161,9 @@ class StoreExperts:
         if self.staged:
             self._rid = self._rid_all.index_select(0, self._cursor)[0].unsqueeze(1)
             self._rw = self._rw_all.index_select(0, self._cursor)[0].unsqueeze(1)
+            if hasattr(self, "_ghint_all"):
+                self._ghint = self._ghint_all.index_select(0, self._cursor)[0]
+                self._gscore = self._gscore_all.index_select(0, self._cursor)[0]
             self._stepping = True
 
     def advance_replay(self) -> None:

@@ -12,14 +12,17 @@ offsets (`ControlBlock`: the same trick as the RAM tier's in-place offsets):
                             ERR: the request that found an expert the stager could not stage (0: none)
     ready  int64 [L, E]     an NVMe expert's staging address (arena-relative) once it is there; -1 not staged;
                             -2 the stager failed on it (read error, short read, checksum mismatch)
-    ring   int64 [R, 2 + K + G]   per request s (row s mod R): s, the layer, its K routed ids, then G lookahead
-                            guesses (depth-major, -1 padded) written by `stage_done`
+    ring   int64 [R, 2 + K + G]   per request s (row s mod R): s, the layer, its K routed ids (-1 where the id
+                            is not read from staging: VRAM, RAM, a cached expert), then G lookahead guesses
+                            (depth-major, -1 where the stager need not read one) written by `stage_done`
     scores float32 [R, G]   the guesses' gate weights
 
 `stage_wait` (one program): s = ++seq (a device counter); the row's ids; REQ = s with a release store at system
 scope; a sequentially consistent fence at system scope; then for each routed id whose tier is NVMe and whose table
 entry is not a VRAM slot (the device LRU may hold it), `ready[j, e]` is loaded with acquire semantics at system
-scope until it is not -1, and written into the table (and into `src`, the LRU fill's source). The fence pairs with
+scope until it is not -1, and written into the table (and into `src`, the LRU fill's source). With the device LRU
+it runs after the LRU step, so an expert the step admits (its entry now a VRAM slot, filled from `src` after this
+kernel) or evicts (its entry back to a possibly stale staging address) is read from staging too. The fence pairs with
 the stager's: it sets `ready` of a victim to -1, fences, then reads REQ and the outstanding row; so either the
 stager sees this request (and keeps the slot) or this kernel sees -1 (and waits for the expert to be staged again):
 a slot is never rewritten while a kernel may read it. `stage_done` writes the guesses, then DONE = s (release):
@@ -58,6 +61,7 @@ class ControlBlock:
     tier: torch.Tensor         # int8 [L, E] on the device
     table: torch.Tensor        # int64 [L, E] on the device: the offsets fused_moe reads
     src: torch.Tensor | None   # int64 [L, E] on the device: the device LRU's fill source (None without a cache)
+    admit: torch.Tensor | None # int64 [L, K] on the device: the LRU step's admissions (slot offset or -1)
     nbytes: torch.Tensor       # int64 [L, E] on the device
     counts: torch.Tensor       # int64 [L, 4] on the device
     words_at: int              # arena-relative byte offsets of the pinned words, ready table, ring, scores
@@ -116,28 +120,35 @@ def _now_ns(v, GPU: tl.constexpr):
 
 
 @triton.jit
-def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, nbytes_p, counts_p, words_at, ready_at,
-                      ring_at, R, cached_hi, poison, timeout_ns, max_spins,
+def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, admit_p, nbytes_p, counts_p, words_at,
+                      ready_at, ring_at, R, cached_hi, poison, timeout_ns, max_spins,
                       K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, HAS_SRC: tl.constexpr,
-                      GPU: tl.constexpr):
-    # ids_p: int64 [K] layer j's routed ids; one program, KB >= K lanes
+                      HAS_ADMIT: tl.constexpr, GPU: tl.constexpr):
+    # ids_p: int64 [K] layer j's routed ids; one program, KB >= K lanes. With the device LRU (HAS_ADMIT) this runs
+    # after its step: an id is read from staging when its table entry is not VRAM, or when the step admitted it
+    # (admit_p [L, K] >= 0: the fill copies it from src)
     kk = tl.arange(0, KB)
     m = kk < K
     ids = tl.load(ids_p + kk, mask=m, other=0)                                  # [KB]
     words = (arena_p + words_at).to(tl.pointer_type(tl.int64))
     ready = (arena_p + ready_at).to(tl.pointer_type(tl.int64))
+    nvme = tl.load(tier_p + j * E + ids, mask=m, other=0) == 2
+    cur = tl.load(table_p + j * E + ids, mask=m, other=0)
+    off_vram = (cur < 0) | (cur >= cached_hi)
+    if HAS_ADMIT:
+        admitted = tl.load(admit_p + j * K + kk, mask=m, other=-1) >= 0
+    else:
+        admitted = m & False
+    need = m & nvme & (off_vram | admitted)                                     # read from staging
     s = tl.load(seq_p) + 1
     tl.store(seq_p, s)
     row = (arena_p + ring_at).to(tl.pointer_type(tl.int64)) + (s % R) * (2 + K + G)
     tl.store(row, s)
     tl.store(row + 1, s * 0 + j)
-    tl.store(row + 2 + kk, ids, mask=m)
+    tl.store(row + 2 + kk, tl.where(need, ids, -1), mask=m)                     # the ids read from staging
     tl.debug_barrier()                                                          # every thread's row stores first
     _st_release_sys(words + 0, s, GPU)                                          # REQ = s: the request is out
     s = _fence_sc_sys(s, GPU)
-    nvme = tl.load(tier_p + j * E + ids, mask=m, other=0) == 2
-    cur = tl.load(table_p + j * E + ids, mask=m, other=0)
-    need = m & nvme & ((cur < 0) | (cur >= cached_hi))                          # not in VRAM: read from staging
     where = ready + j * E + tl.where(need, ids, 0)
     v = tl.where(need, _ld_acquire_sys(where, GPU), 0)
     waited = need & (v == -1)
@@ -150,7 +161,7 @@ def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, nbyte
         spins += 1
     bad = need & (v < 0)                                                        # failed, or still missing
     off = tl.where(bad, poison, v)
-    tl.store(table_p + j * E + ids, off, mask=need)
+    tl.store(table_p + j * E + ids, off, mask=need & off_vram)
     if HAS_SRC:
         tl.store(src_p + j * E + ids, off, mask=need)
     nb = tl.load(nbytes_p + j * E + ids, mask=need, other=0)
@@ -165,17 +176,24 @@ def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, nbyte
 
 
 @triton.jit
-def stage_done_kernel(arena_p, seq_p, gids_p, gscores_p, words_at, ring_at, scores_at, R,
-                      K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, HAS_GUESS: tl.constexpr,
-                      GPU: tl.constexpr):
-    # gids_p: int64 [G] guesses (-1 padded), gscores_p: float32 [G]; one program
+def stage_done_kernel(arena_p, seq_p, gids_p, gscores_p, j, L, E, tier_p, table_p, words_at, ring_at, scores_at, R,
+                      cached_hi, K: tl.constexpr, G: tl.constexpr, W: tl.constexpr, GB: tl.constexpr,
+                      HAS_GUESS: tl.constexpr, GPU: tl.constexpr):
+    # gids_p: int64 [G] guesses for layers j+1..j+G/W, W each (-1 padded), gscores_p: float32 [G]; one program.
+    # A guess the stager need not read (not NVMe, or in a VRAM slot now, or past the last layer) is written as -1.
     s = tl.load(seq_p)
     words = (arena_p + words_at).to(tl.pointer_type(tl.int64))
     if HAS_GUESS:
         g = tl.arange(0, GB)
         m = g < G
+        jj = j + 1 + g // W
+        gid = tl.load(gids_p + g, mask=m, other=-1)
+        ok = m & (gid >= 0) & (jj < L)
+        at = tl.where(ok, jj * E + gid, 0)
+        cur = tl.load(table_p + at, mask=ok, other=0)
+        ok = ok & (tl.load(tier_p + at, mask=ok, other=0) == 2) & ((cur < 0) | (cur >= cached_hi))
         row = (arena_p + ring_at).to(tl.pointer_type(tl.int64)) + (s % R) * (2 + K + G)
-        tl.store(row + 2 + K + g, tl.load(gids_p + g, mask=m, other=-1), mask=m)
+        tl.store(row + 2 + K + g, tl.where(ok, gid, -1), mask=m)
         sc = (arena_p + scores_at).to(tl.pointer_type(tl.float32)) + (s % R) * G
         tl.store(sc + g, tl.load(gscores_p + g, mask=m, other=0.0), mask=m)
     tl.debug_barrier()                                      # the guesses (and the MoE kernels before) come first
@@ -187,21 +205,25 @@ def stage_wait(arena: torch.Tensor, ids: torch.Tensor, j: int, cb: ControlBlock,
     L, E = cb.table.shape
     K = ids.numel()
     src = cb.src if cb.src is not None else cb.table
-    stage_wait_kernel[(1,)](arena, ids.reshape(-1), j, E, cb.seq, cb.tier, cb.table, src, cb.nbytes, cb.counts,
+    admit = cb.admit if cb.admit is not None else cb.table
+    stage_wait_kernel[(1,)](arena, ids.reshape(-1), j, E, cb.seq, cb.tier, cb.table, src, admit, cb.nbytes, cb.counts,
                             cb.words_at, cb.ready_at, cb.ring_at, cb.rows, cb.cached_hi, cb.poison, TIMEOUT_NS,
                             max_spins, K=K, KB=triton.next_power_of_2(K), G=cb.guesses,
-                            HAS_SRC=cb.src is not None, GPU=not INTERPRET, num_warps=1)
+                            HAS_SRC=cb.src is not None, HAS_ADMIT=cb.admit is not None, GPU=not INTERPRET,
+                            num_warps=1)
 
 
 def stage_done(arena: torch.Tensor, j: int, cb: ControlBlock, K: int, gids: torch.Tensor | None = None,
-               gscores: torch.Tensor | None = None) -> None:
-    """Layer j's end: its guesses (int64 [G], float32 [G]; None: none) into the row, then DONE. Graph-safe."""
+               gscores: torch.Tensor | None = None, per_layer: int = 1) -> None:
+    """Layer j's end: its guesses (int64 [G], float32 [G], `per_layer` for each of layers j+1, j+2, ...; None: none)
+    into the row, then DONE. Graph-safe."""
     has = gids is not None and cb.guesses > 0
     dummy = cb.seq
-    stage_done_kernel[(1,)](arena, cb.seq, gids if has else dummy, gscores if has else dummy, cb.words_at,
-                            cb.ring_at, cb.scores_at, cb.rows, K=K, G=max(cb.guesses, 1),
-                            GB=triton.next_power_of_2(max(cb.guesses, 1)), HAS_GUESS=has, GPU=not INTERPRET,
-                            num_warps=1)
+    L, E = cb.table.shape
+    stage_done_kernel[(1,)](arena, cb.seq, gids.reshape(-1) if has else dummy, gscores.reshape(-1) if has else dummy,
+                            j, L, E, cb.tier, cb.table, cb.words_at, cb.ring_at, cb.scores_at, cb.rows, cb.cached_hi,
+                            K=K, G=max(cb.guesses, 1), W=per_layer, GB=triton.next_power_of_2(max(cb.guesses, 1)),
+                            HAS_GUESS=has, GPU=not INTERPRET, num_warps=1)
 
 
 # ---- the pinned block ------------------------------------------------------------------------------------
@@ -248,13 +270,14 @@ def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, t
                    max_spins: int = 1 << 62) -> None:
     ids = [int(e) for e in ids.reshape(-1).tolist()]
     K = len(ids)
+    admitted = [cb.admit is not None and int(cb.admit[j, i]) >= 0 for i in range(len(ids))]
+    need = [e for e, a in zip(ids, admitted) if int(cb.tier[j, e]) == NVME and (a or not _in_vram(cb, j, e))]
     s = int(cb.seq[0]) + 1
     cb.seq[0] = s
     row = hv.ring[s % cb.rows]
     row[0], row[1] = s, j
-    row[2:2 + K] = ids
+    row[2:2 + K] = [e if e in need else -1 for e in ids]
     hv.words[REQ] = s
-    need = [e for e in ids if int(cb.tier[j, e]) == NVME and not 0 <= int(cb.table[j, e]) < cb.cached_hi]
     t0 = time.perf_counter_ns()
     waited, spins, got = 0, 0, {}
     for e in need:
@@ -269,7 +292,8 @@ def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, t
     for e, v in got.items():
         off = cb.poison if v < 0 else v
         bad |= v < 0
-        cb.table[j, e] = off
+        if not _in_vram(cb, j, e):
+            cb.table[j, e] = off
         if cb.src is not None:
             cb.src[j, e] = off
     c = cb.counts[j]
@@ -281,10 +305,23 @@ def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, t
         hv.words[ERR] = s
 
 
+def _in_vram(cb: ControlBlock, j: int, e: int) -> bool:
+    return 0 <= int(cb.table[j, e]) < cb.cached_hi
+
+
+def _staged_tier(cb: ControlBlock, j: int, e: int) -> bool:
+    """(layer j, expert e) is read from staging: NVMe tier, not in a VRAM slot."""
+    return int(cb.tier[j, e]) == NVME and not _in_vram(cb, j, e)
+
+
 def reference_done(j: int, cb: ControlBlock, hv: HostViews, K: int, gids: torch.Tensor | None = None,
-                   gscores: torch.Tensor | None = None) -> None:
+                   gscores: torch.Tensor | None = None, per_layer: int = 1) -> None:
     s = int(cb.seq[0])
+    L = cb.table.shape[0]
     if gids is not None and cb.guesses > 0:
-        hv.ring[s % cb.rows, 2 + K:2 + K + cb.guesses] = gids.reshape(-1).cpu().numpy()
+        g = [int(e) for e in gids.reshape(-1).tolist()]
+        keep = [e if e >= 0 and j + 1 + i // per_layer < L and _staged_tier(cb, j + 1 + i // per_layer, e) else -1
+                for i, e in enumerate(g)]
+        hv.ring[s % cb.rows, 2 + K:2 + K + cb.guesses] = keep
         hv.scores[s % cb.rows] = gscores.reshape(-1).float().cpu().numpy()
     hv.words[DONE] = s

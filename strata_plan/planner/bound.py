@@ -9,7 +9,8 @@ quoted bandwidth, and assumes every link and the GPU overlap perfectly with no f
 
 Bytes are the optimistic reading of the routing statistics: an LRU cache of c slots removes at most
 cache_hit(s, c) - static_hit(s) of a layer's accesses, and the bound lets it remove the largest experts
-first and NVMe accesses first. A prefill chunk touches expert e with probability at least
+first and NVMe accesses first; in the device loop the pinned staging cache may serve NVMe accesses too (at most
+its slots' worth of the most read NVMe experts). A prefill chunk touches expert e with probability at least
 1 - exp(-C k p_e). The cost model must never predict more than this; tests hold it to that.
 """
 from __future__ import annotations
@@ -106,6 +107,24 @@ def _layer_bytes(problem, placement):
                 "nvme": sum(touch[e] * size[e] for e in nvme)})
 
 
+def _staging_bytes(problem, placement) -> float:
+    """The most NVMe bytes a token the device loop's pinned staging cache can serve instead of the drive: its S
+    slots (`core.lookahead.pinned_staging_slots`) holding the S most read NVMe experts of any layers (under
+    independent requests no policy beats keeping the most used). 0 where the engine runs the host loop: several
+    GPUs, or a lookahead with no NVMe tier (`core.modes.reads_in_place`)."""
+    from strata_plan.core.lookahead import pinned_staging_slots
+    stats, k = problem.stats, problem.spec.top_k
+    has_nvme = any(v + r < len(layer.order) for v, r, layer in zip(placement.vram, placement.ram, stats.layers))
+    if problem.loop != "device" or placement.several or (placement.prefetch_depth and not has_nvme):
+        return 0.0
+    reads = []
+    for l, (layer, size) in enumerate(zip(stats.layers, _expert_sizes(problem))):
+        order = list(layer.order)
+        reads += [k * layer.popularity[e] * size[e] for e in order[placement.vram[l] + placement.ram[l]:]]
+    S = pinned_staging_slots(k, placement.prefetch_depth, placement.staging)
+    return float(sum(sorted(reads, reverse=True)[:S]))
+
+
 def physical_bound(problem, placement) -> Bound:
     if placement.several:
         return split_bound(problem, placement)
@@ -121,6 +140,7 @@ def physical_bound(problem, placement) -> Bound:
         for key in ("hbm", "pcie", "nvme"):
             dec[key] += layer_dec[key]
             pre[key] += layer_pre[key]
+    dec["nvme"] = max(0.0, dec["nvme"] - _staging_bytes(problem, placement))
     peaks = link_peaks(problem.profile)
     t_dec, b_dec = _time(dec, peaks)
     t_pre, b_pre = _time(pre, peaks)
@@ -424,6 +444,11 @@ def ranked_bound(problem, placement) -> tuple[float, float]:
            "compute": float(spec.flops_per_token(problem.context)),
            "pcie": streamed + 2 * spec.hidden + float(np.maximum(0.0, miss - removed * big).sum()),
            "nvme": float(np.maximum(0.0, cold - removed * big_nvme).sum())}
+    if problem.loop == "device" and not placement.several and (not placement.prefetch_depth or nvme.any()):
+        from strata_plan.core.lookahead import pinned_staging_slots    # `_staging_bytes`, in rank space
+        reads = np.sort((k * pop * rb)[nvme])[::-1]
+        S = pinned_staging_slots(k, placement.prefetch_depth, placement.staging)
+        dec["nvme"] = max(0.0, dec["nvme"] - float(reads[:S].sum()))
     pre = {"hbm": float(sum(units)) + float(touch.sum()), "pcie": streamed + float((touch * nonstatic).sum()),
            "nvme": float((touch * nvme).sum()),
            "compute": float(C * (spec.flops_per_token(max(1, problem.context // 2)) - head) + head)}

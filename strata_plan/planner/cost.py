@@ -30,10 +30,18 @@ In place (the engine's device loop, `Problem.loop` "device", when the placement 
 tier: `in_place`), the GPU reads RAM experts straight from registered pinned RAM (zero-copy): no round trip, no
 fetch, no stall. Without cache slots the MoE kernels read them beside the VRAM ones; with cache slots the device
 LRU first copies each miss into its slot (the same bytes over the link), then the kernel reads VRAM:
-    t += max(warm bytes_j / R_zc(warm bytes_j), t_exp_j)      no cache (VRAM reads overlap the RAM reads)
-    t += warm bytes_j / R_zc(warm bytes_j) + t_exp_j          cache slots (the fill, then the kernel)
+    t += t_fill + max(t_ram - t_fill, t_exp_j)      t_ram = warm bytes_j / R_zc(warm bytes_j)
+with t_fill = min(1, c_j / misses_j) t_ram: the misses the device LRU admits into its c_j slots are copied there
+first (the fill), the rest read in place beside the VRAM experts (no cache: max(t_ram, t_exp_j)).
 with R_zc the profile's zero_copy curve (kernel reads of registered host memory) at that read size, else the
 pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too.
+With an NVMe tier the device loop runs too (lookahead drives the stager, engine/staging.py): NVMe misses are read by
+the GPU in place from a pinned staging cache of S slots (`stage_slots`), so their bytes count with the warm ones at
+R_zc; those the cache does not hold (Che's approximation over every layer's NVMe misses, `staging_miss`) are read
+from NVMe, R of them when layer j-d ends (the guesses reach the stager through a pinned ring: no round trip), the
+rest after the router, and the layer waits for what has not landed:
+    t += max(T(demand batch), done_{j-d} + T(lookahead batch) - t)      before the layer's MoE
+and the NVMe busy time counts every read, wrong guesses included.
 
 Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with probability
 1 - (1 - min(1, k p_r))^C and every touched non-resident expert streams once per chunk:
@@ -54,7 +62,7 @@ from functools import cached_property
 
 import numpy as np
 
-from strata_plan.core.lookahead import staging_slots
+from strata_plan.core.lookahead import pinned_staging_slots, staging_slots
 from strata_plan.planner.rates import decode_rates, expansion_rate
 from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
@@ -179,12 +187,37 @@ class CostModel:
 
     def in_place(self, placement) -> bool:
         """Whether the engine runs `placement` in its device loop (`core.modes.reads_in_place`), reading RAM experts
-        from pinned RAM with no host work: the problem's loop is "device" and the placement (one GPU) has prefetch
-        depth 0 and every expert in VRAM or pinned RAM (no NVMe tier)."""
-        if self.problem.loop != "device" or placement.several or placement.prefetch_depth:
+        from pinned RAM with no host work: the problem's loop is "device", the placement uses one GPU, and it has
+        prefetch depth 0 or an NVMe tier (whose experts the stager stages in pinned RAM, the lookahead driving it)."""
+        if self.problem.loop != "device" or placement.several:
             return False
         s, m, c = placement.arrays
-        return bool(np.all(s + m >= self.problem.curves.n_experts))
+        return not placement.prefetch_depth or bool(np.any(s + m < self.problem.curves.n_experts))
+
+    def stage_slots(self, placement) -> int:
+        """Slots of the device loop's pinned staging cache (`core.lookahead.pinned_staging_slots`, as the engine)."""
+        return pinned_staging_slots(self.problem.spec.top_k, placement.prefetch_depth, placement.staging)
+
+    def staging_miss(self, placement, cold_w: np.ndarray) -> np.ndarray:
+        """[L, E] the chance an NVMe miss of each rank is not in the pinned staging cache, so the stager reads it:
+        the cache is one LRU over every layer's NVMe experts (Che's approximation again: rank r of layer j, missed
+        cold_w[j, r] times a token, is still staged after a characteristic time T with probability
+        1 - exp(-cold_w T), T such that the staged experts fill the slots the reads in flight leave: the layer's
+        top_k and the lookahead's depth x top_k)."""
+        k, d = self.problem.spec.top_k, placement.prefetch_depth
+        free = self.stage_slots(placement) - k * (1 + d)
+        lam = cold_w
+        if free <= 0 or not np.any(lam > 0):
+            return np.ones_like(lam)
+        if np.count_nonzero(lam) <= free:                   # every NVMe expert ever missed fits: read once
+            return np.zeros_like(lam)
+        lo, hi = 0.0, 1.0
+        while np.sum(1.0 - np.exp(-lam * hi)) < free:
+            hi *= 2.0
+        for _ in range(60):                                  # sum(1 - e^{-lam T}) = free, rising in T
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if np.sum(1.0 - np.exp(-lam * mid)) < free else (lo, mid)
+        return np.exp(-lam * hi)
 
     def ram_read_seconds(self, warm_bytes: np.ndarray) -> np.ndarray:
         """[L] seconds the kernels take to read each MoE layer's RAM bytes a token in place: bytes / R_zc(bytes)."""
@@ -341,7 +374,8 @@ class CostModel:
                 "n_cold": beyond(1.0), "fg_warm": between(rt["fg"]), "fg_cold": beyond(rt["fg"]),
                 "bg_warm": between(rt["bg"]), "bg_cold": beyond(rt["bg"]),
                 "cold_counts": np.array([beyond(mask) for mask in self._format_masks]),   # [F, L] NVMe misses
-                "ram_share": between(1.0) / k, "nvme_share": beyond(1.0) / k}
+                # [E, L] (the layer last, as every entry here: `_by_layer`)
+                "cold_w": cold_w.T, "ram_share": between(1.0) / k, "nvme_share": beyond(1.0) / k}
 
     def _by_layer(self, placement, what) -> dict:
         """`what(model)` -> dict of [..., L] arrays over MoE layers, each layer's entry from the model of its GPU."""
@@ -383,17 +417,32 @@ class CostModel:
         host_pre = R * (1 + waste) * n * self.host_fetch
 
         t_ram = None
-        if self.in_place(placement):      # the device loop: no fetches; the GPU reads RAM experts itself
-            t_ram = self.ram_read_seconds(x["warm_bytes"])
-            filled = np.asarray(placement.arrays[2]) > 0          # cache slots: the fill, then the kernel
-            dem_p = dem_n = fill = pre_p = pre_n = host_dem = host_pre = np.zeros(cur.n_layers)
+        cold_read = x["cold_bytes"]                     # bytes read from NVMe a token (host loop: every cold miss)
+        if self.in_place(placement):      # the device loop: no fetches; the GPU reads RAM (and staged) experts itself
+            t_ram = self.ram_read_seconds(x["warm_bytes"] + x["cold_bytes"])   # staged experts: in place too
+            # cache slots: the device LRU admits at most its c slots' worth of a token's misses, copied into their
+            # slots before the kernel (the share `filled`); the other misses are read in place beside VRAM
+            c_j = np.asarray(placement.arrays[2], dtype=float)
+            filled = np.minimum(1.0, c_j / np.maximum(x["n_miss"], 1e-30))
+            zero = np.zeros(cur.n_layers)
+            dem_p = fill = pre_p = host_dem = host_pre = zero
+            # NVMe misses the staging cache does not hold are read by the stager: the lookahead's share R issued
+            # when layer j-d is done, the rest after the router (the layer waits for the batch)
+            cold_w = x["cold_w"].T                                  # [L, E] NVMe misses a token, by rank
+            read_w = cold_w * self.staging_miss(placement, cold_w)
+            counts = np.array([(read_w * mask).sum(axis=1) for mask in self._format_masks])    # [F, L]
+            dem_n, pre_n = self._cold_batch((1 - R) * counts), self._cold_batch(R * (1 + waste) * counts)
+            cold_read = (read_w * self.problem.rank_bytes).sum(axis=1)
         dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
                                            t_peer, t_ram, filled if t_ram is not None else None)
         streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
         link_n = float(np.sum(dem_n + pre_n))
         warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
-        wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
+        if t_ram is None:
+            wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
+        else:                                           # device loop: only the stager's guesses can be wrong
+            wasted = float(np.sum(R * waste * cold_read))
         if split:
             links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste, remote["p"])
             dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
@@ -411,7 +460,10 @@ class CostModel:
         ram = warm + sum(streamed) + row
         dense_res = sum(u for u, res in zip(p.dense_units, placement.dense_resident) if res)
         bpt = {"vram": float(k * tb["bytes"].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
-               "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted}
+               "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted,
+               "nvme_read": float(np.sum(cold_read))}     # read from the drive (device loop: not staged already)
+        if t_ram is not None:                           # staged experts cross PCIe in place; wrong guesses do not
+            bpt["pcie"] = ram + cold
         if split:
             bpt["peer"] = float(hops(ug) * row + 2 * row * remote["p"].sum())  # split points, remote experts
         s, m, _ = placement.arrays
@@ -486,9 +538,12 @@ class CostModel:
         host_dem [L]: the host issuing a MoE layer's demand fetches, until the last one's copy lands (the stall
         when the host is slower than the link); host_pre [L]: the host issuing the layer's prefetches (the
         engine gives hints on its main thread, at the round trip: serial with everything else it does).
-        t_ram [L] (in place, `in_place`): the kernels' reads of each MoE layer's RAM experts from pinned RAM; the
-        layer then has no round trip, fetch or stall and takes max(t_ram, t_exp), the excess charged to pcie, or
-        t_ram + t_exp where `filled[j]` (cache slots: the device LRU copies the misses into slots first)."""
+        t_ram [L] (in place, `in_place`): the kernels' reads of each MoE layer's RAM and staged experts from pinned
+        RAM; the layer then has no round trip or host fetch and takes t_fill + max(t_ram - t_fill, t_exp), the
+        excess over t_exp charged to pcie, with t_fill = filled[j] t_ram (cache slots: the device LRU first copies
+        the share filled[j] = min(1, c / misses a token) of the misses it admits into slots), after
+        waiting for its NVMe reads: the demand batch dem_n[j], and the lookahead's pre_n[j] from when layer j-d
+        ended (the stager learns the guesses from the ring, with no round trip)."""
         spec, lay = self.problem.spec, self._layers
         ug = placement.unit_gpus()
         split = placement.several
@@ -540,8 +595,15 @@ class CostModel:
             j = moe_index.get(i)
             if j is not None and t_ram is not None:      # in place: RAM and VRAM experts read side by side
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
+                wait = dem_n[j]                          # NVMe: the reads the router's ids ask for
+                if depth and j >= depth:                 # ... and the lookahead's, issued when layer j-d ended
+                    wait = max(wait, moe_done[j - depth] + pre_n[j] - t)
+                if wait > 0:
+                    sec["nvme"] += wait
+                    t += wait
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
-                ram = t_ram[j] if filled[j] else max(0.0, t_ram[j] - t_exp[j])
+                t_fill = filled[j] * t_ram[j]              # the fill, then the kernel beside the rest in place
+                ram = t_fill + max(0.0, t_ram[j] - t_fill - t_exp[j])
                 sec["pcie"] += ram
                 t += t_exp[j] + ram
                 moe_done.append(t)

@@ -86,6 +86,8 @@ class Placement:
     gpu_split: tuple[int, ...] = ()   # several GPUs: decoder index where each next GPU's layers begin; () one GPU
     remote: tuple[int, ...] = ()      # several GPUs: per MoE layer, how many of its static experts (the least
                                       # used of them, ranks [vram - remote, vram)) the partner GPU holds and runs
+    staging: int = 0                  # device loop, NVMe tier: slots of the pinned staging cache (0: the least the
+                                      # engine takes, engine.staging.stage_slots)
 
     def __post_init__(self) -> None:
         if not (len(self.vram) == len(self.ram) == len(self.cache)):
@@ -346,4 +348,5 @@ def placement_of(plan) -> Placement:
                      tuple(l.cache_slots for l in plan.layers),
                      tuple(i in resident for i in range(n_layers)) + (plan.dense.lm_head == "vram",),
                      plan.prefetch_depth, plan.gpu_split,
-                     tuple(len(l.remote or ()) for l in plan.layers) if any(l.remote for l in plan.layers) else ())
+                     tuple(len(l.remote or ()) for l in plan.layers) if any(l.remote for l in plan.layers) else (),
+                     plan.staging.host_slots)

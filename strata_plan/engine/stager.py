@@ -1,0 +1,319 @@
+"""The NVMe stager of the device loop: reads the experts the GPU asks for (and those the lookahead guesses) with
+O_DIRECT into a pinned staging cache, where the MoE kernel reads them in place.
+
+    st = Stager(store, mem, base, n_slots, depth, reads_in_flight)   # mem: pinned uint8 (staging slots + the block)
+    ...the graph calls kernels.stage_wait / stage_done each MoE layer...
+    st.check()            # after a token reaches the host: the first read error, as one line (UserError)
+    st.counters(); st.close()
+
+The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready table, request ring). One poller
+thread follows the ring: a request row (REQ advanced) holds the routed NVMe ids the layer will read from staging;
+each one not staged or being read is queued as a demand read; a finished layer (DONE advanced) carries the lookahead
+guesses of the next `depth` layers, queued behind every demand by depth, then by score. `reads_in_flight` reader
+threads take the queue's best entry (a guess already queued is queued again as a demand when the layer asks), pick a slot, read the blob (one O_DIRECT request into the slot: no bounce, no
+copy), check every part's sha256 against index.json, then publish `ready[j, e]` = the slot's address (after the
+bytes: x86 stores are not reordered, and the GPU loads `ready` with acquire semantics). A guess whose layer the GPU
+has already asked for is dropped. Lookahead precision and recall by depth are counted here, over the ids read from
+staging (NVMe experts not in VRAM): the guesses of request s - d against request s's ids.
+
+Slots: LRU by last use (a routed use stamps a slot with its request; a guess with the request it is for). A demand
+read takes a free slot or evicts the least recently used staged slot; a guess evicts only a slot whose stamp is in the
+past. Evicting (j, e): `ready[j, e]` = -1, a full fence, then REQ and the outstanding row (REQ > DONE) are read; if
+that row names (j, e) the GPU may be reading it: ready is put back and the next victim is tried (the GPU's side of
+this handshake is in `kernels.stage_wait`). A slot staged by a guess and evicted unused counts as wasted.
+Errors (a failed or short read, a checksum mismatch) become one `UserError` naming the file, the layer, the expert
+and the offset; `ready` of that expert is set to -2, so a GPU waiting for it goes on with the poison slot, and the
+host raises the error (`check`) before the token computed from it is shown.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from strata_plan.errors import UserError
+from strata_plan.kernels import stage_wait as sw
+
+from .directio import aligned_view
+from .packed import verify_part
+
+FREE, READING, STAGED = 0, 1, 2
+RING_ROWS = 64
+_fence_lock = threading.Lock()
+
+
+def full_fence() -> None:
+    """A full memory barrier on this thread: a lock's acquire and release (locked read-modify-writes on x86)."""
+    _fence_lock.acquire()
+    _fence_lock.release()
+
+
+@dataclass
+class StagerCounters:
+    """Per MoE layer: reads issued on demand and on a guess, their bytes, staged reads evicted unused (wasted),
+    the reader threads' busy seconds, routed NVMe uses the stager found staged already (host view)."""
+
+    reads_demand: np.ndarray
+    reads_guess: np.ndarray
+    read_bytes: np.ndarray
+    guess_bytes: np.ndarray
+    wasted_reads: np.ndarray
+    wasted_bytes: np.ndarray
+    found_staged: np.ndarray
+    routed: np.ndarray
+    guesses: np.ndarray            # [depth, L] lookahead guesses for layer j (NVMe ids not in VRAM)
+    right: np.ndarray              # [depth, L] of those, routed
+    hinted_used: np.ndarray        # [depth, L] ids read from staging where a guess existed
+    busy_s: list = field(default_factory=lambda: [0.0])
+
+    @classmethod
+    def zeros(cls, L: int, depth: int = 0) -> "StagerCounters":
+        return cls(*(np.zeros(L, dtype=np.int64) for _ in range(8)),
+                   *(np.zeros((depth, L), dtype=np.int64) for _ in range(3)))
+
+    def to_data(self) -> dict:
+        tot = lambda a: int(a.sum())      # noqa: E731
+        return {"reads_demand": tot(self.reads_demand), "reads_guess": tot(self.reads_guess),
+                "read_bytes": tot(self.read_bytes), "guess_bytes": tot(self.guess_bytes),
+                "wasted_reads": tot(self.wasted_reads), "wasted_bytes": tot(self.wasted_bytes),
+                "found_staged": tot(self.found_staged), "routed": tot(self.routed),
+                "staging_hit_rate": tot(self.found_staged) / max(1, tot(self.routed)),
+                "read_busy_s": self.busy_s[0]}
+
+
+class Stager:
+    def __init__(self, store, mem: torch.Tensor, base: int, n_slots: int, depth: int, reads_in_flight: int,
+                 guesses_per_layer: int):
+        L, E = store.nbytes.shape
+        self.store, self.L, self.E, self.K = store, L, E, store.top_k
+        self.depth, self.W = depth, guesses_per_layer
+        self.G = depth * guesses_per_layer
+        self.R = RING_ROWS
+        self.slot_bytes = store.slot_bytes
+        if n_slots < 2 * self.K:
+            raise ValueError(f"the staging cache needs at least 2 x top_k = {2 * self.K} slots, got {n_slots}")
+        self.n_slots = n_slots
+        self.mem, self.base = mem, base
+        staging = n_slots * self.slot_bytes
+        self.layout = {k: staging + v for k, v in sw.block_layout(L, E, self.K, self.G, self.R).items()}
+        self.hv = sw.host_views(mem[staging:], L, E, self.K, self.G, self.R)
+        self._view = aligned_view(mem[:staging])
+        self.nvme = np.array([[store.tier[j][e] == "nvme" for e in range(E)] for j in range(L)])
+        self.state = np.full(n_slots, FREE, dtype=np.int8)
+        self.key: list[tuple[int, int] | None] = [None] * n_slots
+        self.used = np.zeros(n_slots, dtype=bool)
+        self.stamp = np.zeros(n_slots, dtype=np.int64)
+        self.where: dict[tuple[int, int], int] = {}
+        self.queued: dict[tuple[int, int], int] = {}       # queued reads: the best priority (0: demand)
+        self._guesses: dict[int, dict[int, set[int]]] = {}  # request -> depth -> the ids guessed for it
+        self._heap: list = []
+        self._order = itertools.count()
+        self._cv = threading.Condition()
+        self.counts = StagerCounters.zeros(L, depth)
+        self.error: UserError | None = None
+        self._stop = False
+        self.seen_req = self.seen_done = 0
+        self._threads = [threading.Thread(target=self._poll, name="stager-poll", daemon=True)]
+        self._threads += [threading.Thread(target=self._reader, name=f"stager-read-{i}", daemon=True)
+                          for i in range(max(1, reads_in_flight))]
+        for t in self._threads:
+            t.start()
+
+    # ---- what the device loop needs ------------------------------------------------------------------------
+    def offsets(self) -> dict[str, int]:
+        """Arena-relative byte offsets of the block's parts (for `kernels.stage_wait.ControlBlock`)."""
+        return {k: self.base + self.layout[k] for k in ("words", "ready", "ring", "scores")}
+
+    def check(self) -> None:
+        """Raise the first read error (one line); or, if the GPU gave up waiting for an expert without one, say so."""
+        if self.error is not None:
+            raise self.error
+        if int(self.hv.words[sw.ERR]):
+            raise UserError("NVMe stager", f"request {int(self.hv.words[sw.ERR])}", "the GPU waited "
+                            f"{sw.TIMEOUT_NS / 1e9:.0f} s for an expert the stager never staged",
+                            "report this with the plan and the command (the stager stopped reading)")
+
+    def reset_counters(self) -> None:
+        with self._cv:
+            self.counts = StagerCounters.zeros(self.L, self.depth)
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    # ---- the poller ------------------------------------------------------------------------------------------
+    def _row(self, s: int) -> np.ndarray | None:
+        """Request s's ring row, or None when the ring has moved past it (the GPU is more than R rows ahead)."""
+        row = self.hv.ring[s % self.R].copy()
+        if int(row[0]) != s or int(self.hv.words[sw.REQ]) >= s + self.R - 1:
+            return None
+        return row
+
+    def _poll(self) -> None:
+        """Follow the ring in request order: request s's routed ids (REQ >= s), then its guesses (DONE >= s), so a
+        layer's guesses are known before the request they are for."""
+        hv = self.hv
+        while not self._stop:
+            req, done = int(hv.words[sw.REQ]), int(hv.words[sw.DONE])
+            if req == self.seen_req and (not self.depth or done == self.seen_done):
+                time.sleep(0)
+                continue
+            s = max(min(self.seen_req, self.seen_done) + 1, req - self.R + 2)
+            while s <= req:
+                row = self._row(s)
+                if s > self.seen_req:
+                    if row is not None:
+                        self._routed(s, row)
+                    self.seen_req = s
+                if s <= done and s > self.seen_done:
+                    if row is not None and self.depth:
+                        self._guessed(s, row)
+                    self.seen_done = s
+                elif s > done:
+                    break
+                s += 1
+
+    def _routed(self, s: int, row: np.ndarray) -> None:
+        j = int(row[1])
+        used = {int(e) for e in row[2:2 + self.K] if e >= 0}   # read from staging (not VRAM, RAM, a cached one)
+        with self._cv:
+            for d, guessed in self._guesses.pop(s, {}).items():   # the lookahead for this request, by depth
+                c = self.counts
+                c.guesses[d - 1, j] += len(guessed)
+                c.right[d - 1, j] += len(guessed & used)
+                c.hinted_used[d - 1, j] += len(used)
+            for e in used:
+                self.counts.routed[j] += 1
+                slot = self.where.get((j, e))
+                if slot is not None:
+                    self.used[slot], self.stamp[slot] = True, s
+                    self.counts.found_staged[j] += self.state[slot] == STAGED
+                elif self.queued.get((j, e), 1) != 0:     # not queued, or only as a guess: a demand read
+                    self._queue(0, 0.0, s, j, e)
+            self._cv.notify_all()
+
+    def _guessed(self, s: int, row: np.ndarray) -> None:
+        j = int(row[1])
+        guesses = row[2 + self.K:2 + self.K + self.G].reshape(self.depth, self.W)
+        scores = self.hv.scores[s % self.R].reshape(self.depth, self.W)
+        with self._cv:
+            for d in range(1, self.depth + 1):
+                jj = j + d
+                if jj >= self.L:
+                    break
+                self._guesses.setdefault(s + d, {})[d] = {int(e) for e in guesses[d - 1] if e >= 0}
+                for e, sc in zip(guesses[d - 1], scores[d - 1]):
+                    e = int(e)
+                    if e < 0 or not self.nvme[jj, e] or (jj, e) in self.queued:
+                        continue
+                    slot = self.where.get((jj, e))
+                    if slot is not None:
+                        self.stamp[slot] = max(self.stamp[slot], s + d)
+                    else:
+                        self._queue(d, -float(sc), s + d, jj, e)
+            self._cv.notify_all()
+
+    def _queue(self, prio: int, score: float, target: int, j: int, e: int) -> None:
+        heapq.heappush(self._heap, (prio, score, next(self._order), target, j, e))
+        self.queued[(j, e)] = min(prio, self.queued.get((j, e), prio))
+
+    # ---- the readers ---------------------------------------------------------------------------------------
+    def _take(self, demand: bool, now: int) -> int | None:
+        """A slot for a new read (lock held): a free one, else the least recently used staged one the GPU cannot
+        be reading (guesses: only slots last used before request `now`)."""
+        free = np.flatnonzero(self.state == FREE)
+        if free.size:
+            return int(free[0])
+        staged = np.flatnonzero(self.state == STAGED)
+        for v in staged[np.argsort(self.stamp[staged], kind="stable")]:
+            v = int(v)
+            if not demand and self.stamp[v] >= now:
+                return None
+            j, e = self.key[v]
+            old = int(self.hv.ready[j, e])
+            self.hv.ready[j, e] = sw.NOT_STAGED
+            full_fence()
+            req, done = int(self.hv.words[sw.REQ]), int(self.hv.words[sw.DONE])
+            if req > done:
+                row = self.hv.ring[req % self.R]
+                if int(row[0]) == req and int(row[1]) == j and e in row[2:2 + self.K].tolist():
+                    self.hv.ready[j, e] = old              # the GPU may be reading it: keep it
+                    continue
+            if not self.used[v]:
+                self.counts.wasted_reads[j] += 1
+                self.counts.wasted_bytes[j] += int(self.store.nbytes[j, e])
+            del self.where[(j, e)]
+            self.state[v], self.key[v] = FREE, None
+            return v
+        return None
+
+    def _reader(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                prio, _, _, target, j, e = heapq.heappop(self._heap)
+                if self.queued.get((j, e)) == prio:
+                    del self.queued[(j, e)]
+                if (j, e) in self.where or (prio and int(self.hv.words[sw.REQ]) >= target):
+                    continue                           # staged meanwhile, or a guess for a layer already asked
+                slot = self._take(prio == 0, int(self.hv.words[sw.REQ]))
+                if slot is None:
+                    if prio == 0:                      # every slot is being read or read by the GPU: try again
+                        self._queue(prio, 0.0, target, j, e)
+                        self._cv.wait(0.0005)
+                    continue
+                self.state[slot], self.key[slot] = READING, (j, e)
+                self.used[slot], self.stamp[slot] = prio == 0, target
+                self.where[(j, e)] = slot
+            ok = self._read(slot, j, e)
+            with self._cv:
+                c = self.counts
+                nb = int(self.store.nbytes[j, e])
+                (c.reads_demand if prio == 0 else c.reads_guess)[j] += 1
+                c.read_bytes[j] += nb
+                if prio:
+                    c.guess_bytes[j] += nb
+                if ok:
+                    self.state[slot] = STAGED
+                    self.hv.ready[j, e] = self.base + slot * self.slot_bytes     # after the bytes: published
+                else:
+                    self.state[slot], self.key[slot] = FREE, None
+                    del self.where[(j, e)]
+                    self.hv.ready[j, e] = sw.FAILED
+
+    def _read(self, slot: int, j: int, e: int) -> bool:
+        """Read (layer j, expert e) into `slot` and check its parts; False (and `error` set) on a failure."""
+        ent = self.store.entries[j][e]
+        f = self.store.files[ent.file]
+        a = slot * self.slot_bytes
+        t0 = time.perf_counter()
+        try:
+            f.read_into(self._view[a:a + ent.nbytes], ent.offset, ent.nbytes)
+            data = np.frombuffer(self._view[a:a + ent.nbytes], dtype=np.uint8)
+            for k in range(len(ent.parts)):
+                verify_part(self.store.index, ent, data, k)
+            return True
+        except UserError as err:
+            self._fail(err)
+        except OSError as err:
+            self._fail(UserError(str(f.path), f"layer {ent.layer} expert {ent.expert}",
+                                 f"reading {ent.nbytes} bytes at offset {ent.offset} failed: {err.strerror or err}",
+                                 "check the disk (dmesg) and the file; copy it again or pack again if it is damaged"))
+        finally:
+            self.counts.busy_s[0] += time.perf_counter() - t0
+        return False
+
+    def _fail(self, err: UserError) -> None:
+        if self.error is None:
+            self.error = err

@@ -1,0 +1,117 @@
+"""The NVMe tier in the device loop (engine/staging.py, engine/stager.py) on the CPU: the stager thread reads real
+blob files (O_DIRECT where the filesystem allows) into the staging cache while the decode step waits for them; the
+logits are the host loop's bit for bit, in every mode, and a damaged or unreadable blob stops the run in one line
+before a token computed from it is shown."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from strata_plan.engine import directio
+from strata_plan.engine.engine import Engine, EngineOptions
+from strata_plan.engine.packed import load_index
+from strata_plan.errors import UserError
+
+from test_engine_run import PROMPT, _one_thread, bench_both_loops, bf16_plan, packed_bf16, run  # noqa: F401
+
+
+@pytest.mark.parametrize("split,mode", [((4, 10, 0, 0), "on-demand"), ((4, 10, 2, 0), "lru"), ((4, 10, 2, 2), "plan"),
+                                        ((0, 0, 3, 1), "plan")])
+def test_the_stager_gives_the_host_loops_logits_and_moves_the_same_expert_bytes(packed_bf16, split, mode):
+    """Device loop (stager on) against the host loop (stager off: NVMe reads copied into VRAM slots): prompt a token
+    a call (so prefill goes through the stager too) and 12 tokens; the same experts are static and cached, and every
+    routed use the host loop fetched is read in place by the device loop, from pinned RAM or from staging."""
+    plan = bf16_plan(*split, chunk=1)
+    loops: list[str] = []
+    host = run(packed_bf16, plan, mode, new=12, loop="host", ran=loops)
+    dev = run(packed_bf16, plan, mode, new=12, loop="device", ran=loops)
+    assert loops == ["host", "device"]
+    assert torch.equal(dev[0], host[0]) and dev[1] == host[1]
+    h, d = host[2]["by_kind"], dev[2]["by_kind"]
+    assert d["static"] == h["static"] and d["cached"] == h["cached"]
+    moved = h["demand"] + h["late"] + h["prefetched"]
+    assert d["demand"] + d["in_place"] + d["staged"] == moved
+    hb, db = host[2]["bytes_from"], dev[2]
+    assert db["bytes_from"]["ram"] + db["staged_bytes"] == hb["ram"] + hb["nvme"] - host[2]["wasted_bytes"]
+    assert 0 < db["bytes_from"]["nvme"] <= db["staged_bytes"] + db["wasted_bytes"]   # a staged expert read once
+
+
+def test_the_lookahead_guesses_are_read_ahead_and_counted(packed_bf16):
+    """Depth 2: the gates' guesses for the next layers are staged before the layers ask (staged uses), wrong ones
+    are counted as wasted; depth 0 stages only what the layers ask for (every NVMe read a demand)."""
+    got = {}
+    for depth in (0, 2):
+        with Engine.open(packed_bf16, bf16_plan(0, 0, 0, depth, chunk=1), EngineOptions(device="cpu")) as eng:
+            assert eng.loop == "device" and eng.store.staging is not None
+            eng.generate(PROMPT, max_new_tokens=10)
+            got[depth] = (eng.store.counter_data(), eng.store.staging.last)
+    c0, s0 = got[0]
+    c2, s2 = got[2]
+    assert s0["reads_guess"] == 0 and s0["reads_demand"] > 0 and c0["prefetch_bytes"] == 0
+    assert s2["reads_guess"] > 0 and c2["prefetch_bytes"] == s2["guess_bytes"] > 0
+
+
+def _copy(packed, tmp_path):
+    dst = tmp_path / "packed"
+    shutil.copytree(packed, dst)
+    return dst
+
+
+def _nvme_blobs(folder, plan):
+    """(path, offset, nbytes) of every NVMe-tier expert blob of the plan."""
+    idx = load_index(folder)
+    ent = {(e.layer, e.expert): e for e in idx.entries}
+    return [(folder / ent[(l.layer, x)].file, ent[(l.layer, x)].offset, ent[(l.layer, x)].nbytes)
+            for l in plan.layers for x in l.nvme]
+
+
+def _damage(blobs) -> None:
+    for path, off, n in blobs:
+        with open(path, "r+b") as f:
+            f.seek(off + n // 2)
+            b = f.read(1)
+            f.seek(off + n // 2)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("fault", ["checksum", "short", "eio"])
+def test_a_bad_nvme_blob_stops_the_run_in_one_line_before_a_token_from_it(packed_bf16, tmp_path, monkeypatch, fault):
+    folder = _copy(packed_bf16, tmp_path)
+    plan = bf16_plan(4, 10, 0, 1, chunk=1)
+    shown: list[int] = []
+    with Engine.open(folder, plan, EngineOptions(device="cpu")) as eng:
+        assert eng.store.staging is not None
+        blobs = _nvme_blobs(folder, plan)
+        if fault == "checksum":                  # damaged after the start-up checks: the stager's check finds it
+            _damage(blobs)
+        elif fault == "short":                   # cut short after start-up
+            for path in {p for p, _, _ in blobs}:
+                os.truncate(path, min(off for p, off, _ in blobs if p == path))
+        else:
+            def eio(self, buf, offset, nbytes):
+                raise OSError(5, "Input/output error", str(self.path))
+            monkeypatch.setattr(directio.BlobFile, "read_into", eio)
+        with pytest.raises(UserError) as err:
+            eng.generate(PROMPT, max_new_tokens=4, on_token=shown.append)
+    line = str(err.value)
+    assert "\n" not in line and "expert" in line and str(folder) in line
+    assert {"checksum": "checksum mismatch", "short": "short read", "eio": "Input/output error"}[fault] in line
+    assert shown == []                            # the prompt's first layer already needed an NVMe expert
+
+
+@pytest.mark.parametrize("mode", ["plan", "on-demand"])
+def test_bench_with_replayed_routing_and_guesses_on_the_device(packed_bf16, mode):
+    """`bench.measure` with routing replayed: the device loop takes the replay's ids and lookahead guesses from the
+    device (`Replay.hint_table`) and gives the host loop's tokens; the NVMe tier's files stay out of the page cache;
+    what crossed PCIe is the RAM and staged bytes."""
+    h, d = bench_both_loops(packed_bf16, bf16_plan(4, 10, 2, 2, chunk=1), mode)
+    assert (h["loop"], d["loop"]) == ("host", "device") and d["tokens"] == h["tokens"]
+    bt = d["bytes_per_token"]
+    assert bt["pcie"] == pytest.approx(bt["ram"] + bt["staged"]) and bt["staged"] > 0
+    assert d["stager"]["reads_guess"] > 0 if mode == "plan" else d["stager"]["reads_guess"] == 0
+    pc = d["page_cache"]
+    if directio.BlobFile.open(next(packed_bf16.glob("*.bin")), warn=False).direct:   # O_DIRECT here: a cold tier
+        assert pc["files"] > 0 and pc["after"] < 0.5
