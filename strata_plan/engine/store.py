@@ -123,8 +123,9 @@ class ExpertStore:
         ram_bytes = int(sum(self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.ram))
         has_nvme = any(l.nvme for l in plan.layers)
         in_flight = max(getattr(plan.staging, "nvme_in_flight_prefill", 0) or 0, 2 * self.top_k)
-        bounce = max(plan.staging.host_slots, in_flight) if has_nvme else 0
         stage = staging_bytes(plan, self.slot_bytes, self.n_layers) if options.in_place and has_nvme else 0
+        # bounce buffers: the host loop's NVMe reads (and the device loop's prefill; its decode reads go to staging)
+        bounce = max(0 if stage else plan.staging.host_slots, in_flight) if has_nvme else 0
         self._check_capacity(arena_bytes, ram_bytes + bounce * self.slot_bytes + stage, plan_path)
         # ---- files ---------------------------------------------------------------------------------
         self.files: dict[str, BlobFile] = {}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime as _dt
 
 from strata_plan import __version__
-from strata_plan.core.lookahead import staging_slots
+from strata_plan.core.lookahead import pinned_staging_slots, staging_slots
 from strata_plan.core.plan import (SCHEMA_NAME, SCHEMA_VERSION, Budgets, CachePlan, DensePlan, GpuPlan, LayerPlan,
                                    Memory, NvmeRead, Plan, Predicted, SearchInfo, Sources, StagingPlan)
-from strata_plan.planner.placement import Placement
+from strata_plan.planner.placement import Placement, staged
 
 
 def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> Plan:
@@ -32,7 +32,10 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
     streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
     reads = lambda n: {f: NvmeRead(r.split, r.queue_depth, r.splits) for f, r in cost.nvme_reads(n).items()}  # noqa: E731
     slots = staging_slots(spec.top_k, p.prefetch_depth)
-    staging = StagingPlan(vram_slots=slots, host_slots=slots if fp.host_staging else 0, slot_bytes=problem.slot_bytes,
+    host = 0                                   # host loop: bounce buffers; device loop: the pinned staging cache
+    if fp.host_staging:
+        host = pinned_staging_slots(spec.top_k, p.prefetch_depth, p.staging) if staged(problem, p.gpu_split) else slots
+    staging = StagingPlan(vram_slots=slots, host_slots=host, slot_bytes=problem.slot_bytes,
                           dense_buffers=2 if fp.dense_buffers else 0, dense_buffer_bytes=fp.dense_buffers // 2,
                           nvme_reads=reads(cost.decode_in_flight),
                           nvme_reads_prefill=reads(cost.prefill_in_flight(p.prefetch_depth)),

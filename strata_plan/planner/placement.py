@@ -17,7 +17,10 @@ The search does not choose 92 x 3 counts directly. It chooses four knobs, and `a
                       (the greedy baseline); w = 1 follows measured popularity, which matters when layers
                       differ in skew. Pinned RAM then takes, per layer from its static count on, the experts
                       with the highest key w * E * pop[l, r] + (1 - w) * (1 - r / E) until its bytes run out;
-  * prefetch_depth -> lookahead depth (staging slots grow with it).
+  * prefetch_depth -> lookahead depth (staging slots grow with it);
+  * staging_share  -> (the device loop on one GPU, with experts left on NVMe) the share of the pinned RAM left
+                      after dense weights that the NVMe staging cache takes instead of RAM experts (engine/staging.py:
+                      a bigger cache reads the drive less, a bigger RAM tier leaves less on it).
 Keys fall strictly with rank inside a layer, so each tier is a contiguous rank range of every layer.
 """
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata_plan.core.lookahead import staging_slots
+from strata_plan.core.lookahead import pinned_staging_slots, staging_slots
 from strata_plan.planner.capacity import Footprint, workspace_bytes
 
 CACHE_GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -42,12 +45,15 @@ class Knobs:
     skew_weight: float
     prefetch_depth: int
     gpu_split: float | None = None    # several GPUs: the share of decoder layers on the first (split_points)
+    staging_share: float | None = None   # device loop, one GPU: the share of pinned RAM for the NVMe staging cache
 
     def as_params(self) -> dict:
         out = {"dense_share": self.dense_share, "cache_bias": self.cache_bias,
                "skew_weight": self.skew_weight, "prefetch_depth": self.prefetch_depth}
         if self.gpu_split is not None:
             out["gpu_split"] = self.gpu_split
+        if self.staging_share is not None:
+            out["staging_share"] = self.staging_share
         return out
 
 
@@ -155,13 +161,16 @@ def footprint(problem, p: Placement) -> Footprint:
     streamed = [b for b, res in zip(units, p.dense_resident) if not res]
     slots = staging_slots(spec.top_k, p.prefetch_depth) * problem.slot_bytes
     nvme_experts = float(np.sum(cum[-1] - cum[v + r]))
+    host = slots                    # pinned bounce buffers for NVMe reads, and in the device loop the staging cache
+    if staged(problem, p.gpu_split):
+        host += pinned_staging_slots(spec.top_k, p.prefetch_depth, p.staging) * problem.slot_bytes
     one = Footprint(
         reserve=problem.budget.reserve, kv_cache=spec.kv_cache_bytes(problem.context),
         workspace=workspace_bytes(spec, problem.prefill_chunk), staging=slots,
         dense_buffers=2 * max(streamed, default=0), dense_resident=sum(b for b, res in zip(units, p.dense_resident) if res),
         static_experts=int(np.sum(cum[v])), cache_slots=int(np.sum(c)) * problem.slot_bytes,
         embeddings=spec.embedding_bytes, dense_streamed=sum(streamed), ram_experts=int(np.sum(cum[v + r] - cum[v])),
-        host_staging=slots if nvme_experts > 0 else 0, nvme_experts=int(nvme_experts))
+        host_staging=host if nvme_experts > 0 else 0, nvme_experts=int(nvme_experts))
     if problem.n_gpus == 1:
         return one
     ug, mg = p.unit_gpus(), p.moe_gpus(spec.moe_layers)
@@ -317,11 +326,21 @@ def allocate(problem, knobs: Knobs) -> Allocation:
                 vram, cache = vram + v, cache + c
     order = _rank_order(cur, float(knobs.skew_weight))
     ram = _fill(order, problem.rank_bytes, vram, ram_budget) - vram
-    if np.any(vram + ram < E):      # experts remain on NVMe: its bounce buffers take pinned RAM too
-        ram = _fill(order, problem.rank_bytes, vram, ram_budget - staging_slots(spec.top_k, depth) * problem.slot_bytes) - vram
+    staging = 0
+    if np.any(vram + ram < E):      # experts remain on NVMe: its bounce buffers (and staging cache) take pinned RAM
+        if staged(problem, split):
+            staging = pinned_staging_slots(spec.top_k, depth, int(max(0.0, knobs.staging_share or 0.0) * ram_budget
+                                                                  // problem.slot_bytes))
+        held = (staging_slots(spec.top_k, depth) + staging) * problem.slot_bytes
+        ram = _fill(order, problem.rank_bytes, vram, ram_budget - held) - vram
     p = Placement(tuple(int(x) for x in vram), tuple(int(x) for x in ram), tuple(int(x) for x in cache), resident, depth,
-                  split)
+                  split, staging=staging)
     return Allocation(p, footprint(problem, p))
+
+
+def staged(problem, split: tuple[int, ...] = ()) -> bool:
+    """Whether NVMe experts would be staged in pinned RAM (engine/staging.py): the device loop on one GPU."""
+    return problem.loop == "device" and problem.n_gpus == 1 and not split
 
 
 def greedy_knobs(problem) -> Knobs:

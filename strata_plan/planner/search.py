@@ -22,7 +22,7 @@ from strata_plan.planner.capacity import Footprint
 from strata_plan.planner.cost import CostModel, Prediction
 from strata_plan.planner.polish import polish
 from strata_plan.planner.problem import DEFAULT_TRIALS
-from strata_plan.planner.placement import CACHE_BIAS_MAX, Knobs, Placement, allocate, footprint, greedy_knobs
+from strata_plan.planner.placement import CACHE_BIAS_MAX, Knobs, Placement, allocate, footprint, greedy_knobs, staged
 
 OBJECTIVES = ("decode", "prefill", "mix")
 
@@ -135,7 +135,8 @@ def _run_study(problem, cost, trials, seed, objective, mix_weight, study_db, gre
     def objective_fn(trial) -> float:
         kn = Knobs(trial.suggest_float("dense_share", 0.0, 1.0), trial.suggest_float("cache_bias", 0.0, CACHE_BIAS_MAX),
                    trial.suggest_float("skew_weight", 0.0, 1.0), trial.suggest_int("prefetch_depth", 0, max_depth),
-                   trial.suggest_float("gpu_split", 0.0, 1.0) if problem.n_gpus > 1 else None)
+                   trial.suggest_float("gpu_split", 0.0, 1.0) if problem.n_gpus > 1 else None,
+                   trial.suggest_float("staging_share", 0.0, 0.5) if staged(problem) else None)
         c = evaluate(problem, cost, kn, objective, mix_weight)
         over = [o / 1e9 for o in c.footprint.overflow(budget)]
         trial.set_user_attr("overflow_gb", over)
@@ -190,7 +191,8 @@ def _clip(k: Knobs, max_depth: int, n_gpus: int = 1) -> Knobs:
     clamp = lambda v, hi=1.0: min(max(float(v), 0.0), hi)  # noqa: E731
     split = (1.0 if k.gpu_split is None else clamp(k.gpu_split)) if n_gpus > 1 else None
     return Knobs(clamp(k.dense_share), clamp(k.cache_bias, CACHE_BIAS_MAX), clamp(k.skew_weight),
-                 min(max(int(k.prefetch_depth), 0), max_depth), split)
+                 min(max(int(k.prefetch_depth), 0), max_depth), split,
+                 None if k.staging_share is None else clamp(k.staging_share, 0.5))
 
 
 def _storage(study_db: str | None) -> str | None:
