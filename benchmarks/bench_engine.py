@@ -7,8 +7,10 @@ on-demand baselines built from the same plan.
 The plans (`tests/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
 `strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60
 --context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0.01` (RAM-rich: 8.5% of routed bytes static in VRAM,
-2.3% cache, the rest in pinned RAM) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's proportions: 12% VRAM,
-25% pinned RAM, 63% NVMe). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
+2.3% cache, the rest in pinned RAM) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget; planned for the device
+loop, whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM, 37% NVMe, a
+77-slot staging cache). Where the seed plan has no lookahead, `seed_forced_d<D>` runs it with depth --forced-depth
+(labelled forced: the planner did not choose it). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
 plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.from_prior("olmoe-like")`
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
 of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
@@ -17,12 +19,17 @@ read of the same files at the store's reader count, interleaved. Each mode runs 
 (rows `<plan>.<mode>.*`); where that is the device loop (RAM experts read in place, one CUDA graph a token: the
 on-demand mode of a VRAM + RAM plan) the host loop runs next (rows `<plan>_hostloop.<mode>.*`), and the device
 loop's bound 1 / (t_nonMoE + B / R_zc) is measured in the same run (`bound_rows`), with whether both loops
-gave the same tokens. `--pinned-gb` adds the pinned-memory cost of a region that size against torch's pinned
+gave the same tokens. For a plan with an NVMe tier the bound is the drive's instead: a plain O_DIRECT read at the
+stager's reads in flight and request size (one blob), measured after each device-loop run (`<plan>.plain_odirect_gbps`:
+the median of those interleaved repeats, min and max beside it), over the NVMe bytes the run read a token that were
+used (`.nvme_gb_per_token`; wrong guesses apart, `.nvme_wasted_gb_per_token`); each run records the page cache on the
+blob files before and after (mincore). `--pinned-gb` adds the pinned-memory cost of a region that size against torch's pinned
 allocator. Writes engine-<time>.json.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -43,7 +50,7 @@ from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 from strata_plan.profiler.gpu import ZeroCopyProbe  # noqa: E402
 from strata_plan.pinned import HostRegion  # noqa: E402
-from strata_plan.core.plan import load_plan  # noqa: E402
+from strata_plan.core.plan import load_plan, save_plan  # noqa: E402
 from strata_plan.planner.repredict import predict_plan, with_calibration_of  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
 
@@ -75,6 +82,25 @@ def zero_copy_gbps(nbytes: float, reps: int = 20) -> float:
     finally:
         probe.close()
     return n / statistics.median(times[3:]) / 1e9
+
+
+def plain_odirect(files, plan, r: dict) -> float:
+    """GB/s of a plain O_DIRECT read of the blob files at the stager's reads in flight (the store's readers: the
+    plan's largest queue depth, at least 4) and request size (one blob of the largest format, the plan's slot: the
+    stager reads a blob in one request)."""
+    reads = plan.staging.nvme_reads or {}
+    threads = max([4] + [x.queue_depth for x in reads.values()])
+    return plain_read_gbps(files, -(-plan.cache.slot_bytes // 4096) * 4096, threads=threads, nbytes=1 << 30)
+
+
+def forced_depth(plan, depth: int):
+    """`plan` with lookahead `depth` (VRAM landing slots and the pinned staging cache grown to match), its prediction
+    kept from the plan as made: a configuration the planner did not choose, run to see what lookahead does."""
+    from strata_plan.core.lookahead import pinned_staging_slots, staging_slots
+    st = plan.staging
+    st = dataclasses.replace(st, vram_slots=max(st.vram_slots, staging_slots(plan.top_k, depth)),
+                             host_slots=pinned_staging_slots(plan.top_k, depth, st.host_slots))
+    return dataclasses.replace(plan, prefetch_depth=depth, staging=st)
 
 
 def pinned_cost(nbytes: float) -> dict:
@@ -120,11 +146,19 @@ def main() -> int:
                     "run: `strata-plan profile --quick`); default: the plans' own predictions (the shipped h200)")
     ap.add_argument("--calibration", help="with --profile: predict with the calibration constants of this profile "
                     "YAML (fitted by `strata-plan calibrate` and committed before the run) and --profile's measured figures")
+    ap.add_argument("--forced-depth", type=int, default=2, help="run the seed plan also with this lookahead depth "
+                    "when the planner chose none (labelled forced; 0: not)")
     ap.add_argument("--pinned-gb", type=float, default=0, help="also register a pinned region of this many GB as the "
                     "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
     a = ap.parse_args()
     predict_with = with_calibration_of(a.profile, a.calibration) if a.profile else None
-    plans = {k: load_plan(PLANS[k]) for k in a.plans.split(",")}
+    paths = {k: PLANS[k] for k in a.plans.split(",")}
+    plans = {k: load_plan(v) for k, v in paths.items()}
+    if "seed" in plans and a.forced_depth and not plans["seed"].prefetch_depth:
+        name = f"seed_forced_d{a.forced_depth}"          # the same budget with a lookahead depth the planner did not pick
+        plans[name] = forced_depth(plans["seed"], a.forced_depth)
+        paths[name] = Path(a.out_dir or ".") / f"plan-kimi5-h200-{name}.yaml"
+        save_plan(plans[name], paths[name])
     first = next(iter(plans.values()))
     for k, p in plans.items():
         assert all(l.formats == l0.formats for l, l0 in zip(p.layers, first.layers)), f"{k}: other formats"
@@ -160,7 +194,7 @@ def main() -> int:
                 for mode in ("plan", "lru"):
                     if late(f"{first_name}/{mode}/copy {w}"):
                         continue
-                    r = measure(folder, PLANS[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup,
+                    r = measure(folder, paths[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup,
                                 replay=replay_for(plans[first_name]), options=opts)
                     out[f"{first_name}/{mode}/copy{mb}x{n}"] = r
                     key = f"{first_name}.{mode}.copy_{mb}mb_x{n}"
@@ -176,11 +210,11 @@ def main() -> int:
             device loop cannot run is run once, by the host loop, under `name`)."""
             if late(f"{name}/{mode}/{loop}"):
                 return None
-            r = measure(folder, PLANS[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
+            r = measure(folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
                         options=EngineOptions(loop=loop))
             key = name if loop == "device" else f"{name}_hostloop"
             out[f"{key}/{mode}"] = r
-            report(key, PLANS[name], plan, mode, r)
+            report(key, paths[name], plan, mode, r)
             return r
 
         def report(name: str, path: Path, plan, mode: str, r: dict) -> None:
@@ -217,7 +251,42 @@ def main() -> int:
             metrics[f"{name}.{mode}.pcie_copied_gb_per_token"] = r["bytes_per_token"]["pcie_copied"] / 1e9
             metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
             metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
-        def bound_rows(name: str, mode: str, r: dict, host: dict | None) -> None:
+        def nvme_bound_rows(name: str, mode: str, r: dict, host: dict | None, plain: list[float]) -> None:
+            """The device loop with an NVMe tier against the drive: the plain O_DIRECT rate (median of the repeats so
+            far, interleaved with the runs) over the NVMe bytes read a token that a layer used; what the stager did."""
+            bt, st, k = r["bytes_per_token"], r["stager"] or {}, f"{name}.{mode}"
+            wasted = bt["wasted"]                                   # device loop: wrong guesses, NVMe reads only
+            used = bt["nvme"] - wasted
+            rate = statistics.median(plain)
+            metrics[f"{name}.plain_odirect_gbps"] = rate
+            metrics[f"{name}.plain_odirect_gbps_min"], metrics[f"{name}.plain_odirect_gbps_max"] = min(plain), max(plain)
+            metrics[f"{name}.plain_odirect_repeats"] = len(plain)
+            metrics[f"{k}.nvme_gb_per_token"] = used / 1e9
+            metrics[f"{k}.nvme_wasted_gb_per_token"] = wasted / 1e9
+            metrics[f"{k}.staged_gb_per_token"] = bt["staged"] / 1e9
+            if used > 0:
+                metrics[f"{k}.bound_tok_s"] = rate * 1e9 / used
+                metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / metrics[f"{k}.bound_tok_s"]
+            c = r["counters"]
+            metrics[f"{k}.stage_wait_ms_per_token"] = c["stage_wait_s"] / (len(r["tokens"]) + 1) * 1e3
+            metrics[f"{k}.staging_hit_rate"] = st.get("staging_hit_rate", 0.0)
+            for d, la in c["lookahead"].items():
+                metrics[f"{k}.lookahead_d{d}.precision"] = la["precision"]
+                metrics[f"{k}.lookahead_d{d}.recall"] = la["recall"]
+            metrics[f"{k}.page_cache_before"] = r["page_cache"]["before"]
+            metrics[f"{k}.page_cache_after"] = r["page_cache"]["after"]
+            if host is not None:
+                metrics[f"{k}.tokens_equal_hostloop"] = float(r["tokens"] == host["tokens"])
+                metrics[f"{k}.over_hostloop"] = r["measured"]["decode_tok_s"] / host["measured"]["decode_tok_s"]
+            print(f"{name:8s} {mode:9s} device loop {r['measured']['decode_tok_s']:.2f} tok/s = "
+                  f"{metrics.get(k + '.over_bound', 0):.3f} of the drive's bound {metrics.get(k + '.bound_tok_s', 0):.2f} "
+                  f"({used / 1e9:.3f} GB/tok used from NVMe, {wasted / 1e9:.3f} wasted, plain O_DIRECT {rate:.2f} GB/s); "
+                  f"GPU waited {metrics[k + '.stage_wait_ms_per_token']:.2f} ms/tok; staging hits "
+                  f"{metrics[k + '.staging_hit_rate']:.3f}; page cache {r['page_cache']['before']} -> "
+                  f"{r['page_cache']['after']}; tokens equal to the host loop's: "
+                  f"{metrics.get(k + '.tokens_equal_hostloop')}", flush=True)
+
+        def bound_rows(name: str, mode: str, r: dict, host: dict | None, plain=None) -> None:
             """The device loop against its bound 1 / (t_nonMoE + B / R_zc): B the bytes read in place from pinned
             RAM a token (counted on the device), t_nonMoE the step's GPU time without its MoE calls and R_zc the
             zero-copy read rate at one layer's share of B, both measured now; the host loop's tokens beside it."""
@@ -244,16 +313,24 @@ def main() -> int:
                   f"tokens equal to the host loop's: {metrics.get(k + '.tokens_equal_hostloop')}", flush=True)
 
         for name, plan in plans.items():
+            nvme = any(l.nvme for l in plan.layers)
+            plain: list[float] = []
             for mode in a.modes.split(","):
                 r = one(name, plan, mode, "device")
+                if r is not None and nvme and r["loop"] == "device":
+                    plain.append(plain_odirect(files, plan, r))        # interleaved with the runs
                 if r is not None and r["loop"] == "device":
                     host = one(name, plan, mode, "host")
-                    bound_rows(name, mode, r, host)
+                    (nvme_bound_rows if nvme else bound_rows)(name, mode, r, host, plain)
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
             if f"{name}.plan.decode_tok_s" in metrics:
                 metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
-            if any(l.nvme for l in plan.layers) and not late(f"{name}/plain O_DIRECT"):
-                metrics[f"{name}.plain_odirect_gbps"] = plain_read_gbps(files, 10 << 20, threads=4, nbytes=2 << 30)
+            ratio = [f"{name}.{m}.decode_tok_s" for m in ("plan", "on-demand")]
+            if all(k in metrics for k in ratio):                 # plan / on-demand, measured beside the cost model's
+                metrics[f"{name}.plan_over_ondemand"] = metrics[ratio[0]] / metrics[ratio[1]]
+                if a.profile:
+                    pr = [metrics[f"{name}.{m}.predicted_decode_tok_s"] for m in ("plan", "on-demand")]
+                    metrics[f"{name}.plan_over_ondemand_predicted"] = pr[0] / pr[1]
             if name == next(iter(plans)):
                 copy_windows(name)
         metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)

@@ -115,3 +115,23 @@ def test_bench_with_replayed_routing_and_guesses_on_the_device(packed_bf16, mode
     pc = d["page_cache"]
     if directio.BlobFile.open(next(packed_bf16.glob("*.bin")), warn=False).direct:   # O_DIRECT here: a cold tier
         assert pc["files"] > 0 and pc["after"] < 0.5
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_graph_waits_for_the_stager_and_gives_the_host_loops_tokens(packed_bf16):
+    """On a GPU: each MoE layer's stage_wait kernel (inside the token's CUDA graph) polls the pinned ready table the
+    stager thread writes, the MoE kernel reads staged experts from the registered staging cache; the tokens are the
+    host loop's (NVMe copied into VRAM slots) and the logits agree to bf16 rounding, in every mode."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for split, mode in (((4, 10, 0, 0), "on-demand"), ((4, 10, 2, 0), "lru"), ((4, 10, 2, 2), "plan")):
+        plan = bf16_plan(*split, chunk=1)
+        loops: list[str] = []
+        host, host_tokens, hc = run(packed_bf16, plan, mode, new=12, device="cuda", loop="host", ran=loops)
+        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda", loop="device", ran=loops)
+        assert loops == ["host", "device"] and tokens == host_tokens, mode
+        torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
+        assert dc["staged_bytes"] > 0 and dc["bytes_from"]["nvme"] > 0
+    with Engine.open(packed_bf16, plan, EngineOptions(device="cuda")) as eng:       # generate runs ahead
+        assert eng.model.step_runner.ahead and eng.store.staging is not None
+        assert eng.generate(PROMPT, max_new_tokens=8) == host_tokens[:8]
