@@ -282,6 +282,13 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
            # the decode thread's CPU time a token (time.thread_time: waits sleep, so this is host work)
            "host_ms_per_token_measured": r["time_per_token"]["host_cpu_s"] * 1e3,
            "device_loop": float(r["loop"] == "device")}
+    if r["stager"] is not None:             # device loop with an NVMe tier: the stager beside the cost model
+        n = len(r["tokens"]) + 1
+        out["stage_wait_ms_per_token_measured"] = c["stage_wait_s"] / n * 1e3
+        out["nvme_wait_ms_per_token_predicted"] = p["decode_seconds"].get("nvme", 0.0) * 1e3
+        out["staging_hit_rate_measured"] = r["stager"]["staging_hit_rate"]
+        out["nvme_read_gb_per_token_predicted"] = p["bytes_per_token"].get("nvme_read", 0.0) / 1e9
+        out["page_cache_before"], out["page_cache_after"] = r["page_cache"]["before"], r["page_cache"]["after"]
     if r["device_step"]:                    # device loop: the step's GPU time alone, its ceiling 1 / step_s
         out["gpu_ms_per_token_measured"] = r["device_step"]["step_s"] * 1e3
         out["gpu_ceiling_tok_s_measured"] = 1.0 / r["device_step"]["step_s"]

@@ -74,3 +74,28 @@ def test_accelerate_offload_computes_what_the_resident_model_computes(tmp_path, 
     prompt = [0, 5, 17, 99, 3, 250, 1024, 7]
     a, b = hf.greedy(offloaded, prompt, 6, timed_from=2), hf.greedy(resident, prompt, 6)
     assert a.tokens == b.tokens and len(a.step_s) == 4
+
+
+def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torch_thread):
+    """A trained-model row of a plan with an NVMe tier (the device loop's stager): every figure the bench writes is
+    there, labelled measured or predicted (the fixture model on the CPU)."""
+    import sys
+    import types
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_engine_run import FIXTURE, PROMPT, bf16_plan
+    from strata_plan.cli import main as cli
+    from strata_plan.core.plan import save_plan
+    from bench_trained import Run, measure_one
+    from trained.predict import Predictor
+    packed = tmp_path / "packed"
+    assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
+    path = tmp_path / "plan.yaml"
+    plan = bf16_plan(4, 10, 0, 1, chunk=1)
+    save_plan(plan, path)
+    a = types.SimpleNamespace(tokens=4, warmup=2, device="cpu")
+    run = Run(a)
+    out = measure_one(run, a, "seed.plan", packed, plan, "plan", Predictor(path), PROMPT)
+    for key in ("stage_wait_ms_per_token_measured", "nvme_wait_ms_per_token_predicted", "staging_hit_rate_measured",
+                "nvme_read_gb_per_token_predicted", "page_cache_after", "host_ms_per_token_measured"):
+        assert key in out and f"seed.plan.{key}" in run.metrics
+    assert out["device_loop"] == 1.0 and out["nvme_gb_per_token_measured"] > 0

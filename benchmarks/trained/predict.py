@@ -29,7 +29,8 @@ class Predictor:
         its physical bound (`planner.bound.physical_bound`, the optimistic bytes of the placement)."""
         from strata_plan.planner.bound import physical_bound
         from strata_plan.planner.repredict import predict_plan
-        place = executed.placement
+        from strata_plan.planner.placement import placement_of
+        place = placement_of(executed)
         pred = predict_plan(self.plan, None, mode, self.path, problem=self.problem)
         bound = physical_bound(self.problem, place)
         return {"label": "predicted", "source": f"planner.repredict.predict_plan, profile {self.problem.profile.name}",
@@ -44,7 +45,8 @@ class Predictor:
         """The physical bound of `executed` with the PCIe and NVMe bytes per token it actually moved (HBM bytes
         and FLOPs as `physical_bound` counts them), over each link's best profiled bandwidth."""
         from strata_plan.planner.bound import LINKS, link_peaks, physical_bound
-        amount = dict(physical_bound(self.problem, executed.placement).decode_bytes)
+        from strata_plan.planner.placement import placement_of
+        amount = dict(physical_bound(self.problem, placement_of(executed)).decode_bytes)
         amount.update(pcie=float(pcie_bytes) + 2 * self.problem.spec.hidden, nvme=float(nvme_bytes))
         peaks = link_peaks(self.problem.profile)
         times = {k: amount[k] / peaks[k] if peaks[k] > 0 and amount[k] > 0 else 0.0 for k in LINKS}

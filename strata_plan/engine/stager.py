@@ -7,7 +7,7 @@ O_DIRECT into a pinned staging cache, where the MoE kernel reads them in place.
     st.counters(); st.close()
 
 The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready table, request ring). One poller
-thread follows the ring: a request row (REQ advanced) holds the routed NVMe ids the layer will read from staging;
+thread follows the ring (polling at once while requests come, backing off to 1 ms polls after 0.2 s without one): a request row (REQ advanced) holds the routed NVMe ids the layer will read from staging;
 each one not staged or being read is queued as a demand read; a finished layer (DONE advanced) carries the lookahead
 guesses of the next `depth` layers, queued behind every demand by depth, then by score. `reads_in_flight` reader
 threads take the queue's best entry (a guess already queued is queued again as a demand when the layer asks), pick a slot, read the blob (one O_DIRECT request into the slot: no bounce, no
@@ -44,6 +44,9 @@ from .packed import verify_part
 
 FREE, READING, STAGED = 0, 1, 2
 RING_ROWS = 64
+IDLE_SPIN_S = 0.005        # the poller yields and polls again while requests came this recently (a decode: every layer)
+IDLE_S = 0.2               # ... sleeps POLL_S between polls up to this long without one, then IDLE_POLL_S
+POLL_S, IDLE_POLL_S = 50e-6, 1e-3
 _fence_lock = threading.Lock()
 
 
@@ -161,11 +164,14 @@ class Stager:
         """Follow the ring in request order: request s's routed ids (REQ >= s), then its guesses (DONE >= s), so a
         layer's guesses are known before the request they are for."""
         hv = self.hv
+        last = time.perf_counter()
         while not self._stop:
             req, done = int(hv.words[sw.REQ]), int(hv.words[sw.DONE])
             if req == self.seen_req and (not self.depth or done == self.seen_done):
-                time.sleep(0)
+                idle = time.perf_counter() - last          # decoding: poll at once; idle (prefill, between runs):
+                time.sleep(0 if idle < IDLE_SPIN_S else (POLL_S if idle < IDLE_S else IDLE_POLL_S))    # back off
                 continue
+            last = time.perf_counter()
             s = max(min(self.seen_req, self.seen_done) + 1, req - self.R + 2)
             while s <= req:
                 row = self._row(s)
