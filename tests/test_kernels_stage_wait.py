@@ -17,10 +17,22 @@ POISON = ARENA - 4096
 STAGE = 10 * ARENA               # arena-relative staging addresses the stager publishes (never dereferenced here)
 
 
-def _setup(device="cpu", cached=()):
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _setup(cached=()):
+    """(arena, control block, host views). On a CPU one buffer holds the "VRAM" part and the pinned block (the
+    interpreter follows the offsets); on a GPU the arena is device memory and the block pinned host memory, reached
+    from the arena's address by its offset (unified addressing), as the engine lays them out."""
     lay = sw.block_layout(L, E, K, G, R)
-    buf = torch.zeros(ARENA + lay["size"], dtype=torch.uint8)
-    hv = sw.host_views(buf[ARENA:], L, E, K, G, R)
+    if DEV.type == "cuda":
+        arena = torch.zeros(ARENA, dtype=torch.uint8, device=DEV)
+        block = torch.zeros(lay["size"], dtype=torch.uint8, pin_memory=True)
+        base = block.data_ptr() - arena.data_ptr()
+    else:
+        arena = torch.zeros(ARENA + lay["size"], dtype=torch.uint8)
+        block, base = arena[ARENA:], ARENA
+    hv = sw.host_views(block, L, E, K, G, R)
     tier = torch.zeros((L, E), dtype=torch.int8)
     tier[:, 4:8] = 1
     tier[:, 8:] = sw.NVME
@@ -28,18 +40,18 @@ def _setup(device="cpu", cached=()):
     table[:, :8] = torch.arange(8) * 4096
     for j, e, slot in cached:                 # NVMe experts the device LRU holds in a VRAM slot
         table[j, e] = 9 * 4096 + slot * 4096
-    cb = sw.ControlBlock(seq=torch.zeros(1, dtype=torch.int64), tier=tier, table=table,
-                         src=torch.full((L, E), -7, dtype=torch.int64), admit=None, nbytes=torch.full((L, E), 4096 * 3),
-                         counts=torch.zeros((L, 4), dtype=torch.int64), words_at=ARENA + lay["words"],
-                         ready_at=ARENA + lay["ready"], ring_at=ARENA + lay["ring"], scores_at=ARENA + lay["scores"],
-                         rows=R, guesses=G, cached_hi=POISON, poison=POISON)
-    return buf, cb, hv
+    d = lambda t: t.to(DEV)                   # noqa: E731
+    cb = sw.ControlBlock(seq=d(torch.zeros(1, dtype=torch.int64)), tier=d(tier), table=d(table),
+                         src=d(torch.full((L, E), -7, dtype=torch.int64)), admit=None,
+                         nbytes=d(torch.full((L, E), 4096 * 3)), counts=d(torch.zeros((L, 4), dtype=torch.int64)),
+                         words_at=base + lay["words"], ready_at=base + lay["ready"], ring_at=base + lay["ring"],
+                         scores_at=base + lay["scores"], rows=R, guesses=G, cached_hi=POISON, poison=POISON)
+    return arena, cb, hv
 
 
-def _clone(cb):
-    import dataclasses
-    return dataclasses.replace(cb, seq=cb.seq.clone(), table=cb.table.clone(), src=cb.src.clone(),
-                               counts=cb.counts.clone())
+def _sync():
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _stager(hv, j, publish, delay=0.05, fail=()):
@@ -58,7 +70,7 @@ def _stager(hv, j, publish, delay=0.05, fail=()):
 
 @pytest.mark.parametrize("fail", [(), (9,)])
 def test_the_wait_kernel_polls_until_the_stager_publishes_as_the_reference_does(fail):
-    ids = torch.tensor([9, 2, 12, 5])                 # NVMe, VRAM, NVMe (staged already), RAM
+    ids = torch.tensor([9, 2, 12, 5], device=DEV)                 # NVMe, VRAM, NVMe (staged already), RAM
     out = {}
     for name, wait in (("kernel", sw.stage_wait), ("reference", None)):
         buf, cb, hv = _setup()
@@ -68,6 +80,7 @@ def test_the_wait_kernel_polls_until_the_stager_publishes_as_the_reference_does(
             sw.reference_wait(ids, 1, cb, hv)
         else:
             wait(buf, ids, 1, cb)
+            _sync()
         th.join()
         out[name] = (cb, hv)
         assert int(hv.words[sw.REQ]) == 1 and int(cb.seq[0]) == 1
@@ -83,11 +96,12 @@ def test_the_wait_kernel_polls_until_the_stager_publishes_as_the_reference_does(
 def test_a_cached_nvme_expert_and_a_layer_without_nvme_ids_do_not_wait():
     for wait in (sw.stage_wait, None):
         buf, cb, hv = _setup(cached=[(0, 9, 0)])
-        ids = torch.tensor([9, 1, 5, 7])
+        ids = torch.tensor([9, 1, 5, 7], device=DEV)
         if wait is None:
             sw.reference_wait(ids, 0, cb, hv, max_spins=5)
         else:
             wait(buf, ids, 0, cb, max_spins=5)
+            _sync()
         assert int(cb.table[0, 9]) == 9 * 4096 and cb.counts[0].tolist() == [0, 0, 0, 0]
         assert int(hv.words[sw.ERR]) == 0
 
@@ -95,11 +109,12 @@ def test_a_cached_nvme_expert_and_a_layer_without_nvme_ids_do_not_wait():
 def test_a_missing_expert_times_out_into_the_poison_slot_and_sets_err():
     for wait in (sw.stage_wait, None):
         buf, cb, hv = _setup()
-        ids = torch.tensor([10, 1, 2, 3])
+        ids = torch.tensor([10, 1, 2, 3], device=DEV)
         if wait is None:
             sw.reference_wait(ids, 2, cb, hv, max_spins=50)
         else:
             wait(buf, ids, 2, cb, max_spins=50)
+            _sync()
         assert int(cb.table[2, 10]) == POISON and int(hv.words[sw.ERR]) == 1
 
 
@@ -110,7 +125,8 @@ def test_done_writes_the_guesses_the_stager_must_read_then_publishes_done():
         buf, cb, hv = _setup(cached=[(2, 12, 1)])
         cb.seq[0] = 5
         if name == "kernel":
-            sw.stage_done(buf, 0, cb, K, gids, gsc, per_layer=4)
+            sw.stage_done(buf, 0, cb, K, gids.to(DEV), gsc.to(DEV), per_layer=4)
+            _sync()
         else:
             sw.reference_done(0, cb, hv, K, gids, gsc, per_layer=4)
         assert int(hv.words[sw.DONE]) == 5
@@ -120,6 +136,7 @@ def test_done_writes_the_guesses_the_stager_must_read_then_publishes_done():
     buf, cb, hv = _setup()
     cb.seq[0] = 2
     sw.stage_done(buf, 2, cb, K)                      # no guesses: only DONE
+    _sync()
     assert int(hv.words[sw.DONE]) == 2 and (hv.ring[2] == -1).all()
 
 
@@ -129,12 +146,13 @@ def test_after_the_lru_step_an_admitted_nvme_expert_is_read_from_staging_into_sr
     import dataclasses
     for wait in (sw.stage_wait, None):
         buf, cb, hv = _setup(cached=[(0, 9, 0)])
-        cb = dataclasses.replace(cb, admit=torch.tensor([[0 * 4096 + 9 * 4096, -1, -1, -1]] * L))
+        cb = dataclasses.replace(cb, admit=torch.tensor([[0 * 4096 + 9 * 4096, -1, -1, -1]] * L, device=DEV))
         hv.ready[0, 9] = STAGE + 9 * 4096
-        ids = torch.tensor([9, 1, 5, 7])
+        ids = torch.tensor([9, 1, 5, 7], device=DEV)
         if wait is None:
             sw.reference_wait(ids, 0, cb, hv, max_spins=5)
         else:
             wait(buf, ids, 0, cb, max_spins=5)
+            _sync()
         assert int(cb.table[0, 9]) == 9 * 4096 and int(cb.src[0, 9]) == STAGE + 9 * 4096
         assert hv.ring[1, 2:2 + K].tolist() == [9, -1, -1, -1] and cb.counts[0, :3].tolist() == [1, 4096 * 3, 0]
