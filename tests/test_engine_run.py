@@ -315,16 +315,20 @@ def demand_copies(layers, head, passes: int) -> int:
 @pytest.mark.parametrize("layers,head", STREAMS)
 def test_streamed_dense_weights_give_the_resident_logits_bit_for_bit(packed_bf16, layers, head):
     """Streaming changes where dense weights are read from, never what is computed: one token a call and
-    in chunks (same tiers, so the same waves), with and without lookahead (routers kept resident). A plan
-    that streams runs the model's own forward (graphs off), so the resident reference does too."""
+    in chunks (same tiers, so the same waves), with and without lookahead (routers kept resident). The host loop
+    copies them through the store's queue and runs the model's own forward (graphs off), so the resident reference
+    does too; the device loop reads them in place (no copies) in its step, as the resident plan's step."""
     for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((2, 6, 0, 0), "on-demand", 5), ((4, 10, 3, 2), "lru", 5)]:
         plan = bf16_plan(*split, chunk=chunk)
-        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=4, graphs=False)
-        logits, tokens, counters = run(packed_bf16, streaming(plan, layers, head), mode, new=4)
-        assert torch.equal(logits, ref_logits), (layers, head, mode, chunk)
-        assert tokens == ref_tokens
-        assert counters["dense_bytes"]["layers"] > 0 if layers else counters["dense_bytes"]["layers"] == 0
-        assert counters["dense_demand"] == demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 4)
+        for loop in ("host", "device"):
+            ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=4, graphs=loop == "device", loop=loop)
+            ran: list[str] = []
+            logits, tokens, counters = run(packed_bf16, streaming(plan, layers, head), mode, new=4, loop=loop, ran=ran)
+            assert ran == [loop] and torch.equal(logits, ref_logits), (layers, head, mode, chunk, loop)
+            assert tokens == ref_tokens
+            assert counters["dense_bytes"]["layers"] > 0 if layers else counters["dense_bytes"]["layers"] == 0
+            copies = demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 4) if loop == "host" else 0
+            assert counters["dense_demand"] == copies
 
 
 def _checkpoint_bytes(prefix: str, elem: int) -> int:
@@ -370,23 +374,29 @@ def test_a_plan_streaming_dense_weights_without_buffers_is_one_line(packed_bf16,
 
 @pytest.mark.gpu
 def test_on_the_gpu_streamed_dense_weights_give_the_resident_logits(packed_bf16):
-    """The CPU comparison above on CUDA (bf16, Triton fused MoE): copies on the store's copy stream, the
-    compute stream waiting on their events, buffers reused only after their last kernel. Bit for bit
-    where two resident runs are (the kernels are deterministic), else within their run-to-run spread."""
+    """The CPU comparison above on CUDA (bf16, Triton fused MoE): the host loop's copies on the store's copy stream,
+    the compute stream waiting on their events, buffers reused only after their last kernel; bit for bit where two
+    resident runs are (the kernels are deterministic), else within their run-to-run spread. The device loop's
+    in-place reads (device tensors over pinned RAM) against the resident device loop, to bf16 rounding."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((4, 10, 3, 2), "lru", 5)]:
         plan = bf16_plan(*split, chunk=chunk)
-        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda", graphs=False)
-        again, _, _ = run(packed_bf16, plan, mode, new=8, device="cuda", graphs=False)
+        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda", graphs=False, loop="host")
+        again, _, _ = run(packed_bf16, plan, mode, new=8, device="cuda", graphs=False, loop="host")
         spread = float((again - ref_logits).abs().max())
+        dev_logits, dev_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda")      # the device loop
         for layers, head in STREAMS:
-            logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda")
+            logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda", loop="host")
             diff = float((logits - ref_logits).abs().max())
             assert diff <= spread, (layers, head, mode, chunk, diff, spread)
             assert tokens == ref_tokens
             assert c["dense_bytes"]["lm_head"] > 0 if head == "ram" else c["dense_bytes"]["lm_head"] == 0
             assert c["dense_demand"] == demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 8)
+            # the device loop: the streamed tensors read in place over PCIe inside the token's graph
+            logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda")
+            torch.testing.assert_close(logits, dev_logits, rtol=0, atol=2 ** -7 * float(dev_logits.abs().max()))
+            assert tokens == dev_tokens and c["dense_demand"] == 0
 
 
 @pytest.fixture(scope="module")
@@ -421,8 +431,9 @@ def test_tied_embeddings_stream_as_the_lm_head_or_stay_on_the_device(packed_tied
     sha = json.loads((packed_tied / "index.json").read_text())["config_sha256"]      # a plan for the tied config
     plan = dataclasses.replace(plan, sources=dataclasses.replace(
         plan.sources, model=dataclasses.replace(plan.sources.model, sha256=sha)))
-    ref_logits, ref_tokens, _ = run(packed_tied, plan, "lru", new=3, graphs=False)
-    logits, tokens, c = run(packed_tied, streaming(plan, layers, head), "lru", new=3)
-    assert torch.equal(logits, ref_logits) and tokens == ref_tokens
-    assert (c["dense_bytes"]["embeddings"] > 0) == (head == "ram")
-    assert (c["dense_bytes"]["lm_head"] > 0) == (head == "ram")
+    for loop in ("host", "device"):
+        ref_logits, ref_tokens, _ = run(packed_tied, plan, "lru", new=3, graphs=loop == "device", loop=loop)
+        logits, tokens, c = run(packed_tied, streaming(plan, layers, head), "lru", new=3, loop=loop)
+        assert torch.equal(logits, ref_logits) and tokens == ref_tokens, loop
+        assert (c["dense_bytes"]["embeddings"] > 0) == (head == "ram")
+        assert (c["dense_bytes"]["lm_head"] > 0) == (head == "ram")

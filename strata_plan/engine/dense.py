@@ -1,4 +1,5 @@
-"""Dense weights the plan keeps in pinned RAM, streamed to the device through the store's copy queue.
+"""Dense weights the plan keeps in pinned RAM, streamed to the device through the store's copy queue, or (the device
+loop, `in_place`) read by the kernels in place there.
 
     host = host_units(plan, cfg, plan_path)              # before anything is loaded: checks the plan
     model = MoEModel.load(folder, experts, context, device, dtype, host=host)
@@ -20,6 +21,12 @@ What the plan's `dense` section puts in RAM (planner/PLANNER.md, "dense"):
 - `embeddings: ram`: the embedding table stays in pinned RAM; a call gathers the tokens' rows on the host
   into pinned rows and copies them up (unless the table is tied to an lm_head kept in VRAM: then the
   device already holds it and the rows are gathered there).
+
+In place (`DenseStream(..., in_place=True)`, the engine's device loop): no buffers and no copies. Each streamed tensor
+is a device tensor over its pinned copy (`device_view`: its device address under unified addressing), so attention,
+norms, router, shared experts and the lm_head read it over PCIe as the MoE kernel reads RAM experts, inside the
+token's CUDA graph (no `before_layer` hook); tensors made at load (MLA's halves) are made once and kept in VRAM.
+`step_bytes()` is what a decode step reads in place (the device loop counts it).
 
 Order on the link: the copies are `transfers.Fetch`es on the store's one copy stream, so dense units,
 embedding rows and expert fetches share one ordered queue (demand before prefetch, prefetches in chunks).
@@ -160,9 +167,24 @@ def _typed(buf: torch.Tensor, p: _Part) -> torch.Tensor:
     return buf[p.offset:p.offset + p.nbytes].view(p.dtype).view(p.shape)
 
 
+def device_view(t: torch.Tensor, address: int, device: torch.device) -> torch.Tensor:
+    """A tensor on `device` over the pinned host memory of `t` (a contiguous CPU tensor) at device `address`: kernels
+    read it in place over PCIe (unified addressing). It keeps `t` alive."""
+    class _Interface:
+        def __init__(self):
+            self.__cuda_array_interface__ = {"data": (address, False), "shape": (t.numel() * t.element_size(),),
+                                             "typestr": "|u1", "version": 3}
+            self.keep = t
+    with torch.cuda.device(device):
+        raw = torch.as_tensor(_Interface(), device=device)
+    return raw.view(t.dtype).view(t.shape)
+
+
 class DenseStream:
-    def __init__(self, model, store, plan, host: frozenset, keep_routers: bool = False, plan_path: str = "plan"):
+    def __init__(self, model, store, plan, host: frozenset, keep_routers: bool = False, plan_path: str = "plan",
+                 in_place: bool = False):
         self.model, self.store, self.plan_path = model, store, plan_path
+        self.in_place = in_place and bool(plan.dense.streamed_layers or plan.dense.lm_head == "ram")
         self.device = store.device
         self.cuda = self.device.type == "cuda"
         self.transfers = store.transfers
@@ -179,21 +201,22 @@ class DenseStream:
         if d.lm_head == "ram":
             units.append(_layout(len(units), n_layers, LM_HEAD, [(model, "lm_head", model.lm_head, False)]))
         self.units = units
-        self.n_buffers = plan.staging.dense_buffers if units else 0
+        self.n_buffers = plan.staging.dense_buffers if units and not self.in_place else 0
         for u in units:
-            u.buffer = u.index % self.n_buffers
+            u.buffer = u.index % self.n_buffers if self.n_buffers else 0
         self.unit_of = {u.layer: u for u in units}
         host_embed = "embed" in host
         tied_to_head = bool(units) and units[-1].kind == LM_HEAD and model.lm_head is model.embed
         embed_own = host_embed and not tied_to_head
         embed_bytes = model.embed.numel() * model.embed.element_size() if embed_own else 0
         # ---- capacity, then allocate once ----------------------------------------------------------------
-        self.buffer_bytes = max((u.size for u in units), default=0)
+        self.buffer_bytes = max((u.size for u in units), default=0) if not self.in_place else 0
         total = sum(_up(u.nbytes) for u in units)
         self.rows_cap = max(1, plan.prefill_chunk)
         H = model.cfg.hidden
         row_bytes = self.rows_cap * H * model.embed.element_size() if host_embed else 0
-        self._check_capacity(self.n_buffers * self.buffer_bytes + row_bytes, total + embed_bytes + row_bytes)
+        derived = sum(p.nbytes for u in units for p in u.parts if p.derived) if self.in_place else 0
+        self._check_capacity(self.n_buffers * self.buffer_bytes + row_bytes + derived, total + embed_bytes + row_bytes)
         self._region_backing, region = aligned_empty(max(ALIGN, total + embed_bytes), pin=self.cuda)
         row = _up(max(1, self.buffer_bytes))           # every buffer starts ALIGN-aligned
         self.buffers = torch.empty((max(1, self.n_buffers), row), dtype=torch.uint8, device=self.device)
@@ -206,9 +229,22 @@ class DenseStream:
             for p, t in zip(u.parts, data):
                 if not p.derived:
                     _typed(u.src, p).copy_(t)
+                if self.in_place:             # the kernels read the pinned copy itself; derived tensors: below
+                    if not p.derived:
+                        view = self._in_place_view(_typed(u.src, p))
+                        for owner, name in p.owners:
+                            setattr(owner, name, view)
+                    continue
                 view = _typed(self.buffers[u.buffer], p)
                 for owner, name in p.owners:
                     setattr(owner, name, view)
+            if self.in_place:                 # made once from the pinned tensors, kept in VRAM
+                for p in u.parts:
+                    if p.derived:
+                        owner, name = p.owners[0]
+                        made = owner.derived()[name].to(self.device)
+                        for o, n in p.owners:
+                            setattr(o, n, made)
             off += u.nbytes
         # ---- embeddings --------------------------------------------------------------------------------
         self.embed_host = None
@@ -231,8 +267,31 @@ class DenseStream:
         self._running: _Unit | None = None
         self._next = 0
         self._row_fetch: Fetch | None = None
-        if units:
+        if units and not self.in_place:
             model.before_layer = self.before_layer
+
+    def _in_place_view(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` (in the pinned region) as the kernels read it: on a GPU a device tensor at its device address (read over
+        PCIe, `device_view`); on a CPU (the stand-in) `t` itself."""
+        if not self.cuda:
+            return t
+        return device_view(t, self._device_address(t), self.device)
+
+    def _device_address(self, t: torch.Tensor) -> int:
+        """The device address of a tensor in the pinned region: a registered `HostRegion` at its device address, torch's
+        pinned memory (cudaHostAlloc) at its host address (unified addressing)."""
+        r = self._region_backing
+        if getattr(r, "registered", False):
+            return r.device_ptr + (t.data_ptr() - r.host_ptr)
+        return t.data_ptr()
+
+    def step_bytes(self) -> dict[str, int]:
+        """In place: the dense bytes a decode step reads from pinned RAM (the streamed layers', the lm_head's)."""
+        out = {LAYERS: 0, LM_HEAD: 0}
+        if self.in_place:
+            for u in self.units:
+                out[u.kind] += u.payload
+        return out
 
     # ---- start-up ---------------------------------------------------------------------------------------
     def _read_layer(self, i: int, src, keep_routers: bool) -> list[torch.Tensor]:
@@ -335,12 +394,11 @@ class DenseStream:
         `kernels.gather`), or None (no table in RAM, or a CPU device). A large table is in a registered region
         (`pinned.HostRegion`, at its device address); a small one in torch's pinned memory (cudaHostAlloc), which
         under unified addressing a kernel reads at its host address."""
-        r = self._region_backing
         if self.embed_host is None or not self.cuda:
             return None
-        if getattr(r, "registered", False):
-            return r.device_ptr + (self.embed_host.data_ptr() - r.host_ptr)
-        return self.embed_host.data_ptr() if self.embed_host.is_pinned() else None
+        if getattr(self._region_backing, "registered", False) or self.embed_host.is_pinned():
+            return self._device_address(self.embed_host)
+        return None
 
     def embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows [T, H] of token_ids [T]: gathered on the host from pinned RAM, copied up."""

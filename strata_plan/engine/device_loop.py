@@ -66,6 +66,7 @@ class DeviceDecode:
         self.x0 = torch.zeros((1, model.cfg.hidden), dtype=model.dtype, device=model.device)   # the token's row
         self.tok = torch.zeros(1, dtype=torch.long, device=model.device)                        # the graph's input
         self._embed_at: int | None = None      # embed_in_place: the table's byte offset from the arena
+        self.dense_step_bytes: dict[str, int] = {}   # dense weights a step reads in place from pinned RAM (counted)
         experts.staged = experts.replay is not None
         self.calls: dict[str, int] = {}      # steps run, by variant ("step": logits; "greedy": the argmax)
         self.greedy = True                   # the model may ask for the argmax inside the step
@@ -124,11 +125,14 @@ class DeviceDecode:
             self._collect()
         t0 = time.perf_counter()
         self.ex.sync_replay()
+        counted = self.ex.store.counters.dense_bytes
         if self._embed_at is None:
             self.x0.copy_(self.m.embed_tokens(token_ids.reshape(1)))    # eager: the model's gather
         else:
             self.tok.copy_(token_ids.reshape(1), non_blocking=True)
-            self.ex.store.counters.dense_bytes[EMBED] += self.x0.numel() * self.x0.element_size()
+            counted[EMBED] += self.x0.numel() * self.x0.element_size()
+        for kind, n in self.dense_step_bytes.items():                  # streamed dense weights read in place
+            counted[kind] += n
         if self.timing and self._ev:
             self._ev[0].record()
         out = self._run(key, mode)

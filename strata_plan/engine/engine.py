@@ -139,7 +139,8 @@ class Engine:
                                    depth=plan.prefetch_depth if options.mode == "plan" else 0,
                                    backend=options.backend, replay=replay, in_place=in_place)
             model = MoEModel.load(folder, experts, context=plan.context, device=device, dtype=dtype, host=host)
-            dense = DenseStream(model, store, plan, host, keep_routers=experts.depth > 0, plan_path=plan_path)
+            dense = DenseStream(model, store, plan, host, keep_routers=experts.depth > 0, plan_path=plan_path,
+                                in_place=in_place)
         except BaseException:
             store.close()
             raise
@@ -151,6 +152,7 @@ class Engine:
             model.step_runner = runner(model, experts, graphs=device.type == "cuda")
             if in_place:
                 model.step_runner.embed_in_place(dense.embed_address())
+                model.step_runner.dense_step_bytes = dense.step_bytes()
         eng = cls(folder, plan, store, model, experts, options)
         eng.loop = "device" if in_place else "host"
         eng.dense = dense

@@ -23,7 +23,8 @@ hints) reach the host, the store issues the copies, the MoE call is launched.
     t += rt + demand stall + (1 - overlap) prefetch time;  t = max(t, done_{j-d} + rt + prefetch time)   MoE layers
     (overlap: calibration `prefetch_overlap`, the share of a prefetch's link time the engine hides; 1 the ideal)
     t += k sum_r p_r b_r / kernel_GBps(format_r);  done_j = t   (kernel_GBps: the fused MoE decode call, rates.py)
-    streamed dense weights: double buffered, serial on the link, must land before their layer starts
+    streamed dense weights: double buffered, serial on the link, must land before their layer starts (in place, the
+    device loop: read over PCIe as their layer runs, bytes / R_zc(bytes), instead of over HBM)
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
 
 In place (the engine's device loop, `Problem.loop` "device", when the placement has no lookahead and no NVMe
@@ -218,6 +219,12 @@ class CostModel:
             mid = 0.5 * (lo + hi)
             lo, hi = (mid, hi) if np.sum(1.0 - np.exp(-lam * mid)) < free else (lo, mid)
         return np.exp(-lam * hi)
+
+    def in_place_dense_seconds(self, nbytes: float) -> float:
+        """Seconds the device loop's kernels take to read a streamed dense unit in place from pinned RAM (attention,
+        norms, router, shared experts or the lm_head over PCIe, `engine.dense` in place): bytes / R_zc(bytes), serial
+        with the layer (nothing else is read meanwhile)."""
+        return nbytes / self.zero_copy(nbytes) if nbytes else 0.0
 
     def ram_read_seconds(self, warm_bytes: np.ndarray) -> np.ndarray:
         """[L] seconds the kernels take to read each MoE layer's RAM bytes a token in place: bytes / R_zc(bytes)."""
@@ -449,7 +456,8 @@ class CostModel:
             link_p = max(max(links), host)
         else:
             moe_link = dem_p + pre_p if t_ram is None else t_ram
-            link_p = float(np.sum(moe_link)) + sum(self._stream_time(u) for u in streamed) + row / self.h2d(row)
+            dense = self.in_place_dense_seconds if t_ram is not None else self._stream_time
+            link_p = float(np.sum(moe_link)) + sum(dense(u) for u in streamed) + row / self.h2d(row)
         T = max(t, link_p, link_n)
         dec_seconds.update(pcie_link=link_p, nvme_link=link_n, token=T)
         if T > t:
@@ -587,11 +595,17 @@ class CostModel:
             g = int(ug[i])
             if i and g != ug[i - 1]:
                 cross(int(ug[i - 1]), g)
-            if not placement.dense_resident[i]:
+            hbm_i = t_hbm[i]
+            if not placement.dense_resident[i] and t_ram is not None:   # in place: read over PCIe as it runs
+                pinned = self.in_place_dense_seconds(units[i])
+                sec["pcie"] += pinned
+                t += pinned
+                hbm_i = lay["kv"][i] / self.hbm_rate
+            elif not placement.dense_resident[i]:
                 stream(g, i)
             sec["overhead"] += self.overhead
-            sec["hbm" if t_hbm[i] >= t_fl[i] else "compute"] += max(t_hbm[i], t_fl[i])
-            t += self.overhead + max(t_hbm[i], t_fl[i])
+            sec["hbm" if hbm_i >= t_fl[i] else "compute"] += max(hbm_i, t_fl[i])
+            t += self.overhead + max(hbm_i, t_fl[i])
             j = moe_index.get(i)
             if j is not None and t_ram is not None:      # in place: RAM and VRAM experts read side by side
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
@@ -641,9 +655,14 @@ class CostModel:
         g, head = int(ug[-1]), models[-1]
         if g != ug[-2]:                                    # the head alone on the next GPU
             cross(int(ug[-2]), g)
-        if not placement.dense_resident[-1]:            # lm_head
-            stream(g, len(units) - 1)
         t_lm_hbm, t_lm_fl = units[-1] / head.hbm_rate, 2.0 * self.problem.head_params / head.flop_rate
+        if not placement.dense_resident[-1] and t_ram is not None:     # lm_head read in place
+            pinned = self.in_place_dense_seconds(units[-1])
+            sec["pcie"] += pinned
+            t += pinned
+            t_lm_hbm = 0.0
+        elif not placement.dense_resident[-1]:            # lm_head
+            stream(g, len(units) - 1)
         sec["hbm" if t_lm_hbm >= t_lm_fl else "compute"] += max(t_lm_hbm, t_lm_fl)
         return sec, t + max(t_lm_hbm, t_lm_fl)
 
