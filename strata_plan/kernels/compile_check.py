@@ -70,7 +70,7 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31, smoke: bool = 
 def _device_loop_kernels(arch: int) -> list:
     """The device loop's small kernels (every token: the LRU step, the fill, the embedding gather) and the
     profiler's zero-copy probe."""
-    from . import gather, lru, stage_wait, stream_read
+    from . import gather, lru, prefetch, stage_wait, stream_read
     i64 = P["i64"]
     st = {"static_p": P["i8"], "slot_expert_p": i64, "slot_stamp_p": i64, "slot_offset_p": i64, "n_slots_p": i64,
           "ram_offset_p": i64, "nbytes_p": i64, "table_p": i64, "admit_p": i64, "tick_p": i64, "counts_p": i64}
@@ -96,6 +96,21 @@ def _device_loop_kernels(arch: int) -> list:
             "E": "i32", "tier_p": P["i8"], "table_p": i64, "words_at": "i64", "ring_at": "i64", "scores_at": "i64",
             "R": "i32", "cached_hi": "i64"},
             dict(K=8, G=32, W=16, GB=32, HAS_GUESS=True, GPU=True), arch, num_warps=1)),
+        ("prefetch claim", _compile(prefetch.claim_kernel, {
+            "gids_p": i64, "jj": "i32", "E": "i32", "state_p": i64, "where_p": i64, "assign_p": i64, "table_p": i64,
+            "tier_p": P["i8"], "S": "i32", "cached_hi": "i64"}, dict(G=8), arch, num_warps=1)),
+        ("prefetch copy", _compile(prefetch.copy_kernel, {
+            "arena_p": P["u8"], "gids_p": i64, "jj": "i32", "E": "i32", "assign_p": i64, "slot_offset_p": i64,
+            "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64}, dict(CHUNK=prefetch.COPY_CHUNK), arch)),
+        ("prefetch publish", _compile(prefetch.publish_kernel, {
+            "gids_p": i64, "jj": "i32", "E": "i32", "state_p": i64, "assign_p": i64}, dict(G=8), arch, num_warps=1)),
+        ("prefetch resolve", _compile(prefetch.resolve_kernel, {
+            "ids_p": i64, "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64,
+            "table_p": i64, "src_p": i64, "tier_p": P["i8"], "counts_p": i64, "cached_hi": "i64"},
+            dict(K=8, HAS_SRC=True), arch, num_warps=1)),
+        ("prefetch release", _compile(prefetch.release_kernel, {
+            "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64, "ram_rows_p": i64,
+            "table_p": i64, "src_p": i64, "counts_p": i64, "S": "i32"}, dict(HAS_SRC=True), arch, num_warps=1)),
     ]
 
 

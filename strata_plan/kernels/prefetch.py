@@ -1,0 +1,269 @@
+"""Router-lookahead prefetch inside the device loop's graph: VRAM staging slots with a protocol that cannot race.
+
+    claim(gids, jj, st)            # side stream: a FREE slot for each guessed RAM expert of layer jj (CAS FREE -> FILLING)
+    copy(arena, gids, jj, st)      # side stream: the claimed experts copied from pinned RAM into their slots
+    publish(gids, jj, st)          # side stream: FILLING -> READY (release), or TAKEN -> TAKEN_DONE
+    resolve(ids, j, st)            # main stream, before layer j's MoE: READY slots are read, FILLING ones TAKEN
+    release(j, st)                 # main stream, after layer j's MoE: slots of layers <= j back to FREE
+
+Each staging slot has a state word, `(tag << 3) | state` with tag = layer * E + expert, changed only by atomic
+compare-and-swap or exchange at GPU scope:
+
+    FREE -> FILLING (claim)  -> READY (publish, after the copy kernel: a release)  -> CONSUMED (resolve: used)
+                             -> TAKEN (resolve found it still filling: the layer reads the expert in place from RAM)
+                                      -> TAKEN_DONE (publish: the copy is over)
+    READY / CONSUMED / TAKEN_DONE -> FREE (release, main stream, after the layer's down projection)
+
+`resolve` loads a slot's word with acquire semantics once per routed id; an expert it finds READY is read from its
+slot (the table, and the device LRU's fill source, point there until `release`), one it finds FILLING is TAKEN and read
+in place from pinned RAM: a late or wrong guess costs link bytes (counted as wasted), never a wait or a wrong result.
+`where [L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the tag. A slot is written
+only by the copy of the claim that holds it, and freed only from the main stream after its consumer ran, or, for a
+guess nobody routed, by a later `release` once its copy is over (at the latest `release(L - 1)` after the token's
+streams joined). Counters `counts [L, 4]`: uses served from a slot, uses TAKEN (late), slots freed unused (wasted),
+bytes copied. `reference_*` are the same in plain Python (the CPU engine's path: there the side stream is the main one,
+so a claimed guess is READY when its layer runs); the kernels are held to them under the interpreter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .triton_common import tl, triton
+
+FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
+USED, LATE, WASTED, COPIED = range(4)
+COPY_CHUNK = 64 << 10          # bytes one program of the copy kernel moves
+# the states as the kernels see them (a jitted function reads only constexpr globals)
+_FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED = (tl.constexpr(v) for v in range(6))
+
+
+@dataclass(frozen=True)
+class PrefetchState:
+    state: torch.Tensor        # int64 [S] slot words
+    slot_offset: torch.Tensor  # int64 [S] arena offsets of the staging slots
+    where: torch.Tensor        # int64 [L, E] the slot claimed for (layer, expert), -1 none
+    assign: torch.Tensor       # int64 [G] the slot each guess of the current claim got, -1 none
+    ram_rows: torch.Tensor     # int64 [L, E] each RAM expert's in-place offset (pinned RAM), never changed
+    tier: torch.Tensor         # int8 [L, E] 0 VRAM, 1 RAM, 2 NVMe
+    nbytes: torch.Tensor       # int64 [L, E]
+    table: torch.Tensor        # int64 [L, E] the offsets fused_moe reads
+    src: torch.Tensor | None   # int64 [L, E] the device LRU's fill source (None without a cache)
+    counts: torch.Tensor       # int64 [L, 4]
+    cached_hi: int             # table entries in [0, cached_hi) are VRAM
+
+
+def _word(tag, st):
+    return tag * 8 + st
+
+
+@triton.jit
+def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, cached_hi, G: tl.constexpr):
+    # gids_p: int64 [G] guessed ids of layer jj, best first (-1 padded); one program
+    for i in tl.static_range(G):
+        e = tl.load(gids_p + i)
+        at = jj * E + tl.maximum(e, 0)
+        cur = tl.load(table_p + at)
+        ok = (e >= 0) & (tl.load(tier_p + at) == 1) & ((cur < 0) | (cur >= cached_hi)) & (tl.load(where_p + at) < 0)
+        got = e * 0 - 1
+        s = got * 0
+        while ok & (got < 0) & (s < S):                       # the first FREE slot, taken by CAS
+            old = tl.atomic_cas(state_p + s, s * 0 + _FREE, (at * 8 + _FILLING).to(tl.int64), sem="acq_rel")
+            got = tl.where(old == _FREE, s, got)
+            s += 1
+        tl.store(assign_p + i, got)
+        tl.store(where_p + at, got, mask=got >= 0)
+
+
+@triton.jit
+def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nbytes_p, counts_p,
+                CHUNK: tl.constexpr):
+    # grid (G, chunks): program (i, b) copies bytes [b CHUNK, (b + 1) CHUNK) of guess i's expert into its slot
+    i = tl.program_id(0)
+    b = tl.program_id(1)
+    s = tl.load(assign_p + i)
+    e = tl.maximum(tl.load(gids_p + i), 0)
+    n = tl.where(s >= 0, tl.load(nbytes_p + jj * E + e), 0)
+    w = tl.cast(b, tl.int64) * (CHUNK // 8) + tl.arange(0, CHUNK // 8)       # [CHUNK / 8] int64 words
+    ok = w < n // 8
+    src = (arena_p + tl.load(ram_rows_p + jj * E + e)).to(tl.pointer_type(tl.int64))
+    dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
+    tl.store(dst + w, tl.load(src + w, mask=ok), mask=ok)
+    if (b == 0) & (s >= 0):
+        tl.atomic_add(counts_p + jj * 4 + 3, n, sem="relaxed")
+
+
+@triton.jit
+def publish_kernel(gids_p, jj, E, state_p, assign_p, G: tl.constexpr):
+    # after the copy kernel (stream order): each claimed slot FILLING -> READY with release, or TAKEN -> TAKEN_DONE
+    for i in tl.static_range(G):
+        s = tl.load(assign_p + i)
+        tag = jj * E + tl.maximum(tl.load(gids_p + i), 0)
+        if s >= 0:
+            old = tl.atomic_cas(state_p + s, (tag * 8 + _FILLING).to(tl.int64), (tag * 8 + _READY).to(tl.int64),
+                                sem="release")
+            if old != tag * 8 + _FILLING:                      # resolve took it: the layer read it in place
+                tl.atomic_xchg(state_p + s, (tag * 8 + _TAKEN_DONE).to(tl.int64), sem="release")
+
+
+@triton.jit
+def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, counts_p, cached_hi,
+                   K: tl.constexpr, HAS_SRC: tl.constexpr):
+    # ids_p: int64 [K] layer j's routed ids; one program; before the LRU step and the MoE kernels of layer j
+    n_used = tl.zeros([], tl.int64)
+    n_late = tl.zeros([], tl.int64)
+    for i in tl.static_range(K):
+        e = tl.load(ids_p + i)
+        at = j * E + e
+        cur = tl.load(table_p + at)
+        s = tl.load(where_p + at)
+        ok = (tl.load(tier_p + at) == 1) & ((cur < 0) | (cur >= cached_hi)) & (s >= 0)
+        if ok:
+            ready, filling = (at * 8 + _READY).to(tl.int64), (at * 8 + _FILLING).to(tl.int64)
+            old = tl.atomic_cas(state_p + s, ready, (at * 8 + _CONSUMED).to(tl.int64), sem="acquire")
+            if old == filling:                                # still being copied: take it, read in place
+                old = tl.atomic_cas(state_p + s, filling, (at * 8 + _TAKEN).to(tl.int64), sem="acq_rel")
+                if old == ready:                              # published meanwhile: use it after all
+                    old = tl.atomic_cas(state_p + s, ready, (at * 8 + _CONSUMED).to(tl.int64), sem="acquire")
+            use = old == ready
+            n_late += (old == filling).to(tl.int64)
+            n_used += use.to(tl.int64)
+            if use:
+                off = tl.load(slot_offset_p + s)
+                tl.store(table_p + at, off)
+                if HAS_SRC:
+                    tl.store(src_p + at, off)
+    tl.store(counts_p + j * 4 + 0, tl.load(counts_p + j * 4 + 0) + n_used)
+    tl.store(counts_p + j * 4 + 1, tl.load(counts_p + j * 4 + 1) + n_late)
+
+
+@triton.jit
+def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, src_p, counts_p, S,
+                   HAS_SRC: tl.constexpr):
+    # main stream, after layer j's MoE: slots of layers <= j whose copy is over back to FREE; one program
+    s = tl.zeros([], tl.int64)
+    while s < S:
+        w = tl.atomic_add(state_p + s, 0, sem="acquire")
+        st = w % 8
+        at = w // 8
+        layer = at // E
+        done = ((st == _READY) | (st == _CONSUMED) | (st == _TAKEN_DONE)) & (layer <= j)
+        if done:
+            off = tl.load(slot_offset_p + s)
+            back = tl.load(ram_rows_p + at)
+            if tl.load(table_p + at) == off:                  # still pointing at the slot (not the LRU's)
+                tl.store(table_p + at, back)
+            if HAS_SRC:
+                if tl.load(src_p + at) == off:
+                    tl.store(src_p + at, back)
+            if tl.load(where_p + at) == s:
+                tl.store(where_p + at, s * 0 - 1)
+            wasted = (st != _CONSUMED).to(tl.int64)
+            tl.store(counts_p + layer * 4 + 2, tl.load(counts_p + layer * 4 + 2) + wasted)
+            tl.atomic_xchg(state_p + s, s * 0 + _FREE, sem="release")
+        s += 1
+
+
+def claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
+    E = st.table.shape[1]
+    claim_kernel[(1,)](gids, jj, E, st.state, st.where, st.assign, st.table, st.tier, st.state.numel(),
+                       st.cached_hi, G=gids.numel(), num_warps=1)
+
+
+def copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState, max_bytes: int) -> None:
+    E = st.table.shape[1]
+    copy_kernel[(gids.numel(), triton.cdiv(max_bytes, COPY_CHUNK))](arena, gids, jj, E, st.assign, st.slot_offset,
+                                                                    st.ram_rows, st.nbytes, st.counts,
+                                                                    CHUNK=COPY_CHUNK)
+
+
+def publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
+    publish_kernel[(1,)](gids, jj, st.table.shape[1], st.state, st.assign, G=gids.numel(), num_warps=1)
+
+
+def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
+    src = st.src if st.src is not None else st.table
+    resolve_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src,
+                         st.tier, st.counts, st.cached_hi, K=ids.numel(), HAS_SRC=st.src is not None, num_warps=1)
+
+
+def release(j: int, st: PrefetchState) -> None:
+    src = st.src if st.src is not None else st.table
+    release_kernel[(1,)](j, st.table.shape[1], st.state, st.where, st.slot_offset, st.ram_rows, st.table, src,
+                         st.counts, st.state.numel(), HAS_SRC=st.src is not None, num_warps=1)
+
+
+# ---- the plain reference (the CPU engine's path; the kernels are held to it) -----------------------------------
+def _ram_and_off_vram(st: PrefetchState, at: tuple[int, int]) -> bool:
+    cur = int(st.table[at])
+    return int(st.tier[at]) == 1 and not 0 <= cur < st.cached_hi
+
+
+def reference_claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
+    E = st.table.shape[1]
+    for i, e in enumerate(int(x) for x in gids.reshape(-1).tolist()):
+        got = -1
+        if e >= 0 and _ram_and_off_vram(st, (jj, e)) and int(st.where[jj, e]) < 0:
+            free = (st.state == FREE).nonzero().flatten().tolist()
+            if free:
+                got = free[0]
+                st.state[got] = _word(jj * E + e, FILLING)
+                st.where[jj, e] = got
+        st.assign[i] = got
+
+
+def reference_copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
+    for i, e in enumerate(int(x) for x in gids.reshape(-1).tolist()):
+        s = int(st.assign[i])
+        if s >= 0:
+            n, a, b = int(st.nbytes[jj, e]), int(st.ram_rows[jj, e]), int(st.slot_offset[s])
+            arena[b:b + n] = arena[a:a + n]
+            st.counts[jj, COPIED] += n
+
+
+def reference_publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
+    E = st.table.shape[1]
+    for i, e in enumerate(int(x) for x in gids.reshape(-1).tolist()):
+        s = int(st.assign[i])
+        if s >= 0:
+            tag = jj * E + e
+            st.state[s] = _word(tag, READY if int(st.state[s]) == _word(tag, FILLING) else TAKEN_DONE)
+
+
+def reference_resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
+    E = st.table.shape[1]
+    for e in (int(x) for x in ids.reshape(-1).tolist()):
+        s = int(st.where[j, e])
+        if not (_ram_and_off_vram(st, (j, e)) and s >= 0):
+            continue
+        tag, w = j * E + e, int(st.state[s])
+        if w == _word(tag, READY):
+            st.state[s] = _word(tag, CONSUMED)
+            off = int(st.slot_offset[s])
+            st.table[j, e] = off
+            if st.src is not None:
+                st.src[j, e] = off
+            st.counts[j, USED] += 1
+        elif w == _word(tag, FILLING):
+            st.state[s] = _word(tag, TAKEN)
+            st.counts[j, LATE] += 1
+
+
+def reference_release(j: int, st: PrefetchState) -> None:
+    E = st.table.shape[1]
+    for s in range(st.state.numel()):
+        w = int(st.state[s])
+        stt, at = w % 8, w // 8
+        layer, e = divmod(at, E)
+        if stt not in (READY, CONSUMED, TAKEN_DONE) or layer > j:
+            continue
+        off, back = int(st.slot_offset[s]), int(st.ram_rows[layer, e])
+        if int(st.table[layer, e]) == off:
+            st.table[layer, e] = back
+        if st.src is not None and int(st.src[layer, e]) == off:
+            st.src[layer, e] = back
+        if int(st.where[layer, e]) == s:
+            st.where[layer, e] = -1
+        st.counts[layer, WASTED] += int(stt != CONSUMED)
+        st.state[s] = FREE

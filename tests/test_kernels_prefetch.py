@@ -1,0 +1,117 @@
+"""The device loop's lookahead prefetch (kernels/prefetch.py): the slot protocol's kernels (interpreted on a CPU,
+compiled on a GPU) against the plain reference, state for state, in the orders the two streams can interleave."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strata_plan.kernels import prefetch as pf
+
+L, E, K, S = 3, 16, 4, 3
+BLOB = 4096 * 2
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+VRAM = 8 * 4096 + S * BLOB + 4096              # static experts, the staging slots, the poison slot
+POISON = VRAM - 4096
+
+
+def _setup(with_src: bool = False):
+    """(arena, state): experts 0-3 static, 4-11 in pinned RAM (each a distinct byte pattern), 12-15 NVMe; three
+    staging slots after the static experts. The "RAM" lies in the same buffer past the VRAM part."""
+    ram_at = VRAM
+    arena = torch.zeros(VRAM + L * E * BLOB, dtype=torch.uint8)
+    tier = torch.zeros((L, E), dtype=torch.int8)
+    tier[:, 4:12] = 1
+    tier[:, 12:] = 2
+    rows = torch.full((L, E), POISON, dtype=torch.int64)
+    rows[:, :4] = torch.arange(4) * 4096
+    for j in range(L):
+        for e in range(4, 12):
+            at = ram_at + (j * E + e) * BLOB
+            rows[j, e] = at
+            arena[at:at + BLOB] = (j * E + e) % 251 + 1
+    arena = arena.to(DEV)
+    d = lambda t: t.to(DEV)                    # noqa: E731
+    st = pf.PrefetchState(state=d(torch.zeros(S, dtype=torch.int64)),
+                          slot_offset=d(torch.tensor([8 * 4096 + i * BLOB for i in range(S)])),
+                          where=d(torch.full((L, E), -1, dtype=torch.int64)), assign=d(torch.full((K,), -1)),
+                          ram_rows=d(rows), tier=d(tier), nbytes=d(torch.full((L, E), BLOB)), table=d(rows.clone()),
+                          src=d(rows.clone()) if with_src else None, counts=d(torch.zeros((L, 4), dtype=torch.int64)),
+                          cached_hi=POISON)
+    return arena, st
+
+
+KERNELS = {"claim": lambda a, g, jj, st: pf.claim(g, jj, st), "copy": lambda a, g, jj, st: pf.copy(a, g, jj, st, BLOB),
+           "publish": lambda a, g, jj, st: pf.publish(g, jj, st), "resolve": lambda a, ids, j, st: pf.resolve(ids, j, st),
+           "release": lambda a, _, j, st: pf.release(j, st)}
+REFERENCE = {"claim": lambda a, g, jj, st: pf.reference_claim(g, jj, st),
+             "copy": lambda a, g, jj, st: pf.reference_copy(a, g, jj, st),
+             "publish": lambda a, g, jj, st: pf.reference_publish(g, jj, st),
+             "resolve": lambda a, ids, j, st: pf.reference_resolve(ids, j, st),
+             "release": lambda a, _, j, st: pf.reference_release(j, st)}
+
+
+def _play(steps, with_src=False):
+    """Both implementations through the same steps [(name, ids, layer)]; their states after each step must agree."""
+    runs = []
+    for impl in (KERNELS, REFERENCE):
+        arena, st = _setup(with_src)
+        trace = []
+        for name, ids, j in steps:
+            impl[name](arena, torch.tensor(ids, device=DEV), j, st)
+            if DEV.type == "cuda":
+                torch.cuda.synchronize()
+            trace.append((st.state.tolist(), st.where.tolist(), st.table.tolist(),
+                          None if st.src is None else st.src.tolist(), st.counts.tolist()))
+        runs.append((trace, arena, st))
+    (kt, ka, _), (rt, ra, _) = runs
+    for step, (a, b) in enumerate(zip(kt, rt)):
+        assert a == b, steps[step]
+    assert torch.equal(ka, ra)
+    return runs[1][2], runs[1][1]
+
+
+def test_a_guess_landed_in_time_is_read_from_its_slot_then_freed():
+    g = [5, 2, 13, 7]                       # RAM, static (skipped), NVMe (skipped), RAM
+    st, arena = _play([("claim", g, 1), ("copy", g, 1), ("publish", g, 1), ("resolve", [5, 0, 9, 12], 1),
+                       ("release", [], 1)])
+    # 5 was used from its slot (then freed); 7 was guessed and not routed: wasted; 9 not guessed: in place
+    assert st.counts[1].tolist() == [1, 0, 1, 2 * BLOB]
+    assert st.state.tolist() == [pf.FREE] * S and (st.where == -1).all()
+    assert torch.equal(st.table, st.ram_rows)           # every entry back to pinned RAM
+
+
+def test_during_the_layer_the_table_points_at_the_slot_and_the_slot_holds_the_expert():
+    g = [6, -1, -1, -1]
+    st, arena = _play([("claim", g, 2), ("copy", g, 2), ("publish", g, 2), ("resolve", [6, 1, 2, 3], 2)],
+                      with_src=True)
+    off = int(st.table[2, 6])
+    assert off == int(st.slot_offset[0]) == int(st.src[2, 6])
+    a = int(st.ram_rows[2, 6])
+    assert torch.equal(arena[off:off + BLOB], arena[a:a + BLOB])
+
+
+def test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for():
+    g = [4, 8, -1, -1]
+    st, _ = _play([("claim", g, 0), ("copy", g, 0), ("resolve", [4, 9, 1, 2], 0),     # not published yet
+                   ("release", [], 0),                                                    # 4 TAKEN: not freed
+                   ("publish", g, 0),                                                     # 4 -> TAKEN_DONE, 8 READY
+                   ("release", [], 0)])
+    assert st.counts[0].tolist() == [0, 1, 2, 2 * BLOB]     # 4 late (read in place), 4 and 8 copied for nothing
+    assert st.state.tolist() == [pf.FREE] * S and torch.equal(st.table, st.ram_rows)
+
+
+def test_slots_run_out_and_guesses_of_a_later_layer_outlive_an_earlier_release():
+    g1, g2 = [4, 5, 6, 7], [8, 9, -1, -1]
+    st, _ = _play([("claim", g1, 1), ("copy", g1, 1), ("publish", g1, 1),     # 3 slots: the 4th guess gets none
+                   ("release", [], 0),                                          # layer 0 done: layer 1's stay
+                   ("resolve", [4, 5, 6, 7], 1), ("release", [], 1),
+                   ("claim", g2, 2), ("copy", g2, 2), ("publish", g2, 2), ("release", [], 2)])
+    assert st.counts[1].tolist() == [3, 0, 0, 3 * BLOB] and st.counts[2].tolist() == [0, 0, 2, 2 * BLOB]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_kernels_are_the_reference():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    test_a_guess_landed_in_time_is_read_from_its_slot_then_freed()
+    test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for()
