@@ -298,6 +298,11 @@ def main() -> int:
             metrics["zero_copy_gbps"] = rate
             metrics[f"{k}.bound_tok_s"] = bound
             metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / bound
+            # with lookahead the link may overlap the rest of the step: 1 / max(t_nonMoE, B / R_zc), B every byte
+            # that crossed the link (copies of guesses, wasted ones included)
+            metrics[f"{k}.overlap_bound_tok_s"] = 1.0 / max(parts["without_moe_s"], B / (rate * 1e9))
+            metrics[f"{k}.prefetch_gb_per_token"] = r["counters"]["prefetch_bytes"] / (len(r["tokens"]) + 1) / 1e9
+            metrics[f"{k}.wasted_gb_per_token"] = r["bytes_per_token"]["wasted"] / 1e9
             metrics[f"{k}.t_nonmoe_ms"] = parts["without_moe_s"] * 1e3
             metrics[f"{k}.step_gpu_ms"] = parts["step_s"] * 1e3
             metrics[f"{k}.ram_gb_per_token"] = B / 1e9

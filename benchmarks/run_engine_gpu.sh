@@ -33,6 +33,6 @@ timeout "$(left 470)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --pla
   --layers "$DEVICE_LOOP_LAYERS" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_device_loop.log" | grep -v '^ "'
 [ -n "${GPU_TESTS-1}" ] && timeout "$(left 590)" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py \
   tests/test_engine_runtime.py tests/test_engine_models.py tests/test_engine_staging.py tests/test_kernels_stage_wait.py \
-  tests/test_kernels_lru.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 \
+  tests/test_kernels_lru.py tests/test_kernels_prefetch.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 \
   | tee "$OUT/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -30
 echo "run_engine_gpu: $(( $(date +%s) - t0 ))s"

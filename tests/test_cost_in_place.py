@@ -150,18 +150,11 @@ def test_a_cache_in_the_device_loop_is_the_fill_then_the_kernel(tiny):
     assert cm.predict(place).decode_tok_s > CostModel(p.replace(loop="host")).predict(place).decode_tok_s
 
 
-@pytest.mark.parametrize("change", ["lookahead", "split"])
-def test_placements_the_device_loop_cannot_run_are_priced_as_before(tiny, change):
-    """A lookahead without an NVMe tier, or a second GPU: the host loop's figures, in either loop."""
-    E = tiny.curves.n_experts
-    base = in_place_placement(tiny)
-    p = tiny
-    if change == "lookahead":
-        place = dataclasses.replace(base, prefetch_depth=1)
-    else:                                           # the tiny model split over two GPUs
-        p = tiny_problem(profile="rtx-pro-6000").replace(profile=load_profile("rtx-pro-6000-x2"),
-                                                         budget=Budget(2 * 10**13, 10**13, 10**13, 0, (10**13, 10**13)))
-        place = dataclasses.replace(in_place_placement(p), gpu_split=(1,))
+def test_a_split_over_two_gpus_is_priced_as_before():
+    """A second GPU (the engine runs one): the host loop's figures, in either loop."""
+    p = tiny_problem(profile="rtx-pro-6000").replace(profile=load_profile("rtx-pro-6000-x2"),
+                                                     budget=Budget(2 * 10**13, 10**13, 10**13, 0, (10**13, 10**13)))
+    place = dataclasses.replace(in_place_placement(p), gpu_split=(1,))
     device = CostModel(p.replace(profile=with_zero_copy(p.profile, 0.5)))
     assert not device.in_place(place)
     assert device.predict(place) == CostModel(p.replace(loop="host")).predict(place)
@@ -189,8 +182,7 @@ def test_fully_resident_runs_without_round_trips(tiny):
 
 
 def test_loop_is_checked_and_predict_plan_passes_it(tiny):
-    """The RAM-rich kimi plan (no NVMe tier) run on demand is the device loop's; as written (cache slots,
-    lookahead) it is the host loop's in either."""
+    """The RAM-rich kimi plan (no NVMe tier), on demand and as written (cache slots, lookahead), in either loop."""
     with pytest.raises(UserError, match="loop"):
         tiny.replace(loop="gpu")
     path = Path(__file__).resolve().parent / "data" / "plan-kimi5-h200-ramrich.yaml"
@@ -202,7 +194,9 @@ def test_loop_is_checked_and_predict_plan_passes_it(tiny):
     assert by["device"] == CostModel(prob).predict(place)
     assert by["host"] == CostModel(prob.replace(loop="host")).predict(place)
     assert by["device"].decode_tok_s > by["host"].decode_tok_s
-    assert predict_plan(plan, None, "plan", problem=prob, loop="host") == predict_plan(plan, None, "plan", problem=prob)
+    assert predict_plan(plan, None, "plan", problem=prob, loop="host") == CostModel(prob.replace(loop="host")).predict(
+        placement_of(plan))
+    assert predict_plan(plan, None, "plan", problem=prob) == CostModel(prob).predict(placement_of(plan))
 
 
 @pytest.mark.parametrize("name", ["plan-kimi5-h200-ramrich.yaml", "plan-kimi5-h200-seed.yaml",
@@ -241,3 +235,21 @@ def test_an_nvme_tier_in_the_device_loop_reads_staged_experts_in_place(tiny):
     assert small.decode_tok_s < pb.decode_tok_s and small.decode_seconds["nvme"] > 0
     ahead = cm.predict(dataclasses.replace(place, prefetch_depth=1))
     assert ahead.bytes_per_token["wasted"] > 0
+
+
+def test_the_device_loops_lookahead_reads_landed_guesses_from_vram_and_never_waits(tiny):
+    """Lookahead in the device loop: the share R of a layer's RAM misses is copied into VRAM slots from when layer
+    j-d ends; landed in time, the layer reads only the rest in place (faster than depth 0 where the link binds the
+    layer); a copy slower than the window is read in place for its late part, never waited for: the token is never
+    slower than reading every miss in place plus the copies' link time."""
+    p = tiny.replace(profile=with_zero_copy(tiny.profile, 0.9))
+    E = p.curves.n_experts
+    base = in_place_placement(p, (1, 1, 1))
+    cm = CostModel(p)
+    d0, d1 = cm.predict(base), cm.predict(dataclasses.replace(base, prefetch_depth=1))
+    assert cm.in_place(dataclasses.replace(base, prefetch_depth=1))
+    assert d1.bytes_per_token["wasted"] > 0 and d1.bytes_per_token["pcie"] > d0.bytes_per_token["pcie"]
+    assert 1 / d1.decode_tok_s <= 1 / d0.decode_tok_s + d1.decode_seconds["pcie_link"]
+    slow = CostModel(p.replace(profile=with_zero_copy(tiny.profile, 0.01)))     # copies that never land in time
+    s0, s1 = slow.predict(base), slow.predict(dataclasses.replace(base, prefetch_depth=1))
+    assert s1.decode_tok_s <= s0.decode_tok_s * (1 + 1e-12)                    # the late part read in place

@@ -169,14 +169,33 @@ def test_bench_with_replayed_routing_gives_the_same_tokens_and_counts_in_both_lo
     assert d["bytes_per_token"]["ram"] == h["bytes_per_token"]["ram"] > 0
 
 
-def test_the_device_loop_runs_every_plan_but_a_ram_lookahead(packed_bf16):
-    """loop "device" is a request: a plan with lookahead and no NVMe tier (a VRAM prefetch of RAM experts) runs the
-    host loop; with an NVMe tier the lookahead drives the stager in the device loop."""
+def test_the_loop_asked_for_runs_every_plan(packed_bf16):
+    """`--loop` picks the loop for every plan: caches, lookahead, NVMe tiers."""
+    for loop in ("device", "host"):
+        loops: list[str] = []
+        for split, mode in (((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 0), "lru"), ((4, 10, 2, 1), "plan"),
+                            ((4, 28, 2, 1), "plan")):
+            run(packed_bf16, bf16_plan(*split), mode, new=1, ran=loops, loop=loop)
+        assert loops == [loop] * 4
+
+
+@pytest.mark.parametrize("split", [(4, 28, 0, 2), (4, 28, 2, 2), (4, 28, 2, 1)])
+def test_the_device_loops_lookahead_prefetches_what_the_host_loops_does(packed_bf16, split):
+    """Lookahead in the device loop (VRAM + RAM plans): the gate of layer j+d guesses after layer j, the missing RAM
+    experts are copied into VRAM staging slots (kernels.prefetch; on the CPU they land at once, as the host loop's
+    prefetches do when nothing else holds the link); the same logits bit for bit, the same experts prefetched, cached
+    and wasted, the same bytes over PCIe."""
+    plan = bf16_plan(*split, chunk=1)
     loops: list[str] = []
-    for split, mode in (((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 1), "on-demand"), ((4, 28, 2, 0), "lru"),
-                        ((4, 10, 0, 0), "on-demand"), ((4, 10, 2, 1), "plan"), ((4, 28, 2, 1), "plan")):
-        run(packed_bf16, bf16_plan(*split), mode, new=1, ran=loops)
-    assert loops == ["device", "device", "device", "device", "device", "host"]
+    host = run(packed_bf16, plan, "plan", new=12, loop="host", ran=loops)
+    dev = run(packed_bf16, plan, "plan", new=12, loop="device", ran=loops)
+    assert loops == ["host", "device"] and torch.equal(dev[0], host[0]) and dev[1] == host[1]
+    h, d = host[2], dev[2]
+    for kind in ("static", "cached", "prefetched"):
+        assert d["by_kind"][kind] == h["by_kind"][kind], kind
+    assert d["by_kind"]["prefetched"] > 0 and d["by_kind"]["in_place"] == h["by_kind"]["demand"]
+    for key in ("bytes_from", "wasted_bytes", "prefetch_bytes"):
+        assert d[key] == h[key], key
 
 
 @pytest.mark.gpu
@@ -217,6 +236,21 @@ def test_the_device_loop_on_a_gpu_reads_registered_ram_in_place(packed_bf16):
             assert getattr(eng.model.step_runner, "ahead", False) == (loop == "device")
             texts.append(eng.generate(PROMPT, max_new_tokens=8))
     assert texts[0] == texts[1] == host_tokens[:len(texts[0])]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_device_loops_lookahead_gives_the_host_loops_tokens(packed_bf16):
+    """On a GPU: the guesses copied on a side stream forked and joined inside the token's graph, resolved with the
+    slot protocol (a late guess read in place): the host loop's tokens, logits to bf16 rounding, some guesses used."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for split in ((4, 28, 0, 2), (4, 28, 2, 1)):
+        plan = bf16_plan(*split, chunk=1)
+        host, host_tokens, _ = run(packed_bf16, plan, "plan", new=12, device="cuda", loop="host")
+        dev, tokens, dc = run(packed_bf16, plan, "plan", new=12, device="cuda", loop="device")
+        assert tokens == host_tokens, split
+        torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
+        assert dc["by_kind"]["prefetched"] + dc["by_kind"]["late"] > 0
 
 
 def test_greedy_tokens_are_transformers(packed_bf16):

@@ -69,9 +69,9 @@ def test_host_fetch_paces_a_layer_whose_copies_are_shorter():
 
 
 def test_round_trip_also_delays_the_lookahead():
-    """With lookahead the demand part still pays every round trip, and a prefetch cannot land before its
-    source layer's hints have made their round trip: the token grows by at least L_moe x rt."""
-    p = tiny_problem(skews=(1.4, 0.5, 0.0), locality=0.4).replace(budget=Budget(10**13, 10**13, 10**13, 0))
+    """The host loop: with lookahead the demand part still pays every round trip, and a prefetch cannot land before
+    its source layer's hints have made their round trip: the token grows by at least L_moe x rt."""
+    p = tiny_problem(skews=(1.4, 0.5, 0.0), locality=0.4).replace(budget=Budget(10**13, 10**13, 10**13, 0), loop="host")
     E, L = p.curves.n_experts, p.curves.n_layers
     place = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 1)
     rt = 400.0
@@ -88,8 +88,8 @@ def test_prefetch_overlap_charges_the_unhidden_share_of_the_prefetch():
     """`prefetch_overlap` < 1: the share of each layer's prefetch link time the engine does not hide is serial
     with the layer, so the walk grows as the overlap falls (by less than the prefetch time where the layer
     waited for its prefetch anyway); without lookahead it changes nothing; at the default (1) the prediction
-    is as before."""
-    p = tiny_problem(skews=(1.4, 0.5, 0.0), locality=0.4).replace(budget=Budget(10**13, 10**13, 10**13, 0))
+    is as before (the host loop's constant)."""
+    p = tiny_problem(skews=(1.4, 0.5, 0.0), locality=0.4).replace(budget=Budget(10**13, 10**13, 10**13, 0), loop="host")
     E, L = p.curves.n_experts, p.curves.n_layers
     ahead = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 1)
     plain = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
@@ -119,7 +119,7 @@ def test_predict_plan_reproduces_the_fixture_plans_prediction():
     plan = load_plan(FIXTURE_PLAN)
     rec = plan.predicted
     prof = load_profile("rtx-4090")
-    zero = predict_plan(plan, with_cal(prof, moe_round_trip_us=0.0), where=str(FIXTURE_PLAN))
+    zero = predict_plan(plan, with_cal(prof, moe_round_trip_us=0.0), where=str(FIXTURE_PLAN), loop="host")
     assert zero.decode_tok_s == pytest.approx(rec.decode_tok_s, rel=1e-12)
     assert zero.prefill_tok_s == pytest.approx(rec.prefill_tok_s, rel=1e-12)
     assert zero.decode_binding == rec.decode_binding and zero.prefill_binding == rec.prefill_binding
@@ -127,7 +127,7 @@ def test_predict_plan_reproduces_the_fixture_plans_prediction():
         assert zero.bytes_per_token[k] == pytest.approx(v, rel=1e-12, abs=1e-9)
     for k, v in rec.seconds_per_token.items():
         assert zero.decode_seconds[k] == pytest.approx(v, rel=1e-12, abs=1e-15)
-    default = predict_plan(plan, "rtx-4090", where=str(FIXTURE_PLAN))    # the new term at its default
+    default = predict_plan(plan, "rtx-4090", where=str(FIXTURE_PLAN), loop="host")    # the new term at its default
     n_moe = len(plan.layers)
     assert 1 / default.decode_tok_s == pytest.approx(1 / rec.decode_tok_s + n_moe * 75e-6, rel=1e-12)
 
@@ -300,4 +300,8 @@ def test_frozen_calibration_keeps_the_machine_and_takes_the_constants(tmp_path):
     assert got.gpu == load_profile("a100-80g").gpu
     assert got.calibration.layer_overhead_us.value == 250.0 and got.calibration.overlap.value == 0.3
     plan = load_plan(KIMI5_PLAN)
-    assert predict_plan(plan, got, "plan").decode_tok_s < predict_plan(plan, "a100-80g", "plan").decode_tok_s
+    assert predict_plan(plan, got, "plan", loop="host").decode_tok_s < predict_plan(plan, "a100-80g", "plan",
+                                                                                    loop="host").decode_tok_s
+    # the device loop (PCIe-bound on the A100) charges the layers' overhead on its critical path too
+    dev = [predict_plan(plan, prof, "plan", loop="device").decode_seconds["overhead"] for prof in (got, "a100-80g")]
+    assert dev[0] > dev[1]

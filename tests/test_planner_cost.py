@@ -105,8 +105,8 @@ def test_bytes_per_token_add_up(tiny):
     for place in _random_placements(tiny, 20):
         b = cm.predict(place).bytes_per_token
         assert b["vram"] + b["ram"] + b["nvme"] == pytest.approx(total, rel=1e-9)
-        if cm.in_place(place):      # the device loop: routed bytes cross PCIe in place; only NVMe guesses are wasted
-            assert b["pcie"] == pytest.approx(b["ram"] + b["nvme"], rel=1e-9)
+        if cm.in_place(place):      # the device loop: routed bytes cross PCIe in place, and the wrong RAM guesses
+            assert b["ram"] + b["nvme"] * (1 - 1e-9) <= b["pcie"] <= (b["ram"] + b["nvme"] + b["wasted"]) * (1 + 1e-9)
             assert 0 <= b["nvme_read"] <= b["nvme"] * (1 + 1e-9)       # the staging cache serves the rest
         else:
             assert b["pcie"] == pytest.approx(b["ram"] + b["nvme"] + b["wasted"], rel=1e-9)

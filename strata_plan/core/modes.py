@@ -22,10 +22,10 @@ def reads_in_place(plan: Plan, loop: str = "device") -> bool:
     """Whether the engine's device loop runs `plan` (already in its mode): every routed expert outside the static
     VRAM set is read from pinned RAM by the GPU with no host work per layer: in place by the MoE kernel, or, with
     cache slots, copied into its slot by the device LRU's fill when admitted (the planner's LRU decided on the
-    device, `kernels.lru`). NVMe experts are staged into pinned RAM by the stager first (`engine.staging`), which
-    the router lookahead drives at the plan's depth. Plans with lookahead and no NVMe tier (a VRAM prefetch of RAM
-    experts) run the host loop."""
-    return loop == "device" and (plan.prefetch_depth == 0 or any(l.nvme for l in plan.layers))
+    device, `kernels.lru`), or from a VRAM staging slot the router lookahead's guess filled on a side stream
+    (`engine.prefetch`). NVMe experts are staged into pinned RAM by the stager first (`engine.staging`). Every
+    one-GPU plan runs it with loop "device"; "host" asks for the host loop."""
+    return loop == "device"
 
 
 def baseline(plan: Plan, mode: str) -> Plan:

@@ -96,6 +96,7 @@ class DeviceDecode:
         x = self.x0
         for layer in m.layers:
             x = m._layer(layer, x, 0, m.at)
+        self.ex.end_token()                   # the lookahead's side stream joins; its slots are freed
         self.ex.advance_replay()
         logits = m.logits(x[-1])
         return logits.argmax().reshape(1) if greedy else logits
@@ -125,6 +126,8 @@ class DeviceDecode:
             self._collect()
         t0 = time.perf_counter()
         self.ex.sync_replay()
+        if self.ex.store.prefetch is not None:
+            self.ex.store.prefetch.join()     # eager work (prefill) left the side stream forked: join it here
         counted = self.ex.store.counters.dense_bytes
         if self._embed_at is None:
             self.x0.copy_(self.m.embed_tokens(token_ids.reshape(1)))    # eager: the model's gather

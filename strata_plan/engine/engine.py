@@ -7,10 +7,10 @@
 - "plan":      the plan as written: static set, LRU cache, router-lookahead prefetch at the plan's depth;
 - "lru":       the same store without lookahead (the LRU-only baseline);
 - "on-demand": no cache and no prefetch: every non-static expert fetched when the router asks.
-`EngineOptions.loop` picks how a decode token runs. "device" (default): where the plan in its mode has no lookahead,
-or has an NVMe tier (`core.modes.reads_in_place`), every non-static expert is read by the MoE kernel in place from
-pinned RAM (the device LRU admitting misses into its VRAM slots; NVMe experts staged into pinned RAM first by the
-stager, `engine.staging`) and a token is one CUDA graph (`device_loop.DeviceDecode`); other plans run the host loop. "host": the store's copies into VRAM slots, one host
+`EngineOptions.loop` picks how a decode token runs. "device" (default, `core.modes.reads_in_place`): every non-static
+expert is read by the MoE kernel in place from pinned RAM (the device LRU admitting misses into its VRAM slots, the
+router lookahead's guesses copied into VRAM slots on a side stream, `engine.prefetch`; NVMe experts staged into pinned
+RAM first by the stager, `engine.staging`) and a token is one CUDA graph (`device_loop.DeviceDecode`). "host": the store's copies into VRAM slots, one host
 round trip per MoE layer (`graphed.GraphedDecode`: CUDA graphs between the round trips). `Engine.loop` says
 which ran. `graphs=False` runs the same steps eagerly; with "on-demand" and loop "host" it is the plain,
 non-overlapped reference loop (the model's own forward, everything fetched when asked), which tests hold the
@@ -145,8 +145,8 @@ class Engine:
             store.close()
             raise
         experts.model = model
-        if experts.depth:                    # lookahead: the store's hints, or (NVMe, device loop) the stager's guesses
-            model.after_moe = experts.after_moe_staged if store.staging is not None else experts.after_moe
+        if experts.depth:                    # lookahead: the store's hints (host loop), or the device loop's guesses
+            model.after_moe = experts.after_moe_device if in_place else experts.after_moe
         if options.graphs and model.before_layer is None:
             runner = DeviceDecode if in_place else GraphedDecode
             model.step_runner = runner(model, experts, graphs=device.type == "cuda")

@@ -63,6 +63,7 @@ from .packed import check_plan_matches, hash_threads, load_index, verify_part
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
 from .residency import CACHED, DEMAND, IN_PLACE, LATE, STATIC, Residency
+from .prefetch import DevicePrefetch
 from .staging import Staging, staging_bytes
 from .transfer import CHUNK_BYTES, CHUNKS_IN_FLIGHT, Fetch, FetchError, Transfers
 
@@ -176,6 +177,7 @@ class ExpertStore:
         self.compute_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.lru = None                 # kernels.lru.LruState: the device loop's cache (set by `_load`)
         self.staging = None             # engine.staging.Staging: the device loop's NVMe tier (set below)
+        self.prefetch = None            # engine.prefetch.DevicePrefetch: the device loop's lookahead (set below)
         device_cache = plan.cache.total_slots if options.in_place else 0      # the last slots: the device LRU's
         self.residency = Residency([l.vram for l in plan.layers],
                                    [0 if options.in_place else l.cache_slots for l in plan.layers],
@@ -192,6 +194,8 @@ class ExpertStore:
             if stage:
                 self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
                                        self.lru.ram_offset if self.lru is not None else None, readers)
+            if options.in_place and options.prefetch and plan.prefetch_depth:
+                self.prefetch = DevicePrefetch(self, plan.prefetch_depth)
         except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
             self.close()
             raise
@@ -339,6 +343,8 @@ class ExpertStore:
         its bytes counted as crossing PCIe; NVMe experts read from the staging cache: `engine.staging`) and zero
         them. Waits for the device."""
         staged = self.staging.fold(self.counters) if self.staging is not None else None
+        if self.prefetch is not None:          # (additive) served uses, counted in place below, move to prefetched
+            self.prefetch.fold(self.counters)
         if self.lru is not None:               # the device LRU counted: static, hits, misses, miss bytes
             got = self.lru.counts.cpu().numpy().copy()
             self.lru.counts.zero_()
@@ -380,6 +386,8 @@ class ExpertStore:
             self.lru.counts.zero_()
         if self.staging is not None:
             self.staging.reset()
+        if self.prefetch is not None:
+            self.prefetch.reset()
         self.counters = StoreCounters(self.n_layers)
 
     def counter_data(self) -> dict:

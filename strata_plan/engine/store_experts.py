@@ -70,13 +70,13 @@ class StoreExperts:
             self._cursor = torch.zeros(1, dtype=torch.int64, device=dev)
             self._host_next = -1              # the host replay's cursor the device one was last set from
             self._rid = self._rw = None
-            if staging is not None and staging.depth:     # its lookahead guesses too: [T, L, D, W]
-                g, sc = replay.hint_table(staging.depth, staging.W)
+            if depth:                         # its lookahead guesses too: [T, L, D, W]
+                g, sc = replay.hint_table(depth, 2 * store.top_k)
                 self._ghint_all, self._gscore_all = torch.from_numpy(g).to(dev), torch.from_numpy(sc).to(dev)
-        elif staging is not None and staging.depth:       # the gates' guesses, written in place each layer
+        elif in_place and depth:              # the gates' guesses, written in place each layer
             L = store.n_layers
-            self._gids = torch.full((L, staging.depth, staging.W), -1, dtype=torch.int64, device=store.device)
-            self._gsc = torch.zeros((L, staging.depth, staging.W), dtype=torch.float32, device=store.device)
+            self._gids = torch.full((L, depth, 2 * store.top_k), -1, dtype=torch.int64, device=store.device)
+            self._gsc = torch.zeros((L, depth, 2 * store.top_k), dtype=torch.float32, device=store.device)
         self._stepping = False                # inside a device-loop step reading the device replay
 
     # ---- the Experts interface -------------------------------------------------------------------
@@ -103,8 +103,10 @@ class StoreExperts:
                 topk_ids, topk_weights = self.replay.route(j, 1, x.device)
         if self.skip_moe:
             return torch.zeros_like(x)
-        staging = self.store.staging
+        staging, prefetch = self.store.staging, self.store.prefetch
         wait = (lambda: staging.wait(j, topk_ids)) if staging is not None else None   # noqa: E731
+        if prefetch is not None:              # guesses that landed in VRAM slots are read there
+            prefetch.resolve(j, topk_ids)
         if self.store.lru is not None:        # the LRU on the device: admitted experts copied into their slots
             self.store.cache_step(j, topk_ids, before_fill=wait)      # NVMe admissions are filled from staging
         else:
@@ -112,33 +114,50 @@ class StoreExperts:
             if wait is not None:              # NVMe experts: ask the stager, wait only for what is not staged
                 wait()
         out = self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
+        if prefetch is not None:
+            prefetch.release(j)               # slots of layers <= j whose copies are over are free again
         if staging is not None and not staging.depth:
             staging.done(j)                   # its staged experts may be evicted once this layer's kernels ran
         return out
 
-    def after_moe_staged(self, j: int, out: torch.Tensor) -> None:
-        """Device loop with an NVMe tier and lookahead (one token): the gates of layers j+1..j+depth on layer j's
-        output (or the replay's guesses, on the device) go to the stager with layer j's end (graph-safe)."""
+    def after_moe_device(self, j: int, out: torch.Tensor) -> None:
+        """Device loop with lookahead (one token): the gates of layers j+1..j+depth on layer j's output (or the replay's
+        guesses, on the device) go to the stager with layer j's end (an NVMe tier), and the guesses for layer j+depth
+        to the VRAM prefetch (graph-safe)."""
         if out.shape[0] != 1:
             return
-        st = self.store.staging
+        gids, gsc = self._guesses(j, out)
+        if self.store.staging is not None:
+            self.store.staging.done(j, gids, gsc)
+        pf = self.store.prefetch
+        if pf is not None and j + self.depth < self.store.n_layers:
+            pf.issue(j + self.depth, gids[self.depth - 1, :self.store.top_k])
+
+    def end_token(self) -> None:
+        """(device loop, end of a step) The prefetch's side stream joins; its slots are freed."""
+        if self.store.prefetch is not None:
+            self.store.prefetch.end_token()
+
+    def _guesses(self, j: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The lookahead guesses of layers j+1..j+depth, int64 / float32 [depth, W] (best first, -1 padded): the
+        replay's (on the device inside a step), or the gates' on `out`."""
+        W = 2 * self.store.top_k
         if self.replay is not None and self._stepping:
-            gids, gsc = self._ghint[j], self._gscore[j]          # [D, W] at the replay's device cursor
-        elif self.replay is not None:                            # outside a step (prefill a token a call): the host's
-            gids = torch.full((st.depth, st.W), -1, dtype=torch.int64)
-            gsc = torch.zeros((st.depth, st.W), dtype=torch.float32)
+            return self._ghint[j], self._gscore[j]               # [D, W] at the replay's device cursor
+        if self.replay is not None:                              # outside a step (prefill a token a call): the host's
+            gids = torch.full((self.depth, W), -1, dtype=torch.int64)
+            gsc = torch.zeros((self.depth, W), dtype=torch.float32)
             for d, _ in enumerate(self.targets(j), 1):
                 ids, scores = self.replay.hint(j, d)
-                gids[d - 1, :len(ids[:st.W])] = torch.tensor(ids[:st.W], dtype=torch.int64)
-                gsc[d - 1, :len(scores[:st.W])] = torch.tensor(scores[:st.W], dtype=torch.float32)
-            gids, gsc = gids.to(out.device), gsc.to(out.device)
-        else:
-            gids, gsc = self._gids[j], self._gsc[j]
-            for d, jj in enumerate(self.targets(j)):
-                ids, w = self.model.route(jj, out)
-                gids[d, :ids.shape[1]].copy_(ids[0])
-                gsc[d, :w.shape[1]].copy_(w[0])
-        st.done(j, gids, gsc)
+                gids[d - 1, :len(ids[:W])] = torch.tensor(ids[:W], dtype=torch.int64)
+                gsc[d - 1, :len(scores[:W])] = torch.tensor(scores[:W], dtype=torch.float32)
+            return gids.to(out.device), gsc.to(out.device)
+        gids, gsc = self._gids[j], self._gsc[j]
+        for d, jj in enumerate(self.targets(j)):
+            ids, w = self.model.route(jj, out)
+            gids[d, :ids.shape[1]].copy_(ids[0])
+            gsc[d, :w.shape[1]].copy_(w[0])
+        return gids, gsc
 
     def check(self) -> None:
         """After a token reached the host: raise the NVMe stager's first error (one line), if any."""
@@ -226,6 +245,8 @@ class StoreExperts:
     def chunk(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """Several tokens (prefill): the chunk's experts in waves (`store.waves`), `fused_moe` per wave with
         the other waves' ids skipped (-1), the partial outputs summed."""
+        if self.store.prefetch is not None:
+            self.store.prefetch.before_prefill()
         ids, topk_ids, topk_weights = self.round_trip(j, x.shape[0], topk_ids, topk_weights)
         t1 = time.perf_counter()
         out = torch.zeros_like(x)

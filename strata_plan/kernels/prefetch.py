@@ -20,8 +20,8 @@ in place from pinned RAM: a late or wrong guess costs link bytes (counted as was
 `where [L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the tag. A slot is written
 only by the copy of the claim that holds it, and freed only from the main stream after its consumer ran, or, for a
 guess nobody routed, by a later `release` once its copy is over (at the latest `release(L - 1)` after the token's
-streams joined). Counters `counts [L, 4]`: uses served from a slot, uses TAKEN (late), slots freed unused (wasted),
-bytes copied. `reference_*` are the same in plain Python (the CPU engine's path: there the side stream is the main one,
+streams joined). Counters `counts [L, 6]`: uses served from a slot, uses TAKEN (late), slots freed unused (wasted),
+bytes copied, bytes of the uses served from a slot, bytes of the slots freed unused. `reference_*` are the same in plain Python (the CPU engine's path: there the side stream is the main one,
 so a claimed guess is READY when its layer runs); the kernels are held to them under the interpreter.
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ import torch
 from .triton_common import tl, triton
 
 FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
-USED, LATE, WASTED, COPIED = range(4)
+USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES = range(6)
+N_COUNTS = 6
 COPY_CHUNK = 64 << 10          # bytes one program of the copy kernel moves
 # the states as the kernels see them (a jitted function reads only constexpr globals)
 _FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED = (tl.constexpr(v) for v in range(6))
@@ -50,7 +51,7 @@ class PrefetchState:
     nbytes: torch.Tensor       # int64 [L, E]
     table: torch.Tensor        # int64 [L, E] the offsets fused_moe reads
     src: torch.Tensor | None   # int64 [L, E] the device LRU's fill source (None without a cache)
-    counts: torch.Tensor       # int64 [L, 4]
+    counts: torch.Tensor       # int64 [L, N_COUNTS]
     cached_hi: int             # table entries in [0, cached_hi) are VRAM
 
 
@@ -91,7 +92,7 @@ def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nby
     dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
     tl.store(dst + w, tl.load(src + w, mask=ok), mask=ok)
     if (b == 0) & (s >= 0):
-        tl.atomic_add(counts_p + jj * 4 + 3, n, sem="relaxed")
+        tl.atomic_add(counts_p + jj * 6 + 3, n, sem="relaxed")
 
 
 @triton.jit
@@ -108,11 +109,12 @@ def publish_kernel(gids_p, jj, E, state_p, assign_p, G: tl.constexpr):
 
 
 @triton.jit
-def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, counts_p, cached_hi,
-                   K: tl.constexpr, HAS_SRC: tl.constexpr):
+def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
+                   cached_hi, K: tl.constexpr, HAS_SRC: tl.constexpr):
     # ids_p: int64 [K] layer j's routed ids; one program; before the LRU step and the MoE kernels of layer j
     n_used = tl.zeros([], tl.int64)
     n_late = tl.zeros([], tl.int64)
+    b_used = tl.zeros([], tl.int64)
     for i in tl.static_range(K):
         e = tl.load(ids_p + i)
         at = j * E + e
@@ -129,17 +131,19 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
             use = old == ready
             n_late += (old == filling).to(tl.int64)
             n_used += use.to(tl.int64)
+            b_used += tl.where(use, tl.load(nbytes_p + at), 0)
             if use:
                 off = tl.load(slot_offset_p + s)
                 tl.store(table_p + at, off)
                 if HAS_SRC:
                     tl.store(src_p + at, off)
-    tl.store(counts_p + j * 4 + 0, tl.load(counts_p + j * 4 + 0) + n_used)
-    tl.store(counts_p + j * 4 + 1, tl.load(counts_p + j * 4 + 1) + n_late)
+    tl.store(counts_p + j * 6 + 0, tl.load(counts_p + j * 6 + 0) + n_used)
+    tl.store(counts_p + j * 6 + 1, tl.load(counts_p + j * 6 + 1) + n_late)
+    tl.store(counts_p + j * 6 + 4, tl.load(counts_p + j * 6 + 4) + b_used)
 
 
 @triton.jit
-def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, src_p, counts_p, S,
+def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, src_p, nbytes_p, counts_p, S,
                    HAS_SRC: tl.constexpr):
     # main stream, after layer j's MoE: slots of layers <= j whose copy is over back to FREE; one program
     s = tl.zeros([], tl.int64)
@@ -160,7 +164,8 @@ def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, s
             if tl.load(where_p + at) == s:
                 tl.store(where_p + at, s * 0 - 1)
             wasted = (st != _CONSUMED).to(tl.int64)
-            tl.store(counts_p + layer * 4 + 2, tl.load(counts_p + layer * 4 + 2) + wasted)
+            tl.store(counts_p + layer * 6 + 2, tl.load(counts_p + layer * 6 + 2) + wasted)
+            tl.store(counts_p + layer * 6 + 5, tl.load(counts_p + layer * 6 + 5) + wasted * tl.load(nbytes_p + at))
             tl.atomic_xchg(state_p + s, s * 0 + _FREE, sem="release")
         s += 1
 
@@ -185,13 +190,14 @@ def publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
 def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
     resolve_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src,
-                         st.tier, st.counts, st.cached_hi, K=ids.numel(), HAS_SRC=st.src is not None, num_warps=1)
+                         st.tier, st.nbytes, st.counts, st.cached_hi, K=ids.numel(), HAS_SRC=st.src is not None,
+                         num_warps=1)
 
 
 def release(j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
     release_kernel[(1,)](j, st.table.shape[1], st.state, st.where, st.slot_offset, st.ram_rows, st.table, src,
-                         st.counts, st.state.numel(), HAS_SRC=st.src is not None, num_warps=1)
+                         st.nbytes, st.counts, st.state.numel(), HAS_SRC=st.src is not None, num_warps=1)
 
 
 # ---- the plain reference (the CPU engine's path; the kernels are held to it) -----------------------------------
@@ -245,6 +251,7 @@ def reference_resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
             if st.src is not None:
                 st.src[j, e] = off
             st.counts[j, USED] += 1
+            st.counts[j, USED_BYTES] += int(st.nbytes[j, e])
         elif w == _word(tag, FILLING):
             st.state[s] = _word(tag, TAKEN)
             st.counts[j, LATE] += 1
@@ -266,4 +273,5 @@ def reference_release(j: int, st: PrefetchState) -> None:
         if int(st.where[layer, e]) == s:
             st.where[layer, e] = -1
         st.counts[layer, WASTED] += int(stt != CONSUMED)
+        st.counts[layer, WASTED_BYTES] += int(stt != CONSUMED) * int(st.nbytes[layer, e])
         st.state[s] = FREE

@@ -27,9 +27,10 @@ hints) reach the host, the store issues the copies, the MoE call is launched.
     device loop: read over PCIe as their layer runs, bytes / R_zc(bytes), instead of over HBM)
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
 
-In place (the engine's device loop, `Problem.loop` "device", when the placement has no lookahead and no NVMe
-tier: `in_place`), the GPU reads RAM experts straight from registered pinned RAM (zero-copy): no round trip, no
-fetch, no stall. Without cache slots the MoE kernels read them beside the VRAM ones; with cache slots the device
+In place (the engine's device loop, `Problem.loop` "device", one GPU: `in_place`), the GPU reads RAM experts straight
+from registered pinned RAM (zero-copy): no round trip, no host fetch, no stall. With lookahead depth d the share R of
+a layer's RAM misses (and R waste / P wrong guesses) is copied into VRAM slots on a side stream from when layer j-d
+ends, at R_zc; the part not landed when layer j runs is read in place instead (the engine never waits for it). Without cache slots the MoE kernels read them beside the VRAM ones; with cache slots the device
 LRU first copies each miss into its slot (the same bytes over the link), then the kernel reads VRAM:
     t += t_fill + max(t_ram - t_fill, t_exp_j)      t_ram = warm bytes_j / R_zc(warm bytes_j)
 with t_fill = min(1, c_j / misses_j) t_ram: the misses the device LRU admits into its c_j slots are copied there
@@ -188,12 +189,8 @@ class CostModel:
 
     def in_place(self, placement) -> bool:
         """Whether the engine runs `placement` in its device loop (`core.modes.reads_in_place`), reading RAM experts
-        from pinned RAM with no host work: the problem's loop is "device", the placement uses one GPU, and it has
-        prefetch depth 0 or an NVMe tier (whose experts the stager stages in pinned RAM, the lookahead driving it)."""
-        if self.problem.loop != "device" or placement.several:
-            return False
-        s, m, c = placement.arrays
-        return not placement.prefetch_depth or bool(np.any(s + m < self.problem.curves.n_experts))
+        from pinned RAM with no host work: the problem's loop is "device" and the placement uses one GPU."""
+        return self.problem.loop == "device" and not placement.several
 
     def stage_slots(self, placement) -> int:
         """Slots of the device loop's pinned staging cache (`core.lookahead.pinned_staging_slots`, as the engine)."""
@@ -423,14 +420,18 @@ class CostModel:
         host_dem = (1 - R) * n * self.host_fetch + np.minimum(1.0, (1 - R) * n) * one
         host_pre = R * (1 + waste) * n * self.host_fetch
 
-        t_ram = None
+        inplace = None
         cold_read = x["cold_bytes"]                     # bytes read from NVMe a token (host loop: every cold miss)
         if self.in_place(placement):      # the device loop: no fetches; the GPU reads RAM (and staged) experts itself
-            t_ram = self.ram_read_seconds(x["warm_bytes"] + x["cold_bytes"])   # staged experts: in place too
             # cache slots: the device LRU admits at most its c slots' worth of a token's misses, copied into their
-            # slots before the kernel (the share `filled`); the other misses are read in place beside VRAM
+            # slots before the kernel (the share `filled`); the other misses are read in place beside VRAM. The
+            # lookahead copies the share R of the RAM misses (and R waste / P wrong ones) into VRAM slots on a side
+            # stream from when layer j-d ends; what has not landed when layer j runs is read in place (no wait)
             c_j = np.asarray(placement.arrays[2], dtype=float)
-            filled = np.minimum(1.0, c_j / np.maximum(x["n_miss"], 1e-30))
+            share = R * x["warm_bytes"]
+            inplace = {"bytes": x["warm_bytes"] + x["cold_bytes"] - share, "share": share,
+                       "copy": self.ram_read_seconds((1 + waste) * share),
+                       "filled": np.minimum(1.0, c_j / np.maximum(x["n_miss"], 1e-30))}
             zero = np.zeros(cur.n_layers)
             dem_p = fill = pre_p = host_dem = host_pre = zero
             # NVMe misses the staging cache does not hold are read by the stager: the lookahead's share R issued
@@ -441,22 +442,20 @@ class CostModel:
             dem_n, pre_n = self._cold_batch((1 - R) * counts), self._cold_batch(R * (1 + waste) * counts)
             cold_read = (read_w * self.problem.rank_bytes).sum(axis=1)
         dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
-                                           t_peer, t_ram, filled if t_ram is not None else None)
+                                           t_peer, inplace)
         streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
         link_n = float(np.sum(dem_n + pre_n))
         warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
-        if t_ram is None:
-            wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
-        else:                                           # device loop: only the stager's guesses can be wrong
-            wasted = float(np.sum(R * waste * cold_read))
+        wasted = float(np.sum(R * waste * (x["warm_bytes"] + (x["cold_bytes"] if inplace is None else cold_read))))
         if split:
             links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste, remote["p"])
             dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
             link_p = max(max(links), host)
         else:
-            moe_link = dem_p + pre_p if t_ram is None else t_ram
-            dense = self.in_place_dense_seconds if t_ram is not None else self._stream_time
+            moe_link = (dem_p + pre_p if inplace is None       # in place: the reads, and the lookahead's copies
+                        else self.ram_read_seconds(inplace["bytes"]) + inplace["copy"])
+            dense = self.in_place_dense_seconds if inplace is not None else self._stream_time
             link_p = float(np.sum(moe_link)) + sum(dense(u) for u in streamed) + row / self.h2d(row)
         T = max(t, link_p, link_n)
         dec_seconds.update(pcie_link=link_p, nvme_link=link_n, token=T)
@@ -470,8 +469,8 @@ class CostModel:
         bpt = {"vram": float(k * tb["bytes"].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
                "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted,
                "nvme_read": float(np.sum(cold_read))}     # read from the drive (device loop: not staged already)
-        if t_ram is not None:                           # staged experts cross PCIe in place; wrong guesses do not
-            bpt["pcie"] = ram + cold
+        if inplace is not None:             # staged experts cross PCIe in place; the stager's wrong guesses do not
+            bpt["pcie"] = ram + cold + float(np.sum(R * waste * x["warm_bytes"]))
         if split:
             bpt["peer"] = float(hops(ug) * row + 2 * row * remote["p"].sum())  # split points, remote experts
         s, m, _ = placement.arrays
@@ -539,19 +538,20 @@ class CostModel:
         return links, host
 
     def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
-                     t_peer=None, t_ram=None, filled=None) -> tuple[dict, float]:
+                     t_peer=None, inplace=None) -> tuple[dict, float]:
         """One token through the decoder layers on a GPU clock; returns critical-path seconds per resource. With
         a pipeline split each layer runs at its GPU's rates, each GPU streams its own dense units over its own
         link (double buffered), and the hidden state crosses to the next GPU at each split point.
         host_dem [L]: the host issuing a MoE layer's demand fetches, until the last one's copy lands (the stall
         when the host is slower than the link); host_pre [L]: the host issuing the layer's prefetches (the
         engine gives hints on its main thread, at the round trip: serial with everything else it does).
-        t_ram [L] (in place, `in_place`): the kernels' reads of each MoE layer's RAM and staged experts from pinned
-        RAM; the layer then has no round trip or host fetch and takes t_fill + max(t_ram - t_fill, t_exp), the
-        excess over t_exp charged to pcie, with t_fill = filled[j] t_ram (cache slots: the device LRU first copies
-        the share filled[j] = min(1, c / misses a token) of the misses it admits into slots), after
-        waiting for its NVMe reads: the demand batch dem_n[j], and the lookahead's pre_n[j] from when layer j-d
-        ended (the stager learns the guesses from the ring, with no round trip)."""
+        inplace (the device loop, `in_place`): per MoE layer the bytes its kernels read from pinned RAM ("bytes":
+        RAM and staged experts less the lookahead's share), the lookahead's share ("share", read from VRAM slots
+        when landed) and its copy's seconds ("copy", from when layer j-d ended), the LRU's admitted share
+        ("filled"). The layer has no round trip or host fetch: after waiting for its NVMe reads (the demand batch
+        dem_n[j], and the stager's lookahead pre_n[j] from when layer j-d ended) it takes t_fill + max(t_ram -
+        t_fill, t_exp), the excess over t_exp charged to pcie, with t_ram the in-place bytes (plus the late part of
+        the share: never waited for) over R_zc and t_fill = filled[j] t_ram."""
         spec, lay = self.problem.spec, self._layers
         ug = placement.unit_gpus()
         split = placement.several
@@ -596,7 +596,7 @@ class CostModel:
             if i and g != ug[i - 1]:
                 cross(int(ug[i - 1]), g)
             hbm_i = t_hbm[i]
-            if not placement.dense_resident[i] and t_ram is not None:   # in place: read over PCIe as it runs
+            if not placement.dense_resident[i] and inplace is not None:   # in place: read over PCIe as it runs
                 pinned = self.in_place_dense_seconds(units[i])
                 sec["pcie"] += pinned
                 t += pinned
@@ -607,7 +607,7 @@ class CostModel:
             sec["hbm" if hbm_i >= t_fl[i] else "compute"] += max(hbm_i, t_fl[i])
             t += self.overhead + max(hbm_i, t_fl[i])
             j = moe_index.get(i)
-            if j is not None and t_ram is not None:      # in place: RAM and VRAM experts read side by side
+            if j is not None and inplace is not None:    # in place: RAM and VRAM experts read side by side
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
                 wait = dem_n[j]                          # NVMe: the reads the router's ids ask for
                 if depth and j >= depth:                 # ... and the lookahead's, issued when layer j-d ended
@@ -616,8 +616,13 @@ class CostModel:
                     sec["nvme"] += wait
                     t += wait
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
-                t_fill = filled[j] * t_ram[j]              # the fill, then the kernel beside the rest in place
-                ram = t_fill + max(0.0, t_ram[j] - t_fill - t_exp[j])
+                late = 0.0                               # the lookahead's copy not landed: read in place
+                if depth and j >= depth and inplace["copy"][j] > 0:
+                    late = min(1.0, max(0.0, (moe_done[j - depth] + inplace["copy"][j] - t) / inplace["copy"][j]))
+                nb = inplace["bytes"][j] + late * inplace["share"][j]
+                t_ram = nb / self.zero_copy(nb) if nb > 0 else 0.0
+                t_fill = inplace["filled"][j] * t_ram    # the fill, then the kernel beside the rest in place
+                ram = t_fill + max(0.0, t_ram - t_fill - t_exp[j])
                 sec["pcie"] += ram
                 t += t_exp[j] + ram
                 moe_done.append(t)
@@ -656,7 +661,7 @@ class CostModel:
         if g != ug[-2]:                                    # the head alone on the next GPU
             cross(int(ug[-2]), g)
         t_lm_hbm, t_lm_fl = units[-1] / head.hbm_rate, 2.0 * self.problem.head_params / head.flop_rate
-        if not placement.dense_resident[-1] and t_ram is not None:     # lm_head read in place
+        if not placement.dense_resident[-1] and inplace is not None:   # lm_head read in place
             pinned = self.in_place_dense_seconds(units[-1])
             sec["pcie"] += pinned
             t += pinned

@@ -1,0 +1,112 @@
+"""Router lookahead in the device loop: the guesses of MoE layer j + d, made from layer j's output inside the token's
+graph, copied from pinned RAM into VRAM staging slots on a side stream while the link would otherwise idle.
+
+    pf = DevicePrefetch(store, depth)
+    pf.resolve(j, ids)            # before layer j's cache step and MoE: landed guesses are read from their slots
+    ...fused_moe...; pf.release(j)
+    pf.issue(j + d, gids)         # after layer j (its lookahead gate): claim, copy, publish on the side stream
+    pf.end_token()                # the side stream joins the main one; every slot whose copy is over is freed
+    pf.fold(counters)
+
+The protocol (`kernels.prefetch`) never makes a layer wait: a guess still being copied when its layer runs is read in
+place from pinned RAM (counted `late`, its copy wasted). The slots are the store's dynamic slots outside the device
+LRU's (prefill's waves use them between decode runs: `before_prefill` orders prefill's copies after the decode work
+queued). On a CPU the side stream is the main one (the references in order), so a claimed guess has landed when its
+layer runs. Counting (folded into the store's counters): uses served from a slot are `prefetched`, uses whose guess
+was still copying `late`; the copies' bytes cross PCIe (`bytes_from["ram"]`, `prefetch_bytes`), slots freed unused are
+wasted.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from strata_plan.kernels import prefetch as pk
+
+from .residency import IN_PLACE, LATE, PREFETCHED
+
+
+class DevicePrefetch:
+    def __init__(self, store, depth: int):
+        self.store, self.depth = store, depth
+        dev = store.device
+        L, E = store.n_layers, store.E
+        n = store.n_slots - store.plan.cache.total_slots          # the slots outside the device LRU's
+        rows = store.inplace_offsets.clone()                       # RAM experts' in-place offsets, never changed
+        code = {"vram": 0, "ram": 1, "nvme": 2}
+        tier = torch.tensor([[code[store.tier[j][e]] for e in range(E)] for j in range(L)], dtype=torch.int8)
+        self.st = pk.PrefetchState(
+            state=torch.zeros(n, dtype=torch.int64, device=dev),
+            slot_offset=torch.tensor([store.dyn_base + i * store.slot_bytes for i in range(n)], dtype=torch.int64,
+                                     device=dev),
+            where=torch.full((L, E), -1, dtype=torch.int64, device=dev),
+            assign=torch.full((store.top_k,), -1, dtype=torch.int64, device=dev),
+            ram_rows=rows, tier=tier.to(dev), nbytes=torch.from_numpy(store.nbytes.copy()).to(dev),
+            table=store.inplace_offsets, src=store.lru.ram_offset if store.lru is not None else None,
+            counts=torch.zeros((L, pk.N_COUNTS), dtype=torch.int64, device=dev), cached_hi=store.poison_offset)
+        self.cuda = dev.type == "cuda"
+        self.side = torch.cuda.Stream(dev) if self.cuda else None
+        self.forked = False
+
+    def resolve(self, j: int, ids: torch.Tensor) -> None:
+        """Before layer j's cache step and MoE kernels (one token): routed guesses that landed are read from their slots."""
+        (pk.resolve if self.cuda else pk.reference_resolve)(ids, j, self.st)
+
+    def release(self, j: int) -> None:
+        """After layer j's MoE kernels: the slots of layers <= j whose copies are over are free again."""
+        (pk.release if self.cuda else pk.reference_release)(j, self.st)
+
+    def issue(self, jj: int, gids: torch.Tensor) -> None:
+        """Guesses int64 [k] (best first) for MoE layer jj: claimed, copied and published on the side stream (graph-safe:
+        the side stream forks from the main one here and joins it in `end_token`)."""
+        st, arena = self.st, self.store.arena
+        if not self.cuda:
+            pk.reference_claim(gids, jj, st)
+            pk.reference_copy(arena, gids, jj, st)
+            pk.reference_publish(gids, jj, st)
+            return
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            pk.claim(gids, jj, st)
+            pk.copy(arena, gids, jj, st, self.store.slot_bytes)
+            pk.publish(gids, jj, st)
+        self.forked = True
+
+    def end_token(self) -> None:
+        """The token's last layer ran: the side stream joins the main one, then every slot is freed."""
+        self.join()
+        self.release(self.store.n_layers - 1)
+
+    def join(self) -> None:
+        """The main stream waits for the side stream's work so far (a fork left open by eager layers)."""
+        if self.forked:
+            torch.cuda.current_stream().wait_stream(self.side)
+            self.forked = False
+
+    def before_prefill(self) -> None:
+        """Prefill's waves copy into the same slots on the copy stream: after the decode work queued so far."""
+        if self.cuda:
+            self.store.transfers.copy_stream.wait_stream(torch.cuda.current_stream())
+
+    def fold(self, counters) -> None:
+        """Add the device's prefetch counts to the store's counters (a served use was counted in place by the cache
+        step or `count_uses`: it moves to `prefetched`, a late one to `late`) and zero them. Waits for the device."""
+        got = self.st.counts.cpu().numpy().copy()
+        self.st.counts.zero_()
+        for j, row in enumerate(got):
+            c = counters.layers[j]
+            used, late = int(row[pk.USED]), int(row[pk.LATE])
+            c.uses[IN_PLACE] -= used + late
+            c.uses[PREFETCHED] += used
+            c.uses[LATE] += late
+            c.bytes_from["ram"] += int(row[pk.COPIED]) - int(row[pk.USED_BYTES])    # copies, not in-place reads
+            c.prefetch_bytes += int(row[pk.COPIED])
+            c.wasted_bytes += int(row[pk.WASTED_BYTES])
+            c.wasted_fetches += int(row[pk.WASTED])
+
+    def reset(self) -> None:
+        self.st.counts.zero_()
+
+    @property
+    def n_slots(self) -> int:
+        return int(np.prod(self.st.state.shape))
