@@ -15,11 +15,11 @@ plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
 of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
 the warm-up), bytes per tier per token, link figures, round trips; for the NVMe plan also a plain O_DIRECT
-read of the same files at the store's reader count, interleaved. Each mode runs with the engine's default loop
-(rows `<plan>.<mode>.*`); where that is the device loop (RAM experts read in place, one CUDA graph a token: the
-on-demand mode of a VRAM + RAM plan) the host loop runs next (rows `<plan>_hostloop.<mode>.*`), and the device
-loop's bound 1 / (t_nonMoE + B / R_zc) is measured in the same run (`bound_rows`), with whether both loops
-gave the same tokens. For a plan with an NVMe tier the bound is the drive's instead: a plain O_DIRECT read at the
+read of the same files at the store's reader count, interleaved. Each mode runs in the device loop (rows
+`<plan>.<mode>.*`: RAM experts read in place, one CUDA graph a token, the device LRU, lookahead copies on a side
+stream), then in the host loop (rows `<plan>_hostloop.<mode>.*`), and the device loop's bound 1 / (t_nonMoE + B / R_zc)
+is measured in the same run (`bound_rows`; with lookahead also the overlapped 1 / max(t_nonMoE, B / R_zc)), with
+whether both loops gave the same tokens. For a plan with an NVMe tier the bound is the drive's instead: a plain O_DIRECT read at the
 stager's reads in flight and request size (one blob), measured after each device-loop run (`<plan>.plain_odirect_gbps`:
 the median of those interleaved repeats, min and max beside it), over the NVMe bytes the run read a token that were
 used (`.nvme_gb_per_token`; wrong guesses apart, `.nvme_wasted_gb_per_token`); each run records the page cache on the
@@ -206,8 +206,7 @@ def main() -> int:
                           f"ms/tok, copy busy {r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
 
         def one(name: str, plan, mode: str, loop: str) -> dict | None:
-            """One run; the device loop's rows under `name`, the host loop's under `name`_hostloop (a mode the
-            device loop cannot run is run once, by the host loop, under `name`)."""
+            """One run; the device loop's rows under `name`, the host loop's under `name`_hostloop."""
             if late(f"{name}/{mode}/{loop}"):
                 return None
             r = measure(folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
