@@ -196,6 +196,8 @@ def test_the_device_loops_lookahead_prefetches_what_the_host_loops_does(packed_b
     assert d["by_kind"]["prefetched"] > 0 and d["by_kind"]["in_place"] == h["by_kind"]["demand"]
     for key in ("bytes_from", "wasted_bytes", "prefetch_bytes"):
         assert d[key] == h[key], key
+    depth = str(plan.prefetch_depth)              # precision and recall of the prefetched depth's guesses
+    assert d["lookahead"][depth] == h["lookahead"][depth] and d["lookahead"][depth]["guesses"] > 0
 
 
 @pytest.mark.gpu

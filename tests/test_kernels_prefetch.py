@@ -36,14 +36,21 @@ def _setup(with_src: bool = False):
                           where=d(torch.full((L, E), -1, dtype=torch.int64)), assign=d(torch.full((K,), -1)),
                           ram_rows=d(rows), tier=d(tier), nbytes=d(torch.full((L, E), BLOB)), table=d(rows.clone()),
                           src=d(rows.clone()) if with_src else None, counts=d(torch.zeros((L, pf.N_COUNTS), dtype=torch.int64)),
-                          cached_hi=POISON)
+                          cached_hi=POISON, guessed=d(torch.full((L, K), -1, dtype=torch.int64)))
     return arena, st
 
 
-KERNELS = {"claim": lambda a, g, jj, st: pf.claim(g, jj, st), "copy": lambda a, g, jj, st: pf.copy(a, g, jj, st, BLOB),
+def _claim(claim):
+    def run(a, g, jj, st):
+        pf.note_guesses(g, jj, st)
+        claim(g, jj, st)
+    return run
+
+
+KERNELS = {"claim": _claim(pf.claim), "copy": lambda a, g, jj, st: pf.copy(a, g, jj, st, BLOB),
            "publish": lambda a, g, jj, st: pf.publish(g, jj, st), "resolve": lambda a, ids, j, st: pf.resolve(ids, j, st),
            "release": lambda a, _, j, st: pf.release(j, st)}
-REFERENCE = {"claim": lambda a, g, jj, st: pf.reference_claim(g, jj, st),
+REFERENCE = {"claim": _claim(pf.reference_claim),
              "copy": lambda a, g, jj, st: pf.reference_copy(a, g, jj, st),
              "publish": lambda a, g, jj, st: pf.reference_publish(g, jj, st),
              "resolve": lambda a, ids, j, st: pf.reference_resolve(ids, j, st),
@@ -75,7 +82,7 @@ def test_a_guess_landed_in_time_is_read_from_its_slot_then_freed():
     st, arena = _play([("claim", g, 1), ("copy", g, 1), ("publish", g, 1), ("resolve", [5, 0, 9, 12], 1),
                        ("release", [], 1)])
     # 5 was used from its slot (then freed); 7 was guessed and not routed: wasted; 9 not guessed: in place
-    assert st.counts[1].tolist() == [1, 0, 1, 2 * BLOB, BLOB, BLOB]
+    assert st.counts[1].tolist() == [1, 0, 1, 2 * BLOB, BLOB, BLOB, 4, 1, 4]    # 4 guesses, 1 right
     assert st.state.tolist() == [pf.FREE] * S and (st.where == -1).all()
     assert torch.equal(st.table, st.ram_rows)           # every entry back to pinned RAM
 
@@ -96,7 +103,7 @@ def test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for():
                    ("release", [], 0),                                                    # 4 TAKEN: not freed
                    ("publish", g, 0),                                                     # 4 -> TAKEN_DONE, 8 READY
                    ("release", [], 0)])
-    assert st.counts[0].tolist() == [0, 1, 2, 2 * BLOB, 0, 2 * BLOB]   # 4 late (read in place), 4 and 8 unused
+    assert st.counts[0].tolist() == [0, 1, 2, 2 * BLOB, 0, 2 * BLOB, 2, 1, 4]   # 4 late, 4 and 8 unused
     assert st.state.tolist() == [pf.FREE] * S and torch.equal(st.table, st.ram_rows)
 
 
@@ -106,8 +113,8 @@ def test_slots_run_out_and_guesses_of_a_later_layer_outlive_an_earlier_release()
                    ("release", [], 0),                                          # layer 0 done: layer 1's stay
                    ("resolve", [4, 5, 6, 7], 1), ("release", [], 1),
                    ("claim", g2, 2), ("copy", g2, 2), ("publish", g2, 2), ("release", [], 2)])
-    assert st.counts[1].tolist() == [3, 0, 0, 3 * BLOB, 3 * BLOB, 0]
-    assert st.counts[2].tolist() == [0, 0, 2, 2 * BLOB, 0, 2 * BLOB]
+    assert st.counts[1].tolist() == [3, 0, 0, 3 * BLOB, 3 * BLOB, 0, 4, 4, 4]
+    assert st.counts[2].tolist() == [0, 0, 2, 2 * BLOB, 0, 2 * BLOB, 0, 0, 0]     # layer 2 never resolved
 
 
 @pytest.mark.gpu

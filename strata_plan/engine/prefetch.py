@@ -14,7 +14,7 @@ LRU's (prefill's waves use them between decode runs: `before_prefill` orders pre
 queued). On a CPU the side stream is the main one (the references in order), so a claimed guess has landed when its
 layer runs. Counting (folded into the store's counters): uses served from a slot are `prefetched`, uses whose guess
 was still copying `late`; the copies' bytes cross PCIe (`bytes_from["ram"]`, `prefetch_bytes`), slots freed unused are
-wasted.
+wasted; precision and recall of the guesses at the plan's depth are the host loop's definitions.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ class DevicePrefetch:
             assign=torch.full((store.top_k,), -1, dtype=torch.int64, device=dev),
             ram_rows=rows, tier=tier.to(dev), nbytes=torch.from_numpy(store.nbytes.copy()).to(dev),
             table=store.inplace_offsets, src=store.lru.ram_offset if store.lru is not None else None,
-            counts=torch.zeros((L, pk.N_COUNTS), dtype=torch.int64, device=dev), cached_hi=store.poison_offset)
+            counts=torch.zeros((L, pk.N_COUNTS), dtype=torch.int64, device=dev), cached_hi=store.poison_offset,
+            guessed=torch.full((L, store.top_k), -1, dtype=torch.int64, device=dev))
         self.cuda = dev.type == "cuda"
         self.side = torch.cuda.Stream(dev) if self.cuda else None
         self.forked = False
@@ -60,6 +61,7 @@ class DevicePrefetch:
         """Guesses int64 [k] (best first) for MoE layer jj: claimed, copied and published on the side stream (graph-safe:
         the side stream forks from the main one here and joins it in `end_token`)."""
         st, arena = self.st, self.store.arena
+        pk.note_guesses(gids, jj, st)         # on the main stream: `resolve` counts precision and recall from them
         if not self.cuda:
             pk.reference_claim(gids, jj, st)
             pk.reference_copy(arena, gids, jj, st)
@@ -103,6 +105,10 @@ class DevicePrefetch:
             c.prefetch_bytes += int(row[pk.COPIED])
             c.wasted_bytes += int(row[pk.WASTED_BYTES])
             c.wasted_fetches += int(row[pk.WASTED])
+            d = self.depth                    # precision and recall of the guesses at the prefetched depth
+            c.hint_guesses[d] = c.hint_guesses.get(d, 0) + int(row[pk.GUESSES])
+            c.hint_right[d] = c.hint_right.get(d, 0) + int(row[pk.RIGHT])
+            c.hint_used[d] = c.hint_used.get(d, 0) + int(row[pk.HINTED_USED])
 
     def reset(self) -> None:
         self.st.counts.zero_()

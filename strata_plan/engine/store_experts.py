@@ -153,7 +153,10 @@ class StoreExperts:
                 gsc[d - 1, :len(scores[:W])] = torch.tensor(scores[:W], dtype=torch.float32)
             return gids.to(out.device), gsc.to(out.device)
         gids, gsc = self._gids[j], self._gsc[j]
+        staged = self.store.staging is not None          # the stager takes every depth's; the VRAM prefetch the last's
         for d, jj in enumerate(self.targets(j)):
+            if not staged and d + 1 != self.depth:
+                continue
             ids, w = self.model.route(jj, out)
             gids[d, :ids.shape[1]].copy_(ids[0])
             gsc[d, :w.shape[1]].copy_(w[0])

@@ -20,8 +20,10 @@ in place from pinned RAM: a late or wrong guess costs link bytes (counted as was
 `where [L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the tag. A slot is written
 only by the copy of the claim that holds it, and freed only from the main stream after its consumer ran, or, for a
 guess nobody routed, by a later `release` once its copy is over (at the latest `release(L - 1)` after the token's
-streams joined). Counters `counts [L, 6]`: uses served from a slot, uses TAKEN (late), slots freed unused (wasted),
-bytes copied, bytes of the uses served from a slot, bytes of the slots freed unused. `reference_*` are the same in plain Python (the CPU engine's path: there the side stream is the main one,
+streams joined). Counters `counts [L, N_COUNTS]`: uses served from a slot, uses TAKEN (late), slots freed unused (wasted),
+bytes copied, bytes of the uses served from a slot, bytes of the slots freed unused, and the lookahead's precision
+and recall terms (`guessed [L, G]`, the guesses for each layer written on the main stream when issued: guesses,
+right guesses, routed ids where a guess existed; `resolve` counts and clears them). `reference_*` are the same in plain Python (the CPU engine's path: there the side stream is the main one,
 so a claimed guess is READY when its layer runs); the kernels are held to them under the interpreter.
 """
 from __future__ import annotations
@@ -33,8 +35,8 @@ import torch
 from .triton_common import tl, triton
 
 FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
-USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES = range(6)
-N_COUNTS = 6
+USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES, GUESSES, RIGHT, HINTED_USED = range(9)
+N_COUNTS = 9
 COPY_CHUNK = 64 << 10          # bytes one program of the copy kernel moves
 # the states as the kernels see them (a jitted function reads only constexpr globals)
 _FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED = (tl.constexpr(v) for v in range(6))
@@ -52,6 +54,7 @@ class PrefetchState:
     table: torch.Tensor        # int64 [L, E] the offsets fused_moe reads
     src: torch.Tensor | None   # int64 [L, E] the device LRU's fill source (None without a cache)
     counts: torch.Tensor       # int64 [L, N_COUNTS]
+    guessed: torch.Tensor      # int64 [L, G] the guesses issued for each layer this token, -1 none
     cached_hi: int             # table entries in [0, cached_hi) are VRAM
 
 
@@ -92,7 +95,7 @@ def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nby
     dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
     tl.store(dst + w, tl.load(src + w, mask=ok), mask=ok)
     if (b == 0) & (s >= 0):
-        tl.atomic_add(counts_p + jj * 6 + 3, n, sem="relaxed")
+        tl.atomic_add(counts_p + jj * 9 + 3, n, sem="relaxed")
 
 
 @triton.jit
@@ -110,13 +113,17 @@ def publish_kernel(gids_p, jj, E, state_p, assign_p, G: tl.constexpr):
 
 @triton.jit
 def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
-                   cached_hi, K: tl.constexpr, HAS_SRC: tl.constexpr):
+                   guessed_p, cached_hi, K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, HAS_SRC: tl.constexpr):
     # ids_p: int64 [K] layer j's routed ids; one program; before the LRU step and the MoE kernels of layer j
     n_used = tl.zeros([], tl.int64)
     n_late = tl.zeros([], tl.int64)
     b_used = tl.zeros([], tl.int64)
+    gg = tl.arange(0, GB)
+    guess = tl.load(guessed_p + j * G + gg, mask=gg < G, other=-1)               # [GB] this layer's guesses
+    n_right = tl.zeros([], tl.int64)
     for i in tl.static_range(K):
         e = tl.load(ids_p + i)
+        n_right += (tl.sum((guess == e).to(tl.int32), 0) > 0).to(tl.int64)
         at = j * E + e
         cur = tl.load(table_p + at)
         s = tl.load(where_p + at)
@@ -137,9 +144,15 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
                 tl.store(table_p + at, off)
                 if HAS_SRC:
                     tl.store(src_p + at, off)
-    tl.store(counts_p + j * 6 + 0, tl.load(counts_p + j * 6 + 0) + n_used)
-    tl.store(counts_p + j * 6 + 1, tl.load(counts_p + j * 6 + 1) + n_late)
-    tl.store(counts_p + j * 6 + 4, tl.load(counts_p + j * 6 + 4) + b_used)
+    n_guess = tl.sum((guess >= 0).to(tl.int64), 0)
+    c = counts_p + j * 9
+    tl.store(c + 0, tl.load(c + 0) + n_used)
+    tl.store(c + 1, tl.load(c + 1) + n_late)
+    tl.store(c + 4, tl.load(c + 4) + b_used)
+    tl.store(c + 6, tl.load(c + 6) + n_guess)
+    tl.store(c + 7, tl.load(c + 7) + n_right)
+    tl.store(c + 8, tl.load(c + 8) + tl.where(n_guess > 0, K, 0))
+    tl.store(guessed_p + j * G + gg, tl.full([GB], -1, tl.int64), mask=gg < G)
 
 
 @triton.jit
@@ -164,10 +177,15 @@ def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, s
             if tl.load(where_p + at) == s:
                 tl.store(where_p + at, s * 0 - 1)
             wasted = (st != _CONSUMED).to(tl.int64)
-            tl.store(counts_p + layer * 6 + 2, tl.load(counts_p + layer * 6 + 2) + wasted)
-            tl.store(counts_p + layer * 6 + 5, tl.load(counts_p + layer * 6 + 5) + wasted * tl.load(nbytes_p + at))
+            tl.store(counts_p + layer * 9 + 2, tl.load(counts_p + layer * 9 + 2) + wasted)
+            tl.store(counts_p + layer * 9 + 5, tl.load(counts_p + layer * 9 + 5) + wasted * tl.load(nbytes_p + at))
             tl.atomic_xchg(state_p + s, s * 0 + _FREE, sem="release")
         s += 1
+
+
+def note_guesses(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
+    """(main stream, when the guesses for layer jj are issued) Keep them for `resolve`'s precision and recall."""
+    st.guessed[jj, :gids.numel()].copy_(gids.reshape(-1))
 
 
 def claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
@@ -189,9 +207,10 @@ def publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
 
 def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
+    G = st.guessed.shape[1]
     resolve_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src,
-                         st.tier, st.nbytes, st.counts, st.cached_hi, K=ids.numel(), HAS_SRC=st.src is not None,
-                         num_warps=1)
+                         st.tier, st.nbytes, st.counts, st.guessed, st.cached_hi, K=ids.numel(), G=G,
+                         GB=triton.next_power_of_2(G), HAS_SRC=st.src is not None, num_warps=1)
 
 
 def release(j: int, st: PrefetchState) -> None:
@@ -239,7 +258,13 @@ def reference_publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
 
 def reference_resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
     E = st.table.shape[1]
-    for e in (int(x) for x in ids.reshape(-1).tolist()):
+    routed = [int(x) for x in ids.reshape(-1).tolist()]
+    guess = {int(g) for g in st.guessed[j].tolist() if g >= 0}
+    st.counts[j, GUESSES] += len(guess)
+    st.counts[j, RIGHT] += len(guess & set(routed))
+    st.counts[j, HINTED_USED] += len(routed) if guess else 0
+    st.guessed[j] = -1
+    for e in routed:
         s = int(st.where[j, e])
         if not (_ram_and_off_vram(st, (j, e)) and s >= 0):
             continue
