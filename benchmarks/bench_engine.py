@@ -134,7 +134,8 @@ def main() -> int:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--warmup", type=int, default=32)
-    ap.add_argument("--plans", default="ramrich,seed")
+    ap.add_argument("--plans", default="ramrich,seed", help="names of the shipped plans, or NAME=PATH (a plan for "
+                    "the packed folder in --dir: the CPU smoke test runs the fixture that way)")
     ap.add_argument("--modes", default="plan,lru,on-demand")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--keep", action="store_true")
@@ -152,24 +153,24 @@ def main() -> int:
                     "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
     a = ap.parse_args()
     predict_with = with_calibration_of(a.profile, a.calibration) if a.profile else None
-    paths = {k: PLANS[k] for k in a.plans.split(",")}
+    paths = dict((k.split("=", 1)[0], Path(k.split("=", 1)[1])) if "=" in k else (k, PLANS[k]) for k in a.plans.split(","))
     plans = {k: load_plan(v) for k, v in paths.items()}
     if "seed" in plans and a.forced_depth and not plans["seed"].prefetch_depth:
         name = f"seed_forced_d{a.forced_depth}"          # the same budget with a lookahead depth the planner did not pick
         plans[name] = forced_depth(plans["seed"], a.forced_depth)
         paths[name] = Path(a.out_dir or ".") / f"plan-kimi5-h200-{name}.yaml"
+        paths[name].parent.mkdir(parents=True, exist_ok=True)
         save_plan(plans[name], paths[name])
     first = next(iter(plans.values()))
     for k, p in plans.items():
         assert all(l.formats == l0.formats for l, l0 in zip(p.layers, first.layers)), f"{k}: other formats"
-    spec = load_spec(first.model)
     folder = Path(a.dir)
     out, metrics = {}, {}
     skipped: list[str] = []
     try:
         t0 = time.perf_counter()
         if not (folder / "index.json").exists():
-            pack_synthetic(spec, folder, [{e: l.format_of(e) for e in range(first.n_experts)} for l in first.layers],
+            pack_synthetic(load_spec(first.model), folder, [{e: l.format_of(e) for e in range(first.n_experts)} for l in first.layers],
                            device="cuda" if torch.cuda.is_available() else "cpu")
         files = sorted(folder.glob("experts-*.bin"))
         for f in files:
@@ -291,6 +292,8 @@ def main() -> int:
             zero-copy read rate at one layer's share of B, both measured now; the host loop's tokens beside it."""
             B = r["bytes_per_token"]["ram"]
             parts = r["device_step"]
+            if parts is None:                                       # no graphs (a CPU run): nothing to bound
+                return
             rate = zero_copy_gbps(max(B / r["plan"]["n_moe_layers"], 1 << 20))
             bound = 1.0 / (parts["without_moe_s"] + B / (rate * 1e9))
             k = f"{name}.{mode}"

@@ -1,0 +1,49 @@
+"""bench_engine end to end on the CPU: the committed fixture packed in BF16, a RAM-rich plan and an NVMe plan given
+by path, every mode in both loops, the forced-depth run, the drive's bound rows. Figures on a CPU mean nothing; the
+test holds the script's rows (what the H200 run will write) to exist and add up."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from test_bench_trained import one_torch_thread  # noqa: F401  (the fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_thread, monkeypatch):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_engine_run import FIXTURE, bf16_plan
+    from strata_plan.cli import main as cli
+    from strata_plan.core.plan import save_plan
+    import bench_engine
+    packed = tmp_path / "packed"
+    assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
+    plans = {"ramrich": bf16_plan(4, 28, 2, 1, chunk=4), "seed": bf16_plan(4, 10, 0, 0, chunk=4)}
+    paths = []
+    for name, plan in plans.items():
+        save_plan(dataclasses.replace(plan, context=96), tmp_path / f"{name}.yaml")
+        paths.append(f"{name}={tmp_path / f'{name}.yaml'}")
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--dir", str(packed), "--plans", ",".join(paths),
+                                      "--tokens", "3", "--warmup", "2", "--out-dir", str(out), "--keep"])
+    assert bench_engine.main() == 0
+    (result,) = out.glob("engine-*.json")
+    m = json.loads(result.read_text())["metrics"]
+    for name in ("ramrich", "seed", "seed_forced_d2"):
+        for mode in ("plan", "lru", "on-demand"):
+            for loop in ("", "_hostloop"):
+                assert m[f"{name}{loop}.{mode}.decode_tok_s"] > 0, (name, loop, mode)
+            assert m[f"{name}.{mode}.device_loop"] == 1.0
+    for name in ("seed", "seed_forced_d2"):       # the NVMe tier: the drive's bound and what the stager did
+        assert m[f"{name}.plain_odirect_repeats"] == 3 and m[f"{name}.plain_odirect_gbps"] > 0
+        for mode in ("plan", "lru", "on-demand"):
+            k = f"{name}.{mode}"
+            assert m[f"{k}.nvme_gb_per_token"] > 0 and m[f"{k}.bound_tok_s"] > 0
+            assert m[f"{k}.tokens_equal_hostloop"] == 1.0
+            assert m[f"{k}.page_cache_after"] is not None
+    assert m["seed_forced_d2.plan.nvme_wasted_gb_per_token"] >= 0
+    assert "seed_forced_d2.plan.lookahead_d2.precision" in m
+    assert (out / "plan-kimi5-h200-seed_forced_d2.yaml").exists()
