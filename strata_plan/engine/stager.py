@@ -1,29 +1,30 @@
 """The NVMe stager of the device loop: reads the experts the GPU asks for (and those the lookahead guesses) with
 O_DIRECT into a pinned staging cache, where the MoE kernel reads them in place.
 
-    st = Stager(store, mem, base, n_slots, depth, reads_in_flight)   # mem: pinned uint8 (staging slots + the block)
+    st = Stager(store, mem, base, n_slots, depth, reads_in_flight, guesses_per_layer)   # mem: pinned uint8
     ...the graph calls kernels.stage_wait / stage_done each MoE layer...
     st.check()            # after a token reaches the host: the first read error, as one line (UserError)
-    st.counters(); st.close()
+    st.counts.to_data(); st.close()
 
-The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready table, request ring). One poller
-thread follows the ring (polling at once while requests come, backing off to 1 ms polls after 0.2 s without one): a request row (REQ advanced) holds the routed NVMe ids the layer will read from staging;
-each one not staged or being read is queued as a demand read; a finished layer (DONE advanced) carries the lookahead
-guesses of the next `depth` layers, queued behind every demand by depth, then by score. `reads_in_flight` reader
-threads take the queue's best entry (a guess already queued is queued again as a demand when the layer asks), pick a slot, read the blob (one O_DIRECT request into the slot: no bounce, no
-copy), check every part's sha256 against index.json, then publish `ready[j, e]` = the slot's address (after the
-bytes: x86 stores are not reordered, and the GPU loads `ready` with acquire semantics). A guess whose layer the GPU
-has already asked for is dropped. Lookahead precision and recall by depth are counted here, over the ids read from
-staging (NVMe experts not in VRAM): the guesses of request s - d against request s's ids.
-
-Slots: LRU by last use (a routed use stamps a slot with its request; a guess with the request it is for). A demand
-read takes a free slot or evicts the least recently used staged slot; a guess evicts only a slot whose stamp is in the
-past. Evicting (j, e): `ready[j, e]` = -1, a full fence, then REQ and the outstanding row (REQ > DONE) are read; if
-that row names (j, e) the GPU may be reading it: ready is put back and the next victim is tried (the GPU's side of
-this handshake is in `kernels.stage_wait`). A slot staged by a guess and evicted unused counts as wasted.
-Errors (a failed or short read, a checksum mismatch) become one `UserError` naming the file, the layer, the expert
-and the offset; `ready` of that expert is set to -2, so a GPU waiting for it goes on with the poison slot, and the
-host raises the error (`check`) before the token computed from it is shown.
+The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready table, request ring).
+- *The poller* (one thread) follows the ring, polling at once while requests come and backing off to 1 ms polls
+  after 0.2 s without one. A request row (REQ advanced) holds the NVMe ids the layer reads from staging: each one
+  not staged or being read is queued as a demand read (also when it was queued as a guess). A finished layer (DONE
+  advanced) carries the lookahead guesses of the next `depth` layers, queued behind every demand by depth, then by
+  score; a guess whose layer the GPU has already asked for is dropped. Lookahead precision and recall by depth are
+  counted here, over the ids read from staging: the guesses of request s - d against request s's ids.
+- *The readers* (`reads_in_flight` threads) take the queue's best entry, pick a slot, read the blob (one O_DIRECT
+  request into the slot: no bounce, no copy), check every part's sha256 against index.json, then publish
+  `ready[j, e]` = the slot's address (after the bytes: x86 stores are not reordered, and the GPU loads `ready` with
+  acquire semantics).
+- *Slots*: LRU by last use (a routed use stamps a slot with its request; a guess with the request it is for). A
+  demand read takes a free slot or evicts the least recently used staged slot; a guess evicts only a slot whose stamp
+  is in the past. Evicting (j, e): `ready[j, e]` = -1, a full fence, then REQ and the outstanding row (REQ > DONE)
+  are read; if that row names (j, e) the GPU may be reading it: ready is put back and the next victim is tried (the
+  GPU's side of this handshake is in `kernels.stage_wait`). A slot staged by a guess and evicted unused is wasted.
+- *Errors* (a failed or short read, a checksum mismatch) become one `UserError` naming the file, the layer, the
+  expert and the offset; `ready` of that expert is set to -2, so a GPU waiting for it goes on with the poison slot,
+  and the host raises the error (`check`) before the token computed from it is shown.
 """
 from __future__ import annotations
 

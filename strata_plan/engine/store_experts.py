@@ -25,10 +25,12 @@ has no host part: the routed ids are counted on the device (`store.count_uses`) 
 `store.inplace_offsets[j]`, static experts in VRAM and the rest in place from pinned RAM (with cache slots the
 device LRU first admits misses into their slots, `store.cache_step`). With a replay, the whole replay lives on the
 device and the step reads its row at a device cursor (`replay_rows`, `advance_replay`): no host work a token.
-With an NVMe tier (`store.staging`, engine/staging.py) each layer first asks the stager for its routed NVMe experts
-and waits on the GPU only for those not yet staged in pinned RAM (`Staging.wait`); after the layer (with lookahead:
-after its gates for the next layers, `after_moe_staged`) it tells the stager it is done (`Staging.done`).
-Prefill (several tokens) takes the path above.
+With lookahead (`store.prefetch`, engine/prefetch.py) a layer first reads the guesses that landed in VRAM slots
+(`resolve`) and frees its slots after its MoE (`release`); after it, `after_moe_device` runs the lookahead gates and
+issues the guesses for layer j+d on a side stream (joined by `end_token` at the step's end). With an NVMe tier
+(`store.staging`, engine/staging.py) each layer asks the stager for its routed NVMe experts and waits on the GPU only
+for those not yet staged in pinned RAM (`Staging.wait`); after the layer (with lookahead: with its gates' guesses)
+it tells the stager it is done (`Staging.done`). Prefill (several tokens) takes the path above.
 """
 from __future__ import annotations
 
@@ -62,7 +64,6 @@ class StoreExperts:
         self.hints_s = 0.0                    # host time giving hints to the store (its prefetches issued)
         self._ids_host = None                 # pinned copy of the router's ids (`_ids_to_host`)
         self._ids_event = torch.cuda.Event() if self.cuda else None
-        staging = store.staging
         if in_place and replay is not None:   # the replay on the device: [T, L, k] ids and weights, a cursor
             dev = store.device
             self._rid_all = torch.from_numpy(replay.experts.astype("int64")).to(dev)
