@@ -255,6 +255,31 @@ def test_on_a_gpu_the_device_loops_lookahead_gives_the_host_loops_tokens(packed_
         assert dc["by_kind"]["prefetched"] + dc["by_kind"]["late"] > 0
 
 
+def test_sampled_generation_in_the_device_loop_repeats_with_its_seed(packed_bf16):
+    """Sampling in the device loop is drawn inside the step (`GumbelPick`): the same seed gives the same text, another
+    seed (almost surely) another; greedy is the host loop's."""
+    from strata_plan.engine.generate import Sampling
+    plan = bf16_plan(4, 28, 2, 1, chunk=4)
+    runs = []
+    for seed in (5, 5, 6):
+        with Engine.open(packed_bf16, plan, EngineOptions(device="cpu")) as eng:
+            assert eng.model.step_runner.picks
+            runs.append(eng.generate(PROMPT, 12, Sampling(temperature=1.5, seed=seed)))
+            assert eng.generate(PROMPT, 12, Sampling(temperature=1.5, seed=seed)) == runs[-1]    # the same engine
+    assert runs[0] == runs[1] != runs[2]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_sampling_is_drawn_inside_the_graph_and_repeats_with_its_seed(packed_bf16):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from strata_plan.engine.generate import Sampling
+    with Engine.open(packed_bf16, bf16_plan(4, 28, 2, 1, chunk=4), EngineOptions(device="cuda")) as eng:
+        runs = [eng.generate(PROMPT, 12, Sampling(temperature=1.5, top_p=0.9, seed=5)) for _ in range(2)]
+        assert any(k.startswith("sample:") for k in eng.model.step_runner._graphs)     # captured, replayed
+    assert runs[0] == runs[1]
+
+
 def test_greedy_tokens_are_transformers(packed_bf16):
     transformers = pytest.importorskip("transformers")
     ref = transformers.AutoModelForCausalLM.from_pretrained(FIXTURE, dtype=torch.float32).eval()

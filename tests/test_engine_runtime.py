@@ -156,6 +156,24 @@ def test_sampling_follows_temperature_and_top_p():
     assert int(sample(logits, Sampling())) == 0
 
 
+def test_the_graph_safe_sampler_draws_as_the_reference_does():
+    """`GumbelPick` (what the device loop draws inside the step's graph: Gumbel-max over a counter hash) against the
+    same frequencies `sample` is held to: temperature and nucleus as above, each draw a new counter, a seed repeats."""
+    from strata_plan.engine.picks import GumbelPick
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    n = 4000
+    pick = GumbelPick(1.0, 1.0, seed=3)
+    draws = torch.cat([pick(logits) for _ in range(n)])
+    freq = torch.bincount(draws, minlength=4).float() / n
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03)         # ~4 sigma at n=4000
+    nucleus = GumbelPick(1.0, 0.7, seed=3)
+    assert set(torch.cat([nucleus(logits) for _ in range(500)]).tolist()) == {0, 1}
+    hot = GumbelPick(4.0, 1.0, seed=3)
+    assert torch.bincount(torch.cat([hot(logits) for _ in range(n)]), minlength=4)[3] / n > 0.15
+    again = GumbelPick(1.0, 1.0, seed=3)
+    assert torch.equal(torch.cat([again(logits) for _ in range(50)]), draws[:50])
+
+
 def test_seeded_sampled_generation_repeats_and_greedy_is_the_argmax_chain(engine):
     prompt = _prompt(12, seq=3)
     s = Sampling(temperature=0.8, top_p=0.95, seed=7)

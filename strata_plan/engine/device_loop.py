@@ -3,6 +3,7 @@
     runner = DeviceDecode(model, experts)       # Engine.open installs it when core.modes.reads_in_place(plan)
     logits = model.decode_step(token)           # eager first step, captured at the second, replayed after
     nxt = model.decode_step(token, greedy=True) # the same step with its argmax inside the graph: int64 [1]
+    nxt = model.decode_step(token, pick=GumbelPick(0.7, 0.9, seed=1))   # a sampled token, in the graph
     runner.time_parts(reps=20)                  # GPU seconds of a step, and of the step without its MoE calls
 
 It runs plans whose routed experts are either static in VRAM or read in place from pinned RAM (no LRU cache, no
@@ -10,8 +11,8 @@ lookahead, no NVMe tier: `store_experts.StoreExperts.read_in_place`), so the res
 during decode and the host has nothing to decide. Per token it copies the token id (on the device) into the
 graph's input and replays one graph: the embedding row (gathered in place from pinned RAM by
 `kernels.gather` when the table lives there: `embed_in_place`), every decoder layer, router, fused MoE, shared
-expert, the lm_head and, for greedy decoding (`greedy=True`, a graph of its own), the argmax: the sampled token
-stays on the device as the next step's input. When replaying routing, the replay lives on the device and the step reads its row at a
+expert, the lm_head and, with a pick (greedy: the argmax; sampling: `generate.GumbelPick`, a graph of each), the
+next token (`engine.picks`): it stays on the device as the next step's input. When replaying routing, the replay lives on the device and the step reads its row at a
 device cursor it advances (`StoreExperts.replay_rows`, `advance_replay`); the host only keeps its own cursor in
 step (`sync_replay`). Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
 runs eagerly, the embedding gathered by the model (tests hold it to the host loop).
@@ -32,6 +33,7 @@ import torch
 from strata_plan.kernels.gather import gather_rows
 
 from .dense import EMBED
+from .picks import GREEDY
 
 
 class TokenRing:
@@ -68,8 +70,9 @@ class DeviceDecode:
         self._embed_at: int | None = None      # embed_in_place: the table's byte offset from the arena
         self.dense_step_bytes: dict[str, int] = {}   # dense weights a step reads in place from pinned RAM (counted)
         experts.staged = experts.replay is not None
-        self.calls: dict[str, int] = {}      # steps run, by variant ("step": logits; "greedy": the argmax)
-        self.greedy = True                   # the model may ask for the argmax inside the step
+        self.calls: dict[str, int] = {}      # steps run, by variant ("step": logits; a pick's key: the next token)
+        self.picks = True                    # the model may ask for the next token inside the step
+        self._counters: dict[str, torch.Tensor] = {}   # per sampling key: the draw counter its graph advances
         self.launch_s = 0.0                  # host time launching steps (graph replays or eager launches)
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.timing = False
@@ -88,7 +91,7 @@ class DeviceDecode:
             self._embed_at = address - self.ex.store.arena.data_ptr()
 
     # ---- the step (device work only) -------------------------------------------------------------------
-    def _step(self, greedy: bool = False) -> torch.Tensor:
+    def _step(self, pick=None) -> torch.Tensor:
         m = self.m
         self.ex.replay_rows()
         if self._embed_at is not None:
@@ -99,26 +102,28 @@ class DeviceDecode:
         self.ex.end_token()                   # the lookahead's side stream joins; its slots are freed
         self.ex.advance_replay()
         logits = m.logits(x[-1])
-        return logits.argmax().reshape(1) if greedy else logits
+        return pick(logits) if pick is not None else logits
 
-    def _run(self, key: str, mode: str) -> torch.Tensor:
-        greedy = key.startswith("greedy")
+    def _run(self, key: str, mode: str, pick=None) -> torch.Tensor:
         if mode == "eager":
-            return self._step(greedy)
+            return self._step(pick)
         if mode == "capture":
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                out = self._step(greedy)
+                out = self._step(pick)
             self._graphs[key] = (g, out)
         g, out = self._graphs[key]
         g.replay()
         return out
 
-    def __call__(self, token_ids: torch.Tensor, greedy: bool = False) -> torch.Tensor:
-        """One token [1] (on the device) at the position in `model.at`; float32 logits [V], or with `greedy` the
-        argmax int64 [1]: the caller's own tensor (a replayed graph writes its output into the same buffer every
+    def __call__(self, token_ids: torch.Tensor, pick=None) -> torch.Tensor:
+        """One token [1] (on the device) at the position in `model.at`; float32 logits [V], or with a pick the next
+        token int64 [1]: the caller's own tensor (a replayed graph writes its output into the same buffer every
         step). Each variant is run eagerly at its first call, captured at its second, replayed after."""
-        key = "greedy" if greedy else "step"
+        key = pick.key if pick is not None else "step"
+        if getattr(pick, "counter", False) is None:    # a fresh sampler: its key's counter (the graph reads it), from 0
+            pick.counter = self._counters.setdefault(key, torch.zeros(1, dtype=torch.int64, device=self.m.device))
+            pick.counter.zero_()
         n = self.calls.get(key, 0)
         mode = "eager" if not self.graphs or n == 0 else ("capture" if n == 1 else "replay")
         self.calls[key] = n + 1
@@ -138,7 +143,7 @@ class DeviceDecode:
             counted[kind] += n
         if self.timing and self._ev:
             self._ev[0].record()
-        out = self._run(key, mode)
+        out = self._run(key, mode, pick)
         if self.timing and self._ev:
             self._ev[1].record()
             self._pending = True
@@ -172,13 +177,16 @@ class DeviceDecode:
         same values; the counters, the device cache and the replay cursor are put back as they were. CUDA only, after
         a captured step."""
         base = "greedy" if "greedy" in self._graphs else "step"
+        pick = None
+        if base == "greedy":
+            pick = GREEDY
         if base not in self._graphs:
             raise RuntimeError("time_parts needs a captured step: decode two tokens first")
         bare = f"{base}_without_moe"
         if bare not in self._graphs:
             self.ex.skip_moe = True
             try:
-                self._run(bare, "capture")
+                self._run(bare, "capture", pick)
             finally:
                 self.ex.skip_moe = False
         torch.cuda.synchronize()

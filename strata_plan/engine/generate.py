@@ -23,6 +23,7 @@ from strata_plan.errors import UserError
 
 from .config import ModelConfig
 from .device_loop import TokenRing
+from .picks import GumbelPick
 
 
 def load_tokenizer(folder: str | Path):
@@ -74,11 +75,15 @@ class Sampling:
             raise UserError("--top-p", str(self.top_p), "outside (0, 1]", "use a mass in (0, 1]")
 
 
-def next_token(model, token: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One decode step from `token` to the next, int64 [1] on the device: greedy asks the model for the argmax
-    (inside the step's graph on the device loop), sampling draws from its logits."""
+def next_token(model, token: torch.Tensor, s: Sampling, generator: torch.Generator | None = None,
+               pick: GumbelPick | None = None) -> torch.Tensor:
+    """One decode step from `token` to the next, int64 [1] on the device: greedy asks the model for the argmax, and a
+    step runner that takes the pick (the device loop) draws a sampled token with `pick` inside the step's graph;
+    otherwise sampling draws from the logits (`sample`)."""
     if s.temperature == 0:
         return model.decode_step(token, greedy=True)
+    if pick is not None and getattr(model.step_runner, "picks", False):
+        return model.decode_step(token, pick=pick)
     return sample(model.decode_step(token), s, generator)
 
 
@@ -134,6 +139,10 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
     if sampling.seed is not None:
         gen = torch.Generator(device=model.device)
         gen.manual_seed(sampling.seed)
+    pick = None
+    if sampling.temperature > 0:                            # drawn inside the step's graph on the device loop
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 1 << 62, (1,)))
+        pick = GumbelPick(sampling.temperature, sampling.top_p, seed)
     model.reset()
     logits = model.prefill(list(prompt_ids), chunk)
     ahead = getattr(model.step_runner, "ahead", False)      # the next step may be queued before the host reads
@@ -146,7 +155,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
         if ahead:
             ring.push(token)
             if i + 1 < max_new_tokens:                      # queued behind this token's step (past an EOS: unused)
-                nxt = next_token(model, token, sampling, gen)
+                nxt = next_token(model, token, sampling, gen, pick)
             t = ring.pop()                                  # waits for this token's copy, not for the next step
         else:
             t = int(token)                                  # the host copy: stream it, check for EOS
@@ -156,7 +165,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
             on_token(t)
         if t in eos or i + 1 == max_new_tokens:
             break
-        token = nxt if ahead else next_token(model, token, sampling, gen)
+        token = nxt if ahead else next_token(model, token, sampling, gen, pick)
     return out
 
 

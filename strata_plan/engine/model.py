@@ -47,6 +47,7 @@ from .config import ModelConfig
 from .experts import Experts
 from .kv import make_cache
 from .layers import SwiGLU, rms_norm
+from .picks import GREEDY
 from .rope import RotaryTable
 from .routing import Router
 from .weights import TensorSource
@@ -146,13 +147,13 @@ class MoEModel:
         return F.embedding(token_ids, self.embed) if self.embed_rows is None else self.embed_rows(token_ids)
 
     def forward(self, token_ids: torch.Tensor, all_logits: bool = False, static: bool = False,
-                greedy: bool = False) -> torch.Tensor:
+                pick=None) -> torch.Tensor:
         """Run tokens [T] (int64, on the device) at positions pos..pos+T-1 and append them to the cache.
         Returns float32 logits [V] of the last token, or [T, V] with all_logits. static (T = 1 only): the
         position is read from the device tensor `self.at` (set here) and attention spans the whole cache
         with later positions masked, so every shape is the same at every step (see attention.py).
-        greedy (static only): the argmax of the logits instead, int64 [1] on the device (inside the step's graph
-        when the step runner takes `greedy`: `device_loop.DeviceDecode`)."""
+        pick (static only; `picks.GREEDY`, `picks.GumbelPick`): the next token picked from the logits instead, int64
+        [1] on the device (inside the step's graph when the step runner takes picks: `device_loop.DeviceDecode`)."""
         t = token_ids.shape[0]
         if self.pos + t > self.context:
             raise ValueError(f"{self.pos} cached + {t} new tokens exceed the context of {self.context}")
@@ -160,11 +161,11 @@ class MoEModel:
             if t != 1:
                 raise ValueError(f"a static step runs one token, got {t}")
             self.at.fill_(self.pos)
-            if greedy and getattr(self.step_runner, "greedy", False):
-                out = self.step_runner(token_ids, greedy=True)
+            if pick is not None and getattr(self.step_runner, "picks", False):
+                out = self.step_runner(token_ids, pick=pick)
             else:
                 out = (self.step_runner or self.step_at)(token_ids)
-                out = out.argmax().reshape(1) if greedy else out
+                out = pick(out) if pick is not None else out
         else:
             x = self.embed_tokens(token_ids)                                               # [T, H]
             for layer in self.layers:
@@ -197,16 +198,18 @@ class MoEModel:
         return torch.cat(out) if all_logits else out[-1]
 
     @torch.inference_mode()
-    def decode_step(self, token, static: bool | None = None, greedy: bool = False) -> torch.Tensor:
+    def decode_step(self, token, static: bool | None = None, greedy: bool = False, pick=None) -> torch.Tensor:
         """One token (an int, or a one-element int64 tensor already on the device: no host copy) at position
-        pos. Returns float32 logits [V], or with `greedy` the next token (their argmax, int64 [1] on the device).
-        static: shapes independent of the position (`forward`); by default static when a `step_runner` is set
-        (it then runs the step)."""
+        pos. Returns float32 logits [V], or with `greedy` (their argmax) or `pick` (`engine.picks`) the next token,
+        int64 [1] on the device. static: shapes independent of the position (`forward`); by default static when a
+        `step_runner` is set (it then runs the step)."""
+        if greedy:
+            pick = GREEDY
         static = self.step_runner is not None if static is None else static
         if isinstance(token, torch.Tensor):
             ids = token.reshape(1).to(device=self.device, dtype=torch.long)
         else:
             ids = torch.tensor([int(token)], dtype=torch.long, device=self.device)
-        if greedy and not static:
-            return self.forward(ids).argmax().reshape(1)
-        return self.forward(ids, static=static, greedy=greedy)
+        if pick is not None and not static:
+            return pick(self.forward(ids))
+        return self.forward(ids, static=static, pick=pick)
