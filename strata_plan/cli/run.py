@@ -17,9 +17,9 @@ def add_engine_args(p) -> None:
     p.add_argument("--mode", default="plan", choices=MODES,
                    help="plan (default): as planned; lru: no lookahead prefetch; on-demand: no cache, no prefetch")
     p.add_argument("--loop", default="device", choices=LOOPS,
-                   help="device (default): experts outside VRAM read in place from pinned RAM, one CUDA graph a "
-                   "token, where the plan in its mode has no cache, lookahead or NVMe tier (else the host loop); "
-                   "host: copies into VRAM slots, the host between MoE layers")
+                   help="device (default): one CUDA graph a token; experts outside VRAM read in place from pinned "
+                   "RAM, the LRU cache decided and lookahead guesses copied on the GPU, NVMe experts staged into "
+                   "pinned RAM by a stager thread; host: copies into VRAM slots, the host between MoE layers")
     p.add_argument("--device", default="", help="cuda or cpu (default: cuda when there is a GPU)")
 
 

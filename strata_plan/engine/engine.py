@@ -97,7 +97,7 @@ class EngineOptions:
     poison: bool = False
     allow_buffered: bool = True
     graphs: bool = True              # decode: static parts in CUDA graphs (graphed.py); False: the eager forward
-    loop: str = "device"             # "device": RAM experts read in place where the plan allows; "host": copies
+    loop: str = "device"             # "device": one graph a token, RAM experts read in place; "host": copies
     chunk_bytes: int = StoreOptions.chunk_bytes            # copy chunk (engine.transfer)
     chunks_in_flight: int = StoreOptions.chunks_in_flight  # chunks queued on the copy stream at once
 
