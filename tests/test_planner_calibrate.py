@@ -305,3 +305,35 @@ def test_frozen_calibration_keeps_the_machine_and_takes_the_constants(tmp_path):
     # the device loop (PCIe-bound on the A100) charges the layers' overhead on its critical path too
     dev = [predict_plan(plan, prof, "plan", loop="device").decode_seconds["overhead"] for prof in (got, "a100-80g")]
     assert dev[0] > dev[1]
+
+
+def test_device_loop_runs_measure_the_layer_overhead_from_their_step_without_moe(tmp_path, capsys):
+    """Device-loop runs that timed their step without the MoE calls give the per-layer overhead directly: (that
+    time - the cost model's non-MoE seconds without it) / decoder layers. Runs made at a known overhead give it
+    back; the round trip (no host-loop run) is left alone; these PCIe-bound runs do not move hbm_efficiency."""
+    from strata_plan.planner.placement import placement_of
+    true = with_cal(load_profile("h200"), layer_overhead_us=37.0)
+    plan = load_plan(KIMI5_PLAN)
+    prob = plan_problem(plan, true, str(KIMI5_PLAN))
+    runs = {}
+    for mode in ("lru", "on-demand", "plan"):
+        pred = predict_plan(plan, true, mode, where=str(KIMI5_PLAN), loop="device")
+        free = CostModel(prob.replace(loop="device")).non_moe_seconds(placement_of(baseline(plan, mode)))
+        runs[f"ramrich/{mode}"] = {
+            "mode": mode, "loop": "device",
+            "measured": {"decode_tok_s": pred.decode_tok_s, "decode_s_per_token": {"median": 1 / pred.decode_tok_s}},
+            "time_per_token": {"router_round_trip_s": 0.0, "store_and_launch_host_s": 0.0, "store_wait_s": 0.0,
+                               "round_trips": 0},
+            "device_step": {"without_moe_s": free + prob.spec.n_layers * 37e-6, "step_s": 1 / pred.decode_tok_s},
+            "plan": {"n_moe_layers": len(plan.layers), "prefetch_depth": plan.prefetch_depth, "path": str(KIMI5_PLAN),
+                     "sha256": hashlib.sha256(KIMI5_PLAN.read_bytes()).hexdigest()}}
+    f = tmp_path / "engine-device.json"
+    f.write_text(json.dumps({"benchmark": "engine", "metrics": {}, "runs": runs}))
+    out = tmp_path / "fitted.yaml"
+    assert main(["calibrate", str(f), "--profile", "h200", "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    cal = load_profile(str(out)).calibration
+    assert cal.layer_overhead_us.value == pytest.approx(37.0, rel=1e-6)
+    assert "measured directly" in cal.layer_overhead_us.source and cal.layer_overhead_us.provenance == "measured"
+    h200 = load_profile("h200").calibration
+    assert cal.round_trip == h200.round_trip and cal.hbm_efficiency == h200.hbm_efficiency      # left alone

@@ -16,6 +16,10 @@ What the runs identify, and how each constant is fitted:
   time per token / MoE layers.
 - `host_fetch_us`: measured directly in LRU-only runs, the store's host time less its waits over the experts
   it fetched (`_fetch_host`).
+- `layer_overhead_us` from device-loop runs that timed their step without the MoE calls (`device_step`): measured
+  directly, (t_nonMoE - the cost model's non-MoE seconds without it) / decoder layers (`CostModel.non_moe_seconds`),
+  the mean over those runs, at the hbm_efficiency the least squares then fit alone (the non-MoE seconds depend on
+  it, so the overhead follows it). Without such runs:
 - `layer_overhead_us` (and `hbm_efficiency` where the runs separate it): least squares on decode seconds
   per token, predicted (`repredict.predict_plan`, the plan as the run executed it) against measured, each
   run's residual relative to its measurement so that every run counts alike; Gauss-Newton on the
@@ -61,6 +65,7 @@ class Run:
     n_moe: int
     fetch_us: float | None = None   # host time per fetched expert (`_fetch_host`); None: not identified
     loop: str = "host"      # the engine's decode loop that ran (bench files before the device loop: host)
+    nonmoe_s: float | None = None   # the device loop's step without its MoE calls, GPU seconds (`device_step`)
 
     @property
     def round_trip_us(self) -> float | None:
@@ -250,7 +255,7 @@ def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> list[Run]:
             if loop not in LOOPS:
                 raise UserError(str(path), prefix + "loop", f"{loop!r} is not a loop", f"one of {', '.join(LOOPS)}")
             med = _field(r, "measured.decode_s_per_token.median", str(path), prefix)
-            host = _round_trip_s(r, str(path), prefix)
+            host = _round_trip_s(r, str(path), prefix) if loop == "host" else None    # the device loop has none
             fh = _fetch_host(r, str(path), prefix) if (r.get("time_per_token") or {}).get("device_wait_s") is not None else None
             n_moe = _field(r, "plan.n_moe_layers", str(path), prefix)
             if med <= 0 or n_moe < 1 or n_moe != int(n_moe):
@@ -262,9 +267,11 @@ def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> list[Run]:
             if len(plan.layers) != n_moe:
                 raise UserError(str(path), prefix + "plan.n_moe_layers", f"{int(n_moe)}, but the plan "
                                 f"{plan_where} has {len(plan.layers)} MoE layers", "pass the plan the run executed")
+            step = r.get("device_step") or {}
+            nonmoe = step.get("without_moe_s")
             out.append(Run(f"{p.name}:{name}" if name else p.name, str(path), mode, plan, plan_where, float(med),
                            None if host is None else float(host), int(n_moe),
-                           None if fh is None else fh[0] * 1e6, loop))
+                           None if fh is None else fh[0] * 1e6, loop, None if nonmoe is None else float(nonmoe)))
     if not out:
         raise UserError("BENCH.json", "", "no runs given", "pass at least one bench file")
     return out
@@ -292,6 +299,22 @@ class _Predictor:
                                     f"cannot re-predict its plan ({e.line()})", "pass --plan NAME=PATH, the plan "
                                     "file the run executed, with its statistics beside it") from None
 
+    def layer_overheads_us(self, profile) -> list[float]:
+        """Per device-loop run that timed its step without the MoE calls: (t_nonMoE - the cost model's non-MoE
+        seconds without overhead) / decoder layers, in us, at `profile`'s rates (at least 0)."""
+        from strata_plan.planner.cost import CostModel
+        from strata_plan.planner.placement import placement_of
+        from strata_plan.core.modes import baseline
+        out = []
+        for r, k in zip(self.runs, self.keys):
+            if r.nonmoe_s is None or r.loop != "device":
+                continue
+            prob = self.problems[k].replace(profile=profile, loop="device")
+            cm = CostModel(prob)
+            free = cm.non_moe_seconds(placement_of(baseline(r.plan, r.mode)))
+            out.append(max(0.0, (r.nonmoe_s - free) / prob.spec.n_layers * 1e6))
+        return out
+
     def seconds(self, profile) -> np.ndarray:
         from strata_plan.planner.repredict import predict_plan
         return np.array([1.0 / predict_plan(r.plan, profile, r.mode, problem=self.problems[k], loop=r.loop).decode_tok_s
@@ -312,12 +335,16 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     pred = _Predictor(runs, profile)
     before = pred.seconds(profile)
     rts = [r.round_trip_us for r in runs if r.round_trip_us is not None]
-    if not rts:
+    overheads = pred.layer_overheads_us(profile)       # device loop runs: measured from their t_nonMoE
+    if not rts and not overheads:
         raise UserError(runs[0].file, "time_per_token", "no run identifies the round trip (every run has lookahead "
-                        "or an NVMe tier)", "add a run in mode lru or on-demand of a plan without NVMe")
-    rt = float(np.mean(rts))
-    spread = f"{min(rts):.0f}-{max(rts):.0f} us over {len(rts)} runs"
-    prof = _with_calibration(profile, moe_round_trip_us=_figure(rt, sources, f"round trip per MoE layer, {spread}"))
+                        "or an NVMe tier) or the per-layer time (no device-loop run timed its step)",
+                        "add a run in mode lru or on-demand of a plan without NVMe, or a device-loop run on a GPU")
+    rt = float(np.mean(rts)) if rts else cal.round_trip.value
+    spread = f"{min(rts):.0f}-{max(rts):.0f} us over {len(rts)} runs" if rts else ""
+    prof = profile
+    if rts:
+        prof = _with_calibration(prof, moe_round_trip_us=_figure(rt, sources, f"round trip per MoE layer, {spread}"))
     fus = [r.fetch_us for r in runs if r.fetch_us is not None]
     fetch = float(np.mean(fus)) if fus else cal.host_fetch.value
     fspread = f"{min(fus):.0f}-{max(fus):.0f} us over {len(fus)} runs" if fus else ""
@@ -327,7 +354,15 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     names = ("layer_overhead_us", "hbm_efficiency", "prefetch_overlap")
     lo, hi = np.array([0.0, 0.05, 0.0]), np.array([np.inf, 1.0, 1.0])
 
+    def overhead_at(e: float) -> float:
+        """The per-layer overhead the device-loop runs' t_nonMoE give at hbm_efficiency e (their mean)."""
+        eff = _with_calibration(prof, hbm_efficiency=dataclasses.replace(cal.hbm_efficiency, value=float(e)))
+        return float(np.mean(pred.layer_overheads_us(eff)))
+
     def at(x: np.ndarray):
+        if overheads:                  # measured, not fitted: what t_nonMoE leaves at this hbm_efficiency
+            x = x.copy()
+            x[0] = overhead_at(x[1])
         figs = {n: dataclasses.replace(f, value=float(v)) for n, f, v in
                 zip(names, (cal.layer_overhead_us, cal.hbm_efficiency, cal.overlap), x)}
         return _with_calibration(prof, **figs)
@@ -364,7 +399,18 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     why_ov = (f"least squares on decode s/token, with the others ({len(look)} lookahead runs)" if fit_ov else
               "left alone: " + ("no lookahead run" if not look else "no lookahead run's predicted token depends on "
                                 "it (bound by a link's busy time)"))
-    cols = [i for i, ok in enumerate((fit_o, fit_e, fit_ov)) if ok]
+    if overheads:                   # measured directly (at each hbm_efficiency the fit tries): not a free parameter
+        x[0] = overhead_at(x[1])
+        fit_o = True
+        why_o = (f"measured directly: GPU time per decoder layer beyond its bytes and FLOPs, from the device loop's "
+                 f"step without its MoE calls, {min(overheads):.1f}-{max(overheads):.1f} us over {len(overheads)} runs")
+        r0 = resid(x)
+        J = jac(x, r0)
+        norms = np.linalg.norm(J, axis=0)
+        fit_e = norms[1] > 1e-12 and len(runs) >= 2
+        why_e = ("least squares on decode s/token, the overhead measured at each value" if fit_e else
+                 "left alone: no run's predicted token depends on it")
+    cols = [i for i, ok in enumerate((not overheads and fit_o, fit_e, fit_ov)) if ok]
     for _ in range(iterations if cols else 0):
         step, *_ = np.linalg.lstsq(J[:, cols], -r0, rcond=None)
         for _half in range(12):           # backtrack: the prediction is piecewise linear (the walk's maxima)
@@ -381,6 +427,12 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
         if done:
             break
         J = jac(x, r0)
+    if overheads:
+        x[0] = overhead_at(x[1])
+        overheads = pred.layer_overheads_us(_with_calibration(prof, hbm_efficiency=dataclasses.replace(
+            cal.hbm_efficiency, value=float(x[1]))))
+        why_o = (f"measured directly: GPU time per decoder layer beyond its bytes and FLOPs, from the device loop's "
+                 f"step without its MoE calls, {min(overheads):.1f}-{max(overheads):.1f} us over {len(overheads)} runs")
     o, e, ov = (float(v) for v in x)
     figures = {n: _figure(v, sources, why) for n, v, why, ok in
                zip(names, (o, e, ov), (why_o, why_e, why_ov), (fit_o, fit_e, fit_ov)) if ok}
@@ -388,7 +440,8 @@ def calibrate(runs: list[Run], profile, sources: str, iterations: int = 40) -> F
     after = pred.seconds(prof)
     left = "left alone: "
     constants = (
-        Constant("moe_round_trip_us", cal.round_trip.value, rt, f"measured directly: round trip per MoE layer, {spread}", True),
+        Constant("moe_round_trip_us", cal.round_trip.value, rt, f"measured directly: round trip per MoE layer, {spread}"
+                 if rts else "left alone: no host-loop run without lookahead or NVMe", bool(rts)),
         Constant("host_fetch_us", cal.host_fetch.value, fetch, f"measured directly: host time per fetched expert in "
                  f"LRU-only runs, {fspread}" if fus else "left alone: no LRU-only graphed run", bool(fus)),
         Constant("layer_overhead_us", cal.layer_overhead_us.value, o if fit_o else cal.layer_overhead_us.value, why_o, fit_o),

@@ -217,6 +217,24 @@ class CostModel:
             lo, hi = (mid, hi) if np.sum(1.0 - np.exp(-lam * mid)) < free else (lo, mid)
         return np.exp(-lam * hi)
 
+    def non_moe_seconds(self, placement) -> float:
+        """GPU seconds of a decode token without its MoE calls and without the per-layer overhead (one GPU): each
+        decoder layer's dense + KV bytes over HBM or its FLOPs, whichever is longer (streamed dense units read in
+        place over PCIe in the device loop), and the lm_head. What the device loop's step without its MoE calls
+        (`DeviceDecode.time_parts`' t_nonMoE) takes less `n_layers x layer_overhead_us`: `calibrate` measures the
+        overhead from it."""
+        lay, units = self._layers, self.problem.dense_units
+        t = 0.0
+        for i in range(self.problem.spec.n_layers):
+            hbm = (lay["dense"][i] + lay["kv"][i]) / self.hbm_rate
+            if not placement.dense_resident[i] and self.in_place(placement):
+                hbm = lay["kv"][i] / self.hbm_rate + self.in_place_dense_seconds(units[i])
+            t += max(hbm, lay["flops_dec"][i] / self.flop_rate)
+        head = units[-1] / self.hbm_rate
+        if not placement.dense_resident[-1] and self.in_place(placement):
+            head = self.in_place_dense_seconds(units[-1])
+        return t + max(head, 2.0 * self.problem.head_params / self.flop_rate)
+
     def in_place_dense_seconds(self, nbytes: float) -> float:
         """Seconds the device loop's kernels take to read a streamed dense unit in place from pinned RAM (attention,
         norms, router, shared experts or the lm_head over PCIe, `engine.dense` in place): bytes / R_zc(bytes), serial
