@@ -86,7 +86,9 @@ class DevicePrefetch:
             self.forked = False
 
     def before_prefill(self) -> None:
-        """Prefill's waves copy into the same slots on the copy stream: after the decode work queued so far."""
+        """Prefill's waves copy into the same slots on the copy stream: every guess still held is let go first (the
+        side stream joined, every slot freed), and the copies wait for the decode work queued so far."""
+        self.end_token()
         if self.cuda:
             self.store.transfers.copy_stream.wait_stream(torch.cuda.current_stream())
 
