@@ -12,7 +12,8 @@
 #    are listed as skipped: the seed plan's NVMe runs take ~25 s each); where a mode runs the device loop, the host
 #    loop beside it and the bound; with PINNED_GB, the pinned-memory cost of a region that size against torch's;
 # 4. with DEVICE_LOOP_LAYERS, benchmarks/bench_device_loop.py (host and GPU time a token by depth, qwen3-30b-a3b);
-# 5. the engine GPU tests, the device LRU's and the NVMe stager's among them (gpu_tests.log; GPU_TESTS= to skip).
+# 5. benchmarks/bench_prefetch_copy.py: the lookahead copy kernel's rate by thread blocks against the copy engine;
+# 6. the engine GPU tests, the device LRU's and the NVMe stager's among them (gpu_tests.log; GPU_TESTS= to skip).
 # The seed plans' NVMe runs take ~25 s each (device and host loop, three modes, the forced-depth plan beside): run
 # `ramrich` and `seed` in two calls.
 # Then here: cp <files_at>/*.json benchmarks/results/; python benchmarks/summarize.py
@@ -31,6 +32,7 @@ timeout "$(left 470)" python3 benchmarks/bench_engine.py --dir /root/kimi5 --pla
   --pinned-gb "${PINNED_GB:-0}" --deadline-s "$(left 400)" 2>&1 | tee "$OUT/bench_engine.log" | grep -v '^ "'
 [ -n "${DEVICE_LOOP_LAYERS:-}" ] && timeout "$(left 560)" python3 benchmarks/bench_device_loop.py --dir /root/dl \
   --layers "$DEVICE_LOOP_LAYERS" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_device_loop.log" | grep -v '^ "'
+timeout 60 python3 benchmarks/bench_prefetch_copy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_prefetch_copy.log" | tail -3
 [ -n "${GPU_TESTS-1}" ] && timeout "$(left 590)" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py \
   tests/test_engine_runtime.py tests/test_engine_models.py tests/test_engine_staging.py tests/test_kernels_stage_wait.py \
   tests/test_kernels_lru.py tests/test_kernels_prefetch.py -p no:cacheprovider -rs -o addopts="" --tb=short 2>&1 \

@@ -1,0 +1,101 @@
+"""How many thread blocks the device loop's lookahead copy needs to reach the link's rate (issue 41: measured, not
+assumed): `kernels.prefetch.copy_kernel` moving k experts from registered pinned RAM into VRAM slots, at several chunk
+sizes (one program a chunk: the programs launched), beside a plain pinned H2D copy of the same bytes on the copy
+engine, in one run. Medians of CUDA-event timings after a warm-up.
+
+    python3 benchmarks/bench_prefetch_copy.py [--experts 8] [--mb 21] [--chunks-kb 16,64,256,1024] [--out-dir DIR]
+
+Writes prefetch-copy-<time>.json: `copy_gbps.chunk_<KB>kb` and `blocks.chunk_<KB>kb` per chunk size, `h2d_gbps`
+(the copy engine, the same bytes), `best_over_h2d`. On a CPU (no GPU) it runs the interpreted kernel on a few small
+experts and checks the bytes only: the figures mean nothing there.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from _result import write_result
+
+from strata_plan.kernels import prefetch as pk
+
+
+def _state(n_exp: int, nbytes: int, arena: torch.Tensor, ram_base: int, slot_base: int) -> pk.PrefetchState:
+    dev = arena.device
+    L, E = 1, n_exp
+    i64 = dict(dtype=torch.int64, device=dev)
+    return pk.PrefetchState(
+        state=torch.zeros(n_exp, **i64), slot_offset=torch.tensor([slot_base + i * nbytes for i in range(n_exp)], **i64),
+        where=torch.full((L, E), -1, **i64), assign=torch.arange(n_exp, **i64),
+        ram_rows=torch.tensor([[ram_base + e * nbytes for e in range(E)]], **i64),
+        tier=torch.ones((L, E), dtype=torch.int8, device=dev), nbytes=torch.full((L, E), nbytes, **i64),
+        table=torch.tensor([[ram_base + e * nbytes for e in range(E)]], **i64), src=None,
+        counts=torch.zeros((L, pk.N_COUNTS), **i64), cached_hi=slot_base, guessed=torch.full((L, n_exp), -1, **i64))
+
+
+def _time(fn, reps: int = 10) -> float:
+    """Median seconds of fn's GPU work (`kernels.bench.event_times`)."""
+    from strata_plan.kernels.bench import event_times
+    return statistics.median(event_times(fn, reps=reps)) / 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--mb", type=float, default=21.0, help="bytes of one expert, MB (kimi-k3.1-pro's: about 21)")
+    ap.add_argument("--chunks-kb", default="16,64,256,1024")
+    ap.add_argument("--out-dir", default=None)
+    a = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    n = a.experts if cuda else 2
+    nbytes = (int(a.mb * (1 << 20)) if cuda else 64 << 10) // 4096 * 4096
+    gids = torch.arange(n, dtype=torch.int64)
+    metrics: dict = {}
+    if cuda:
+        from strata_plan.pinned import HostRegion
+        dev = torch.device("cuda")
+        region = HostRegion(n * nbytes, dev)
+        region.tensor.copy_(torch.randint(0, 256, (n * nbytes,), dtype=torch.uint8))
+        arena = torch.empty(n * nbytes, dtype=torch.uint8, device=dev)
+        ram_base, slot_base = region.device_ptr - arena.data_ptr(), 0
+        gids = gids.to(dev)
+        src = region.tensor
+    else:
+        arena = torch.randint(0, 256, (2 * n * nbytes,), dtype=torch.uint8)
+        ram_base, slot_base = n * nbytes, 0
+        src = arena[ram_base:]
+    st = _state(n, nbytes, arena, ram_base, slot_base)
+    for kb in (int(x) for x in a.chunks_kb.split(",")):
+        chunk = kb << 10
+        grid = (n, -(-nbytes // chunk))
+
+        def go(chunk=chunk, grid=grid):
+            pk.copy_kernel[grid](arena, gids, 0, n, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts,
+                                 CHUNK=chunk)
+        if cuda:
+            s = _time(go)
+            metrics[f"copy_gbps.chunk_{kb}kb"] = n * nbytes / s / 1e9
+        else:
+            go()
+        metrics[f"blocks.chunk_{kb}kb"] = grid[0] * grid[1]
+        got = arena[slot_base:slot_base + n * nbytes]
+        assert torch.equal(got.cpu(), src[:n * nbytes].cpu()), f"chunk {kb} KB: the slots do not hold the experts"
+    if cuda:
+        dst = torch.empty(n * nbytes, dtype=torch.uint8, device="cuda")
+        s = _time(lambda: dst.copy_(region.tensor, non_blocking=True))
+        metrics["h2d_gbps"] = n * nbytes / s / 1e9
+        best = max(v for k, v in metrics.items() if k.startswith("copy_gbps"))
+        metrics["best_over_h2d"] = best / metrics["h2d_gbps"]
+        region.close()
+    metrics.update(experts=n, expert_bytes=nbytes)
+    for k, v in metrics.items():
+        print(f"{k:28s} {v:.3f}" if isinstance(v, float) else f"{k:28s} {v}", flush=True)
+    if cuda:
+        print(write_result("prefetch-copy", metrics, command=" ".join(["python3"] + sys.argv), out_dir=a.out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
