@@ -47,6 +47,7 @@ On a CPU device (CI) the buffers are CPU tensors and the copies real copies on t
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import psutil
@@ -180,11 +181,24 @@ def device_view(t: torch.Tensor, address: int, device: torch.device) -> torch.Te
     return raw.view(t.dtype).view(t.shape)
 
 
+def _device_views_work(device: torch.device) -> bool:
+    """Whether `device_view` works here (a small pinned tensor viewed on the device, read back)."""
+    try:
+        t = torch.arange(64, dtype=torch.int32).pin_memory()
+        return bool(torch.equal(device_view(t, t.data_ptr(), device).cpu(), t))
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
 class DenseStream:
     def __init__(self, model, store, plan, host: frozenset, keep_routers: bool = False, plan_path: str = "plan",
                  in_place: bool = False):
         self.model, self.store, self.plan_path = model, store, plan_path
         self.in_place = in_place and bool(plan.dense.streamed_layers or plan.dense.lm_head == "ram")
+        if self.in_place and store.device.type == "cuda" and not _device_views_work(store.device):
+            warnings.warn("this torch cannot make device tensors over pinned host memory: the streamed dense weights "
+                          "are copied through buffers (the device loop runs them eagerly)", stacklevel=2)
+            self.in_place = False
         self.device = store.device
         self.cuda = self.device.type == "cuda"
         self.transfers = store.transfers
