@@ -205,17 +205,19 @@ class CostModel:
         k, d = self.problem.spec.top_k, placement.prefetch_depth
         free = self.stage_slots(placement) - k * (1 + d)
         lam = cold_w
-        if free <= 0 or not np.any(lam > 0):
+        nz = lam[lam > 0]
+        if free <= 0 or nz.size == 0:
             return np.ones_like(lam)
-        if np.count_nonzero(lam) <= free:                   # every NVMe expert ever missed fits: read once
+        if nz.size <= free:                                  # every NVMe expert ever missed fits: read once
             return np.zeros_like(lam)
-        lo, hi = 0.0, 1.0
-        while np.sum(1.0 - np.exp(-lam * hi)) < free:
-            hi *= 2.0
-        for _ in range(60):                                  # sum(1 - e^{-lam T}) = free, rising in T
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if np.sum(1.0 - np.exp(-lam * mid)) < free else (lo, mid)
-        return np.exp(-lam * hi)
+        T = 0.0
+        for _ in range(100):          # f(T) = sum(1 - e^{-lam T}) - free: concave, rising; Newton from below
+            e = np.exp(-nz * T)
+            f = float(np.sum(1.0 - e)) - free
+            if f >= -1e-9 * free:
+                break
+            T -= f / float(np.sum(nz * e))
+        return np.exp(-lam * T)
 
     def non_moe_seconds(self, placement) -> float:
         """GPU seconds of a decode token without its MoE calls and without the per-layer overhead (one GPU): each
