@@ -47,6 +47,7 @@ from strata_plan.engine.bench import measure  # noqa: E402
 from strata_plan.engine.engine import EngineOptions  # noqa: E402
 from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
+from strata_plan.engine.store import plan_readers  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 from strata_plan.profiler.gpu import ZeroCopyProbe  # noqa: E402
 from strata_plan.pinned import HostRegion  # noqa: E402
@@ -88,9 +89,7 @@ def plain_odirect(files, plan, r: dict) -> float:
     """GB/s of a plain O_DIRECT read of the blob files at the stager's reads in flight (the store's readers: the
     plan's largest queue depth, at least 4) and request size (one blob of the largest format, the plan's slot: the
     stager reads a blob in one request)."""
-    reads = plan.staging.nvme_reads or {}
-    threads = max([4] + [x.queue_depth for x in reads.values()])
-    return plain_read_gbps(files, -(-plan.cache.slot_bytes // 4096) * 4096, threads=threads, nbytes=1 << 30)
+    return plain_read_gbps(files, -(-plan.cache.slot_bytes // 4096) * 4096, threads=plan_readers(plan), nbytes=1 << 30)
 
 
 def forced_depth(plan, depth: int):

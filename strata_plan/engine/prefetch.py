@@ -18,7 +18,6 @@ wasted; precision and recall of the guesses at the plan's depth are the host loo
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from strata_plan.kernels import prefetch as pk
@@ -33,15 +32,13 @@ class DevicePrefetch:
         L, E = store.n_layers, store.E
         n = store.n_slots - store.plan.cache.total_slots          # the slots outside the device LRU's
         rows = store.inplace_offsets.clone()                       # RAM experts' in-place offsets, never changed
-        code = {"vram": 0, "ram": 1, "nvme": 2}
-        tier = torch.tensor([[code[store.tier[j][e]] for e in range(E)] for j in range(L)], dtype=torch.int8)
         self.st = pk.PrefetchState(
             state=torch.zeros(n, dtype=torch.int64, device=dev),
             slot_offset=torch.tensor([store.dyn_base + i * store.slot_bytes for i in range(n)], dtype=torch.int64,
                                      device=dev),
             where=torch.full((L, E), -1, dtype=torch.int64, device=dev),
             assign=torch.full((store.top_k,), -1, dtype=torch.int64, device=dev),
-            ram_rows=rows, tier=tier.to(dev), nbytes=torch.from_numpy(store.nbytes.copy()).to(dev),
+            ram_rows=rows, tier=store.tier_codes, nbytes=store.nbytes_dev,
             table=store.inplace_offsets, src=store.lru.ram_offset if store.lru is not None else None,
             counts=torch.zeros((L, pk.N_COUNTS), dtype=torch.int64, device=dev), cached_hi=store.poison_offset,
             guessed=torch.full((L, store.top_k), -1, dtype=torch.int64, device=dev))
@@ -114,7 +111,3 @@ class DevicePrefetch:
 
     def reset(self) -> None:
         self.st.counts.zero_()
-
-    @property
-    def n_slots(self) -> int:
-        return int(np.prod(self.st.state.shape))

@@ -45,17 +45,15 @@ class Staging:
     def __init__(self, store, mem: torch.Tensor, base: int, depth: int, lru_src: torch.Tensor | None,
                  reads_in_flight: int):
         plan, dev = store.plan, store.device
-        L, E = store.n_layers, store.E
+        L = store.n_layers
         self.store, self.K, self.depth = store, store.top_k, depth
         self.W = guesses_per_layer(self.K)
         self.stager = Stager(store, mem, base, stage_slots(plan), depth, reads_in_flight, self.W)
         at = self.stager.offsets()
-        code = {"vram": 0, "ram": 1, "nvme": sw.NVME}
-        tier = torch.tensor([[code[store.tier[j][e]] for e in range(E)] for j in range(L)], dtype=torch.int8)
-        self.cb = sw.ControlBlock(seq=torch.zeros(1, dtype=torch.int64, device=dev), tier=tier.to(dev),
+        self.cb = sw.ControlBlock(seq=torch.zeros(1, dtype=torch.int64, device=dev), tier=store.tier_codes,
                                   table=store.inplace_offsets, src=lru_src,
                                   admit=store.lru.admit if store.lru is not None else None,
-                                  nbytes=torch.from_numpy(store.nbytes.copy()).to(dev),
+                                  nbytes=store.nbytes_dev,
                                   counts=torch.zeros((L, 4), dtype=torch.int64, device=dev),
                                   words_at=at["words"], ready_at=at["ready"], ring_at=at["ring"],
                                   scores_at=at["scores"], rows=RING_ROWS, guesses=self.stager.G,

@@ -68,7 +68,13 @@ from .staging import Staging, staging_bytes
 from .transfer import CHUNK_BYTES, CHUNKS_IN_FLIGHT, Fetch, FetchError, Transfers
 
 POISON_BYTE = 0xFF          # fp16 0xFFFF is NaN: every scale of a poisoned blob is NaN
+TIER_CODES = {"vram": 0, "ram": 1, "nvme": 2}   # `tier_codes`, as the device loop's kernels read them
 RING = 64                   # pinned offsets rows in flight
+
+
+def plan_readers(plan) -> int:
+    """NVMe reads the store keeps in flight (its reader threads): the plan's largest queue depth, at least 4."""
+    return max([4] + [r.queue_depth for r in (plan.staging.nvme_reads or {}).values()])
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,11 @@ class ExpertStore:
         self._ring_i = 0
         self.formats = [torch.tensor([self._fmt_code(e.format) for e in row], dtype=torch.int32, device=device)
                         for row in self.entries]
-        readers = options.readers or max([4] + [r.queue_depth for r in (plan.staging.nvme_reads or {}).values()])
+        readers = options.readers or plan_readers(plan)
+        # per (layer, expert), on the device, for the device loop's kernels (LRU, lookahead, staging): tier, bytes
+        self.tier_codes = torch.tensor([[TIER_CODES[self.tier[j][e]] for e in range(self.E)]
+                                        for j in range(self.n_layers)], dtype=torch.int8, device=device)
+        self.nbytes_dev = torch.from_numpy(self.nbytes.copy()).to(device)
         self.transfers = Transfers(self.arena, bounce, self.slot_bytes, readers=readers,
                                    chunk_bytes=options.chunk_bytes, chunks_in_flight=options.chunks_in_flight)
         # PLANNER.md "What the engine must do": a batch of i NVMe experts of format f is split batch_splits[i-1]
@@ -308,7 +318,7 @@ class ExpertStore:
         L, k = self.n_layers, self.top_k
         return lru.LruState(slot_expert=dev(np.full((L, C), -1, np.int64)), slot_stamp=dev(np.full((L, C), -1, np.int64)),
                         slot_offset=dev(offs), n_slots=dev(np.array(slots, np.int64)), static=dev(static),
-                        ram_offset=dev(rows), nbytes=dev(self.nbytes), table=self.inplace_offsets,
+                        ram_offset=dev(rows), nbytes=self.nbytes_dev, table=self.inplace_offsets,
                         admit=dev(np.full((L, k), -1, np.int64)), tick=dev(np.zeros(L, np.int64)),
                         counts=dev(np.zeros((L, 4), np.int64)))
 
