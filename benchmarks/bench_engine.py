@@ -250,7 +250,7 @@ def main() -> int:
             metrics[f"{name}.{mode}.pcie_copied_gb_per_token"] = r["bytes_per_token"]["pcie_copied"] / 1e9
             metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
             metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
-        def nvme_bound_rows(name: str, mode: str, r: dict, host: dict | None, plain: list[float]) -> None:
+        def nvme_bound_rows(name: str, mode: str, r: dict, plain: list[float]) -> None:
             """The device loop with an NVMe tier against the drive: the plain O_DIRECT rate (median of the repeats so
             far, interleaved with the runs) over the NVMe bytes read a token that a layer used; what the stager did."""
             bt, st, k = r["bytes_per_token"], r["stager"] or {}, f"{name}.{mode}"
@@ -267,16 +267,13 @@ def main() -> int:
                 metrics[f"{k}.bound_tok_s"] = rate * 1e9 / used
                 metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / metrics[f"{k}.bound_tok_s"]
             c = r["counters"]
-            metrics[f"{k}.stage_wait_ms_per_token"] = c["stage_wait_s"] / (len(r["tokens"]) + 1) * 1e3
+            metrics[f"{k}.stage_wait_ms_per_token"] = r["time_per_token"]["stage_wait_s"] * 1e3
             metrics[f"{k}.staging_hit_rate"] = st.get("staging_hit_rate", 0.0)
             for d, la in c["lookahead"].items():
                 metrics[f"{k}.lookahead_d{d}.precision"] = la["precision"]
                 metrics[f"{k}.lookahead_d{d}.recall"] = la["recall"]
             metrics[f"{k}.page_cache_before"] = r["page_cache"]["before"]
             metrics[f"{k}.page_cache_after"] = r["page_cache"]["after"]
-            if host is not None:
-                metrics[f"{k}.tokens_equal_hostloop"] = float(r["tokens"] == host["tokens"])
-                metrics[f"{k}.over_hostloop"] = r["measured"]["decode_tok_s"] / host["measured"]["decode_tok_s"]
             print(f"{name:8s} {mode:9s} device loop {r['measured']['decode_tok_s']:.2f} tok/s = "
                   f"{metrics.get(k + '.over_bound', 0):.3f} of the drive's bound {metrics.get(k + '.bound_tok_s', 0):.2f} "
                   f"({used / 1e9:.3f} GB/tok used from NVMe, {wasted / 1e9:.3f} wasted, plain O_DIRECT {rate:.2f} GB/s); "
@@ -285,10 +282,10 @@ def main() -> int:
                   f"{r['page_cache']['after']}; tokens equal to the host loop's: "
                   f"{metrics.get(k + '.tokens_equal_hostloop')}", flush=True)
 
-        def bound_rows(name: str, mode: str, r: dict, host: dict | None, plain=None) -> None:
+        def bound_rows(name: str, mode: str, r: dict, plain=None) -> None:
             """The device loop against its bound 1 / (t_nonMoE + B / R_zc): B the bytes read in place from pinned
             RAM a token (counted on the device), t_nonMoE the step's GPU time without its MoE calls and R_zc the
-            zero-copy read rate at one layer's share of B, both measured now; the host loop's tokens beside it."""
+            zero-copy read rate at one layer's share of B, both measured now."""
             B = r["bytes_per_token"]["ram"]
             parts = r["device_step"]
             if parts is None:                                       # no graphs (a CPU run): nothing to bound
@@ -302,7 +299,7 @@ def main() -> int:
             # with lookahead the link may overlap the rest of the step: 1 / max(t_nonMoE, B / R_zc), B every byte
             # that crossed the link (copies of guesses, wasted ones included)
             metrics[f"{k}.overlap_bound_tok_s"] = 1.0 / max(parts["without_moe_s"], B / (rate * 1e9))
-            metrics[f"{k}.prefetch_gb_per_token"] = r["counters"]["prefetch_bytes"] / (len(r["tokens"]) + 1) / 1e9
+            metrics[f"{k}.prefetch_gb_per_token"] = r["bytes_per_token"]["prefetch"] / 1e9
             metrics[f"{k}.wasted_gb_per_token"] = r["bytes_per_token"]["wasted"] / 1e9
             metrics[f"{k}.t_nonmoe_ms"] = parts["without_moe_s"] * 1e3
             metrics[f"{k}.step_gpu_ms"] = parts["step_s"] * 1e3
@@ -310,9 +307,6 @@ def main() -> int:
             pin = r["pinned"]
             metrics[f"{name}.ram_tier_gb"] = pin["tier_bytes"] / 1e9
             metrics[f"{name}.ram_tier_pinned_over_size"] = pin["pinned_bytes"] / pin["tier_bytes"]
-            if host is not None:
-                metrics[f"{k}.tokens_equal_hostloop"] = float(r["tokens"] == host["tokens"])
-                metrics[f"{k}.over_hostloop"] = r["measured"]["decode_tok_s"] / host["measured"]["decode_tok_s"]
             print(f"{name:8s} {mode:9s} device loop {r['measured']['decode_tok_s']:.2f} tok/s = "
                   f"{metrics[k + '.over_bound']:.3f} of its bound {bound:.2f} (t_nonMoE {parts['without_moe_s'] * 1e3:.2f} ms, "
                   f"{B / 1e9:.3f} GB/tok in place at {rate:.1f} GB/s zero-copy; step alone {parts['step_s'] * 1e3:.2f} ms); "
@@ -327,7 +321,11 @@ def main() -> int:
                     plain.append(plain_odirect(files, plan, r))        # interleaved with the runs
                 if r is not None and r["loop"] == "device":
                     host = one(name, plan, mode, "host")
-                    (nvme_bound_rows if nvme else bound_rows)(name, mode, r, host, plain)
+                    if host is not None:                  # the host loop beside: the same tokens, the speed-up
+                        metrics[f"{name}.{mode}.tokens_equal_hostloop"] = float(r["tokens"] == host["tokens"])
+                        metrics[f"{name}.{mode}.over_hostloop"] = (r["measured"]["decode_tok_s"]
+                                                                   / host["measured"]["decode_tok_s"])
+                    (nvme_bound_rows if nvme else bound_rows)(name, mode, r, plain)
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
             if f"{name}.plan.decode_tok_s" in metrics:
                 metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s

@@ -283,8 +283,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
            "host_ms_per_token_measured": r["time_per_token"]["host_cpu_s"] * 1e3,
            "device_loop": float(r["loop"] == "device")}
     if r["stager"] is not None:             # device loop with an NVMe tier: the stager beside the cost model
-        n = len(r["tokens"]) + 1
-        out["stage_wait_ms_per_token_measured"] = c["stage_wait_s"] / n * 1e3
+        out["stage_wait_ms_per_token_measured"] = r["time_per_token"]["stage_wait_s"] * 1e3
         out["nvme_wait_ms_per_token_predicted"] = p["decode_seconds"].get("nvme", 0.0) * 1e3
         out["staging_hit_rate_measured"] = r["stager"]["staging_hit_rate"]
         out["nvme_read_gb_per_token_predicted"] = p["bytes_per_token"].get("nvme_read", 0.0) / 1e9

@@ -133,7 +133,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             },
             # nvme: read from the drive; staged: read in place from the pinned staging cache (device loop)
             "bytes_per_token": {"ram": c["bytes_from"]["ram"] / n, "nvme": c["bytes_from"]["nvme"] / n,
-                                "staged": c["staged_bytes"] / n,
+                                "staged": c["staged_bytes"] / n, "prefetch": c["prefetch_bytes"] / n,
                                 "pcie": (c["bytes_from"]["ram"] + (c["staged_bytes"] if store.staging is not None
                                                                    else c["bytes_from"]["nvme"])) / n,
                                 "wasted": c["wasted_bytes"] / n, "dense": sum(c["dense_bytes"].values()) / n,
@@ -153,6 +153,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                                "hints_host_s": (ex.hints_s - hints0) / n,     # giving hints: prefetches issued
                                "segment_launch_host_s": launch_s,
                                "store_wait_s": sum(x["wait_s"] for x in c["layers"]) / n,
+                               "stage_wait_s": c["stage_wait_s"] / n,     # device loop: GPU polling the stager
                                "per_moe_layer_s": med / L,
                                # device time on the compute stream (CUDA events; graphed loop only)
                                "device_compute_s": split["compute_s"] / split["steps"] if split["steps"] else None,
