@@ -54,6 +54,15 @@ def _sync():
         torch.cuda.synchronize()
 
 
+def _wait(kernel: bool, buf, ids, j, cb, hv, **kw) -> None:
+    """Layer j's request and wait, by the kernel (then synchronized) or by the plain reference."""
+    if kernel:
+        sw.stage_wait(buf, ids, j, cb, **kw)
+        _sync()
+    else:
+        sw.reference_wait(ids, j, cb, hv, **kw)
+
+
 def _stager(hv, j, publish, delay=0.05, fail=()):
     """A stand-in stager: once request for layer j is out, publish each NVMe id after `delay` (failed ids: -2)."""
     def run():
@@ -71,18 +80,12 @@ def _stager(hv, j, publish, delay=0.05, fail=()):
 @pytest.mark.parametrize("fail", [(), (9,)])
 def test_the_wait_kernel_polls_until_the_stager_publishes_as_the_reference_does(fail):
     ids = torch.tensor([9, 2, 12, 5], device=DEV)                 # NVMe, VRAM, NVMe (staged already), RAM
-    out = {}
-    for name, wait in (("kernel", sw.stage_wait), ("reference", None)):
+    for kernel in (True, False):
         buf, cb, hv = _setup()
         hv.ready[1, 12] = STAGE + 12 * 4096
         th = _stager(hv, 1, [9], fail=fail)
-        if wait is None:
-            sw.reference_wait(ids, 1, cb, hv)
-        else:
-            wait(buf, ids, 1, cb)
-            _sync()
+        _wait(kernel, buf, ids, 1, cb, hv)
         th.join()
-        out[name] = (cb, hv)
         assert int(hv.words[sw.REQ]) == 1 and int(cb.seq[0]) == 1
         assert hv.ring[1, :2 + K].tolist() == [1, 1, 9, -1, 12, -1]     # only ids read from staging
         want9 = POISON if fail else STAGE + 9 * 4096
@@ -94,27 +97,19 @@ def test_the_wait_kernel_polls_until_the_stager_publishes_as_the_reference_does(
 
 
 def test_a_cached_nvme_expert_and_a_layer_without_nvme_ids_do_not_wait():
-    for wait in (sw.stage_wait, None):
+    for kernel in (True, False):
         buf, cb, hv = _setup(cached=[(0, 9, 0)])
         ids = torch.tensor([9, 1, 5, 7], device=DEV)
-        if wait is None:
-            sw.reference_wait(ids, 0, cb, hv, max_spins=5)
-        else:
-            wait(buf, ids, 0, cb, max_spins=5)
-            _sync()
+        _wait(kernel, buf, ids, 0, cb, hv, max_spins=5)
         assert int(cb.table[0, 9]) == 9 * 4096 and cb.counts[0].tolist() == [0, 0, 0, 0]
         assert int(hv.words[sw.ERR]) == 0
 
 
 def test_a_missing_expert_times_out_into_the_poison_slot_and_sets_err():
-    for wait in (sw.stage_wait, None):
+    for kernel in (True, False):
         buf, cb, hv = _setup()
         ids = torch.tensor([10, 1, 2, 3], device=DEV)
-        if wait is None:
-            sw.reference_wait(ids, 2, cb, hv, max_spins=50)
-        else:
-            wait(buf, ids, 2, cb, max_spins=50)
-            _sync()
+        _wait(kernel, buf, ids, 2, cb, hv, max_spins=50)
         assert int(cb.table[2, 10]) == POISON and int(hv.words[sw.ERR]) == 1
 
 
@@ -144,15 +139,11 @@ def test_after_the_lru_step_an_admitted_nvme_expert_is_read_from_staging_into_sr
     """The device LRU admitted expert 9 (its entry is now a VRAM slot, filled from `src` after the wait): the wait
     asks the stager for it and sets `src`, leaving the table at the slot."""
     import dataclasses
-    for wait in (sw.stage_wait, None):
+    for kernel in (True, False):
         buf, cb, hv = _setup(cached=[(0, 9, 0)])
         cb = dataclasses.replace(cb, admit=torch.tensor([[0 * 4096 + 9 * 4096, -1, -1, -1]] * L, device=DEV))
         hv.ready[0, 9] = STAGE + 9 * 4096
         ids = torch.tensor([9, 1, 5, 7], device=DEV)
-        if wait is None:
-            sw.reference_wait(ids, 0, cb, hv, max_spins=5)
-        else:
-            wait(buf, ids, 0, cb, max_spins=5)
-            _sync()
+        _wait(kernel, buf, ids, 0, cb, hv, max_spins=5)
         assert int(cb.table[0, 9]) == 9 * 4096 and int(cb.src[0, 9]) == STAGE + 9 * 4096
         assert hv.ring[1, 2:2 + K].tolist() == [9, -1, -1, -1] and cb.counts[0, :3].tolist() == [1, 4096 * 3, 0]
