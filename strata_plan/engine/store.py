@@ -322,16 +322,14 @@ class ExpertStore:
                         admit=dev(np.full((L, k), -1, np.int64)), tick=dev(np.zeros(L, np.int64)),
                         counts=dev(np.zeros((L, 4), np.int64)))
 
-    def cache_step(self, j: int, ids: torch.Tensor, before_fill=None) -> None:
-        """The device loop with a cache, MoE layer j, one token: the LRU step, `before_fill()` (the NVMe staging's
-        wait: it needs the step's admissions and evictions), then the fill of admitted slots (graph-safe on a GPU:
-        launches only; the plain references on a CPU)."""
-        if self.device.type == "cuda":
-            lru.lru_step(ids, j, self.lru)
-        else:
-            lru.reference_step(ids, j, self.lru)
-        if before_fill is not None:
-            before_fill()
+    def cache_decide(self, j: int, ids: torch.Tensor) -> None:
+        """The device loop with a cache, MoE layer j, one token: the LRU step (hits, admissions, evictions, counts;
+        graph-safe on a GPU: one launch; the plain reference on a CPU)."""
+        (lru.lru_step if self.device.type == "cuda" else lru.reference_step)(ids, j, self.lru)
+
+    def cache_fill(self, j: int, ids: torch.Tensor) -> None:
+        """After `cache_decide` (and the NVMe staging's wait, which the admissions need): the admitted experts copied
+        into their slots (one launch on a GPU)."""
         if self.device.type == "cuda":
             lru.fill_slots(self.arena, ids, j, self.lru, self.slot_bytes)
         else:

@@ -23,7 +23,7 @@ Per MoE layer j and call:
 The device loop (`in_place`, the store opened with `StoreOptions(in_place=True)`): a decode call is graph-safe and
 has no host part: the routed ids are counted on the device (`store.count_uses`) and `fused_moe` reads the table
 `store.inplace_offsets[j]`, static experts in VRAM and the rest in place from pinned RAM (with cache slots the
-device LRU first admits misses into their slots, `store.cache_step`). With a replay, the whole replay lives on the
+device LRU first admits misses into their slots, `store.cache_decide` / `cache_fill`). With a replay, the whole replay lives on the
 device and the step reads its row at a device cursor (`replay_rows`, `advance_replay`): no host work a token.
 With lookahead (`store.prefetch`, engine/prefetch.py) a layer first reads the guesses that landed in VRAM slots
 (`resolve`) and frees its slots after its MoE (`release`); after it, `after_moe_device` runs the lookahead gates and
@@ -58,7 +58,7 @@ class StoreExperts:
         self.cuda = store.device.type == "cuda"
         n = store.n_layers
         self._ring = [torch.empty((depth, 2, store.top_k), dtype=torch.float32, pin_memory=True)
-                      for _ in range(2 * n)] if self.cuda and depth else []
+                      for _ in range(2 * n)] if self.cuda and depth and not in_place else []   # the host loop's hints
         self._ring_i = 0
         self._hints: list = []                # (target layers, [depth, 2, k] ids and weights, event or None)
         self.hints_s = 0.0                    # host time giving hints to the store (its prefetches issued)
@@ -104,16 +104,18 @@ class StoreExperts:
                 topk_ids, topk_weights = self.replay.route(j, 1, x.device)
         if self.skip_moe:
             return torch.zeros_like(x)
-        staging, prefetch = self.store.staging, self.store.prefetch
-        wait = (lambda: staging.wait(j, topk_ids)) if staging is not None else None   # noqa: E731
+        store = self.store
+        staging, prefetch = store.staging, store.prefetch
         if prefetch is not None:              # guesses that landed in VRAM slots are read there
             prefetch.resolve(j, topk_ids)
-        if self.store.lru is not None:        # the LRU on the device: admitted experts copied into their slots
-            self.store.cache_step(j, topk_ids, before_fill=wait)      # NVMe admissions are filled from staging
+        if store.lru is not None:             # the LRU on the device: hits, admissions, evictions
+            store.cache_decide(j, topk_ids)
         else:
-            self.store.count_uses(j, topk_ids)
-            if wait is not None:              # NVMe experts: ask the stager, wait only for what is not staged
-                wait()
+            store.count_uses(j, topk_ids)
+        if staging is not None:               # NVMe experts (admitted ones too): wait only for what is not staged
+            staging.wait(j, topk_ids)
+        if store.lru is not None:             # admitted experts copied into their slots
+            store.cache_fill(j, topk_ids)
         out = self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
         if prefetch is not None:
             prefetch.release(j)               # slots of layers <= j whose copies are over are free again
