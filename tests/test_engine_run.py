@@ -51,12 +51,13 @@ def bf16_plan(vram: int, ram: int, cache: int, depth: int, chunk: int = 5):
 
 
 def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool | str = True, loop: str = "device",
-        ran: list | None = None):
+        ran: list | None = None, backend: str = "auto"):
     """(prompt logits [V], logits of each decode step, greedy tokens, store counters). graphs: True (the
     engine's default loop), False (the model's own forward), "eager" (the graphed loop's segments run
-    eagerly, also on a GPU). loop: EngineOptions.loop; `ran` gets the loop that ran appended."""
+    eagerly, also on a GPU). loop: EngineOptions.loop; `ran` gets the loop that ran appended. backend:
+    EngineOptions.backend ("triton" on a CPU: every kernel interpreted)."""
     with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, poison=device == "cpu", graphs=bool(graphs),
-                                                 loop=loop)) as eng:
+                                                 loop=loop, backend=backend)) as eng:
         if ran is not None:
             ran.append(eng.loop)
         m = eng.model

@@ -93,7 +93,8 @@ def prompt_ids(packed: str | Path, context: int, text: str, max_new_tokens: int)
 class EngineOptions:
     mode: str = "plan"
     device: str = ""                 # "" = cuda if available, else cpu
-    backend: str = "auto"            # fused_moe backend: Triton on CUDA, the torch reference on CPU
+    backend: str = "auto"            # fused_moe backend: Triton on CUDA, the torch reference on CPU; "triton" on a
+                                     # CPU: every kernel of the device loop interpreted (TRITON_INTERPRET=1, tests)
     poison: bool = False
     allow_buffered: bool = True
     graphs: bool = True              # decode: static parts in CUDA graphs (graphed.py); False: the eager forward
@@ -132,7 +133,8 @@ class Engine:
                                                                     allow_buffered=options.allow_buffered,
                                                                     chunk_bytes=options.chunk_bytes,
                                                                     chunks_in_flight=options.chunks_in_flight,
-                                                                    in_place=in_place), plan_path)
+                                                                    in_place=in_place,
+                                                                    kernels=options.backend == "triton"), plan_path)
         try:
             verify_dense(store.index)            # before any dense weight is read
             experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,

@@ -43,33 +43,40 @@ class DevicePrefetch:
             counts=torch.zeros((L, pk.N_COUNTS), dtype=torch.int64, device=dev), cached_hi=store.poison_offset,
             guessed=torch.full((L, store.top_k), -1, dtype=torch.int64, device=dev))
         self.cuda = dev.type == "cuda"
+        self.kernels = store.kernels          # else the plain references (a CPU)
         self.side = torch.cuda.Stream(dev) if self.cuda else None
         self.forked = False
 
     def resolve(self, j: int, ids: torch.Tensor) -> None:
         """Before layer j's cache step and MoE kernels (one token): routed guesses that landed are read from their slots."""
-        (pk.resolve if self.cuda else pk.reference_resolve)(ids, j, self.st)
+        (pk.resolve if self.kernels else pk.reference_resolve)(ids, j, self.st)
 
     def release(self, j: int) -> None:
         """After layer j's MoE kernels: the slots of layers <= j whose copies are over are free again."""
-        (pk.release if self.cuda else pk.reference_release)(j, self.st)
+        (pk.release if self.kernels else pk.reference_release)(j, self.st)
 
     def issue(self, jj: int, gids: torch.Tensor) -> None:
         """Guesses int64 [k] (best first) for MoE layer jj: claimed, copied and published on the side stream (graph-safe:
         the side stream forks from the main one here and joins it in `end_token`)."""
         st, arena = self.st, self.store.arena
         pk.note_guesses(gids, jj, st)         # on the main stream: `resolve` counts precision and recall from them
-        if not self.cuda:
+        if not self.kernels:
             pk.reference_claim(gids, jj, st)
             pk.reference_copy(arena, gids, jj, st)
             pk.reference_publish(gids, jj, st)
             return
+        if not self.cuda:                     # the kernels interpreted on a CPU: one stream, in order
+            self._claim_copy_publish(gids, jj)
+            return
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
-            pk.claim(gids, jj, st)
-            pk.copy(arena, gids, jj, st, self.store.slot_bytes)
-            pk.publish(gids, jj, st)
+            self._claim_copy_publish(gids, jj)
         self.forked = True
+
+    def _claim_copy_publish(self, gids: torch.Tensor, jj: int) -> None:
+        pk.claim(gids, jj, self.st)
+        pk.copy(self.store.arena, gids, jj, self.st, self.store.slot_bytes)
+        pk.publish(gids, jj, self.st)
 
     def end_token(self) -> None:
         """The token's last layer ran: the side stream joins the main one, then every slot is freed."""

@@ -58,20 +58,21 @@ class Staging:
                                   words_at=at["words"], ready_at=at["ready"], ring_at=at["ring"],
                                   scores_at=at["scores"], rows=RING_ROWS, guesses=self.stager.G,
                                   cached_hi=store.poison_offset, poison=store.poison_offset)
-        self.cuda = dev.type == "cuda"
+        self.kernels = store.kernels           # else the plain references (a CPU)
         self.last: dict | None = None          # the stager's counters at the last `fold`
 
     def wait(self, j: int, ids: torch.Tensor) -> None:
         """After layer j's router (one token): every routed NVMe id staged and in the table."""
-        if self.cuda:
+        if self.kernels:
             sw.stage_wait(self.store.arena, ids, j, self.cb)
         else:
             sw.reference_wait(ids, j, self.cb, self.stager.hv)
-            self.stager.check()                 # the CPU path stops before the kernel reads a bad blob
+        if self.store.device.type != "cuda":
+            self.stager.check()                 # a CPU stops before the MoE reads a bad blob
 
     def done(self, j: int, gids: torch.Tensor | None = None, gscores: torch.Tensor | None = None) -> None:
         """After layer j's MoE (and its lookahead gates): the guesses for layers j+1.. (int64 / float32 [D, W])."""
-        if self.cuda:
+        if self.kernels:
             sw.stage_done(self.store.arena, j, self.cb, self.K, gids, gscores, per_layer=self.W)
         else:
             sw.reference_done(j, self.cb, self.stager.hv, self.K, gids, gscores, per_layer=self.W)

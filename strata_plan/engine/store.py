@@ -57,6 +57,7 @@ from strata_plan.core.lookahead import staging_slots
 from strata_plan.errors import UserError
 from strata_plan.kernels import lru
 from strata_plan.kernels.formats import EXPERT_ALIGN
+from strata_plan.kernels.triton_common import INTERPRETER_OK
 from strata_plan.pinned import HostRegion
 
 from .packed import check_plan_matches, hash_threads, load_index, verify_part
@@ -87,6 +88,7 @@ class StoreOptions:
     speculative_cap: int = 0       # bytes of hinted fetches in flight at once; 0: the staging slots' bytes
     allow_buffered: bool = True    # a filesystem without O_DIRECT: warn and read buffered (benchmarks pass False)
     in_place: bool = False         # the device loop: RAM experts read in place (`inplace_offsets`, `count_uses`)
+    kernels: bool = False          # the device loop's Triton kernels on a CPU too (TRITON_INTERPRET=1): tests of their glue
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,12 @@ class ExpertStore:
     def __init__(self, folder: Path, index, plan, device: torch.device, options: StoreOptions = StoreOptions(),
                  plan_path: str = "plan"):
         self.folder, self.index, self.plan, self.device, self.opt = Path(folder), index, plan, device, options
+        # the device loop's kernels (LRU, lookahead, staging) run on a GPU; on a CPU their plain references, or with
+        # `options.kernels` the kernels in Triton's interpreter
+        self.kernels = device.type == "cuda" or options.kernels
+        if self.kernels and device.type != "cuda" and not INTERPRETER_OK:
+            raise ValueError("StoreOptions(kernels=True) on a CPU needs Triton's interpreter: set TRITON_INTERPRET=1 "
+                             "before anything imports triton")
         check_plan_matches(index, plan, plan_path)
         self.n_layers, self.E = len(plan.layers), plan.n_experts
         self.top_k = plan.top_k
@@ -325,12 +333,12 @@ class ExpertStore:
     def cache_decide(self, j: int, ids: torch.Tensor) -> None:
         """The device loop with a cache, MoE layer j, one token: the LRU step (hits, admissions, evictions, counts;
         graph-safe on a GPU: one launch; the plain reference on a CPU)."""
-        (lru.lru_step if self.device.type == "cuda" else lru.reference_step)(ids, j, self.lru)
+        (lru.lru_step if self.kernels else lru.reference_step)(ids, j, self.lru)
 
     def cache_fill(self, j: int, ids: torch.Tensor) -> None:
         """After `cache_decide` (and the NVMe staging's wait, which the admissions need): the admitted experts copied
         into their slots (one launch on a GPU)."""
-        if self.device.type == "cuda":
+        if self.kernels:
             lru.fill_slots(self.arena, ids, j, self.lru, self.slot_bytes)
         else:
             lru.reference_fill(self.arena, ids, j, self.lru)
