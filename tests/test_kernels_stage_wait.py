@@ -113,6 +113,19 @@ def test_a_missing_expert_times_out_into_the_poison_slot_and_sets_err():
         assert int(cb.table[2, 10]) == POISON and int(hv.words[sw.ERR]) == 1
 
 
+def test_abort_ends_a_wait_at_once_on_the_poison_slot():
+    """The host stops the stager (closing) while a wait polls: the wait ends without its timeout or spin limit."""
+    for kernel in (True, False):
+        buf, cb, hv = _setup()
+        ids = torch.tensor([10, 1, 2, 3], device=DEV)
+        th = threading.Thread(target=lambda: (time.sleep(0.05), hv.words.__setitem__(sw.ABORT, 1)))
+        th.start()
+        t0 = time.perf_counter()
+        _wait(kernel, buf, ids, 2, cb, hv)
+        th.join()
+        assert time.perf_counter() - t0 < 30 and int(cb.table[2, 10]) == POISON
+
+
 def test_done_writes_the_guesses_the_stager_must_read_then_publishes_done():
     gids = torch.tensor([3, 9, 10, -1, 11, 12, -1, -1])       # 4 for layer 1, 4 for layer 2
     gsc = torch.linspace(1, 0, G)

@@ -79,6 +79,7 @@ class DeviceDecode:
         self._ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.graphs else []
         self._pending = False
         self._split = self._zero()
+        self.spent = False                   # `time_parts` ran: no more steps
 
     @property
     def ahead(self) -> bool:
@@ -120,6 +121,8 @@ class DeviceDecode:
         """One token [1] (on the device) at the position in `model.at`; float32 logits [V], or with a pick the next
         token int64 [1]: the caller's own tensor (a replayed graph writes its output into the same buffer every
         step). Each variant is run eagerly at its first call, captured at its second, replayed after."""
+        if self.spent:
+            raise RuntimeError("time_parts ran on this engine: its decode state is a timing run's; open it again")
         key = pick.key if pick is not None else "step"
         if getattr(pick, "counter", False) is None:    # a fresh sampler: its key's counter (the graph reads it), from 0
             pick.counter = self._counters.setdefault(key, torch.zeros(1, dtype=torch.int64, device=self.m.device))
@@ -173,9 +176,9 @@ class DeviceDecode:
         """Median GPU seconds of one decode step replayed as a graph (`step_s`: the greedy variant when it was
         captured, else the logits one), and of the same step captured with its MoE calls left out
         (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head):
-        t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc). Replays rewrite the last position's KV entry with the
-        same values; the counters, the device cache and the replay cursor are put back as they were. CUDA only, after
-        a captured step."""
+        t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc). CUDA only, after a captured step, and last: the replays
+        rewrite the last position's KV entries (without MoE: with other values), move the cache, the replay cursor
+        and the counters, so the runner refuses further steps (read the counters first; open the engine again)."""
         base = "greedy" if "greedy" in self._graphs else "step"
         pick = None
         if base == "greedy":
@@ -190,11 +193,7 @@ class DeviceDecode:
             finally:
                 self.ex.skip_moe = False
         torch.cuda.synchronize()
-        store = self.ex.store
-        kept = [t for t in (store.use_counts, getattr(self.ex, "_cursor", None)) if t is not None]
-        if store.lru is not None:
-            kept += [store.lru.slot_expert, store.lru.slot_stamp, store.lru.table, store.lru.tick, store.lru.counts]
-        saved = [t.clone() for t in kept]
+        self.spent = True
         out = {}
         for key, graph in (("step", base), ("without_moe", bare)):
             g = self._graphs[graph][0]
@@ -209,6 +208,4 @@ class DeviceDecode:
                 b.synchronize()
                 times.append(a.elapsed_time(b) / 1e3)
             out[f"{key}_s"] = statistics.median(times)
-        for t, v in zip(kept, saved):          # the replays leave counters, cache and replay cursor as they were
-            t.copy_(v)
         return out

@@ -69,6 +69,8 @@ class DevicePrefetch:
             self._claim_copy_publish(gids, jj)
             return
         self.side.wait_stream(torch.cuda.current_stream())
+        if not torch.cuda.is_current_stream_capturing():
+            gids.record_stream(self.side)     # an eager caller's guesses may be freed before the side stream reads them
         with torch.cuda.stream(self.side):
             self._claim_copy_publish(gids, jj)
         self.forked = True
@@ -99,6 +101,7 @@ class DevicePrefetch:
     def fold(self, counters) -> None:
         """Add the device's prefetch counts to the store's counters (a served use was counted in place by the cache
         step or `count_uses`: it moves to `prefetched`, a late one to `late`) and zero them. Waits for the device."""
+        self.join()                           # the side stream's counts too
         got = self.st.counts.cpu().numpy().copy()
         self.st.counts.zero_()
         for j, row in enumerate(got):

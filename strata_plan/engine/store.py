@@ -262,7 +262,8 @@ class ExpertStore:
         t0 = time.perf_counter()
         pin = self.device.type == "cuda"
         fds = {name: os.open(self.folder / name, os.O_RDONLY) for name in self.files}   # buffered: start-up only
-        bounces = [aligned_empty(int(self.nbytes.max()), pin=pin)[1] for _ in range(4)]
+        backings = [aligned_empty(int(self.nbytes.max()), pin=pin) for _ in range(4)]   # alive until the end
+        bounces = [view for _, view in backings]
         checks = []
         off, ram_off, i = 0, 0, 0
         with ThreadPoolExecutor(hash_threads()) as pool:

@@ -135,6 +135,8 @@ class StoreExperts:
         pf = self.store.prefetch
         if pf is not None and j + self.depth < self.store.n_layers:
             pf.issue(j + self.depth, gids[self.depth - 1, :self.store.top_k])
+        if pf is not None and j == self.store.n_layers - 1:
+            pf.end_token()                    # eager steps too (no DeviceDecode): the side stream joins every token
 
     def end_token(self) -> None:
         """(device loop, end of a step) The prefetch's side stream joins; its slots are freed."""

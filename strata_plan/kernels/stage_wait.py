@@ -9,7 +9,8 @@ release is cumulative). Everything the GPU and the stager share lives in pinned 
 offsets (`ControlBlock`: the same trick as the RAM tier's in-place offsets):
 
     words  int64 [8]        REQ: the last request published, DONE: the last layer whose kernels finished,
-                            ERR: the request that found an expert the stager could not stage (0: none)
+                            ERR: the request that found an expert the stager could not stage (0: none),
+                            ABORT: set by the host when the stager stops (closing): waits end at once (poison)
     ready  int64 [L, E]     an NVMe expert's staging address (arena-relative) once it is there; -1 not staged;
                             -2 the stager failed on it (read error, short read, checksum mismatch)
     ring   int64 [R, 2 + K + G]   per request s (row s mod R): s, the layer, its K routed ids (-1 where the id
@@ -46,7 +47,7 @@ import torch
 
 from .triton_common import INTERPRET, tl, triton
 
-REQ, DONE, ERR = 0, 1, 2
+REQ, DONE, ERR, ABORT = 0, 1, 2, 3
 NOT_STAGED, FAILED = -1, -2
 NVME = 2                       # tier code in `tier [L, E]` (0 VRAM, 1 RAM, 2 NVMe)
 USES, BYTES, WAITED, WAIT_NS = range(4)
@@ -155,10 +156,14 @@ def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, admit
     t0 = _now_ns(s, GPU)
     t = t0
     spins = s * 0
-    while (tl.sum((need & (v == -1)).to(tl.int32), 0) > 0) & (t - t0 < timeout_ns) & (spins < max_spins):
+    stop = s * 0
+    missing = tl.sum((need & (v == -1)).to(tl.int32), 0) > 0
+    while missing & (t - t0 < timeout_ns) & (spins < max_spins) & (stop == 0):
         v = tl.where(need, _ld_acquire_sys(where, GPU), 0)
+        stop = tl.max(_ld_acquire_sys(words + 3 + kk * 0, GPU), 0)     # ABORT: the host stopped the stager
         t = _now_ns(s, GPU)
         spins += 1
+        missing = tl.sum((need & (v == -1)).to(tl.int32), 0) > 0
     bad = need & (v < 0)                                                        # failed, or still missing
     off = tl.where(bad, poison, v)
     tl.store(table_p + j * E + ids, off, mask=need & off_vram)
@@ -283,7 +288,8 @@ def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, t
     for e in need:
         v = int(hv.ready[j, e])
         waited += v == NOT_STAGED
-        while v == NOT_STAGED and time.perf_counter_ns() - t0 < timeout_s * 1e9 and spins < max_spins:
+        while (v == NOT_STAGED and time.perf_counter_ns() - t0 < timeout_s * 1e9 and spins < max_spins
+               and not hv.words[ABORT]):
             time.sleep(0)
             spins += 1
             v = int(hv.ready[j, e])
