@@ -182,10 +182,15 @@ def device_view(t: torch.Tensor, address: int, device: torch.device) -> torch.Te
 
 
 def _device_views_work(device: torch.device) -> bool:
-    """Whether `device_view` works here (a small pinned tensor viewed on the device, read back)."""
+    """Whether `device_view` works here: a small pinned tensor viewed on the device reads back, and a bf16 matrix
+    product over a viewed weight (cuBLAS reading it over PCIe) equals the one over its device copy."""
     try:
         t = torch.arange(64, dtype=torch.int32).pin_memory()
-        return bool(torch.equal(device_view(t, t.data_ptr(), device).cpu(), t))
+        w = (torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64) % 7 - 3).to(torch.bfloat16).pin_memory()
+        x = torch.ones((1, 64), dtype=torch.bfloat16, device=device)
+        same = torch.equal(torch.nn.functional.linear(x, device_view(w, w.data_ptr(), device)),
+                           torch.nn.functional.linear(x, w.to(device)))
+        return bool(torch.equal(device_view(t, t.data_ptr(), device).cpu(), t)) and bool(same)
     except (RuntimeError, TypeError, ValueError):
         return False
 
