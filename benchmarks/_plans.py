@@ -18,3 +18,13 @@ def tiers_by_hand(plan, vram_share: float, cache: int, fmt: str | None = None):
                                           **extra))
     return dataclasses.replace(plan, layers=tuple(layers), prefetch_depth=0,
                                cache=CachePlan("lru", plan.cache.slot_bytes, cache * len(layers)))
+
+
+def forced_depth(plan, depth: int):
+    """`plan` with lookahead `depth` (VRAM landing slots and the pinned staging cache grown to match), its prediction
+    kept from the plan as made: a configuration the planner did not choose, run to see what lookahead does."""
+    from strata_plan.core.lookahead import pinned_staging_slots, staging_slots
+    st = plan.staging
+    st = dataclasses.replace(st, vram_slots=max(st.vram_slots, staging_slots(plan.top_k, depth)),
+                             host_slots=pinned_staging_slots(plan.top_k, depth, st.host_slots))
+    return dataclasses.replace(plan, prefetch_depth=depth, staging=st)

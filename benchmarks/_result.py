@@ -10,7 +10,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 git_sha, machine = results.git_sha, results.machine
 
 
+def result_path(benchmark: str, out_dir=None) -> Path:
+    """Where `write_result(..., path=)` rewrites a result saved as the benchmark goes."""
+    return results.result_path(benchmark, out_dir or RESULTS)
+
+
 def write_result(benchmark: str, metrics: dict, command: str | None = None, notes: str = "", out_dir=None,
-                 extra: dict | None = None) -> Path:
-    """`strata_plan.results.write_result` into `out_dir`, benchmarks/results/ when None."""
-    return results.write_result(benchmark, metrics, out_dir or RESULTS, command=command, notes=notes, extra=extra)
+                 extra: dict | None = None, path=None) -> Path:
+    """`strata_plan.results.write_result` into `out_dir`, benchmarks/results/ when None (or `path`)."""
+    return results.write_result(benchmark, metrics, out_dir or RESULTS, command=command, notes=notes, extra=extra,
+                                path=path)

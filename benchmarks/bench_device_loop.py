@@ -9,21 +9,26 @@ and run LRU-only and on-demand with routing replayed from the `olmoe-like` prior
 tok/s, the decode thread's CPU time a token (`host_ms_per_token`: flat in depth when the host is out of the
 loop), the step's GPU time a token, the bytes read from RAM a token and the bound 1 / (t_nonMoE + B / R_zc) with
 every term measured in the run. Then a least-squares line of GPU ms a token over the layer counts per mode: its
-slope (ms per MoE layer) and its largest relative residual (linearity). Writes device-loop-<time>.json.
+slope (ms per MoE layer) and its largest relative residual (linearity: three counts or more). Writes
+device-loop-<time>.json after every run (a failed run is recorded in `errors`, the next goes on).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
+import signal
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from _plans import tiers_by_hand  # noqa: E402
-from _result import write_result  # noqa: E402
+from _result import result_path, write_result  # noqa: E402
 from bench_engine import zero_copy_gbps  # noqa: E402
 
 from strata_plan.cli import main as cli  # noqa: E402
@@ -57,6 +62,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=16)
     ap.add_argument("--device", default="")
     ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--deadline-s", type=float, default=0, help="start no further layer count after this many seconds")
     a = ap.parse_args()
     folder = Path(a.dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -64,9 +70,31 @@ def main() -> int:
     counts = [int(x) for x in a.layers.split(",")]
     modes = a.modes.split(",")
     gpu = {m: [] for m in modes}
+    errors: list[str] = []
+    path = result_path("device-loop", a.out_dir)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
+    t_start = time.perf_counter()
+
+    def save() -> None:                                 # after every run: a crash or a kill keeps the runs done
+        write_result("device-loop", metrics, out_dir=a.out_dir, path=path,
+                     extra={"runs": runs, "model": a.model, "errors": errors})
+
+    def fail(what: str, err: Exception) -> None:
+        traceback.print_exc()
+        errors.append(f"{what}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        print(f"FAILED {errors[-1]}", flush=True)
+
     try:
         for n in counts:
-            plan = device_plan(a.model, n, folder, a.static, a.cache, a.profile)
+            if a.deadline_s and time.perf_counter() - t_start > a.deadline_s:
+                print(f"deadline: {n} layers not run", flush=True)
+                errors.append(f"{n} layers: not run (deadline)")
+                continue
+            try:
+                plan = device_plan(a.model, n, folder, a.static, a.cache, a.profile)
+            except Exception as err:                    # noqa: BLE001 (recorded; the next count goes on)
+                fail(f"{n} layers: plan", err)
+                continue
             packed = folder / f"packed-{n}"
             t0 = time.perf_counter()
             pack_synthetic(load_spec(f"{a.model}@{n}moe"), packed,
@@ -75,8 +103,14 @@ def main() -> int:
             print(f"{n} MoE layers: packed in {time.perf_counter() - t0:.0f} s", flush=True)
             for mode in modes:
                 replay = Replay.from_prior("olmoe-like", n, plan.n_experts, plan.top_k, tokens=4096, seed=11)
-                r = measure(packed, plan, mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay, device=a.device,
-                            options=EngineOptions(loop="device"))
+                try:
+                    r = measure(packed, plan, mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay,
+                                device=a.device, options=EngineOptions(loop="device"))
+                except Exception as err:                # noqa: BLE001 (recorded; the next run goes on)
+                    fail(f"{n} layers/{mode}", err)
+                    continue
+                finally:
+                    gc.collect()
                 runs[f"{n}/{mode}"] = r
                 tp, k = r["time_per_token"], f"layers{n}.{mode}"
                 B = r["bytes_per_token"]["ram"]
@@ -96,6 +130,7 @@ def main() -> int:
                     metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / bound
                     line += f", {metrics[k + '.over_bound']:.3f} of its bound {bound:.1f}"
                 print(line, flush=True)
+                save()
             shutil.rmtree(packed, ignore_errors=True)
         for mode, pts in gpu.items():
             if len(pts) >= 2:
@@ -105,11 +140,11 @@ def main() -> int:
                 metrics[f"{mode}.gpu_ms_fixed"] = float(icpt)
                 metrics[f"{mode}.linear_max_residual"] = float(np.max(np.abs(y - (slope * x + icpt)) / y))
     finally:
+        save()
         shutil.rmtree(folder, ignore_errors=True)
-    path = write_result("device-loop", metrics, out_dir=a.out_dir, extra={"runs": runs, "model": a.model})
     print(json.dumps(metrics, indent=1))
-    print(path)
-    return 0
+    print(path, f"({len(errors)} failed)" if errors else "")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

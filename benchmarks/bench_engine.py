@@ -29,19 +29,22 @@ allocator. Writes engine-<time>.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
 import shutil
+import signal
 import statistics
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import psutil
 import torch
 
-from _result import write_result  # noqa: E402
+from _plans import forced_depth  # noqa: E402
+from _result import result_path, write_result  # noqa: E402
 
 from strata_plan.engine.bench import measure  # noqa: E402
 from strata_plan.engine.engine import EngineOptions  # noqa: E402
@@ -90,16 +93,6 @@ def plain_odirect(files, plan, r: dict) -> float:
     plan's largest queue depth, at least 4) and request size (one blob of the largest format, the plan's slot: the
     stager reads a blob in one request)."""
     return plain_read_gbps(files, -(-plan.cache.slot_bytes // 4096) * 4096, threads=plan_readers(plan), nbytes=1 << 30)
-
-
-def forced_depth(plan, depth: int):
-    """`plan` with lookahead `depth` (VRAM landing slots and the pinned staging cache grown to match), its prediction
-    kept from the plan as made: a configuration the planner did not choose, run to see what lookahead does."""
-    from strata_plan.core.lookahead import pinned_staging_slots, staging_slots
-    st = plan.staging
-    st = dataclasses.replace(st, vram_slots=max(st.vram_slots, staging_slots(plan.top_k, depth)),
-                             host_slots=pinned_staging_slots(plan.top_k, depth, st.host_slots))
-    return dataclasses.replace(plan, prefetch_depth=depth, staging=st)
 
 
 def pinned_cost(nbytes: float) -> dict:
@@ -166,6 +159,28 @@ def main() -> int:
     folder = Path(a.dir)
     out, metrics = {}, {}
     skipped: list[str] = []
+    errors: list[str] = []
+    path = result_path("engine", a.out_dir)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
+
+    def save() -> None:                                 # after every run: a crash or a kill keeps the runs done
+        write_result("engine", metrics, out_dir=a.out_dir, path=path,
+                     extra={"runs": out, "skipped_at_deadline": skipped, "errors": errors})
+
+    def attempt(what: str, fn):
+        """fn() or, if it raises, None with the error recorded (one line; the traceback on stderr): a run that fails
+        on the GPU machine leaves the others."""
+        try:
+            return fn()
+        except Exception as err:                        # noqa: BLE001 (recorded, the next run goes on)
+            traceback.print_exc()
+            errors.append(f"{what}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            print(f"FAILED {errors[-1]}", flush=True)
+            return None
+        finally:
+            gc.collect()                                # the run's engine (pinned RAM tier) goes before the next
+            save()
+
     try:
         t0 = time.perf_counter()
         if not (folder / "index.json").exists():
@@ -194,8 +209,11 @@ def main() -> int:
                 for mode in ("plan", "lru"):
                     if late(f"{first_name}/{mode}/copy {w}"):
                         continue
-                    r = measure(folder, paths[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup,
-                                replay=replay_for(plans[first_name]), options=opts)
+                    r = attempt(f"{first_name}/{mode}/copy {w}", lambda: measure(
+                        folder, paths[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup,
+                        replay=replay_for(plans[first_name]), options=opts))
+                    if r is None:
+                        continue
                     out[f"{first_name}/{mode}/copy{mb}x{n}"] = r
                     key = f"{first_name}.{mode}.copy_{mb}mb_x{n}"
                     tp = r["time_per_token"]
@@ -209,8 +227,11 @@ def main() -> int:
             """One run; the device loop's rows under `name`, the host loop's under `name`_hostloop."""
             if late(f"{name}/{mode}/{loop}"):
                 return None
-            r = measure(folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
-                        options=EngineOptions(loop=loop))
+            r = attempt(f"{name}/{mode}/{loop}", lambda: measure(
+                folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
+                options=EngineOptions(loop=loop)))
+            if r is None:
+                return None
             key = name if loop == "device" else f"{name}_hostloop"
             out[f"{key}/{mode}"] = r
             report(key, paths[name], plan, mode, r)
@@ -248,13 +269,14 @@ def main() -> int:
                       f"measured / predicted {m['decode_tok_s'] / pr.decode_tok_s:.3f}", flush=True)
             metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
             metrics[f"{name}.{mode}.pcie_copied_gb_per_token"] = r["bytes_per_token"]["pcie_copied"] / 1e9
-            metrics[f"{name}.{mode}.nvme_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9
+            metrics[f"{name}.{mode}.nvme_read_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9   # from the drive
             metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
         def nvme_bound_rows(name: str, mode: str, r: dict, plain: list[float]) -> None:
             """The device loop with an NVMe tier against the drive: the plain O_DIRECT rate (median of the repeats so
             far, interleaved with the runs) over the NVMe bytes read a token that a layer used; what the stager did."""
             bt, st, k = r["bytes_per_token"], r["stager"] or {}, f"{name}.{mode}"
-            wasted = bt["wasted"]                                   # device loop: wrong guesses, NVMe reads only
+            # the stager's wrong guesses (the lookahead's VRAM copies of RAM experts wasted are not drive reads)
+            wasted = bt["nvme_wasted"] or 0.0
             used = bt["nvme"] - wasted
             rate = statistics.median(plain)
             metrics[f"{name}.plain_odirect_gbps"] = rate
@@ -293,7 +315,8 @@ def main() -> int:
             rate = zero_copy_gbps(max(B / r["plan"]["n_moe_layers"], 1 << 20))
             bound = 1.0 / (parts["without_moe_s"] + B / (rate * 1e9))
             k = f"{name}.{mode}"
-            metrics["zero_copy_gbps"] = rate
+            metrics["zero_copy_gbps"] = rate                        # (the last run's; each run's below)
+            metrics[f"{k}.zero_copy_gbps"] = rate
             metrics[f"{k}.bound_tok_s"] = bound
             metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / bound
             # with lookahead the link may overlap the rest of the step: 1 / max(t_nonMoE, B / R_zc), B every byte
@@ -325,7 +348,8 @@ def main() -> int:
                         metrics[f"{name}.{mode}.tokens_equal_hostloop"] = float(r["tokens"] == host["tokens"])
                         metrics[f"{name}.{mode}.over_hostloop"] = (r["measured"]["decode_tok_s"]
                                                                    / host["measured"]["decode_tok_s"])
-                    (nvme_bound_rows if nvme else bound_rows)(name, mode, r, plain)
+                    attempt(f"{name}/{mode}/bound", lambda: (nvme_bound_rows if nvme else bound_rows)(name, mode, r,
+                                                                                                    plain))
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
             if f"{name}.plan.decode_tok_s" in metrics:
                 metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
@@ -341,12 +365,12 @@ def main() -> int:
         if a.pinned_gb and torch.cuda.is_available() and not late("pinned cost"):
             metrics.update(pinned_cost(a.pinned_gb * 1e9))
     finally:
+        save()
         if not a.keep:
             shutil.rmtree(folder, ignore_errors=True)
-    path = write_result("engine", metrics, out_dir=a.out_dir, extra={"runs": out, "skipped_at_deadline": skipped})
     print(json.dumps(metrics, indent=1))
-    print(path)
-    return 0
+    print(path, f"({len(errors)} runs failed)" if errors else "")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 
+from _plans import forced_depth  # noqa: E402
 from _result import write_result  # noqa: E402
 
 from trained import hf  # noqa: E402
@@ -346,7 +347,7 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
         for d in [int(x) for x in a.depths.split(",") if x]:
             if d not in table:
                 key = f"{name}.depth{d}"
-                measure_one(run, a, key, packed[name], dataclasses.replace(plan, prefetch_depth=d), "plan", pred, prompt)
+                measure_one(run, a, key, packed[name], forced_depth(plan, d), "plan", pred, prompt)
                 table[d] = key
         rows = {}
         for d in sorted(table):

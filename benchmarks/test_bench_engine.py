@@ -47,3 +47,34 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     assert m["seed_forced_d2.plan.nvme_wasted_gb_per_token"] >= 0
     assert "seed_forced_d2.plan.lookahead_d2.precision" in m
     assert (out / "plan-kimi5-h200-seed_forced_d2.yaml").exists()
+
+
+def test_a_run_that_fails_is_recorded_and_the_others_are_written(tmp_path, one_torch_thread, monkeypatch):
+    """On the GPU machine a run may raise where the CPU never went: the error is one line in the result's `errors`,
+    the runs before and after it are in the file, the script exits 1."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_engine_run import FIXTURE, bf16_plan
+    from strata_plan.cli import main as cli
+    from strata_plan.core.plan import save_plan
+    import bench_engine
+    packed = tmp_path / "packed"
+    assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
+    save_plan(dataclasses.replace(bf16_plan(4, 28, 2, 0, chunk=4), context=96), tmp_path / "p.yaml")
+    real = bench_engine.measure
+
+    def measure(*args, options=None, **kw):
+        if options.loop == "host" and kw["mode"] == "lru":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+        return real(*args, options=options, **kw)
+    monkeypatch.setattr(bench_engine, "measure", measure)
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--dir", str(packed), "--plans", f"r={tmp_path / 'p.yaml'}",
+                                      "--modes", "lru,on-demand", "--tokens", "2", "--warmup", "1", "--out-dir",
+                                      str(out), "--keep"])
+    assert bench_engine.main() == 1
+    (result,) = out.glob("engine-*.json")
+    data = json.loads(result.read_text())
+    assert data["errors"] == ["r/lru/host: RuntimeError: CUDA error: an illegal memory access was encountered"]
+    m = data["metrics"]
+    assert m["r.lru.decode_tok_s"] > 0 and m["r_hostloop.on-demand.decode_tok_s"] > 0
+    assert "r_hostloop.lru.decode_tok_s" not in m and not list(out.glob(".*.tmp"))

@@ -99,3 +99,18 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
                 "nvme_read_gb_per_token_predicted", "page_cache_after", "host_ms_per_token_measured"):
         assert key in out and f"seed.plan.{key}" in run.metrics
     assert out["device_loop"] == 1.0 and out["nvme_gb_per_token_measured"] > 0
+
+
+def test_the_depth_sweep_predicts_the_depth_it_runs(tmp_path):
+    """Predictor.for_plan predicts the placement the engine ran (the depth sweep runs the plan at other depths)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_engine_run import bf16_plan
+    from strata_plan.core.plan import save_plan
+    from _plans import forced_depth
+    from trained.predict import Predictor
+    plan = bf16_plan(4, 10, 2, 0, chunk=1)
+    save_plan(plan, tmp_path / "plan.yaml")
+    p = Predictor(tmp_path / "plan.yaml")
+    at0, at2 = p.for_plan(plan)["decode_tok_s"], p.for_plan(forced_depth(plan, 2))["decode_tok_s"]
+    assert at0 > 0 and at2 > 0 and at0 != at2

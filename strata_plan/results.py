@@ -39,9 +39,16 @@ def machine() -> dict:
     return info
 
 
+def result_path(benchmark: str, out_dir: str | os.PathLike) -> Path:
+    """`<out_dir>/<benchmark>-<UTC timestamp now>.json`: where a benchmark that saves as it goes rewrites its result."""
+    now = _dt.datetime.now(_dt.timezone.utc)
+    return Path(out_dir) / f"{benchmark}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+
+
 def write_result(benchmark: str, metrics: dict, out_dir: str | os.PathLike, command: str | None = None,
-                 notes: str = "", extra: dict | None = None) -> Path:
-    """Write `<out_dir>/<benchmark>-<UTC timestamp>.json` and return its path."""
+                 notes: str = "", extra: dict | None = None, path: str | os.PathLike | None = None) -> Path:
+    """Write `<out_dir>/<benchmark>-<UTC timestamp>.json` (or `path`, replaced atomically: a benchmark saving after
+    each run rewrites one file) and return its path."""
     now = _dt.datetime.now(_dt.timezone.utc)
     data = {"benchmark": benchmark, "date": now.isoformat(timespec="seconds"),
             "git_sha": os.environ.get("STRATA_GIT_SHA") or git_sha(), "machine": machine(),
@@ -51,6 +58,8 @@ def write_result(benchmark: str, metrics: dict, out_dir: str | os.PathLike, comm
         data.update(extra)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{benchmark}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    path = Path(path) if path else out / f"{benchmark}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
     return path

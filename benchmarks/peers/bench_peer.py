@@ -25,16 +25,18 @@ import contextlib
 import io
 import json
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from _plans import tiers_by_hand  # noqa: E402
-from _result import write_result  # noqa: E402
+from _result import result_path, write_result  # noqa: E402
 
 EXPERTS = "_exps"             # llama.cpp's routed-expert tensors: blk.N.ffn_{gate,up,down}_exps.weight
 KEEP_BF16 = ("attn_=bf16", "_shexp=bf16", r"ffn_(gate|up|down)\.weight=bf16")
@@ -50,7 +52,7 @@ def sh(cmd: list[str], log: Path) -> str:
         r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     out = log.read_text(errors="replace")
     if r.returncode:
-        raise SystemExit(f"{cmd[0]} failed ({r.returncode}); see {log}")
+        raise RuntimeError(f"{Path(cmd[0]).name} failed ({r.returncode}); see {log}")
     return out
 
 
@@ -108,7 +110,7 @@ def cli_json(argv: list[str]) -> dict:
     with contextlib.redirect_stdout(buf):
         rc = main(argv + ["--json"])
     if rc:
-        raise SystemExit(f"strata-plan {' '.join(argv)} failed ({rc})")
+        raise RuntimeError(f"strata-plan {' '.join(argv)} failed ({rc})")
     text = buf.getvalue()
     return json.loads(text[text.index("{"):])
 
@@ -148,6 +150,24 @@ def main() -> int:
     ap.add_argument("--out-dir", default=None)
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
+    metrics, runs, errors = {}, {}, []
+    path = result_path("peer-llama-cpp", a.out_dir)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
+
+    def save() -> None:                                 # after every row: a failure or a kill keeps the rows done
+        write_result("peer-llama-cpp", metrics, out_dir=a.out_dir, path=path, extra={"runs": runs, "errors": errors})
+
+    try:
+        rows(a, metrics, runs, errors, save)
+    finally:
+        save()
+    print(json.dumps(metrics, indent=1))
+    print(path, f"({len(errors)} failed)" if errors else "")
+    return 1 if errors else 0
+
+
+def rows(a, metrics: dict, runs: dict, errors: list, save) -> None:
+    """Every row of `main`, saved as they come; a type whose rows fail is recorded in `errors`, the next goes on."""
     from strata_plan.engine.config import ModelConfig
     n_moe = len(ModelConfig.load(a.checkpoint).moe_layers)
     vram_share = (n_moe - a.cpu_moe_layers) / n_moe
@@ -163,40 +183,49 @@ def main() -> int:
     imatrix = a.work / "imatrix.dat"
     sh([str(a.llama_bin / "llama-imatrix"), "-m", str(bf16), "-f", a.text, RAW, "-o", str(imatrix), "-c", str(a.chunk),
         "-t", str(a.threads), "-ngl", "99"], a.work / "imatrix.log")
-    metrics = {"budget.vram_share_of_expert_bytes": vram_share, "budget.llama_cpu_moe_layers": a.cpu_moe_layers,
-               "text.tokens": n_tokens, "text.llama_ids_equal": 1.0}
-    runs = {}
+    metrics.update({"budget.vram_share_of_expert_bytes": vram_share, "budget.llama_cpu_moe_layers": a.cpu_moe_layers,
+                    "text.tokens": n_tokens, "text.llama_ids_equal": 1.0})
     for qtype, fmt in zip(a.types.split(","), a.ours.split(",")):
-        model = a.work / f"model-{qtype}.gguf"
-        quantize(a.llama_bin, bf16, model, qtype, imatrix, a.work / f"quantize-{qtype}.log")
-        plan = our_plan(a.checkpoint, fmt, vram_share, a.profile, a.work)
-        export = cli_json(["export", str(plan), "--format", "llama.cpp"])     # the plan as llama.cpp can place it
-        runs[f"export/{fmt}"] = export
-        metrics[f"llama.{qtype}.export.predicted_decode_tok_s"] = export["predicted"]["decode_tok_s"]
-        for where, extra in (("gpu", ["-ngl", "99"]), ("budget", ["-ngl", "99", "-ncmoe", str(a.cpu_moe_layers)]),
-                             ("export", ["-ngl", "99", *export["override_args"]])):
-            for k, v in llama_bench(a.llama_bin, model, a, extra, a.work / f"bench-{qtype}-{where}.log").items():
-                metrics[f"llama.{qtype}.{where}.{k}"] = v
-        for k, v in llama_kl(a.llama_bin, f32, model, a, a.work).items():
-            metrics[f"llama.{qtype}.{k}"] = v
-        metrics[f"llama.{qtype}.file_bytes"] = model.stat().st_size
-        packed = a.work / f"packed-{fmt}"
-        cli_json(["pack", str(a.checkpoint), "--plan", str(plan), "--out", str(packed), "--force"])
-        for mode in ("lru", "on-demand"):
-            r = cli_json(["bench", "--packed", str(packed), "--plan", str(plan), "--mode", mode, "--tokens", str(a.gen),
-                          "--warmup", "16", *(["--device", a.device] if a.device else [])])
-            runs[f"ours/{fmt}/{mode}"] = r
-            metrics[f"ours.{fmt}.budget.{mode}.decode_tok_s"] = r["measured"]["decode_tok_s"]
-            metrics[f"ours.{fmt}.budget.{mode}.prefill_tok_s"] = r["measured"]["prefill_tok_s"]
-        ev = cli_json(["eval", "--packed", str(packed), "--reference", str(a.checkpoint), "--text", a.text,
-                       "--chunk", str(a.chunk), *(["--device", a.device] if a.device else [])])
-        runs[f"ours/{fmt}/eval"] = ev
-        metrics[f"ours.{fmt}.kl_mean"] = ev.get("kl_mean")
-        metrics[f"ours.{fmt}.top1"] = ev.get("top1")
-    path = write_result("peer-llama-cpp", metrics, out_dir=a.out_dir, extra={"runs": runs})
-    print(json.dumps(metrics, indent=1))
-    print(path)
-    return 0
+        try:
+            one_type(a, qtype, fmt, f32, bf16, imatrix, vram_share, metrics, runs, save)
+        except Exception as err:                        # noqa: BLE001 (recorded; the next type goes on)
+            traceback.print_exc()
+            errors.append(f"{qtype}/{fmt}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            print(f"FAILED {errors[-1]}", flush=True)
+        save()
+
+
+def one_type(a, qtype: str, fmt: str, f32: Path, bf16: Path, imatrix: Path, vram_share: float, metrics: dict,
+             runs: dict, save) -> None:
+    """llama.cpp at `qtype` and the engine at `fmt`: speed rows, then quality rows (each saved as it lands)."""
+    model = a.work / f"model-{qtype}.gguf"
+    quantize(a.llama_bin, bf16, model, qtype, imatrix, a.work / f"quantize-{qtype}.log")
+    plan = our_plan(a.checkpoint, fmt, vram_share, a.profile, a.work)
+    export = cli_json(["export", str(plan), "--format", "llama.cpp"])     # the plan as llama.cpp can place it
+    runs[f"export/{fmt}"] = export
+    metrics[f"llama.{qtype}.export.predicted_decode_tok_s"] = export["predicted"]["decode_tok_s"]
+    for where, extra in (("gpu", ["-ngl", "99"]), ("budget", ["-ngl", "99", "-ncmoe", str(a.cpu_moe_layers)]),
+                         ("export", ["-ngl", "99", *export["override_args"]])):
+        for k, v in llama_bench(a.llama_bin, model, a, extra, a.work / f"bench-{qtype}-{where}.log").items():
+            metrics[f"llama.{qtype}.{where}.{k}"] = v
+        save()
+    for k, v in llama_kl(a.llama_bin, f32, model, a, a.work).items():
+        metrics[f"llama.{qtype}.{k}"] = v
+    metrics[f"llama.{qtype}.file_bytes"] = model.stat().st_size
+    packed = a.work / f"packed-{fmt}"
+    cli_json(["pack", str(a.checkpoint), "--plan", str(plan), "--out", str(packed), "--force"])
+    for mode in ("lru", "on-demand"):
+        r = cli_json(["bench", "--packed", str(packed), "--plan", str(plan), "--mode", mode, "--tokens", str(a.gen),
+                      "--warmup", "16", *(["--device", a.device] if a.device else [])])
+        runs[f"ours/{fmt}/{mode}"] = r
+        metrics[f"ours.{fmt}.budget.{mode}.decode_tok_s"] = r["measured"]["decode_tok_s"]
+        metrics[f"ours.{fmt}.budget.{mode}.prefill_tok_s"] = r["measured"]["prefill_tok_s"]
+        save()
+    ev = cli_json(["eval", "--packed", str(packed), "--reference", str(a.checkpoint), "--text", a.text,
+                   "--chunk", str(a.chunk), *(["--device", a.device] if a.device else [])])
+    runs[f"ours/{fmt}/eval"] = ev
+    metrics[f"ours.{fmt}.kl_mean"] = ev.get("kl_mean")
+    metrics[f"ours.{fmt}.top1"] = ev.get("top1")
 
 
 if __name__ == "__main__":

@@ -2,18 +2,21 @@
 # The peer rows in one device call (not yet run on the GPU; every step ran on the CPU, README.md):
 #   bash benchmarks/peers/fetch_llama_cpp.sh     # here, once: the source travels in the run's carry
 #   STRATA_GIT_SHA=<sha> OUT=$OUT bash benchmarks/peers/run_peer_gpu.sh     (TEXT: default the peer's heldout.txt)
-# llama.cpp is built for sm_90 on the CPU cores while the peer model trains on the GPU, then bench_peer.py.
+# llama.cpp is built for sm_90 on the CPU cores while the peer model trains on the GPU, then bench_peer.py, which
+# saves its JSON after every row (a failing row is recorded in `errors`). Everything ends by 590 s; `strata-plan
+# plan` needs Optuna: carry .whl (benchmarks/run_trained_gpu.sh's header) with the llama.cpp source.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-/tmp/peer_gpu}; mkdir -p "$OUT"; t0=$(date +%s)
 source benchmarks/device_setup.sh
-( cmake -S benchmarks/peers/llama.cpp -B /root/lc -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+left() { echo $(( $1 - ($(date +%s) - t0) )); }
+( timeout 360 cmake -S benchmarks/peers/llama.cpp -B /root/lc -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  && cmake --build /root/lc -j14 --target llama-bench llama-quantize llama-perplexity llama-imatrix llama-tokenize ) > "$OUT/build.log" 2>&1 &
+  && timeout 360 cmake --build /root/lc -j14 --target llama-bench llama-quantize llama-perplexity llama-imatrix llama-tokenize ) > "$OUT/build.log" 2>&1 &
 build=$!
-python3 benchmarks/train_moe.py --size peer --out /root/peer --seconds "${TRAIN_S:-240}" 2>&1 | tail -5 | tee "$OUT/train.log"
+timeout 330 python3 benchmarks/train_moe.py --size peer --out /root/peer --seconds "${TRAIN_S:-240}" 2>&1 | tail -5 | tee "$OUT/train.log"
 wait $build || { tail -20 "$OUT/build.log"; exit 1; }
 echo "built and trained in $(( $(date +%s) - t0 )) s"
-python3 benchmarks/peers/bench_peer.py --checkpoint /root/peer --llama-bin /root/lc/bin --work /root/pw \
+timeout "$(left 590)" python3 benchmarks/peers/bench_peer.py --checkpoint /root/peer --llama-bin /root/lc/bin --work /root/pw \
   --text "${TEXT:-/root/peer/heldout.txt}" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_peer.log" | tail -40
 echo "run_peer_gpu: $(( $(date +%s) - t0 ))s"

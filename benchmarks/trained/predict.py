@@ -25,13 +25,13 @@ class Predictor:
         self.cost = CostModel(self.problem)
 
     def for_plan(self, executed, mode: str = "plan") -> dict:
-        """Predicted decode figures of the plan run as `mode` (`executed`: that plan, as the engine ran it) and
-        its physical bound (`planner.bound.physical_bound`, the optimistic bytes of the placement)."""
+        """Predicted decode figures of `executed` (the plan as the engine ran it: another lookahead depth in the
+        depth sweep) run as `mode`, and its physical bound (`planner.bound.physical_bound`, the optimistic bytes of the placement)."""
         from strata_plan.planner.bound import physical_bound
         from strata_plan.planner.repredict import predict_plan
         from strata_plan.planner.placement import placement_of
         place = placement_of(executed)
-        pred = predict_plan(self.plan, None, mode, self.path, problem=self.problem)
+        pred = predict_plan(executed, None, mode, self.path, problem=self.problem)
         bound = physical_bound(self.problem, place)
         return {"label": "predicted", "source": f"planner.repredict.predict_plan, profile {self.problem.profile.name}",
                 "decode_tok_s": pred.decode_tok_s, "decode_binding": pred.decode_binding,

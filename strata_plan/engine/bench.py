@@ -137,6 +137,9 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                                 "pcie": (c["bytes_from"]["ram"] + (c["staged_bytes"] if store.staging is not None
                                                                    else c["bytes_from"]["nvme"])) / n,
                                 "wasted": c["wasted_bytes"] / n, "dense": sum(c["dense_bytes"].values()) / n,
+                                # the stager's wrong guesses: drive reads no layer used (device loop, NVMe tier)
+                                "nvme_wasted": store.staging.last["wasted_bytes"] / n if store.staging is not None
+                                else None,
                                 # bytes the copies enqueued (pcie: the fetches issued, cancelled prefetches too)
                                 "pcie_copied": (tr.copy_bytes - copied0) / n},
             "links": {"copy_busy_s_per_token": copy_s / n, "pcie_gbps_during_copies":

@@ -650,6 +650,7 @@ class ExpertStore:
         if getattr(self, "staging", None) is not None:
             self.staging.close()
             self.staging = None
+        self.prefetch = None                # (it refers back to the store: no cycle keeps the pinned tier alive)
         if getattr(self, "_stage_region", None) is not None:
             self._stage_region.close()
             self._stage_region = None

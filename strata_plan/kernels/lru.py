@@ -29,7 +29,8 @@ import torch
 from .triton_common import tl, triton
 
 STATIC, HIT, MISS, MISS_BYTES = range(4)
-FILL_CHUNK = 64 << 10        # bytes one program of fill_slots copies
+FILL_CHUNK = 64 << 10        # bytes one program of fill_slots copies (a multiple of 8 KiB)
+FILL_BLOCK = tl.constexpr(1024)  # int64 words a program moves per step of its loop (8 KiB: no register spills)
 BIG = tl.constexpr(1 << 62)    # the stamp of a slot a layer does not have: never a victim
 
 
@@ -117,11 +118,12 @@ def fill_kernel(arena_p, ids_p, j, E, admit_p, ram_offset_p, nbytes_p, K: tl.con
     dst = tl.load(admit_p + j * K + i)
     e = tl.load(ids_p + i)
     n = tl.load(nbytes_p + j * E + e)
-    w = tl.cast(b, tl.int64) * (CHUNK // 8) + tl.arange(0, CHUNK // 8)       # [CHUNK / 8] words
-    ok = w < tl.where(dst >= 0, n // 8, 0)
     src = (arena_p + tl.load(ram_offset_p + j * E + e)).to(tl.pointer_type(tl.int64))
     out = (arena_p + tl.maximum(dst, 0)).to(tl.pointer_type(tl.int64))
-    tl.store(out + w, tl.load(src + w, mask=ok), mask=ok)
+    for k in range(0, CHUNK // 8, FILL_BLOCK):                                   # FILL_BLOCK words at a time
+        w = tl.cast(b, tl.int64) * (CHUNK // 8) + k + tl.arange(0, FILL_BLOCK)   # [FILL_BLOCK] words
+        ok = w < tl.where(dst >= 0, n // 8, 0)
+        tl.store(out + w, tl.load(src + w, mask=ok), mask=ok)
 
 
 def lru_step(ids: torch.Tensor, j: int, st: LruState) -> None:

@@ -37,7 +37,8 @@ from .triton_common import tl, triton
 FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
 USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES, GUESSES, RIGHT, HINTED_USED = range(9)
 N_COUNTS = 9
-COPY_CHUNK = 64 << 10          # bytes one program of the copy kernel moves
+COPY_CHUNK = 64 << 10          # bytes one program of the copy kernel moves (a multiple of 8 KiB)
+COPY_BLOCK = tl.constexpr(1024)  # int64 words a program moves per step of its loop (8 KiB: no register spills)
 # the states as the kernels see them (a jitted function reads only constexpr globals)
 _FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED = (tl.constexpr(v) for v in range(6))
 
@@ -89,11 +90,12 @@ def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nby
     s = tl.load(assign_p + i)
     e = tl.maximum(tl.load(gids_p + i), 0)
     n = tl.where(s >= 0, tl.load(nbytes_p + jj * E + e), 0)
-    w = tl.cast(b, tl.int64) * (CHUNK // 8) + tl.arange(0, CHUNK // 8)       # [CHUNK / 8] int64 words
-    ok = w < n // 8
     src = (arena_p + tl.load(ram_rows_p + jj * E + e)).to(tl.pointer_type(tl.int64))
     dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
-    tl.store(dst + w, tl.load(src + w, mask=ok), mask=ok)
+    for k in range(0, CHUNK // 8, COPY_BLOCK):                                   # COPY_BLOCK words at a time
+        w = tl.cast(b, tl.int64) * (CHUNK // 8) + k + tl.arange(0, COPY_BLOCK)   # [COPY_BLOCK] int64 words
+        ok = w < n // 8
+        tl.store(dst + w, tl.load(src + w, mask=ok), mask=ok)
     if (b == 0) & (s >= 0):
         tl.atomic_add(counts_p + jj * 9 + 3, n, sem="relaxed")
 
