@@ -100,7 +100,6 @@ class DeviceDecode:
         x = self.x0
         for layer in m.layers:
             x = m._layer(layer, x, 0, m.at)
-        self.ex.end_token()                   # the lookahead's side stream joins; its slots are freed
         self.ex.advance_replay()
         logits = m.logits(x[-1])
         return pick(logits) if pick is not None else logits

@@ -27,7 +27,7 @@ device LRU first admits misses into their slots, `store.cache_decide` / `cache_f
 device and the step reads its row at a device cursor (`replay_rows`, `advance_replay`): no host work a token.
 With lookahead (`store.prefetch`, engine/prefetch.py) a layer first reads the guesses that landed in VRAM slots
 (`resolve`) and frees its slots after its MoE (`release`); after it, `after_moe_device` runs the lookahead gates and
-issues the guesses for layer j+d on a side stream (joined by `end_token` at the step's end). With an NVMe tier
+issues the guesses for layer j+d on a side stream (joined after the last MoE layer: `DevicePrefetch.end_token`). With an NVMe tier
 (`store.staging`, engine/staging.py) each layer asks the stager for its routed NVMe experts and waits on the GPU only
 for those not yet staged in pinned RAM (`Staging.wait`); after the layer (with lookahead: with its gates' guesses)
 it tells the stager it is done (`Staging.done`). Prefill (several tokens) takes the path above.
@@ -136,12 +136,7 @@ class StoreExperts:
         if pf is not None and j + self.depth < self.store.n_layers:
             pf.issue(j + self.depth, gids[self.depth - 1, :self.store.top_k])
         if pf is not None and j == self.store.n_layers - 1:
-            pf.end_token()                    # eager steps too (no DeviceDecode): the side stream joins every token
-
-    def end_token(self) -> None:
-        """(device loop, end of a step) The prefetch's side stream joins; its slots are freed."""
-        if self.store.prefetch is not None:
-            self.store.prefetch.end_token()
+            pf.end_token()                    # the token's last MoE layer: the side stream joins, its slots free
 
     def _guesses(self, j: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The lookahead guesses of layers j+1..j+depth, int64 / float32 [depth, W] (best first, -1 padded): the
