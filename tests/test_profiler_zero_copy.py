@@ -85,6 +85,16 @@ def test_profile_entry_round_trips_through_yaml(tmp_path):
     assert stats["zero_copy_64MiB_gbps"].median == 22.0
 
 
+def test_the_graph_launch_floor_goes_into_the_entry_and_an_absent_one_is_the_estimate():
+    import dataclasses
+    entry = run._gpu_entry(dataclasses.replace(fake_result(False), graph_launch=Stats((2.0, 2.1, 1.9))), run.QUICK)
+    assert entry.graph_launch_us.value == 2.0 and entry.graph_launch_us.provenance == "measured"
+    assert entry.launch_us().value == 2.0 and "CUDA graph" in entry.graph_launch_us.source
+    plain = run._gpu_entry(fake_result(False), run.QUICK)
+    assert plain.graph_launch_us is None and plain.launch_us().provenance == "estimate"
+    assert all("graph_launch_us" not in g for name in shipped_profiles() for g in to_data(load_profile(name))["gpus"])
+
+
 def test_profiles_without_it_load_and_save_as_before(tmp_path):
     assert run._gpu_entry(fake_result(False), run.QUICK).zero_copy is None
     for name in shipped_profiles():

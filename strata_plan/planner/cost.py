@@ -34,7 +34,9 @@ ends, at R_zc; the part not landed when layer j runs is read in place instead (t
 LRU first copies each miss into its slot (the same bytes over the link), then the kernel reads VRAM:
     t += t_fill + max(t_ram - t_fill, t_exp_j)      t_ram = warm bytes_j / R_zc(warm bytes_j)
 with t_fill = min(1, c_j / misses_j) t_ram: the misses the device LRU admits into its c_j slots are copied there
-first (the fill), the rest read in place beside the VRAM experts (no cache: max(t_ram, t_exp_j)).
+first (the fill), the rest read in place beside the VRAM experts (no cache: max(t_ram, t_exp_j)). With lookahead the
+layer then runs the gates and slot kernels on the main stream: t += lookahead_gpu_seconds_j (their kernel launches at
+the profile's graph_launch_us, counted in core.lookahead, plus the gates' router bytes over HBM).
 with R_zc the profile's zero_copy curve (kernel reads of registered host memory) at that read size, else the
 pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too.
 With an NVMe tier the device loop runs too (lookahead drives the stager, engine/staging.py): NVMe misses are read by
@@ -64,7 +66,8 @@ from functools import cached_property
 
 import numpy as np
 
-from strata_plan.core.lookahead import pinned_staging_slots, staging_slots
+from strata_plan.core.lookahead import (GATE_LAUNCHES, ISSUE_LAUNCHES, LAYER_LAUNCHES, pinned_staging_slots,
+                                        staging_slots)
 from strata_plan.planner.rates import decode_rates, expansion_rate
 from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
@@ -152,6 +155,30 @@ class CostModel:
     @cached_property
     def overhead(self) -> float:
         return self._cal.layer_overhead_us.value * 1e-6
+
+    @cached_property
+    def launch(self) -> float:
+        """Seconds one small kernel takes inside a CUDA graph (the profile's `graph_launch_us`, else an estimate)."""
+        return self.gpu.launch_us().value * 1e-6
+
+    def lookahead_gpu_seconds(self, placement) -> np.ndarray:
+        """[L] GPU seconds the device loop's lookahead adds to each MoE layer on its main stream: its kernels
+        (`core.lookahead`: per gate computed, per VRAM prefetch issued, per layer; one release more at the token's end)
+        at the launch floor, and each gate's router weights (hidden x experts, bf16) over HBM. A gate runs for depth d
+        where layer j + d exists; with an NVMe tier for every depth (the stager takes each depth's guesses)."""
+        spec, depth = self.problem.spec, placement.prefetch_depth
+        L = spec.n_moe_layers
+        out = np.zeros(L)
+        if not depth:
+            return out
+        s, m, _ = placement.arrays
+        staged = bool(np.any(np.asarray(s) + np.asarray(m) < spec.n_routed))
+        for j in range(L):
+            issue = int(j + depth < L)
+            gates = min(depth, L - 1 - j) if staged else issue
+            launches = gates * GATE_LAUNCHES + issue * ISSUE_LAUNCHES + LAYER_LAUNCHES + int(j == L - 1)
+            out[j] = launches * self.launch + gates * 2.0 * spec.hidden * spec.n_routed / self.hbm_rate
+        return out
 
     @cached_property
     def host_fetch(self) -> float:
@@ -451,7 +478,8 @@ class CostModel:
             share = R * x["warm_bytes"]
             inplace = {"bytes": x["warm_bytes"] + x["cold_bytes"] - share, "share": share,
                        "copy": self.ram_read_seconds((1 + waste) * share),
-                       "filled": np.minimum(1.0, c_j / np.maximum(x["n_miss"], 1e-30))}
+                       "filled": np.minimum(1.0, c_j / np.maximum(x["n_miss"], 1e-30)),
+                       "lookahead": self.lookahead_gpu_seconds(placement)}
             zero = np.zeros(cur.n_layers)
             dem_p = fill = pre_p = host_dem = host_pre = zero
             # NVMe misses the staging cache does not hold are read by the stager: the lookahead's share R issued
@@ -587,6 +615,8 @@ class CostModel:
         sec["host_fetch"] = 0.0                            # of "overhead": issuing fetches, beyond the links' time
         if split:
             sec["peer"] = 0.0
+        if inplace is not None:
+            sec["lookahead_gpu"] = 0.0                     # of "overhead": the lookahead's kernels on the main stream
         depth = placement.prefetch_depth
         units = self.problem.dense_units
         t = 0.0
@@ -644,7 +674,9 @@ class CostModel:
                 t_fill = inplace["filled"][j] * t_ram    # the fill, then the kernel beside the rest in place
                 ram = t_fill + max(0.0, t_ram - t_fill - t_exp[j])
                 sec["pcie"] += ram
-                t += t_exp[j] + ram
+                t += t_exp[j] + ram + inplace["lookahead"][j]     # the gates run after the layer, then issue copies
+                sec["overhead"] += inplace["lookahead"][j]
+                sec["lookahead_gpu"] += inplace["lookahead"][j]
                 moe_done.append(t)
             elif j is not None:
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate

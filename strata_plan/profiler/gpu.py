@@ -81,6 +81,7 @@ class GpuResult:
     kernel_gbps: dict[str, Stats]
     notes: tuple[str, ...] = field(default=())
     moe: object = None                      # profiler.moe.MoEResult, or None when skipped
+    graph_launch: Stats | None = None       # us of one small kernel replayed in a CUDA graph (None: not measured)
 
 
 # ---------------------------------------------------------------- timing
@@ -402,6 +403,38 @@ def bf16_tflops(s: GpuSettings, tick: Callable[[], None] | None = None) -> Stats
 # ---------------------------------------------------------------- pinning
 
 
+GRAPH_LAUNCHES = 256      # kernels in the launch probe's graph
+
+
+def graph_launch_us(repeats: int) -> Stats:
+    """Microseconds one small kernel takes inside a CUDA graph, back to back (the floor of every launch at batch 1):
+    a graph of GRAPH_LAUNCHES in-place adds on a one-element tensor, each replay timed with CUDA events over the
+    launches, `repeats` replays after a warm-up; checked by the tensor's final value."""
+    x = torch.zeros(1, dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                   # capture from a side stream (torch's rule), warmed first
+        x.add_(1.0)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(GRAPH_LAUNCHES):
+            x.add_(1.0)
+    out = []
+    for i in range(repeats + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        if i >= 2:
+            out.append(a.elapsed_time(b) * 1e3 / GRAPH_LAUNCHES)
+    want = 1 + GRAPH_LAUNCHES * (repeats + 3)       # the warm-up add, the capture's (run once), the replays
+    if float(x.item()) != want:
+        raise RuntimeError(f"launch probe: the graph's adds left {float(x.item())}, expected {want}")
+    return Stats(tuple(out))
+
+
 def pin_chunk(nbytes: int) -> Callable[[], None]:
     """Page-lock `nbytes` of fresh anonymous memory with cudaHostRegister; returns the release function."""
     buf = mmap.mmap(-1, nbytes)
@@ -504,6 +537,11 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     del work, dev
     hbm, dcopy = hbm_and_copy(s, step(PHASES[3]))
     tflops = bf16_tflops(s, step(PHASES[4]))
+    try:
+        launch = graph_launch_us(s.repeats)
+    except RuntimeError as e:
+        launch = None
+        notes.append(f"graph launch probe skipped: {str(e).splitlines()[0][:160]}")
     torch.cuda.empty_cache()
 
     tick = step(PHASES[5])
@@ -519,4 +557,4 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     step(PHASES[6])
     kernels = kernel_throughput(*s.gemv_shape, notes=notes)
     moe_rates = fused_moe_rates(s.moe, notes, step(PHASES[7]))
-    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates)
+    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates, launch)

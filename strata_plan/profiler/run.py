@@ -303,6 +303,7 @@ def _pinnable(gpu, ram: host_mod.RamInfo) -> Figure:
 
 
 def _gpu_entry(g, p: Preset) -> GPU:
+    from .gpu import GRAPH_LAUNCHES
     i = g.identity
     c = g.curves
     link = f"{i.source} current link read under an H2D load (idle Gen{i.idle_gen}, max Gen{i.max_gen} x{i.max_width})"
@@ -326,6 +327,9 @@ def _gpu_entry(g, p: Preset) -> GPU:
                                             f"k={GEMV_SHAPE[1]}), its own median of repeats")
                      for f, st in g.kernel_gbps.items()},
         **fused_moe_entries(g.moe),
+        graph_launch_us=measured(g.graph_launch.median, f"{GRAPH_LAUNCHES} in-place adds on a one-element tensor "
+                                 "in one CUDA graph, replay time over the launches, CUDA events", g.graph_launch)
+        if getattr(g, "graph_launch", None) is not None else None,
         driver=i.driver)
 
 

@@ -206,7 +206,12 @@ class GPU:
     kernel_gbps: dict[str, Figure] = field(default_factory=dict)  # fused-GEMV bytes/s per packed format
     fused_moe_decode: MoEDecodeRate | None = None      # the fused MoE decode call, GB/s at a few expert shapes
     fused_moe_prefill: MoEPrefillRate | None = None    # the fused MoE prefill call, weights expanded a second
+    graph_launch_us: Figure | None = None      # one small kernel inside a CUDA graph, back to back (the launch floor)
     driver: str = ""
+
+    def launch_us(self) -> Figure:
+        """`graph_launch_us`, or the default estimate (`DEFAULT_GRAPH_LAUNCH`) where the profile has none."""
+        return self.graph_launch_us if self.graph_launch_us is not None else DEFAULT_GRAPH_LAUNCH
 
     def __post_init__(self) -> None:
         if not (0 < self.vram_gb.value <= 4096):
@@ -285,6 +290,9 @@ class Calibration:
         return self.prefetch_overlap if self.prefetch_overlap is not None else DEFAULT_PREFETCH_OVERLAP
 
 
+DEFAULT_GRAPH_LAUNCH = Figure(4.3, "estimate", "H200: the tiny fused MoE call (2 kernels) replayed in a CUDA graph "
+                              "took 8.67 us (kernels-20261203T182906Z.json); plain elementwise kernels are likely "
+                              "shorter. `strata-plan profile` measures it (graph_launch_us)")
 DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
                                 "(engine/ENGINE.md); refine with `strata-plan calibrate`")
 """The host round trip of one MoE layer per decode token: the router's ids to the host, the store's `ensure`
