@@ -127,7 +127,7 @@ class StoreExperts:
         """Device loop with lookahead (one token): the gates of layers j+1..j+depth on layer j's output (or the replay's
         guesses, on the device) go to the stager with layer j's end (an NVMe tier), and the guesses for layer j+depth
         to the VRAM prefetch (graph-safe)."""
-        if out.shape[0] != 1:
+        if out.shape[0] != 1 or self.skip_moe:        # (timing the step without MoE: without its lookahead too)
             return
         gids, gsc = self._guesses(j, out)
         if self.store.staging is not None:
