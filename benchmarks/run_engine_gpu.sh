@@ -57,7 +57,8 @@ if t=$(upto 60); then
 fi
 if [ -n "${GPU_TESTS-1}" ] && t=$(by 590); then
   timeout "$t" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py tests/test_engine_runtime.py \
-    tests/test_engine_models.py tests/test_engine_staging.py -p no:cacheprovider -rs -o addopts="" --tb=short \
+    tests/test_engine_models.py tests/test_engine_staging.py tests/test_lookahead_launches.py -p no:cacheprovider -rs \
+    -o addopts="" --tb=short \
     >"$OUT/gpu_tests.log" 2>&1
   grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -30
 fi

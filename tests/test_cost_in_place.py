@@ -278,3 +278,6 @@ def test_the_device_loops_lookahead_costs_its_kernel_launches(tiny):
         got = cm.predict(nvme).decode_seconds["lookahead_gpu"]
         launches = 3 * GATE_LAUNCHES + 1 * ISSUE_LAUNCHES + 3 * LAYER_LAUNCHES + 1
         assert got == pytest.approx(launches * us * 1e-6 + 3 * gate_s, rel=1e-12)
+        replayed = CostModel(p.replace(lookahead_gates=False))          # the replay hands the guesses over: no gate
+        got = replayed.predict(dataclasses.replace(base, prefetch_depth=1)).decode_seconds["lookahead_gpu"]
+        assert got == pytest.approx((2 * ISSUE_LAUNCHES + 3 * LAYER_LAUNCHES + 1) * us * 1e-6, rel=1e-12)

@@ -124,6 +124,7 @@ def test_abort_ends_a_wait_at_once_on_the_poison_slot():
         _wait(kernel, buf, ids, 2, cb, hv)
         th.join()
         assert time.perf_counter() - t0 < 30 and int(cb.table[2, 10]) == POISON
+        assert int(hv.words[sw.ERR]) == 0                   # closing is not an error to report
 
 
 def test_done_writes_the_guesses_the_stager_must_read_then_publishes_done():

@@ -40,17 +40,19 @@ def _replay(args, plan):
                              tokens=max(4096, 4 * (args.tokens + args.warmup)), seed=args.replay_seed)
 
 
-def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan", loop: str = "device") -> dict:
+def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan", loop: str = "device",
+              gates: bool = True) -> dict:
     """The cost model's figures for this plan run as `mode`: the plan's own (as planned, mode "plan"), or
-    re-run on the placement the engine runs with `profile` (default: the one the plan was made with)."""
+    re-run on the placement the engine runs with `profile` (default: the one the plan was made with); gates False:
+    routing replayed (no lookahead gates run)."""
     p = plan.predicted
-    if not profile and mode == "plan" and loop == "device":
+    if not profile and mode == "plan" and loop == "device" and (gates or not plan.prefetch_depth):
         return {"source": f"the plan ({plan.sources.profile.name})", "decode_tok_s": p.decode_tok_s,
                 "prefill_tok_s": p.prefill_tok_s, "bytes_per_token": dict(p.bytes_per_token or {}),
                 "vram_hit_rate": p.vram_hit_rate, "decode_binding": p.decode_binding}
     from strata_plan.planner.repredict import predict_plan
     profile = profile or plan.sources.profile.name
-    pr = predict_plan(plan, profile, mode, where=plan_path, loop=loop)
+    pr = predict_plan(plan, profile, mode, where=plan_path, loop=loop, gates=gates)
     return {"source": f"cost model with {profile}, {mode}, {loop} loop", "decode_tok_s": pr.decode_tok_s,
             "prefill_tok_s": pr.prefill_tok_s, "bytes_per_token": dict(pr.bytes_per_token),
             "vram_hit_rate": min(pr.hit_rate, 1.0), "decode_binding": pr.decode_binding}
@@ -89,7 +91,7 @@ def cmd_bench(args) -> int:
     if args.results:                    # before the work: a folder this user can write (or create), not a file
         check_out_folder(args.results, "--results", force=True)
     plan = load_plan(args.plan)
-    pred = predicted(plan, args.plan, args.profile, args.mode, args.loop)
+    pred = predicted(plan, args.plan, args.profile, args.mode, args.loop, gates=not args.replay)
     replay = _replay(args, plan)
     con = console(stderr=True)
     with con.status("measuring...") as status:

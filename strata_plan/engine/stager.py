@@ -150,11 +150,13 @@ class Stager:
         """Stop: waits the GPU still has queued (a step queued ahead of the last token read) end at once on the poison
         slot (ABORT), the device's queued work ends, then the threads stop."""
         self.hv.words[sw.ABORT] = 1
-        if self.store.device.type == "cuda":
-            torch.cuda.synchronize(self.store.device)
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
+        try:
+            if self.store.device.type == "cuda":
+                torch.cuda.synchronize(self.store.device)
+        finally:                                # (a CUDA error here still stops the threads)
+            with self._cv:
+                self._stop = True
+                self._cv.notify_all()
         for t in self._threads:
             t.join(timeout=30)
 

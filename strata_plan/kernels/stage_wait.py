@@ -52,6 +52,7 @@ NOT_STAGED, FAILED = -1, -2
 NVME = 2                       # tier code in `tier [L, E]` (0 VRAM, 1 RAM, 2 NVMe)
 USES, BYTES, WAITED, WAIT_NS = range(4)
 TIMEOUT_NS = 60 * 10 ** 9      # a GPU waits at most this long for one expert (then: poison, ERR)
+INTERPRETED_SPINS = 200_000    # the interpreter has no clock: at most this many polls stand in for the timeout
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, admit
     tl.store(c + 1, tl.load(c + 1) + tl.sum(nb, 0))
     tl.store(c + 2, tl.load(c + 2) + tl.sum(waited.to(tl.int64), 0))
     tl.store(c + 3, tl.load(c + 3) + (t - t0))
-    if tl.sum(bad.to(tl.int32), 0) > 0:
+    if (tl.sum(bad.to(tl.int32), 0) > 0) & (stop == 0):                        # (aborted: no error to report)
         tl.debug_barrier()
         _st_release_sys(words + 2, s, GPU)                                      # ERR = s
 
@@ -213,7 +214,7 @@ def stage_wait(arena: torch.Tensor, ids: torch.Tensor, j: int, cb: ControlBlock,
     admit = cb.admit if cb.admit is not None else cb.table
     stage_wait_kernel[(1,)](arena, ids.reshape(-1), j, E, cb.seq, cb.tier, cb.table, src, admit, cb.nbytes, cb.counts,
                             cb.words_at, cb.ready_at, cb.ring_at, cb.rows, cb.cached_hi, cb.poison, TIMEOUT_NS,
-                            max_spins, K=K, KB=triton.next_power_of_2(K), G=cb.guesses,
+                            min(max_spins, INTERPRETED_SPINS) if INTERPRET else max_spins, K=K, KB=triton.next_power_of_2(K), G=cb.guesses,
                             HAS_SRC=cb.src is not None, HAS_ADMIT=cb.admit is not None, GPU=not INTERPRET,
                             num_warps=1)
 
@@ -295,6 +296,7 @@ def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, t
             v = int(hv.ready[j, e])
         got[e] = v
     bad = False
+    aborted = bool(hv.words[ABORT])
     for e, v in got.items():
         off = cb.poison if v < 0 else v
         bad |= v < 0
@@ -307,7 +309,7 @@ def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, t
     c[BYTES] += sum(int(cb.nbytes[j, e]) for e in need)
     c[WAITED] += waited
     c[WAIT_NS] += time.perf_counter_ns() - t0 if waited else 0
-    if bad:
+    if bad and not aborted:
         hv.words[ERR] = s
 
 

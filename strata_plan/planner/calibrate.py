@@ -66,6 +66,7 @@ class Run:
     fetch_us: float | None = None   # host time per fetched expert (`_fetch_host`); None: not identified
     loop: str = "host"      # the engine's decode loop that ran (bench files before the device loop: host)
     nonmoe_s: float | None = None   # the device loop's step without its MoE calls, GPU seconds (`device_step`)
+    gates: bool = True      # the run computed its lookahead gates (False: routing replayed, the replay's guesses)
 
     @property
     def round_trip_us(self) -> float | None:
@@ -271,7 +272,8 @@ def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> list[Run]:
             nonmoe = step.get("without_moe_s")
             out.append(Run(f"{p.name}:{name}" if name else p.name, str(path), mode, plan, plan_where, float(med),
                            None if host is None else float(host), int(n_moe),
-                           None if fh is None else fh[0] * 1e6, loop, None if nonmoe is None else float(nonmoe)))
+                           None if fh is None else fh[0] * 1e6, loop, None if nonmoe is None else float(nonmoe),
+                           r.get("replay") is None))
     if not out:
         raise UserError("BENCH.json", "", "no runs given", "pass at least one bench file")
     return out
@@ -317,7 +319,8 @@ class _Predictor:
 
     def seconds(self, profile) -> np.ndarray:
         from strata_plan.planner.repredict import predict_plan
-        return np.array([1.0 / predict_plan(r.plan, profile, r.mode, problem=self.problems[k], loop=r.loop).decode_tok_s
+        return np.array([1.0 / predict_plan(r.plan, profile, r.mode, problem=self.problems[k], loop=r.loop,
+                                           gates=r.gates).decode_tok_s
                          for r, k in zip(self.runs, self.keys)])
 
 

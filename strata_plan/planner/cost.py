@@ -165,19 +165,20 @@ class CostModel:
         """[L] GPU seconds the device loop's lookahead adds to each MoE layer on its main stream: its kernels
         (`core.lookahead`: per gate computed, per VRAM prefetch issued, per layer; one release more at the token's end)
         at the launch floor, and each gate's router weights (hidden x experts, bf16) over HBM. A gate runs for depth d
-        where layer j + d exists; with an NVMe tier for every depth (the stager takes each depth's guesses)."""
-        spec, depth = self.problem.spec, placement.prefetch_depth
+        where layer j + d exists; with an NVMe tier for every depth (the stager takes each depth's guesses); none when
+        the run replays routing (`Problem.lookahead_gates` False: the replay hands the guesses over)."""
+        spec, depth, E = self.problem.spec, placement.prefetch_depth, self.problem.curves.n_experts
         L = spec.n_moe_layers
         out = np.zeros(L)
         if not depth:
             return out
         s, m, _ = placement.arrays
-        staged = bool(np.any(np.asarray(s) + np.asarray(m) < spec.n_routed))
+        staged = bool(np.any(np.asarray(s) + np.asarray(m) < E))
         for j in range(L):
             issue = int(j + depth < L)
-            gates = min(depth, L - 1 - j) if staged else issue
+            gates = (min(depth, L - 1 - j) if staged else issue) if self.problem.lookahead_gates else 0
             launches = gates * GATE_LAUNCHES + issue * ISSUE_LAUNCHES + LAYER_LAUNCHES + int(j == L - 1)
-            out[j] = launches * self.launch + gates * 2.0 * spec.hidden * spec.n_routed / self.hbm_rate
+            out[j] = launches * self.launch + gates * 2.0 * spec.hidden * E / self.hbm_rate
         return out
 
     @cached_property

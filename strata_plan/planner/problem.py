@@ -36,6 +36,9 @@ class Problem:
     # lets it (no cache slots, no lookahead, no NVMe tier: cost.CostModel.in_place, as core.modes.reads_in_place
     # says of a plan); "host" always fetches them by copies
     loop: str = "device"
+    # the engine computes the lookahead's gates (its own router); False: replayed routing hands the guesses over (the
+    # benchmarks of synthetic models), no gate runs (cost.CostModel.lookahead_gpu_seconds)
+    lookahead_gates: bool = True
 
     def __post_init__(self) -> None:
         s, st = self.spec, self.stats

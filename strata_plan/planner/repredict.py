@@ -49,16 +49,18 @@ def plan_problem(plan, profile, where: str = "plan"):
     return problem_for_plan(plan, where, machine=machine_for_plan(plan, profile))
 
 
-def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem=None, loop: str = "device"):
+def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem=None, loop: str = "device",
+                 gates: bool = True):
     """The cost model's `Prediction` of `plan` run as `mode` in the engine's `loop` ("device" or "host") on
     `profile`. `problem`: the plan's problem already built (`plan_problem`; its profile is replaced by
-    `profile` when one is given, its loop by `loop`)."""
+    `profile` when one is given, its loop by `loop`). gates: False for a run replaying routing (no lookahead gates
+    run: the replay hands the guesses over)."""
     from strata_plan.planner.cost import CostModel
     from strata_plan.planner.placement import placement_of
     if problem is None:
         problem = plan_problem(plan, profile, where)
     elif profile is not None:
         problem = problem.replace(profile=machine_for_plan(plan, profile))
-    if problem.loop != loop:
-        problem = problem.replace(loop=loop)
+    if problem.loop != loop or problem.lookahead_gates != gates:
+        problem = problem.replace(loop=loop, lookahead_gates=gates)
     return CostModel(problem).predict(placement_of(baseline(plan, mode)))
