@@ -5,7 +5,7 @@
 #     [GRAPH_VS_EAGER=1] bash benchmarks/run_engine_gpu.sh [PLANS]
 #   (PLANS default ramrich,seed; CALIBRATION: the constants the predictions use, default
 #   benchmarks/data/h200-calibrated-20261203b.yaml, frozen before the run; CALIBRATION= for the quick profile's own)
-# 0. the device loop's kernel tests (LRU, lookahead slots, NVMe staging handshake, embedding gather) first, 150 s at
+# 0. the device loop's kernel tests (LRU, lookahead slots, NVMe staging handshake, embedding gather) first, 100 s at
 #    most: a kernel that misbehaves on the GPU shows before the benchmarks run it (kernel_tests.log);
 # 1. with GRAPH_VS_EAGER=1, benchmarks/tools/graph_vs_eager.py (the host loop's graphed decode against its eager segments);
 # 2. a quick profile of this machine (h200-run.yaml: the predictions are re-run with its measured figures);
@@ -13,11 +13,11 @@
 #    plan also with each copy window of COPY_WINDOWS before the next plan (engine-*.json; runs past the deadline
 #    are listed as skipped: the seed plan's NVMe runs take ~25 s each); where a mode runs the device loop, the host
 #    loop beside it and the bound; with PINNED_GB, the pinned-memory cost of a region that size against torch's;
-# 4. with DEVICE_LOOP_LAYERS, benchmarks/bench_device_loop.py (host and GPU time a token by depth, qwen3-30b-a3b;
+# 4. (first, 60 s at most) benchmarks/bench_prefetch_copy.py: the lookahead copy kernel's rate by thread blocks;
+# 5. with DEVICE_LOOP_LAYERS, benchmarks/bench_device_loop.py (host and GPU time a token by depth, qwen3-30b-a3b;
 #    it plans with Optuna: carry .whl, see run_trained_gpu.sh's header);
-# 5. benchmarks/bench_prefetch_copy.py: the lookahead copy kernel's rate by thread blocks against the copy engine;
 # 6. the engine GPU tests, the device LRU's and the NVMe stager's among them (gpu_tests.log; GPU_TESTS= to skip).
-# Each step ends by its mark (bench_engine 430 s, bench_device_loop 560 s, the rest 590 s; a step with under 10 s
+# Each step ends by its mark (bench_engine 400 s, bench_device_loop 575 s, the rest 590 s; a step with under 10 s
 # left is skipped); the benchmarks save their JSON
 # after every run, and a run that fails is recorded in its `errors` while the others go on.
 # The seed plans' NVMe runs take ~25 s each (device and host loop, three modes, the forced-depth plan beside): run
@@ -32,28 +32,28 @@ by() { local l; l=$(left "$1"); [ "$l" -ge 10 ] && echo "$l"; }      # seconds t
 upto() { local l; l=$(left 590); [ "$l" -gt "$1" ] && l=$1; [ "$l" -ge 10 ] && echo "$l"; }   # at most $1 s, or none
 CAL=${CALIBRATION-benchmarks/data/h200-calibrated-20261203b.yaml}   # constants frozen before the run ('' for none)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 150 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_lru.py tests/test_kernels_prefetch.py \
+timeout 100 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_lru.py tests/test_kernels_prefetch.py \
   tests/test_kernels_gather.py -p no:cacheprovider -rs -o addopts="" --tb=short >"$OUT/kernel_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | head -20
 [ -n "${GRAPH_VS_EAGER:-}" ] && timeout 100 python3 benchmarks/tools/graph_vs_eager.py 2>&1 | grep -v -e "^[│┃┏┗┡└┌]" | tee "$OUT/graph_vs_eager.log"
 timeout 120 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -3
 PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
-if t=$(by 430); then
+if t=$(upto 60); then
+  timeout "$t" python3 benchmarks/bench_prefetch_copy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_prefetch_copy.log" | tail -3
+fi
+if t=$(by 400); then
   timeout "$t" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
     --warmup 16 ${PROFILE:+--profile "$PROFILE"} ${CAL:+--calibration "$CAL"} --out-dir "$OUT" \
     --copy-windows "${COPY_WINDOWS:-}" --pinned-gb "${PINNED_GB:-0}" --deadline-s "$(( t - 70 ))" 2>&1 \
     | tee "$OUT/bench_engine.log" | grep -v '^ "'
 fi
-if [ -n "${DEVICE_LOOP_LAYERS:-}" ] && t=$(by 560); then
+if [ -n "${DEVICE_LOOP_LAYERS:-}" ] && t=$(by 575); then
   if python3 -c "import optuna" 2>/dev/null; then
     timeout "$t" python3 benchmarks/bench_device_loop.py --dir /root/dl --layers "$DEVICE_LOOP_LAYERS" --out-dir "$OUT" \
       --deadline-s "$(( t * 2 / 3 ))" 2>&1 | tee "$OUT/bench_device_loop.log" | grep -v '^ "'
   else
     echo "bench_device_loop skipped: optuna is missing (carry .whl: run_trained_gpu.sh's header)"
   fi
-fi
-if t=$(upto 60); then
-  timeout "$t" python3 benchmarks/bench_prefetch_copy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_prefetch_copy.log" | tail -3
 fi
 if [ -n "${GPU_TESTS-1}" ] && t=$(by 590); then
   timeout "$t" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py tests/test_engine_runtime.py \
