@@ -76,8 +76,7 @@ class DeviceDecode:
         self.launch_s = 0.0                  # host time launching steps (graph replays or eager launches)
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.timing = False
-        self._ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.graphs else []
-        self._pending = False
+        self._pending: list = []             # timed steps' (start, end) event pairs not read yet
         self._split = self._zero()
         self.spent = False                   # `time_parts` ran: no more steps
 
@@ -129,8 +128,7 @@ class DeviceDecode:
         n = self.calls.get(key, 0)
         mode = "eager" if not self.graphs or n == 0 else ("capture" if n == 1 else "replay")
         self.calls[key] = n + 1
-        if self._pending:
-            self._collect()
+        self._collect(wait=False)            # timed steps that ended: never a wait (the next step is queued ahead)
         t0 = time.perf_counter()
         self.ex.sync_replay()
         if self.ex.store.prefetch is not None:
@@ -143,12 +141,14 @@ class DeviceDecode:
             counted[EMBED] += self.x0.numel() * self.x0.element_size()
         for kind, n in self.dense_step_bytes.items():                  # streamed dense weights read in place
             counted[kind] += n
-        if self.timing and self._ev:
-            self._ev[0].record()
+        timed = self.timing and self.graphs
+        if timed:                            # blocking events: a wait for them sleeps (no spinning thread)
+            ev = tuple(torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
+            ev[0].record()
         out = self._run(key, mode, pick)
-        if self.timing and self._ev:
-            self._ev[1].record()
-            self._pending = True
+        if timed:
+            ev[1].record()
+            self._pending.append(ev)
         self.launch_s += time.perf_counter() - t0
         return out.clone() if mode != "eager" else out
 
@@ -157,17 +157,18 @@ class DeviceDecode:
         return {"compute_s": 0.0, "wait_s": 0.0, "idle_s": 0.0, "steps": 0, "layer_compute_s": [],
                 "layer_wait_s": [], "layer_idle_s": []}
 
-    def _collect(self) -> None:
-        self._pending = False
-        self._ev[1].synchronize()
-        self._split["compute_s"] += self._ev[0].elapsed_time(self._ev[1]) / 1e3
-        self._split["steps"] += 1
+    def _collect(self, wait: bool) -> None:
+        """Add the timed steps that ended (`wait`: all of them, sleeping until they do) to the split."""
+        while self._pending and (wait or self._pending[0][1].query()):
+            a, b = self._pending.pop(0)
+            b.synchronize()
+            self._split["compute_s"] += a.elapsed_time(b) / 1e3
+            self._split["steps"] += 1
 
     def split(self) -> dict:
         """Device seconds of the timed steps since the last call (the step's graph, from its launch to its end;
         nothing waits inside it)."""
-        if self._pending:
-            self._collect()
+        self._collect(wait=True)
         out, self._split = self._split, self._zero()
         return out
 
