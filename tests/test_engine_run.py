@@ -203,7 +203,7 @@ def test_the_device_loops_lookahead_prefetches_what_the_host_loops_does(packed_b
 
 @pytest.mark.gpu
 def test_cuda_graphs_replay_the_eager_segments(packed_bf16):
-    """On a GPU: decode steps replayed from CUDA graphs (captured at the second step) give the eager
+    """On a GPU, the host loop: decode steps replayed from CUDA graphs (captured at the second step) give the eager
     segments' tokens, and their logits to bf16 rounding, with the tiers and the lookahead at work. Each
     step's logits are kept: a runner that returned the graph's output buffer itself (overwritten by the
     next replay) fails here."""
@@ -211,8 +211,8 @@ def test_cuda_graphs_replay_the_eager_segments(packed_bf16):
         pytest.skip("needs a CUDA GPU")
     for split, mode in CASES:
         plan = bf16_plan(*split)
-        eager, eager_tokens, _ = run(packed_bf16, plan, mode, new=6, device="cuda", graphs="eager")
-        graphed, tokens, _ = run(packed_bf16, plan, mode, new=6, device="cuda")
+        eager, eager_tokens, _ = run(packed_bf16, plan, mode, new=6, device="cuda", graphs="eager", loop="host")
+        graphed, tokens, _ = run(packed_bf16, plan, mode, new=6, device="cuda", loop="host")   # GraphedDecode
         assert tokens == eager_tokens, mode
         torch.testing.assert_close(graphed, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()))
 

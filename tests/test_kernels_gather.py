@@ -18,8 +18,10 @@ def test_rows_at_an_offset_are_the_tables_rows(H):
     arena[lead:] = table.view(-1).view(torch.uint8)
     ids = torch.tensor([5, 0, 36, 5], dtype=torch.int64)
     out = torch.full((4, H), float("nan"), dtype=torch.bfloat16)
-    gather_rows(arena, lead, ids, out)
-    assert torch.equal(out, table[ids])
+    dev = "cuda" if torch.cuda.is_available() else "cpu"    # the kernel: compiled on a GPU, interpreted on a CPU
+    got = out.to(dev)
+    gather_rows(arena.to(dev), lead, ids.to(dev), got)
+    assert torch.equal(got.cpu(), table[ids])
 
 
 def test_wrong_shapes_are_refused():

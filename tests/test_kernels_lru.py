@@ -13,6 +13,7 @@ from strata_plan.kernels.lru import (HIT, MISS, MISS_BYTES, STATIC, LruState, fi
                                      reference_step)
 
 SLOT = 4096
+DEV = "cuda" if torch.cuda.is_available() else "cpu"     # the kernels: compiled on a GPU, interpreted on a CPU
 
 
 def make_state(L: int, E: int, k: int, slots: list[int], static: list[set[int]], device="cpu") -> LruState:
@@ -76,14 +77,14 @@ def test_the_kernel_is_the_reference_state_for_state(slots):
     L, E, k, T = 3, 40, 5, 60
     ex = routing(L, E, k, T, seed=7)
     static = [set(range(3)), {5, 9}, set()]
-    a, b = make_state(L, E, k, slots, static), make_state(L, E, k, slots, static)
+    a, b = make_state(L, E, k, slots, static), make_state(L, E, k, slots, static, device=DEV)
     for t in range(T):
         for j in range(L):
             ids = torch.from_numpy(ex[t, j].astype(np.int64))
             reference_step(ids, j, a)
-            lru_step(ids.reshape(1, -1), j, b)
+            lru_step(ids.reshape(1, -1).to(DEV), j, b)
             for name in ("slot_expert", "slot_stamp", "table", "admit", "tick", "counts"):
-                assert torch.equal(getattr(a, name), getattr(b, name)), (t, j, name)
+                assert torch.equal(getattr(a, name), getattr(b, name).cpu()), (t, j, name)
 
 
 def test_fill_copies_the_admitted_experts_into_their_slots():
@@ -93,12 +94,15 @@ def test_fill_copies_the_admitted_experts_into_their_slots():
     g = torch.Generator().manual_seed(1)
     arena = torch.randint(0, 256, (arena_size,), dtype=torch.uint8, generator=g)
     ref = arena.clone()
+    dev, arena_dev = make_state(L, E, k, [3], [{0}], device=DEV), arena.to(DEV)
     for ids in ([0, 4, 7, 2], [7, 9, 0, 11]):
         t = torch.tensor(ids)
         reference_step(t, 0, st)
         reference_fill(ref, t, 0, st)
-        fill_slots(arena, t, 0, st, SLOT)
-        assert torch.equal(arena, ref)
+        lru_step(t.to(DEV), 0, dev)                     # the kernels on the kernels' device, the reference on the CPU
+        fill_slots(arena_dev, t.to(DEV), 0, dev, SLOT)
+        reference_fill(arena, t, 0, st)
+        assert torch.equal(arena_dev.cpu(), ref) and torch.equal(dev.admit.cpu(), st.admit)
         for i, e in enumerate(ids):
             dst = int(st.admit[0, i])
             if dst >= 0:
