@@ -136,3 +136,18 @@ def test_on_a_gpu_the_graph_waits_for_the_stager_and_gives_the_host_loops_tokens
     with Engine.open(packed_bf16, plan, EngineOptions(device="cuda")) as eng:       # generate runs ahead
         assert eng.model.step_runner.ahead and eng.store.staging is not None
         assert eng.generate(PROMPT, max_new_tokens=8) == host_tokens[:8]
+
+
+def test_a_wait_that_timed_out_names_what_the_stager_knew(packed_bf16):
+    """The GPU gave up on a request (ERR): the one line says what the stager saw of it (its ids, their ready words, the
+    request counters, its threads), so a report shows which side lost the expert."""
+    with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 0, chunk=1), EngineOptions(device="cpu")) as eng:
+        eng.generate(PROMPT, max_new_tokens=2)
+        st = eng.store.staging.stager
+        req = int(st.hv.words[0])
+        st.hv.words[2] = req                      # ERR: as the kernel sets it after a timeout
+        with pytest.raises(UserError) as e:
+            st.check()
+        msg = str(e.value)
+        assert f"request {req}" in msg and f"REQ {req}" in msg and "ready" in msg and "threads alive" in msg
+        assert "\n" not in msg

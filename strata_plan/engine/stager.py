@@ -139,8 +139,23 @@ class Stager:
             raise self.error
         if int(self.hv.words[sw.ERR]):
             raise UserError("NVMe stager", f"request {int(self.hv.words[sw.ERR])}", "the GPU waited "
-                            f"{sw.TIMEOUT_NS / 1e9:.0f} s for an expert the stager never staged",
+                            f"{sw.TIMEOUT_NS / 1e9:.0f} s for an expert the stager never staged "
+                            f"({self.state_line(int(self.hv.words[sw.ERR]))})",
                             "report this with the plan and the command (the stager stopped reading)")
+
+    def state_line(self, s: int) -> str:
+        """What the stager knew of request s (for the timeout's message: which side lost it)."""
+        row = self.hv.ring[s % self.R]
+        j = int(row[1])
+        with self._cv:
+            ids = [int(e) for e in row[2:2 + self.K] if e >= 0] if int(row[0]) == s else []
+            per = [f"{e}: ready {int(self.hv.ready[j, e])}, slot {self.where.get((j, e))}, queued "
+                   f"{self.queued.get((j, e))}" for e in ids]
+            alive = sum(t.is_alive() for t in self._threads)
+            return (f"layer {j}, row {'ours' if int(row[0]) == s else f'of request {int(row[0])}'}; REQ "
+                    f"{int(self.hv.words[sw.REQ])} DONE {int(self.hv.words[sw.DONE])}, seen {self.seen_req}/"
+                    f"{self.seen_done}; {'; '.join(per) or 'no ids'}; {len(self._heap)} reads queued, "
+                    f"{alive}/{len(self._threads)} threads alive")
 
     def reset_counters(self) -> None:
         with self._cv:
