@@ -1,0 +1,77 @@
+"""Diagnostic: device-loop engines with an NVMe tier opened one after another in one process (GPU).
+
+    python3 benchmarks/tools/stager_engines.py [--engines 3] [--tokens 8]
+
+On the H200 (2026-12-05) only the first device-loop engine of a process staged NVMe experts correctly: later ones
+read NaN (the fixture) or timed out waiting for the stager (kimi5). This opens `--engines` such engines on the
+committed fixture (packed in BF16, every routed expert on NVMe), each after the previous one closed, and prints per
+engine: the pinned regions' host addresses (an address reused from a closed engine is marked), whether its greedy
+tokens are the host loop's, and whether the GPU sees the pinned staging block as the host wrote it (its words,
+ready table and ring, and the first staged slot, read through a device view against the host's bytes). A GPU that
+reads old bytes at a reused address points at the driver's mappings; equal bytes and wrong tokens point elsewhere.
+Not a benchmark: no results file.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from strata_plan.cli import main as cli  # noqa: E402
+from strata_plan.engine.dense import device_view  # noqa: E402
+from strata_plan.engine.engine import Engine, EngineOptions  # noqa: E402
+from test_engine_run import FIXTURE, PROMPT, bf16_plan  # noqa: E402
+
+
+def gpu_sees_host(region, start: int, nbytes: int) -> bool:
+    """Whether a device view of the region's bytes [start, start + nbytes) reads what the host holds there."""
+    host = region.tensor[start:start + nbytes]
+    seen = device_view(host, region.device_ptr + start, torch.device("cuda")).clone().cpu()
+    return bool(torch.equal(seen, host))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=8)
+    a = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory() as tmp:
+        packed = Path(tmp) / "packed"
+        assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
+        plan = bf16_plan(0, 0, 0, 0, chunk=1)
+        with Engine.open(packed, plan, EngineOptions(device=device, loop="host")) as eng:
+            want = eng.generate(PROMPT, max_new_tokens=a.tokens)
+        print(f"host loop tokens: {want}")
+        seen_addresses: set[int] = set()
+        for i in range(a.engines):
+            with Engine.open(packed, plan, EngineOptions(device=device)) as eng:
+                store = eng.store
+                regions = {"staging": store._stage_region, "ram": store._ram_region}
+                where = {k: (r.host_ptr if r is not None else None) for k, r in regions.items()}
+                reused = [k for k, v in where.items() if v in seen_addresses]
+                seen_addresses.update(v for v in where.values() if v)
+                got = eng.generate(PROMPT, max_new_tokens=a.tokens)
+                line = (f"engine {i}: tokens {'EQUAL' if got == want else 'DIFFER ' + str(got)}; regions "
+                        + ", ".join(f"{k} at {v:#x}" if v else f"{k} none" for k, v in where.items())
+                        + (f" (reused: {', '.join(reused)})" if reused else ""))
+                st, reg = store.staging.stager, regions["staging"]
+                if device == "cuda" and reg is not None:
+                    torch.cuda.synchronize()
+                    block = st.layout["words"]
+                    line += (f"; GPU sees the host's block: {gpu_sees_host(reg, block, reg.nbytes - block)}, "
+                             f"its first slot: {gpu_sees_host(reg, 0, store.slot_bytes)}")
+                print(line, flush=True)
+            gc.collect()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
