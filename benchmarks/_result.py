@@ -2,6 +2,7 @@
 into benchmarks/results/ unless a script is given --out-dir."""
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 from strata_plan import results
@@ -20,3 +21,11 @@ def write_result(benchmark: str, metrics: dict, command: str | None = None, note
     """`strata_plan.results.write_result` into `out_dir`, benchmarks/results/ when None (or `path`)."""
     return results.write_result(benchmark, metrics, out_dir or RESULTS, command=command, notes=notes, extra=extra,
                                 path=path)
+
+
+def record_failure(errors: list[str], what: str, err: BaseException) -> None:
+    """A run that raised: its traceback on stderr, one line (`what: Type: first line`) into `errors` and printed, so a
+    benchmark writes the runs that worked and says which did not."""
+    traceback.print_exc()
+    errors.append(f"{what}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    print(f"FAILED {errors[-1]}", flush=True)

@@ -21,14 +21,13 @@ import shutil
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from _plans import tiers_by_hand  # noqa: E402
-from _result import result_path, write_result  # noqa: E402
+from _result import record_failure, result_path, write_result  # noqa: E402
 from bench_engine import zero_copy_gbps  # noqa: E402
 
 from strata_plan.cli import main as cli  # noqa: E402
@@ -79,11 +78,6 @@ def main() -> int:
         write_result("device-loop", metrics, out_dir=a.out_dir, path=path,
                      extra={"runs": runs, "model": a.model, "errors": errors})
 
-    def fail(what: str, err: Exception) -> None:
-        traceback.print_exc()
-        errors.append(f"{what}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-        print(f"FAILED {errors[-1]}", flush=True)
-
     try:
         for n in counts:
             if a.deadline_s and time.perf_counter() - t_start > a.deadline_s:
@@ -93,7 +87,7 @@ def main() -> int:
             try:
                 plan = device_plan(a.model, n, folder, a.static, a.cache, a.profile)
             except Exception as err:                    # noqa: BLE001 (recorded; the next count goes on)
-                fail(f"{n} layers: plan", err)
+                record_failure(errors, f"{n} layers: plan", err)
                 continue
             packed = folder / f"packed-{n}"
             t0 = time.perf_counter()
@@ -107,7 +101,7 @@ def main() -> int:
                     r = measure(packed, plan, mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay,
                                 device=a.device, options=EngineOptions(loop="device"))
                 except Exception as err:                # noqa: BLE001 (recorded; the next run goes on)
-                    fail(f"{n} layers/{mode}", err)
+                    record_failure(errors, f"{n} layers/{mode}", err)
                     continue
                 finally:
                     gc.collect()

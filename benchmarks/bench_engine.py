@@ -37,14 +37,13 @@ import signal
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import psutil
 import torch
 
 from _plans import forced_depth  # noqa: E402
-from _result import result_path, write_result  # noqa: E402
+from _result import record_failure, result_path, write_result  # noqa: E402
 
 from strata_plan.engine.bench import measure  # noqa: E402
 from strata_plan.engine.engine import EngineOptions  # noqa: E402
@@ -173,9 +172,7 @@ def main() -> int:
         try:
             return fn()
         except Exception as err:                        # noqa: BLE001 (recorded, the next run goes on)
-            traceback.print_exc()
-            errors.append(f"{what}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-            print(f"FAILED {errors[-1]}", flush=True)
+            record_failure(errors, what, err)
             return None
         finally:
             gc.collect()                                # the run's engine (pinned RAM tier) goes before the next

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from strata_plan.core.lookahead import GATE_LAUNCHES, ISSUE_LAUNCHES, LAYER_LAUNCHES
-from strata_plan.engine.engine import Engine, EngineOptions
-from strata_plan.engine.launches import Launches, hook_triton
+from strata_plan.engine.launches import decode_step_launches
 from strata_plan.kernels.triton_common import INTERPRETER_OK
 
 from test_engine_run import _one_thread, bf16_plan, packed_bf16  # noqa: F401,F811
@@ -19,24 +18,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not INTERPRETE
 SIDE = ("claim_kernel", "copy_kernel", "publish_kernel")      # the side stream's, off the main stream
 
 
-def step_launches(packed, plan, mode: str) -> Launches:
-    hook_triton()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, graphs=False, backend="triton")) as eng:
-        m = eng.model
-        m.reset()
-        m.prefill([5, 17, 99], chunk=1)
-        m.decode_step(3, greedy=True)
-        with Launches() as got:
-            m.decode_step(4, greedy=True)
-    return got
-
-
 @pytest.mark.parametrize("split", [(4, 28, 2, 1), (4, 28, 2, 2), (4, 10, 2, 2)])   # last: an NVMe tier (every depth)
 def test_the_lookahead_launches_what_the_cost_model_charges(packed_bf16, split):  # noqa: F811
     vram, ram, cache, depth = split
-    base = step_launches(packed_bf16, bf16_plan(vram, ram, cache, 0, chunk=1), "lru")
-    got = step_launches(packed_bf16, bf16_plan(vram, ram, cache, depth, chunk=1), "plan")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = decode_step_launches(packed_bf16, bf16_plan(vram, ram, cache, 0, chunk=1), "lru", device)
+    got = decode_step_launches(packed_bf16, bf16_plan(vram, ram, cache, depth, chunk=1), "plan", device)
     L = 5                                                   # the fixture's MoE layers
     staged = ram < 28
     issues = sum(j + depth < L for j in range(L))         # VRAM prefetches: depth d's guesses, where layer j+d exists

@@ -29,14 +29,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from _plans import tiers_by_hand  # noqa: E402
-from _result import result_path, write_result  # noqa: E402
+from _result import record_failure, result_path, write_result  # noqa: E402
 
 EXPERTS = "_exps"             # llama.cpp's routed-expert tensors: blk.N.ffn_{gate,up,down}_exps.weight
 KEEP_BF16 = ("attn_=bf16", "_shexp=bf16", r"ffn_(gate|up|down)\.weight=bf16")
@@ -189,9 +188,7 @@ def rows(a, metrics: dict, runs: dict, errors: list, save) -> None:
         try:
             one_type(a, qtype, fmt, f32, bf16, imatrix, vram_share, metrics, runs, save)
         except Exception as err:                        # noqa: BLE001 (recorded; the next type goes on)
-            traceback.print_exc()
-            errors.append(f"{qtype}/{fmt}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-            print(f"FAILED {errors[-1]}", flush=True)
+            record_failure(errors, f"{qtype}/{fmt}", err)
         save()
 
 

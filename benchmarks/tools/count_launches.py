@@ -26,24 +26,9 @@ if not torch.cuda.is_available():
 
 from _plans import forced_depth, tiers_by_hand  # noqa: E402
 from strata_plan.core.plan import load_plan  # noqa: E402
-from strata_plan.engine.engine import Engine, EngineOptions  # noqa: E402
-from strata_plan.engine.launches import Launches, hook_triton  # noqa: E402
+from strata_plan.engine.launches import decode_step_launches  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "data" / "fixture-moe"
-
-
-def count(packed: Path, plan, mode: str, device: str) -> Launches:
-    opts = EngineOptions(mode=mode, device=device, graphs=False, backend="triton")
-    with Engine.open(packed, plan, opts) as eng:
-        m = eng.model
-        m.reset()
-        m.prefill([5, 17, 99], chunk=1)
-        m.decode_step(3, greedy=True)                  # warm-up: kernels compiled, caches filled
-        with Launches() as got:
-            m.decode_step(4, greedy=True)
-        if device != "cpu":
-            torch.cuda.synchronize()
-    return got
 
 
 def main() -> int:
@@ -53,7 +38,6 @@ def main() -> int:
     ap.add_argument("--runs", default="lru,plan:1,plan:2,on-demand")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
-    hook_triton()
     with tempfile.TemporaryDirectory() as tmp:
         packed = a.packed
         if packed is None:
@@ -66,7 +50,7 @@ def main() -> int:
         for run in a.runs.split(","):
             mode, _, depth = run.partition(":")
             plan = forced_depth(base, int(depth)) if depth else base
-            got = count(packed, plan, mode, a.device)
+            got = decode_step_launches(packed, plan, mode, a.device)
             n = got.total
             first = first or n
             print(f"{run:10s} {n:5d} launches a token ({n / L:.1f} a MoE layer, {n / first:.2f}x the first run): "

@@ -5,6 +5,7 @@ counts to: `core.lookahead.GATE_LAUNCHES`).
     with Launches() as got:
         model.decode_step(token)
     got.torch, got.triton               # Counters: torch operators that launch a kernel on a GPU, Triton kernels
+    decode_step_launches(packed, plan, "plan", "cpu")    # one eager decode step of an engine, counted
 
 Torch operators that only make views, read shapes or allocate are not launches (`NO_KERNEL`); the tensor work the
 Triton interpreter does inside a kernel is the kernel's, not launches.
@@ -73,3 +74,22 @@ def hook_triton() -> None:
         return _active[-1]._launch(self.fn.__name__, lambda: grid(self, *a, **k)) if _active else grid(self, *a, **k)
     jit_run._counted = True
     jit.JITFunction.run, interpreter.GridExecutor.__call__ = jit_run, grid_call
+
+
+def decode_step_launches(packed, plan, mode: str, device: str) -> Launches:
+    """The launches of one eager decode step (after a short prefill and a warm-up step) of the engine on `packed` and
+    `plan` in `mode`, its kernels launched (`backend="triton"`: interpreted on a CPU)."""
+    import torch
+
+    from .engine import Engine, EngineOptions
+    hook_triton()
+    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, graphs=False, backend="triton")) as eng:
+        m = eng.model
+        m.reset()
+        m.prefill([5, 17, 99], chunk=1)
+        m.decode_step(3, greedy=True)                  # warm-up: kernels compiled, caches filled
+        with Launches() as got:
+            m.decode_step(4, greedy=True)
+        if device != "cpu":
+            torch.cuda.synchronize()
+    return got

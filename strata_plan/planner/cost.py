@@ -169,17 +169,15 @@ class CostModel:
         the run replays routing (`Problem.lookahead_gates` False: the replay hands the guesses over)."""
         spec, depth, E = self.problem.spec, placement.prefetch_depth, self.problem.curves.n_experts
         L = spec.n_moe_layers
-        out = np.zeros(L)
         if not depth:
-            return out
+            return np.zeros(L)
         s, m, _ = placement.arrays
         staged = bool(np.any(np.asarray(s) + np.asarray(m) < E))
-        for j in range(L):
-            issue = int(j + depth < L)
-            gates = (min(depth, L - 1 - j) if staged else issue) if self.problem.lookahead_gates else 0
-            launches = gates * GATE_LAUNCHES + issue * ISSUE_LAUNCHES + LAYER_LAUNCHES + int(j == L - 1)
-            out[j] = launches * self.launch + gates * 2.0 * spec.hidden * E / self.hbm_rate
-        return out
+        j = np.arange(L)
+        issue = (j + depth < L).astype(float)
+        gates = (np.minimum(depth, L - 1 - j) if staged else issue) * float(self.problem.lookahead_gates)
+        launches = gates * GATE_LAUNCHES + issue * ISSUE_LAUNCHES + LAYER_LAUNCHES + (j == L - 1)
+        return launches * self.launch + gates * 2.0 * spec.hidden * E / self.hbm_rate
 
     @cached_property
     def host_fetch(self) -> float:

@@ -291,8 +291,9 @@ class Calibration:
 
 
 DEFAULT_GRAPH_LAUNCH = Figure(4.3, "estimate", "H200: the tiny fused MoE call (2 kernels) replayed in a CUDA graph "
-                              "took 8.67 us (kernels-20261203T182906Z.json); plain elementwise kernels are likely "
-                              "shorter. `strata-plan profile` measures it (graph_launch_us)")
+                              "took 8.67 us (kernels-20261203T182906Z.json); the profiler's floor, one add a kernel, "
+                              "measured 1.13 us there (benchmarks/data/run-20261205). `strata-plan profile` measures "
+                              "it (graph_launch_us)")
 DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
                                 "(engine/ENGINE.md); refine with `strata-plan calibrate`")
 """The host round trip of one MoE layer per decode token: the router's ids to the host, the store's `ensure`
