@@ -343,6 +343,8 @@ def main() -> int:
                     host = one(name, plan, mode, "host")
                     if host is not None:                  # the host loop beside: the same tokens, the speed-up
                         metrics[f"{name}.{mode}.tokens_equal_hostloop"] = float(r["tokens"] == host["tokens"])
+                        same = [a == b for a, b in zip(r["tokens"], host["tokens"])] + [False]
+                        metrics[f"{name}.{mode}.first_token_unlike_hostloop"] = same.index(False)   # (a count if equal)
                         metrics[f"{name}.{mode}.over_hostloop"] = (r["measured"]["decode_tok_s"]
                                                                    / host["measured"]["decode_tok_s"])
                     attempt(f"{name}/{mode}/bound", lambda: (nvme_bound_rows if nvme else bound_rows)(name, mode, r,

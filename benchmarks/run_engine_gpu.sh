@@ -2,7 +2,7 @@
 # The engine's H200 rows in one device call (under 10 minutes):
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [COPY_WINDOWS=8:2,4:2,8:1] [CALIBRATION=P.yaml] [PINNED_GB=64] [GPU_TESTS=]
 #     [DEVICE_LOOP_LAYERS=5,24]
-#     [GRAPH_VS_EAGER=1] bash benchmarks/run_engine_gpu.sh [PLANS]
+#     [GRAPH_VS_EAGER=1] [KERNEL_TESTS=] [PREFETCH_COPY=] [END_S=590] bash benchmarks/run_engine_gpu.sh [PLANS]
 #   (PLANS default ramrich,seed; CALIBRATION: the constants the predictions use, default
 #   benchmarks/data/h200-calibrated-20261203b.yaml, frozen before the run; CALIBRATION= for the quick profile's own)
 # 0. the device loop's kernel tests (LRU, lookahead slots, NVMe staging handshake, embedding gather) first, 100 s at
@@ -17,8 +17,9 @@
 # 5. with DEVICE_LOOP_LAYERS, benchmarks/bench_device_loop.py (host and GPU time a token by depth, qwen3-30b-a3b;
 #    it plans with Optuna: carry .whl, see run_trained_gpu.sh's header);
 # 6. the engine GPU tests, the device LRU's and the NVMe stager's among them (gpu_tests.log; GPU_TESTS= to skip).
-# Each step ends by its mark (bench_engine 400 s, bench_device_loop 575 s, the rest 590 s; a step with under 10 s
-# left is skipped); the benchmarks save their JSON
+# Each step ends by its mark (bench_engine 400 s, bench_device_loop 575 s, the rest 590 s, each moved earlier by
+# 590 - END_S when the call runs something else first; a step with under 10 s left is skipped); KERNEL_TESTS= and
+# PREFETCH_COPY= skip steps 0 and 4; the benchmarks save their JSON
 # after every run, and a run that fails is recorded in its `errors` while the others go on.
 # The seed plans' NVMe runs take ~25 s each (device and host loop, three modes, the forced-depth plan beside): run
 # `ramrich` and `seed` in two calls.
@@ -27,18 +28,21 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
 OUT=${OUT:-/tmp/engine_gpu}; t0=$(date +%s); mkdir -p "$OUT"
 source benchmarks/device_setup.sh
-left() { echo $(( $1 - ($(date +%s) - t0) )); }
+END=${END_S:-590}
+left() { echo $(( $1 - (590 - END) - ($(date +%s) - t0) )); }
 by() { local l; l=$(left "$1"); [ "$l" -ge 10 ] && echo "$l"; }      # seconds to second $1 of the script, or none
 upto() { local l; l=$(left 590); [ "$l" -gt "$1" ] && l=$1; [ "$l" -ge 10 ] && echo "$l"; }   # at most $1 s, or none
 CAL=${CALIBRATION-benchmarks/data/h200-calibrated-20261203b.yaml}   # constants frozen before the run ('' for none)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 100 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_lru.py tests/test_kernels_prefetch.py \
-  tests/test_kernels_gather.py -p no:cacheprovider -rs -o addopts="" --tb=short >"$OUT/kernel_tests.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | head -20
+if [ -n "${KERNEL_TESTS-1}" ]; then
+  timeout 100 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_lru.py tests/test_kernels_prefetch.py \
+    tests/test_kernels_gather.py -p no:cacheprovider -rs -o addopts="" --tb=short >"$OUT/kernel_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | head -20
+fi
 [ -n "${GRAPH_VS_EAGER:-}" ] && timeout 100 python3 benchmarks/tools/graph_vs_eager.py 2>&1 | grep -v -e "^[│┃┏┗┡└┌]" | tee "$OUT/graph_vs_eager.log"
 timeout 120 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -3
 PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
-if t=$(upto 60); then
+if [ -n "${PREFETCH_COPY-1}" ] && t=$(upto 60); then
   timeout "$t" python3 benchmarks/bench_prefetch_copy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_prefetch_copy.log" | tail -3
 fi
 if t=$(by 400); then

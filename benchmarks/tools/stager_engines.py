@@ -37,12 +37,45 @@ def gpu_sees_host(region, start: int, nbytes: int) -> bool:
     return bool(torch.equal(seen, host))
 
 
+def both_ways(region, start: int, nbytes: int, salt: int) -> str:
+    """Whether the GPU reads what the host wrote at [start, start + nbytes) of a registered region, and the host
+    reads what the GPU wrote there (the stager's two directions: staged bytes and ready words one way, requests the
+    other). Overwrites those bytes."""
+    host = region.tensor[start:start + nbytes]
+    dev = device_view(host, region.device_ptr + start, torch.device("cuda"))
+    pattern = (torch.arange(nbytes, dtype=torch.int64) * 7 + salt).remainder(251).to(torch.uint8)
+    host.copy_(pattern)
+    torch.cuda.synchronize()
+    h2d = torch.equal(dev.clone().cpu(), pattern)
+    dev.copy_((pattern.to(torch.int64) + 1).remainder(251).to(torch.uint8).cuda())
+    torch.cuda.synchronize()
+    d2h = torch.equal(host, (pattern.to(torch.int64) + 1).remainder(251).to(torch.uint8))
+    return f"GPU reads host {'ok' if h2d else 'STALE'}, host reads GPU {'ok' if d2h else 'STALE'}"
+
+
+def regions_only(n: int, nbytes: int) -> None:
+    """HostRegions of one size opened, checked both ways and closed one after another (no engine)."""
+    from strata_plan.pinned import HostRegion
+    seen: set[int] = set()
+    for i in range(n):
+        r = HostRegion(nbytes, "cuda")
+        tag = " (reused address)" if r.host_ptr in seen else ""
+        seen.add(r.host_ptr)
+        print(f"region {i} at {r.host_ptr:#x}{tag}: {both_ways(r, nbytes - 65536, 65536, i)}", flush=True)
+        r.close()
+        del r
+        gc.collect()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--region-mb", type=int, default=64, help="size of the bare regions checked first")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        regions_only(a.engines + 1, a.region_mb << 20)
     with tempfile.TemporaryDirectory() as tmp:
         packed = Path(tmp) / "packed"
         assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
@@ -58,6 +91,10 @@ def main() -> int:
                 where = {k: (r.host_ptr if r is not None else None) for k, r in regions.items()}
                 reused = [k for k, v in where.items() if v in seen_addresses]
                 seen_addresses.update(v for v in where.values() if v)
+                reg = regions["staging"]
+                probe = ""
+                if device == "cuda" and reg is not None:            # slot 0 is free before the first token
+                    probe = f"; before the tokens, staging slot 0: {both_ways(reg, 0, min(65536, store.slot_bytes), i)}"
                 got = eng.generate(PROMPT, max_new_tokens=a.tokens)
                 line = (f"engine {i}: tokens {'EQUAL' if got == want else 'DIFFER ' + str(got)}; regions "
                         + ", ".join(f"{k} at {v:#x}" if v else f"{k} none" for k, v in where.items())
@@ -68,7 +105,7 @@ def main() -> int:
                     block = st.layout["words"]
                     line += (f"; GPU sees the host's block: {gpu_sees_host(reg, block, reg.nbytes - block)}, "
                              f"its first slot: {gpu_sees_host(reg, 0, store.slot_bytes)}")
-                print(line, flush=True)
+                print(line + probe, flush=True)
             gc.collect()
     return 0
 
