@@ -8,11 +8,11 @@ from __future__ import annotations
 MAX_DEPTH = 4
 """Lookahead depths the routing statistics describe (1..4), and the deepest prefetch a plan may ask for."""
 
-GATE_LAUNCHES = 22
+GATE_LAUNCHES = 2
 """Kernels the device loop launches on its main stream for one lookahead gate (layer j + d's norm and router on
-layer j's output, its ids and weights into the guess buffers): counted on the DeepSeek-V3 family's router (kimi, the
-trained models) by tests/test_lookahead_launches.py. With an NVMe tier every depth's gate runs after each layer (the
-stager reads guesses of every depth); else only depth d's."""
+layer j's output, its ids and weights into the guess buffers): `kernels.gate`'s logits and top-k kernels (the torch
+path it replaced took 22), counted by tests/test_lookahead_launches.py. With an NVMe tier every depth's gate runs
+after each layer (the stager reads guesses of every depth); else only depth d's."""
 
 ISSUE_LAUNCHES = 1
 """Kernels on the main stream for each VRAM prefetch issued (the guesses noted for precision and recall; the claim,

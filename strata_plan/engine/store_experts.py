@@ -12,7 +12,7 @@ Per MoE layer j and call:
    several tokens (prefill): the chunk's experts in waves (`store.waves`), `fused_moe` per wave with the ids of the other
    waves skipped (-1), the partial outputs summed;
 3. lookahead (`after_moe`): the gates of MoE layers j+1..j+d on the layer's output (`model.route`, the
-   definition of core/routing/TRACE.md) are computed on the device and copied to pinned host memory
+   definition of core/routing/TRACE.md; in the device loop with its kernels `kernels.gate`, two launches a gate) are computed on the device and copied to pinned host memory
    without a wait; at the next layer's round trip, before reading its router's ids (the GPU is running
    that layer's attention meanwhile), the main thread gives them to the store (`store.hint(j+d, ids,
    scores, d)`, which queues the prefetches); their chunks go on the copy stream from the main thread
@@ -38,6 +38,7 @@ import time
 
 import torch
 
+from strata_plan.kernels.gate import lookahead_gate
 from strata_plan.kernels.ops import fused_moe
 
 
@@ -78,6 +79,7 @@ class StoreExperts:
             L = store.n_layers
             self._gids = torch.full((L, depth, 2 * store.top_k), -1, dtype=torch.int64, device=store.device)
             self._gsc = torch.zeros((L, depth, 2 * store.top_k), dtype=torch.float32, device=store.device)
+            self._gate_logits = torch.empty(store.E, dtype=torch.float32, device=store.device)
         self._stepping = False                # inside a device-loop step reading the device replay
 
     # ---- the Experts interface -------------------------------------------------------------------
@@ -154,10 +156,16 @@ class StoreExperts:
             return gids.to(out.device), gsc.to(out.device)
         gids, gsc = self._gids[j], self._gsc[j]
         staged = self.store.staging is not None          # the stager takes every depth's; the VRAM prefetch the last's
+        m = self.model
         for d, jj in enumerate(self.targets(j)):
             if not staged and d + 1 != self.depth:
                 continue
-            ids, w = self.model.route(jj, out)
+            if self.store.kernels:                       # two launches (kernels.gate), straight into the guess row
+                layer = m.moe[jj]
+                lookahead_gate(out[0], layer.post_norm, m.cfg.rms_eps, layer.router, self._gate_logits, gids[d],
+                               gsc[d])
+                continue
+            ids, w = m.route(jj, out)
             gids[d, :ids.shape[1]].copy_(ids[0])
             gsc[d, :w.shape[1]].copy_(w[0])
         return gids, gsc
