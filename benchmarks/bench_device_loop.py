@@ -110,6 +110,8 @@ def main() -> int:
                 B = r["bytes_per_token"]["ram"]
                 metrics[f"{k}.decode_tok_s"] = r["measured"]["decode_tok_s"]
                 metrics[f"{k}.host_ms_per_token"] = tp["host_cpu_s"] * 1e3
+                for part, v in (tp.get("host_cpu_parts_s") or {}).items():     # where it goes: step call, copy, read
+                    metrics[f"{k}.host_ms_per_token.{part}"] = v * 1e3
                 metrics[f"{k}.ram_gb_per_token"] = B / 1e9
                 metrics[f"{k}.device_loop"] = float(r["loop"] == "device")
                 line = f"{n:3d} layers {mode:9s} {r['measured']['decode_tok_s']:8.2f} tok/s, host {tp['host_cpu_s'] * 1e3:.3f} ms/tok"

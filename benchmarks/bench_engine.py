@@ -19,7 +19,9 @@ read of the same files at the store's reader count, interleaved. Each mode runs 
 `<plan>.<mode>.*`: RAM experts read in place, one CUDA graph a token, the device LRU, lookahead copies on a side
 stream), then in the host loop (rows `<plan>_hostloop.<mode>.*`), and the device loop's bound 1 / (t_nonMoE + B / R_zc)
 is measured in the same run (`bound_rows`; with lookahead also the overlapped 1 / max(t_nonMoE, B / R_zc)), with
-whether both loops gave the same tokens. For a plan with an NVMe tier the bound is the drive's instead: a plain O_DIRECT read at the
+whether both loops gave the same tokens, and whether each gave the tokens of the same budget with every routed expert
+static in VRAM (`<plan>.resident`, run first: nothing moves bytes there, so its tokens are the reference;
+`.tokens_equal_resident`). For a plan with an NVMe tier the bound is the drive's instead: a plain O_DIRECT read at the
 stager's reads in flight and request size (one blob), measured after each device-loop run (`<plan>.plain_odirect_gbps`:
 the median of those interleaved repeats, min and max beside it), over the NVMe bytes the run read a token that were
 used (`.nvme_gb_per_token`; wrong guesses apart, `.nvme_wasted_gb_per_token`); each run records the page cache on the
@@ -29,6 +31,7 @@ allocator. Writes engine-<time>.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -220,6 +223,28 @@ def main() -> int:
                           f"{r['measured']['decode_tok_s']:8.2f} tok/s, GPU waiting {(tp['device_wait_s'] or 0) * 1e3:.2f} "
                           f"ms/tok, copy busy {r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
 
+        refs: dict[str, list | None] = {}
+
+        def resident_tokens(name: str, plan) -> list | None:
+            """The timed tokens of `plan`'s budget with every routed expert static in VRAM (no tier, cache, lookahead
+            or staging: nothing that moves bytes), the same replayed routing and prompt: what every run's tokens
+            should be. Each run's `tokens_equal_resident` says whether it computed them."""
+            if late(f"{name}/resident"):
+                return None
+            E = plan.n_experts
+            whole = dataclasses.replace(plan, prefetch_depth=0, layers=tuple(
+                dataclasses.replace(l, vram=tuple(range(E)), ram=(), nvme=(), cache_slots=0) for l in plan.layers),
+                cache=dataclasses.replace(plan.cache, total_slots=0))
+            r = attempt(f"{name}/resident", lambda: measure(folder, whole, mode="plan", tokens=a.tokens,
+                                                            warmup=a.warmup, replay=replay_for(plan),
+                                                            options=EngineOptions()))
+            refs[name] = r["tokens"] if r is not None else None
+            if r is not None:
+                metrics[f"{name}.resident.decode_tok_s"] = r["measured"]["decode_tok_s"]
+                print(f"{name:8s} resident  decode {r['measured']['decode_tok_s']:8.2f} tok/s (every routed expert in "
+                      f"VRAM: the reference tokens)", flush=True)
+            return refs[name]
+
         def one(name: str, plan, mode: str, loop: str) -> dict | None:
             """One run; the device loop's rows under `name`, the host loop's under `name`_hostloop."""
             if late(f"{name}/{mode}/{loop}"):
@@ -231,6 +256,8 @@ def main() -> int:
                 return None
             key = name if loop == "device" else f"{name}_hostloop"
             out[f"{key}/{mode}"] = r
+            if refs.get(name) is not None:              # the same routing with every expert in VRAM: the truth
+                metrics[f"{key}.{mode}.tokens_equal_resident"] = float(r["tokens"] == refs[name])
             report(key, paths[name], plan, mode, r)
             return r
 
@@ -254,6 +281,8 @@ def main() -> int:
             metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
             metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
             metrics[f"{name}.{mode}.host_ms_per_token"] = tp["host_cpu_s"] * 1e3     # decode thread CPU time
+            for part, v in (tp.get("host_cpu_parts_s") or {}).items():     # where it goes: step call, copy, read
+                metrics[f"{name}.{mode}.host_ms_per_token.{part}"] = v * 1e3
             metrics[f"{name}.{mode}.device_loop"] = float(r["loop"] == "device")
             if a.profile:
                 pr = predict_plan(plan, predict_with, mode, where=str(path), loop=r["loop"], gates=False)   # replayed
@@ -327,6 +356,7 @@ def main() -> int:
             pin = r["pinned"]
             metrics[f"{name}.ram_tier_gb"] = pin["tier_bytes"] / 1e9
             metrics[f"{name}.ram_tier_pinned_over_size"] = pin["pinned_bytes"] / pin["tier_bytes"]
+            metrics[f"{k}.ram_huge_page_share"] = pin["huge_page_share"]
             print(f"{name:8s} {mode:9s} device loop {r['measured']['decode_tok_s']:.2f} tok/s = "
                   f"{metrics[k + '.over_bound']:.3f} of its bound {bound:.2f} (t_nonMoE {parts['without_moe_s'] * 1e3:.2f} ms, "
                   f"{B / 1e9:.3f} GB/tok in place at {rate:.1f} GB/s zero-copy; step alone {parts['step_s'] * 1e3:.2f} ms); "
@@ -335,6 +365,7 @@ def main() -> int:
         for name, plan in plans.items():
             nvme = any(l.nvme for l in plan.layers)
             plain: list[float] = []
+            resident_tokens(name, plan)
             for mode in a.modes.split(","):
                 r = one(name, plan, mode, "device")
                 if r is not None and nvme and r["loop"] == "device":

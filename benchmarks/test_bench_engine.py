@@ -37,6 +37,8 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
             for loop in ("", "_hostloop"):
                 assert m[f"{name}{loop}.{mode}.decode_tok_s"] > 0, (name, loop, mode)
             assert m[f"{name}.{mode}.device_loop"] == 1.0
+            for loop in ("", "_hostloop"):               # every expert in VRAM gives the reference tokens
+                assert m[f"{name}{loop}.{mode}.tokens_equal_resident"] == 1.0, (name, loop, mode)
     for name in ("seed", "seed_forced_d2"):       # the NVMe tier: the drive's bound and what the stager did
         assert m[f"{name}.plain_odirect_repeats"] == 3 and m[f"{name}.plain_odirect_gbps"] > 0
         for mode in ("plan", "lru", "on-demand"):

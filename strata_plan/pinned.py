@@ -85,6 +85,24 @@ class HostRegion:
                                                                 ctypes.c_uint(0)), "cuMemHostGetDevicePointer")
                     self.device_ptr = d.value
 
+    def huge_share(self) -> float | None:
+        """The share of the region backed by transparent huge pages now (`AnonHugePages` of its mappings in
+        /proc/self/smaps, summed: registering may split it), or None where that is not readable. The GPU reads the
+        region through the IOMMU: 4 KiB pages mean 512 times the translations of 2 MiB ones."""
+        try:
+            lines = open("/proc/self/smaps").read().splitlines()
+        except OSError:
+            return None
+        lo, hi, inside, huge = self.host_ptr, self.host_ptr + self.mapped, False, 0
+        for line in lines:
+            head = line.split(" ", 1)[0]
+            if "-" in head and not head.endswith(":"):          # a mapping's header: start-end perms ...
+                start, end = (int(v, 16) for v in head.split("-"))
+                inside = lo <= start and end <= hi
+            elif inside and line.startswith("AnonHugePages:"):
+                huge += int(line.split()[1]) * 1024
+        return huge / self.mapped
+
     def close(self) -> None:
         """Unregister, and drop this object's hold on the mapping: it is unmapped when the last tensor viewing
         it goes (torch.frombuffer keeps the mmap object alive, so a live view never points at unmapped memory)."""

@@ -18,6 +18,15 @@ def test_a_region_holds_what_was_asked_in_whole_2mib_pages(nbytes):
         assert torch.equal(r.tensor, data)
 
 
+def test_the_huge_page_share_counts_the_regions_own_mappings():
+    """Untouched, nothing is backed; touched, the share is what smaps says of those pages (THP may be off here)."""
+    with HostRegion(4 * HUGE) as r:
+        assert r.huge_share() in (0.0, None)
+        r.tensor.fill_(1)
+        share = r.huge_share()
+        assert share is None or 0.0 <= share <= 1.0
+
+
 def test_close_is_idempotent_and_survives_a_live_view():
     r = HostRegion(3 * HUGE)
     view = r.tensor[:10]

@@ -89,11 +89,18 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             tok = m.decode_step(tok, greedy=True)
             ring.push(tok)
         t1 = t_all
+        parts_cpu = dict.fromkeys(("step", "push", "pop"), 0.0)     # the decode thread's CPU time by part
         for i in range(tokens):
             if ahead:                                 # token i+1's step queued before token i is read
+                c0 = time.thread_time()
                 tok = m.decode_step(tok, greedy=True)
+                c1 = time.thread_time()
                 ring.push(tok)
+                c2 = time.thread_time()
                 out_ids.append(ring.pop())            # token i on the host: its step is done, not the next one
+                parts_cpu["step"] += c1 - c0
+                parts_cpu["push"] += c2 - c1
+                parts_cpu["pop"] += time.thread_time() - c2
             else:
                 tok = m.decode_step(tok, greedy=True)
                 if dev.type == "cuda":
@@ -150,6 +157,8 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                       "nvme_gbps_wall": (c["bytes_from"]["nvme"] if store.staging is not None
                                          else tr.read_bytes - rbytes0) / wall / 1e9},
             "time_per_token": {"host_cpu_s": host_cpu / n,      # the decode thread's CPU time (time.thread_time)
+                               # ... in the device loop's step call, its token copy queued, its token read
+                               "host_cpu_parts_s": {k: v / tokens for k, v in parts_cpu.items()} if ahead else None,
                                "router_round_trip_s": (ex.host_sync_s - sync0) / n,
                                "round_trips": (ex.syncs - syncs0) / n,
                                "store_and_launch_host_s": (ex.moe_s - moe0) / n,
