@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The peer rows in one device call (not yet run on the GPU; every step ran on the CPU, README.md):
+# The peer rows in one device call (README.md):
 #   bash benchmarks/peers/fetch_llama_cpp.sh     # here, once: the source travels in the run's carry
-#   STRATA_GIT_SHA=<sha> OUT=$OUT bash benchmarks/peers/run_peer_gpu.sh     (TEXT: default the peer's heldout.txt)
+#   STRATA_GIT_SHA=<sha> OUT=$OUT [TYPES=iq1_s OURS=q1_g32_s8m4] bash benchmarks/peers/run_peer_gpu.sh
+#   (TEXT: default the peer's heldout.txt; TYPES / OURS: bench_peer.py's --types / --ours, paired; one pair fits a
+#   call after the build and the training: q2_k ran 2026-12-05, iq1_s is the second call)
 # llama.cpp is built for sm_90 on the CPU cores while the peer model trains on the GPU, then bench_peer.py, which
 # saves its JSON after every row (a failing row is recorded in `errors`). Everything ends by 590 s; `strata-plan
 # plan` needs Optuna: carry .whl (benchmarks/run_trained_gpu.sh's header) with the llama.cpp source.
@@ -18,5 +20,5 @@ timeout 330 python3 benchmarks/train_moe.py --size peer --out /root/peer --secon
 wait $build || { tail -20 "$OUT/build.log"; exit 1; }
 echo "built and trained in $(( $(date +%s) - t0 )) s"
 timeout "$(left 590)" python3 benchmarks/peers/bench_peer.py --checkpoint /root/peer --llama-bin /root/lc/bin --work /root/pw \
-  --text "${TEXT:-/root/peer/heldout.txt}" --out-dir "$OUT" 2>&1 | tee "$OUT/bench_peer.log" | tail -40
+  --text "${TEXT:-/root/peer/heldout.txt}" --out-dir "$OUT" ${TYPES:+--types "$TYPES"} ${OURS:+--ours "$OURS"} 2>&1 | tee "$OUT/bench_peer.log" | tail -40
 echo "run_peer_gpu: $(( $(date +%s) - t0 ))s"
