@@ -1,13 +1,17 @@
-"""How many thread blocks the device loop's lookahead copy needs to reach the link's rate (issue 41: measured, not
-assumed): `kernels.prefetch.copy_kernel` moving k experts from registered pinned RAM into VRAM slots, at several chunk
-sizes (one program a chunk: the programs launched), beside a plain pinned H2D copy of the same bytes on the copy
-engine, in one run. Medians of CUDA-event timings after a warm-up.
+"""How many programs the device loop's lookahead copy needs to reach the link's rate, and what it costs the kernels
+running beside it (issue 41: measured, not assumed): `kernels.prefetch.copy` (persistent programs over 64 KiB chunks)
+moving k experts from registered pinned RAM into VRAM slots at several program counts, beside a plain pinned H2D copy
+of the same bytes on the copy engine, in one run; then, at each count, a main-stream workload of small GEMVs (an
+attention's shapes) timed alone and with the copy running on a side stream. Medians of CUDA-event timings after a
+warm-up.
 
-    python3 benchmarks/bench_prefetch_copy.py [--experts 8] [--mb 21] [--chunks-kb 16,64,256,1024] [--out-dir DIR]
+    python3 benchmarks/bench_prefetch_copy.py [--experts 8] [--mb 21] [--programs 33,66,132,168,264,all] [--out-dir DIR]
 
-Writes prefetch-copy-<time>.json: `copy_gbps.chunk_<KB>kb` and `blocks.chunk_<KB>kb` per chunk size, `h2d_gbps`
-(the copy engine, the same bytes), `best_over_h2d`. On a CPU (no GPU) it runs the interpreted kernel on a few small
-experts and checks the bytes only: the figures mean nothing there.
+Writes prefetch-copy-<time>.json: `copy_gbps.p<P>` per program count (`all`: a program for every chunk, the grid the
+kernel had before it was persistent), `h2d_gbps` (the copy engine, the same bytes), `best_over_h2d`,
+`beside.p<P>.main_slowdown` (the workload's time beside the copy / alone) and `beside.p<P>.copy_gbps` (the copy's rate
+beside the workload). On a CPU (no GPU) it runs the interpreted kernel on a few small experts and checks the bytes
+only: the figures mean nothing there.
 """
 from __future__ import annotations
 
@@ -41,11 +45,52 @@ def _time(fn, reps: int = 10) -> float:
     return statistics.median(event_times(fn, reps=reps)) / 1e3
 
 
+def beside(metrics: dict, counts, copy, nbytes: int, reps: int = 5) -> None:
+    """At each program count: a main-stream workload of small GEMVs (bf16 [1536, 7168] x [7168], 22 MB each, an
+    attention projection's shape) timed alone and while the copy runs on a side stream (both timed with events)."""
+    dev = torch.device("cuda")
+    w = torch.randn(1536, 7168, dtype=torch.bfloat16, device=dev)
+    x = torch.randn(7168, dtype=torch.bfloat16, device=dev)
+    side = torch.cuda.Stream(dev)
+
+    def work(n: int = 400) -> None:
+        for _ in range(n):
+            torch.mv(w, x)
+
+    def timed(fn, stream) -> tuple:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            a.record()
+            fn()
+            b.record()
+        return a, b
+
+    work()
+    alone = []
+    for _ in range(reps):
+        a, b = timed(work, torch.cuda.current_stream())
+        b.synchronize()
+        alone.append(a.elapsed_time(b))
+    for name, P in counts:
+        slow, rate = [], []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            side.wait_stream(torch.cuda.current_stream())
+            ca, cb = timed(lambda: copy(P), side)           # the copy first, the workload beside it
+            ma, mb = timed(work, torch.cuda.current_stream())
+            torch.cuda.synchronize()
+            slow.append(ma.elapsed_time(mb) / statistics.median(alone))
+            rate.append(nbytes / (ca.elapsed_time(cb) / 1e3) / 1e9)
+        metrics[f"beside.p{name}.main_slowdown"] = statistics.median(slow)
+        metrics[f"beside.p{name}.copy_gbps"] = statistics.median(rate)
+    metrics["beside.main_alone_ms"] = statistics.median(alone)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--mb", type=float, default=21.0, help="bytes of one expert, MB (kimi-k3.1-pro's: about 21)")
-    ap.add_argument("--chunks-kb", default="16,64,256,1024")
+    ap.add_argument("--programs", default="33,66,132,168,264,all")
     ap.add_argument("--out-dir", default=None)
     a = ap.parse_args()
     cuda = torch.cuda.is_available()
@@ -67,26 +112,27 @@ def main() -> int:
         ram_base, slot_base = n * nbytes, 0
         src = arena[ram_base:]
     st = _state(n, nbytes, arena, ram_base, slot_base)
-    for kb in (int(x) for x in a.chunks_kb.split(",")):
-        chunk = kb << 10
-        grid = (n, -(-nbytes // chunk))
+    chunks = n * -(-nbytes // pk.COPY_CHUNK)
+    counts = [(c, chunks if c == "all" else min(int(c), chunks)) for c in a.programs.split(",")]
+    for name, P in counts:
+        arena[slot_base:slot_base + n * nbytes].zero_()
 
-        def go(chunk=chunk, grid=grid):
-            pk.copy_kernel[grid](arena, gids, 0, n, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts,
-                                 CHUNK=chunk)
+        def go(P=P):
+            pk.copy(arena, gids, 0, st, nbytes, programs=P)
         if cuda:
-            s = _time(go)
-            metrics[f"copy_gbps.chunk_{kb}kb"] = n * nbytes / s / 1e9
+            metrics[f"copy_gbps.p{name}"] = n * nbytes / _time(go) / 1e9
         else:
             go()
-        metrics[f"blocks.chunk_{kb}kb"] = grid[0] * grid[1]
+        metrics[f"programs.p{name}"] = P
         got = arena[slot_base:slot_base + n * nbytes]
-        assert torch.equal(got.cpu(), src[:n * nbytes].cpu()), f"chunk {kb} KB: the slots do not hold the experts"
+        assert torch.equal(got.cpu(), src[:n * nbytes].cpu()), f"{P} programs: the slots do not hold the experts"
+    if cuda:
+        beside(metrics, counts, lambda P: pk.copy(arena, gids, 0, st, nbytes, programs=P), n * nbytes)
     if cuda:
         dst = torch.empty(n * nbytes, dtype=torch.uint8, device="cuda")
         s = _time(lambda: dst.copy_(region.tensor, non_blocking=True))
         metrics["h2d_gbps"] = n * nbytes / s / 1e9
-        best = max(v for k, v in metrics.items() if k.startswith("copy_gbps"))
+        best = max(v for k, v in metrics.items() if k.startswith("copy_gbps.p"))
         metrics["best_over_h2d"] = best / metrics["h2d_gbps"]
         region.close()
     metrics.update(experts=n, expert_bytes=nbytes)

@@ -70,7 +70,8 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31, smoke: bool = 
 def _device_loop_kernels(arch: int) -> list:
     """The device loop's small kernels (every token: the LRU step, the fill, the embedding gather) and the
     profiler's zero-copy probe."""
-    from . import gather, lru, prefetch, stage_wait, stream_read
+    from . import gate, gather, lru, prefetch, stage_wait, stream_read
+    from .triton_common import tl
     i64 = P["i64"]
     st = {"static_p": P["i8"], "slot_expert_p": i64, "slot_stamp_p": i64, "slot_offset_p": i64, "n_slots_p": i64,
           "ram_offset_p": i64, "nbytes_p": i64, "table_p": i64, "admit_p": i64, "tick_p": i64, "counts_p": i64}
@@ -101,7 +102,15 @@ def _device_loop_kernels(arch: int) -> list:
             "tier_p": P["i8"], "S": "i32", "cached_hi": "i64"}, dict(G=8), arch, num_warps=1)),
         ("prefetch copy", _compile(prefetch.copy_kernel, {
             "arena_p": P["u8"], "gids_p": i64, "jj": "i32", "E": "i32", "assign_p": i64, "slot_offset_p": i64,
-            "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64}, dict(CHUNK=prefetch.COPY_CHUNK), arch)),
+            "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "n_chunks": "i32", "total": "i32", "P": "i32"},
+            dict(CHUNK=prefetch.COPY_CHUNK), arch)),
+        ("lookahead gate logits", _compile(gate.gate_logits_kernel, {
+            "x_p": P["bf16"], "norm_p": P["bf16"], "w_p": P["f32"], "out_p": P["f32"], "H": "i32", "E": "i32",
+            "eps": "fp32"}, dict(XDT=tl.bfloat16, ROUND_LOGITS=False, BE=4, BH=1024), arch)),
+        ("lookahead gate top-k", _compile(gate.gate_topk_kernel, {
+            "logits_p": P["f32"], "bias_p": P["f32"], "ids_p": i64, "scores_p": P["f32"], "E": "i32",
+            "scaling": "fp32"}, dict(SIGMOID=True, HAS_BIAS=True, NG=8, TG=4, NORM=True, ROUND_W=False,
+                                    XDT=tl.bfloat16, K=8, KB=8, EB=256), arch)),
         ("prefetch publish", _compile(prefetch.publish_kernel, {
             "gids_p": i64, "jj": "i32", "E": "i32", "state_p": i64, "assign_p": i64}, dict(G=8), arch, num_warps=1)),
         ("prefetch resolve", _compile(prefetch.resolve_kernel, {

@@ -37,7 +37,9 @@ from .triton_common import tl, triton
 FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
 USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES, GUESSES, RIGHT, HINTED_USED = range(9)
 N_COUNTS = 9
-COPY_CHUNK = 64 << 10          # bytes one program of the copy kernel moves (a multiple of 8 KiB)
+COPY_CHUNK = 64 << 10          # bytes of one item of the copy kernel's loop (a multiple of 8 KiB)
+COPY_PROGRAMS_PER_SM = 1.25    # the copy kernel's programs a SM: 168 programs (1.27 a SM) moved 50.5 GB/s on the H200,
+#                                as fast as 10,752 (benchmarks/results/prefetch-copy-20261205T020630Z.json)
 COPY_BLOCK = tl.constexpr(1024)  # int64 words a program moves per step of its loop (8 KiB: no register spills)
 # the states as the kernels see them (a jitted function reads only constexpr globals)
 _FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED = (tl.constexpr(v) for v in range(6))
@@ -82,22 +84,26 @@ def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, 
 
 
 @triton.jit
-def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nbytes_p, counts_p,
+def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nbytes_p, counts_p, n_chunks, total, P,
                 CHUNK: tl.constexpr):
-    # grid (G, chunks): program (i, b) copies bytes [b CHUNK, (b + 1) CHUNK) of guess i's expert into its slot
-    i = tl.program_id(0)
-    b = tl.program_id(1)
-    s = tl.load(assign_p + i)
-    e = tl.maximum(tl.load(gids_p + i), 0)
-    n = tl.where(s >= 0, tl.load(nbytes_p + jj * E + e), 0)
-    src = (arena_p + tl.load(ram_rows_p + jj * E + e)).to(tl.pointer_type(tl.int64))
-    dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
-    for k in range(0, CHUNK // 8, COPY_BLOCK):                                   # COPY_BLOCK words at a time
-        w = tl.cast(b, tl.int64) * (CHUNK // 8) + k + tl.arange(0, COPY_BLOCK)   # [COPY_BLOCK] int64 words
-        ok = w < n // 8
-        tl.store(dst + w, tl.load(src + w, mask=ok), mask=ok)
-    if (b == 0) & (s >= 0):
-        tl.atomic_add(counts_p + jj * 9 + 3, n, sem="relaxed")
+    # grid (P,), persistent: program p copies the items p, p + P, ... of the G x n_chunks items, item (i, b) being bytes
+    # [b CHUNK, (b + 1) CHUNK) of guess i's expert into its slot. A few programs a SM reach the link's rate and leave
+    # the SMs to the main stream's kernels running beside it (a grid of every chunk would hold them all)
+    pid = tl.program_id(0)
+    for t in range(pid, total, P):                                               # total = G x n_chunks
+        i = t // n_chunks
+        b = t % n_chunks
+        s = tl.load(assign_p + i)
+        e = tl.maximum(tl.load(gids_p + i), 0)
+        n = tl.where(s >= 0, tl.load(nbytes_p + jj * E + e), 0)
+        src = (arena_p + tl.load(ram_rows_p + jj * E + e)).to(tl.pointer_type(tl.int64))
+        dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
+        for k in range(0, CHUNK // 8, COPY_BLOCK):                               # COPY_BLOCK words at a time
+            w = tl.cast(b, tl.int64) * (CHUNK // 8) + k + tl.arange(0, COPY_BLOCK)   # [COPY_BLOCK] int64 words
+            ok = w < n // 8
+            tl.store(dst + w, tl.load(src + w, mask=ok), mask=ok)
+        if (b == 0) & (s >= 0):
+            tl.atomic_add(counts_p + jj * 9 + 3, n, sem="relaxed")
 
 
 @triton.jit
@@ -196,11 +202,22 @@ def claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
                        st.cached_hi, G=gids.numel(), num_warps=1)
 
 
-def copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState, max_bytes: int) -> None:
+def copy_programs(device) -> int:
+    """Programs of the copy kernel on `device`: COPY_PROGRAMS_PER_SM a streaming multiprocessor (at least one)."""
+    from .ops import _sm_count
+    return max(1, round(COPY_PROGRAMS_PER_SM * _sm_count(torch.device(device))))
+
+
+def copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState, max_bytes: int,
+         programs: int | None = None) -> None:
+    """The claimed guesses' experts (at most `max_bytes` each) from pinned RAM into their slots: `programs` persistent
+    programs (default `copy_programs`) over the guesses' 64 KiB chunks."""
     E = st.table.shape[1]
-    copy_kernel[(gids.numel(), triton.cdiv(max_bytes, COPY_CHUNK))](arena, gids, jj, E, st.assign, st.slot_offset,
-                                                                    st.ram_rows, st.nbytes, st.counts,
-                                                                    CHUNK=COPY_CHUNK)
+    n_chunks = triton.cdiv(max_bytes, COPY_CHUNK)
+    total = gids.numel() * n_chunks
+    P = min(total, programs or copy_programs(arena.device))
+    copy_kernel[(P,)](arena, gids, jj, E, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts, n_chunks,
+                      total, P, CHUNK=COPY_CHUNK)
 
 
 def publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
