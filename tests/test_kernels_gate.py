@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from strata_plan.engine.config import RouterConfig
-from strata_plan.engine.layers import rms_norm
+from strata_plan.engine.layers import rms_norm_reference as rms_norm
 from strata_plan.engine.routing import Router
 from strata_plan.kernels.gate import lookahead_gate
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .norm import round_to
 from .triton_common import tl, triton
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -44,13 +45,13 @@ def gate_logits_kernel(x_p, norm_p, w_p, out_p, H, E, eps, XDT: tl.constexpr, RO
         m = h0 + hh < H
         xv = tl.load(x_p + h0 + hh, mask=m, other=0.0).to(tl.float32)
         nw = tl.load(norm_p + h0 + hh, mask=m, other=0.0).to(tl.float32)
-        y = (nw * (xv * rstd).to(XDT).to(tl.float32)).to(XDT).to(tl.float32)   # [BH] rms_norm's rounding
+        y = round_to(nw * round_to(xv * rstd, XDT), XDT)                          # [BH] rms_norm's rounding
         w = tl.load(w_p + ee[:, None] * H + h0 + hh[None, :], mask=(ee[:, None] < E) & m[None, :],
                     other=0.0).to(tl.float32)                                  # [BE, BH]
         acc += w * y[None, :]
     logit = tl.sum(acc, 1)                                                      # [BE]
     if ROUND_LOGITS:
-        logit = logit.to(XDT).to(tl.float32)
+        logit = round_to(logit, XDT)
     tl.store(out_p + ee, logit, mask=ee < E)
 
 
@@ -106,7 +107,7 @@ def gate_topk_kernel(logits_p, bias_p, ids_p, scores_p, E, scaling, SIGMOID: tl.
         w = w / den
     w = w * scaling
     if ROUND_W:
-        w = w.to(XDT).to(tl.float32)
+        w = round_to(w, XDT)
     w = tl.where(kk < K, w, -float("inf"))
     for i in tl.static_range(K):                     # best first by weight (a stable sort: the first on a tie)
         best = tl.max(w, 0)
