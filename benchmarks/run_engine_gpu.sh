@@ -5,7 +5,7 @@
 #     [GRAPH_VS_EAGER=1] [KERNEL_TESTS=] [PREFETCH_COPY=] [END_S=590] bash benchmarks/run_engine_gpu.sh [PLANS]
 #   (PLANS default ramrich,seed; CALIBRATION: the constants the predictions use, default
 #   benchmarks/data/h200-calibrated-20261203b.yaml, frozen before the run; CALIBRATION= for the quick profile's own)
-# 0. the device loop's kernel tests (LRU, lookahead slots, NVMe staging handshake, embedding gather) first, 100 s at
+# 0. the device loop's kernel tests (LRU, lookahead slots and gate, RMSNorm, NVMe staging handshake, embedding gather) first, 100 s at
 #    most: a kernel that misbehaves on the GPU shows before the benchmarks run it (kernel_tests.log);
 # 1. with GRAPH_VS_EAGER=1, benchmarks/tools/graph_vs_eager.py (the host loop's graphed decode against its eager segments);
 # 2. a quick profile of this machine (h200-run.yaml: the predictions are re-run with its measured figures);
@@ -36,6 +36,7 @@ CAL=${CALIBRATION-benchmarks/data/h200-calibrated-20261203b.yaml}   # constants 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -n "${KERNEL_TESTS-1}" ]; then
   timeout 100 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_lru.py tests/test_kernels_prefetch.py \
+    tests/test_kernels_gate.py tests/test_kernels_norm.py \
     tests/test_kernels_gather.py -p no:cacheprovider -rs -o addopts="" --tb=short >"$OUT/kernel_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | head -20
 fi

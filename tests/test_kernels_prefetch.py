@@ -123,3 +123,27 @@ def test_on_a_gpu_the_kernels_are_the_reference():
         pytest.skip("needs a CUDA GPU")
     test_a_guess_landed_in_time_is_read_from_its_slot_then_freed()
     test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for()
+
+
+@pytest.mark.parametrize("programs", [1, 2, 5, None])
+def test_the_persistent_copy_moves_every_chunk_whatever_its_program_count(programs):
+    """Blobs of several 64 KiB chunks (the last one partial), fewer programs than chunks: each program walks its
+    items; the slots hold the experts' bytes, the bytes counted once per guess, a guess without a slot copies nothing."""
+    n, nbytes = 3, 2 * pf.COPY_CHUNK + 4096
+    i64 = dict(dtype=torch.int64, device=DEV)
+    ram = n * nbytes + nbytes                                   # the slots, one spare, then the RAM copies
+    arena = torch.zeros(ram + n * nbytes, dtype=torch.uint8, device=DEV)
+    arena[ram:] = torch.randint(0, 256, (n * nbytes,), generator=torch.Generator().manual_seed(5),
+                                dtype=torch.uint8).to(DEV)
+    st = pf.PrefetchState(
+        state=torch.zeros(n, **i64), slot_offset=torch.tensor([i * nbytes for i in range(n)], **i64),
+        where=torch.full((1, n), -1, **i64), assign=torch.tensor([0, -1, 2], **i64),
+        ram_rows=torch.tensor([[ram + e * nbytes for e in range(n)]], **i64),
+        tier=torch.ones((1, n), dtype=torch.int8, device=DEV), nbytes=torch.full((1, n), nbytes, **i64),
+        table=torch.tensor([[ram + e * nbytes for e in range(n)]], **i64), src=None,
+        counts=torch.zeros((1, pf.N_COUNTS), **i64), cached_hi=ram, guessed=torch.full((1, n), -1, **i64))
+    pf.copy(arena, torch.arange(n, **i64), 0, st, nbytes, programs=programs)
+    for e in (0, 2):                                            # guess 1 got no slot
+        assert torch.equal(arena[e * nbytes:(e + 1) * nbytes], arena[ram + e * nbytes:ram + (e + 1) * nbytes])
+    assert int(arena[nbytes:2 * nbytes].sum()) == 0
+    assert int(st.counts[0, pf.COPIED]) == 2 * nbytes
