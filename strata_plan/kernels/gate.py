@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from .norm import round_to
+from .norm import TL_DTYPES, round_to
 from .triton_common import tl, triton
-
-_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-
 
 @triton.jit
 def gate_logits_kernel(x_p, norm_p, w_p, out_p, H, E, eps, XDT: tl.constexpr, ROUND_LOGITS: tl.constexpr,
@@ -38,7 +35,7 @@ def gate_logits_kernel(x_p, norm_p, w_p, out_p, H, E, eps, XDT: tl.constexpr, RO
     for h0 in range(0, H, BH):                                                  # mean of squares, float32
         xv = tl.load(x_p + h0 + hh, mask=h0 + hh < H, other=0.0).to(tl.float32)
         ss += xv * xv
-    rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / H + eps)
+    rstd = tl.math.rsqrt(tl.sum(ss, 0) / H + eps)                              # as kernels.norm
     ee = pid * BE + tl.arange(0, BE)                                            # [BE] this program's experts
     acc = tl.zeros([BE, BH], tl.float32)
     for h0 in range(0, H, BH):
@@ -122,7 +119,7 @@ def gate_logits(x: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: tor
     """logits float32 [E] = router_w [E, H] . rms_norm(x [H] or [1, H], norm_w): one launch."""
     E, H = router_w.shape
     be = 4 if H >= 2048 else 16
-    gate_logits_kernel[(triton.cdiv(E, be),)](x, norm_w, router_w, logits, H, E, eps, XDT=_TL_DTYPES[x.dtype],
+    gate_logits_kernel[(triton.cdiv(E, be),)](x, norm_w, router_w, logits, H, E, eps, XDT=TL_DTYPES[x.dtype],
                                               ROUND_LOGITS=router_w.dtype != torch.float32, BE=be,
                                               BH=min(1024, triton.next_power_of_2(H)), num_warps=4)
 
@@ -138,7 +135,7 @@ def gate_topk(logits: torch.Tensor, rc, bias: torch.Tensor | None, ids_out: torc
                            float(rc.scaling if sigmoid else 1.0), SIGMOID=sigmoid, HAS_BIAS=sigmoid and bias is not None,
                            NG=rc.n_group if sigmoid else 1, TG=rc.topk_group if sigmoid else 1,
                            NORM=bool(rc.norm_topk_prob), ROUND_W=bool(rc.round_weights) and not sigmoid,
-                           XDT=_TL_DTYPES[dtype], K=rc.top_k, KB=triton.next_power_of_2(rc.top_k),
+                           XDT=TL_DTYPES[dtype], K=rc.top_k, KB=triton.next_power_of_2(rc.top_k),
                            EB=triton.next_power_of_2(rc.n_experts), num_warps=4)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from .triton_common import tl, triton
 
-_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def rms_norm_kernel(x_p, stride_x, w_p, out_p, D, eps, XDT: tl.constexpr, ODT: t
     d = tl.arange(0, BD)                                                     # [BD]
     m = d < D
     x = tl.load(x_p + r.to(tl.int64) * stride_x + d, mask=m, other=0.0).to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, 0) / D + eps)
+    rstd = tl.math.rsqrt(tl.sum(x * x, 0) / D + eps)                        # (kernels.gate recomputes it so)
     y = round_to(x * rstd, XDT)                                              # rounded to x's dtype first
     w = tl.load(w_p + d, mask=m, other=0.0).to(tl.float32)
     tl.store(out_p + r.to(tl.int64) * D + d, round_to(w * y, ODT).to(ODT), mask=m)
@@ -50,6 +50,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out_dtype = torch.promote_types(weight.dtype, x.dtype)
     out = torch.empty((x.shape[0], D), dtype=out_dtype, device=x.device)
     if x.shape[0]:
-        rms_norm_kernel[(x.shape[0],)](x, x.stride(0), weight, out, D, eps, XDT=_TL[x.dtype], ODT=_TL[out_dtype],
+        rms_norm_kernel[(x.shape[0],)](x, x.stride(0), weight, out, D, eps, XDT=TL_DTYPES[x.dtype], ODT=TL_DTYPES[out_dtype],
                                        BD=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8)
     return out.reshape(shape)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .ops import _sm_count
 from .triton_common import tl, triton
 
 FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
@@ -204,7 +205,6 @@ def claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
 
 def copy_programs(device) -> int:
     """Programs of the copy kernel on `device`: COPY_PROGRAMS_PER_SM a streaming multiprocessor (at least one)."""
-    from .ops import _sm_count
     return max(1, round(COPY_PROGRAMS_PER_SM * _sm_count(torch.device(device))))
 
 
