@@ -352,6 +352,7 @@ def main() -> int:
             metrics[f"{k}.wasted_gb_per_token"] = r["bytes_per_token"]["wasted"] / 1e9
             metrics[f"{k}.t_nonmoe_ms"] = parts["without_moe_s"] * 1e3
             metrics[f"{k}.step_gpu_ms"] = parts["step_s"] * 1e3
+            metrics[f"{k}.replay_cpu_ms"] = parts["step_replay_cpu_s"] * 1e3     # host CPU launching the step's graph
             metrics[f"{k}.ram_gb_per_token"] = B / 1e9
             pin = r["pinned"]
             metrics[f"{name}.ram_tier_gb"] = pin["tier_bytes"] / 1e9

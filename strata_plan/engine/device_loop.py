@@ -176,7 +176,7 @@ class DeviceDecode:
         """Median GPU seconds of one decode step replayed as a graph (`step_s`: the greedy variant when it was
         captured, else the logits one), and of the same step captured with its MoE calls left out
         (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head; no lookahead gates):
-        t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc). CUDA only, after a captured step, and last: the replays
+        t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc); `*_replay_cpu_s`: the host's CPU time launching each graph. CUDA only, after a captured step, and last: the replays
         rewrite the last position's KV entries (without MoE: with other values), move the cache, the replay cursor
         and the counters, so the runner refuses further steps (read the counters first; open the engine again)."""
         base = "greedy" if "greedy" in self._graphs else "step"
@@ -199,13 +199,16 @@ class DeviceDecode:
             g = self._graphs[graph][0]
             for _ in range(3):
                 g.replay()
-            times = []
+            times, cpu = [], []
             for _ in range(reps):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
+                c0 = time.thread_time()
                 g.replay()
+                cpu.append(time.thread_time() - c0)
                 b.record()
                 b.synchronize()
                 times.append(a.elapsed_time(b) / 1e3)
             out[f"{key}_s"] = statistics.median(times)
+            out[f"{key}_replay_cpu_s"] = statistics.median(cpu)     # host CPU time of the graph launch alone
         return out
