@@ -12,9 +12,11 @@ during decode and the host has nothing to decide. Per token it copies the token 
 graph's input and replays one graph: the embedding row (gathered in place from pinned RAM by
 `kernels.gather` when the table lives there: `embed_in_place`), every decoder layer, router, fused MoE, shared
 expert, the lm_head and, with a pick (greedy: the argmax; sampling: `generate.GumbelPick`, a graph of each), the
-next token (`engine.picks`): it stays on the device as the next step's input. When replaying routing, the replay lives on the device and the step reads its row at a
-device cursor it advances (`StoreExperts.replay_rows`, `advance_replay`); the host only keeps its own cursor in
-step (`sync_replay`). Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
+next token (`engine.picks`), written into the step's own input buffer: fed back, the next step needs no host copy.
+The step also advances the position `model.at` on the device. Per token the host then launches one graph, nothing
+else (the token's copy to the host aside). When replaying routing, the replay lives on the device and the step
+reads its row at a device cursor it advances (`StoreExperts.replay_rows`, `advance_replay`); the host only keeps its
+own cursor in step (`sync_replay`). Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
 runs eagerly, the embedding gathered by the model (tests hold it to the host loop).
 
 `ahead`: the step needs nothing of the token on the host (graphs, and the embedding gathered on the device), so
@@ -66,7 +68,10 @@ class DeviceDecode:
         self.m, self.ex = model, experts
         self.graphs = graphs and model.device.type == "cuda"
         self.x0 = torch.zeros((1, model.cfg.hidden), dtype=model.dtype, device=model.device)   # the token's row
-        self.tok = torch.zeros(1, dtype=torch.long, device=model.device)                        # the graph's input
+        self.tok = torch.zeros(1, dtype=torch.long, device=model.device)    # the step's input; a pick's output too
+        self.owns_at = True                  # the step advances `model.at` itself (the host writes it only on a jump)
+        self._at: int | None = None          # the position `model.at` holds on the device (None: unknown)
+        self._events: list = []              # timing event pairs free for reuse
         self._embed_at: int | None = None      # embed_in_place: the table's byte offset from the arena
         self.dense_step_bytes: dict[str, int] = {}   # dense weights a step reads in place from pinned RAM (counted)
         experts.staged = experts.replay is not None
@@ -100,8 +105,11 @@ class DeviceDecode:
         for layer in m.layers:
             x = m._layer(layer, x, 0, m.at)
         self.ex.advance_replay()
+        m.at.add_(1)                         # the next step's position
         logits = m.logits(x[-1])
-        return pick(logits) if pick is not None else logits
+        if pick is None:
+            return logits
+        return self.tok.copy_(pick(logits))  # the next step's input already in place: no host copy between steps
 
     def _run(self, key: str, mode: str, pick=None) -> torch.Tensor:
         if mode == "eager":
@@ -116,9 +124,11 @@ class DeviceDecode:
         return out
 
     def __call__(self, token_ids: torch.Tensor, pick=None) -> torch.Tensor:
-        """One token [1] (on the device) at the position in `model.at`; float32 logits [V], or with a pick the next
-        token int64 [1]: the caller's own tensor (a replayed graph writes its output into the same buffer every
-        step). Each variant is run eagerly at its first call, captured at its second, replayed after."""
+        """One token [1] (on the device) at the model's position `model.pos`; float32 logits [V] (the caller's own
+        tensor), or with a pick the next token int64 [1] in the runner's input buffer `tok`: fed back as the next
+        step's token it needs no copy, and the next step rewrites it (copy it to keep it). The device's position
+        `model.at` is advanced by the step itself; the host writes it only when `model.pos` jumped (prefill, reset).
+        Each variant is run eagerly at its first call, captured at its second, replayed after."""
         if self.spent:
             raise RuntimeError("time_parts ran on this engine: its decode state is a timing run's; open it again")
         key = pick.key if pick is not None else "step"
@@ -134,22 +144,29 @@ class DeviceDecode:
         if self.ex.store.prefetch is not None:
             self.ex.store.prefetch.join()     # eager work (prefill) left the side stream forked: join it here
         counted = self.ex.store.counters.dense_bytes
-        if self._embed_at is None:
-            self.x0.copy_(self.m.embed_tokens(token_ids.reshape(1)))    # eager: the model's gather
-        else:
+        if self._at != self.m.pos:           # prefill or a reset moved the position: the device's copy follows
+            self.m.at.fill_(self.m.pos)
+        self._at = self.m.pos + 1
+        if token_ids.data_ptr() != self.tok.data_ptr():     # not the last pick fed back: copy it in
             self.tok.copy_(token_ids.reshape(1), non_blocking=True)
+        if self._embed_at is None:
+            self.x0.copy_(self.m.embed_tokens(self.tok))     # eager: the model's gather
+        else:
             counted[EMBED] += self.x0.numel() * self.x0.element_size()
         for kind, n in self.dense_step_bytes.items():                  # streamed dense weights read in place
             counted[kind] += n
         timed = self.timing and self.graphs
         if timed:                            # blocking events: a wait for them sleeps (no spinning thread)
-            ev = tuple(torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
+            ev = self._events.pop() if self._events else tuple(
+                torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
             ev[0].record()
         out = self._run(key, mode, pick)
         if timed:
             ev[1].record()
             self._pending.append(ev)
         self.launch_s += time.perf_counter() - t0
+        if pick is not None:
+            return out                       # `self.tok`: rewritten by the next step (copy it to keep it)
         return out.clone() if mode != "eager" else out
 
     # ---- timing ------------------------------------------------------------------------------------------
@@ -164,6 +181,7 @@ class DeviceDecode:
             b.synchronize()
             self._split["compute_s"] += a.elapsed_time(b) / 1e3
             self._split["steps"] += 1
+            self._events.append((a, b))
 
     def split(self) -> dict:
         """Device seconds of the timed steps since the last call (the step's graph, from its launch to its end;

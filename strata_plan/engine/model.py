@@ -160,7 +160,8 @@ class MoEModel:
         if static:
             if t != 1:
                 raise ValueError(f"a static step runs one token, got {t}")
-            self.at.fill_(self.pos)
+            if not getattr(self.step_runner, "owns_at", False):    # the device loop advances `at` in its step
+                self.at.fill_(self.pos)
             if pick is not None and getattr(self.step_runner, "picks", False):
                 out = self.step_runner(token_ids, pick=pick)
             else:
