@@ -45,6 +45,8 @@ class TokenRing:
 
     def __init__(self, n: int = 4):
         self.host = torch.empty(n, dtype=torch.int64, pin_memory=True)
+        self._slots = [self.host[i:i + 1] for i in range(n)]     # views made once: a push is one copy launch
+        self._ids = self.host.numpy()                             # read without a tensor op
         self.events = [torch.cuda.Event(blocking=True) for _ in range(n)]
         self.head = self.size = 0
 
@@ -52,7 +54,7 @@ class TokenRing:
         if self.size == len(self.events):
             raise RuntimeError("TokenRing is full: pop before pushing more")
         i = (self.head + self.size) % len(self.events)
-        self.host[i:i + 1].copy_(token.reshape(1), non_blocking=True)
+        self._slots[i].copy_(token.reshape(1), non_blocking=True)
         self.events[i].record()
         self.size += 1
 
@@ -60,7 +62,7 @@ class TokenRing:
         i = self.head
         self.events[i].synchronize()
         self.head, self.size = (i + 1) % len(self.events), self.size - 1
-        return int(self.host[i])
+        return int(self._ids[i])
 
 
 class DeviceDecode:
