@@ -305,6 +305,23 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     return out
 
 
+def layer_times(run: Run, a, ckpt: Path) -> None:
+    """The trained model's decode layers timed on this GPU (`profiler.layers`), added to the profile the predictions
+    use (written to <work>/profile-predict.yaml, which --profile-predict then names): the cost model charges
+    measured layer times, no fitted per-layer constant."""
+    from strata_plan.profiler.layers import measure_layer_times, with_layer_times
+    from strata_plan.planner.repredict import with_calibration_of
+    from strata_plan.profiles.schema import save_profile
+    t = measure_layer_times(str(ckpt), context=a.context)
+    run.metrics.update({"layer_times.head_us": t.head_us, "layer_times.dense_layer_us": t.dense_layer_us,
+                        "layer_times.moe_layer_us": t.moe_layer_us})
+    prof = with_calibration_of(a.profile_predict, a.calibration)
+    a.profile_predict = str(save_profile(with_layer_times(prof, [t]), Path(a.work) / "profile-predict.yaml"))
+    a.calibration = None
+    log(f"layer times (MEASURED, {ckpt.name}, context {a.context}): head {t.head_us:.1f} us, dense layer "
+        f"{t.dense_layer_us:.1f} us, MoE layer without routed experts {t.moe_layer_us:.1f} us")
+
+
 def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], prompt: list[int]) -> None:
     from strata_plan.engine.engine import baseline
     from strata_plan.core.plan import load_plan
@@ -584,6 +601,8 @@ def main(argv=None) -> int:
         prompt = [0] + load_tokenizer(ckpt).encode(PROMPT).ids       # <|endoftext|> first, as every training file
         run.extra["prompt"] = {"text": PROMPT, "ids": prompt}
         n_moe = load_spec(str(ckpt)).n_moe_layers
+        if a.profile_predict and torch.cuda.is_available():
+            run.do("layer times", lambda: layer_times(run, a, ckpt))
         run.do("statistics", lambda: trace_statistics(run, a, ckpt, trace))
         for name in a.budgets.split(","):
             path = run.do(f"plan.{name}", lambda name=name: plan_budget(run, a, name, ckpt, trace))

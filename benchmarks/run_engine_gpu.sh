@@ -8,7 +8,8 @@
 # 0. the device loop's kernel tests (LRU, lookahead slots and gate, RMSNorm, NVMe staging handshake, embedding gather) first, 100 s at
 #    most: a kernel that misbehaves on the GPU shows before the benchmarks run it (kernel_tests.log);
 # 1. with GRAPH_VS_EAGER=1, benchmarks/tools/graph_vs_eager.py (the host loop's graphed decode against its eager segments);
-# 2. a quick profile of this machine (h200-run.yaml: the predictions are re-run with its measured figures);
+# 2. a quick profile of this machine with kimi-k3.1-pro's decode layers timed (h200-run.yaml: the predictions are
+#    re-run with its measured figures);
 # 3. the engine on the synthetic kimi-k3.1-pro@5moe model, every plan in modes plan / lru / on-demand, the first
 #    plan also with each copy window of COPY_WINDOWS before the next plan (engine-*.json; runs past the deadline
 #    are listed as skipped: the seed plan's NVMe runs take ~25 s each); where a mode runs the device loop, the host
@@ -41,7 +42,8 @@ if [ -n "${KERNEL_TESTS-1}" ]; then
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | head -20
 fi
 [ -n "${GRAPH_VS_EAGER:-}" ] && timeout 100 python3 benchmarks/tools/graph_vs_eager.py 2>&1 | grep -v -e "^[│┃┏┗┡└┌]" | tee "$OUT/graph_vs_eager.log"
-timeout 120 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -3
+timeout 150 python3 -m strata_plan.cli profile --quick --nvme-dir /root --models kimi-k3.1-pro --out "$OUT/h200-run.yaml" \
+  --force 2>&1 | tail -3
 PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
 if [ -n "${PREFETCH_COPY-1}" ] && t=$(upto 60); then
   timeout "$t" python3 benchmarks/bench_prefetch_copy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_prefetch_copy.log" | tail -3

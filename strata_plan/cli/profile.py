@@ -29,6 +29,11 @@ def register(sub) -> None:
                    help="test-file size in GiB, clamped to the free space (default: 1 quick, 4 full)")
     p.add_argument("--pin-cap-gib", type=_positive_gib, metavar="N",
                    help="pin at most this much RAM when probing how much can be pinned (default: 4 quick, 32 full)")
+    p.add_argument("--models", default="", metavar="M[,M...]",
+                   help="also time these models' decode layers on the GPU (shipped names or config.json paths; "
+                        "the engine's layers on random weights): the planner then charges measured layer times")
+    p.add_argument("--context", type=int, default=1024, metavar="N",
+                   help="with --models: cached positions the timed attention spans (default: 1024)")
     add_out(p, "profile YAML to write (default: ./<name>.yaml)", metavar="FILE")
     p.add_argument("--name", default="", help="profile name (default: from the GPU, or host-<hostname>)")
     add_json(p, "print the profile, statistics and notes as JSON")
@@ -46,10 +51,24 @@ def cmd_profile(args) -> int:
     from strata_plan.schema import to_data
 
     check_dir(args.nvme_dir)                        # bad arguments fail before anything is measured
+    models = tuple(m for m in args.models.split(",") if m)
+    if args.context < 1:
+        from strata_plan.errors import UserError
+        raise UserError("--context", str(args.context), "must be at least 1 position", "pass e.g. --context 1024")
+    if models:
+        from strata_plan.errors import UserError
+        from strata_plan.profiler.layers import check_model
+        for m in models:
+            try:
+                check_model(m)
+            except UserError as e:
+                if e.where != "--model":
+                    raise
+                raise UserError("--models", e.field, e.problem, e.fix) from None
     name = args.name or default_name()
     out = check_out_file(args.out or f"{name}.yaml", "--out", args.force)
     opts = Options(quick=args.quick, nvme_dir=Path(args.nvme_dir), max_gib=args.max_gib,
-                   pin_cap_gib=args.pin_cap_gib, name=name)
+                   pin_cap_gib=args.pin_cap_gib, name=name, models=models, context=args.context)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM cleans up like Ctrl-C
     try:
         result = profile_machine(opts, console(stderr=True), show_progress=not args.json)

@@ -8,6 +8,8 @@ names what is unsupported. Bytes of routed experts come from
 """
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import re
@@ -65,6 +67,15 @@ class ModelSpec:
     @property
     def n_moe_layers(self) -> int:
         return len(self.moe_layers)
+
+    @property
+    def layer_geometry(self) -> str:
+        """What a decoder layer's decode work without its routed experts depends on, as one key: the family, hidden
+        size, vocabulary, attention shape, dense and shared MLP widths, the router's width and top-k (not the layer
+        count, nor the routed experts' size). A profile's measured `layer_times` entry serves every spec of its key."""
+        att = ",".join(f"{k}={v}" for k, v in sorted(dataclasses.asdict(self.attention).items()))
+        return (f"{self.model_type};h={self.hidden};v={self.vocab};{att};dense={self.dense_intermediate};"
+                f"shared={self.shared_intermediate};E={self.n_routed};k={self.top_k};tied={int(self.tied_embeddings)}")
 
     # ---- parameters ---------------------------------------------------------------------------
     @property

@@ -157,6 +157,39 @@ class CostModel:
         return self._cal.layer_overhead_us.value * 1e-6
 
     @cached_property
+    def measured_layers(self):
+        """The profile's measured decode times of this model's layers (`GPU.layer_time` of the spec's
+        `layer_geometry`, `profiler.layers`), or None."""
+        return self.gpu.layer_time(self.problem.spec.layer_geometry)
+
+    @cached_property
+    def layer_overheads(self) -> np.ndarray:
+        """[n_layers] seconds each decoder layer takes at decode beyond its bytes over HBM (dense weights and KV
+        cache, `_layers`): where the profile measured this geometry's layers, the measured time less those bytes
+        at the context it was measured at (the kernels' own latency and launch gaps inside a graph: a measured
+        quantity); else `layer_overhead_us` (calibration) for every layer."""
+        spec, lt = self.problem.spec, self.measured_layers
+        if lt is None:
+            return np.full(spec.n_layers, self.overhead)
+        att, lay, w = spec.attention, self._layers, spec.attention.sliding_window
+        out = []
+        for i, kind in enumerate(spec.layer_kinds):
+            us = lt.dense_layer_us if kind == "dense" else lt.moe_layer_us
+            sliding = bool(spec.sliding_layers) and spec.sliding_layers[i] and w > 0
+            kv = att.kv_bytes_per_token_layer * (min(lt.context, w) if sliding else lt.context)
+            out.append(max(0.0, us * 1e-6 - (lay["dense"][i] + kv) / self.hbm_rate))
+        return np.array(out)
+
+    @cached_property
+    def head_overhead(self) -> float:
+        """Seconds the head (embedding row, final norm, lm_head, pick) takes beyond the lm_head's bytes over HBM,
+        measured with the layers (`measured_layers`); 0 without (the calibrated per-layer overhead covers it)."""
+        lt = self.measured_layers
+        if lt is None:
+            return 0.0
+        return max(0.0, lt.head_us * 1e-6 - self.problem.dense_units[-1] / self.hbm_rate)
+
+    @cached_property
     def launch(self) -> float:
         """Seconds one small kernel takes inside a CUDA graph (the profile's `graph_launch_us`, else an estimate)."""
         return self.gpu.launch_us().value * 1e-6
@@ -652,9 +685,10 @@ class CostModel:
                 hbm_i = lay["kv"][i] / self.hbm_rate
             elif not placement.dense_resident[i]:
                 stream(g, i)
-            sec["overhead"] += self.overhead
+            over = models[i].layer_overheads[i]
+            sec["overhead"] += over
             sec["hbm" if hbm_i >= t_fl[i] else "compute"] += max(hbm_i, t_fl[i])
-            t += self.overhead + max(hbm_i, t_fl[i])
+            t += over + max(hbm_i, t_fl[i])
             j = moe_index.get(i)
             if j is not None and inplace is not None:    # in place: RAM and VRAM experts read side by side
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
@@ -720,7 +754,8 @@ class CostModel:
         elif not placement.dense_resident[-1]:            # lm_head
             stream(g, len(units) - 1)
         sec["hbm" if t_lm_hbm >= t_lm_fl else "compute"] += max(t_lm_hbm, t_lm_fl)
-        return sec, t + max(t_lm_hbm, t_lm_fl)
+        sec["overhead"] += head.head_overhead
+        return sec, t + max(t_lm_hbm, t_lm_fl) + head.head_overhead
 
     def _prefill(self, placement, s: np.ndarray, b: np.ndarray) -> tuple[float, str, dict, dict]:
         p, tb, lay = self.problem, self._tables, self._layers

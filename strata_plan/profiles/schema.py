@@ -188,6 +188,28 @@ class MoEPrefillRate:
 
 
 @dataclass(frozen=True)
+class LayerTime:
+    """GPU microseconds of one model geometry's batch-1 decode step pieces in a CUDA graph, measured by
+    `profiler.layers` (the engine's own layers on random weights): `head_us` the embedding row, final norm, lm_head
+    and argmax; `dense_layer_us` a dense decoder layer (0: the model has none); `moe_layer_us` a MoE decoder layer
+    without its routed experts (attention over `context` cached positions, norms, router, shared expert).
+    `geometry` is `core.spec.ModelSpec.layer_geometry` of the specs it serves."""
+
+    geometry: str
+    model: str
+    context: int = bounded(1, 1 << 24)
+    head_us: float = bounded(0.0, 1e6)
+    dense_layer_us: float = bounded(0.0, 1e6)
+    moe_layer_us: float = bounded(0.0, 1e6)
+    provenance: Provenance = "estimate"
+    source: str = ""
+    date: str = ""
+
+    def __post_init__(self) -> None:
+        _check_provenance(self, "layer_times entry")
+
+
+@dataclass(frozen=True)
 class GPU:
     name: str
     vram_gb: Figure
@@ -207,7 +229,12 @@ class GPU:
     fused_moe_decode: MoEDecodeRate | None = None      # the fused MoE decode call, GB/s at a few expert shapes
     fused_moe_prefill: MoEPrefillRate | None = None    # the fused MoE prefill call, weights expanded a second
     graph_launch_us: Figure | None = None      # one small kernel inside a CUDA graph, back to back (the launch floor)
+    layer_times: tuple[LayerTime, ...] = ()    # decoder layers' GPU time by model geometry (profiler.layers)
     driver: str = ""
+
+    def layer_time(self, geometry: str) -> LayerTime | None:
+        """The measured `layer_times` entry of this geometry (`ModelSpec.layer_geometry`), or None."""
+        return next((t for t in self.layer_times if t.geometry == geometry), None)
 
     def launch_us(self) -> Figure:
         """`graph_launch_us`, or the default estimate (`DEFAULT_GRAPH_LAUNCH`) where the profile has none."""

@@ -1,0 +1,188 @@
+"""GPU time of a model's decoder layers at batch-1 decode, measured: the engine's own layers on random weights of
+the model's geometry, each prefix of them replayed as one CUDA graph, as the device loop runs a token.
+
+    t = measure_layer_times("kimi-k3.1-pro", context=1024)     # a LayerTime (profiles.schema), microseconds
+    t.head_us, t.dense_layer_us, t.moe_layer_us
+
+The model is cut after its second MoE layer (`core.spec.truncate_config`: its dense layers before it kept) and
+built in VRAM from random BF16 tensors named and shaped as its checkpoints (`engine.synthetic.dense_tensor_specs`),
+with no routed experts: the MoE call returns zeros, as `DeviceDecode.time_parts` leaves it out. Graph k runs the
+token's embedding row, the first k decoder layers (attention over the whole static cache of `context` positions,
+norms, router with its top-k, shared expert or dense MLP), the final norm, the lm_head and the argmax; each is
+replayed `reps` times after a warm-up and timed with CUDA events. Layer i's time is the median of graph i + 1 less
+graph i's (interleaved, so clock drift falls on both); `head_us` is graph 0's. These are what the cost model charges
+a decoder layer without its routed experts (`planner.cost`): kernels as the engine launches them, each at its
+own rate, launch gaps inside a graph included; no constant fitted to decode runs.
+"""
+from __future__ import annotations
+
+import datetime
+import statistics
+
+from strata_plan.profiles.schema import LayerTime
+
+
+def torch_inference(fn):
+    """`fn` under torch.inference_mode (torch imported when called, not at import)."""
+    def run(*a, **k):
+        import torch
+        with torch.inference_mode():
+            return fn(*a, **k)
+    return run
+
+
+class _NoExperts:
+    """The routed experts' call left out (zeros of the input's shape): the layers' own work is what is timed."""
+
+    def __call__(self, moe_index, x, topk_ids, topk_weights):
+        import torch
+        return torch.zeros_like(x)
+
+
+class RandomSource:
+    """name -> a random BF16 (router bias: float32) tensor of the geometry's checkpoint names, made on the device
+    when asked (`engine.synthetic.random_dense`), in `engine.weights.TensorSource`'s interface."""
+
+    def __init__(self, spec, device, seed: int = 0):
+        import torch
+
+        from strata_plan.engine.synthetic import dense_tensor_specs
+        self._specs = {n: (dt, sh) for n, dt, sh in dense_tensor_specs(spec)}
+        self._gen = torch.Generator(device=device)
+        self._gen.manual_seed(seed)
+        self._device = device
+
+    @property
+    def names(self) -> set[str]:
+        return set(self._specs)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._specs
+
+    def get(self, name: str, device="cpu", dtype=None):
+        from strata_plan.engine.synthetic import random_dense
+        dt, shape = self._specs[name]
+        return random_dense(name, dt, shape, self._gen, self._device).to(device=device, dtype=dtype or dt)
+
+    def first(self, names: list[str], device="cpu", dtype=None):
+        return self.get(next((n for n in names if n in self._specs), names[0]), device, dtype)
+
+
+def _graph(run):
+    """`run` captured in a CUDA graph (after two warm-up calls on a side stream): its replay."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                      # warm-up off the capture (allocator, autotuned kernels)
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    return g.replay
+
+
+def _timed(run, device: str) -> float:
+    """Microseconds of one call: CUDA events on a GPU, the wall clock on a CPU (tests)."""
+    import time
+
+    import torch
+    if device == "cpu":
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) * 1e6
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    run()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3
+
+
+def _cut_config(spec) -> dict:
+    from strata_plan.core.spec import truncate_config
+    from strata_plan.engine.synthetic import config_of
+    return truncate_config(config_of(spec), min(2, spec.n_moe_layers), spec.source or spec.name)
+
+
+@torch_inference
+def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[float]:
+    """Median microseconds of each prefix step (embedding, the first k layers, head and argmax), k = 0..n_layers."""
+    import torch
+
+    from strata_plan.engine.model import MoEModel
+    m = MoEModel(cfg, RandomSource(cut, device), _NoExperts(), context, device)
+    tok = torch.zeros(1, dtype=torch.long, device=device)
+    m.at.fill_(context - 1)                     # the static step's shapes do not depend on the position
+
+    def prefix(k: int):
+        def run():
+            x = m.embed_tokens(tok)
+            for layer in m.layers[:k]:
+                x = m._layer(layer, x, 0, m.at)
+            return m.logits(x[-1]).argmax()
+        return run
+
+    runs = [prefix(k) for k in range(cut.n_layers + 1)]
+    if device != "cpu":
+        runs = [_graph(run) for run in runs]
+    for run in runs:
+        run()
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(reps):                       # interleaved: drift lands on every prefix alike
+        for k, run in enumerate(runs):
+            times[k].append(_timed(run, device))
+    return [statistics.median(t) for t in times]
+
+
+def check_model(model: str) -> None:
+    """Refuse in one line (UserError) a model whose layers cannot be timed: unknown, or a family the engine does not
+    run or whose checkpoint tensors `engine.synthetic` does not name. Cheap: nothing is built."""
+    from strata_plan.core.spec import load_spec
+    from strata_plan.engine.config import ModelConfig
+    from strata_plan.engine.synthetic import dense_tensor_specs
+    spec = load_spec(model)
+    cfg = _cut_config(spec)
+    ModelConfig.from_dict(cfg, spec.source or f"{spec.name}/config.json")
+    dense_tensor_specs(spec)
+
+
+def measure_layer_times(model: str, context: int = 1024, reps: int = 30, device: str = "cuda") -> LayerTime:
+    """The LayerTime of `model` (a shipped spec name or a config.json path, `NAME@Nmoe` too) on this GPU."""
+    import torch
+
+    from strata_plan.core.spec import load_spec, spec_from_config
+    from strata_plan.engine.config import ModelConfig
+    spec = load_spec(model)
+    cfg_dict = _cut_config(spec)
+    cut = spec_from_config(cfg_dict, spec.name, spec.source or spec.name)
+    cfg = ModelConfig.from_dict(cfg_dict, spec.source or f"{spec.name}/config.json")
+    med = _prefix_times(cfg, cut, context, reps, device)
+    dense = [med[i + 1] - med[i] for i, kind in enumerate(cut.layer_kinds) if kind == "dense"]
+    moe = [med[i + 1] - med[i] for i, kind in enumerate(cut.layer_kinds) if kind == "moe"]
+    name = "" if device == "cpu" else torch.cuda.get_device_name()
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return LayerTime(
+        geometry=spec.layer_geometry, model=spec.name.split("@")[0], context=context, head_us=round(med[0], 2),
+        dense_layer_us=round(statistics.mean(dense), 2) if dense else 0.0, moe_layer_us=round(statistics.mean(moe), 2),
+        provenance="measured",
+        source=f"strata-plan profile: the engine's decoder layers of {spec.name.split('@')[0]} cut after MoE layer "
+               f"{cut.n_moe_layers}, random BF16 weights, routed experts left out, context {context}; each prefix "
+               + (f"one CUDA graph, median of {reps} interleaved replays (CUDA events), {name}" if device != "cpu" else
+                  f"run eagerly, median of {reps} interleaved runs, wall clock on the CPU"),
+        date=datetime.date.today().isoformat())
+
+
+def with_layer_times(profile, times):
+    """`profile` (a HardwareProfile, shipped name or YAML path) with `times` (LayerTime) in its first GPU's
+    `layer_times`, each replacing an entry of the same geometry."""
+    import dataclasses
+
+    from strata_plan.profiles.schema import load_profile
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    g = prof.gpus[0]
+    new = {t.geometry for t in times}
+    kept = tuple(t for t in g.layer_times if t.geometry not in new)
+    return dataclasses.replace(prof, gpus=(dataclasses.replace(g, layer_times=kept + tuple(times)), *prof.gpus[1:]))
