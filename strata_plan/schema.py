@@ -168,8 +168,8 @@ def to_data(obj: Any) -> Any:
             v = getattr(obj, f.name)
             if (v is None and f.default is None) or (v == "" and f.default == ""):
                 continue
-            if (v == {} and f.default_factory is dict) or (v == () and f.default == ()):
-                continue                   # an empty default left out: older files keep their bytes (and sha256)
+            if v == {} and f.default_factory is dict:
+                continue
             out[f.name] = to_data(v)
         return out
     if isinstance(obj, (tuple, list)):

@@ -42,7 +42,7 @@ def test_the_fixture_layers_time_on_a_cpu_and_round_trip_through_a_profile(tmp_p
 
 def test_a_profile_without_layer_times_keeps_its_bytes(tmp_path):
     prof = load_profile("h200")
-    assert prof.gpu.layer_times == ()
+    assert prof.gpu.layer_times is None
     text = save_profile(prof, tmp_path / "p.yaml").read_text()
     assert "layer_times" not in text
 

@@ -184,5 +184,5 @@ def with_layer_times(profile, times):
     prof = load_profile(profile) if isinstance(profile, str) else profile
     g = prof.gpus[0]
     new = {t.geometry for t in times}
-    kept = tuple(t for t in g.layer_times if t.geometry not in new)
+    kept = tuple(t for t in g.layer_times or () if t.geometry not in new)
     return dataclasses.replace(prof, gpus=(dataclasses.replace(g, layer_times=kept + tuple(times)), *prof.gpus[1:]))

@@ -345,7 +345,7 @@ def _gpu_entry(g, p: Preset) -> GPU:
                                             f"k={GEMV_SHAPE[1]}), its own median of repeats")
                      for f, st in g.kernel_gbps.items()},
         **fused_moe_entries(g.moe),
-        layer_times=g.layer_times,
+        layer_times=g.layer_times or None,
         graph_launch_us=measured(g.graph_launch.median, f"{GRAPH_LAUNCHES} in-place adds on a one-element tensor "
                                  "in one CUDA graph, replay time over the launches, CUDA events", g.graph_launch)
         if getattr(g, "graph_launch", None) is not None else None,

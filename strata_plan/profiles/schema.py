@@ -229,12 +229,12 @@ class GPU:
     fused_moe_decode: MoEDecodeRate | None = None      # the fused MoE decode call, GB/s at a few expert shapes
     fused_moe_prefill: MoEPrefillRate | None = None    # the fused MoE prefill call, weights expanded a second
     graph_launch_us: Figure | None = None      # one small kernel inside a CUDA graph, back to back (the launch floor)
-    layer_times: tuple[LayerTime, ...] = ()    # decoder layers' GPU time by model geometry (profiler.layers)
+    layer_times: tuple[LayerTime, ...] | None = None   # decoder layers' GPU time by model geometry (profiler.layers)
     driver: str = ""
 
     def layer_time(self, geometry: str) -> LayerTime | None:
         """The measured `layer_times` entry of this geometry (`ModelSpec.layer_geometry`), or None."""
-        return next((t for t in self.layer_times if t.geometry == geometry), None)
+        return next((t for t in self.layer_times or () if t.geometry == geometry), None)
 
     def launch_us(self) -> Figure:
         """`graph_launch_us`, or the default estimate (`DEFAULT_GRAPH_LAUNCH`) where the profile has none."""
