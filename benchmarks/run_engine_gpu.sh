@@ -42,7 +42,7 @@ if [ -n "${KERNEL_TESTS-1}" ]; then
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | head -20
 fi
 [ -n "${GRAPH_VS_EAGER:-}" ] && timeout 100 python3 benchmarks/tools/graph_vs_eager.py 2>&1 | grep -v -e "^[│┃┏┗┡└┌]" | tee "$OUT/graph_vs_eager.log"
-timeout 150 python3 -m strata_plan.cli profile --quick --nvme-dir /root --models kimi-k3.1-pro --out "$OUT/h200-run.yaml" \
+timeout 180 python3 -m strata_plan.cli profile --quick --nvme-dir /root --models kimi-k3.1-pro --out "$OUT/h200-run.yaml" \
   --force 2>&1 | tail -3
 PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
 if [ -n "${PREFETCH_COPY-1}" ] && t=$(upto 60); then
