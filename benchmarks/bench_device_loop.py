@@ -53,7 +53,10 @@ def main() -> int:
     ap.add_argument("--dir", required=True, help="scratch folder for plans and packed models (removed at the end)")
     ap.add_argument("--model", default="qwen3-30b-a3b")
     ap.add_argument("--layers", default="5,24")
-    ap.add_argument("--modes", default="lru,on-demand")
+    ap.add_argument("--modes", default="lru,on-demand,lru_poll",
+                    help="engine modes; `lru_poll`: LRU-only with the token reads polling their event every --poll-us "
+                         "instead of a blocking wait (does the driver's wait cost the decode thread CPU time?)")
+    ap.add_argument("--poll-us", type=float, default=100.0)
     ap.add_argument("--static", type=float, default=0.1)
     ap.add_argument("--cache", type=int, default=8)
     ap.add_argument("--profile", default="h200")
@@ -98,8 +101,10 @@ def main() -> int:
             for mode in modes:
                 replay = Replay.from_prior("olmoe-like", n, plan.n_experts, plan.top_k, tokens=4096, seed=11)
                 try:
-                    r = measure(packed, plan, mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay,
-                                device=a.device, options=EngineOptions(loop="device"))
+                    poll = mode.endswith("_poll")
+                    r = measure(packed, plan, mode=mode.removesuffix("_poll"), tokens=a.tokens, warmup=a.warmup,
+                                replay=replay, device=a.device, options=EngineOptions(loop="device"),
+                                ring_poll_s=a.poll_us * 1e-6 if poll else None)
                 except Exception as err:                # noqa: BLE001 (recorded; the next run goes on)
                     record_failure(errors, f"{n} layers/{mode}", err)
                     continue

@@ -41,8 +41,9 @@ def _sync(device) -> None:
 
 def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32, replay=None,
             device: str = "", prompt: list[int] | None = None, seed: int = 0, progress=None,
-            options: EngineOptions | None = None) -> dict:
-    """`options` (optional) sets the engine's other knobs; its mode and device are replaced by these."""
+            options: EngineOptions | None = None, ring_poll_s: float | None = None) -> dict:
+    """`options` (optional) sets the engine's other knobs; its mode and device are replaced by these. `ring_poll_s`:
+    the device loop's token reads poll their event at that interval instead of a blocking wait (`TokenRing`)."""
     opts = dataclasses.replace(options or EngineOptions(), mode=mode, device=device)
     with Engine.open(packed, plan, opts, replay=replay) as eng:
         m, store, ex = eng.model, eng.store, eng.experts
@@ -82,7 +83,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         per, out_ids = [], []
         check = getattr(ex, "check", lambda: None)
         ahead = getattr(runner, "ahead", False)
-        ring = TokenRing() if ahead else None
+        ring = TokenRing(poll_s=ring_poll_s) if ahead else None
         cpu0 = time.thread_time()                     # the decode thread's CPU time (its waits sleep: blocking events)
         t_all = time.perf_counter()
         if ahead:

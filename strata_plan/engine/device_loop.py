@@ -41,9 +41,11 @@ from .picks import GREEDY
 class TokenRing:
     """Sampled ids read by the host one step late: `push(id)` (a one-element device tensor) queues its copy into
     pinned memory behind the work so far; `pop()` waits for the oldest pushed copy alone (a blocking event: the
-    thread sleeps, so its CPU time is work) and returns it as an int."""
+    thread sleeps, so its CPU time is work) and returns it as an int. `poll_s`: wait instead by sleeping that long
+    between queries of the event (a diagnostic: whether the driver's blocking wait costs the thread CPU time)."""
 
-    def __init__(self, n: int = 4):
+    def __init__(self, n: int = 4, poll_s: float | None = None):
+        self.poll_s = poll_s
         self.host = torch.empty(n, dtype=torch.int64, pin_memory=True)
         self._slots = [self.host[i:i + 1] for i in range(n)]     # views made once: a push is one copy launch
         self._ids = self.host.numpy()                             # read without a tensor op
@@ -60,7 +62,11 @@ class TokenRing:
 
     def pop(self) -> int:
         i = self.head
-        self.events[i].synchronize()
+        if self.poll_s is None:
+            self.events[i].synchronize()
+        else:
+            while not self.events[i].query():
+                time.sleep(self.poll_s)
         self.head, self.size = (i + 1) % len(self.events), self.size - 1
         return int(self._ids[i])
 
