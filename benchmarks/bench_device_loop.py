@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("--dir", required=True, help="scratch folder for plans and packed models (removed at the end)")
     ap.add_argument("--model", default="qwen3-30b-a3b")
     ap.add_argument("--layers", default="5,24")
-    ap.add_argument("--modes", default="lru,on-demand,lru_poll",
+    ap.add_argument("--modes", default="lru,lru_poll,on-demand",
                     help="engine modes; `lru_poll`: LRU-only with the token reads polling their event every --poll-us "
                          "instead of a blocking wait (does the driver's wait cost the decode thread CPU time?)")
     ap.add_argument("--poll-us", type=float, default=100.0)

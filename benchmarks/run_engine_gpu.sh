@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine's H200 rows in one device call (under 10 minutes):
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [COPY_WINDOWS=8:2,4:2,8:1] [CALIBRATION=P.yaml] [PINNED_GB=64] [GPU_TESTS=]
-#     [DEVICE_LOOP_LAYERS=5,24]
+#     [DEVICE_LOOP_LAYERS=5,24 [DEVICE_LOOP_FIRST=1]]
 #     [GRAPH_VS_EAGER=1] [KERNEL_TESTS=] [PREFETCH_COPY=] [END_S=590] bash benchmarks/run_engine_gpu.sh [PLANS]
 #   (PLANS default ramrich,seed; CALIBRATION: the constants the predictions use, default
 #   benchmarks/data/h200-calibrated-20261203b.yaml, frozen before the run; CALIBRATION= for the quick profile's own)
@@ -17,6 +17,7 @@
 # 4. (first, 60 s at most) benchmarks/bench_prefetch_copy.py: the lookahead copy kernel's rate by thread blocks;
 # 5. with DEVICE_LOOP_LAYERS, benchmarks/bench_device_loop.py (host and GPU time a token by depth, qwen3-30b-a3b;
 #    it plans with Optuna: carry .whl, see run_trained_gpu.sh's header);
+#    (DEVICE_LOOP_FIRST=1: before step 1, within 200 s; the later marks stay)
 # 6. the engine GPU tests, the device LRU's and the NVMe stager's among them (gpu_tests.log; GPU_TESTS= to skip).
 # Each step ends by its mark (bench_engine 400 s, bench_device_loop 575 s, the rest 590 s, each moved earlier by
 # 590 - END_S when the call runs something else first; a step with under 10 s left is skipped); KERNEL_TESTS= and
@@ -33,6 +34,14 @@ END=${END_S:-590}
 left() { echo $(( $1 - (590 - END) - ($(date +%s) - t0) )); }
 by() { local l; l=$(left "$1"); [ "$l" -ge 10 ] && echo "$l"; }      # seconds to second $1 of the script, or none
 upto() { local l; l=$(left 590); [ "$l" -gt "$1" ] && l=$1; [ "$l" -ge 10 ] && echo "$l"; }   # at most $1 s, or none
+device_loop() {   # step 5, within $1 seconds
+  if python3 -c "import optuna" 2>/dev/null; then
+    timeout "$1" python3 benchmarks/bench_device_loop.py --dir /root/dl --layers "$DEVICE_LOOP_LAYERS" --out-dir "$OUT" \
+      --deadline-s "$(( $1 * 2 / 3 ))" 2>&1 | tee "$OUT/bench_device_loop.log" | grep -v '^ "'
+  else
+    echo "bench_device_loop skipped: optuna is missing (carry .whl: run_trained_gpu.sh's header)"
+  fi
+}
 CAL=${CALIBRATION-benchmarks/data/h200-calibrated-20261203b.yaml}   # constants frozen before the run ('' for none)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -n "${KERNEL_TESTS-1}" ]; then
@@ -41,6 +50,9 @@ if [ -n "${KERNEL_TESTS-1}" ]; then
     tests/test_kernels_gather.py -p no:cacheprovider -rs -o addopts="" --tb=short >"$OUT/kernel_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | head -20
 fi
+if [ -n "${DEVICE_LOOP_LAYERS:-}" ] && [ -n "${DEVICE_LOOP_FIRST:-}" ]; then   # step 5 first, at most 200 s
+  device_loop 200
+fi
 [ -n "${GRAPH_VS_EAGER:-}" ] && timeout 100 python3 benchmarks/tools/graph_vs_eager.py 2>&1 | grep -v -e "^[│┃┏┗┡└┌]" | tee "$OUT/graph_vs_eager.log"
 timeout 180 python3 -m strata_plan.cli profile --quick --nvme-dir /root --models kimi-k3.1-pro --out "$OUT/h200-run.yaml" \
   --force 2>&1 | tail -3
@@ -48,19 +60,15 @@ PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
 if [ -n "${PREFETCH_COPY-1}" ] && t=$(upto 60); then
   timeout "$t" python3 benchmarks/bench_prefetch_copy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_prefetch_copy.log" | tail -3
 fi
-if t=$(by 400); then
+MARK=400; [ -n "${DEVICE_LOOP_FIRST:-}" ] && MARK=575      # step 5 ran first: bench_engine until 575 s
+if t=$(by "$MARK"); then
   timeout "$t" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
     --warmup 16 ${PROFILE:+--profile "$PROFILE"} ${CAL:+--calibration "$CAL"} --out-dir "$OUT" \
     --copy-windows "${COPY_WINDOWS:-}" --pinned-gb "${PINNED_GB:-0}" --deadline-s "$(( t - 70 ))" 2>&1 \
     | tee "$OUT/bench_engine.log" | grep -v '^ "'
 fi
-if [ -n "${DEVICE_LOOP_LAYERS:-}" ] && t=$(by 575); then
-  if python3 -c "import optuna" 2>/dev/null; then
-    timeout "$t" python3 benchmarks/bench_device_loop.py --dir /root/dl --layers "$DEVICE_LOOP_LAYERS" --out-dir "$OUT" \
-      --deadline-s "$(( t * 2 / 3 ))" 2>&1 | tee "$OUT/bench_device_loop.log" | grep -v '^ "'
-  else
-    echo "bench_device_loop skipped: optuna is missing (carry .whl: run_trained_gpu.sh's header)"
-  fi
+if [ -n "${DEVICE_LOOP_LAYERS:-}" ] && [ -z "${DEVICE_LOOP_FIRST:-}" ] && t=$(by 575); then
+  device_loop "$t"
 fi
 if [ -n "${GPU_TESTS-1}" ] && t=$(by 590); then
   timeout "$t" python3 -m pytest -q tests/test_engine_run.py tests/test_engine_store.py tests/test_engine_runtime.py \
