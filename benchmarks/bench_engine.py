@@ -348,6 +348,7 @@ def main() -> int:
             # with lookahead the link may overlap the rest of the step: 1 / max(t_nonMoE, B / R_zc), B every byte
             # that crossed the link (copies of guesses, wasted ones included)
             metrics[f"{k}.overlap_bound_tok_s"] = 1.0 / max(parts["without_moe_s"], B / (rate * 1e9))
+            metrics[f"{k}.over_overlap_bound"] = r["measured"]["decode_tok_s"] / metrics[f"{k}.overlap_bound_tok_s"]
             metrics[f"{k}.prefetch_gb_per_token"] = r["bytes_per_token"]["prefetch"] / 1e9
             metrics[f"{k}.wasted_gb_per_token"] = r["bytes_per_token"]["wasted"] / 1e9
             metrics[f"{k}.t_nonmoe_ms"] = parts["without_moe_s"] * 1e3
