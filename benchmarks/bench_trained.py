@@ -306,10 +306,10 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
 
 
 def layer_times(run: Run, a, ckpt: Path) -> None:
-    """The trained model's decode layers timed on this GPU (`profiler.layers`), added to the profile the predictions
+    """The trained model's decode layers timed on this GPU (`engine.layer_times`), added to the profile the predictions
     use (written to <work>/profile-predict.yaml, which --profile-predict then names): the cost model charges
     measured layer times, no fitted per-layer constant."""
-    from strata_plan.profiler.layers import measure_layer_times, with_layer_times
+    from strata_plan.engine.layer_times import measure_layer_times, with_layer_times
     from strata_plan.planner.repredict import with_calibration_of
     from strata_plan.profiles.schema import save_profile
     t = measure_layer_times(str(ckpt), context=a.context)

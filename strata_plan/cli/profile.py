@@ -57,7 +57,7 @@ def cmd_profile(args) -> int:
         raise UserError("--context", str(args.context), "must be at least 1 position", "pass e.g. --context 1024")
     if models:
         from strata_plan.errors import UserError
-        from strata_plan.profiler.layers import check_model
+        from strata_plan.engine.layer_times import check_model
         for m in models:
             try:
                 check_model(m)
@@ -68,10 +68,12 @@ def cmd_profile(args) -> int:
     name = args.name or default_name()
     out = check_out_file(args.out or f"{name}.yaml", "--out", args.force)
     opts = Options(quick=args.quick, nvme_dir=Path(args.nvme_dir), max_gib=args.max_gib,
-                   pin_cap_gib=args.pin_cap_gib, name=name, models=models, context=args.context)
+                   pin_cap_gib=args.pin_cap_gib, name=name)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM cleans up like Ctrl-C
     try:
         result = profile_machine(opts, console(stderr=True), show_progress=not args.json)
+        if models and result.gpu_found:
+            result = _with_layer_times(result, models, args.context, quiet=args.json)
     finally:
         signal.signal(signal.SIGTERM, previous)
     path = save_profile(result.profile, out)
@@ -83,6 +85,22 @@ def cmd_profile(args) -> int:
         return 0
     _print_summary(result, path)
     return 0
+
+
+def _with_layer_times(result, models: tuple[str, ...], context: int, quiet: bool):
+    """The run with each model's decode layers timed on the first GPU (`engine.layer_times`) in its profile."""
+    import dataclasses
+
+    from strata_plan.engine.layer_times import measure_layer_times, with_layer_times
+    times = []
+    for m in models:
+        t = measure_layer_times(m, context)
+        times.append(t)
+        if not quiet:
+            console(stderr=True).print(f"{t.model}: decode layers at context {context}: head {t.head_us:.1f} us, dense "
+                                       f"layer {t.dense_layer_us:.1f} us, MoE layer without routed experts "
+                                       f"{t.moe_layer_us:.1f} us")
+    return dataclasses.replace(result, profile=with_layer_times(result.profile, times))
 
 
 def _print_summary(result, path) -> None:

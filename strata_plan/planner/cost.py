@@ -159,7 +159,7 @@ class CostModel:
     @cached_property
     def measured_layers(self):
         """The profile's measured decode times of this model's layers (`GPU.layer_time` of the spec's
-        `layer_geometry`, `profiler.layers`), or None."""
+        `layer_geometry`, `engine.layer_times`), or None."""
         return self.gpu.layer_time(self.problem.spec.layer_geometry)
 
     @cached_property

@@ -82,7 +82,6 @@ class GpuResult:
     notes: tuple[str, ...] = field(default=())
     moe: object = None                      # profiler.moe.MoEResult, or None when skipped
     graph_launch: Stats | None = None       # us of one small kernel replayed in a CUDA graph (None: not measured)
-    layer_times: tuple = ()                 # profiles.schema.LayerTime per model asked for (profiler.layers)
 
 
 # ---------------------------------------------------------------- timing

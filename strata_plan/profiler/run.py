@@ -6,8 +6,6 @@ Without a GPU the run still measures RAM and disk and returns a host-only profil
 """
 from __future__ import annotations
 
-import dataclasses
-
 import platform
 import re
 import time
@@ -66,9 +64,6 @@ ZERO_COPY_METHOD = ("zero-copy: a Triton kernel (strata_plan.kernels.stream_read
 LINK_BYTES = 256 * MiB          # copies of the several-GPU link measurements (profiler.multi)
 
 
-LAYERS_PHASE = "decode layers of the models"
-
-
 @dataclass(frozen=True)
 class Options:
     quick: bool = False
@@ -76,8 +71,6 @@ class Options:
     max_gib: float | None = None
     pin_cap_gib: float | None = None
     name: str = ""
-    models: tuple[str, ...] = ()     # models whose decode layers to time (profiler.layers): GPU.layer_times
-    context: int = 1024              # ... with attention over this many cached positions
 
     @property
     def preset(self) -> Preset:
@@ -203,8 +196,6 @@ def profile_machine(opts: Options, console: Console | None = None, show_progress
             plan += [(f"GPU {g}: {name}", est, ticks) for name, est, ticks in gpu_mod.phase_plan(gpu_settings, 0)]
         if n_gpus > 1:
             plan.append(multi_mod.phase_plan(n_gpus, p.gpu_repeats))
-        if opts.models:
-            plan.append((LAYERS_PHASE, 15.0 * len(opts.models), len(opts.models)))
 
     t0 = time.perf_counter()
     columns = (TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -220,14 +211,6 @@ def profile_machine(opts: Options, console: Console | None = None, show_progress
                 more.append(gpu_mod.measure_gpu(gpu_settings, 0, lambda name, g=g: steps(f"GPU {g}: {name}"), index=g))
             if n_gpus > 1:
                 links = multi_mod.measure_links(n_gpus, LINK_BYTES, p.gpu_repeats, steps(multi_mod.PHASE))
-            if opts.models:
-                from .layers import measure_layer_times
-                tick = steps(LAYERS_PHASE)
-                times = []
-                for m in opts.models:
-                    times.append(measure_layer_times(m, opts.context))
-                    tick()
-                gpu = dataclasses.replace(gpu, layer_times=tuple(times))
         steps.finish()
     notes += disk.notes + (gpu.notes if gpu else ()) + tuple(f"GPU {g}: {n}" for g, r in enumerate(more, 1) for n in r.notes)
     cpu = cpu_mod.cpu_info()
@@ -345,7 +328,6 @@ def _gpu_entry(g, p: Preset) -> GPU:
                                             f"k={GEMV_SHAPE[1]}), its own median of repeats")
                      for f, st in g.kernel_gbps.items()},
         **fused_moe_entries(g.moe),
-        layer_times=g.layer_times or None,
         graph_launch_us=measured(g.graph_launch.median, f"{GRAPH_LAUNCHES} in-place adds on a one-element tensor "
                                  "in one CUDA graph, replay time over the launches, CUDA events", g.graph_launch)
         if getattr(g, "graph_launch", None) is not None else None,

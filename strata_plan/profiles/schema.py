@@ -190,7 +190,7 @@ class MoEPrefillRate:
 @dataclass(frozen=True)
 class LayerTime:
     """GPU microseconds of one model geometry's batch-1 decode step pieces in a CUDA graph, measured by
-    `profiler.layers` (the engine's own layers on random weights): `head_us` the embedding row, final norm, lm_head
+    `engine.layer_times` (the engine's own layers on random weights): `head_us` the embedding row, final norm, lm_head
     and argmax; `dense_layer_us` a dense decoder layer (0: the model has none); `moe_layer_us` a MoE decoder layer
     without its routed experts (attention over `context` cached positions, norms, router, shared expert).
     `geometry` is `core.spec.ModelSpec.layer_geometry` of the specs it serves."""
@@ -229,7 +229,7 @@ class GPU:
     fused_moe_decode: MoEDecodeRate | None = None      # the fused MoE decode call, GB/s at a few expert shapes
     fused_moe_prefill: MoEPrefillRate | None = None    # the fused MoE prefill call, weights expanded a second
     graph_launch_us: Figure | None = None      # one small kernel inside a CUDA graph, back to back (the launch floor)
-    layer_times: tuple[LayerTime, ...] | None = None   # decoder layers' GPU time by model geometry (profiler.layers)
+    layer_times: tuple[LayerTime, ...] | None = None   # decoder layers' GPU time by model geometry (engine.layer_times)
     driver: str = ""
 
     def layer_time(self, geometry: str) -> LayerTime | None:

@@ -1,4 +1,4 @@
-"""Measured decode layer times (`profiler.layers`, a profile's `layer_times`) and how the cost model charges them:
+"""Measured decode layer times (`engine.layer_times`, a profile's `layer_times`) and how the cost model charges them:
 a decoder layer costs its measured time (bytes over HBM at the measured context, plus the rest: its kernels'
 latency) instead of the calibrated `layer_overhead_us`. On a CPU the same layers run eagerly under the wall clock
 (the plumbing); the GPU's graphs are timed on the H200 (`profile --models`)."""
@@ -16,7 +16,7 @@ from strata_plan.errors import UserError
 from strata_plan.planner.cost import CostModel
 from strata_plan.planner.placement import Placement
 from strata_plan.planner.testing import tiny_problem
-from strata_plan.profiler.layers import check_model, measure_layer_times, with_layer_times
+from strata_plan.engine.layer_times import check_model, measure_layer_times, with_layer_times
 from strata_plan.profiles.schema import LayerTime, load_profile, save_profile
 
 FIXTURE = "tests/data/fixture-moe"
