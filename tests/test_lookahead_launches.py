@@ -31,3 +31,27 @@ def test_the_lookahead_launches_what_the_cost_model_charges(packed_bf16, split):
     main_stream = got.total - base.total - sum(got.triton[k] for k in SIDE)
     assert main_stream == gates * GATE_LAUNCHES + issues * ISSUE_LAUNCHES + L * LAYER_LAUNCHES + 1   # + the token's
     #                                                                                                  last release
+
+
+def test_the_decode_router_runs_in_two_launches_and_routes_as_torch(packed_bf16):  # noqa: F811
+    """With the kernels on, a decode token's MoE routers are `kernels.gate` (`Router.fused`: 2 launches a layer
+    instead of the torch router's ~12 after the norm): the step launches that many fewer kernels, and the engine's
+    decode logits stay the torch router's within float32 summation order (same greedy tokens)."""
+    from test_engine_run import run
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    plan = bf16_plan(4, 28, 2, 0, chunk=1)
+    fused = decode_step_launches(packed_bf16, plan, "lru", device)
+    from strata_plan.engine import model as model_mod
+    real = model_mod.MoEModel.route_layer
+    model_mod.MoEModel.route_layer = lambda self, layer, h, y: layer.router(y)      # the torch router alone
+    try:
+        torch_router = decode_step_launches(packed_bf16, plan, "lru", device)
+        ref_logits, ref_tokens, _ = run(packed_bf16, plan, "lru", device=device, backend="triton")
+    finally:
+        model_mod.MoEModel.route_layer = real
+    L = 5
+    assert fused.triton["gate_logits_kernel"] == L and fused.triton["gate_topk_kernel"] == L
+    assert torch_router.total - fused.total >= 8 * L
+    logits, tokens, _ = run(packed_bf16, plan, "lru", device=device, backend="triton")
+    assert tokens == ref_tokens
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-3, atol=1e-3)

@@ -98,7 +98,7 @@ class GraphedDecode:
             x = m._layer(layer, x, 0, m.at)
         layer = self.heads[j][-1]
         h, y = m.attention_part(layer, x, 0, m.at)
-        ids, w = layer.router(y)
+        ids, w = m.route_layer(layer, h, y)
         return h, y, ids, w
 
     def _tail(self, j: int, h, y, ids, w, offs):

@@ -94,6 +94,7 @@ class MoEModel:
         self.step_runner: Callable[[torch.Tensor], torch.Tensor] | None = None   # a faster static step (graphed.py)
         self.before_layer: Callable[[int], None] | None = None                 # engine.dense
         self.embed_rows: Callable[[torch.Tensor], torch.Tensor] | None = None  # engine.dense
+        self.fused_router = False      # one token's routing in kernels.gate's two launches (`route_layer`)
 
     @staticmethod
     def load(folder: str | Path, experts: Experts, context: int, device="cpu",
@@ -110,6 +111,14 @@ class MoEModel:
         layer's post_attention_layernorm): ids int64 [M, k] by weight, highest first; weights float32 [M, k]."""
         layer = self.moe[moe_index]
         return layer.router(rms_norm(hidden, layer.post_norm, self.cfg.rms_eps))
+
+    def route_layer(self, layer: DecoderLayer, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A MoE layer's routing of the residual stream h [M, H] (y: its post-attention norm): ids int64 [M, k],
+        weights float32 [M, k]. One token with `fused_router` (the engine's kernels on: a GPU, or Triton's
+        interpreter): `Router.fused`, two launches; else the torch router on y."""
+        if self.fused_router and h.shape[0] == 1:
+            return layer.router.fused(h, layer.post_norm, self.cfg.rms_eps)
+        return layer.router(y)
 
     # the pieces of one decoder layer (a fast loop may run them apart: graphs around the expert call)
     def attention_part(self, layer: DecoderLayer, x: torch.Tensor, start: int,
@@ -130,7 +139,7 @@ class MoEModel:
         h, y = self.attention_part(layer, x, start, at)
         if layer.moe_index is None:
             return h + layer.mlp(y)
-        ids, w = layer.router(y)
+        ids, w = self.route_layer(layer, h, y)
         out = self.moe_output(layer, h, y, self.experts(layer.moe_index, y, ids, w))
         if self.after_moe is not None:
             self.after_moe(layer.moe_index, out)

@@ -26,6 +26,22 @@ class Router:
                           src.get(prefix + ".e_score_correction_bias", device, torch.float32), dtype)
         return Router(rc, src.get(prefix + ".weight", device, dtype), None, dtype)
 
+    def fused(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token's routing from the residual stream h [1, H] (before the post-attention norm `norm_w`) in two
+        launches (`kernels.gate`: the norm and the logits, then the top-k) instead of the ~12 of `rms_norm` then
+        this router in torch: ids int64 [1, k] and weights float32 [1, k], the same arithmetic up to float32
+        summation order. They live in this router's own buffers, rewritten at its next call (graph-safe: one
+        address every step); the MoE call reads them before that."""
+        from strata_plan.kernels.gate import lookahead_gate
+        if getattr(self, "_out", None) is None or self._out[0].device != h.device:
+            k = self.rc.top_k
+            self._out = (torch.empty(self.rc.n_experts, dtype=torch.float32, device=h.device),
+                         torch.empty(k, dtype=torch.int64, device=h.device),
+                         torch.empty(k, dtype=torch.float32, device=h.device))
+        logits, ids, w = self._out
+        lookahead_gate(h[0], norm_w, eps, self, logits, ids, w)
+        return ids.view(1, -1), w.view(1, -1)
+
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rc = self.rc
         if rc.kind == "sigmoid_grouped":
