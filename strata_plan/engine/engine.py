@@ -147,7 +147,8 @@ class Engine:
             store.close()
             raise
         experts.model = model
-        model.fused_router = store.kernels       # the kernels run (a GPU, or interpreted): the router's too
+        model.fused_router = store.kernels       # the kernels run (a GPU, or interpreted): the router's and
+        model.rope.fused = store.kernels         # the rotation's too
         if experts.depth:                    # lookahead: the store's hints (host loop), or the device loop's guesses
             model.after_moe = experts.after_moe_device if in_place else experts.after_moe
         if options.graphs and model.before_layer is None:

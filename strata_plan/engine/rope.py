@@ -48,13 +48,18 @@ class RotaryTable:
         self.cos = (angles.cos() * scale).to(device=device, dtype=dtype)
         self.sin = (angles.sin() * scale).to(device=device, dtype=dtype)
         self.interleave = rope.interleave
+        self.fused = False      # a static step's rotation in one launch (`kernels.rope`; the engine's kernels on)
 
     def apply(self, x: torch.Tensor, start: int, at: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate x [T, heads, dim] for positions start..start+T-1 (or, with `at`, an int64 [T] device
         tensor of positions). Interleaved input pairs come out in the half-split layout (as transformers'
         `apply_rotary_pos_emb_interleave`); queries and keys get the same permutation, so their dot
-        products are those of the pairwise rotation."""
+        products are those of the pairwise rotation. With `fused` and `at`, `kernels.rope` computes the same
+        values (bit for bit) in one launch."""
         t = x.shape[0]
+        if at is not None and self.fused:
+            from strata_plan.kernels.rope import rope
+            return rope(x, self.cos, self.sin, at, self.interleave)
         if at is None:
             cos, sin = self.cos[start:start + t, None, :], self.sin[start:start + t, None, :]     # [T, 1, dim/2]
         else:

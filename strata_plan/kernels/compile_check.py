@@ -70,7 +70,7 @@ def kernels(arch: int = 90, quick: bool = False, fmask: int = 31, smoke: bool = 
 def _device_loop_kernels(arch: int) -> list:
     """The device loop's small kernels (every token: the LRU step, the fill, the embedding gather) and the
     profiler's zero-copy probe."""
-    from . import gate, gather, lru, norm, prefetch, stage_wait, stream_read
+    from . import gate, gather, lru, norm, prefetch, rope, stage_wait, stream_read
     from .triton_common import tl
     i64 = P["i64"]
     st = {"static_p": P["i8"], "slot_expert_p": i64, "slot_stamp_p": i64, "slot_offset_p": i64, "n_slots_p": i64,
@@ -107,6 +107,9 @@ def _device_loop_kernels(arch: int) -> list:
         ("rms norm", _compile(norm.rms_norm_kernel, {
             "x_p": P["bf16"], "stride_x": "i32", "w_p": P["bf16"], "out_p": P["bf16"], "D": "i32", "eps": "fp32"},
             dict(XDT=tl.bfloat16, ODT=tl.bfloat16, BD=8192), arch, num_warps=8)),
+        ("rope", _compile(rope.rope_kernel, {
+            "x_p": P["bf16"], "sx_t": "i32", "sx_h": "i32", "cos_p": P["bf16"], "sin_p": P["bf16"], "at_p": i64,
+            "out_p": P["bf16"], "H": "i32"}, dict(HALF=32, BHALF=32, BH=128, INTERLEAVE=True, XDT=tl.bfloat16), arch)),
         ("lookahead gate logits", _compile(gate.gate_logits_kernel, {
             "x_p": P["bf16"], "norm_p": P["bf16"], "w_p": P["f32"], "out_p": P["f32"], "H": "i32", "E": "i32",
             "eps": "fp32"}, dict(XDT=tl.bfloat16, ROUND_LOGITS=False, BE=4, BH=1024), arch)),
