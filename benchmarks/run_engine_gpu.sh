@@ -46,7 +46,7 @@ CAL=${CALIBRATION-benchmarks/data/h200-calibrated-20261203b.yaml}   # constants 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -n "${KERNEL_TESTS-1}" ]; then
   timeout 100 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_lru.py tests/test_kernels_prefetch.py \
-    tests/test_kernels_gate.py tests/test_kernels_norm.py \
+    tests/test_kernels_gate.py tests/test_kernels_norm.py tests/test_kernels_rope.py tests/test_lookahead_launches.py \
     tests/test_kernels_gather.py -p no:cacheprovider -rs -o addopts="" --tb=short >"$OUT/kernel_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | head -20
 fi

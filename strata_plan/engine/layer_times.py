@@ -113,6 +113,7 @@ def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[float]
 
     from strata_plan.engine.model import MoEModel
     m = MoEModel(cfg, RandomSource(cut, device), _NoExperts(), context, device)
+    m.fused_router = m.rope.fused = device != "cpu"     # as Engine.open sets them where the kernels run
     tok = torch.zeros(1, dtype=torch.long, device=device)
     m.at.fill_(context - 1)                     # the static step's shapes do not depend on the position
 
