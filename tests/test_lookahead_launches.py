@@ -55,3 +55,24 @@ def test_the_decode_router_runs_in_two_launches_and_routes_as_torch(packed_bf16)
     logits, tokens, _ = run(packed_bf16, plan, "lru", device=device, backend="triton")
     assert tokens == ref_tokens
     torch.testing.assert_close(logits, ref_logits, rtol=1e-3, atol=1e-3)
+
+
+def test_the_device_loop_step_rotates_in_one_launch_a_head(packed_bf16):  # noqa: F811
+    """The device loop's step (the runner the engine installs; its first step eager, every kernel interpreted on a CPU) rotates each
+    layer's query and key heads with `kernels.rope`, one launch each, and routes with `kernels.gate`."""
+    from strata_plan.engine.engine import Engine, EngineOptions
+    from strata_plan.engine.launches import Launches, hook_triton
+    hook_triton()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with Engine.open(packed_bf16, bf16_plan(4, 28, 2, 0, chunk=1),
+                     EngineOptions(mode="lru", device=device, backend="triton")) as eng:
+        m = eng.model
+        m.reset()
+        m.prefill([5, 17, 99], chunk=1)
+        with Launches() as got:                                 # the first step runs eagerly (a GPU captures the
+            m.decode_step(3, greedy=True)                       # second and replays after: nothing to count)
+        if device != "cpu":
+            torch.cuda.synchronize()
+    n_layers, L = 6, 5
+    assert got.triton["rope_kernel"] == 2 * n_layers and got.triton["gate_logits_kernel"] == L
+    assert got.torch["sub"] == 0                              # no torch rotation left (x1 cos - x2 sin)

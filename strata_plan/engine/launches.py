@@ -20,7 +20,7 @@ NO_KERNEL = frozenset({
     "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "select", "slice", "expand", "t", "transpose", "permute",
     "alias", "as_strided", "detach", "_reshape_alias", "split", "unbind", "lift_fresh", "empty", "empty_like",
     "empty_strided", "item", "_local_scalar_dense", "is_nonzero", "sym_size", "sym_stride", "new_empty", "chunk",
-    "narrow", "split_with_sizes", "record_stream"})
+    "narrow", "split_with_sizes", "record_stream", "promote_types"})
 
 _active: list["Launches"] = []
 
