@@ -59,6 +59,7 @@ from strata_plan.pinned import HostRegion  # noqa: E402
 from strata_plan.core.plan import load_plan, save_plan  # noqa: E402
 from strata_plan.planner.repredict import predict_plan, with_calibration_of  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
+from strata_plan.profiles.schema import load_profile  # noqa: E402
 
 PLANS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data"     # the tests read the same plans
 PLANS = {"ramrich": PLANS_DIR / "plan-kimi5-h200-ramrich.yaml", "seed": PLANS_DIR / "plan-kimi5-h200-seed.yaml"}
@@ -147,6 +148,7 @@ def main() -> int:
                     "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
     a = ap.parse_args()
     predict_with = with_calibration_of(a.profile, a.calibration) if a.profile else None
+    layer_times = load_profile(a.profile).gpu if a.profile else None    # its decode layer times (profile --models)
     paths = dict((k.split("=", 1)[0], Path(k.split("=", 1)[1])) if "=" in k else (k, PLANS[k]) for k in a.plans.split(","))
     plans = {k: load_plan(v) for k, v in paths.items()}
     if "seed" in plans and a.forced_depth and not plans["seed"].prefetch_depth:
@@ -352,6 +354,13 @@ def main() -> int:
             metrics[f"{k}.prefetch_gb_per_token"] = r["bytes_per_token"]["prefetch"] / 1e9
             metrics[f"{k}.wasted_gb_per_token"] = r["bytes_per_token"]["wasted"] / 1e9
             metrics[f"{k}.t_nonmoe_ms"] = parts["without_moe_s"] * 1e3
+            if layer_times is not None:        # the profile's layer times summed: what the cost model charges
+                spec = load_spec(r["plan"]["data"]["model"])
+                lt = layer_times.layer_time(spec.layer_geometry)
+                if lt is not None:
+                    n_dense = spec.n_layers - spec.n_moe_layers
+                    us = lt.head_us + n_dense * lt.dense_layer_us + spec.n_moe_layers * lt.moe_layer_us
+                    metrics[f"{k}.t_nonmoe_from_layer_times_ms"] = us / 1e3
             metrics[f"{k}.step_gpu_ms"] = parts["step_s"] * 1e3
             metrics[f"{k}.replay_cpu_ms"] = parts["step_replay_cpu_s"] * 1e3     # host CPU launching the step's graph
             metrics[f"{k}.ram_gb_per_token"] = B / 1e9

@@ -122,6 +122,8 @@ HEADLINES = (
     ("device-loop", "layers24.lru.replay_cpu_ms", "same @24moe: CPU ms the step's graph launch alone takes", None),
     ("engine", "ramrich.resident.decode_tok_s", "kimi5 RAM-rich budget with every routed expert in VRAM (the tokens' reference): MEASURED decode tok/s", None),
     ("engine", "ramrich.lru.tokens_equal_resident", "LRU-only: tokens = the all-in-VRAM run's (1 = equal)", (">=", 1.0)),
+    ("engine", "ramrich.lru.t_nonmoe_ms", "kimi5 LRU-only: the step's GPU ms without its MoE calls (t_nonMoE), MEASURED in the engine", None),
+    ("engine", "ramrich.lru.t_nonmoe_from_layer_times_ms", "same from the run's profile: head + layers timed by `profile --models` (what the cost model charges)", None),
     ("engine", "ramrich.plan.over_overlap_bound", "RAM-rich plan / 1 / max(t_nonMoE, B_moved / R_zc) (issue 41: >= 0.9)", (">=", 0.9)),
     ("device-loop", "lru.gpu_ms_per_moe_layer", "device loop, qwen3-30b-a3b, LRU-only: GPU ms per MoE layer (linear fit over layer counts)", None),
     ("engine", "zero_copy_gbps", "zero-copy read of registered pinned RAM by a kernel, one layer's bytes, MEASURED GB/s", None),
