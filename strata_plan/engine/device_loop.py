@@ -10,7 +10,7 @@ It runs plans whose routed experts are either static in VRAM or read in place fr
 lookahead, no NVMe tier: `store_experts.StoreExperts.read_in_place`), so the residency table never changes
 during decode and the host has nothing to decide. Per token it copies the token id (on the device) into the
 graph's input and replays one graph: the embedding row (gathered in place from pinned RAM by
-`kernels.gather` when the table lives there: `embed_in_place`), every decoder layer, router, fused MoE, shared
+`kernels.gather` when the table lives there: `embed_in_place`; in VRAM, by the step too), every decoder layer, router, fused MoE, shared
 expert, the lm_head and, with a pick (greedy: the argmax; sampling: `generate.GumbelPick`, a graph of each), the
 next token (`engine.picks`), written into the step's own input buffer: fed back, the next step needs no host copy.
 The step also advances the position `model.at` on the device. Per token the host then launches one graph, nothing
@@ -109,6 +109,8 @@ class DeviceDecode:
         self.ex.replay_rows()
         if self._embed_at is not None:
             gather_rows(self.ex.store.arena, self._embed_at, self.tok, self.x0)
+        elif m.embed_rows is None:               # the table in VRAM: gathered in the step too
+            self.x0.copy_(m.embed_tokens(self.tok))
         x = self.x0
         for layer in m.layers:
             x = m._layer(layer, x, 0, m.at)
@@ -157,9 +159,9 @@ class DeviceDecode:
         self._at = self.m.pos + 1
         if token_ids.data_ptr() != self.tok.data_ptr():     # not the last pick fed back: copy it in
             self.tok.copy_(token_ids.reshape(1), non_blocking=True)
-        if self._embed_at is None:
-            self.x0.copy_(self.m.embed_tokens(self.tok))     # eager: the model's gather
-        else:
+        if self._embed_at is None and self.m.embed_rows is not None:
+            self.x0.copy_(self.m.embed_tokens(self.tok))     # rows the host gathers (engine.dense): before the step
+        elif self._embed_at is not None:
             counted[EMBED] += self.x0.numel() * self.x0.element_size()
         for kind, n in self.dense_step_bytes.items():                  # streamed dense weights read in place
             counted[kind] += n
