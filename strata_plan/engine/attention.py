@@ -49,12 +49,12 @@ def visible_at(positions: torch.Tensor, at: torch.Tensor, window: int) -> torch.
     return m
 
 
-def _softmax_v(scores: torch.Tensor, mask: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
+def _softmax_v(scores: torch.Tensor, hidden: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
     """softmax(scores masked) @ v: scores [..., T, S] (any dtype; softmax in float32, as transformers'
-    eager attention), v [..., S, Dv]."""
+    eager attention), hidden (bool, broadcast to scores: True where a key is not seen) or None, v [..., S, Dv]."""
     scores = scores.float()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, float("-inf"))
     return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
@@ -118,11 +118,15 @@ class MLAAttention:
             s, absorbed = cache.rows.shape[1], True
         rows = cache.view(self.layer, s)                                                      # [S, rank + rope]
         if absorbed if absorbed is not None else t == 1:
-            mask = visible(start, t, 0, x.device) if at is None else visible_at(cache.positions, at, 0)
+            if at is None:
+                mask = visible(start, t, 0, x.device)
+                hidden = None if mask is None else ~mask[:, None, :]
+            else:
+                hidden = cache.hidden_at(at, self.layer)[:, None, :]                          # once a step
             q_lat = torch.einsum("thn,hnr->thr", q_nope, self.w_uk)                           # [T, H, rank]
             qc = torch.cat([q_lat, q_rope], dim=-1).view(t, h, r + self.rope_dim)
             scores = (qc.reshape(t * h, -1) @ rows.T).view(t, h, s) * self.scale              # [T, H, S]
-            o_lat = _softmax_v(scores, None if mask is None else mask[:, None, :], rows[:, :r])   # [T, H, rank]
+            o_lat = _softmax_v(scores, hidden, rows[:, :r])                                   # [T, H, rank]
             o = torch.einsum("thr,hvr->thv", o_lat, self.w_uv)                                # [T, H, v]
         else:
             kv = F.linear(rows[:, :r], self.kv_b).view(s, h, self.nope + self.v_dim)
@@ -167,8 +171,13 @@ class GQAAttention:
         if t == 1:
             # query head j reads KV head j // g: [KV, g, D] against [KV, S, D], nothing expanded
             qg = q.view(self.kv_heads, g, self.dim)
-            mask = visible(start, 1, self.window, x.device) if at is None else visible_at(cache.positions, at, self.window)
-            o = _softmax_v((qg @ keys.transpose(1, 2)) * self.scale, mask, values)           # [KV, g, D]
+            if at is not None and self.window <= 0:
+                hidden = cache.hidden_at(at, self.layer)                                      # once a step
+            else:
+                mask = visible(start, 1, self.window, x.device) if at is None else visible_at(cache.positions, at,
+                                                                                             self.window)
+                hidden = None if mask is None else ~mask
+            o = _softmax_v((qg @ keys.transpose(1, 2)) * self.scale, hidden, values)         # [KV, g, D]
         else:
             keys = keys[:, None].expand(self.kv_heads, g, s, self.dim).reshape(self.heads, s, self.dim)
             values = values[:, None].expand(self.kv_heads, g, s, self.dim).reshape(self.heads, s, self.dim)

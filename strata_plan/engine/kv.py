@@ -21,10 +21,14 @@ class MLACache:
         self.rank = a.kv_lora_rank
         self.rows = torch.zeros(cfg.n_layers, context, a.kv_lora_rank + a.qk_rope_head_dim, device=device, dtype=dtype)
         self.positions = torch.arange(context, device=device)                    # for masks over the whole cache
+        self._hidden = torch.zeros(1, context, dtype=torch.bool, device=device)
 
     @property
     def values_per_token_layer(self) -> int:
         return self.rows.shape[-1]
+
+    def hidden_at(self, at: torch.Tensor, layer: int) -> torch.Tensor:
+        return _hidden_at(self, at, layer)
 
     def write(self, layer: int, start: int, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
         """latent [T, rank], k_rope [T, rope] for positions start..start+T-1."""
@@ -47,10 +51,14 @@ class GQACache:
         self.k = torch.zeros(cfg.n_layers, a.kv_heads, context, a.head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.positions = torch.arange(context, device=device)
+        self._hidden = torch.zeros(1, context, dtype=torch.bool, device=device)
 
     @property
     def values_per_token_layer(self) -> int:
         return 2 * self.k.shape[1] * self.k.shape[3]
+
+    def hidden_at(self, at: torch.Tensor, layer: int) -> torch.Tensor:
+        return _hidden_at(self, at, layer)
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, kv_heads, head_dim] for positions start..start+T-1."""
@@ -66,6 +74,15 @@ class GQACache:
     def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [kv_heads, length, head_dim]."""
         return self.k[layer, :, :length], self.v[layer, :, :length]
+
+
+def _hidden_at(cache, at: torch.Tensor, layer: int) -> torch.Tensor:
+    """bool [1, context], True at the keys a static-step query at device position `at` must not see (those after it):
+    computed by the step's layer 0 (every static step runs it first) into one buffer the later layers read, so a step
+    takes one launch for its mask, not three a layer."""
+    if layer == 0:
+        torch.gt(cache.positions[None, :], at[:, None], out=cache._hidden)
+    return cache._hidden
 
 
 def make_cache(cfg: ModelConfig, context: int, device, dtype: torch.dtype) -> MLACache | GQACache:
