@@ -354,7 +354,7 @@ def main() -> int:
             metrics[f"{k}.prefetch_gb_per_token"] = r["bytes_per_token"]["prefetch"] / 1e9
             metrics[f"{k}.wasted_gb_per_token"] = r["bytes_per_token"]["wasted"] / 1e9
             metrics[f"{k}.t_nonmoe_ms"] = parts["without_moe_s"] * 1e3
-            if layer_times is not None:        # the profile's layer times summed: what the cost model charges
+            if layer_times is not None:        # the profile's layer times summed: the probe held to the engine
                 spec = load_spec(r["plan"]["data"]["model"])
                 lt = layer_times.layer_time(spec.layer_geometry)
                 if lt is not None:

@@ -44,6 +44,7 @@ def cmd_profile(args) -> int:
     import signal
     from pathlib import Path
 
+    from strata_plan.errors import UserError
     from strata_plan.outpaths import check_out_file
     from strata_plan.profiler.nvme import check_dir
     from strata_plan.profiler.run import Options, default_name, profile_machine
@@ -53,10 +54,8 @@ def cmd_profile(args) -> int:
     check_dir(args.nvme_dir)                        # bad arguments fail before anything is measured
     models = tuple(m for m in args.models.split(",") if m)
     if args.context < 1:
-        from strata_plan.errors import UserError
         raise UserError("--context", str(args.context), "must be at least 1 position", "pass e.g. --context 1024")
     if models:
-        from strata_plan.errors import UserError
         from strata_plan.engine.layer_times import check_model
         for m in models:
             try:

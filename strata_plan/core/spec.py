@@ -9,7 +9,6 @@ names what is unsupported. Bytes of routed experts come from
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import re

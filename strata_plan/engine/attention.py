@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .kv import GQACache, MLACache
+from .kv import GQACache, MLACache, hidden_at
 from .layers import rms_norm
 from .rope import RotaryTable
 
@@ -122,7 +122,7 @@ class MLAAttention:
                 mask = visible(start, t, 0, x.device)
                 hidden = None if mask is None else ~mask[:, None, :]
             else:
-                hidden = cache.hidden_at(at, self.layer)[:, None, :]                          # once a step
+                hidden = hidden_at(cache, at, self.layer)[:, None, :]                         # once a step
             q_lat = torch.einsum("thn,hnr->thr", q_nope, self.w_uk)                           # [T, H, rank]
             qc = torch.cat([q_lat, q_rope], dim=-1).view(t, h, r + self.rope_dim)
             scores = (qc.reshape(t * h, -1) @ rows.T).view(t, h, s) * self.scale              # [T, H, S]
@@ -172,7 +172,7 @@ class GQAAttention:
             # query head j reads KV head j // g: [KV, g, D] against [KV, S, D], nothing expanded
             qg = q.view(self.kv_heads, g, self.dim)
             if at is not None and self.window <= 0:
-                hidden = cache.hidden_at(at, self.layer)                                      # once a step
+                hidden = hidden_at(cache, at, self.layer)                                     # once a step
             else:
                 mask = visible(start, 1, self.window, x.device) if at is None else visible_at(cache.positions, at,
                                                                                              self.window)

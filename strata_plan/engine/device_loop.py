@@ -6,18 +6,18 @@
     nxt = model.decode_step(token, pick=GumbelPick(0.7, 0.9, seed=1))   # a sampled token, in the graph
     runner.time_parts(reps=20)                  # GPU seconds of a step, and of the step without its MoE calls
 
-It runs plans whose routed experts are either static in VRAM or read in place from pinned RAM (no LRU cache, no
-lookahead, no NVMe tier: `store_experts.StoreExperts.read_in_place`), so the residency table never changes
-during decode and the host has nothing to decide. Per token it copies the token id (on the device) into the
-graph's input and replays one graph: the embedding row (gathered in place from pinned RAM by
-`kernels.gather` when the table lives there: `embed_in_place`; in VRAM, by the step too), every decoder layer, router, fused MoE, shared
-expert, the lm_head and, with a pick (greedy: the argmax; sampling: `generate.GumbelPick`, a graph of each), the
-next token (`engine.picks`), written into the step's own input buffer: fed back, the next step needs no host copy.
-The step also advances the position `model.at` on the device. Per token the host then launches one graph, nothing
-else (the token's copy to the host aside). When replaying routing, the replay lives on the device and the step
-reads its row at a device cursor it advances (`StoreExperts.replay_rows`, `advance_replay`); the host only keeps its
-own cursor in step (`sync_replay`). Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step
-runs eagerly, the embedding gathered by the model (tests hold it to the host loop).
+It runs every one-GPU plan (`core.modes.reads_in_place`): routed experts static in VRAM, in the device LRU's slots,
+read in place from pinned RAM, or staged there from NVMe (`store_experts.StoreExperts.read_in_place`); the cache and
+the lookahead are decided on the device, so the host has nothing to decide between layers. Per token it replays one
+graph: the embedding row (gathered in place from pinned RAM by `kernels.gather` when the table lives there:
+`embed_in_place`; from VRAM by the step too), every decoder layer, router, fused MoE, shared expert, the lm_head and,
+with a pick (greedy: the argmax; sampling: `generate.GumbelPick`, a graph of each), the next token (`engine.picks`),
+written into the step's own input buffer: fed back, the next step needs no host copy. The step also advances the
+position `model.at` on the device, so the host launches one graph a token and nothing else (the token's copy to the
+host aside). When replaying routing, the replay lives on the device and the step reads its row at a device cursor it
+advances (`StoreExperts.replay_rows`, `advance_replay`); the host only keeps its own cursor in step
+(`sync_replay`). Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step runs
+eagerly (tests hold it to the host loop).
 
 `ahead`: the step needs nothing of the token on the host (graphs, and the embedding gathered on the device), so
 a caller may queue token t+1's step before reading token t (`generate`, `bench.measure`) through a `TokenRing`:
@@ -204,7 +204,8 @@ class DeviceDecode:
         """Median GPU seconds of one decode step replayed as a graph (`step_s`: the greedy variant when it was
         captured, else the logits one), and of the same step captured with its MoE calls left out
         (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head; no lookahead gates):
-        t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc); `*_replay_cpu_s`: the host's CPU time launching each graph. CUDA only, after a captured step, and last: the replays
+        t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc); `*_replay_cpu_s`: the host's CPU time launching each graph.
+        CUDA only, after a captured step, and last: the replays
         rewrite the last position's KV entries (without MoE: with other values), move the cache, the replay cursor
         and the counters, so the runner refuses further steps (read the counters first; open the engine again)."""
         base = "greedy" if "greedy" in self._graphs else "step"

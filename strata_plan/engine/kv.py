@@ -27,9 +27,6 @@ class MLACache:
     def values_per_token_layer(self) -> int:
         return self.rows.shape[-1]
 
-    def hidden_at(self, at: torch.Tensor, layer: int) -> torch.Tensor:
-        return _hidden_at(self, at, layer)
-
     def write(self, layer: int, start: int, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
         """latent [T, rank], k_rope [T, rope] for positions start..start+T-1."""
         t = latent.shape[0]
@@ -57,9 +54,6 @@ class GQACache:
     def values_per_token_layer(self) -> int:
         return 2 * self.k.shape[1] * self.k.shape[3]
 
-    def hidden_at(self, at: torch.Tensor, layer: int) -> torch.Tensor:
-        return _hidden_at(self, at, layer)
-
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, kv_heads, head_dim] for positions start..start+T-1."""
         t = k.shape[0]
@@ -76,7 +70,7 @@ class GQACache:
         return self.k[layer, :, :length], self.v[layer, :, :length]
 
 
-def _hidden_at(cache, at: torch.Tensor, layer: int) -> torch.Tensor:
+def hidden_at(cache, at: torch.Tensor, layer: int) -> torch.Tensor:
     """bool [1, context], True at the keys a static-step query at device position `at` must not see (those after it):
     computed by the step's layer 0 (every static step runs it first) into one buffer the later layers read, so a step
     takes one launch for its mask, not three a layer."""

@@ -16,26 +16,25 @@ own rate, launch gaps inside a graph included; no constant fitted to decode runs
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import statistics
+import time
 
-from strata_plan.profiles.schema import LayerTime
+import torch
 
+from strata_plan.core.spec import load_spec, spec_from_config, truncate_config
+from strata_plan.profiles.schema import LayerTime, load_profile
 
-def torch_inference(fn):
-    """`fn` under torch.inference_mode (torch imported when called, not at import)."""
-    def run(*a, **k):
-        import torch
-        with torch.inference_mode():
-            return fn(*a, **k)
-    return run
+from .config import ModelConfig
+from .model import MoEModel
+from .synthetic import config_of, dense_tensor_specs, random_dense
 
 
 class _NoExperts:
     """The routed experts' call left out (zeros of the input's shape): the layers' own work is what is timed."""
 
     def __call__(self, moe_index, x, topk_ids, topk_weights):
-        import torch
         return torch.zeros_like(x)
 
 
@@ -44,9 +43,6 @@ class RandomSource:
     when asked (`engine.synthetic.random_dense`), in `engine.weights.TensorSource`'s interface."""
 
     def __init__(self, spec, device, seed: int = 0):
-        import torch
-
-        from strata_plan.engine.synthetic import dense_tensor_specs
         self._specs = {n: (dt, sh) for n, dt, sh in dense_tensor_specs(spec)}
         self._gen = torch.Generator(device=device)
         self._gen.manual_seed(seed)
@@ -60,7 +56,6 @@ class RandomSource:
         return name in self._specs
 
     def get(self, name: str, device="cpu", dtype=None):
-        from strata_plan.engine.synthetic import random_dense
         dt, shape = self._specs[name]
         return random_dense(name, dt, shape, self._gen, self._device).to(device=device, dtype=dtype or dt)
 
@@ -70,7 +65,6 @@ class RandomSource:
 
 def _graph(run):
     """`run` captured in a CUDA graph (after two warm-up calls on a side stream): its replay."""
-    import torch
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):                      # warm-up off the capture (allocator, autotuned kernels)
@@ -85,9 +79,6 @@ def _graph(run):
 
 def _timed(run, device: str) -> float:
     """Microseconds of one call: CUDA events on a GPU, the wall clock on a CPU (tests)."""
-    import time
-
-    import torch
     if device == "cpu":
         t0 = time.perf_counter()
         run()
@@ -101,17 +92,12 @@ def _timed(run, device: str) -> float:
 
 
 def _cut_config(spec) -> dict:
-    from strata_plan.core.spec import truncate_config
-    from strata_plan.engine.synthetic import config_of
     return truncate_config(config_of(spec), min(2, spec.n_moe_layers), spec.source or spec.name)
 
 
-@torch_inference
+@torch.inference_mode()
 def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[float]:
     """Median microseconds of each prefix step (embedding, the first k layers, head and argmax), k = 0..n_layers."""
-    import torch
-
-    from strata_plan.engine.model import MoEModel
     m = MoEModel(cfg, RandomSource(cut, device), _NoExperts(), context, device)
     m.fused_router = m.rope.fused = device != "cpu"     # as Engine.open sets them where the kernels run
     tok = torch.zeros(1, dtype=torch.long, device=device)
@@ -140,9 +126,6 @@ def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[float]
 def check_model(model: str) -> None:
     """Refuse in one line (UserError) a model whose layers cannot be timed: unknown, or a family the engine does not
     run or whose checkpoint tensors `engine.synthetic` does not name. Cheap: nothing is built."""
-    from strata_plan.core.spec import load_spec
-    from strata_plan.engine.config import ModelConfig
-    from strata_plan.engine.synthetic import dense_tensor_specs
     spec = load_spec(model)
     cfg = _cut_config(spec)
     ModelConfig.from_dict(cfg, spec.source or f"{spec.name}/config.json")
@@ -151,10 +134,6 @@ def check_model(model: str) -> None:
 
 def measure_layer_times(model: str, context: int = 1024, reps: int = 30, device: str = "cuda") -> LayerTime:
     """The LayerTime of `model` (a shipped spec name or a config.json path, `NAME@Nmoe` too) on this GPU."""
-    import torch
-
-    from strata_plan.core.spec import load_spec, spec_from_config
-    from strata_plan.engine.config import ModelConfig
     spec = load_spec(model)
     cfg_dict = _cut_config(spec)
     cut = spec_from_config(cfg_dict, spec.name, spec.source or spec.name)
@@ -165,11 +144,12 @@ def measure_layer_times(model: str, context: int = 1024, reps: int = 30, device:
     name = "" if device == "cpu" else torch.cuda.get_device_name()
     if device != "cpu":
         torch.cuda.empty_cache()
+    base = spec.name.split("@")[0]
     return LayerTime(
-        geometry=spec.layer_geometry, model=spec.name.split("@")[0], context=context, head_us=round(med[0], 2),
+        geometry=spec.layer_geometry, model=base, context=context, head_us=round(med[0], 2),
         dense_layer_us=round(statistics.mean(dense), 2) if dense else 0.0, moe_layer_us=round(statistics.mean(moe), 2),
         provenance="measured",
-        source=f"strata-plan profile: the engine's decoder layers of {spec.name.split('@')[0]} cut after MoE layer "
+        source=f"strata-plan profile: the engine's decoder layers of {base} cut after MoE layer "
                f"{cut.n_moe_layers}, random BF16 weights, routed experts left out, context {context}; each prefix "
                + (f"one CUDA graph, median of {reps} interleaved replays (CUDA events), {name}" if device != "cpu" else
                   f"run eagerly, median of {reps} interleaved runs, wall clock on the CPU"),
@@ -179,9 +159,6 @@ def measure_layer_times(model: str, context: int = 1024, reps: int = 30, device:
 def with_layer_times(profile, times):
     """`profile` (a HardwareProfile, shipped name or YAML path) with `times` (LayerTime) in its first GPU's
     `layer_times`, each replacing an entry of the same geometry."""
-    import dataclasses
-
-    from strata_plan.profiles.schema import load_profile
     prof = load_profile(profile) if isinstance(profile, str) else profile
     g = prof.gpus[0]
     new = {t.geometry for t in times}

@@ -17,6 +17,7 @@ from .config import RouterConfig
 class Router:
     def __init__(self, rc: RouterConfig, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         self.rc, self.weight, self.bias, self.dtype = rc, weight, bias, dtype
+        self._out: tuple[torch.Tensor, ...] | None = None    # `fused`: logits, ids, weights (made at its first call)
 
     @staticmethod
     def load(rc: RouterConfig, src, prefix: str, device, dtype: torch.dtype) -> "Router":
@@ -33,7 +34,7 @@ class Router:
         summation order. They live in this router's own buffers, rewritten at its next call (graph-safe: one
         address every step); the MoE call reads them before that."""
         from strata_plan.kernels.gate import lookahead_gate
-        if getattr(self, "_out", None) is None or self._out[0].device != h.device:
+        if self._out is None or self._out[0].device != h.device:
             k = self.rc.top_k
             self._out = (torch.empty(self.rc.n_experts, dtype=torch.float32, device=h.device),
                          torch.empty(k, dtype=torch.int64, device=h.device),

@@ -12,7 +12,8 @@ Per MoE layer j and call:
    several tokens (prefill): the chunk's experts in waves (`store.waves`), `fused_moe` per wave with the ids of the other
    waves skipped (-1), the partial outputs summed;
 3. lookahead (`after_moe`): the gates of MoE layers j+1..j+d on the layer's output (`model.route`, the
-   definition of core/routing/TRACE.md; in the device loop with its kernels `kernels.gate`, two launches a gate) are computed on the device and copied to pinned host memory
+   definition of core/routing/TRACE.md; in the device loop with its kernels `kernels.gate`, two launches a gate)
+   are computed on the device and copied to pinned host memory
    without a wait; at the next layer's round trip, before reading its router's ids (the GPU is running
    that layer's attention meanwhile), the main thread gives them to the store (`store.hint(j+d, ids,
    scores, d)`, which queues the prefetches); their chunks go on the copy stream from the main thread

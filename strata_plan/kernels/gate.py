@@ -25,6 +25,7 @@ import torch
 from .norm import TL_DTYPES, round_to
 from .triton_common import tl, triton
 
+
 @triton.jit
 def gate_logits_kernel(x_p, norm_p, w_p, out_p, H, E, eps, XDT: tl.constexpr, ROUND_LOGITS: tl.constexpr,
                        BE: tl.constexpr, BH: tl.constexpr):

@@ -171,12 +171,11 @@ class CostModel:
         spec, lt = self.problem.spec, self.measured_layers
         if lt is None:
             return np.full(spec.n_layers, self.overhead)
-        att, lay, w = spec.attention, self._layers, spec.attention.sliding_window
+        lay = self._layers
         out = []
         for i, kind in enumerate(spec.layer_kinds):
             us = lt.dense_layer_us if kind == "dense" else lt.moe_layer_us
-            sliding = bool(spec.sliding_layers) and spec.sliding_layers[i] and w > 0
-            kv = att.kv_bytes_per_token_layer * (min(lt.context, w) if sliding else lt.context)
+            kv = spec.kv_cache_layer_bytes(i, lt.context)             # the KV cache it read when timed
             out.append(max(0.0, us * 1e-6 - (lay["dense"][i] + kv) / self.hbm_rate))
         return np.array(out)
 
