@@ -34,7 +34,6 @@ from strata_plan.cli import main as cli  # noqa: E402
 from strata_plan.core.plan import load_plan  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
 from strata_plan.engine.bench import measure  # noqa: E402
-from strata_plan.engine.engine import EngineOptions  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 
@@ -103,7 +102,7 @@ def main() -> int:
                 try:
                     poll = mode.endswith("_poll")
                     r = measure(packed, plan, mode=mode.removesuffix("_poll"), tokens=a.tokens, warmup=a.warmup,
-                                replay=replay, device=a.device, options=EngineOptions(loop="device"),
+                                replay=replay, device=a.device,
                                 ring_poll_s=a.poll_us * 1e-6 if poll else None)
                 except Exception as err:                # noqa: BLE001 (recorded; the next run goes on)
                     record_failure(errors, f"{n} layers/{mode}", err)
@@ -118,7 +117,6 @@ def main() -> int:
                 for part, v in (tp.get("host_cpu_parts_s") or {}).items():     # where it goes: step call, copy, read
                     metrics[f"{k}.host_ms_per_token.{part}"] = v * 1e3
                 metrics[f"{k}.ram_gb_per_token"] = B / 1e9
-                metrics[f"{k}.device_loop"] = float(r["loop"] == "device")
                 line = f"{n:3d} layers {mode:9s} {r['measured']['decode_tok_s']:8.2f} tok/s, host {tp['host_cpu_s'] * 1e3:.3f} ms/tok"
                 if tp["device_compute_s"] is not None:
                     metrics[f"{k}.gpu_ms_per_token"] = tp["device_compute_s"] * 1e3

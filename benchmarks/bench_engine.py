@@ -7,22 +7,21 @@ on-demand baselines built from the same plan.
 The plans (`tests/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
 `strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60
 --context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0.01` (RAM-rich: 8.5% of routed bytes static in VRAM,
-2.3% cache, the rest in pinned RAM) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget; planned for the device
-loop, whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM, 37% NVMe, a
+2.3% cache, the rest in pinned RAM) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget; planned for the engine,
+whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM, 37% NVMe, a
 77-slot staging cache). Where the seed plan has no lookahead, `seed_forced_d<D>` runs it with depth --forced-depth
 (labelled forced: the planner did not choose it). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
 plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.from_prior("olmoe-like")`
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
 of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
-the warm-up), bytes per tier per token, link figures, round trips; for the NVMe plan also a plain O_DIRECT
-read of the same files at the store's reader count, interleaved. Each mode runs in the device loop (rows
-`<plan>.<mode>.*`: RAM experts read in place, one CUDA graph a token, the device LRU, lookahead copies on a side
-stream), then in the host loop (rows `<plan>_hostloop.<mode>.*`), and the device loop's bound 1 / (t_nonMoE + B / R_zc)
-is measured in the same run (`bound_rows`; with lookahead also the overlapped 1 / max(t_nonMoE, B / R_zc)), with
-whether both loops gave the same tokens, and whether each gave the tokens of the same budget with every routed expert
-static in VRAM (`<plan>.resident`, run first: nothing moves bytes there, so its tokens are the reference;
-`.tokens_equal_resident`). For a plan with an NVMe tier the bound is the drive's instead: a plain O_DIRECT read at the
-stager's reads in flight and request size (one blob), measured after each device-loop run (`<plan>.plain_odirect_gbps`:
+the warm-up), bytes per tier per token, host and GPU time a token; for the NVMe plan also a plain O_DIRECT read of the
+same files at the store's reader count, interleaved. Rows `<plan>.<mode>.*` (RAM experts read in place, one CUDA graph
+a token, the device LRU, lookahead copies on a side stream); each run's bound 1 / (t_nonMoE + B / R_zc) is measured in
+the same run (`bound_rows`; with lookahead also the overlapped 1 / max(t_nonMoE, B / R_zc)), with whether the run gave
+the tokens of the same budget with every routed expert static in VRAM (`<plan>.resident`, run first: nothing moves
+bytes there, so its tokens are the reference; `.tokens_equal_resident`). For a plan with an NVMe tier the bound is the
+drive's instead: a plain O_DIRECT read at the stager's reads in flight and request size (one blob), measured after each
+run (`<plan>.plain_odirect_gbps`:
 the median of those interleaved repeats, min and max beside it), over the NVMe bytes the run read a token that were
 used (`.nvme_gb_per_token`; wrong guesses apart, `.nvme_wasted_gb_per_token`); each run records the page cache on the
 blob files before and after (mincore). `--pinned-gb` adds the pinned-memory cost of a region that size against torch's pinned
@@ -136,12 +135,10 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=0, help="start no further run after this many seconds "
                     "(the runs done are written; 0: no limit)")
-    ap.add_argument("--copy-windows", default="", help="also run the first plan in mode plan and lru with these "
-                    "copy windows, MB:CHUNKS[,...] (chunk size and chunks in flight on the copy stream; the engine's default is 8:1)")
     ap.add_argument("--profile", help="re-predict every plan and mode with this profile (one measured in the same "
                     "run: `strata-plan profile --quick`); default: the plans' own predictions (the shipped h200)")
     ap.add_argument("--calibration", help="with --profile: predict with the calibration constants of this profile "
-                    "YAML (fitted by `strata-plan calibrate` and committed before the run) and --profile's measured figures")
+                    "YAML (measured by `strata-plan calibrate` and committed before the run) and --profile's measured figures")
     ap.add_argument("--forced-depth", type=int, default=2, help="run the seed plan also with this lookahead depth "
                     "when the planner chose none (labelled forced; 0: not)")
     ap.add_argument("--pinned-gb", type=float, default=0, help="also register a pinned region of this many GB as the "
@@ -204,27 +201,6 @@ def main() -> int:
                 return True
             return False
 
-        def copy_windows(first_name: str) -> None:          # right after the first plan: before slow NVMe runs
-            for w in filter(None, a.copy_windows.split(",")):
-                mb, n = w.split(":")
-                opts = EngineOptions(chunk_bytes=int(float(mb) * (1 << 20)), chunks_in_flight=int(n))
-                for mode in ("plan", "lru"):
-                    if late(f"{first_name}/{mode}/copy {w}"):
-                        continue
-                    r = attempt(f"{first_name}/{mode}/copy {w}", lambda: measure(
-                        folder, paths[first_name], mode=mode, tokens=a.tokens, warmup=a.warmup,
-                        replay=replay_for(plans[first_name]), options=opts))
-                    if r is None:
-                        continue
-                    out[f"{first_name}/{mode}/copy{mb}x{n}"] = r
-                    key = f"{first_name}.{mode}.copy_{mb}mb_x{n}"
-                    tp = r["time_per_token"]
-                    metrics[f"{key}.decode_tok_s"] = r["measured"]["decode_tok_s"]
-                    metrics[f"{key}.device_wait_ms_per_token"] = (tp["device_wait_s"] or 0) * 1e3
-                    print(f"{first_name:8s} {mode:9s} copy window {mb} MB x {n}: decode "
-                          f"{r['measured']['decode_tok_s']:8.2f} tok/s, GPU waiting {(tp['device_wait_s'] or 0) * 1e3:.2f} "
-                          f"ms/tok, copy busy {r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
-
         refs: dict[str, list | None] = {}
 
         def resident_tokens(name: str, plan) -> list | None:
@@ -247,47 +223,35 @@ def main() -> int:
                       f"VRAM: the reference tokens)", flush=True)
             return refs[name]
 
-        def one(name: str, plan, mode: str, loop: str) -> dict | None:
-            """One run; the device loop's rows under `name`, the host loop's under `name`_hostloop."""
-            if late(f"{name}/{mode}/{loop}"):
+        def one(name: str, plan, mode: str) -> dict | None:
+            if late(f"{name}/{mode}"):
                 return None
-            r = attempt(f"{name}/{mode}/{loop}", lambda: measure(
-                folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
-                options=EngineOptions(loop=loop)))
+            r = attempt(f"{name}/{mode}", lambda: measure(
+                folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan)))
             if r is None:
                 return None
-            key = name if loop == "device" else f"{name}_hostloop"
-            out[f"{key}/{mode}"] = r
+            out[f"{name}/{mode}"] = r
             if refs.get(name) is not None:              # the same routing with every expert in VRAM: the truth
-                metrics[f"{key}.{mode}.tokens_equal_resident"] = float(r["tokens"] == refs[name])
-            report(key, paths[name], plan, mode, r)
+                metrics[f"{name}.{mode}.tokens_equal_resident"] = float(r["tokens"] == refs[name])
+            report(name, paths[name], plan, mode, r)
             return r
 
         def report(name: str, path: Path, plan, mode: str, r: dict) -> None:
             m = r["measured"]
+            tp = r["time_per_token"]
             print(f"{name:8s} {mode:9s} decode {m['decode_tok_s']:8.2f} tok/s (predicted for the plan "
                   f"{r['plan']['predicted']:.2f}) hit {r['hit_rate']:.3f} resident {r['resident_hit_rate']:.3f} "
-                  f"pcie {r['bytes_per_token']['pcie'] / 1e9:.3f} GB/tok issued, {r['bytes_per_token']['pcie_copied'] / 1e9:.3f} copied; copy busy "
-                  f"{r['links']['copy_busy_s_per_token'] * 1e3:.2f} ms/tok", flush=True)
-            tp = r["time_per_token"]
-            print(f"{'':18s} host: round trips {tp['router_round_trip_s'] * 1e3:.2f} store+launch "
-                  f"{tp['store_and_launch_host_s'] * 1e3:.2f} segments {(tp['segment_launch_host_s'] or 0) * 1e3:.2f} "
-                  f"ms/tok; GPU compute {(tp['device_compute_s'] or 0) * 1e3:.2f} waiting "
-                  f"{(tp['device_wait_s'] or 0) * 1e3:.2f} ms/tok (graphs {r['graphs']})", flush=True)
-            for key in ("device_compute_s", "device_wait_s", "router_round_trip_s", "store_and_launch_host_s",
-                        "segment_launch_host_s"):
+                  f"pcie {r['bytes_per_token']['pcie'] / 1e9:.3f} GB/tok; GPU {(tp['device_compute_s'] or 0) * 1e3:.2f} "
+                  f"ms/tok, decode thread CPU {tp['host_cpu_s'] * 1e3:.3f} ms/tok (graphs {r['graphs']})", flush=True)
+            for key in ("device_compute_s", "step_launch_host_s"):
                 if tp[key] is not None:
                     metrics[f"{name}.{mode}.{key[:-2]}_ms_per_token"] = tp[key] * 1e3
-            for j, (c, w) in enumerate(tp["device_per_moe_layer_s"] or []):
-                metrics[f"{name}.{mode}.moe_layer{j}_ms_per_token"] = (c + w) * 1e3
-            metrics[f"{name}.{mode}.copy_busy_ms_per_token"] = r["links"]["copy_busy_s_per_token"] * 1e3
             metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
             metrics[f"{name}.{mode}.host_ms_per_token"] = tp["host_cpu_s"] * 1e3     # decode thread CPU time
             for part, v in (tp.get("host_cpu_parts_s") or {}).items():     # where it goes: step call, copy, read
                 metrics[f"{name}.{mode}.host_ms_per_token.{part}"] = v * 1e3
-            metrics[f"{name}.{mode}.device_loop"] = float(r["loop"] == "device")
             if a.profile:
-                pr = predict_plan(plan, predict_with, mode, where=str(path), loop=r["loop"], gates=False)   # replayed
+                pr = predict_plan(plan, predict_with, mode, where=str(path), gates=False)   # replayed
                 r["predicted"] = {"profile": a.profile, "calibration": a.calibration, "decode_tok_s": pr.decode_tok_s,
                                   "decode_binding": pr.decode_binding, "bytes_per_token": pr.bytes_per_token,
                                   "decode_seconds": pr.decode_seconds}
@@ -296,11 +260,10 @@ def main() -> int:
                 print(f"{'':18s} predicted with {a.profile} (constants: {a.calibration or 'its own'}): {pr.decode_tok_s:.2f} tok/s ({pr.decode_binding}), "
                       f"measured / predicted {m['decode_tok_s'] / pr.decode_tok_s:.3f}", flush=True)
             metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
-            metrics[f"{name}.{mode}.pcie_copied_gb_per_token"] = r["bytes_per_token"]["pcie_copied"] / 1e9
             metrics[f"{name}.{mode}.nvme_read_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9   # from the drive
             metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
         def nvme_bound_rows(name: str, mode: str, r: dict, plain: list[float]) -> None:
-            """The device loop with an NVMe tier against the drive: the plain O_DIRECT rate (median of the repeats so
+            """A run with an NVMe tier against the drive: the plain O_DIRECT rate (median of the repeats so
             far, interleaved with the runs) over the NVMe bytes read a token that a layer used; what the stager did."""
             bt, st, k = r["bytes_per_token"], r["stager"] or {}, f"{name}.{mode}"
             # the stager's wrong guesses (the lookahead's VRAM copies of RAM experts wasted are not drive reads)
@@ -324,16 +287,16 @@ def main() -> int:
                 metrics[f"{k}.lookahead_d{d}.recall"] = la["recall"]
             metrics[f"{k}.page_cache_before"] = r["page_cache"]["before"]
             metrics[f"{k}.page_cache_after"] = r["page_cache"]["after"]
-            print(f"{name:8s} {mode:9s} device loop {r['measured']['decode_tok_s']:.2f} tok/s = "
+            print(f"{name:8s} {mode:9s} {r['measured']['decode_tok_s']:.2f} tok/s = "
                   f"{metrics.get(k + '.over_bound', 0):.3f} of the drive's bound {metrics.get(k + '.bound_tok_s', 0):.2f} "
                   f"({used / 1e9:.3f} GB/tok used from NVMe, {wasted / 1e9:.3f} wasted, plain O_DIRECT {rate:.2f} GB/s); "
                   f"GPU waited {metrics[k + '.stage_wait_ms_per_token']:.2f} ms/tok; staging hits "
                   f"{metrics[k + '.staging_hit_rate']:.3f}; page cache {r['page_cache']['before']} -> "
-                  f"{r['page_cache']['after']}; tokens equal to the host loop's: "
-                  f"{metrics.get(k + '.tokens_equal_hostloop')}", flush=True)
+                  f"{r['page_cache']['after']}; tokens equal to the resident run's: "
+                  f"{metrics.get(k + '.tokens_equal_resident')}", flush=True)
 
         def bound_rows(name: str, mode: str, r: dict, plain=None) -> None:
-            """The device loop against its bound 1 / (t_nonMoE + B / R_zc): B the bytes read in place from pinned
+            """The run against its bound 1 / (t_nonMoE + B / R_zc): B the bytes read in place from pinned
             RAM a token (counted on the device), t_nonMoE the step's GPU time without its MoE calls and R_zc the
             zero-copy read rate at one layer's share of B, both measured now."""
             B = r["bytes_per_token"]["ram"]
@@ -368,29 +331,22 @@ def main() -> int:
             metrics[f"{name}.ram_tier_gb"] = pin["tier_bytes"] / 1e9
             metrics[f"{name}.ram_tier_pinned_over_size"] = pin["pinned_bytes"] / pin["tier_bytes"]
             metrics[f"{k}.ram_huge_page_share"] = pin["huge_page_share"]
-            print(f"{name:8s} {mode:9s} device loop {r['measured']['decode_tok_s']:.2f} tok/s = "
+            print(f"{name:8s} {mode:9s} {r['measured']['decode_tok_s']:.2f} tok/s = "
                   f"{metrics[k + '.over_bound']:.3f} of its bound {bound:.2f} (t_nonMoE {parts['without_moe_s'] * 1e3:.2f} ms, "
                   f"{B / 1e9:.3f} GB/tok in place at {rate:.1f} GB/s zero-copy; step alone {parts['step_s'] * 1e3:.2f} ms); "
-                  f"tokens equal to the host loop's: {metrics.get(k + '.tokens_equal_hostloop')}", flush=True)
+                  f"tokens equal to the resident run's: {metrics.get(k + '.tokens_equal_resident')}", flush=True)
 
         for name, plan in plans.items():
             nvme = any(l.nvme for l in plan.layers)
             plain: list[float] = []
             resident_tokens(name, plan)
             for mode in a.modes.split(","):
-                r = one(name, plan, mode, "device")
-                if r is not None and nvme and r["loop"] == "device":
+                r = one(name, plan, mode)
+                if r is None:
+                    continue
+                if nvme:
                     plain.append(plain_odirect(files, plan, r))        # interleaved with the runs
-                if r is not None and r["loop"] == "device":
-                    host = one(name, plan, mode, "host")
-                    if host is not None:                  # the host loop beside: the same tokens, the speed-up
-                        metrics[f"{name}.{mode}.tokens_equal_hostloop"] = float(r["tokens"] == host["tokens"])
-                        same = [a == b for a, b in zip(r["tokens"], host["tokens"])] + [False]
-                        metrics[f"{name}.{mode}.first_token_unlike_hostloop"] = same.index(False)   # (a count if equal)
-                        metrics[f"{name}.{mode}.over_hostloop"] = (r["measured"]["decode_tok_s"]
-                                                                   / host["measured"]["decode_tok_s"])
-                    attempt(f"{name}/{mode}/bound", lambda: (nvme_bound_rows if nvme else bound_rows)(name, mode, r,
-                                                                                                    plain))
+                attempt(f"{name}/{mode}/bound", lambda: (nvme_bound_rows if nvme else bound_rows)(name, mode, r, plain))
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
             if f"{name}.plan.decode_tok_s" in metrics:
                 metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
@@ -400,8 +356,6 @@ def main() -> int:
                 if a.profile:
                     pr = [metrics[f"{name}.{m}.predicted_decode_tok_s"] for m in ("plan", "on-demand")]
                     metrics[f"{name}.plan_over_ondemand_predicted"] = pr[0] / pr[1]
-            if name == next(iter(plans)):
-                copy_windows(name)
         metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)
         if a.pinned_gb and torch.cuda.is_available() and not late("pinned cost"):
             metrics.update(pinned_cost(a.pinned_gb * 1e9))

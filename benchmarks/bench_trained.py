@@ -258,13 +258,9 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     p = pred.for_plan(executed, mode)
     c = r["counters"]
     bt = r["bytes_per_token"]
-    mean_blob = mean_blob_bytes(packed)
-    bound = pred.bound_from_bytes(executed, bt["pcie_copied"], bt["nvme"])   # the bytes the copies moved
+    bound = pred.bound_from_bytes(executed, bt["pcie"], bt["nvme"])   # the bytes that crossed PCIe and left the drive
     m = r["measured"]
     r.update(predicted=p, bound_from_moved_bytes=bound)
-    pcie = r["links"]["pcie_gbps_during_copies"]
-    r["pcie_profile_gbps_at_mean_blob"] = pred.h2d_gbps(mean_blob)
-    r["pcie_share_of_profile_measured"] = pcie / r["pcie_profile_gbps_at_mean_blob"] if pcie else None
     run.extra["runs"][key] = r
     out = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_mean_measured": m["decode_tok_s_mean"],
            "decode_tok_s_predicted": p["decode_tok_s"], "measured_over_predicted": m["decode_tok_s"] / p["decode_tok_s"],
@@ -272,26 +268,22 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
            "vram_hit_rate_predicted": p["vram_hit_rate"],
            "ram_gb_per_token_measured": bt["ram"] / 1e9, "nvme_gb_per_token_measured": bt["nvme"] / 1e9,
            "pcie_gb_per_token_measured": bt["pcie"] / 1e9, "wasted_gb_per_token_measured": bt["wasted"] / 1e9,
-           "pcie_copied_gb_per_token_measured": bt["pcie_copied"] / 1e9,
            "pcie_gb_per_token_predicted": p["bytes_per_token"].get("pcie", 0.0) / 1e9,
            "nvme_gb_per_token_predicted": p["bytes_per_token"].get("nvme", 0.0) / 1e9,
            "bound_from_moved_bytes_tok_s": bound["decode_tok_s"],
            "share_of_bound_measured": m["decode_tok_s"] / bound["decode_tok_s"],
            "bound_decode_tok_s_predicted_bytes": p["bound_decode_tok_s"],
-           "pcie_share_of_profile_measured": r["pcie_share_of_profile_measured"],
-           "round_trips_per_token_measured": r["time_per_token"]["round_trips"],
            # the decode thread's CPU time a token (time.thread_time: waits sleep, so this is host work)
            "host_ms_per_token_measured": r["time_per_token"]["host_cpu_s"] * 1e3,
-           "device_loop": float(r["loop"] == "device"),
            # the RAM tier's share on huge pages (the GPU's reads of 4 KiB pages take 512x the IOMMU translations)
            "ram_huge_page_share": r["pinned"]["huge_page_share"]}
-    if r["stager"] is not None:             # device loop with an NVMe tier: the stager beside the cost model
+    if r["stager"] is not None:             # an NVMe tier: the stager beside the cost model
         out["stage_wait_ms_per_token_measured"] = r["time_per_token"]["stage_wait_s"] * 1e3
         out["nvme_wait_ms_per_token_predicted"] = p["decode_seconds"].get("nvme", 0.0) * 1e3
         out["staging_hit_rate_measured"] = r["stager"]["staging_hit_rate"]
         out["nvme_read_gb_per_token_predicted"] = p["bytes_per_token"].get("nvme_read", 0.0) / 1e9
         out["page_cache_before"], out["page_cache_after"] = r["page_cache"]["before"], r["page_cache"]["after"]
-    if r["device_step"]:                    # device loop: the step's GPU time alone, its ceiling 1 / step_s
+    if r["device_step"]:                    # graphs: the step's GPU time alone, its ceiling 1 / step_s
         out["gpu_ms_per_token_measured"] = r["device_step"]["step_s"] * 1e3
         out["gpu_ceiling_tok_s_measured"] = 1.0 / r["device_step"]["step_s"]
     for d, la in c["lookahead"].items():
@@ -300,7 +292,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     run.metrics.update({f"{key}.{k}": v for k, v in out.items()})
     log(f"{key:22s} MEASURED {m['decode_tok_s']:8.2f} tok/s  PREDICTED {p['decode_tok_s']:8.2f}  hit {r['hit_rate']:.3f} "
         f"(resident {r['resident_hit_rate']:.3f})  PCIe {bt['pcie'] / 1e6:.3f} MB/tok  NVMe {bt['nvme'] / 1e6:.3f} MB/tok  "
-        f"wasted {bt['wasted'] / 1e6:.3f} MB/tok  bound {bound['decode_tok_s']:.1f} ({bound['binding']})  {r['loop']} loop"
+        f"wasted {bt['wasted'] / 1e6:.3f} MB/tok  bound {bound['decode_tok_s']:.1f} ({bound['binding']})"
         + (f", GPU ceiling {out['gpu_ceiling_tok_s_measured']:.1f} tok/s" if "gpu_ceiling_tok_s_measured" in out else ""))
     return out
 
@@ -548,7 +540,7 @@ def parse(argv=None):
     p.add_argument("--profile", default="h200", help="profile the plans are made with (default h200)")
     p.add_argument("--profile-predict", default=None, help="re-predict with this profile YAML (default: the plan's)")
     p.add_argument("--calibration", default=None, help="with --profile-predict: the calibration constants of this "
-                   "profile YAML (fitted by `strata-plan calibrate`, committed before the run) with its measured figures")
+                   "profile YAML (measured by `strata-plan calibrate`, committed before the run) with its measured figures")
     p.add_argument("--budgets", default="ramrich,seed")
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--context", type=int, default=1024)

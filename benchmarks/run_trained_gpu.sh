@@ -4,8 +4,8 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]
-# Predictions: the quick profile measured in the call, with the calibration constants of CALIBRATION (default
-# benchmarks/data/h200-calibrated-20261203b.yaml, committed before the run; CALIBRATION= for the profile's own).
+# Predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
+# (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
 # studies need no SQLAlchemy), made here in the repository root once:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -26,7 +26,7 @@ torch.__version__, 'transformers', transformers.__version__, 'accelerate', accel
 tokenizers.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader || true
 left() { echo $(( $1 - ($(date +%s) - t0) )); }
-CAL=${CALIBRATION-benchmarks/data/h200-calibrated-20261203b.yaml}   # constants frozen before the run ('' for none)
+CAL=${CALIBRATION-}   # constants of another profile YAML (default none: the quick profile's measured figures)
 timeout 90 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -1
 PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml" || echo h200)   # the shipped one if it failed
 timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \

@@ -1,5 +1,5 @@
 """bench_engine end to end on the CPU: the committed fixture packed in BF16, a RAM-rich plan and an NVMe plan given
-by path, every mode in both loops, the forced-depth run, the drive's bound rows. Figures on a CPU mean nothing; the
+by path, every mode, the forced-depth run, the drive's bound rows. Figures on a CPU mean nothing; the
 test holds the script's rows (what the H200 run will write) to exist and add up."""
 from __future__ import annotations
 
@@ -34,17 +34,13 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     m = json.loads(result.read_text())["metrics"]
     for name in ("ramrich", "seed", "seed_forced_d2"):
         for mode in ("plan", "lru", "on-demand"):
-            for loop in ("", "_hostloop"):
-                assert m[f"{name}{loop}.{mode}.decode_tok_s"] > 0, (name, loop, mode)
-            assert m[f"{name}.{mode}.device_loop"] == 1.0
-            for loop in ("", "_hostloop"):               # every expert in VRAM gives the reference tokens
-                assert m[f"{name}{loop}.{mode}.tokens_equal_resident"] == 1.0, (name, loop, mode)
+            assert m[f"{name}.{mode}.decode_tok_s"] > 0, (name, mode)
+            assert m[f"{name}.{mode}.tokens_equal_resident"] == 1.0, (name, mode)   # the all-in-VRAM run's tokens
     for name in ("seed", "seed_forced_d2"):       # the NVMe tier: the drive's bound and what the stager did
         assert m[f"{name}.plain_odirect_repeats"] == 3 and m[f"{name}.plain_odirect_gbps"] > 0
         for mode in ("plan", "lru", "on-demand"):
             k = f"{name}.{mode}"
             assert m[f"{k}.nvme_gb_per_token"] > 0 and m[f"{k}.bound_tok_s"] > 0
-            assert m[f"{k}.tokens_equal_hostloop"] == 1.0
             assert m[f"{k}.page_cache_after"] is not None
     assert m["seed_forced_d2.plan.nvme_wasted_gb_per_token"] >= 0
     assert "seed_forced_d2.plan.lookahead_d2.precision" in m
@@ -64,10 +60,10 @@ def test_a_run_that_fails_is_recorded_and_the_others_are_written(tmp_path, one_t
     save_plan(dataclasses.replace(bf16_plan(4, 28, 2, 0, chunk=4), context=96), tmp_path / "p.yaml")
     real = bench_engine.measure
 
-    def measure(*args, options=None, **kw):
-        if options.loop == "host" and kw["mode"] == "lru":
+    def measure(*args, **kw):
+        if kw["mode"] == "lru":
             raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
-        return real(*args, options=options, **kw)
+        return real(*args, **kw)
     monkeypatch.setattr(bench_engine, "measure", measure)
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--dir", str(packed), "--plans", f"r={tmp_path / 'p.yaml'}",
@@ -76,7 +72,7 @@ def test_a_run_that_fails_is_recorded_and_the_others_are_written(tmp_path, one_t
     assert bench_engine.main() == 1
     (result,) = out.glob("engine-*.json")
     data = json.loads(result.read_text())
-    assert data["errors"] == ["r/lru/host: RuntimeError: CUDA error: an illegal memory access was encountered"]
+    assert data["errors"] == ["r/lru: RuntimeError: CUDA error: an illegal memory access was encountered"]
     m = data["metrics"]
-    assert m["r.lru.decode_tok_s"] > 0 and m["r_hostloop.on-demand.decode_tok_s"] > 0
-    assert "r_hostloop.lru.decode_tok_s" not in m and not list(out.glob(".*.tmp"))
+    assert m["r.on-demand.decode_tok_s"] > 0 and m["r.resident.decode_tok_s"] > 0
+    assert "r.lru.decode_tok_s" not in m and not list(out.glob(".*.tmp"))

@@ -98,7 +98,7 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     for key in ("stage_wait_ms_per_token_measured", "nvme_wait_ms_per_token_predicted", "staging_hit_rate_measured",
                 "nvme_read_gb_per_token_predicted", "page_cache_after", "host_ms_per_token_measured"):
         assert key in out and f"seed.plan.{key}" in run.metrics
-    assert out["device_loop"] == 1.0 and out["nvme_gb_per_token_measured"] > 0
+    assert out["nvme_gb_per_token_measured"] > 0
 
 
 def test_the_depth_sweep_predicts_the_depth_it_runs(tmp_path):

@@ -168,7 +168,7 @@ def test_bench_on_the_cpu_prints_no_ratio_and_says_why(bench_args, tmp_path, cap
     text = capsys.readouterr().out
     assert "measured / predicted" not in " ".join(str(c.header) for t in printed for c in t.columns)
     assert " ".join(NO_RATIO_ON_CPU.split()) in " ".join(text.split())
-    assert "router round trips / token" in text
+    assert "decode thread CPU ms/tok" in text
     words_whole(text, printed)
 
 

@@ -1,10 +1,10 @@
-"""The cost model's device loop: RAM experts read in place (zero-copy) where the placement allows it.
+"""The cost model's device loop: on one GPU RAM experts are read in place (zero-copy).
 
-A placement with no cache slots, no lookahead and no NVMe tier, planned for the device loop, runs without the
-host round trip and without copies: each MoE layer takes max(RAM bytes / zero-copy rate, kernel time). Here
-that token is computed by hand from the spec, the routing curves and the profile; the host loop of the same
-placement is the prediction from before the device loop existed (its figures pinned below); and the zero-copy
-rate is the profile's `zero_copy` curve where there is one, else the pinned H2D curve.
+A one-GPU placement runs without the host round trip and without copies: with no cache slots, no lookahead and no
+NVMe tier each MoE layer takes max(RAM bytes / zero-copy rate, kernel time). Here that token is computed by hand
+from the spec, the routing curves and the profile, and so are cache slots, lookahead and an NVMe tier in the device
+loop; the zero-copy rate is the profile's `zero_copy` curve where there is one, else the pinned H2D curve. Several
+GPUs take the copy path.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 
 from strata_plan.core.modes import baseline
 from strata_plan.core.plan import load_plan
-from strata_plan.errors import UserError
 from strata_plan.planner.capacity import Budget
 from strata_plan.planner.cost import CostModel
 from strata_plan.planner.placement import Placement, placement_of
@@ -108,32 +107,6 @@ def test_in_place_token_is_the_hand_calculation(tiny, zero_copy):
                                              + 2 * p.spec.hidden / (p.profile.gpu.h2d_pinned.at(2 * p.spec.hidden) * 1e9),
                                              rel=1e-12)
     assert sec["pcie"] == pytest.approx(sum(max(0.0, r - e) for r, e in layers), rel=1e-12)
-    # the same bytes move as in the host loop: only how long they take changes
-    host = CostModel(p.replace(loop="host")).predict(place)
-    assert pred.bytes_per_token == host.bytes_per_token and pred.prefill_tok_s == host.prefill_tok_s
-    assert pred.decode_tok_s > host.decode_tok_s
-
-
-# the host loop's prediction of in_place_placement(tiny), computed by the cost model before the device loop
-# existed (every figure of decode_seconds and both tok/s, as repr printed them)
-BEFORE = {"decode_tok_s": 368.21633963335455, "prefill_tok_s": 24081.241006346638,
-          "decode_seconds": {"pcie": 0.0021361977659550713, "nvme": 0.0, "hbm": 0.00021455697850340135,
-                             "compute": 0.0, "overhead": 0.00036503999999999996, "round_trip": 0.000225,
-                             "host_fetch": 5.004e-05, "pcie_link": 0.0021828011437328492, "nvme_link": 0.0,
-                             "token": 0.002715794744458472}}
-
-
-def test_host_loop_is_the_prediction_from_before(tiny):
-    place = in_place_placement(tiny)
-    host = CostModel(tiny.replace(loop="host"))
-    assert not host.in_place(place)
-    pred = host.predict(place)
-    assert pred.decode_tok_s == pytest.approx(BEFORE["decode_tok_s"], rel=1e-13)
-    assert pred.prefill_tok_s == pytest.approx(BEFORE["prefill_tok_s"], rel=1e-13)
-    assert pred.decode_seconds == pytest.approx(BEFORE["decode_seconds"], rel=1e-13)
-    # ... and a zero_copy curve changes nothing there
-    zc = CostModel(tiny.replace(loop="host", profile=with_zero_copy(tiny.profile, 0.5))).predict(place)
-    assert zc == pred
 
 
 def test_a_cache_in_the_device_loop_is_the_fill_then_the_kernel(tiny):
@@ -147,17 +120,20 @@ def test_a_cache_in_the_device_loop_is_the_fill_then_the_kernel(tiny):
     warm = cm._misses(place)["warm_bytes"]
     want, layers = by_hand(p, place, p.profile.gpu.zero_copy.at, warm)
     assert 1.0 / cm.predict(place).decode_tok_s == pytest.approx(want, rel=1e-12)
-    assert cm.predict(place).decode_tok_s > CostModel(p.replace(loop="host")).predict(place).decode_tok_s
 
 
-def test_a_split_over_two_gpus_is_priced_as_before():
-    """A second GPU (the engine runs one): the host loop's figures, in either loop."""
+def test_a_split_over_two_gpus_takes_the_copy_path():
+    """A second GPU (the engine runs one): copies after a round trip per MoE layer, so a zero_copy curve changes
+    nothing there, and the round trip does."""
     p = tiny_problem(profile="rtx-pro-6000").replace(profile=load_profile("rtx-pro-6000-x2"),
                                                      budget=Budget(2 * 10**13, 10**13, 10**13, 0, (10**13, 10**13)))
     place = dataclasses.replace(in_place_placement(p), gpu_split=(1,))
-    device = CostModel(p.replace(profile=with_zero_copy(p.profile, 0.5)))
-    assert not device.in_place(place)
-    assert device.predict(place) == CostModel(p.replace(loop="host")).predict(place)
+    cm = CostModel(p)
+    assert not cm.in_place(place)
+    pred = cm.predict(place)
+    assert CostModel(p.replace(profile=with_zero_copy(p.profile, 0.5))).predict(place) == pred
+    rt = p.profile.calibration.round_trip.value * 1e-6
+    assert pred.decode_seconds["round_trip"] == pytest.approx(p.spec.n_moe_layers * rt, rel=1e-12)
 
 
 def test_zero_copy_rate_is_the_curve_else_pinned_h2d(tiny):
@@ -173,45 +149,32 @@ def test_zero_copy_rate_is_the_curve_else_pinned_h2d(tiny):
 
 
 def test_fully_resident_runs_without_round_trips(tiny):
-    """Every expert static: nothing to read from RAM, and the device loop has no round trip to pay."""
+    """Every expert static: nothing to read from RAM, and the device loop has no round trip to pay: the token is
+    the same whatever the round trip, and so is the hand calculation's (no RAM bytes)."""
+    from strata_plan.profiles.schema import Figure
     E, L = tiny.curves.n_experts, tiny.curves.n_layers
     place = in_place_placement(tiny, (E,) * L)
-    dev, host = CostModel(tiny).predict(place), CostModel(tiny.replace(loop="host")).predict(place)
-    rt = tiny.profile.calibration.round_trip.value * 1e-6
-    assert 1 / host.decode_tok_s - 1 / dev.decode_tok_s == pytest.approx(tiny.spec.n_moe_layers * rt, rel=1e-9)
-
-
-def test_loop_is_checked_and_predict_plan_passes_it(tiny):
-    """The RAM-rich kimi plan (no NVMe tier), on demand and as written (cache slots, lookahead), in either loop."""
-    with pytest.raises(UserError, match="loop"):
-        tiny.replace(loop="gpu")
-    path = Path(__file__).resolve().parent / "data" / "plan-kimi5-h200-ramrich.yaml"
-    plan = load_plan(path)
-    prob = plan_problem(plan, "h200", str(path))
-    place = placement_of(baseline(plan, "on-demand"))
-    assert CostModel(prob).in_place(place) and prob.loop == "device"
-    by = {loop: predict_plan(plan, None, "on-demand", problem=prob, loop=loop) for loop in ("device", "host")}
-    assert by["device"] == CostModel(prob).predict(place)
-    assert by["host"] == CostModel(prob.replace(loop="host")).predict(place)
-    assert by["device"].decode_tok_s > by["host"].decode_tok_s
-    assert predict_plan(plan, None, "plan", problem=prob, loop="host") == CostModel(prob.replace(loop="host")).predict(
-        placement_of(plan))
-    assert predict_plan(plan, None, "plan", problem=prob) == CostModel(prob).predict(placement_of(plan))
+    slow = dataclasses.replace(tiny.profile, calibration=dataclasses.replace(
+        tiny.profile.calibration, moe_round_trip_us=Figure(5000.0, "estimate", "test")))
+    dev, late = CostModel(tiny).predict(place), CostModel(tiny.replace(profile=slow)).predict(place)
+    assert dev.decode_tok_s == late.decode_tok_s and dev.decode_seconds["round_trip"] == 0.0
+    assert 1 / dev.decode_tok_s == pytest.approx(by_hand(tiny, place, tiny.profile.gpu.h2d_pinned.at)[0], rel=1e-12)
 
 
 @pytest.mark.parametrize("name", ["plan-kimi5-h200-ramrich.yaml", "plan-kimi5-h200-seed.yaml",
                                   "plan-kimi-k3.1-pro-5moe-h200.yaml"])
-def test_in_place_is_the_engines_rule(name):
-    """The cost model prices the device loop exactly where the engine runs it (`core.modes.reads_in_place`)."""
-    from strata_plan.core.modes import MODES, reads_in_place
+def test_every_one_gpu_plan_is_read_in_place_and_predict_plan_is_the_cost_model(name):
+    """The engine runs every one-GPU plan in its device loop: the cost model prices each mode of each plan (cache
+    slots, lookahead, an NVMe tier) in place, and `predict_plan` is the cost model on the mode's placement."""
+    from strata_plan.core.modes import MODES
     path = Path(__file__).resolve().parent / "data" / name
     plan = load_plan(path)
     prob = plan_problem(plan, "h200", str(path))
-    for loop in ("device", "host"):
-        cm = CostModel(prob.replace(loop=loop))
-        for mode in MODES:
-            run = baseline(plan, mode)
-            assert cm.in_place(placement_of(run)) == reads_in_place(run, loop), (mode, loop)
+    cm = CostModel(prob)
+    for mode in MODES:
+        place = placement_of(baseline(plan, mode))
+        assert cm.in_place(place), mode
+        assert predict_plan(plan, None, mode, problem=prob) == cm.predict(place), mode
 
 
 def test_an_nvme_tier_in_the_device_loop_reads_staged_experts_in_place(tiny):
@@ -243,7 +206,6 @@ def test_the_device_loops_lookahead_reads_landed_guesses_from_vram_and_never_wai
     layer); a copy slower than the window is read in place for its late part, never waited for: the token is never
     slower than reading every miss in place plus the copies' link time."""
     p = tiny.replace(profile=with_zero_copy(tiny.profile, 0.9))
-    E = p.curves.n_experts
     base = in_place_placement(p, (1, 1, 1))
     cm = CostModel(p)
     d0, d1 = cm.predict(base), cm.predict(dataclasses.replace(base, prefetch_depth=1))

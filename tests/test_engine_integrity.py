@@ -125,12 +125,11 @@ def test_a_damaged_nvme_blob_never_reaches_the_arena_and_each_blob_is_checked_on
         submit = store.transfers.submit
         store.transfers.submit = lambda f: submit(f) if sent.append(f) is None else None
         for _ in range(2):
-            store.ensure(0, [3])
-            store.release(0)
+            list(store.waves(0, [3]))
         assert [bool(f.parts) for f in sent] == [True, False] and store.verified[0, 3]
         before = store.arena.clone()
         with pytest.raises(UserError) as e:
-            store.ensure(0, [5])
+            list(store.waves(0, [5]))
         line = e.value.line()
         assert f"{bad.file}: layer {layer} expert 5: checksum mismatch in bytes {PART}..{2 * PART}" in line
         assert torch.equal(store.arena, before) and not store.verified[0, 5]

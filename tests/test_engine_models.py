@@ -176,7 +176,7 @@ def test_streamed_dense_weights_give_the_resident_logits(pair, keep_routers):
                             counters=StoreCounters(1), transfers=Transfers(torch.empty(4096, dtype=torch.uint8), 0, 4096))
     try:
         streamed = MoEModel(cfg, TensorSource(folder), engine.experts, context=64, dtype=torch.float32, host=host)
-        DenseStream(streamed, store, plan, host, keep_routers=keep_routers)
+        DenseStream(streamed, store, plan, host, keep_routers=keep_routers, in_place=False)   # the copy buffers
         runs = []
         for m in (engine, streamed):
             m.reset()

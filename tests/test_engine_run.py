@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from strata_plan.engine.engine import Engine, EngineOptions
-from strata_plan.engine.graphed import GraphedDecode
 from strata_plan.errors import UserError
 from strata_plan.core.plan import CachePlan, DensePlan, load_plan
 
@@ -50,19 +49,21 @@ def bf16_plan(vram: int, ram: int, cache: int, depth: int, chunk: int = 5):
                                cache=CachePlan("lru", plan.cache.slot_bytes, cache * len(layers)))
 
 
-def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool | str = True, loop: str = "device",
-        ran: list | None = None, backend: str = "auto"):
-    """(prompt logits [V], logits of each decode step, greedy tokens, store counters). graphs: True (the
-    engine's default loop), False (the model's own forward), "eager" (the graphed loop's segments run
-    eagerly, also on a GPU). loop: EngineOptions.loop; `ran` gets the loop that ran appended. backend:
-    EngineOptions.backend ("triton" on a CPU: every kernel interpreted)."""
-    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, poison=device == "cpu", graphs=bool(graphs),
-                                                 loop=loop, backend=backend)) as eng:
-        if ran is not None:
-            ran.append(eng.loop)
+def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool = True, backend: str = "auto",
+        routed: list | None = None):
+    """(prompt logits [V], logits of each decode step, greedy tokens, store counters). graphs: True (the engine's
+    step runner, `DeviceDecode`: eager on a CPU), False (the model's own forward: with mode on-demand the plain
+    reference loop). backend: EngineOptions.backend ("triton" on a CPU: every kernel interpreted). `routed` gets each
+    one-token MoE call's (MoE layer, routed ids) appended, in call order."""
+    with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, graphs=graphs, backend=backend)) as eng:
         m = eng.model
-        if graphs == "eager":
-            m.step_runner = GraphedDecode(m, eng.experts, graphs=False)
+        if routed is not None:
+            call = eng.experts.read_in_place
+
+            def spy(j, x, ids, w):
+                routed.append((j, ids.reshape(-1).tolist()))
+                return call(j, x, ids, w)
+            eng.experts.read_in_place = spy
         m.reset()
         logits = [m.prefill(PROMPT, chunk=plan.prefill_chunk)]
         tokens = []
@@ -72,11 +73,19 @@ def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool
         return torch.stack(logits), tokens, eng.store.counter_data()
 
 
+def blob_bytes(packed) -> int:
+    """The bytes of one expert blob of the bf16-packed fixture (every blob the same size)."""
+    from strata_plan.engine.packed import load_index
+    sizes = {e.nbytes for e in load_index(packed).entries}
+    assert len(sizes) == 1
+    return sizes.pop()
+
+
 CASES = [((4, 10, 3, 2), "plan"), ((4, 10, 3, 2), "lru"), ((0, 0, 0, 1), "plan"), ((2, 6, 0, 0), "on-demand")]
 
 
 def test_one_token_at_a_time_tiers_modes_and_prefetch_give_identical_logits(packed_bf16):
-    """Prefill one token a call: every MoE call is one `ensure` + one kernel call, whatever the tiers."""
+    """Prefill one token a call: every MoE call is the decode step's, whatever the tiers."""
     ref_logits, ref_tokens, _ = run(packed_bf16, bf16_plan(32, 0, 0, 0, chunk=1), "on-demand", new=3)
     for split, mode in CASES:
         logits, tokens, _ = run(packed_bf16, bf16_plan(*split, chunk=1), mode, new=3)
@@ -101,164 +110,143 @@ def test_chunked_prefill_in_waves_gives_the_same_tokens(packed_bf16):
             assert counters["prefetch_bytes"] == 0
 
 
-def test_the_segmented_decode_loop_is_the_models_own_forward(packed_bf16):
-    """engine.graphed runs a token as segments cut at the round trips (on the CPU without graphs), with the
-    static attention over the whole masked cache; the plain reference loop (graphs off, on-demand) is the
-    model's own forward with attention over the cached prefix. Same arithmetic up to the order of the
-    masked softmax's float32 sums (measured ~1e-6 relative); the same tokens."""
-    ref_logits, ref_tokens, _ = run(packed_bf16, bf16_plan(2, 6, 0, 0), "on-demand", graphs=False, loop="host")
+def test_the_step_runner_is_the_models_own_forward(packed_bf16):
+    """The step runner (`DeviceDecode`, eager on the CPU) attends over the whole masked cache at the device position;
+    the plain reference loop (graphs off, on-demand) is the model's own forward with attention over the cached
+    prefix. Same arithmetic up to the order of the masked softmax's float32 sums (measured ~1e-6 relative); the same
+    tokens, with the cache and the lookahead at work."""
+    ref_logits, ref_tokens, _ = run(packed_bf16, bf16_plan(2, 6, 0, 0), "on-demand", graphs=False)
     logits, tokens, counters = run(packed_bf16, bf16_plan(4, 10, 3, 2), "plan")
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5 * float(ref_logits.abs().max()))
     assert tokens == ref_tokens and counters["lookahead"]["1"]["guesses"] > 0
 
 
 @pytest.mark.parametrize("graphs", [True, False])
-def test_ram_experts_read_in_place_give_the_copying_loops_logits_and_counts(packed_bf16, graphs):
-    """The device loop (on-demand, VRAM + RAM: static experts in the arena, the rest read in place from the RAM
-    tier, on the CPU the same buffer) against the host loop copying those experts into slots first: the same
-    kernel reads the same bytes, so logits are bit-identical, and every routed use the host loop fetched on
-    demand the device loop read in place, byte for byte."""
-    plan = bf16_plan(4, 28, 0, 0)
-    loops: list[str] = []
-    host = run(packed_bf16, plan, "on-demand", graphs=graphs, loop="host", ran=loops)
-    dev = run(packed_bf16, plan, "on-demand", graphs=graphs, loop="device", ran=loops)
-    assert loops == ["host", "device"]
-    assert torch.equal(dev[0], host[0]) and dev[1] == host[1]
-    h, d = host[2], dev[2]
-    assert d["by_kind"]["in_place"] == h["by_kind"]["demand"] > 0 and d["by_kind"]["demand"] == 0
-    assert d["by_kind"]["static"] == h["by_kind"]["static"] and d["uses"] == h["uses"] == 5 * 5 * plan.top_k
-    assert d["bytes_from"]["ram"] == h["bytes_from"]["ram"] > 0
+def test_ram_experts_read_in_place_give_the_resident_logits_and_count_every_byte(packed_bf16, graphs):
+    """On-demand, VRAM + RAM: static experts in the arena, the rest read in place from the RAM tier (on the CPU the
+    same buffer). The same kernel reads the same bytes as with every expert static, so logits are bit-identical;
+    every routed use outside the static set is read in place, one blob's bytes each, counted against the routed ids
+    themselves."""
+    plan = bf16_plan(4, 28, 0, 0, chunk=1)
+    ref = run(packed_bf16, bf16_plan(32, 0, 0, 0, chunk=1), "on-demand", new=5, graphs=graphs)
+    routed: list = []
+    dev = run(packed_bf16, plan, "on-demand", new=5, graphs=graphs, routed=routed)
+    assert torch.equal(dev[0], ref[0]) and dev[1] == ref[1]
+    static = [set(l.vram) for l in plan.layers]
+    n_static = sum(e in static[j] for j, ids in routed for e in ids)
+    d = dev[2]
+    assert d["uses"] == (len(PROMPT) + 5) * 5 * plan.top_k == sum(len(ids) for _, ids in routed)
+    assert d["by_kind"]["static"] == n_static and d["by_kind"]["in_place"] == d["uses"] - n_static > 0
+    assert d["bytes_from"]["ram"] == d["by_kind"]["in_place"] * blob_bytes(packed_bf16)
 
 
 @pytest.mark.parametrize("graphs", [True, False])
-def test_the_device_lru_gives_the_host_loops_logits_hits_and_bytes(packed_bf16, graphs):
-    """LRU-only, VRAM + RAM: the device loop decides the plan's LRU on the device (kernels.lru, its reference on
-    the CPU) and copies admitted experts into its slots; the host loop's `Residency` decides the same policy and
-    the copy engine moves them. The same experts are hits, the same bytes cross PCIe, the logits are
-    bit-identical (prompt and 12 tokens, so the cache fills and evicts).""" 
+def test_the_device_lru_hits_what_the_planners_lru_hits(packed_bf16, graphs):
+    """LRU-only, VRAM + RAM: the plan's LRU decided on the device (kernels.lru, its reference on the CPU), admitted
+    experts copied into its slots. Against the routed ids of the run itself, the planner's brute-force LRU
+    (`simulate_cache`) gives the same hits layer by layer; every miss crosses PCIe once; logits are the resident
+    run's bit for bit (prompt and 12 tokens, so the cache fills and evicts)."""
+    import numpy as np
+
+    from strata_plan.core.routing.reference import simulate_cache
     plan = bf16_plan(4, 28, 2, 0, chunk=1)        # prefill a token a call: every call goes through the cache
-    loops: list[str] = []
-    host = run(packed_bf16, plan, "lru", new=12, graphs=graphs, loop="host", ran=loops)
-    dev = run(packed_bf16, plan, "lru", new=12, graphs=graphs, loop="device", ran=loops)
-    assert loops == ["host", "device"]
-    assert torch.equal(dev[0], host[0]) and dev[1] == host[1]
-    h, d = host[2], dev[2]
-    assert d["by_kind"]["cached"] == h["by_kind"]["cached"] > 0 and d["by_kind"]["static"] == h["by_kind"]["static"]
-    assert d["by_kind"]["in_place"] == h["by_kind"]["demand"] and d["bytes_from"]["ram"] == h["bytes_from"]["ram"]
+    ref = run(packed_bf16, bf16_plan(32, 0, 0, 0, chunk=1), "on-demand", new=12, graphs=graphs)
+    routed: list = []
+    dev = run(packed_bf16, plan, "lru", new=12, graphs=graphs, routed=routed)
+    assert torch.equal(dev[0], ref[0]) and dev[1] == ref[1]
+    c = dev[2]
+    for j, layer in enumerate(plan.layers):
+        ids = np.array([r for jj, r in routed if jj == j])                        # [T, k]
+        hits = round(simulate_cache(ids, set(layer.vram), layer.cache_slots) * ids.size)
+        got = c["layers"][j]["uses"]
+        assert got["static"] + got["cached"] == hits, j
+    assert c["by_kind"]["cached"] > 0
+    assert c["bytes_from"]["ram"] == c["by_kind"]["in_place"] * blob_bytes(packed_bf16)
 
 
-def bench_both_loops(packed, plan, mode: str) -> tuple[dict, dict]:
-    """`bench.measure` of `plan` in `mode` with the same replayed routing (olmoe-like, seed 3): (host, device)."""
+def bench_runner_and_plain(packed, plan, mode: str) -> tuple[dict, dict]:
+    """`bench.measure` of `plan` in `mode` with the same replayed routing (olmoe-like, seed 3): (with the step runner,
+    which reads the replay at a device cursor, without it: the model's own forward reading the host's replay)."""
     from strata_plan.engine.bench import measure
     from strata_plan.engine.replay import Replay
     got = []
-    for loop in ("host", "device"):
+    for graphs in (True, False):
         replay = Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=64, seed=3)
         got.append(measure(packed, plan, mode=mode, tokens=6, warmup=3, replay=replay, device="cpu",
-                           options=EngineOptions(loop=loop)))
+                           options=EngineOptions(graphs=graphs)))
     return got[0], got[1]
 
 
 @pytest.mark.parametrize("mode,cache", [("on-demand", 0), ("lru", 2)])
-def test_bench_with_replayed_routing_gives_the_same_tokens_and_counts_in_both_loops(packed_bf16, mode, cache):
-    """`bench.measure` with routing replayed: the device loop reads the replay from the device at a cursor it
-    advances itself, the host loop from the host; the same rows drive both, so tokens and counts agree."""
-    h, d = bench_both_loops(packed_bf16, bf16_plan(4, 28, cache, 0, chunk=1), mode)
-    assert (h["loop"], d["loop"]) == ("host", "device") and d["tokens"] == h["tokens"]
-    for kind in ("static", "cached"):
-        assert d["counters"]["by_kind"][kind] == h["counters"]["by_kind"][kind]
-    assert d["bytes_per_token"]["ram"] == h["bytes_per_token"]["ram"] > 0
+def test_bench_with_replayed_routing_reads_the_replay_on_the_device(packed_bf16, mode, cache):
+    """`bench.measure` with routing replayed: the step reads the replay's rows at a device cursor it advances itself,
+    the plain forward from the host's replay: the same rows drive both, so tokens and counts agree."""
+    d, e = bench_runner_and_plain(packed_bf16, bf16_plan(4, 28, cache, 0, chunk=1), mode)
+    assert d["tokens"] == e["tokens"]
+    for kind in ("static", "cached", "in_place"):
+        assert d["counters"]["by_kind"][kind] == e["counters"]["by_kind"][kind]
+    assert d["bytes_per_token"]["ram"] == e["bytes_per_token"]["ram"] > 0
 
 
-def test_the_loop_asked_for_runs_every_plan(packed_bf16):
-    """`--loop` picks the loop for every plan: caches, lookahead, NVMe tiers."""
-    for loop in ("device", "host"):
-        loops: list[str] = []
-        for split, mode in (((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 0), "lru"), ((4, 10, 2, 1), "plan"),
-                            ((4, 28, 2, 1), "plan")):
-            run(packed_bf16, bf16_plan(*split), mode, new=1, ran=loops, loop=loop)
-        assert loops == [loop] * 4
+def test_every_plan_runs(packed_bf16):
+    """Caches, lookahead, NVMe tiers: every plan runs in every mode."""
+    for split, mode in (((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 0), "lru"), ((4, 10, 2, 1), "plan"),
+                        ((4, 28, 2, 1), "plan")):
+        _, tokens, c = run(packed_bf16, bf16_plan(*split), mode, new=1)
+        assert len(tokens) == 1 and c["uses"] == 5 * 4
 
 
 @pytest.mark.parametrize("split", [(4, 28, 0, 2), (4, 28, 2, 2), (4, 28, 2, 1)])
-def test_the_device_loops_lookahead_prefetches_what_the_host_loops_does(packed_bf16, split):
-    """Lookahead in the device loop (VRAM + RAM plans): the gate of layer j+d guesses after layer j, the missing RAM
-    experts are copied into VRAM staging slots (kernels.prefetch; on the CPU they land at once, as the host loop's
-    prefetches do when nothing else holds the link); the same logits bit for bit, the same experts prefetched, cached
-    and wasted, the same bytes over PCIe."""
+def test_lookahead_prefetch_changes_where_misses_are_read_never_the_cache_or_the_logits(packed_bf16, split):
+    """Lookahead (VRAM + RAM plans): the gate of layer j+d guesses after layer j, the missing RAM experts are copied
+    into VRAM staging slots (kernels.prefetch; on the CPU they land at once). Against LRU-only on the same plan:
+    the same logits bit for bit, the same static and cached uses (a prefetched expert joins the cache only when
+    used, as a miss would), every LRU-only miss now prefetched, late or read in place, and every byte over PCIe
+    either one LRU-only moved or a wasted guess's."""
     plan = bf16_plan(*split, chunk=1)
-    loops: list[str] = []
-    host = run(packed_bf16, plan, "plan", new=12, loop="host", ran=loops)
-    dev = run(packed_bf16, plan, "plan", new=12, loop="device", ran=loops)
-    assert loops == ["host", "device"] and torch.equal(dev[0], host[0]) and dev[1] == host[1]
-    h, d = host[2], dev[2]
-    for kind in ("static", "cached", "prefetched"):
+    lru_run = run(packed_bf16, plan, "lru", new=12)
+    dev = run(packed_bf16, plan, "plan", new=12)
+    assert torch.equal(dev[0], lru_run[0]) and dev[1] == lru_run[1]
+    h, d = lru_run[2], dev[2]
+    for kind in ("static", "cached"):
         assert d["by_kind"][kind] == h["by_kind"][kind], kind
-    assert d["by_kind"]["prefetched"] > 0 and d["by_kind"]["in_place"] == h["by_kind"]["demand"]
-    for key in ("bytes_from", "wasted_bytes", "prefetch_bytes"):
-        assert d[key] == h[key], key
-    depth = str(plan.prefetch_depth)              # precision and recall of the prefetched depth's guesses
-    assert d["lookahead"][depth] == h["lookahead"][depth] and d["lookahead"][depth]["guesses"] > 0
+    assert d["by_kind"]["prefetched"] > 0
+    assert d["by_kind"]["in_place"] + d["by_kind"]["prefetched"] + d["by_kind"]["late"] == h["by_kind"]["in_place"]
+    assert d["bytes_from"]["ram"] == h["bytes_from"]["ram"] + d["wasted_bytes"]
+    depth = str(plan.prefetch_depth)
+    assert d["lookahead"][depth]["guesses"] > 0
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_replay_the_eager_segments(packed_bf16):
-    """On a GPU, the host loop: decode steps replayed from CUDA graphs (captured at the second step) give the eager
-    segments' tokens, and their logits to bf16 rounding, with the tiers and the lookahead at work. Each
-    step's logits are kept: a runner that returned the graph's output buffer itself (overwritten by the
-    next replay) fails here."""
+def test_on_a_gpu_the_graph_gives_the_eager_steps_tokens(packed_bf16):
+    """On a GPU: decode steps replayed from CUDA graphs (captured at the second step; RAM experts read over PCIe from
+    the registered RAM tier, the device LRU and its fill, the lookahead's side stream) give the eager steps' tokens
+    and logits to bf16 rounding, and the same routed bytes from RAM. Each step's logits are kept: a runner that
+    returned the graph's output buffer itself (overwritten by the next replay) fails here."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    for split, mode in CASES:
-        plan = bf16_plan(*split)
-        eager, eager_tokens, _ = run(packed_bf16, plan, mode, new=6, device="cuda", graphs="eager", loop="host")
-        graphed, tokens, _ = run(packed_bf16, plan, mode, new=6, device="cuda", loop="host")   # GraphedDecode
-        assert tokens == eager_tokens, mode
-        torch.testing.assert_close(graphed, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()))
-
-
-@pytest.mark.gpu
-def test_the_device_loop_on_a_gpu_reads_registered_ram_in_place(packed_bf16):
-    """On a GPU: the device loop (one CUDA graph a token, RAM experts read over PCIe from the registered RAM tier)
-    gives the host loop's tokens (copies into VRAM slots, graphed segments), its logits to bf16 rounding, and the
-    same routed bytes from RAM."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    for mode, cache in (("on-demand", 0), ("lru", 2)):     # lru: the device LRU (kernels.lru) and its fill
-        plan = bf16_plan(4, 28, cache, 0, chunk=1)
-        loops: list[str] = []
-        host, host_tokens, hc = run(packed_bf16, plan, mode, new=12, device="cuda", loop="host", ran=loops)
-        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda", loop="device", ran=loops)
-        assert loops == ["host", "device"] and tokens == host_tokens, mode
-        torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
-        assert dc["bytes_from"]["ram"] == hc["bytes_from"]["ram"] > 0
-        assert dc["by_kind"]["cached"] == hc["by_kind"]["cached"] and (dc["by_kind"]["cached"] > 0) == (cache > 0)
-    texts = []
-    for loop in ("host", "device"):          # generate: the device loop queues each step before reading a token
-        with Engine.open(packed_bf16, plan, EngineOptions(mode="on-demand", device="cuda", loop=loop)) as eng:
-            assert getattr(eng.model.step_runner, "ahead", False) == (loop == "device")
-            texts.append(eng.generate(PROMPT, max_new_tokens=8))
-    assert texts[0] == texts[1] == host_tokens[:len(texts[0])]
-
-
-@pytest.mark.gpu
-def test_on_a_gpu_the_device_loops_lookahead_gives_the_host_loops_tokens(packed_bf16):
-    """On a GPU: the guesses copied on a side stream forked and joined inside the token's graph, resolved with the
-    slot protocol (a late guess read in place): the host loop's tokens, logits to bf16 rounding, some guesses used."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    for split in ((4, 28, 0, 2), (4, 28, 2, 1)):
+    for split, mode in [((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 0), "lru")] + CASES:
         plan = bf16_plan(*split, chunk=1)
-        host, host_tokens, _ = run(packed_bf16, plan, "plan", new=12, device="cuda", loop="host")
-        dev, tokens, dc = run(packed_bf16, plan, "plan", new=12, device="cuda", loop="device")
-        assert tokens == host_tokens, split
-        torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
-        assert dc["by_kind"]["prefetched"] + dc["by_kind"]["late"] > 0
+        eager, eager_tokens, ec = run(packed_bf16, plan, mode, new=12, device="cuda", graphs=False)
+        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda")
+        assert tokens == eager_tokens, (split, mode)
+        torch.testing.assert_close(dev, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()))
+        if mode != "plan":                     # (a guess landing late or in time depends on the timing)
+            assert dc["bytes_from"]["ram"] == ec["bytes_from"]["ram"]
+            assert dc["by_kind"]["cached"] == ec["by_kind"]["cached"]
+        else:
+            assert dc["by_kind"]["prefetched"] + dc["by_kind"]["late"] > 0
+    texts = []
+    for graphs in (True, False):          # generate: the graphed runner queues each step before reading a token
+        with Engine.open(packed_bf16, plan, EngineOptions(mode="on-demand", device="cuda", graphs=graphs)) as eng:
+            assert getattr(eng.model.step_runner, "ahead", False) == graphs
+            texts.append(eng.generate(PROMPT, max_new_tokens=8))
+    assert texts[0] == texts[1]
 
 
 def test_sampled_generation_in_the_device_loop_repeats_with_its_seed(packed_bf16):
-    """Sampling in the device loop is drawn inside the step (`GumbelPick`): the same seed gives the same text, another
-    seed (almost surely) another; greedy is the host loop's."""
+    """Sampling is drawn inside the step (`GumbelPick`): the same seed gives the same text, another seed (almost
+    surely) another."""
     from strata_plan.engine.generate import Sampling
     plan = bf16_plan(4, 28, 2, 1, chunk=4)
     runs = []
@@ -324,8 +312,8 @@ def test_run_and_bench_commands(packed_bf16, plan_file, tmp_path, capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["measured"]["decode_tok_s"] > 0 and r["counters"]["uses"] == 3 * 5 * 4
     assert r["replay"].startswith("prior olmoe-like") and list(tmp_path.glob("bench-*.json"))
-    bt = r["bytes_per_token"]       # copied: what the copies moved; pcie: every fetch issued (cancelled ones too)
-    assert 0 < bt["pcie_copied"] <= bt["pcie"] + bt["dense"] + 1e-9
+    bt = r["bytes_per_token"]
+    assert bt["pcie"] == bt["ram"] + bt["staged"] > 0
 
 
 @pytest.mark.parametrize("extra,field", [(["--max-tokens", "0"], "--max-tokens"),
@@ -364,33 +352,20 @@ def streaming(plan, layers, lm_head: str = "ram", buffers: int = 2):
 STREAMS = [((0, 2, 3), "ram"), ((0, 1, 2, 3, 4, 5), "ram"), ((4,), "vram"), ((), "ram")]
 
 
-def demand_copies(layers, head, passes: int) -> int:
-    """Layer copies issued only when their layer started: layer 0's in the first pass (nothing ran before
-    it); with an odd number of units (3 or more) in every pass, as unit 0 (u lands in buffer u mod 2)
-    shares its buffer with the last unit of the pass before and is issued once that has run."""
-    if 0 not in layers:
-        return 0
-    units = len(layers) + (head == "ram")
-    return passes if units >= 3 and units % 2 else 1
-
-
 @pytest.mark.parametrize("layers,head", STREAMS)
 def test_streamed_dense_weights_give_the_resident_logits_bit_for_bit(packed_bf16, layers, head):
-    """Streaming changes where dense weights are read from, never what is computed: one token a call and
-    in chunks (same tiers, so the same waves), with and without lookahead (routers kept resident). The host loop
-    copies them through the store's queue and runs the model's own forward (graphs off), so the resident reference
-    does too; the device loop reads them in place (no copies) in its step, as the resident plan's step."""
+    """Streaming changes where dense weights are read from, never what is computed: one token a call and in chunks
+    (same tiers, so the same waves), with and without lookahead (routers kept resident). The kernels read them in
+    place (no copies) in the step, as the resident plan's step; through the copy buffers (`DenseStream(in_place=
+    False)`, the fallback for a torch without device views) test_engine_models holds them to the resident model."""
     for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((2, 6, 0, 0), "on-demand", 5), ((4, 10, 3, 2), "lru", 5)]:
         plan = bf16_plan(*split, chunk=chunk)
-        for loop in ("host", "device"):
-            ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=4, graphs=loop == "device", loop=loop)
-            ran: list[str] = []
-            logits, tokens, counters = run(packed_bf16, streaming(plan, layers, head), mode, new=4, loop=loop, ran=ran)
-            assert ran == [loop] and torch.equal(logits, ref_logits), (layers, head, mode, chunk, loop)
-            assert tokens == ref_tokens
-            assert counters["dense_bytes"]["layers"] > 0 if layers else counters["dense_bytes"]["layers"] == 0
-            copies = demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 4) if loop == "host" else 0
-            assert counters["dense_demand"] == copies
+        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=4)
+        logits, tokens, counters = run(packed_bf16, streaming(plan, layers, head), mode, new=4)
+        assert torch.equal(logits, ref_logits), (layers, head, mode, chunk)
+        assert tokens == ref_tokens
+        assert counters["dense_bytes"]["layers"] > 0 if layers else counters["dense_bytes"]["layers"] == 0
+        assert counters["dense_demand"] == 0
 
 
 def _checkpoint_bytes(prefix: str, elem: int) -> int:
@@ -436,29 +411,18 @@ def test_a_plan_streaming_dense_weights_without_buffers_is_one_line(packed_bf16,
 
 @pytest.mark.gpu
 def test_on_the_gpu_streamed_dense_weights_give_the_resident_logits(packed_bf16):
-    """The CPU comparison above on CUDA (bf16, Triton fused MoE): the host loop's copies on the store's copy stream,
-    the compute stream waiting on their events, buffers reused only after their last kernel; bit for bit where two
-    resident runs are (the kernels are deterministic), else within their run-to-run spread. The device loop's
-    in-place reads (device tensors over pinned RAM) against the resident device loop, to bf16 rounding."""
+    """The CPU comparison above on CUDA (bf16, Triton fused MoE): the streamed tensors read in place over PCIe inside
+    the token's graph (device tensors over pinned RAM), against the resident plan's graph, to bf16 rounding."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for split, mode, chunk in [((4, 10, 3, 2), "plan", 1), ((4, 10, 3, 2), "lru", 5)]:
         plan = bf16_plan(*split, chunk=chunk)
-        ref_logits, ref_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda", graphs=False, loop="host")
-        again, _, _ = run(packed_bf16, plan, mode, new=8, device="cuda", graphs=False, loop="host")
-        spread = float((again - ref_logits).abs().max())
-        dev_logits, dev_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda")      # the device loop
+        dev_logits, dev_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda")
         for layers, head in STREAMS:
-            logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda", loop="host")
-            diff = float((logits - ref_logits).abs().max())
-            assert diff <= spread, (layers, head, mode, chunk, diff, spread)
-            assert tokens == ref_tokens
-            assert c["dense_bytes"]["lm_head"] > 0 if head == "ram" else c["dense_bytes"]["lm_head"] == 0
-            assert c["dense_demand"] == demand_copies(layers, head, passes=-(-len(PROMPT) // chunk) + 8)
-            # the device loop: the streamed tensors read in place over PCIe inside the token's graph
             logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda")
             torch.testing.assert_close(logits, dev_logits, rtol=0, atol=2 ** -7 * float(dev_logits.abs().max()))
             assert tokens == dev_tokens and c["dense_demand"] == 0
+            assert c["dense_bytes"]["lm_head"] > 0 if head == "ram" else c["dense_bytes"]["lm_head"] == 0
 
 
 @pytest.fixture(scope="module")
@@ -493,9 +457,8 @@ def test_tied_embeddings_stream_as_the_lm_head_or_stay_on_the_device(packed_tied
     sha = json.loads((packed_tied / "index.json").read_text())["config_sha256"]      # a plan for the tied config
     plan = dataclasses.replace(plan, sources=dataclasses.replace(
         plan.sources, model=dataclasses.replace(plan.sources.model, sha256=sha)))
-    for loop in ("host", "device"):
-        ref_logits, ref_tokens, _ = run(packed_tied, plan, "lru", new=3, graphs=loop == "device", loop=loop)
-        logits, tokens, c = run(packed_tied, streaming(plan, layers, head), "lru", new=3, loop=loop)
-        assert torch.equal(logits, ref_logits) and tokens == ref_tokens, loop
-        assert (c["dense_bytes"]["embeddings"] > 0) == (head == "ram")
-        assert (c["dense_bytes"]["lm_head"] > 0) == (head == "ram")
+    ref_logits, ref_tokens, _ = run(packed_tied, plan, "lru", new=3)
+    logits, tokens, c = run(packed_tied, streaming(plan, layers, head), "lru", new=3)
+    assert torch.equal(logits, ref_logits) and tokens == ref_tokens
+    assert (c["dense_bytes"]["embeddings"] > 0) == (head == "ram")
+    assert (c["dense_bytes"]["lm_head"] > 0) == (head == "ram")

@@ -1,6 +1,6 @@
 """The NVMe tier in the device loop (engine/staging.py, engine/stager.py) on the CPU: the stager thread reads real
 blob files (O_DIRECT where the filesystem allows) into the staging cache while the decode step waits for them; the
-logits are the host loop's bit for bit, in every mode, and a damaged or unreadable blob stops the run in one line
+logits are the resident run's bit for bit, in every mode, and a damaged or unreadable blob stops the run in one line
 before a token computed from it is shown."""
 from __future__ import annotations
 
@@ -15,28 +15,28 @@ from strata_plan.engine.engine import Engine, EngineOptions
 from strata_plan.engine.packed import load_index
 from strata_plan.errors import UserError
 
-from test_engine_run import PROMPT, _one_thread, bench_both_loops, bf16_plan, packed_bf16, run  # noqa: F401
+from test_engine_run import PROMPT, _one_thread, bench_runner_and_plain, bf16_plan, packed_bf16, run  # noqa: F401
 
 
 @pytest.mark.parametrize("split,mode", [((4, 10, 0, 0), "on-demand"), ((4, 10, 2, 0), "lru"), ((4, 10, 2, 2), "plan"),
                                         ((0, 0, 3, 1), "plan")])
-def test_the_stager_gives_the_host_loops_logits_and_moves_the_same_expert_bytes(packed_bf16, split, mode):
-    """Device loop (stager on) against the host loop (stager off: NVMe reads copied into VRAM slots): prompt a token
-    a call (so prefill goes through the stager too) and 12 tokens; the same experts are static and cached, and every
-    routed use the host loop fetched is read in place by the device loop, from pinned RAM or from staging."""
+def test_the_stager_gives_the_ram_plans_logits_and_moves_the_same_expert_bytes(packed_bf16, split, mode):
+    """The NVMe tier staged (stager on) against the same plan with those experts in pinned RAM instead: prompt a token a
+    call (so prefill goes through the stager too) and 12 tokens; the logits bit for bit, the same experts static and
+    cached, every use the RAM plan missed a miss here too (read in place from RAM or from staging), and without
+    lookahead the same bytes over PCIe; each staged expert read from the drive at most once per staging."""
+    vram, ram, cache, depth = split
     plan = bf16_plan(*split, chunk=1)
-    loops: list[str] = []
-    host = run(packed_bf16, plan, mode, new=12, loop="host", ran=loops)
-    dev = run(packed_bf16, plan, mode, new=12, loop="device", ran=loops)
-    assert loops == ["host", "device"]
-    assert torch.equal(dev[0], host[0]) and dev[1] == host[1]
-    h, d = host[2]["by_kind"], dev[2]["by_kind"]
-    assert d["static"] == h["static"] and d["cached"] == h["cached"]
-    moved = h["demand"] + h["late"] + h["prefetched"]
-    assert d["demand"] + d["late"] + d["in_place"] + d["staged"] + d["prefetched"] == moved
-    hb, db = host[2]["bytes_from"], dev[2]
-    if not plan.prefetch_depth or mode != "plan":     # (with lookahead the two loops guess into different slots)
-        assert db["bytes_from"]["ram"] + db["staged_bytes"] == hb["ram"] + hb["nvme"] - host[2]["wasted_bytes"]
+    ref = run(packed_bf16, bf16_plan(vram, 32 - vram, cache, depth, chunk=1), mode, new=12)
+    dev = run(packed_bf16, plan, mode, new=12)
+    assert torch.equal(dev[0], ref[0]) and dev[1] == ref[1]
+    r, d = ref[2]["by_kind"], dev[2]["by_kind"]
+    assert d["static"] == r["static"] and d["cached"] == r["cached"]
+    missed = r["in_place"] + r["late"] + r["prefetched"]
+    assert d["demand"] + d["late"] + d["in_place"] + d["staged"] + d["prefetched"] == missed
+    db = dev[2]
+    if not plan.prefetch_depth or mode != "plan":     # (with lookahead the staged guesses differ from the VRAM ones)
+        assert db["bytes_from"]["ram"] + db["staged_bytes"] == ref[2]["bytes_from"]["ram"]
     assert 0 < db["bytes_from"]["nvme"] <= db["staged_bytes"] + db["wasted_bytes"]   # a staged expert read once
 
 
@@ -46,7 +46,7 @@ def test_the_lookahead_guesses_are_read_ahead_and_counted(packed_bf16):
     got = {}
     for depth in (0, 2):
         with Engine.open(packed_bf16, bf16_plan(0, 0, 0, depth, chunk=1), EngineOptions(device="cpu")) as eng:
-            assert eng.loop == "device" and eng.store.staging is not None
+            assert eng.store.staging is not None
             eng.generate(PROMPT, max_new_tokens=10)
             got[depth] = (eng.store.counter_data(), eng.store.staging.last)
     c0, s0 = got[0]
@@ -105,11 +105,11 @@ def test_a_bad_nvme_blob_stops_the_run_in_one_line_before_a_token_from_it(packed
 
 @pytest.mark.parametrize("mode", ["plan", "on-demand"])
 def test_bench_with_replayed_routing_and_guesses_on_the_device(packed_bf16, mode):
-    """`bench.measure` with routing replayed: the device loop takes the replay's ids and lookahead guesses from the
-    device (`Replay.hint_table`) and gives the host loop's tokens; the NVMe tier's files stay out of the page cache;
-    what crossed PCIe is the RAM and staged bytes."""
-    h, d = bench_both_loops(packed_bf16, bf16_plan(4, 10, 2, 2, chunk=1), mode)
-    assert (h["loop"], d["loop"]) == ("host", "device") and d["tokens"] == h["tokens"]
+    """`bench.measure` with routing replayed: the step takes the replay's ids and lookahead guesses from the device
+    (`Replay.hint_table`) and gives the plain forward's tokens (the host's replay); the NVMe tier's files stay out of
+    the page cache; what crossed PCIe is the RAM and staged bytes."""
+    d, h = bench_runner_and_plain(packed_bf16, bf16_plan(4, 10, 2, 2, chunk=1), mode)
+    assert d["tokens"] == h["tokens"]
     bt = d["bytes_per_token"]
     assert bt["pcie"] == pytest.approx(bt["ram"] + bt["staged"]) and bt["staged"] > 0
     assert d["stager"]["reads_guess"] > 0 if mode == "plan" else d["stager"]["reads_guess"] == 0
@@ -119,23 +119,22 @@ def test_bench_with_replayed_routing_and_guesses_on_the_device(packed_bf16, mode
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_graph_waits_for_the_stager_and_gives_the_host_loops_tokens(packed_bf16):
+def test_on_a_gpu_the_graph_waits_for_the_stager_and_gives_the_eager_tokens(packed_bf16):
     """On a GPU: each MoE layer's stage_wait kernel (inside the token's CUDA graph) polls the pinned ready table the
     stager thread writes, the MoE kernel reads staged experts from the registered staging cache; the tokens are the
-    host loop's (NVMe copied into VRAM slots) and the logits agree to bf16 rounding, in every mode."""
+    eager forward's (the same stager, no graph) and the logits agree to bf16 rounding, in every mode."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for split, mode in (((4, 10, 0, 0), "on-demand"), ((4, 10, 2, 0), "lru"), ((4, 10, 2, 2), "plan")):
         plan = bf16_plan(*split, chunk=1)
-        loops: list[str] = []
-        host, host_tokens, hc = run(packed_bf16, plan, mode, new=12, device="cuda", loop="host", ran=loops)
-        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda", loop="device", ran=loops)
-        assert loops == ["host", "device"] and tokens == host_tokens, mode
-        torch.testing.assert_close(dev, host, rtol=0, atol=2 ** -7 * float(host.abs().max()))
+        eager, eager_tokens, _ = run(packed_bf16, plan, mode, new=12, device="cuda", graphs=False)
+        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda")
+        assert tokens == eager_tokens, mode
+        torch.testing.assert_close(dev, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()))
         assert dc["staged_bytes"] > 0 and dc["bytes_from"]["nvme"] > 0
     with Engine.open(packed_bf16, plan, EngineOptions(device="cuda")) as eng:       # generate runs ahead
         assert eng.model.step_runner.ahead and eng.store.staging is not None
-        assert eng.generate(PROMPT, max_new_tokens=8) == host_tokens[:8]
+        assert eng.generate(PROMPT, max_new_tokens=8) == eager_tokens[:8]
 
 
 def test_a_wait_that_timed_out_names_what_the_stager_knew(packed_bf16):

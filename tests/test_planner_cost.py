@@ -61,9 +61,9 @@ def test_layer_flops_add_up_to_the_spec(kimi):
 
 
 def test_fully_resident_decode_is_the_hand_calculation(tiny):
-    """Everything in VRAM: per token, every layer's overhead plus its bytes over HBM x efficiency."""
-    # the host loop (round trips, copies): the device loop runs this placement without them
-    p = tiny.replace(budget=Budget(10**13, 10**13, 10**13, 0), loop="host")
+    """Everything in VRAM: per token, every layer's overhead plus its bytes over HBM x efficiency (one GPU: no
+    round trip)."""
+    p = tiny.replace(budget=Budget(10**13, 10**13, 10**13, 0))
     E, L, k = p.curves.n_experts, p.curves.n_layers, p.spec.top_k
     place = Placement((E,) * L, (0,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
     cm = CostModel(p)
@@ -71,7 +71,7 @@ def test_fully_resident_decode_is_the_hand_calculation(tiny):
     spec, cal, gpu = p.spec, p.profile.calibration, p.profile.gpu
     hbm = gpu.hbm_gbps.value * 1e9 * cal.hbm_efficiency.value
     routed = sum(k * float(np.dot(p.curves.pop[l], p.rank_bytes)) for l in range(L))
-    host = spec.n_layers * cal.layer_overhead_us.value * 1e-6 + spec.n_moe_layers * cal.round_trip.value * 1e-6
+    host = spec.n_layers * cal.layer_overhead_us.value * 1e-6
     device = (sum(p.dense_units) + spec.kv_cache_bytes(p.context) + routed) / hbm
     assert 1.0 / pred.decode_tok_s == pytest.approx(host + device, rel=1e-9)
     assert pred.decode_binding == ("hbm" if device > host else "overhead") and pred.hit_rate == pytest.approx(1.0)
@@ -79,12 +79,14 @@ def test_fully_resident_decode_is_the_hand_calculation(tiny):
 
 
 def test_all_misses_from_ram_stall_on_pcie(tiny):
-    """No static experts, no cache, no lookahead: each layer waits for k experts over pinned H2D."""
-    # the host loop (round trips, copies): the device loop runs this placement without them
-    p = tiny.replace(budget=Budget(10**13, 10**13, 10**13, 0), loop="host")
+    """No static experts, no cache, no lookahead, split over two GPUs (the copy path): each layer waits for k
+    experts over pinned H2D (both GPUs of the rtx-4090-x2 on the same x8 curve)."""
+    p = tiny.replace(profile=load_profile("rtx-4090-x2"), budget=Budget(2 * 10**13, 10**13, 10**13, 0, (10**13, 10**13)))
     E, L, k = p.curves.n_experts, p.curves.n_layers, p.spec.top_k
-    resident = Placement((E,) * L, (0,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
-    ram = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
+    split = (p.spec.moe_layers[1],)
+    resident = Placement((E,) * L, (0,) * L, (0,) * L, (True,) * len(p.dense_units), 0, split)
+    ram = Placement((0,) * L, (E,) * L, (0,) * L, (True,) * len(p.dense_units), 0, split)
+    assert p.profile.gpus[0].h2d_pinned == p.profile.gpus[1].h2d_pinned
     cm = CostModel(p)
     h2d = lambda b: b / (p.profile.gpu.h2d_pinned.at(b) * 1e9)  # noqa: E731
     per_expert = np.array([h2d(b) for b in p.rank_bytes])

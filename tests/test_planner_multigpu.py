@@ -48,12 +48,14 @@ def test_unit_gpus_put_the_head_with_the_last_layer():
 def test_resident_split_is_one_gpu_plus_the_hop(name):
     """Fully resident, identical GPUs: the split token takes the one-GPU token plus one crossing of the hidden
     state (2 x hidden BF16 bytes): over the peer link (latency + bytes / rate), or without one through host
-    memory (two latencies, bytes over D2H then H2D at their plateaus)."""
-    # the host loop (round trips, copies): the device loop runs this placement without them
-    p2 = two_gpu(name).replace(loop="host")
+    memory (two latencies, bytes over D2H then H2D at their plateaus); and, the split taking the copy path, a
+    round trip at every MoE layer (the one-GPU token reads in place, without). Prefill pays the round trips in
+    both."""
+    p2 = two_gpu(name)
     prof = p2.profile
     one = CostModel(p2).predict(placement(p2, "vram", ()))
     two = CostModel(p2).predict(placement(p2, "vram", (1,)))
+    rts = p2.spec.n_moe_layers * prof.calibration.round_trip.value * 1e-6
     nbytes = 2 * p2.spec.hidden
     peer = prof.peer
     if peer.kind == "none":
@@ -62,8 +64,9 @@ def test_resident_split_is_one_gpu_plus_the_hop(name):
                + nbytes / (max(v for _, v in g.h2d_pinned.points) * 1e9))
     else:
         hop = peer.latency.value * 1e-6 + nbytes / (peer.gbps.value * 1e9)
-    assert 1 / two.decode_tok_s == pytest.approx(1 / one.decode_tok_s + hop, rel=1e-12)
+    assert 1 / two.decode_tok_s == pytest.approx(1 / one.decode_tok_s + hop + rts, rel=1e-12)
     assert two.decode_seconds["peer"] == pytest.approx(hop, rel=1e-12)
+    assert two.decode_seconds["round_trip"] == pytest.approx(rts, rel=1e-12) and one.decode_seconds["round_trip"] == 0
     assert two.bytes_per_token["peer"] == nbytes
     C = p2.prefill_chunk
     chunk_hop = (CostModel(p2).hop_seconds(C * nbytes, 0, 1))
@@ -333,9 +336,8 @@ def test_remote_experts_by_hand():
     over and the partial output back (two hops) while GPU 0 reads the rest: the layer takes
     (1 - p) t_local + p max(t_local, t_hit), t_hit = 2 hops + their kernel seconds / p."""
     import dataclasses as dc
-    # the host loop (round trips, copies): the device loop runs this placement without them
-    p = two_gpu("rtx-pro-6000-x2").replace(loop="host")
-    base = placement(p, "vram", ())
+    p = two_gpu("rtx-pro-6000-x2")
+    base = placement(p, "vram", ())             # one GPU: read in place; with remote experts: the copy path
     r = 3
     rem = dc.replace(base, remote=(r,) + (0,) * (p.curves.n_layers - 1))
     cm = CostModel(p)
@@ -352,7 +354,9 @@ def test_remote_experts_by_hand():
     hop = cm.hop_seconds(2 * p.spec.hidden, 0, 1)
     t_hit = 2 * hop + t_far / hit
     t_layer = (1 - hit) * t_loc + hit * max(t_loc, t_hit)
-    assert t1 - t0 == pytest.approx(t_layer - max(t_all, 2.0 * k * p.spec.expert_params / cm.flop_rate), rel=1e-9)
+    rts = p.spec.n_moe_layers * p.profile.calibration.round_trip.value * 1e-6      # the copy path's round trips
+    assert t1 - t0 == pytest.approx(t_layer - max(t_all, 2.0 * k * p.spec.expert_params / cm.flop_rate) + rts,
+                                    rel=1e-9)
     pred = cm.predict(rem)
     assert pred.bytes_per_token["peer"] == pytest.approx(2 * 2 * p.spec.hidden * hit)
     fp = footprint(p, rem)
@@ -379,15 +383,18 @@ def test_remote_placements_stay_within_the_bound():
 
 @pytest.fixture(scope="module")
 def one_layer_two_gpus():
-    """One MoE layer, so no pipeline split can use the second GPU's memory for it: GPU 0 holds 2 experts,
-    GPU 1 has room for 6, the rest comes from pinned RAM; GPUs joined by NVLink."""
-    p = tiny_problem(skews=(0.8,), vram_experts=2.0, ram_experts=8.0, profile="h100-nvl-x2")
+    """One MoE layer, so no pipeline split can use the second GPU's memory for it: GPU 0 has room for no expert
+    beyond its working set at depth 2 (5 experts at depth 0, where its staging shrinks), GPU 1 for 6, the rest
+    comes from pinned RAM; GPUs joined by NVLink. Spilling puts the layer on the copy path, so the host's part of
+    it (round trip, issuing fetches) is set to cost nothing here: at the default 75 us round trip one GPU reading
+    3 experts in place is faster."""
+    p = tiny_problem(skews=(0.8,), vram_experts=0.0, ram_experts=8.0, profile="h100-nvl-x2")
     b, slot = p.budget, p.slot_bytes
     from strata_plan.planner.capacity import workspace_bytes
     spare = b.reserve + workspace_bytes(p.spec, p.prefill_chunk) + 6 * slot
-    return p.replace(budget=Budget(b.vram + spare, b.ram, b.nvme, b.reserve, (b.vram, spare)),
-                     loop="host")   # the host loop: in the device loop polish ends at every expert static on
-                                    # GPU 0 at depth 0 (run without round trips), and spilling does not pay
+    free = {k: Figure(0.0, "estimate", "test: no host cost") for k in ("moe_round_trip_us", "host_fetch_us")}
+    prof = dataclasses.replace(p.profile, calibration=dataclasses.replace(p.profile.calibration, **free))
+    return p.replace(profile=prof, budget=Budget(b.vram + spare, b.ram, b.nvme, b.reserve, (b.vram, spare)))
 
 
 def test_polish_spills_a_layers_experts_to_the_partner_gpu(one_layer_two_gpus, tmp_path):

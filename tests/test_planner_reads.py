@@ -14,7 +14,7 @@ from strata_plan.planner.placement import Placement
 from strata_plan.planner.rates import REFERENCE_EXPANSION, decode_rates, expansion_rate, layer_bytes
 from strata_plan.planner.reads import NVME_SPLITS, batch_seconds, envelope_rates, expert_read
 from strata_plan.planner.testing import tiny_problem
-from strata_plan.profiles.schema import MoEDecodeRate, MoEPrefillRate, Surface
+from strata_plan.profiles.schema import MoEDecodeRate, MoEPrefillRate, Surface, load_profile
 
 # a drive of 1 GB/s at queue depth 1 and 8 GB/s at 64, whatever the block size: R(q) = 1 + 7 (q - 1) / 63
 FLAT = Surface(((4096, 1, 1.0), (2**30, 1, 1.0), (4096, 64, 8.0), (2**30, 64, 8.0)), "estimate", "test drive")
@@ -65,15 +65,19 @@ def test_mixed_batch_takes_the_longer_of_own_and_stream(flat):
 
 
 def test_all_on_nvme_decode_is_the_hand_computation(flat):
-    """Every expert on NVMe, no cache, no lookahead: each layer waits for its k expected misses read together
-    (per format, the batch of its expected count) plus one cold expert's copy, over the all-VRAM token."""
-    # the host loop (round trips, copies): the device loop runs this placement without them
-    p = flat.replace(loop="host")
+    """Every expert on NVMe, no cache, no lookahead, split over two GPUs (the copy path: no staging cache): each
+    layer waits for its k expected misses read together (per format, the batch of its expected count) plus one
+    cold expert's copy, over the all-VRAM token."""
+    two = load_profile("rtx-4090-x2")
+    p = flat.replace(profile=dataclasses.replace(two, nvme=flat.profile.nvme),
+                     budget=Budget(2 * 10**13, 10**13, 10**13, 0, (10**13, 10**13)))
+    assert p.profile.gpus[1].h2d_pinned == p.profile.gpus[0].h2d_pinned       # the hand computation's one curve
     E, L, k = p.curves.n_experts, p.curves.n_layers, p.spec.top_k
     dense = (True,) * len(p.dense_units)
+    split = (p.spec.moe_layers[1],)
     cm = CostModel(p)
-    t_res = 1 / cm.predict(Placement((E,) * L, (0,) * L, (0,) * L, dense, 0)).decode_tok_s
-    t_nvme = 1 / cm.predict(Placement((0,) * L, (0,) * L, (0,) * L, dense, 0)).decode_tok_s
+    t_res = 1 / cm.predict(Placement((E,) * L, (0,) * L, (0,) * L, dense, 0, split)).decode_tok_s
+    t_nvme = 1 / cm.predict(Placement((0,) * L, (0,) * L, (0,) * L, dense, 0, split)).decode_tok_s
     h2d = lambda b: b / (p.profile.gpu.h2d_pinned.at(b) * 1e9)  # noqa: E731
     want = 0.0
     fmts = p.mix.formats
@@ -161,7 +165,8 @@ def test_decode_rate_from_the_fused_moe_call_interpolates_over_layer_bytes():
 
 
 def test_plan_records_how_to_read(flat):
-    from strata_plan.planner.build import build_plan  # noqa: F401 -- the fields exist
+    from strata_plan.planner.build import build_plan
+    assert callable(build_plan)                       # the module (and the plan's fields) import
     cm = CostModel(flat)
     k = flat.spec.top_k
     assert cm.decode_in_flight == k

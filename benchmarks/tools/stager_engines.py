@@ -6,7 +6,7 @@ On the H200 (2026-12-05) only the first device-loop engine of a process staged N
 read NaN (the fixture) or timed out waiting for the stager (kimi5). This opens `--engines` such engines on the
 committed fixture (packed in BF16, every routed expert on NVMe), each after the previous one closed, and prints per
 engine: the pinned regions' host addresses (an address reused from a closed engine is marked), whether its greedy
-tokens are the host loop's, and whether the GPU sees the pinned staging block as the host wrote it (its words,
+tokens are those of the same plan with every expert in VRAM, and whether the GPU sees the pinned staging block as the host wrote it (its words,
 ready table and ring, and the first staged slot, read through a device view against the host's bytes). A GPU that
 reads old bytes at a reused address points at the driver's mappings; equal bytes and wrong tokens point elsewhere.
 Not a benchmark: no results file.
@@ -80,9 +80,9 @@ def main() -> int:
         packed = Path(tmp) / "packed"
         assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
         plan = bf16_plan(0, 0, 0, 0, chunk=1)
-        with Engine.open(packed, plan, EngineOptions(device=device, loop="host")) as eng:
+        with Engine.open(packed, bf16_plan(32, 0, 0, 0, chunk=1), EngineOptions(device=device)) as eng:
             want = eng.generate(PROMPT, max_new_tokens=a.tokens)
-        print(f"host loop tokens: {want}")
+        print(f"tokens with every expert in VRAM: {want}")
         seen_addresses: set[int] = set()
         for i in range(a.engines):
             with Engine.open(packed, plan, EngineOptions(device=device)) as eng:

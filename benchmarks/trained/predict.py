@@ -53,7 +53,3 @@ class Predictor:
         worst = max(LINKS, key=lambda k: times[k])
         return {"label": "bound (measured bytes over profiled peaks)", "decode_tok_s": 1.0 / times[worst],
                 "binding": worst, "seconds_per_token": times, "peaks_gbps": {k: v / 1e9 for k, v in peaks.items()}}
-
-    def h2d_gbps(self, size: float) -> float:
-        """The profile's pinned host-to-device rate at this transfer size (what PCIe achieved is held to)."""
-        return self.cost.h2d(size) / 1e9

@@ -31,7 +31,7 @@ COMMANDS = (
     "run",              # run (generate text with a plan)
     "bench",            # bench (measured against predicted)
     "eval",             # eval (fidelity of a packed model against its reference)
-    "calibrate",        # calibrate (fit the profile to measured runs)
+    "calibrate",        # calibrate (measure the per-layer overhead from engine runs)
 )
 
 # Commands that compute with torch: its thread count is set once before they start (strata_plan/threads.py).

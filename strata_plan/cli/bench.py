@@ -40,40 +40,36 @@ def _replay(args, plan):
                              tokens=max(4096, 4 * (args.tokens + args.warmup)), seed=args.replay_seed)
 
 
-def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan", loop: str = "device",
-              gates: bool = True) -> dict:
+def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan", gates: bool = True) -> dict:
     """The cost model's figures for this plan run as `mode`: the plan's own (as planned, mode "plan"), or
     re-run on the placement the engine runs with `profile` (default: the one the plan was made with); gates False:
     routing replayed (no lookahead gates run)."""
     p = plan.predicted
-    if not profile and mode == "plan" and loop == "device" and (gates or not plan.prefetch_depth):
+    if not profile and mode == "plan" and (gates or not plan.prefetch_depth):
         return {"source": f"the plan ({plan.sources.profile.name})", "decode_tok_s": p.decode_tok_s,
                 "prefill_tok_s": p.prefill_tok_s, "bytes_per_token": dict(p.bytes_per_token or {}),
                 "vram_hit_rate": p.vram_hit_rate, "decode_binding": p.decode_binding}
     from strata_plan.planner.repredict import predict_plan
     profile = profile or plan.sources.profile.name
-    pr = predict_plan(plan, profile, mode, where=plan_path, loop=loop, gates=gates)
-    return {"source": f"cost model with {profile}, {mode}, {loop} loop", "decode_tok_s": pr.decode_tok_s,
+    pr = predict_plan(plan, profile, mode, where=plan_path, gates=gates)
+    return {"source": f"cost model with {profile}, {mode}", "decode_tok_s": pr.decode_tok_s,
             "prefill_tok_s": pr.prefill_tok_s, "bytes_per_token": dict(pr.bytes_per_token),
             "vram_hit_rate": min(pr.hit_rate, 1.0), "decode_binding": pr.decode_binding}
 
 
 def _against_profile(r: dict, profile: str) -> dict:
-    """The links' achieved rates as shares of the profile's: PCIe while copying against its pinned H2D at the
-    run's mean fetch size, the readers' NVMe bytes/s against its O_DIRECT figure at that size (empty when the
-    profile cannot be loaded: a measured profile recorded by name only)."""
+    """The stager's NVMe bytes/s over the run against the profile's O_DIRECT figure at the run's mean read size
+    (empty without NVMe reads, or when the profile cannot be loaded: a measured profile recorded by name only)."""
     from strata_plan.profiles.schema import load_profile
     try:
         prof = load_profile(profile)
     except UserError:
         return {}
     c = r["counters"]
-    n = sum(c["fetches_from"].values()) if "fetches_from" in c else 0
-    size = sum(c["bytes_from"].values()) / n if n else 0.0
-    out = {"profile": profile, "mean_fetch_bytes": size}
+    n = c["fetches_from"]["nvme"]
+    size = c["bytes_from"]["nvme"] / n if n else 0.0
+    out = {"profile": profile, "mean_nvme_read_bytes": size}
     lk = r["links"]
-    if size and prof.gpu is not None and lk["pcie_gbps_during_copies"]:
-        out["pcie_share_of_profile"] = lk["pcie_gbps_during_copies"] / prof.gpu.h2d_pinned.at(size)
     if size and prof.nvme and lk["nvme_gbps_wall"]:
         curve = prof.nvme[0].rand_read
         out["nvme_share_of_profile"] = lk["nvme_gbps_wall"] / curve.at(size, max(curve.queue_depths))
@@ -82,7 +78,6 @@ def _against_profile(r: dict, profile: str) -> dict:
 
 def cmd_bench(args) -> int:
     from strata_plan.engine.bench import measure
-    from strata_plan.engine.engine import EngineOptions
     from strata_plan.core.plan import load_plan
     from strata_plan.outpaths import check_out_folder
     if args.tokens < 1 or args.warmup < 0:
@@ -91,12 +86,12 @@ def cmd_bench(args) -> int:
     if args.results:                    # before the work: a folder this user can write (or create), not a file
         check_out_folder(args.results, "--results", force=True)
     plan = load_plan(args.plan)
-    pred = predicted(plan, args.plan, args.profile, args.mode, args.loop, gates=not args.replay)
+    pred = predicted(plan, args.plan, args.profile, args.mode, gates=not args.replay)
     replay = _replay(args, plan)
     con = console(stderr=True)
     with con.status("measuring...") as status:
         r = measure(args.packed, args.plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
-                    device=args.device, options=EngineOptions(loop=args.loop), progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
+                    device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
     r["predicted"] = pred
     r["links"].update(_against_profile(r, args.profile or plan.sources.profile.name))
     m = r["measured"]
@@ -117,7 +112,7 @@ def cmd_bench(args) -> int:
         return 0
     on_cpu = r["ratio_null_because"] is not None
     t = table("quantity", "measured", "predicted", *(() if on_cpu else ("measured / predicted",)), keep=0,
-              title=f"{plan.model}: {args.mode}, {r['loop']} loop, on {args.packed} ({r['device']})"
+              title=f"{plan.model}: {args.mode}, on {args.packed} ({r['device']})"
               + (f" (routing replayed: {replay.source})" if replay else ""))
 
     def row(*cells: str) -> None:
@@ -139,28 +134,22 @@ def cmd_bench(args) -> int:
         row(f"lookahead d={d} P / R", f"{la['precision']:.3f} / {la['recall']:.3f}", "-", "-")
     tp = r["time_per_token"]
     row("decode thread CPU ms/tok", f"{tp['host_cpu_s'] * 1e3:.3f}", "-", "-")
-    if r["stager"] is not None:               # the device loop's NVMe tier
+    if r["stager"] is not None:               # the NVMe tier
         row("layers waited for NVMe ms/tok", f"{tp['stage_wait_s'] * 1e3:.2f}", "-", "-")
         row("staging cache hits", f"{r['stager']['staging_hit_rate']:.3f}", "-", "-")
     pc = r["page_cache"]
     if pc["files"]:
         row("NVMe files in page cache", f"{pc['before']:.3f} -> {pc['after']:.3f}", "-", "-")
-    row("router round trips / token", f"{tp['round_trips']:.0f} ({tp['router_round_trip_s'] * 1e3:.2f} ms)", "-", "-")
-    row("store+launch host ms/tok", f"{tp['store_and_launch_host_s'] * 1e3:.2f}", "-", "-")
-    if tp["segment_launch_host_s"] is not None:
-        row("segment launch host ms/tok" + (" (graphs)" if r["graphs"] else ""),
-            f"{tp['segment_launch_host_s'] * 1e3:.2f}", "-", "-")
+    if tp["step_launch_host_s"] is not None:
+        row("step launch host ms/tok" + (" (graphs)" if r["graphs"] else ""),
+            f"{tp['step_launch_host_s'] * 1e3:.3f}", "-", "-")
     if tp["device_compute_s"] is not None:
-        row("GPU compute / waiting ms/tok", f"{tp['device_compute_s'] * 1e3:.2f} / {tp['device_wait_s'] * 1e3:.2f}",
-            "-", "-")
+        row("GPU ms/tok (the step)", f"{tp['device_compute_s'] * 1e3:.2f}", "-", "-")
     lk = r["links"]
-    row("copy busy ms / token", f"{lk['copy_busy_s_per_token'] * 1e3:.2f}", "-", "-")
-    row("PCIe GB/s while copying", f"{lk['pcie_gbps_during_copies']:.1f}", "-", "-")
+    row("PCIe GB/s over the run (RAM + staged)", f"{lk['pcie_gbps_wall']:.1f}", "-", "-")
     row("NVMe GB/s over the run", f"{lk['nvme_gbps_wall']:.2f}", "-", "-")
-    for key, label in (("pcie_share_of_profile", "PCIe while copying / profile"), ("nvme_share_of_profile",
-                                                                                  "NVMe over the run / profile")):
-        if key in lk:
-            row(label, f"{lk[key]:.2f}", "-", "-")
+    if "nvme_share_of_profile" in lk:
+        row("NVMe over the run / profile", f"{lk['nvme_share_of_profile']:.2f}", "-", "-")
     con = console()
     con.print(t)
     con.print(f"predicted by {pred['source']} (binding: {pred['decode_binding']}); measured here on "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from strata_plan.cli._common import add_json, print_json
-from strata_plan.core.modes import LOOPS, MODES
+from strata_plan.core.modes import MODES
 from strata_plan.errors import UserError
 
 
@@ -16,10 +16,6 @@ def add_engine_args(p) -> None:
     p.add_argument("--plan", required=True, help="plan YAML (strata-plan plan) for that packed model")
     p.add_argument("--mode", default="plan", choices=MODES,
                    help="plan (default): as planned; lru: no lookahead prefetch; on-demand: no cache, no prefetch")
-    p.add_argument("--loop", default="device", choices=LOOPS,
-                   help="device (default): one CUDA graph a token; experts outside VRAM read in place from pinned "
-                   "RAM, the LRU cache decided and lookahead guesses copied on the GPU, NVMe experts staged into "
-                   "pinned RAM by a stager thread; host: copies into VRAM slots, the host between MoE layers")
     p.add_argument("--device", default="", help="cuda or cpu (default: cuda when there is a GPU)")
 
 
@@ -45,7 +41,7 @@ def cmd_run(args) -> int:
     if args.max_tokens < 1:
         raise UserError("--max-tokens", str(args.max_tokens), "must be at least 1", "ask for one token or more")
     sampling = Sampling(args.temperature, args.top_p, args.seed)
-    opts = EngineOptions(mode=args.mode, device=args.device, loop=args.loop)
+    opts = EngineOptions(mode=args.mode, device=args.device)
     resolve_device(args.device)                         # before any work: a device this torch lacks is one line
     plan = load_plan(args.plan)
     check_one_gpu(plan, args.plan)

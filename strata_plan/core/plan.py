@@ -159,8 +159,7 @@ class NvmeRead:
 @dataclass(frozen=True)
 class StagingPlan:
     vram_slots: int = bounded(0, None)       # landing slots for in-flight experts: lookahead.staging_slots
-    host_slots: int = bounded(0, None)       # pinned RAM slots for NVMe reads: the host loop's bounce buffers, the
-                                             # device loop's staging cache (engine/staging.py)
+    host_slots: int = bounded(0, None)       # pinned RAM slots for NVMe reads: the staging cache (engine/staging.py)
     slot_bytes: int = bounded(1, None)
     dense_buffers: int = bounded(0, 2)       # VRAM buffers for streamed dense weights
     dense_buffer_bytes: int = bounded(0, None)

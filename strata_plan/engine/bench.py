@@ -7,12 +7,11 @@ store did, beside the planner's prediction for the same plan.
 Decode: after `warmup` tokens (which fill the LRU cache; at least the statistics' warm-up), `tokens`
 greedy tokens are timed one by one (each ends when its sampled id reaches the host, so every token's
 GPU work is included); tok/s = 1 / median seconds per token, and the mean beside it. Where the step runner
-can run ahead (the device loop) token t+1's step is queued before token t is read, as `generate` does, so a
-token's time is the interval between two tokens reaching the host. The time split per token: host time in the router round trips, in the store and the
-MoE launch, in launching the graphed segments; on the compute stream (CUDA events) the segments' compute
-and the waits from each router's end to its MoE (round trip, store, copies not landed). Prefill: one chunk
-of the plan's `prefill_chunk` tokens after one warm-up chunk. Counters and link busy times cover the
-timed decode tokens only. Every figure here is measured on this machine; `predicted` figures come from
+can run ahead (graphs) token t+1's step is queued before token t is read, as `generate` does, so a token's time
+is the interval between two tokens reaching the host. Per token: the decode thread's CPU time (split into the step
+call, the token's copy and its read), the graph launch's host time, the step's GPU time (CUDA events), and after the
+timed tokens the step replayed alone and without its MoE calls (`DeviceDecode.time_parts`). Prefill: one chunk
+of the plan's `prefill_chunk` tokens after one warm-up chunk. Counters cover the timed decode tokens only. Every figure here is measured on this machine; `predicted` figures come from
 the cost model and are labelled so by the caller.
 """
 from __future__ import annotations
@@ -71,10 +70,6 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                 progress("warm-up", i + 1, warmup)
         int(tok)
         store.reset_counters()
-        tr = store.transfers
-        read0, rbytes0, copy0, nt0 = tr.read_busy_s, tr.read_bytes, tr.copy_busy_s(), len(tr.timed)
-        copied0 = tr.copy_bytes
-        sync0, moe0, syncs0, hints0 = ex.host_sync_s, ex.moe_s, ex.syncs, ex.hints_s
         runner = m.step_runner
         if runner is not None:
             runner.timing = True
@@ -122,16 +117,15 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         steps = tokens + int(ahead)                   # decode steps run while counting
         split = runner.split() if runner is not None else {"steps": 0}
         launch_s = (runner.launch_s - launch0) / steps if runner is not None else None
-        copy_s = tr.copy_busy_s() - copy0
         c = store.counter_data()
-        parts = runner.time_parts() if eng.loop == "device" and runner is not None and runner.graphs else None
+        parts = runner.time_parts() if runner is not None and runner.graphs else None
         n = steps                                     # per-token figures: counted over the steps run
         L = store.n_layers
         med = statistics.median(per)
         return {
             "mode": mode,
-            "loop": eng.loop,                   # the decode loop that ran (engine.Engine.loop)
-            "tokens": out_ids,                  # the timed tokens (greedy): the loops must agree
+            "loop": "device",                   # the engine's decode loop (`strata-plan calibrate` reads it)
+            "tokens": out_ids,                  # the timed tokens (greedy): the modes must agree
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": tokens / wall,
@@ -139,51 +133,31 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                 "decode_s_per_token": {"median": med, "p10": float(np.percentile(per, 10)),
                                        "p90": float(np.percentile(per, 90))},
             },
-            # nvme: read from the drive; staged: read in place from the pinned staging cache (device loop)
+            # nvme: read from the drive; staged: read in place from the pinned staging cache
             "bytes_per_token": {"ram": c["bytes_from"]["ram"] / n, "nvme": c["bytes_from"]["nvme"] / n,
                                 "staged": c["staged_bytes"] / n, "prefetch": c["prefetch_bytes"] / n,
-                                "pcie": (c["bytes_from"]["ram"] + (c["staged_bytes"] if store.staging is not None
-                                                                   else c["bytes_from"]["nvme"])) / n,
+                                "pcie": (c["bytes_from"]["ram"] + c["staged_bytes"]) / n,
                                 "wasted": c["wasted_bytes"] / n, "dense": sum(c["dense_bytes"].values()) / n,
-                                # the stager's wrong guesses: drive reads no layer used (device loop, NVMe tier)
+                                # the stager's wrong guesses: drive reads no layer used (NVMe tier)
                                 "nvme_wasted": store.staging.last["wasted_bytes"] / n if store.staging is not None
-                                else None,
-                                # bytes the copies enqueued (pcie: the fetches issued, cancelled prefetches too)
-                                "pcie_copied": (tr.copy_bytes - copied0) / n},
-            "links": {"copy_busy_s_per_token": copy_s / n, "pcie_gbps_during_copies":
-                      sum(f.nbytes for f in tr.timed[nt0:]) / copy_s / 1e9 if copy_s else 0.0,
-                      "pcie_gbps_wall": (c["bytes_from"]["ram"] + c["bytes_from"]["nvme"]) / wall / 1e9,
-                      "reader_busy_s_per_token": (tr.read_busy_s - read0) / n,
-                      # the NVMe reads over the timed tokens' wall time (device loop: the stager's)
-                      "nvme_gbps_wall": (c["bytes_from"]["nvme"] if store.staging is not None
-                                         else tr.read_bytes - rbytes0) / wall / 1e9},
+                                else None},
+            "links": {"pcie_gbps_wall": (c["bytes_from"]["ram"] + c["staged_bytes"]) / wall / 1e9,
+                      "nvme_gbps_wall": c["bytes_from"]["nvme"] / wall / 1e9},     # the stager's reads
             "time_per_token": {"host_cpu_s": host_cpu / n,      # the decode thread's CPU time (time.thread_time)
-                               # ... in the device loop's step call, its token copy queued, its token read
+                               # ... in the step call, its token copy queued, its token read
                                "host_cpu_parts_s": {k: v / tokens for k, v in parts_cpu.items()} if ahead else None,
-                               "router_round_trip_s": (ex.host_sync_s - sync0) / n,
-                               "round_trips": (ex.syncs - syncs0) / n,
-                               "store_and_launch_host_s": (ex.moe_s - moe0) / n,
-                               "hints_host_s": (ex.hints_s - hints0) / n,     # giving hints: prefetches issued
-                               "segment_launch_host_s": launch_s,
-                               "store_wait_s": sum(x["wait_s"] for x in c["layers"]) / n,
-                               "stage_wait_s": c["stage_wait_s"] / n,     # device loop: GPU polling the stager
+                               "step_launch_host_s": launch_s,          # the step call's wall time on the host
+                               "stage_wait_s": c["stage_wait_s"] / n,   # the GPU polling the stager
                                "per_moe_layer_s": med / L,
-                               # device time on the compute stream (CUDA events; graphed loop only)
-                               "device_compute_s": split["compute_s"] / split["steps"] if split["steps"] else None,
-                               "device_wait_s": split["wait_s"] / split["steps"] if split["steps"] else None,
-                               "device_idle_s": split["idle_s"] / split["steps"] if split["steps"] else None,
-                               # per MoE layer j: [compute, waiting] seconds per token (the flatness check)
-                               "device_per_moe_layer_s": [[c / split["steps"], w / split["steps"]] for c, w in
-                                                          zip(split["layer_compute_s"], split["layer_wait_s"])]
-                               if split["steps"] else None},
-            # device loop: GPU seconds of a step replayed alone, and of the step without its MoE calls
+                               # the step's GPU time (CUDA events, graphs only)
+                               "device_compute_s": split["compute_s"] / split["steps"] if split["steps"] else None},
+            # GPU seconds of a step replayed alone, and of the step without its MoE calls
             "device_step": parts,
             "graphs": bool(runner is not None and runner.graphs),
             # the NVMe tier's files in the page cache (mincore), after start-up and after the run: a cold tier
             "page_cache": {"files": len(cold), "before": cache_before, "after": _page_cache(cold)},
             "stager": store.staging.last if store.staging is not None else None,
             "pinned": store.pinned_info(),
-            "copy": {"chunk_bytes": opts.chunk_bytes, "chunks_in_flight": opts.chunks_in_flight},
             "counters": {k: v for k, v in c.items() if k != "layers"},
             "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],
             "replay": None if replay is None else replay.source,

@@ -1,26 +1,25 @@
 """What the expert store did, per MoE layer, and the hit rates it implies.
 
-Every routed use (one token's one expert at one layer) is counted once, by how it was served at the
-moment the router's ids reached the store, before any waiting (`residency.USE_KINDS`):
+Every routed decode use (one token's one expert at one layer) is counted once, on the device, by how it was served
+when its layer ran (`residency.USE_KINDS`):
 
     static      in the plan's static VRAM set
-    cached      in the layer's LRU cache (or landed by an earlier demand fetch)
-    prefetched  landed by a lookahead hint before the ids arrived ("prefetched in time")
-    late        hinted, but its copy was still in flight: the layer waited for it
-    demand      not there: fetched on demand after the router
-    in_place    the device loop: read by the MoE kernel straight from pinned RAM over PCIe (no copy)
-    staged      the device loop: an NVMe expert read in place from the pinned staging cache, staged before the
-                layer asked (with the stager, `demand` is a use the layer waited for: engine.staging)
+    cached      in the layer's LRU cache (the device LRU, `kernels.lru`)
+    prefetched  copied into a VRAM slot by the lookahead's guess before the layer ran ("prefetched in time")
+    late        guessed, but its copy was still in flight: read in place instead (the copy's bytes wasted)
+    demand      an NVMe expert the layer waited for the stager to stage (engine.staging)
+    in_place    read by the MoE kernel straight from pinned RAM over PCIe (no copy; a cache miss)
+    staged      an NVMe expert read in place from the pinned staging cache, staged before the layer asked
 
 **Hit rate** (the seeds' definition, "the needed expert was already there when the layer ran"):
-(static + cached + prefetched) / uses. A use `ensure` had to wait for or fetch, or read in place, is a miss.
+(static + cached + prefetched) / uses. A use read in place or waited for is a miss.
 **Resident hit rate**: (static + cached) / uses, the same quantity as the planner's
 `predicted.vram_hit_rate` (static set plus LRU cache, prefetch not counted), so the two compare.
-Dense weights streamed by `engine.dense` are counted apart from the experts, in bytes copied for the
-layers that ran (`dense_bytes`: streamed decoder layers, lm_head, embedding rows) and the layer copies
-that were not prefetched by the time their layer started (`dense_demand`).
+Dense weights in pinned RAM (`engine.dense`) are counted apart from the experts, in bytes read for the layers that
+ran (`dense_bytes`: streamed decoder layers, lm_head, embedding rows) and, where they are copied through buffers, the
+layer copies not prefetched by the time their layer started (`dense_demand`).
 Lookahead precision and recall by depth follow the routing statistics' definitions: right guesses /
-guesses, and right guesses / experts used, over the (token, layer) pairs that received a hint.
+guesses, and right guesses / experts used, over the (token, layer) pairs that received a guess.
 """
 from __future__ import annotations
 
@@ -35,16 +34,14 @@ class LayerCounters:
     uses: dict[str, int] = field(default_factory=lambda: {k: 0 for k in USE_KINDS})
     bytes_from: dict[str, int] = field(default_factory=lambda: {"ram": 0, "nvme": 0})   # over PCIe (copied or in place)
     fetches_from: dict[str, int] = field(default_factory=lambda: {"ram": 0, "nvme": 0})
-    prefetch_bytes: int = 0          # of bytes_from, fetched on a hint
-    wasted_bytes: int = 0            # hinted, fetched, never used
+    prefetch_bytes: int = 0          # of bytes_from, fetched on a guess (VRAM prefetch, or a staged NVMe read)
+    wasted_bytes: int = 0            # guessed, fetched, never used
     wasted_fetches: int = 0
-    dropped_hints: int = 0           # hints not fetched: no free slot or over the speculative cap
     hint_guesses: dict[int, int] = field(default_factory=dict)     # depth -> ids hinted
     hint_right: dict[int, int] = field(default_factory=dict)       # depth -> hinted ids the token used
     hint_used: dict[int, int] = field(default_factory=dict)        # depth -> ids used where a hint existed
-    wait_s: float = 0.0              # host time ensure spent waiting for reads to be enqueued
-    staged_bytes: int = 0            # device loop: bytes the kernels read in place from the NVMe staging cache
-    stage_wait_s: float = 0.0        # device loop: GPU time the layer's stage_wait polled for the stager
+    staged_bytes: int = 0            # bytes the kernels read in place from the NVMe staging cache
+    stage_wait_s: float = 0.0        # GPU time the layer's stage_wait polled for the stager
 
     @property
     def n_uses(self) -> int:
@@ -93,7 +90,6 @@ class StoreCounters:
             "wasted_bytes": sum(c.wasted_bytes for c in self.layers),
             "staged_bytes": sum(c.staged_bytes for c in self.layers),
             "stage_wait_s": sum(c.stage_wait_s for c in self.layers),
-            "dropped_hints": sum(c.dropped_hints for c in self.layers),
             "lookahead": {str(d): v for d, v in self.lookahead().items()},
             "dense_bytes": dict(self.dense_bytes), "dense_demand": self.dense_demand,
             "layers": [asdict(c) for c in self.layers],

@@ -1,5 +1,6 @@
-"""Dense weights the plan keeps in pinned RAM, streamed to the device through the store's copy queue, or (the device
-loop, `in_place`) read by the kernels in place there.
+"""Dense weights the plan keeps in pinned RAM, read by the kernels in place there (the device loop), or, where this
+torch cannot make device tensors over pinned memory (or with `in_place=False`), streamed to the device through the
+store's copy queue.
 
     host = host_units(plan, cfg, plan_path)              # before anything is loaded: checks the plan
     model = MoEModel.load(folder, experts, context, device, dtype, host=host)
@@ -22,7 +23,7 @@ What the plan's `dense` section puts in RAM (planner/PLANNER.md, "dense"):
   into pinned rows and copies them up (unless the table is tied to an lm_head kept in VRAM: then the
   device already holds it and the rows are gathered there).
 
-In place (`DenseStream(..., in_place=True)`, the engine's device loop): no buffers and no copies. Each streamed tensor
+In place (the default, the engine's device loop): no buffers and no copies. Each streamed tensor
 is a device tensor over its pinned copy (`device_view`: its device address under unified addressing), so attention,
 norms, router, shared experts and the lm_head read it over PCIe as the MoE kernel reads RAM experts, inside the
 token's CUDA graph (no `before_layer` hook); tensors made at load (MLA's halves) are made once and kept in VRAM.
@@ -197,7 +198,7 @@ def _device_views_work(device: torch.device) -> bool:
 
 class DenseStream:
     def __init__(self, model, store, plan, host: frozenset, keep_routers: bool = False, plan_path: str = "plan",
-                 in_place: bool = False):
+                 in_place: bool = True):
         self.model, self.store, self.plan_path = model, store, plan_path
         self.in_place = in_place and bool(plan.dense.streamed_layers or plan.dense.lm_head == "ram")
         if self.in_place and store.device.type == "cuda" and not _device_views_work(store.device):

@@ -1,12 +1,12 @@
 """The device loop: a whole decode token in one CUDA graph, no host work between layers.
 
-    runner = DeviceDecode(model, experts)       # Engine.open installs it when core.modes.reads_in_place(plan)
+    runner = DeviceDecode(model, experts)       # Engine.open installs it (unless graphs=False)
     logits = model.decode_step(token)           # eager first step, captured at the second, replayed after
     nxt = model.decode_step(token, greedy=True) # the same step with its argmax inside the graph: int64 [1]
     nxt = model.decode_step(token, pick=GumbelPick(0.7, 0.9, seed=1))   # a sampled token, in the graph
     runner.time_parts(reps=20)                  # GPU seconds of a step, and of the step without its MoE calls
 
-It runs every one-GPU plan (`core.modes.reads_in_place`): routed experts static in VRAM, in the device LRU's slots,
+It runs every plan (the engine runs one GPU): routed experts static in VRAM, in the device LRU's slots,
 read in place from pinned RAM, or staged there from NVMe (`store_experts.StoreExperts.read_in_place`); the cache and
 the lookahead are decided on the device, so the host has nothing to decide between layers. Per token it replays one
 graph: the embedding row (gathered in place from pinned RAM by `kernels.gather` when the table lives there:
@@ -17,7 +17,7 @@ position `model.at` on the device, so the host launches one graph a token and no
 host aside). When replaying routing, the replay lives on the device and the step reads its row at a device cursor it
 advances (`StoreExperts.replay_rows`, `advance_replay`); the host only keeps its own cursor in step
 (`sync_replay`). Routed uses are counted on the device. On a CPU device, or with `graphs=False`, the same step runs
-eagerly (tests hold it to the host loop).
+eagerly (tests hold it to the plain reference loop: `EngineOptions(graphs=False)`, mode on-demand).
 
 `ahead`: the step needs nothing of the token on the host (graphs, and the embedding gathered on the device), so
 a caller may queue token t+1's step before reading token t (`generate`, `bench.measure`) through a `TokenRing`:

@@ -3,18 +3,17 @@
     with Engine.open(packed_dir, plan_path) as eng:           # device: cuda if there is one, else cpu
         ids = eng.generate(eng.encode("def main():"), max_new_tokens=32, on_token=print)
 
-`EngineOptions.mode` picks the loop:
+`EngineOptions.mode` picks the levers:
 - "plan":      the plan as written: static set, LRU cache, router-lookahead prefetch at the plan's depth;
 - "lru":       the same store without lookahead (the LRU-only baseline);
-- "on-demand": no cache and no prefetch: every non-static expert fetched when the router asks.
-`EngineOptions.loop` picks how a decode token runs. "device" (default, `core.modes.reads_in_place`): every non-static
-expert is read by the MoE kernel in place from pinned RAM (the device LRU admitting misses into its VRAM slots, the
-router lookahead's guesses copied into VRAM slots on a side stream, `engine.prefetch`; NVMe experts staged into pinned
-RAM first by the stager, `engine.staging`) and a token is one CUDA graph (`device_loop.DeviceDecode`). "host": the store's copies into VRAM slots, one host
-round trip per MoE layer (`graphed.GraphedDecode`: CUDA graphs between the round trips). `Engine.loop` says
-which ran. `graphs=False` runs the same steps eagerly; with "on-demand" and loop "host" it is the plain,
-non-overlapped reference loop (the model's own forward, everything fetched when asked), which tests hold the
-others to.
+- "on-demand": no cache and no prefetch: every non-static expert read where it lies when the router asks.
+A decode token runs the device loop (`device_loop.DeviceDecode`, one CUDA graph a token): every non-static expert is
+read by the MoE kernel in place from pinned RAM (the device LRU admitting misses into its VRAM slots, the router
+lookahead's guesses copied into VRAM slots on a side stream, `engine.prefetch`; NVMe experts staged into pinned RAM
+first by the stager, `engine.staging`). `graphs=False` runs the same steps eagerly; with "on-demand" it is the plain,
+non-overlapped reference loop (the model's own forward, each routed expert read where it lies when asked), which tests
+hold the others to. Prefill (several tokens a call) copies a chunk's missing experts into VRAM slots in waves
+(`store.waves`).
 The dense weights (attention, norms, routers, shared experts, embeddings, lm_head) are read from the
 packed folder's `dense.safetensors`: onto the device, or into pinned RAM where the plan's `dense` section
 says (streamed through the store's copy queue by `engine.dense`); the routed experts stay where the plan
@@ -32,13 +31,12 @@ import torch
 
 from strata_plan.errors import UserError
 from strata_plan.core.plan import load_plan
-from strata_plan.core.modes import LOOPS, MODES, baseline, reads_in_place
+from strata_plan.core.modes import MODES, baseline
 
 from .config import ModelConfig
 from .dense import DenseStream, host_units
 from .device_loop import DeviceDecode
 from .generate import Sampling, check_length, encode_prompt, generate, load_tokenizer
-from .graphed import GraphedDecode
 from .model import MoEModel
 from .packed import verify_dense
 from .store import ExpertStore, StoreOptions
@@ -95,25 +93,18 @@ class EngineOptions:
     device: str = ""                 # "" = cuda if available, else cpu
     backend: str = "auto"            # fused_moe backend: Triton on CUDA, the torch reference on CPU; "triton" on a
                                      # CPU: every kernel of the device loop interpreted (TRITON_INTERPRET=1, tests)
-    poison: bool = False
     allow_buffered: bool = True
-    graphs: bool = True              # decode: static parts in CUDA graphs (graphed.py); False: the eager forward
-    loop: str = "device"             # "device": one graph a token, RAM experts read in place; "host": copies
-    chunk_bytes: int = StoreOptions.chunk_bytes            # copy chunk (engine.transfer)
-    chunks_in_flight: int = StoreOptions.chunks_in_flight  # chunks queued on the copy stream at once
+    graphs: bool = True              # decode: one CUDA graph a token (device_loop.py); False: the eager forward
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise UserError("--mode", self.mode, "unknown", f"use one of {', '.join(MODES)}")
-        if self.loop not in LOOPS:
-            raise UserError("--loop", self.loop, "unknown", f"use one of {', '.join(LOOPS)}")
 
 
 class Engine:
     def __init__(self, folder: Path, plan, store: ExpertStore, model: MoEModel, experts: StoreExperts,
                  options: EngineOptions):
         self.folder, self.plan, self.store, self.model, self.experts, self.opt = folder, plan, store, model, experts, options
-        self.loop = "host"              # set by `open`: the decode loop that runs
 
     @classmethod
     def open(cls, packed: str | Path, plan, options: EngineOptions = EngineOptions(), replay=None,
@@ -125,40 +116,31 @@ class Engine:
             plan_path, plan = str(plan), load_plan(plan)
         check_one_gpu(plan, plan_path)
         plan = baseline(plan, options.mode)
-        in_place = reads_in_place(plan, options.loop)
         host = host_units(plan, ModelConfig.load(folder), plan_path)     # dense weights kept in pinned RAM
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
-                                                                    poison=options.poison,
                                                                     allow_buffered=options.allow_buffered,
-                                                                    chunk_bytes=options.chunk_bytes,
-                                                                    chunks_in_flight=options.chunks_in_flight,
-                                                                    in_place=in_place,
                                                                     kernels=options.backend == "triton"), plan_path)
         try:
             verify_dense(store.index)            # before any dense weight is read
             experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,
                                    depth=plan.prefetch_depth if options.mode == "plan" else 0,
-                                   backend=options.backend, replay=replay, in_place=in_place)
+                                   backend=options.backend, replay=replay)
             model = MoEModel.load(folder, experts, context=plan.context, device=device, dtype=dtype, host=host)
-            dense = DenseStream(model, store, plan, host, keep_routers=experts.depth > 0, plan_path=plan_path,
-                                in_place=in_place)
+            dense = DenseStream(model, store, plan, host, keep_routers=experts.depth > 0, plan_path=plan_path)
         except BaseException:
             store.close()
             raise
         experts.model = model
         model.fused_router = store.kernels       # the kernels run (a GPU, or interpreted): the router's and
         model.rope.fused = store.kernels         # the rotation's too
-        if experts.depth:                    # lookahead: the store's hints (host loop), or the device loop's guesses
-            model.after_moe = experts.after_moe_device if in_place else experts.after_moe
+        if experts.depth:                    # lookahead: the gates' guesses, prefetched on the device
+            model.after_moe = experts.after_moe
         if options.graphs and model.before_layer is None:
-            runner = DeviceDecode if in_place else GraphedDecode
-            model.step_runner = runner(model, experts, graphs=device.type == "cuda")
-            if in_place:
-                model.step_runner.embed_in_place(dense.embed_address())
-                model.step_runner.dense_step_bytes = dense.step_bytes()
+            model.step_runner = DeviceDecode(model, experts, graphs=device.type == "cuda")
+            model.step_runner.embed_in_place(dense.embed_address())
+            model.step_runner.dense_step_bytes = dense.step_bytes()
         eng = cls(folder, plan, store, model, experts, options)
-        eng.loop = "device" if in_place else "host"
         eng.dense = dense
         return eng
 
@@ -175,7 +157,6 @@ class Engine:
                         on_token=on_token)
 
     def close(self) -> None:
-        self.experts.close()
         self.store.close()
 
     def __enter__(self) -> "Engine":

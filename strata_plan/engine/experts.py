@@ -10,8 +10,8 @@ implementations of it.
         out           [M, hidden] in x's dtype: sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m]),
                       experts being SwiGLU: down(silu(gate(x)) * up(x)); shared experts are not included
 
-The model never moves the ids to the host; an implementation that must know them there (the store's
-`ensure`, the per-expert loop below) makes that one device-to-host copy itself.
+The model never moves the ids to the host; an implementation that must know them there (prefill's waves, the
+per-expert loop below) makes that one device-to-host copy itself.
 
 - `TorchExperts`: BF16 (or any dtype) weights of every routed expert from a Hugging Face checkpoint,
   stacked per layer; a loop over the experts that were hit, as transformers' eager experts do (one

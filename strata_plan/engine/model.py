@@ -20,19 +20,17 @@ decoder layer holding MoE layer i+d) of `out`, exactly as `benchmarks/moe/trace.
 
 Dense weights the plan keeps in pinned RAM (`host`: decoder layer indices, "embed", "lm_head") are
 built in host memory ("embed", "lm_head") or with shapes only (layers, on the meta device);
-`engine.dense.DenseStream` fills them from pinned regions through its streaming buffers and sets the two
-hooks: `before_layer(i)` at the start of decoder layer i (i = n_layers: before
-the logits) and `embed_rows(token_ids)`, which replaces the device gather of the embedding rows.
+`engine.dense.DenseStream` points them at their pinned copies (read in place), or, where it streams them through
+buffers, sets `before_layer(i)` at the start of decoder layer i (i = n_layers: before the logits); and
+`embed_rows(token_ids)`, which replaces the device gather of the embedding rows.
 
-A faster loop can run a layer's pieces apart: `attention_part` (attention, residual, post-attention
-norm), `layer.router(y)`, the experts call, `moe_output` (residual + shared experts). With
-`decode_step(token, static=True)` the position lives in the device tensor `model.at` and attention spans
-the whole cache, masked: a step's shapes and addresses do not change, so `attention_part` + router can
-be captured in a CUDA graph once and replayed at every position (after `model.at.fill_(model.pos)`).
-`step_runner` (engine.graphed.GraphedDecode) runs static steps that way.
+With `decode_step(token, static=True)` the position lives in the device tensor `model.at` and attention spans
+the whole cache, masked: a step's shapes and addresses do not change, so the whole step can be captured in a CUDA
+graph once and replayed at every position. `step_runner` (engine.device_loop.DeviceDecode) runs static steps that
+way.
 
 Host syncs: none in the model itself (positions are host integers or `model.at`, tensors stay on the
-device); the experts implementation makes the one copy of the router's ids it needs.
+device); the experts call of a prefill chunk copies the router's ids to the host (`StoreExperts.chunk`).
 """
 from __future__ import annotations
 
@@ -91,7 +89,7 @@ class MoEModel:
         self.pos = 0                                  # tokens in the cache
         self.at = torch.zeros(1, dtype=torch.long, device=device)    # the position of a static decode step
         self.after_moe: Callable[[int, torch.Tensor], None] | None = None
-        self.step_runner: Callable[[torch.Tensor], torch.Tensor] | None = None   # a faster static step (graphed.py)
+        self.step_runner: Callable[[torch.Tensor], torch.Tensor] | None = None   # a faster static step (device_loop.py)
         self.before_layer: Callable[[int], None] | None = None                 # engine.dense
         self.embed_rows: Callable[[torch.Tensor], torch.Tensor] | None = None  # engine.dense
         self.fused_router = False      # one token's routing in kernels.gate's two launches (`route_layer`)

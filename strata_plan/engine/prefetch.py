@@ -14,7 +14,7 @@ LRU's (prefill's waves use them between decode runs: `before_prefill` orders pre
 queued). On a CPU the side stream is the main one (the references in order), so a claimed guess has landed when its
 layer runs. Counting (folded into the store's counters): uses served from a slot are `prefetched`, uses whose guess
 was still copying `late`; the copies' bytes cross PCIe (`bytes_from["ram"]`, `prefetch_bytes`), slots freed unused are
-wasted; precision and recall of the guesses at the plan's depth are the host loop's definitions.
+wasted; precision and recall of the guesses at the plan's depth as the routing statistics define them.
 """
 from __future__ import annotations
 

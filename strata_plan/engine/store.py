@@ -1,13 +1,10 @@
-"""The tiered expert store (the Strata loader): every routed expert where the plan puts it, on the device
-before the kernel reads it, and counters that say how well that went.
+"""The tiered expert store (the Strata loader): every routed expert where the plan puts it, read by the kernels
+where it lies, and counters that say how well that went.
 
     store = ExpertStore.open(packed_dir, plan, device, plan_path="plan.yaml")
-    store.hint(j, ids, scores, depth)      # router lookahead: MoE layer j will probably use ids
-    offs = store.ensure(j, ids)            # every id of this token resident; returns offsets [E] on device
-    fused_moe(x, topk_ids, topk_w, store.arena, offs, store.formats[j], H, I)
-    store.release(j)                       # after the MoE call is queued: its slots may be reused after it
+    fused_moe(x, topk_ids, topk_w, store.arena, store.inplace_offsets[j], store.formats[j], H, I)   # one token
     for wave in store.waves(j, ids): ...   # prefill: a chunk's experts in waves through the free slots
-    store.counters.to_data(); store.close()
+    store.counter_data(); store.close()
 
 Tiers (the plan's `layers[j].vram / ram / nvme`):
 1. VRAM: one device arena `[static experts | dynamic slots | poison slot]`. Static experts are laid out
@@ -15,10 +12,9 @@ Tiers (the plan's `layers[j].vram / ram / nvme`):
    its staging slots, `residency.Residency`) receive fetched experts. `offsets[j]` (int64 [L, E] on the
    device, one row per MoE layer) is the residency map the kernel reads: a resident expert's byte offset
    in the arena, else the poison slot (0xFF bytes: NaN scales, so a kernel that read a non-resident
-   expert would produce NaN; `poison=True` also checks on the host that none is routed there).
+   expert would produce NaN).
 2. Pinned RAM: the plan's RAM experts in one page-locked region of their size (`pinned.HostRegion`, registered
-   with the driver), filled at start. With `in_place` (the device loop, `core.modes.reads_in_place`)
-   `inplace_offsets[j]` points each RAM expert at its pinned address (offset = its device address - the
+   with the driver), filled at start. `inplace_offsets[j]` points each RAM expert at its pinned address (offset = its device address - the
    arena's), so `fused_moe` reads it there over PCIe with no copy, and `count_uses` counts routed uses on the
    device (`fold_device_counts` turns them into the counters). With cache slots the plan's LRU is decided on the
    device too (`kernels.lru`, state in `lru`): the last `cache.total_slots` dynamic slots are its (each layer its
@@ -26,23 +22,21 @@ Tiers (the plan's `layers[j].vram / ram / nvme`):
    `inplace_offsets` follows; the host `Residency` keeps the other slots for prefill's waves, so a prefill never
    touches the decode cache. On a CPU device (the tests' stand-in) arena and RAM tier are one buffer, so the
    reference kernel follows the same offsets.
-3. NVMe: the packed files, read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
-   `staging.nvme_reads` shape (split into requests, queue depth) into pinned bounce buffers, then copied.
+3. NVMe: the packed files. Decode: staged into a pinned staging cache by the stager and read there in place
+   (`engine.staging`). Prefill: read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
+   `staging.nvme_reads_prefill` split into pinned bounce buffers, then copied into the wave's slots.
 Integrity, always on: every static and RAM blob is checked against the sha256 of its parts in index.json at
 start (on hashing threads, while the next blob is read), and every NVMe blob the first time it is read in
 this store (its parts hashed as their reads land, before the copy; `verified[j, e]` records it); a mismatch
 is a one-line `UserError` naming the file, layer, expert and offset, and the bad bytes never reach the arena.
-Everything is allocated at start; per token the store allocates no tensors (`offsets` rows go through a
-ring of preallocated pinned rows). Correctness never depends on prefetch: `ensure` fetches and waits for
-whatever is missing. On a CPU device (CI) tier 1 is a CPU tensor, tier 2 ordinary memory, tier 3 real
-files.
+Everything is allocated at start; per token the store allocates no tensors (prefill's `offsets` rows go through a
+ring of preallocated pinned rows). Correctness never depends on prefetch: a guess that did not land is read in place.
+On a CPU device (CI) tier 1 is a CPU tensor, tier 2 ordinary memory (one buffer with the arena), tier 3 real files.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -63,10 +57,10 @@ from strata_plan.pinned import HostRegion
 from .packed import check_plan_matches, hash_threads, load_index, verify_part
 from .counters import StoreCounters
 from .directio import BlobFile, aligned_empty, aligned_view
-from .residency import CACHED, DEMAND, IN_PLACE, LATE, STATIC, Residency
+from .residency import CACHED, IN_PLACE, STATIC, Residency
 from .prefetch import DevicePrefetch
 from .staging import Staging, staging_bytes
-from .transfer import CHUNK_BYTES, CHUNKS_IN_FLIGHT, Fetch, FetchError, Transfers
+from .transfer import CHUNK_BYTES, CHUNKS_IN_FLIGHT, Fetch, Transfers
 
 POISON_BYTE = 0xFF          # fp16 0xFFFF is NaN: every scale of a poisoned blob is NaN
 TIER_CODES = {"vram": 0, "ram": 1, "nvme": 2}   # `tier_codes`, as the device loop's kernels read them
@@ -80,14 +74,11 @@ def plan_readers(plan) -> int:
 
 @dataclass(frozen=True)
 class StoreOptions:
-    prefetch: bool = True          # act on hints (off: the LRU-only and on-demand baselines)
-    poison: bool = False           # host check that no routed id points at the poison slot
+    prefetch: bool = True          # the device lookahead's VRAM prefetch (off: the LRU-only and on-demand baselines)
     readers: int = 0               # reader threads; 0: the plan's largest queue depth (at least 4)
     chunk_bytes: int = CHUNK_BYTES             # copy chunk
-    chunks_in_flight: int = CHUNKS_IN_FLIGHT   # prefetch chunks on the copy stream at once: a demand waits behind these
-    speculative_cap: int = 0       # bytes of hinted fetches in flight at once; 0: the staging slots' bytes
+    chunks_in_flight: int = CHUNKS_IN_FLIGHT   # the copy thread's chunks on the copy stream at once
     allow_buffered: bool = True    # a filesystem without O_DIRECT: warn and read buffered (benchmarks pass False)
-    in_place: bool = False         # the device loop: RAM experts read in place (`inplace_offsets`, `count_uses`)
     kernels: bool = False          # the device loop's Triton kernels on a CPU too (TRITON_INTERPRET=1): tests of their glue
 
 
@@ -138,9 +129,8 @@ class ExpertStore:
         ram_bytes = int(sum(self.nbytes[j, e] for j, l in enumerate(plan.layers) for e in l.ram))
         has_nvme = any(l.nvme for l in plan.layers)
         in_flight = max(getattr(plan.staging, "nvme_in_flight_prefill", 0) or 0, 2 * self.top_k)
-        stage = staging_bytes(plan, self.slot_bytes, self.n_layers) if options.in_place and has_nvme else 0
-        # bounce buffers: the host loop's NVMe reads (and the device loop's prefill; its decode reads go to staging)
-        bounce = max(0 if stage else plan.staging.host_slots, in_flight) if has_nvme else 0
+        stage = staging_bytes(plan, self.slot_bytes, self.n_layers) if has_nvme else 0
+        bounce = in_flight if has_nvme else 0      # prefill's NVMe reads (decode's go to the staging cache)
         self._check_capacity(arena_bytes, ram_bytes + bounce * self.slot_bytes + stage, plan_path)
         # ---- files ---------------------------------------------------------------------------------
         self.files: dict[str, BlobFile] = {}
@@ -173,8 +163,8 @@ class ExpertStore:
         self.offsets_host = np.full((self.n_layers, self.E), self.poison_offset, dtype=np.int64)
         self.verified = np.zeros((self.n_layers, self.E), dtype=np.bool_)   # NVMe blobs checked by a read so far
         self.offsets = torch.full((self.n_layers, self.E), self.poison_offset, dtype=torch.int64, device=device)
-        self.inplace_offsets = None         # [L, E] on the device, `in_place` only: set by `_load`
-        self.use_counts = torch.zeros((self.n_layers, self.E), dtype=torch.int64, device=device) if options.in_place else None
+        self.inplace_offsets = None         # [L, E] on the device: set by `_load`
+        self.use_counts = torch.zeros((self.n_layers, self.E), dtype=torch.int64, device=device)
         self._ones = torch.ones(8 * self.top_k, dtype=torch.int64, device=device)
         self._ring = torch.empty((RING, self.E), dtype=torch.int64, pin_memory=device.type == "cuda")
         self._ring_events: list = [None] * RING
@@ -188,23 +178,15 @@ class ExpertStore:
         self.nbytes_dev = torch.from_numpy(self.nbytes.copy()).to(device)
         self.transfers = Transfers(self.arena, bounce, self.slot_bytes, readers=readers,
                                    chunk_bytes=options.chunk_bytes, chunks_in_flight=options.chunks_in_flight)
-        # PLANNER.md "What the engine must do": a batch of i NVMe experts of format f is split batch_splits[i-1]
-        # ways (decode), every prefill read split nvme_reads_prefill[f].split ways
-        self.batch_splits = {f: (tuple(r.batch_splits) or (r.split,)) for f, r in (plan.staging.nvme_reads or {}).items()}
+        # PLANNER.md "What the engine must do": every prefill read split nvme_reads_prefill[f].split ways
         self.split_prefill = {f: r.split for f, r in (plan.staging.nvme_reads_prefill or {}).items()}
         self.compute_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.lru = None                 # kernels.lru.LruState: the device loop's cache (set by `_load`)
         self.staging = None             # engine.staging.Staging: the device loop's NVMe tier (set below)
         self.prefetch = None            # engine.prefetch.DevicePrefetch: the device loop's lookahead (set below)
-        device_cache = plan.cache.total_slots if options.in_place else 0      # the last slots: the device LRU's
-        self.residency = Residency([l.vram for l in plan.layers],
-                                   [0 if options.in_place else l.cache_slots for l in plan.layers],
-                                   self.n_slots - device_cache)
+        # prefill's slots: all but the last cache.total_slots (the device LRU's)
+        self.residency = Residency([l.vram for l in plan.layers], self.n_slots - plan.cache.total_slots)
         self.counters = StoreCounters(self.n_layers)
-        self._hints: list[dict[int, set[int]]] = [{} for _ in range(self.n_layers)]
-        self._inflight_spec: list[Fetch] = []
-        self._lock = threading.RLock()      # hints may come from the lookahead thread
-        self.spec_cap = options.speculative_cap or plan.staging.vram_slots * self.slot_bytes
         self._old_switch = sys.getswitchinterval()
         sys.setswitchinterval(2e-4)     # wake the copy and reader threads promptly (restored on close)
         try:
@@ -212,7 +194,7 @@ class ExpertStore:
             if stage:
                 self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
                                        self.lru.ram_offset if self.lru is not None else None, readers)
-            if options.in_place and options.prefetch and plan.prefetch_depth:
+            if options.prefetch and plan.prefetch_depth:
                 self.prefetch = DevicePrefetch(self, plan.prefetch_depth)
         except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
             self.close()
@@ -301,13 +283,12 @@ class ExpertStore:
             torch.cuda.synchronize(self.device)
         self._static_rows = self.offsets_host.copy()     # static offsets, poison elsewhere: each row's base
         self.offsets.copy_(torch.from_numpy(self.offsets_host))
-        if self.opt.in_place:
-            rows = self._static_rows.copy()
-            for (j, e), o in self.ram_offset.items():
-                rows[j, e] = self.ram_base + o
-            self.inplace_offsets = torch.from_numpy(rows.copy()).to(self.device)
-            if self.plan.cache.total_slots:
-                self.lru = self._device_lru(rows)
+        rows = self._static_rows.copy()
+        for (j, e), o in self.ram_offset.items():
+            rows[j, e] = self.ram_base + o
+        self.inplace_offsets = torch.from_numpy(rows.copy()).to(self.device)
+        if self.plan.cache.total_slots:
+            self.lru = self._device_lru(rows)
         return time.perf_counter() - t0
 
     def _device_lru(self, rows: np.ndarray):
@@ -349,7 +330,7 @@ class ExpertStore:
         view = data.numpy()
         return [pool.submit(verify_part, self.index, ent, view, k) for k in range(len(ent.parts))]
 
-    # ---- the device loop (in_place) --------------------------------------------------------------------
+    # ---- decode (one token) --------------------------------------------------------------------
     def count_uses(self, j: int, ids: torch.Tensor) -> None:
         """Count MoE layer j's routed ids [M, k] on the device (graph-safe: no sync, no allocation)."""
         flat = ids.reshape(-1)
@@ -372,8 +353,6 @@ class ExpertStore:
                 c.uses[CACHED] += int(row[lru.HIT])
                 c.uses[IN_PLACE] += int(row[lru.MISS]) - su          # the misses not from staging: pinned RAM
                 c.bytes_from["ram"] += int(row[lru.MISS_BYTES]) - sb
-            return
-        if self.use_counts is None:
             return
         counts = self.use_counts.cpu().numpy().copy()     # on a CPU device .cpu() is the tensor itself
         self.use_counts.zero_()
@@ -414,141 +393,7 @@ class ExpertStore:
         self.fold_device_counts()
         return self.counters.to_data()
 
-    # ---- decode -----------------------------------------------------------------------------------------
-    def hint(self, j: int, ids: Sequence[int], scores: Sequence[float] | None = None, depth: int = 1) -> None:
-        """MoE layer j will probably use `ids` (router lookahead at `depth`): at the plan's prefetch depth,
-        fetch the missing ones, best score first, while free slots (beyond one token's demand) and the
-        speculative cap allow. Hints at other depths are only counted (precision and recall by depth):
-        acting on every depth fetches the union of several guesses, more bytes than the planner's cost
-        model charges (35% more bytes than LRU-only at depth 2 on the H200, and slower: engine/ENGINE.md)."""
-        ids = [int(e) for e in ids if e >= 0]
-        if scores is not None:
-            ids = [e for _, e in sorted(zip([-float(s) for s in scores], ids))]
-        with self._lock:
-            self._hint(j, ids, depth)
-        self.transfers.pump()                   # the first chunks go out now
-
-    def _hint(self, j: int, ids: list[int], depth: int) -> None:
-        self._hints[j][depth] = set(ids)
-        if not self.opt.prefetch or depth != self.plan.prefetch_depth:
-            return                  # as the cost model: layer j's misses are fetched on the hint from j - depth
-        self._inflight_spec = [f for f in self._inflight_spec if not f.done()]
-        inflight = sum(f.nbytes for f in self._inflight_spec)
-        c = self.counters.layers[j]
-        res = self.residency
-        batch = self._nvme_batch(j, [e for e in ids if not res.is_resident(j, e)])
-        for e in ids:
-            if res.is_resident(j, e):
-                continue
-            nb = int(self.nbytes[j, e])
-            if res.n_free() <= self.top_k or inflight + nb > self.spec_cap:
-                c.dropped_hints += 1
-                continue
-            slot, _ = res.take(j, e, by_hint=True, steal=False)
-            slot.fetch = self._fetch(j, e, slot, demand=False, batch=batch)
-            self._inflight_spec.append(slot.fetch)
-            inflight += nb
-            c.prefetch_bytes += nb
-
-    def _fetch(self, j: int, e: int, slot, demand: bool, prefill: bool = False, batch: dict | None = None,
-               switched: bool = False) -> Fetch:
-        """Issue the fetch of (layer j, expert e) into `slot`; `batch`: NVMe experts per format submitted
-        together with it (sets the split); switched: the copy stream is current (a demand from RAM is
-        copied from this thread)."""
-        batch = batch or {}
-        ent = self.entries[j][e]
-        tier = self.tier[j][e]
-        f = Fetch(ent.layer, e, self.dyn_base + slot.index * self.slot_bytes, ent.nbytes, demand, after=slot.release)
-        c = self.counters.layers[j]
-        c.bytes_from[tier] += ent.nbytes
-        c.fetches_from[tier] += 1
-        if tier == "ram":
-            o = self.ram_offset[(j, e)]
-            f.ram = self.ram[o:o + ent.nbytes]
-            return self.transfers.copy_now(f, switched) if demand else self.transfers.submit(f)
-        f.file, f.file_offset = self.files[ent.file], ent.offset
-        if prefill:
-            f.split = self.split_prefill.get(ent.format, 1)
-        else:
-            splits = self.batch_splits.get(ent.format, (1,))
-            f.split = splits[min(batch.get(ent.format, 1), len(splits)) - 1]
-        if not self.verified[j, e]:           # the first read of this blob: its parts are checked before the copy
-            f.parts, f.part_bytes = ent.parts, self.index.part_bytes
-            f.on_verified = lambda: self.verified.__setitem__((j, e), True)
-        return self.transfers.submit(f)
-
-    def ensure(self, j: int, ids: Sequence[int]) -> torch.Tensor:
-        """Make every expert of `ids` (one token's routed ids in slot order, each once) resident for MoE
-        layer j and return its offsets row (int64 [E] on the device). The compute stream is made to wait
-        for the copies it needs (no host wait for a copy, only for reads to be issued)."""
-        ids = [int(e) for e in ids]
-        with self._lock:
-            waits = self._claim(j, ids)
-        self.transfers.pump()                   # behind the demand copies: prefetches keep the link busy
-        c = self.counters.layers[j]
-        t0 = time.perf_counter()
-        for f in waits:
-            f.wait_enqueued()
-            if f.event is not None:
-                self.compute_stream.wait_event(f.event)
-        c.wait_s += time.perf_counter() - t0
-        with self._lock:
-            for s in self.residency.touch(j, ids):
-                self._drop_fetch(s)
-            return self._publish(j)
-
-    def _claim(self, j: int, ids: list[int]) -> list[Fetch]:
-        """(lock held) Count how each use is served, fetch what is missing; the fetches to wait for."""
-        res, c = self.residency, self.counters.layers[j]
-        kinds = res.classify(j, ids, done=lambda s: s.fetch is None or s.fetch.done())
-        for d, hinted in self._hints[j].items():
-            used = set(ids)
-            c.hint_guesses[d] = c.hint_guesses.get(d, 0) + len(hinted)
-            c.hint_right[d] = c.hint_right.get(d, 0) + len(hinted & used)
-            c.hint_used[d] = c.hint_used.get(d, 0) + len(used)
-        self._hints[j] = {}
-        batch = self._nvme_batch(j, [e for e, kind in zip(ids, kinds) if kind == DEMAND])
-        waits = []
-        copies = any(kind in (DEMAND, LATE) for kind in kinds)
-        with self.transfers.stream() if copies else contextlib.nullcontext():   # one switch for the layer's copies
-            for e, kind in zip(ids, kinds):
-                c.uses[kind] += 1
-                if kind == DEMAND:
-                    waits.append(self._demand(j, e, batch=batch, switched=True).fetch)
-                elif kind == LATE:                  # a prefetch still in flight: needed now, so a demand
-                    waits.append(self._late(res.slot_of(j, e)))
-        return waits
-
-    def _late(self, slot) -> Fetch:
-        """(lock held, the copy stream current: `_claim`) A prefetch `ensure` needs before it landed: a RAM
-        prefetch not yet started in the pump's queue is taken back and copied from this thread at once, in one
-        piece; one started has its remaining chunks enqueued now, and an NVMe one is promoted to demand order
-        (`Transfers.promote`). Returns the fetch to wait for."""
-        f = slot.fetch
-        if f.ram is not None and self.transfers.take_back(f):
-            slot.fetch = self.transfers.copy_now(Fetch(f.layer, f.expert, f.dst_offset, f.nbytes, True, ram=f.ram,
-                                                       after=f.after), switched=True)
-            return slot.fetch
-        self.transfers.promote(f)
-        return f
-
-    def _nvme_batch(self, j: int, experts: list[int]) -> dict[str, int]:
-        """NVMe-tier experts per format among `experts` (fetched together: one batch)."""
-        out: dict[str, int] = {}
-        for e in experts:
-            if self.tier[j][e] == "nvme":
-                f = self.entries[j][e].format
-                out[f] = out.get(f, 0) + 1
-        return out
-
-    def _drop_fetch(self, s) -> None:
-        """A hinted fetch no token used: cancel it if its copy is not queued yet, count it as wasted."""
-        c = self.counters.layers[s.layer]
-        if s.fetch is not None:
-            self.transfers.cancel(s.fetch)
-        c.wasted_bytes += int(self.nbytes[s.layer, s.expert])
-        c.wasted_fetches += 1
-
+    # ---- prefill ----------------------------------------------------------------------------------------
     def _publish(self, j: int) -> torch.Tensor:
         """Write layer j's residency into its offsets row on the device (stream-ordered, no allocation)."""
         row = self.offsets_host[j]
@@ -569,77 +414,58 @@ class ExpertStore:
         self._ring_events[k] = ev
         return self.offsets[j]
 
-    def release(self, j: int) -> None:
-        """Layer j's kernel is queued on the compute stream: its slots may be overwritten once it ran."""
-        ev = None
-        if self.device.type == "cuda":
-            ev = torch.cuda.Event()
-            ev.record(self.compute_stream)
-        with self._lock:
-            self.residency.release(j, ev)
-
-    def check_routed(self, j: int, topk_ids: torch.Tensor) -> None:
-        """Poison mode: fail loudly if any routed id of layer j points at the poison slot."""
-        ids = topk_ids.flatten().tolist()
-        bad = [e for e in ids if e >= 0 and self.offsets_host[j, e] == self.poison_offset]
-        if bad:
-            raise FetchError(f"layer {j}: experts {sorted(set(bad))} are routed but not resident (poison slot)")
-
-    # ---- prefill ----------------------------------------------------------------------------------------
     def waves(self, j: int, ids: Sequence[int]) -> Iterator[Wave]:
-        """A chunk's experts of layer j (unique ids) in waves: first everything resident plus as many
-        fetched as half the free slots hold, then the next half-slot batches, each fetched while the
-        previous wave computes. The caller runs the MoE for each wave's experts (ids outside the wave
-        skipped) before asking for the next wave; the slots a wave read are reused only after it ran.
-        The LRU cache is not changed by prefill, and prefill uses are not counted as decode uses."""
+        """A chunk's experts of layer j (unique ids) in waves: first the static ones plus as many fetched as half
+        the free slots hold, then the next half-slot batches, each fetched while the previous wave computes. The
+        caller runs the MoE for each wave's experts (ids outside the wave skipped) before asking for the next
+        wave; the slots a wave read are reused only after it ran. The device LRU's slots are not touched, and
+        prefill uses are not counted as decode uses."""
         res = self.residency
         ids = [int(e) for e in dict.fromkeys(int(e) for e in ids)]
-        resident = [e for e in ids if res.is_resident(j, e)]
+        static = [e for e in ids if res.is_resident(j, e)]
         missing = [e for e in ids if not res.is_resident(j, e)]
-        for e in resident:
-            s = res.slot_of(j, e)
-            if s is not None:
-                s.pinned = True
         width = max(1, res.n_free() // 2)
         batches = [missing[a:a + width] for a in range(0, len(missing), width)]
-        pending = self._prefill_fetch(j, batches[0]) if batches else []
-        first, ev = True, None
+        pending = self._fetch_batch(j, batches[0]) if batches else []
         for b in range(max(1, len(batches))):
             current = pending
-            pending = self._prefill_fetch(j, batches[b + 1]) if b + 1 < len(batches) else []
+            pending = self._fetch_batch(j, batches[b + 1]) if b + 1 < len(batches) else []
             for slot in current:
                 slot.fetch.wait_enqueued()
                 if slot.fetch.event is not None:
                     self.compute_stream.wait_event(slot.fetch.event)
-            members = (resident if first else []) + [s.expert for s in current]
-            first = False
-            row = self._publish(j)
-            mask = self._mask(j, members)
-            yield Wave(row, tuple(members), mask)
+            members = (static if b == 0 else []) + [s.expert for s in current]
+            yield Wave(self._publish(j), tuple(members), self._mask(j, members))
             ev = None
             if self.device.type == "cuda":
                 ev = torch.cuda.Event()
                 ev.record(self.compute_stream)
-            for slot in current:                # transient: the LRU cache is left as it was
-                slot.release = ev
-                slot.pinned = False
-                res._drop(slot)
-        res.release(j, ev)                      # the cached slots the waves read
+            for slot in current:
+                res.give_back(slot, ev)
 
-    def _prefill_fetch(self, j: int, experts: list[int]) -> list:
-        return [self._demand(j, e, prefill=True) for e in experts]
-
-    def _demand(self, j: int, e: int, batch: dict | None = None, prefill: bool = False, switched: bool = False):
-        """(lock held) A pinned slot for (layer j, expert e), taking an unused prefetch of another layer if
-        none is free, and its fetch issued."""
-        slot, stolen = self.residency.take(j, e, by_hint=False, steal=True)
-        if slot is None:
-            raise RuntimeError(f"no free slot for layer {j} expert {e}: {self.n_slots} slots")
-        if stolen is not None:
-            self._drop_fetch(stolen)
-        slot.pinned = True
-        slot.fetch = self._fetch(j, e, slot, demand=True, prefill=prefill, batch=batch, switched=switched)
-        return slot
+    def _fetch_batch(self, j: int, experts: list[int]) -> list:
+        """A slot for each of (layer j, experts) and its fetch issued: from pinned RAM a copy enqueued from this
+        thread, from NVMe reads on the reader threads (the blob checked against its sha256 on its first read)."""
+        out = []
+        for e in experts:
+            slot = self.residency.take(j, e)
+            if slot is None:
+                raise RuntimeError(f"no free slot for layer {j} expert {e}: {self.n_slots} slots")
+            ent = self.entries[j][e]
+            f = Fetch(ent.layer, e, self.dyn_base + slot.index * self.slot_bytes, ent.nbytes, True, after=slot.release)
+            if self.tier[j][e] == "ram":
+                o = self.ram_offset[(j, e)]
+                f.ram = self.ram[o:o + ent.nbytes]
+                slot.fetch = self.transfers.copy_now(f)
+            else:
+                f.file, f.file_offset = self.files[ent.file], ent.offset
+                f.split = self.split_prefill.get(ent.format, 1)
+                if not self.verified[j, e]:       # the first read of this blob: its parts are checked before the copy
+                    f.parts, f.part_bytes = ent.parts, self.index.part_bytes
+                    f.on_verified = lambda j=j, e=e: self.verified.__setitem__((j, e), True)
+                slot.fetch = self.transfers.submit(f)
+            out.append(slot)
+        return out
 
     def _mask(self, j: int, members: list[int]) -> torch.Tensor:
         m = np.zeros(self.E, dtype=np.bool_)

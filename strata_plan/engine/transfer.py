@@ -13,25 +13,19 @@ store sets them on an expert's first read) is checked before its copy: each part
 pool (`hashers` threads, hashlib releases the interpreter lock) as soon as the reads covering it have
 landed, so the hashing overlaps the fetch's other reads and the reader threads keep the queue depth; a
 mismatch fails the fetch with a one-line `UserError` (file, layer, expert, offset, the fix) and its bytes
-never reach the arena. Copies over one PCIe link serialize whatever their streams' priorities, so the store
-orders them itself:
-- a demand copy from RAM is enqueued at once, in one piece, by the thread that needs it (`copy_now`);
-- prefetches from RAM wait in the pump's queue; the main thread puts them on the copy stream in chunks of
-  `chunk_bytes` (`pump`, called at each hint, after `ensure` and while it waits for the router's ids), so
-  no second thread competes for the interpreter lock to keep the link busy;
-- NVMe fetches, once read, and streamed dense weights are enqueued in chunks by one copy thread, demand
-  before prefetch;
-- the pump's and the copy thread's chunks share one window of at most `chunks_in_flight` unfinished
-  chunks (`_window`), so a demand copy never waits behind more than that many chunks.
+never reach the arena. Copies over one PCIe link serialize whatever their streams' priorities, so they are
+ordered here:
+- a copy from RAM (prefill's waves) is enqueued at once, in one piece, by the thread that needs it (`copy_now`);
+- NVMe fetches, once read, and streamed dense weights are enqueued in chunks of `chunk_bytes` by one copy
+  thread, demand before prefetch, at most `chunks_in_flight` unfinished chunks at once (`_window`).
 A copy into a slot first waits (on the GPU) for the event of the last kernel that read the slot
-(`Fetch.after`). A fetch can be cancelled until its copy is enqueued (a dropped prefetch). On a CPU device
-the copies are plain synchronous copies and `event` is None. Busy times (reader threads in preadv, the
+(`Fetch.after`). A fetch can be cancelled until its copy is enqueued (a streamed dense unit issued out of turn). On a
+CPU device the copies are plain synchronous copies and `event` is None. Busy times (reader threads in preadv, the
 copy stream's chunks) are accumulated for the benchmark. Streamed dense weights (`engine.dense`) take the
 copy thread's queue with `Fetch.dst` naming their device buffer instead of an arena offset.
 """
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import threading
@@ -101,7 +95,7 @@ class Fetch:
         return f"layer {self.layer}, expert {self.expert} ({where})"
 
 
-CHUNK_BYTES = 8 << 20      # a RAM copy goes out in chunks of this size ...
+CHUNK_BYTES = 8 << 20      # the copy thread's copies go out in chunks of this size ...
 CHUNKS_IN_FLIGHT = 1       # ... at most this many on the copy stream at once (a demand copy waits behind them)
 
 
@@ -125,11 +119,8 @@ class Transfers:
         self.read_bytes = 0
         self.copy_bytes = 0
         self.timed: list[Fetch] = []  # CUDA fetches whose start/end events give the copy stream's busy time
-        self._pump_q: deque[Fetch] = deque()   # RAM expert prefetches for `pump` (the main thread's), in order
-        self._pump_at = 0                      # bytes of _pump_q[0] already enqueued
-        # the chunks of prefetches (the pump's) and of the copy thread's copies unfinished on the copy stream,
-        # shared so that together they never exceed chunks_in_flight: (end event, fetch whose bounce buffer
-        # frees when it completes, or None); lock held to change it
+        # the copy thread's chunks unfinished on the copy stream, at most chunks_in_flight: (end event, fetch whose
+        # bounce buffer frees when it completes, or None); lock held to change it
         self._window: deque = deque()
         self._hasher = ThreadPoolExecutor(hashers or hash_threads(), thread_name_prefix="strata-hash") \
             if bounce_slots else None
@@ -141,14 +132,11 @@ class Transfers:
 
     # ---- API ---------------------------------------------------------------------------------------
     def submit(self, f: Fetch) -> Fetch:
-        """Queue a fetch: a RAM expert prefetch for `pump`, anything else for the reader and copy threads."""
+        """Queue a fetch for the reader and copy threads."""
         f.seq, f.t_submit = next(self._seq), time.perf_counter()
         with self._lock:
             if self._closed:
                 raise RuntimeError("transfers are closed")
-            if f.file is None and f.dst is None and not f.demand:
-                self._pump_q.append(f)
-                return f
             if f.file is None:
                 heapq.heappush(self._copies, (not f.demand, f.seq, f))
             else:
@@ -157,93 +145,11 @@ class Transfers:
             self._lock.notify_all()
         return f
 
-    def copy_now(self, f: Fetch, switched: bool = False) -> Fetch:
-        """Enqueue a RAM fetch's copy from the calling thread (a demand miss: no hop to the copy thread), in
-        one piece (chunks bound a demand's wait behind prefetches; a demand itself needs none). switched:
-        the caller made the copy stream current already (`with transfers.stream():` around a batch)."""
+    def copy_now(self, f: Fetch) -> Fetch:
+        """Enqueue a RAM fetch's copy from the calling thread, in one piece (no hop to the copy thread)."""
         f.seq, f.t_submit = next(self._seq), time.perf_counter()
-        self._enqueue_copy(f, f.ram, switched=switched)
+        self._enqueue_copy(f, f.ram)
         return f
-
-    def pump(self) -> None:
-        """(the main thread) Put queued RAM prefetches on the copy stream, chunk by chunk, while the shared
-        window holds fewer than `chunks_in_flight` unfinished chunks (on a CPU device: copy them all now)."""
-        q, w = self._pump_q, self._window
-        if not q:
-            return
-        with self._lock:
-            self._retire_done()
-            if len(w) >= self.chunks_in_flight:
-                return
-            with self.stream():
-                while q and len(w) < self.chunks_in_flight:
-                    self._pump_chunk()
-
-    def pumping(self) -> bool:
-        """Prefetches wait in the pump's queue (the main thread should call `pump` while it waits)."""
-        return bool(self._pump_q)
-
-    def _pump_chunk(self, whole: bool = False) -> None:
-        """(the copy stream current) The next chunk of the pump's first fetch (`whole`: all the rest of it)."""
-        f = self._pump_q[0]
-        if f.cancelled:
-            self._pump_q.popleft()
-            self._pump_at = 0
-            f.enqueued.set()
-            return
-        dst = self.arena[f.dst_offset:f.dst_offset + f.nbytes]
-        a = self._pump_at
-        b = f.nbytes if whole else min(f.nbytes, a + self.chunk_bytes)
-        if not self.cuda:
-            dst[a:b].copy_(f.ram[a:b])
-        else:
-            if a == 0:
-                self._begin(f)
-            f.spans.append(self._copy_chunk(dst, f.ram, a, b))
-            with self._lock:
-                self._window.append((f.spans[-1][1], None))
-        if b < f.nbytes:
-            self._pump_at = b
-            return
-        self._pump_q.popleft()
-        self._pump_at = 0
-        self._finish(f)
-
-    def stream(self):
-        """A context making the copy stream current on this thread, for a batch of `copy_now(f, switched=True)`
-        (one stream switch instead of one a copy; a switch is torch.cuda Python, tens of us under cProfile)."""
-        return torch.cuda.stream(self.copy_stream) if self.cuda else contextlib.nullcontext()
-
-    def promote(self, f: Fetch) -> None:
-        """A prefetch its layer now needs: from here on it is ordered as a demand fetch (its reads, its wait
-        for a bounce buffer and its copy go before every prefetch's), if it is not enqueued yet. A pump
-        fetch already started has the rest of its chunks enqueued now (`take_back` takes the others)."""
-        if self._pump_q and self._pump_q[0] is f and not f.enqueued.is_set():
-            with self.stream():
-                self._pump_chunk(whole=True)
-            return
-        with self._lock:
-            if f.demand or f.enqueued.is_set():
-                return
-            f.demand = True
-            # heap items lead with (not demand, seq): re-key f's items; a read part holds its fetch at [3]
-            for q, at in ((self._reads, 3), (self._waiting, 2), (self._copies, 2)):
-                if any(item[at] is f for item in q):
-                    q[:] = [(False,) + item[1:] if item[at] is f else item for item in q]
-                    heapq.heapify(q)
-            self._lock.notify_all()
-
-    def take_back(self, f: Fetch) -> bool:
-        """Withdraw a RAM prefetch from the pump's queue if none of it is on the copy stream yet: True if
-        withdrawn (it is marked cancelled and done; the caller copies the blob itself, by `copy_now` from the
-        thread that needs it). One started is finished by `promote`."""
-        with self._lock:
-            if f.enqueued.is_set() or f not in self._pump_q or (self._pump_q[0] is f and self._pump_at):
-                return False
-            self._pump_q.remove(f)
-            f.cancelled = True
-            f.enqueued.set()
-            return True
 
     def cancel(self, f: Fetch) -> bool:
         """Drop a fetch whose copy is not enqueued yet; True if it was dropped (else it lands anyway)."""
@@ -257,10 +163,6 @@ class Transfers:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-            for f in self._pump_q:                # never started: nobody waits for them
-                f.cancelled = True
-                f.enqueued.set()
-            self._pump_q.clear()
         for t in self._threads:
             t.join(timeout=10)
         if self._hasher is not None:
@@ -398,7 +300,7 @@ class Transfers:
             self._admit()
             self._lock.notify_all()
 
-    def _enqueue_copy(self, f: Fetch, src: torch.Tensor, windowed: bool = False, switched: bool = False) -> None:
+    def _enqueue_copy(self, f: Fetch, src: torch.Tensor, windowed: bool = False) -> None:
         dst = f.dst if f.dst is not None else self.arena[f.dst_offset:f.dst_offset + f.nbytes]
         if not self.cuda:
             dst.copy_(src)
@@ -406,8 +308,8 @@ class Transfers:
                 self._release_bounce(f)
             self._finish(f)
             return
-        chunk = self.chunk_bytes if windowed else max(1, f.nbytes)     # demand copies from RAM: one piece
-        with contextlib.nullcontext() if switched else self.stream():
+        chunk = self.chunk_bytes if windowed else max(1, f.nbytes)     # copies from RAM: one piece
+        with torch.cuda.stream(self.copy_stream):
             self._begin(f)
             for a in range(0, max(1, f.nbytes), chunk):
                 b = min(f.nbytes, a + chunk)

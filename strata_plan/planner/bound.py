@@ -9,8 +9,8 @@ quoted bandwidth, and assumes every link and the GPU overlap perfectly with no f
 
 Bytes are the optimistic reading of the routing statistics: an LRU cache of c slots removes at most
 cache_hit(s, c) - static_hit(s) of a layer's accesses, and the bound lets it remove the largest experts
-first and NVMe accesses first; in the device loop the pinned staging cache may serve NVMe accesses too (at most
-its slots' worth of the most read NVMe experts). A prefill chunk touches expert e with probability at least
+first and NVMe accesses first; on one GPU the pinned staging cache may serve NVMe accesses too (at most its
+slots' worth of the most read NVMe experts). A prefill chunk touches expert e with probability at least
 1 - exp(-C k p_e). The cost model must never predict more than this; tests hold it to that.
 """
 from __future__ import annotations
@@ -108,14 +108,12 @@ def _layer_bytes(problem, placement):
 
 
 def _staging_bytes(problem, placement) -> float:
-    """The most NVMe bytes a token the device loop's pinned staging cache can serve instead of the drive: its S
-    slots (`core.lookahead.pinned_staging_slots`) holding the S most read NVMe experts of any layers (under
-    independent requests no policy beats keeping the most used). 0 where the engine runs the host loop: several
-    GPUs, or a lookahead with no NVMe tier (`core.modes.reads_in_place`)."""
+    """The most NVMe bytes a token the pinned staging cache (one GPU, the engine's device loop) can serve instead of
+    the drive: its S slots (`core.lookahead.pinned_staging_slots`) holding the S most read NVMe experts of any layers
+    (under independent requests no policy beats keeping the most used). 0 for several GPUs (the copy path)."""
     from strata_plan.core.lookahead import pinned_staging_slots
     stats, k = problem.stats, problem.spec.top_k
-    has_nvme = any(v + r < len(layer.order) for v, r, layer in zip(placement.vram, placement.ram, stats.layers))
-    if problem.loop != "device" or placement.several or (placement.prefetch_depth and not has_nvme):
+    if placement.several:
         return 0.0
     reads = []
     for l, (layer, size) in enumerate(zip(stats.layers, _expert_sizes(problem))):
@@ -444,7 +442,7 @@ def ranked_bound(problem, placement) -> tuple[float, float]:
            "compute": float(spec.flops_per_token(problem.context)),
            "pcie": streamed + 2 * spec.hidden + float(np.maximum(0.0, miss - removed * big).sum()),
            "nvme": float(np.maximum(0.0, cold - removed * big_nvme).sum())}
-    if problem.loop == "device" and not placement.several and (not placement.prefetch_depth or nvme.any()):
+    if not placement.several:
         from strata_plan.core.lookahead import pinned_staging_slots    # `_staging_bytes`, in rank space
         reads = np.sort((k * pop * rb)[nvme])[::-1]
         S = pinned_staging_slots(k, placement.prefetch_depth, placement.staging)

@@ -32,7 +32,7 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
     streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
     reads = lambda n: {f: NvmeRead(r.split, r.queue_depth, r.splits) for f, r in cost.nvme_reads(n).items()}  # noqa: E731
     slots = staging_slots(spec.top_k, p.prefetch_depth)
-    host = 0                                   # host loop: bounce buffers; device loop: the pinned staging cache
+    host = 0                                   # several GPUs: bounce buffers; one GPU: the pinned staging cache
     if fp.host_staging:
         host = pinned_staging_slots(spec.top_k, p.prefetch_depth, p.staging) if staged(problem, p.gpu_split) else slots
     staging = StagingPlan(vram_slots=slots, host_slots=host, slot_bytes=problem.slot_bytes,

@@ -6,58 +6,54 @@ experts, m in RAM, c cache slots, k routed per token, rank popularity p_r and ex
     h  = cache_hit(j, s, c)                      hit rate of static set + LRU cache (routing statistics)
     w_r = p_r exp(-k p_r T)  for r >= s          the share of accesses that miss, by rank (Che's LRU
                                                  approximation), T such that sum_r w_r = 1 - h
-    warm bytes = k sum_{s <= r < s+m} w_r b_r    from pinned RAM over PCIe
-    cold bytes = k sum_{r >= s+m}     w_r b_r    NVMe read, then PCIe
-    link time of an expert: b_r / H2D(b_r) (the pinned curve at that transfer size; while kernels run the
-    h2d_during_kernel curve, else H2D x copy_overlap); NVMe: a layer's expected misses of each format are
-    read together as one batch at the store's queue depth (reads.py: T(n_f) per batch)
-
-With lookahead depth d (recall R, precision P from the routing statistics; layers j < d have no source layer
-and get R = 0) a share R of the misses is issued when MoE layer j-d finishes and must be ready before
-layer j's experts run; the engine also fetches R (1-P)/P wasted bytes per miss byte. The rest (1-R) is
-fetched on demand after the router: stall = max(PCIe time, T((1-R) n_f)) + one expert's copy (pipeline fill).
-Both wait for a host round trip rt (calibration `moe_round_trip_us`): the router's ids (or the lookahead's
-hints) reach the host, the store issues the copies, the MoE call is launched.
-
+    warm bytes = k sum_{s <= r < s+m} w_r b_r    from pinned RAM over PCIe;   cold bytes: the same for r >= s+m (NVMe)
     t += overhead + max((dense_i + kv_i) / (HBM x hbm_eff), FLOPs_i / (TFLOPS x compute_eff))   each layer
-    t += rt + demand stall + (1 - overlap) prefetch time;  t = max(t, done_{j-d} + rt + prefetch time)   MoE layers
-    (overlap: calibration `prefetch_overlap`, the share of a prefetch's link time the engine hides; 1 the ideal)
-    t += k sum_r p_r b_r / kernel_GBps(format_r);  done_j = t   (kernel_GBps: the fused MoE decode call, rates.py)
-    streamed dense weights: double buffered, serial on the link, must land before their layer starts (in place, the
-    device loop: read over PCIe as their layer runs, bytes / R_zc(bytes), instead of over HBM)
+    t_exp_j = k sum_r p_r b_r / kernel_GBps(format_r)     the fused MoE decode call (rates.py)
     T_token = max(t, total PCIe busy time, total NVMe busy time);  decode tok/s = 1 / T_token
 
-In place (the engine's device loop, `Problem.loop` "device", one GPU: `in_place`), the GPU reads RAM experts straight
-from registered pinned RAM (zero-copy): no round trip, no host fetch, no stall. With lookahead depth d the share R of
-a layer's RAM misses (and R waste / P wrong guesses) is copied into VRAM slots on a side stream from when layer j-d
-ends, at R_zc; the part not landed when layer j runs is read in place instead (the engine never waits for it). Without cache slots the MoE kernels read them beside the VRAM ones; with cache slots the device
-LRU first copies each miss into its slot (the same bytes over the link), then the kernel reads VRAM:
+One GPU (`in_place`: the engine's device loop runs every one-GPU plan): the GPU reads RAM experts straight from
+registered pinned RAM (zero-copy), no round trip, host fetch or stall. With lookahead depth d (recall R, precision P
+from the statistics; layers j < d get R = 0) the share R of a layer's RAM misses (and R waste / P wrong guesses) is
+copied into VRAM slots on a side stream from when layer j-d ends, at R_zc; the part not landed when layer j runs is
+read in place instead (never waited for). With cache slots the device LRU first copies each miss it admits into its
+slot (the same bytes over the link), then the kernel reads VRAM:
     t += t_fill + max(t_ram - t_fill, t_exp_j)      t_ram = warm bytes_j / R_zc(warm bytes_j)
-with t_fill = min(1, c_j / misses_j) t_ram: the misses the device LRU admits into its c_j slots are copied there
-first (the fill), the rest read in place beside the VRAM experts (no cache: max(t_ram, t_exp_j)). With lookahead the
-layer then runs the gates and slot kernels on the main stream: t += lookahead_gpu_seconds_j (their kernel launches at
-the profile's graph_launch_us, counted in core.lookahead, plus the gates' router bytes over HBM).
-with R_zc the profile's zero_copy curve (kernel reads of registered host memory) at that read size, else the
-pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too.
-With an NVMe tier the device loop runs too (lookahead drives the stager, engine/staging.py): NVMe misses are read by
-the GPU in place from a pinned staging cache of S slots (`stage_slots`), so their bytes count with the warm ones at
-R_zc; those the cache does not hold (Che's approximation over every layer's NVMe misses, `staging_miss`) are read
-from NVMe, R of them when layer j-d ends (the guesses reach the stager through a pinned ring: no round trip), the
-rest after the router, and the layer waits for what has not landed:
+with t_fill = min(1, c_j / misses_j) t_ram (no cache: max(t_ram, t_exp_j)); with lookahead the layer then runs the
+gates and slot kernels on the main stream: t += lookahead_gpu_seconds_j (their launches at graph_launch_us, counted
+in core.lookahead, plus the gates' router bytes over HBM). R_zc: the profile's zero_copy curve at that read size,
+else the pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too. Streamed dense
+weights are read in place as their layer runs, bytes / R_zc(bytes), instead of over HBM.
+With an NVMe tier its misses are read by the GPU in place from a pinned staging cache of S slots (`stage_slots`), so
+their bytes count with the warm ones; those it does not hold (Che's approximation over every layer's NVMe misses,
+`staging_miss`) are read from NVMe (reads.py: a layer's expected misses of each format as one batch, T(n_f)), R of
+them when layer j-d ends (the guesses reach the stager through a pinned ring), the rest after the router, and the
+layer waits for what has not landed:
     t += max(T(demand batch), done_{j-d} + T(lookahead batch) - t)      before the layer's MoE
 and the NVMe busy time counts every read, wrong guesses included.
+
+The copy path is for several-GPU placements only (pipeline splits, `Placement.gpu_split`, `Placement.remote`: the
+engine does not run them, these are predictions). Misses are copied (b_r / H2D(b_r) on the pinned curve; while
+kernels run h2d_during_kernel, else H2D x copy_overlap) after a host round trip rt per MoE layer (calibration
+`moe_round_trip_us`); R of them prefetched when layer j-d finishes (R (1-P)/P wasted bytes per miss byte), the rest
+fetched on demand after the router, stall = max(PCIe time, T((1-R) n_f)) + one expert's copy (pipeline fill):
+    t += rt + max(stall, host_dem) + max(0, host_pre - attention_i) + (1 - overlap) prefetch time
+    t = max(t, done_{j-d} + rt + prefetch time);  t += t_exp_j;  done_j = t
+(host_dem, host_pre: the host issuing the demand fetches and the prefetches, `host_fetch_us` each; overlap:
+`prefetch_overlap`, 1 the ideal).
+Streamed dense weights are double buffered, serial on the link, and land before their layer starts. Each layer runs
+at its GPU's rates over its GPU's link, the hidden state hops at split points and to a partner's remote experts, the
+host side's concurrent H2D bounds all links (PLANNER.md, "Several GPUs").
 
 Prefill runs chunks of C tokens; expert r of a layer is touched by a chunk with probability
 1 - (1 - min(1, k p_r))^C and every touched non-resident expert streams once per chunk:
     T_chunk = sum_i [overhead (+ rt at MoE layers) + max(GPU_i, PCIe_i + dense stream_i, NVMe_i)],
     prefill tok/s = C / T_chunk
 with GPU_i = max(C FLOPs_i / (TFLOPS x compute_eff), weight bytes / (HBM x hbm_eff), touched experts x
-3 hidden moe_intermediate / expansion rate) (rates.py: every touched expert is expanded once a chunk).
+3 hidden moe_intermediate / expansion rate) (rates.py: every touched expert is expanded once a chunk); rt: the
+router's ids reach the host, which streams the chunk's experts through the VRAM slots (every placement).
 
-Several GPUs (`Placement.gpu_split`, `Placement.remote`): each layer at its GPU's rates over its GPU's link,
-the hidden state's hops at split points and to a partner's remote experts, the host side's concurrent H2D
-(PLANNER.md, "Several GPUs"). The constants that measured runs refine come from the profile's
-`Calibration`. PLANNER.md has the long form. This module knows nothing about Optuna or YAML; bound.py is the independent check.
+The constants that measured runs refine come from the profile's `Calibration`. PLANNER.md has the long form. This
+module knows nothing about Optuna or YAML; bound.py is the independent check.
 """
 from __future__ import annotations
 
@@ -246,9 +242,9 @@ class CostModel:
         return self.h2d(size)
 
     def in_place(self, placement) -> bool:
-        """Whether the engine runs `placement` in its device loop (`core.modes.reads_in_place`), reading RAM experts
-        from pinned RAM with no host work: the problem's loop is "device" and the placement uses one GPU."""
-        return self.problem.loop == "device" and not placement.several
+        """Whether `placement` reads RAM experts in place from pinned RAM with no host work, as the engine's device
+        loop runs every one-GPU plan; several GPUs take the copy path (predictions only)."""
+        return not placement.several
 
     def stage_slots(self, placement) -> int:
         """Slots of the device loop's pinned staging cache (`core.lookahead.pinned_staging_slots`, as the engine)."""
@@ -499,8 +495,8 @@ class CostModel:
         host_pre = R * (1 + waste) * n * self.host_fetch
 
         inplace = None
-        cold_read = x["cold_bytes"]                     # bytes read from NVMe a token (host loop: every cold miss)
-        if self.in_place(placement):      # the device loop: no fetches; the GPU reads RAM (and staged) experts itself
+        cold_read = x["cold_bytes"]                     # bytes read from NVMe a token (copy path: every cold miss)
+        if self.in_place(placement):      # one GPU: no fetches; the GPU reads RAM (and staged) experts itself
             # cache slots: the device LRU admits at most its c slots' worth of a token's misses, copied into their
             # slots before the kernel (the share `filled`); the other misses are read in place beside VRAM. The
             # lookahead copies the share R of the RAM misses (and R waste / P wrong ones) into VRAM slots on a side
@@ -531,11 +527,10 @@ class CostModel:
             links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste, remote["p"])
             dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
             link_p = max(max(links), host)
-        else:
-            moe_link = (dem_p + pre_p if inplace is None       # in place: the reads, and the lookahead's copies
-                        else self.ram_read_seconds(inplace["bytes"]) + inplace["copy"])
-            dense = self.in_place_dense_seconds if inplace is not None else self._stream_time
-            link_p = float(np.sum(moe_link)) + sum(dense(u) for u in streamed) + row / self.h2d(row)
+        else:                                   # in place: the reads, and the lookahead's copies
+            moe_link = self.ram_read_seconds(inplace["bytes"]) + inplace["copy"]
+            link_p = (float(np.sum(moe_link)) + sum(self.in_place_dense_seconds(u) for u in streamed)
+                      + row / self.h2d(row))
         T = max(t, link_p, link_n)
         dec_seconds.update(pcie_link=link_p, nvme_link=link_n, token=T)
         if T > t:

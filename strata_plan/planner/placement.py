@@ -18,7 +18,7 @@ The search does not choose 92 x 3 counts directly. It chooses four knobs, and `a
                       differ in skew. Pinned RAM then takes, per layer from its static count on, the experts
                       with the highest key w * E * pop[l, r] + (1 - w) * (1 - r / E) until its bytes run out;
   * prefetch_depth -> lookahead depth (staging slots grow with it);
-  * staging_share  -> (the device loop on one GPU, with experts left on NVMe) the share of the pinned RAM left
+  * staging_share  -> (one GPU, with experts left on NVMe) the share of the pinned RAM left
                       after dense weights that the NVMe staging cache takes instead of RAM experts (engine/staging.py:
                       a bigger cache reads the drive less, a bigger RAM tier leaves less on it).
 Keys fall strictly with rank inside a layer, so each tier is a contiguous rank range of every layer.
@@ -45,7 +45,7 @@ class Knobs:
     skew_weight: float
     prefetch_depth: int
     gpu_split: float | None = None    # several GPUs: the share of decoder layers on the first (split_points)
-    staging_share: float | None = None   # device loop, one GPU: the share of pinned RAM for the NVMe staging cache
+    staging_share: float | None = None   # one GPU: the share of pinned RAM for the NVMe staging cache
 
     def as_params(self) -> dict:
         out = {"dense_share": self.dense_share, "cache_bias": self.cache_bias,
@@ -92,7 +92,7 @@ class Placement:
     gpu_split: tuple[int, ...] = ()   # several GPUs: decoder index where each next GPU's layers begin; () one GPU
     remote: tuple[int, ...] = ()      # several GPUs: per MoE layer, how many of its static experts (the least
                                       # used of them, ranks [vram - remote, vram)) the partner GPU holds and runs
-    staging: int = 0                  # device loop, NVMe tier: slots of the pinned staging cache (0: the least the
+    staging: int = 0                  # one GPU, NVMe tier: slots of the pinned staging cache (0: the least the
                                       # engine takes, engine.staging.stage_slots)
 
     def __post_init__(self) -> None:
@@ -161,7 +161,7 @@ def footprint(problem, p: Placement) -> Footprint:
     streamed = [b for b, res in zip(units, p.dense_resident) if not res]
     slots = staging_slots(spec.top_k, p.prefetch_depth) * problem.slot_bytes
     nvme_experts = float(np.sum(cum[-1] - cum[v + r]))
-    host = slots                    # pinned bounce buffers for NVMe reads, and in the device loop the staging cache
+    host = slots                    # pinned bounce buffers for NVMe reads, and on one GPU the staging cache
     if staged(problem, p.gpu_split):
         host += pinned_staging_slots(spec.top_k, p.prefetch_depth, p.staging) * problem.slot_bytes
     one = Footprint(
@@ -339,8 +339,8 @@ def allocate(problem, knobs: Knobs) -> Allocation:
 
 
 def staged(problem, split: tuple[int, ...] = ()) -> bool:
-    """Whether NVMe experts would be staged in pinned RAM (engine/staging.py): the device loop on one GPU."""
-    return problem.loop == "device" and problem.n_gpus == 1 and not split
+    """Whether NVMe experts would be staged in pinned RAM (engine/staging.py): one GPU (the engine's device loop)."""
+    return problem.n_gpus == 1 and not split
 
 
 def greedy_knobs(problem) -> Knobs:

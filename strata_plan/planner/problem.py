@@ -12,7 +12,6 @@ from functools import cached_property
 
 import numpy as np
 
-from strata_plan.core.modes import LOOPS
 from strata_plan.errors import UserError
 from strata_plan.kernels.formats import TierMix, tier_mix
 from strata_plan.planner.capacity import Budget, check_working_set
@@ -32,18 +31,12 @@ class Problem:
     context: int = DEFAULT_CONTEXT
     prefill_chunk: int = DEFAULT_CHUNK
     mix: TierMix = field(default_factory=tier_mix)
-    # the engine's decode loop (core.modes.LOOPS): "device" reads RAM experts in place (zero-copy) where the placement
-    # lets it (no cache slots, no lookahead, no NVMe tier: cost.CostModel.in_place, as core.modes.reads_in_place
-    # says of a plan); "host" always fetches them by copies
-    loop: str = "device"
     # the engine computes the lookahead's gates (its own router); False: replayed routing hands the guesses over (the
     # benchmarks of synthetic models), no gate runs (cost.CostModel.lookahead_gpu_seconds)
     lookahead_gates: bool = True
 
     def __post_init__(self) -> None:
         s, st = self.spec, self.stats
-        if self.loop not in LOOPS:
-            raise UserError("loop", str(self.loop), "unknown decode loop", f"use one of {', '.join(LOOPS)}")
         where = f"statistics {getattr(st, 'source', '') or getattr(st, 'model', '')}".strip()
         if int(st.n_experts) != s.n_routed:
             raise UserError(where, "n_experts", f"{st.n_experts} experts, but {s.name} has {s.n_routed}",

@@ -7,9 +7,7 @@ constants are being fitted, `planner.calibrate`).
 The problem is the plan's own: model, routing statistics (trace, statistics file or prior, checked by
 sha256), budgets, context and prefill chunk as recorded in `sources` and `memory` (`make.problem_for_plan`),
 with `profile` in place of the recorded profile. Modes (`core.modes`) are the engine's: "plan" as written,
-"lru" without lookahead, "on-demand" also without cache slots. `loop` is the engine's decode loop
-(`Problem.loop`): "device" (its default) reads RAM experts in place where the placement after the mode allows
-it (no cache slots, no lookahead, no NVMe tier), "host" always fetches them by copies.
+"lru" without lookahead, "on-demand" also without cache slots.
 """
 from __future__ import annotations
 
@@ -49,18 +47,16 @@ def plan_problem(plan, profile, where: str = "plan"):
     return problem_for_plan(plan, where, machine=machine_for_plan(plan, profile))
 
 
-def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem=None, loop: str = "device",
-                 gates: bool = True):
-    """The cost model's `Prediction` of `plan` run as `mode` in the engine's `loop` ("device" or "host") on
-    `profile`. `problem`: the plan's problem already built (`plan_problem`; its profile is replaced by
-    `profile` when one is given, its loop by `loop`). gates: False for a run replaying routing (no lookahead gates
-    run: the replay hands the guesses over)."""
+def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem=None, gates: bool = True):
+    """The cost model's `Prediction` of `plan` run as `mode` on `profile`. `problem`: the plan's problem already
+    built (`plan_problem`; its profile is replaced by `profile` when one is given). gates: False for a run replaying
+    routing (no lookahead gates run: the replay hands the guesses over)."""
     from strata_plan.planner.cost import CostModel
     from strata_plan.planner.placement import placement_of
     if problem is None:
         problem = plan_problem(plan, profile, where)
     elif profile is not None:
         problem = problem.replace(profile=machine_for_plan(plan, profile))
-    if problem.loop != loop or problem.lookahead_gates != gates:
-        problem = problem.replace(loop=loop, lookahead_gates=gates)
+    if problem.lookahead_gates != gates:
+        problem = problem.replace(lookahead_gates=gates)
     return CostModel(problem).predict(placement_of(baseline(plan, mode)))

@@ -322,21 +322,23 @@ DEFAULT_GRAPH_LAUNCH = Figure(4.3, "estimate", "H200: the tiny fused MoE call (2
                               "measured 1.13 us there (benchmarks/data/run-20261205). `strata-plan profile` measures "
                               "it (graph_launch_us)")
 DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
-                                "(engine/ENGINE.md); refine with `strata-plan calibrate`")
+                                "(engine/ENGINE.md); the copy path's (several GPUs) and prefill's, not measured by "
+                                "`strata-plan calibrate`")
 """The host round trip of one MoE layer per decode token: the router's ids to the host, the store's `ensure`
 and the launch of the MoE call, serial with the layer's demand copies (planner/PLANNER.md)."""
 
 DEFAULT_HOST_FETCH = Figure(90.0, "estimate", "H200 host, the engine's store (Python): 84 and 109 us of host time per "
                             "fetched expert in LRU runs of two models (engine-20261203T145904Z.json, "
-                            "engine-trained-20261203T150649Z.json); refine with `strata-plan calibrate`")
+                            "engine-trained-20261203T150649Z.json); the copy path's (several GPUs), not measured by "
+                            "`strata-plan calibrate`")
 """Host time of one expert fetch issued by the store (bookkeeping, the copy's enqueue, its events): the demand
 fetches of a MoE layer are issued one after another after its round trip, the hinted ones by the hint thread
 under the same interpreter lock (planner/PLANNER.md, "Host time per fetch")."""
 
 
 DEFAULT_PREFETCH_OVERLAP = Figure(1.0, "estimate", "the ideal: every prefetch copy runs while the GPU computes or the "
-                                  "host works; measured 0.14-0.36 on the H200 (planner/PLANNER.md, \"Lookahead overlap\"); "
-                                  "refine with `strata-plan calibrate` on lookahead runs")
+                                  "host works; the copy path's (several GPUs), not measured by `strata-plan calibrate` "
+                                  "(planner/PLANNER.md, \"Lookahead overlap\")")
 """The share of a lookahead prefetch's link time that overlaps the rest of the token (the GPU's kernels, the host's
 work); the rest is serial with the layer it is for (planner/PLANNER.md, "Lookahead overlap")."""
 
