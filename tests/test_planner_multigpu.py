@@ -420,3 +420,16 @@ def test_polish_spills_a_layers_experts_to_the_partner_gpu(one_layer_two_gpus, t
     lay = back.layers[0]
     assert lay.remote_gpu == 1 and lay.remote == lay.vram[len(lay.vram) - len(lay.remote):]
     assert back.n_gpus_used == 2            # the engine refuses it (one GPU)
+
+
+def test_a_move_that_would_leave_fewer_static_experts_than_the_partner_holds_is_no_move(one_layer_two_gpus):
+    """The partner GPU's experts (`remote`) are some of the layer's static ones: a polish move taking a static expert
+    out of a layer whose every static expert is held remotely is skipped, not a placement that cannot exist."""
+    from strata_plan.planner.polish import _apply, _moves
+    p = one_layer_two_gpus
+    start = Placement(vram=(2,), ram=(8,), cache=(0,), dense_resident=(True,) * len(p.dense_units), prefetch_depth=0,
+                      remote=(2,))
+    moves = [m for m in _moves(p, 1) if m[0] == "layer" and m[1][0][0] < 0]
+    assert moves
+    for m in moves:
+        assert _apply(p, start, m) is None, m

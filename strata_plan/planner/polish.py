@@ -29,10 +29,12 @@ def _valid(p: Placement, E: int) -> bool:
 
 
 def _shift(p: Placement, deltas: dict[int, tuple[int, int, int]]) -> Placement | None:
+    """`p` with each layer's counts moved by its (static, RAM, cache) deltas; None where a count would go below 0 or a
+    layer would keep fewer static experts than its partner GPU holds (`remote`, a subset of the static ones)."""
     v, r, c = list(p.vram), list(p.ram), list(p.cache)
     for l, (ds, dm, dc) in deltas.items():
         v[l], r[l], c[l] = v[l] + ds, r[l] + dm, c[l] + dc
-        if min(v[l], r[l], c[l]) < 0:
+        if min(v[l], r[l], c[l]) < 0 or (p.remote and p.remote[l] > v[l]):
             return None
     return dataclasses.replace(p, vram=tuple(v), ram=tuple(r), cache=tuple(c))
 
