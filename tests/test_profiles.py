@@ -35,7 +35,19 @@ def test_round_trip(tmp_path):
 def test_curve_interpolates_in_log_size_and_clamps():
     c = Curve(((1 << 20, 10.0), (1 << 22, 20.0)), "estimate", "test")
     assert c.at(1 << 21) == pytest.approx(15.0)
-    assert c.at(1 << 30) == 20.0 and c.at(1 << 19) == pytest.approx(5.0)
+    assert c.at(1 << 30) == 20.0
+
+
+def test_below_the_first_point_a_transfer_takes_latency_plus_size_over_bandwidth():
+    """Times (size / rate) of 1 MiB at 10 GB/s and 4 MiB at 20: 0.1 and 0.2 MiB-ns, a line of slope 1/30 ns a byte,
+    so half a MiB takes 0.1 - 0.5/30 = 1/12 MiB-ns: 6 GB/s (all latency would be 5, all bandwidth 10)."""
+    c = Curve(((1 << 20, 10.0), (1 << 22, 20.0)), "estimate", "test")
+    assert c.at(1 << 19) == pytest.approx(6.0) and c.at(1 << 20) == pytest.approx(10.0)
+    flat = Curve(((1 << 20, 10.0), (1 << 22, 10.0)), "estimate", "test")      # no latency: the first rate
+    assert flat.at(1 << 12) == pytest.approx(10.0)
+    faster = Curve(((1 << 20, 10.0), (1 << 21, 25.0)), "estimate", "test")   # 2 MiB in less time: all latency
+    assert faster.at(1 << 19) == pytest.approx(5.0)
+    assert Curve(((1 << 20, 10.0),), "estimate", "test").at(1 << 19) == pytest.approx(5.0)   # one point: latency
 
 
 def _write(tmp_path, data, text=None):

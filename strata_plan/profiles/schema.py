@@ -46,7 +46,9 @@ class Figure:
 
 @dataclass(frozen=True)
 class Curve:
-    """GB/s over transfer size in bytes; read with `at(size)` (log-size interpolation, clamped ends)."""
+    """GB/s over transfer size in bytes; read with `at(size)`: log-size interpolation between points, the last
+    point's rate above them, and below the first a transfer's time t(size) = latency + size / bandwidth through the
+    first two points (each a measured time; the latency kept between 0 and the first point's whole time)."""
 
     points: tuple[tuple[int, float], ...]
     provenance: Provenance = "estimate"
@@ -68,13 +70,27 @@ class Curve:
         sizes = [p[0] for p in self.points]
         vals = [p[1] for p in self.points]
         if size <= sizes[0]:
-            return vals[0] * (size / sizes[0]) if size > 0 else 0.0   # latency-bound below the first point
+            return self._below(size)
         if size >= sizes[-1]:
             return vals[-1]
         i = bisect.bisect_right(sizes, size)
         x0, x1 = math.log(sizes[i - 1]), math.log(sizes[i])
         t = (math.log(size) - x0) / (x1 - x0)
         return vals[i - 1] + t * (vals[i] - vals[i - 1])
+
+    def _below(self, size: float) -> float:
+        """GB/s at a size at or below the first point: t(size) = latency + size x per_byte, the line through the first
+        two points' times, with per_byte between 0 (all latency: the first point's time for any smaller transfer)
+        and the first point's own seconds per byte (all bandwidth: its rate); one point: all latency."""
+        if size <= 0:
+            return 0.0
+        (s0, r0) = self.points[0]
+        t0 = s0 / r0                                         # ns (bytes / GB/s)
+        per_byte = 0.0
+        if len(self.points) > 1:
+            s1, r1 = self.points[1]
+            per_byte = min(max(0.0, (s1 / r1 - t0) / (s1 - s0)), t0 / s0)
+        return size / (t0 - per_byte * (s0 - size))
 
     def scaled(self, factor: float) -> "Curve":
         return dataclasses.replace(self, points=tuple((s, v * factor) for s, v in self.points))
