@@ -150,3 +150,23 @@ def test_a_wait_that_timed_out_names_what_the_stager_knew(packed_bf16):
         msg = str(e.value)
         assert f"request {req}" in msg and f"REQ {req}" in msg and "ready" in msg and "threads alive" in msg
         assert "\n" not in msg
+
+
+def test_each_staged_blob_is_hashed_at_its_first_read_only(packed_bf16, monkeypatch):
+    """Every byte is checked once a run (engine/PACK.md): a blob the stager reads again after an eviction is not hashed
+    again. The least staging cache over 12 tokens re-reads blobs; each distinct blob's parts are hashed once."""
+    from strata_plan.engine import stager
+    hashed: list = []
+    real = stager.verify_part
+
+    def spy(index, entry, data, k):
+        hashed.append((entry.layer, entry.expert, k))
+        return real(index, entry, data, k)
+    monkeypatch.setattr(stager, "verify_part", spy)
+    with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 0, chunk=1), EngineOptions(device="cpu")) as eng:
+        eng.generate(PROMPT, max_new_tokens=12)
+        eng.store.counter_data()                     # folds the stager's counts in
+        last = eng.store.staging.last
+    reads = last["reads_demand"] + last["reads_guess"]
+    blobs = {(j, e) for j, e, _ in hashed}
+    assert len(hashed) == len(set(hashed)) and reads > len(blobs) > 0

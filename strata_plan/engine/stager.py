@@ -14,7 +14,8 @@ The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready 
   score; a guess whose layer the GPU has already asked for is dropped. Lookahead precision and recall by depth are
   counted here, over the ids read from staging: the guesses of request s - d against request s's ids.
 - *The readers* (`reads_in_flight` threads) take the queue's best entry, pick a slot, read the blob (one O_DIRECT
-  request into the slot: no bounce, no copy), check every part's sha256 against index.json, then publish
+  request into the slot: no bounce, no copy), check every part's sha256 against index.json at the blob's first read
+  in the run (`store.verified`; a re-read after eviction is not hashed again), then publish
   `ready[j, e]` = the slot's address (after the bytes: x86 stores are not reordered, and the GPU loads `ready` with
   acquire semantics).
 - *Slots*: LRU by last use (a routed use stamps a slot with its request; a guess with the request it is for). A
@@ -329,9 +330,11 @@ class Stager:
         t0 = time.perf_counter()
         try:
             f.read_into(self._view[a:a + ent.nbytes], ent.offset, ent.nbytes)
-            data = np.frombuffer(self._view[a:a + ent.nbytes], dtype=np.uint8)
-            for k in range(len(ent.parts)):
-                verify_part(self.store.index, ent, data, k)
+            if not self.store.verified[j, e]:          # once a run, as every tier (engine/PACK.md)
+                data = np.frombuffer(self._view[a:a + ent.nbytes], dtype=np.uint8)
+                for k in range(len(ent.parts)):
+                    verify_part(self.store.index, ent, data, k)
+                self.store.verified[j, e] = True
             return True
         except UserError as err:
             self._fail(err)
