@@ -91,10 +91,12 @@ def zero_copy_gbps(nbytes: float, reps: int = 20) -> float:
 
 
 def plain_odirect(files, plan, r: dict) -> float:
-    """GB/s of a plain O_DIRECT read of the blob files at the stager's reads in flight (the store's readers: the
-    plan's largest queue depth, at least 4) and request size (one blob of the largest format, the plan's slot: the
-    stager reads a blob in one request)."""
-    return plain_read_gbps(files, -(-plan.cache.slot_bytes // 4096) * 4096, threads=plan_readers(plan), nbytes=1 << 30)
+    """GB/s of a plain O_DIRECT read of the blob files at the stager's requests in flight (the plan's largest queue
+    depth, at least 4) and request size (the plan's slot, a blob of the largest format, in the plan's largest
+    full-batch split: as the stager reads it)."""
+    split = max((r.split for r in (plan.staging.nvme_reads or {}).values()), default=1)
+    block = -(-plan.cache.slot_bytes // split // 4096) * 4096
+    return plain_read_gbps(files, block, threads=plan_readers(plan), nbytes=1 << 30)
 
 
 def pinned_cost(nbytes: float) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from strata_plan.core.modes import baseline
@@ -244,31 +243,3 @@ def test_the_device_loops_lookahead_costs_its_kernel_launches(tiny):
         replayed = CostModel(p.replace(lookahead_gates=False))          # the replay hands the guesses over: no gate
         got = replayed.predict(dataclasses.replace(base, prefetch_depth=1)).decode_seconds["lookahead_gpu"]
         assert got == pytest.approx((2 * ISSUE_LAUNCHES + 3 * LAYER_LAUNCHES + 1) * us * 1e-6, rel=1e-12)
-
-
-def test_the_stagers_reads_are_priced_and_planned_a_blob_a_request(tiny):
-    """The device loop's stager reads each NVMe blob in one O_DIRECT request (engine/stager.py), so decode's reads are
-    priced with split 1 and queue depth = experts in flight, and a one-GPU plan records that shape; prefill's store
-    still splits a blob where the drive reads the pieces faster."""
-    from strata_plan.planner.build import build_plan
-    from strata_plan.planner.bound import physical_bound
-    from strata_plan.planner.search import search
-    from strata_plan.core.plan import Sources, SourceRef
-    E = tiny.curves.n_experts
-    p = tiny.replace(profile=with_zero_copy(tiny.profile, 0.9))
-    place = dataclasses.replace(in_place_placement(p), ram=(E - 5, E - 4, E - 3))
-    cm = CostModel(p)
-    one = cm.nvme_reads(cm.decode_in_flight, one_request=True)
-    assert all(set(r.splits) == {1} and r.queue_depth == cm.decode_in_flight for r in one.values())
-    x = cm._misses(place)
-    cold_w = x["cold_w"].T
-    read_w = cold_w * cm.staging_miss(place, cold_w)
-    counts = np.array([(read_w * m).sum(axis=1) for m in cm._format_masks])
-    from strata_plan.planner.reads import batch_seconds
-    want = batch_seconds([one[f] for f in p.mix.formats], counts)
-    assert np.allclose(cm._cold_batch(counts, one_request=True), want) and want.max() > 0
-    assert cm.predict(place).decode_seconds["nvme"] == pytest.approx(float(want.sum()), rel=1e-12)
-    r = search(p, trials=4, seed=0)
-    src = Sources(SourceRef("tiny", "0" * 64), SourceRef(p.profile.name, "0" * 64), SourceRef("trace", "0" * 64))
-    plan = build_plan(p, r, physical_bound(p, r.best.placement), src, cm)
-    assert all(nr.split == 1 and set(nr.batch_splits) == {1} for nr in plan.staging.nvme_reads.values())

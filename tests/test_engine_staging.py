@@ -170,3 +170,30 @@ def test_each_staged_blob_is_hashed_at_its_first_read_only(packed_bf16, monkeypa
     reads = last["reads_demand"] + last["reads_guess"]
     blobs = {(j, e) for j, e, _ in hashed}
     assert len(hashed) == len(set(hashed)) and reads > len(blobs) > 0
+
+
+def test_the_stager_reads_a_blob_in_the_plans_split(packed_bf16, monkeypatch):
+    """`staging.nvme_reads[f].batch_splits`: i experts of a format queued together are each read as that many O_DIRECT
+    requests in flight at once (PLANNER.md, "What the engine must do"); the logits are the one-request stager's."""
+    import dataclasses as dc
+    import threading
+
+    from strata_plan.core.plan import NvmeRead
+    plan = bf16_plan(4, 10, 2, 0, chunk=1)
+    requests: dict = {}
+    real = directio.BlobFile.read_into
+
+    def spy(self, buf, offset, nbytes):
+        who = "part" if threading.current_thread().name.startswith("stager-part") else "whole"
+        requests.setdefault(who, []).append(nbytes)
+        return real(self, buf, offset, nbytes)
+    monkeypatch.setattr(directio.BlobFile, "read_into", spy)
+    one = run(packed_bf16, plan, "lru", new=6)
+    split = dc.replace(plan, staging=dc.replace(plan.staging, nvme_reads={
+        "bf16": NvmeRead(split=2, queue_depth=8, batch_splits=(4, 2, 2, 2))}))
+    requests.clear()
+    four = run(packed_bf16, split, "lru", new=6)
+    assert torch.equal(four[0], one[0]) and four[1] == one[1]
+    blob = load_index(packed_bf16).entries[0].nbytes
+    parts = requests.get("part", [])                         # the pool's requests: pieces of a blob, not whole blobs
+    assert parts and max(parts) <= -(-blob // 2 // 4096) * 4096 and blob not in parts

@@ -13,11 +13,12 @@ The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready 
   advanced) carries the lookahead guesses of the next `depth` layers, queued behind every demand by depth, then by
   score; a guess whose layer the GPU has already asked for is dropped. Lookahead precision and recall by depth are
   counted here, over the ids read from staging: the guesses of request s - d against request s's ids.
-- *The readers* (`reads_in_flight` threads) take the queue's best entry, pick a slot, read the blob (one O_DIRECT
-  request into the slot: no bounce, no copy), check every part's sha256 against index.json at the blob's first read
-  in the run (`store.verified`; a re-read after eviction is not hashed again), then publish
-  `ready[j, e]` = the slot's address (after the bytes: x86 stores are not reordered, and the GPU loads `ready` with
-  acquire semantics).
+- *The readers* (`reads_in_flight` threads) take the queue's best entry, pick a slot, read the blob (O_DIRECT into
+  the slot: no bounce, no copy) in the plan's split (`staging.nvme_reads[f].batch_splits`, by how many of that format
+  were queued together; the requests in flight at once on a pool as deep as the plan's queue), check every part's
+  sha256 against index.json at the blob's first read in the run (`store.verified`; a re-read after eviction is not
+  hashed again), then publish `ready[j, e]` = the slot's address (after the bytes: x86 stores are not reordered, and
+  the GPU loads `ready` with acquire semantics).
 - *Slots*: LRU by last use (a routed use stamps a slot with its request; a guess with the request it is for). A
   demand read takes a free slot or evicts the least recently used staged slot; a guess evicts only a slot whose stamp
   is in the past. Evicting (j, e): `ready[j, e]` = -1, a full fence, then REQ and the outstanding row (REQ > DONE)
@@ -33,6 +34,7 @@ import heapq
 import itertools
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,6 +93,12 @@ class StagerCounters:
                 "read_busy_s": self.busy_s[0]}
 
 
+def read_splits(plan) -> dict[str, tuple[int, ...]]:
+    """Per format, the plan's split of a blob when i experts of that format are read together (i = 1, 2, ..;
+    `staging.nvme_reads[f].batch_splits`, else its full-batch `split`): the requests the stager reads a blob in."""
+    return {f: tuple(r.batch_splits) or (r.split,) for f, r in (plan.staging.nvme_reads or {}).items()}
+
+
 class Stager:
     def __init__(self, store, mem: torch.Tensor, base: int, n_slots: int, depth: int, reads_in_flight: int,
                  guesses_per_layer: int):
@@ -120,6 +128,11 @@ class Stager:
         self._order = itertools.count()
         self._cv = threading.Condition()
         self.counts = StagerCounters.zeros(L, depth)
+        # a blob read as the plan's split: its requests in flight at once on a pool as deep as the plan's queue
+        self.splits = read_splits(store.plan)
+        depth_q = max([r.queue_depth for r in (store.plan.staging.nvme_reads or {}).values()] + [1])
+        self._pool = ThreadPoolExecutor(depth_q, thread_name_prefix="stager-part") \
+            if max((max(v) for v in self.splits.values()), default=1) > 1 else None
         self.error: UserError | None = None
         self._stop = False
         self.seen_req = self.seen_done = 0
@@ -175,6 +188,8 @@ class Stager:
                 self._cv.notify_all()
         for t in self._threads:
             t.join(timeout=30)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     # ---- the poller ------------------------------------------------------------------------------------------
     def _row(self, s: int) -> np.ndarray | None:
@@ -220,6 +235,7 @@ class Stager:
                 c.guesses[d - 1, j] += len(guessed)
                 c.right[d - 1, j] += len(guessed & used)
                 c.hinted_used[d - 1, j] += len(used)
+            reads = []
             for e in used:
                 self.counts.routed[j] += 1
                 slot = self.where.get((j, e))
@@ -227,7 +243,9 @@ class Stager:
                     self.used[slot], self.stamp[slot] = True, s
                     self.counts.found_staged[j] += self.state[slot] == STAGED
                 elif self.queued.get((j, e), 1) != 0:     # not queued, or only as a guess: a demand read
-                    self._queue(0, 0.0, s, j, e)
+                    reads.append(e)
+            for e, split in self._batch(j, reads):
+                self._queue(0, 0.0, s, j, e, split)
             self._cv.notify_all()
 
     def _guessed(self, s: int, row: np.ndarray) -> None:
@@ -240,6 +258,7 @@ class Stager:
                 if jj >= self.L:
                     break
                 self._guesses.setdefault(s + d, {})[d] = {int(e) for e in guesses[d - 1] if e >= 0}
+                reads, score = [], {}
                 for e, sc in zip(guesses[d - 1], scores[d - 1]):
                     e = int(e)
                     if e < 0 or not self.nvme[jj, e] or (jj, e) in self.queued:
@@ -248,11 +267,25 @@ class Stager:
                     if slot is not None:
                         self.stamp[slot] = max(self.stamp[slot], s + d)
                     else:
-                        self._queue(d, -float(sc), s + d, jj, e)
+                        reads.append(e)
+                        score[e] = -float(sc)
+                for e, split in self._batch(jj, reads):
+                    self._queue(d, score[e], s + d, jj, e, split)
             self._cv.notify_all()
 
-    def _queue(self, prio: int, score: float, target: int, j: int, e: int) -> None:
-        heapq.heappush(self._heap, (prio, score, next(self._order), target, j, e))
+    def _batch(self, j: int, experts: list[int]) -> list[tuple[int, int]]:
+        """(expert, split) for reads of layer j's `experts` queued together: i of one format split
+        `batch_splits[i - 1]` ways (PLANNER.md, "What the engine must do")."""
+        fmt = [self.store.entries[j][e].format for e in experts]
+        n = {f: fmt.count(f) for f in set(fmt)}
+        out = []
+        for e, f in zip(experts, fmt):
+            sp = self.splits.get(f, (1,))
+            out.append((e, sp[min(n[f], len(sp)) - 1]))
+        return out
+
+    def _queue(self, prio: int, score: float, target: int, j: int, e: int, split: int = 1) -> None:
+        heapq.heappush(self._heap, (prio, score, next(self._order), target, j, e, split))
         self.queued[(j, e)] = min(prio, self.queued.get((j, e), prio))
 
     # ---- the readers ---------------------------------------------------------------------------------------
@@ -292,7 +325,7 @@ class Stager:
                     self._cv.wait()
                 if self._stop:
                     return
-                prio, _, _, target, j, e = heapq.heappop(self._heap)
+                prio, _, _, target, j, e, split = heapq.heappop(self._heap)
                 if self.queued.get((j, e)) == prio:
                     del self.queued[(j, e)]
                 if (j, e) in self.where or (prio and int(self.hv.words[sw.REQ]) >= target):
@@ -300,13 +333,13 @@ class Stager:
                 slot = self._take(prio == 0, int(self.hv.words[sw.REQ]))
                 if slot is None:
                     if prio == 0:                      # every slot is being read or read by the GPU: try again
-                        self._queue(prio, 0.0, target, j, e)
+                        self._queue(prio, 0.0, target, j, e, split)
                         self._cv.wait(0.0005)
                     continue
                 self.state[slot], self.key[slot] = READING, (j, e)
                 self.used[slot], self.stamp[slot] = prio == 0, target
                 self.where[(j, e)] = slot
-            ok = self._read(slot, j, e)
+            ok = self._read(slot, j, e, split)
             with self._cv:
                 c = self.counts
                 nb = int(self.store.nbytes[j, e])
@@ -322,14 +355,15 @@ class Stager:
                     del self.where[(j, e)]
                     self.hv.ready[j, e] = sw.FAILED
 
-    def _read(self, slot: int, j: int, e: int) -> bool:
-        """Read (layer j, expert e) into `slot` and check its parts; False (and `error` set) on a failure."""
+    def _read(self, slot: int, j: int, e: int, split: int = 1) -> bool:
+        """Read (layer j, expert e) into `slot` as `split` requests in flight at once and check its parts (at its
+        first read in the run); False (and `error` set) on a failure."""
         ent = self.store.entries[j][e]
         f = self.store.files[ent.file]
         a = slot * self.slot_bytes
         t0 = time.perf_counter()
         try:
-            f.read_into(self._view[a:a + ent.nbytes], ent.offset, ent.nbytes)
+            f.read_split(self._pool, self._view[a:a + ent.nbytes], ent.offset, ent.nbytes, split)
             if not self.store.verified[j, e]:          # once a run, as every tier (engine/PACK.md)
                 data = np.frombuffer(self._view[a:a + ent.nbytes], dtype=np.uint8)
                 for k in range(len(ent.parts)):

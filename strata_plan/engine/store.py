@@ -192,8 +192,9 @@ class ExpertStore:
         try:
             self.load_s = self._load()
             if stage:
+                blobs = max(4, plan.staging.nvme_in_flight or self.top_k)     # blobs read at once (the stager's
                 self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
-                                       self.lru.ram_offset if self.lru is not None else None, readers)
+                                       self.lru.ram_offset if self.lru is not None else None, blobs)   # readers)
             if options.prefetch and plan.prefetch_depth:
                 self.prefetch = DevicePrefetch(self, plan.prefetch_depth)
         except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind

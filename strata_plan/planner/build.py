@@ -30,16 +30,14 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
         layers.append(LayerPlan(layer, tuple(order[:s]), tuple(order[s:s + m]), tuple(order[s + m:]), p.cache[j],
                                 {f: tuple(v) for f, v in fmts.items() if v}, **remote))
     streamed = [i for i in range(spec.n_layers) if not p.dense_resident[i]]
-    one = staged(problem, p.gpu_split)          # one GPU: decode's NVMe reads are the stager's, a blob a request
-    reads = lambda n, one_request=False: {f: NvmeRead(r.split, r.queue_depth, r.splits)  # noqa: E731
-                                          for f, r in cost.nvme_reads(n, one_request).items()}
+    reads = lambda n: {f: NvmeRead(r.split, r.queue_depth, r.splits) for f, r in cost.nvme_reads(n).items()}  # noqa: E731
     slots = staging_slots(spec.top_k, p.prefetch_depth)
     host = 0                                   # several GPUs: bounce buffers; one GPU: the pinned staging cache
     if fp.host_staging:
-        host = pinned_staging_slots(spec.top_k, p.prefetch_depth, p.staging) if one else slots
+        host = pinned_staging_slots(spec.top_k, p.prefetch_depth, p.staging) if staged(problem, p.gpu_split) else slots
     staging = StagingPlan(vram_slots=slots, host_slots=host, slot_bytes=problem.slot_bytes,
                           dense_buffers=2 if fp.dense_buffers else 0, dense_buffer_bytes=fp.dense_buffers // 2,
-                          nvme_reads=reads(cost.decode_in_flight, one),
+                          nvme_reads=reads(cost.decode_in_flight),
                           nvme_reads_prefill=reads(cost.prefill_in_flight(p.prefetch_depth)),
                           nvme_in_flight=cost.decode_in_flight,
                           nvme_in_flight_prefill=cost.prefill_in_flight(p.prefetch_depth))

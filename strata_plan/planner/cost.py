@@ -65,7 +65,7 @@ import numpy as np
 from strata_plan.core.lookahead import (GATE_LAUNCHES, ISSUE_LAUNCHES, LAYER_LAUNCHES, pinned_staging_slots,
                                         staging_slots)
 from strata_plan.planner.rates import decode_rates, expansion_rate
-from strata_plan.planner.reads import NVME_SPLITS, TINY_RATE, ExpertRead, batch_seconds, expert_read
+from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
 RESOURCES = ("pcie", "nvme", "hbm", "compute", "overhead")
 
@@ -319,16 +319,14 @@ class CostModel:
         """Weights/s the fused MoE prefill call expands packed experts at (rates.expansion_rate)."""
         return expansion_rate(self.problem, self.gpu).value
 
-    def nvme_reads(self, in_flight: int, one_request: bool = False) -> dict[str, ExpertRead]:
-        """Per format: how the store reads it with `in_flight` experts outstanding (reads.expert_read); one_request:
-        each blob in one request, as the device loop's stager reads at decode."""
-        key = ("nvme_reads", in_flight, one_request)
+    def nvme_reads(self, in_flight: int) -> dict[str, ExpertRead]:
+        """Per format: how the store reads it with `in_flight` experts outstanding (reads.expert_read)."""
+        key = ("nvme_reads", in_flight)
         if key not in self._memo:
             nv = self.problem.profile.nvme
             depths = nv[0].rand_read.queue_depths if nv else ()
-            splits = (1,) if one_request else NVME_SPLITS
-            self._memo[key] = {f: expert_read(self.nvme, depths, f, self.problem.spec.routed_expert_bytes(f), in_flight,
-                                              splits) for f in self.problem.mix.formats}
+            self._memo[key] = {f: expert_read(self.nvme, depths, f, self.problem.spec.routed_expert_bytes(f), in_flight)
+                               for f in self.problem.mix.formats}
         return self._memo[key]
 
     # ---- per-layer model quantities ---------------------------------------------------------------
@@ -383,10 +381,9 @@ class CostModel:
         fmts = self.problem.rank_formats
         return np.array([[1.0 if g == f else 0.0 for g in fmts] for f in self.problem.mix.formats])
 
-    def _cold_batch(self, counts: np.ndarray, one_request: bool = False) -> np.ndarray:
-        """[L] seconds to read batches of counts [F, L] expected NVMe misses together (reads.batch_seconds);
-        one_request: the stager's reads (a blob in one request)."""
-        reads = self.nvme_reads(self.decode_in_flight, one_request)
+    def _cold_batch(self, counts: np.ndarray) -> np.ndarray:
+        """[L] seconds to read batches of counts [F, L] expected NVMe misses together (reads.batch_seconds)."""
+        reads = self.nvme_reads(self.decode_in_flight)
         return batch_seconds([reads[f] for f in self.problem.mix.formats], counts)
 
     def prefill_in_flight(self, depth: int) -> int:
@@ -517,8 +514,7 @@ class CostModel:
             cold_w = x["cold_w"].T                                  # [L, E] NVMe misses a token, by rank
             read_w = cold_w * self.staging_miss(placement, cold_w)
             counts = np.array([(read_w * mask).sum(axis=1) for mask in self._format_masks])    # [F, L]
-            dem_n = self._cold_batch((1 - R) * counts, one_request=True)
-            pre_n = self._cold_batch(R * (1 + waste) * counts, one_request=True)
+            dem_n, pre_n = self._cold_batch((1 - R) * counts), self._cold_batch(R * (1 + waste) * counts)
             cold_read = (read_w * self.problem.rank_bytes).sum(axis=1)
         dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
                                            t_peer, inplace)

@@ -1,10 +1,9 @@
 """NVMe expert reads as the expert store issues them: sub-reads per expert, experts in flight, seconds.
 
-Prefill's store reads one packed expert blob of format f as `split` O_DIRECT requests of
+The store reads one packed expert blob of format f as `split` O_DIRECT requests of
 ceil(bytes / split / 4 KiB) x 4 KiB each, and keeps the requests of up to `in_flight` experts outstanding
-at once (queue depth `in_flight x split`); prefill keeps every staging slot busy. At decode a layer's misses are
-all known after its router and submitted together (in_flight = top_k): the device loop's stager reads each blob in
-one request (split 1), several GPUs' copy path splits as prefill does.
+at once (queue depth `in_flight x split`). At decode a layer's misses are all known after its router, so
+the store submits them together (in_flight = top_k); prefill keeps every staging slot busy.
 
 The drive's rate at (block, queue depth) comes from the profile's `rand_read` surface, read through an
 envelope the store can always reach:
@@ -106,21 +105,19 @@ class ExpertRead:
         return inside + np.maximum(n - self.in_flight, 0.0) * self.seconds_per_expert
 
 
-def expert_read(rate, depths: tuple[int, ...], fmt: str, nbytes: int, in_flight: int,
-                splits: tuple[int, ...] = NVME_SPLITS) -> ExpertRead:
-    """For each batch size i = 1 .. in_flight, the split of `splits` that reads i experts together fastest (ties:
-    fewer sub-reads), and those seconds (`rate`, `depths`: as `envelope_rates` reads them). The minimum of
-    non-decreasing batch times is non-decreasing, so more misses never read faster. `splits=(1,)`: one request a
-    blob, as the device loop's stager reads (engine/stager.py)."""
+def expert_read(rate, depths: tuple[int, ...], fmt: str, nbytes: int, in_flight: int) -> ExpertRead:
+    """For each batch size i = 1 .. in_flight, the split of `NVME_SPLITS` that reads i experts together
+    fastest (ties: fewer sub-reads), and those seconds (`rate`, `depths`: as `envelope_rates` reads them).
+    The minimum of non-decreasing batch times is non-decreasing, so more misses never read faster."""
     i = np.arange(1, in_flight + 1)
     table = []
-    for split in splits:
+    for split in NVME_SPLITS:
         rates = envelope_rates(rate, depths, sub_read_bytes(nbytes, split), in_flight * split)
         table.append(i * nbytes / rates[i * split])
     table = np.array(table)                                   # [splits, in_flight]
-    pick = np.argmin(table * (1 + 1e-12 * np.arange(len(splits)))[:, None], axis=0)
+    pick = np.argmin(table * (1 + 1e-12 * np.arange(len(NVME_SPLITS)))[:, None], axis=0)
     times = table[pick, i - 1]
-    return ExpertRead(fmt, int(nbytes), tuple(splits[j] for j in pick), (0.0, *map(float, times)))
+    return ExpertRead(fmt, int(nbytes), tuple(NVME_SPLITS[j] for j in pick), (0.0, *map(float, times)))
 
 
 def batch_seconds(reads: list[ExpertRead], counts: np.ndarray) -> np.ndarray:
