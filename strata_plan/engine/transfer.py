@@ -20,8 +20,7 @@ ordered here:
   thread, demand before prefetch, at most `chunks_in_flight` unfinished chunks at once (`_window`).
 A copy into a slot first waits (on the GPU) for the event of the last kernel that read the slot
 (`Fetch.after`). A fetch can be cancelled until its copy is enqueued (a streamed dense unit issued out of turn). On a
-CPU device the copies are plain synchronous copies and `event` is None. Busy times (reader threads in preadv, the
-copy stream's chunks) are accumulated for the benchmark. Streamed dense weights (`engine.dense`) take the
+CPU device the copies are plain synchronous copies and `event` is None. Streamed dense weights (`engine.dense`) take the
 copy thread's queue with `Fetch.dst` naming their device buffer instead of an arena offset.
 """
 from __future__ import annotations
@@ -29,7 +28,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,13 +61,10 @@ class Fetch:
     on_verified: Callable[[], None] | None = None   # called (transfers' lock held) once every part matched
     after: Any = None                # event the copy must wait for (the slot's last reader)
     event: Any = None                # recorded after the copy; None on CPU
-    start: Any = None                # recorded before the copy (timing events, CUDA only)
-    spans: list = field(default_factory=list)   # (start, end) timing events of each chunk's copy
     seq: int = 0
     cancelled: bool = False
     error: BaseException | None = None
     enqueued: threading.Event = field(default_factory=threading.Event)
-    t_submit: float = 0.0
     _parts_left: int = 0             # read requests not finished
     _hashes_left: int = 0            # part hashes submitted, not finished
     _hash_wait: list = field(default_factory=list)   # per hashed part: read requests covering it not finished
@@ -115,10 +110,6 @@ class Transfers:
         self._copies: list = []      # heap of (not demand, seq, fetch)
         self._seq = itertools.count()
         self._closed = False
-        self.read_busy_s = 0.0       # summed over reader threads
-        self.read_bytes = 0
-        self.copy_bytes = 0
-        self.timed: list[Fetch] = []  # CUDA fetches whose start/end events give the copy stream's busy time
         # the copy thread's chunks unfinished on the copy stream, at most chunks_in_flight: (end event, fetch whose
         # bounce buffer frees when it completes, or None); lock held to change it
         self._window: deque = deque()
@@ -133,7 +124,7 @@ class Transfers:
     # ---- API ---------------------------------------------------------------------------------------
     def submit(self, f: Fetch) -> Fetch:
         """Queue a fetch for the reader and copy threads."""
-        f.seq, f.t_submit = next(self._seq), time.perf_counter()
+        f.seq = next(self._seq)
         with self._lock:
             if self._closed:
                 raise RuntimeError("transfers are closed")
@@ -147,7 +138,7 @@ class Transfers:
 
     def copy_now(self, f: Fetch) -> Fetch:
         """Enqueue a RAM fetch's copy from the calling thread, in one piece (no hop to the copy thread)."""
-        f.seq, f.t_submit = next(self._seq), time.perf_counter()
+        f.seq = next(self._seq)
         self._enqueue_copy(f, f.ram)
         return f
 
@@ -198,16 +189,12 @@ class Transfers:
                 if self._closed:
                     return
                 _, _, _, f, a, n = heapq.heappop(self._reads)
-            t0 = time.perf_counter()
             try:
                 if f.error is None:
                     f.file.read_into(self._bounce_views[f._bounce][a:], f.file_offset + a, n)
             except OSError as e:
                 f.error = FetchError(f"read error for {f.describe()}: {e.strerror or e}")
-            dt = time.perf_counter() - t0
             with self._lock:
-                self.read_busy_s += dt
-                self.read_bytes += n
                 if f.parts and f.error is None:  # the hashed parts this request completed go to the hashers
                     for k in range(a // f.part_bytes, (a + n - 1) // f.part_bytes + 1):
                         f._hash_wait[k] -= 1
@@ -306,53 +293,30 @@ class Transfers:
             dst.copy_(src)
             with self._lock:
                 self._release_bounce(f)
-            self._finish(f)
+            f.enqueued.set()
             return
         chunk = self.chunk_bytes if windowed else max(1, f.nbytes)     # copies from RAM: one piece
         with torch.cuda.stream(self.copy_stream):
-            self._begin(f)
+            if f.after is not None:               # the slot's last reader first
+                self.copy_stream.wait_event(f.after)
             for a in range(0, max(1, f.nbytes), chunk):
                 b = min(f.nbytes, a + chunk)
                 if not windowed:
-                    f.spans.append(self._copy_chunk(dst, src, a, b))
+                    f.event = self._copy_chunk(dst, src, a, b)
                     continue
                 while True:                       # room in the shared window, then the chunk (lock held)
                     with self._lock:
                         self._retire_done()
                         if len(self._window) < self.chunks_in_flight:
-                            f.spans.append(self._copy_chunk(dst, src, a, b))
-                            self._window.append((f.spans[-1][1], f if b == f.nbytes and f.file is not None else None))
+                            f.event = self._copy_chunk(dst, src, a, b)
+                            self._window.append((f.event, f if b == f.nbytes and f.file is not None else None))
                             break
                     self._wait_oldest()
-        self._finish(f)
+        f.enqueued.set()                          # (`event`: after its last chunk)
 
-    def _begin(self, f: Fetch) -> None:
-        """(CUDA, the copy stream current) Before a fetch's first chunk: wait for the slot's last reader."""
-        if f.after is not None:
-            self.copy_stream.wait_event(f.after)
-        f.spans = []
-
-    def _finish(self, f: Fetch) -> None:
-        """After a fetch's last chunk is enqueued: its readiness and timing events, counted, enqueued."""
-        if self.cuda:
-            f.start, f.event = f.spans[0][0], f.spans[-1][1]
-            self.timed.append(f)
-        with self._lock:
-            self.copy_bytes += f.nbytes
-        f.enqueued.set()
-
-    def _copy_chunk(self, dst: torch.Tensor, src: torch.Tensor, a: int, b: int) -> tuple:
-        """(the copy stream current) Bytes [a, b) of src into dst between two timing events; (start, end)."""
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(self.copy_stream)
+    def _copy_chunk(self, dst: torch.Tensor, src: torch.Tensor, a: int, b: int):
+        """(the copy stream current) Bytes [a, b) of src into dst; the event after the copy."""
         dst[a:b].copy_(src[a:b], non_blocking=True)
+        end = torch.cuda.Event()
         end.record(self.copy_stream)
-        return start, end
-
-    def copy_busy_s(self) -> float:
-        """Seconds the copy stream spent copying: the sum of every chunk's own start-to-end (chunks on one
-        stream do not overlap; a fetch's first-to-last span would also count the demand copies queued
-        between its chunks and the stream's idle gaps). Waits for the copies to finish."""
-        if self.cuda:
-            self.copy_stream.synchronize()
-        return sum(a.elapsed_time(b) for f in self.timed for a, b in f.spans) / 1e3
+        return end
