@@ -62,6 +62,22 @@ def test_probe_skips_with_a_note_where_it_cannot_run():
     assert len(notes) == 1 and notes[0].startswith("zero-copy reads skipped: ")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the probe reads registered memory (test_profiler_gpu)")
+def test_the_probe_notes_its_regions_share_on_huge_pages(monkeypatch):
+    """The GPU's reads of 4 KiB pages take more address translations than of huge pages: the profile says which it
+    measured (the share `HostRegion.huge_share` reads from the process's smaps)."""
+    real = gpu_mod.ZeroCopyProbe
+    monkeypatch.setattr(gpu_mod, "ZeroCopyProbe", lambda nbytes: real(nbytes, "cpu"))
+    notes: list[str] = []
+    probe = gpu_mod.zero_copy_probe(SMALL, notes)
+    try:
+        share = probe.region.huge_share()
+        assert len(notes) == 1 and notes[0].startswith(f"zero-copy reads: {share:.0%} of the probe's")
+        assert "huge pages" in notes[0]
+    finally:
+        probe.close()
+
+
 def fake_result(zero_copy: bool) -> gpu_mod.GpuResult:
     st = lambda v: Stats((v, 0.98 * v, 1.01 * v))  # noqa: E731
     copies = {z: st(20.0 if z < MiB else 25.0) for z in (256 << 10, MiB, 16 * MiB)}
