@@ -69,12 +69,16 @@ def replay_for(plan) -> Replay:
     return Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=4096, seed=11)
 
 
+ZERO_COPY_HUGE: list = []       # the huge-page share of each `zero_copy_gbps` probe's region, in call order
+
+
 def zero_copy_gbps(nbytes: float, reps: int = 20) -> float:
     """GB/s of a kernel reading `nbytes` of registered pinned RAM in place (kernels.stream_read), the median of
     `reps` reads rotating over four buffers (no read served by the GPU's L2), after a warm-up and a checksum check
-    (the profiler's probe, `profiler.gpu.ZeroCopyProbe`)."""
+    (the profiler's probe, `profiler.gpu.ZeroCopyProbe`); its region's share on huge pages goes to ZERO_COPY_HUGE."""
     n = int(nbytes) // 4096 * 4096
     probe = ZeroCopyProbe(4 * n)
+    ZERO_COPY_HUGE.append(probe.region.huge_share())
     try:
         probe.check(n)
         times = []
@@ -310,6 +314,7 @@ def main() -> int:
             k = f"{name}.{mode}"
             metrics["zero_copy_gbps"] = rate                        # (the last run's; each run's below)
             metrics[f"{k}.zero_copy_gbps"] = rate
+            metrics[f"{k}.zero_copy_huge_page_share"] = ZERO_COPY_HUGE[-1]
             metrics[f"{k}.bound_tok_s"] = bound
             metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / bound
             # with lookahead the link may overlap the rest of the step: 1 / max(t_nonMoE, B / R_zc), B every byte
