@@ -9,25 +9,25 @@ where it lies, and counters that say how well that went.
 Tiers (the plan's `layers[j].vram / ram / nvme`):
 1. VRAM: one device arena `[static experts | dynamic slots | poison slot]`. Static experts are laid out
    back to back (4 KiB-aligned blobs) and loaded at start; the dynamic slots (the plan's cache slots plus
-   its staging slots, `residency.Residency`) receive fetched experts. `offsets[j]` (int64 [L, E] on the
-   device, one row per MoE layer) is the residency map the kernel reads: a resident expert's byte offset
-   in the arena, else the poison slot (0xFF bytes: NaN scales, so a kernel that read a non-resident
-   expert would produce NaN).
+   its staging slots) receive fetched experts. `offsets[j]` (int64 [L, E] on the device, one row per MoE layer)
+   is prefill's residency map: a resident expert's byte offset in the arena, else the poison slot (0xFF bytes:
+   NaN scales, so a kernel that read a non-resident expert would produce NaN).
 2. Pinned RAM: the plan's RAM experts in one page-locked region of their size (`pinned.HostRegion`, registered
-   with the driver), filled at start. `inplace_offsets[j]` points each RAM expert at its pinned address (offset = its device address - the
-   arena's), so `fused_moe` reads it there over PCIe with no copy, and `count_uses` counts routed uses on the
-   device (`fold_device_counts` turns them into the counters). With cache slots the plan's LRU is decided on the
-   device too (`kernels.lru`, state in `lru`): the last `cache.total_slots` dynamic slots are its (each layer its
-   own `cache_slots` of them), admitted experts are copied into them from pinned RAM before the MoE kernel and
-   `inplace_offsets` follows; the host `Residency` keeps the other slots for prefill's waves, so a prefill never
-   touches the decode cache. On a CPU device (the tests' stand-in) arena and RAM tier are one buffer, so the
+   with the driver), filled at start. Decode's table `inplace_offsets[j]` points each RAM expert at its pinned
+   address (offset = its device address - the arena's), so `fused_moe` reads it there over PCIe with no copy, and
+   `count_uses` counts routed uses on the device (`fold_device_counts` turns them into the counters). With cache
+   slots the plan's LRU is decided on the device too (`kernels.lru`, state in `lru`): the last `cache.total_slots`
+   dynamic slots are its (each layer its own `cache_slots` of them), admitted experts are copied into them from
+   pinned RAM before the MoE kernel and `inplace_offsets` follows; `residency.Residency` keeps the other slots for
+   prefill's waves, so a prefill never touches the decode cache. On a CPU device (the tests' stand-in) arena and RAM tier are one buffer, so the
    reference kernel follows the same offsets.
 3. NVMe: the packed files. Decode: staged into a pinned staging cache by the stager and read there in place
    (`engine.staging`). Prefill: read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
    `staging.nvme_reads_prefill` split into pinned bounce buffers, then copied into the wave's slots.
 Integrity, always on: every static and RAM blob is checked against the sha256 of its parts in index.json at
 start (on hashing threads, while the next blob is read), and every NVMe blob the first time it is read in
-this store (its parts hashed as their reads land, before the copy; `verified[j, e]` records it); a mismatch
+this store (prefill: its parts hashed as their reads land, before the copy; decode: by the stager before it
+publishes the blob; `verified[j, e]` records it); a mismatch
 is a one-line `UserError` naming the file, layer, expert and offset, and the bad bytes never reach the arena.
 Everything is allocated at start; per token the store allocates no tensors (prefill's `offsets` rows go through a
 ring of preallocated pinned rows). Correctness never depends on prefetch: a guess that did not land is read in place.
