@@ -138,8 +138,8 @@ class MoEDecodeRate:
     """The fused MoE decode call (batch 1, one layer's top-k experts in the tier mix, both launches) at a
     few expert shapes: points [hidden, intermediate, top_k, layer_bytes, GB/s], where layer_bytes are the
     packed bytes of the k experts and GB/s = layer_bytes / seconds a layer. `at(layer_bytes)` reads it over
-    layer bytes like a `Curve` (log interpolation; below the smallest layer measured the time stays that
-    layer's, above the largest the rate stays its rate)."""
+    layer bytes as a `Curve` (log interpolation; below the smallest layer measured latency + bytes / bandwidth
+    through the two smallest layers' times, above the largest the rate stays its rate)."""
 
     points: tuple[tuple[int, int, int, int, float], ...]
     provenance: Provenance = "estimate"
