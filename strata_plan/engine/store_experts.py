@@ -179,10 +179,11 @@ class StoreExperts:
         outputs summed."""
         if self.store.prefetch is not None:
             self.store.prefetch.before_prefill()
-        ids = topk_ids.cpu()
         if self.replay is not None:
             ids, w = self.replay.route(j, x.shape[0], "cpu")
             topk_ids, topk_weights = ids.to(topk_ids.device), w.to(topk_ids.device)
+        else:
+            ids = topk_ids.cpu()
         out = torch.zeros_like(x)
         skip = torch.full_like(topk_ids, -1)
         for wave in self.store.waves(j, ids.flatten().tolist()):
