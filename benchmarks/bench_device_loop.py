@@ -124,7 +124,7 @@ def main() -> int:
                     line += f", GPU {tp['device_compute_s'] * 1e3:.2f} ms/tok"
                 if r["device_step"]:
                     metrics[f"{k}.replay_cpu_ms"] = r["device_step"]["step_replay_cpu_s"] * 1e3   # the launch alone
-                    rate = zero_copy_gbps(max(B / n, 1 << 20))
+                    rate, _ = zero_copy_gbps(max(B / n, 1 << 20))
                     bound = 1.0 / (r["device_step"]["without_moe_s"] + B / (rate * 1e9))
                     metrics[f"{k}.bound_tok_s"] = bound
                     metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / bound

@@ -69,16 +69,13 @@ def replay_for(plan) -> Replay:
     return Replay.from_prior("olmoe-like", len(plan.layers), plan.n_experts, plan.top_k, tokens=4096, seed=11)
 
 
-ZERO_COPY_HUGE: list = []       # the huge-page share of each `zero_copy_gbps` probe's region, in call order
-
-
-def zero_copy_gbps(nbytes: float, reps: int = 20) -> float:
+def zero_copy_gbps(nbytes: float, reps: int = 20) -> tuple[float, float | None]:
     """GB/s of a kernel reading `nbytes` of registered pinned RAM in place (kernels.stream_read), the median of
     `reps` reads rotating over four buffers (no read served by the GPU's L2), after a warm-up and a checksum check
-    (the profiler's probe, `profiler.gpu.ZeroCopyProbe`); its region's share on huge pages goes to ZERO_COPY_HUGE."""
+    (the profiler's probe, `profiler.gpu.ZeroCopyProbe`); and the share of its region on huge pages."""
     n = int(nbytes) // 4096 * 4096
     probe = ZeroCopyProbe(4 * n)
-    ZERO_COPY_HUGE.append(probe.region.huge_share())
+    huge = probe.region.huge_share()
     try:
         probe.check(n)
         times = []
@@ -91,7 +88,7 @@ def zero_copy_gbps(nbytes: float, reps: int = 20) -> float:
             times.append(a.elapsed_time(b) / 1e3)
     finally:
         probe.close()
-    return n / statistics.median(times[3:]) / 1e9
+    return n / statistics.median(times[3:]) / 1e9, huge
 
 
 def plain_odirect(files, plan, r: dict) -> float:
@@ -309,12 +306,12 @@ def main() -> int:
             parts = r["device_step"]
             if parts is None:                                       # no graphs (a CPU run): nothing to bound
                 return
-            rate = zero_copy_gbps(max(B / r["plan"]["n_moe_layers"], 1 << 20))
+            rate, huge = zero_copy_gbps(max(B / r["plan"]["n_moe_layers"], 1 << 20))
             bound = 1.0 / (parts["without_moe_s"] + B / (rate * 1e9))
             k = f"{name}.{mode}"
             metrics["zero_copy_gbps"] = rate                        # (the last run's; each run's below)
             metrics[f"{k}.zero_copy_gbps"] = rate
-            metrics[f"{k}.zero_copy_huge_page_share"] = ZERO_COPY_HUGE[-1]
+            metrics[f"{k}.zero_copy_huge_page_share"] = huge
             metrics[f"{k}.bound_tok_s"] = bound
             metrics[f"{k}.over_bound"] = r["measured"]["decode_tok_s"] / bound
             # with lookahead the link may overlap the rest of the step: 1 / max(t_nonMoE, B / R_zc), B every byte

@@ -26,11 +26,29 @@ def _entry(spec, head=50.0, dense=80.0, moe=120.0, context=512) -> LayerTime:
     return LayerTime(spec.layer_geometry, spec.name, context, head, dense, moe, "measured", "test entry", "2026-12-05")
 
 
-def test_the_fixture_layers_time_on_a_cpu_and_round_trip_through_a_profile(tmp_path):
+def test_the_fixture_layers_time_on_a_cpu_and_round_trip_through_a_profile(tmp_path, monkeypatch):
+    """The layers run eagerly on the CPU; the clock is a stand-in (50 us + 100 us a decoder layer the run went
+    through), since a loaded CPU's wall clock can put a prefix below the one before it."""
+    from strata_plan.engine import layer_times
+    from strata_plan.engine.model import MoEModel
+    ran = [0]
+    real = MoEModel._layer
+
+    def layer(self, *a, **k):
+        ran[0] += 1
+        return real(self, *a, **k)
+
+    def clock(run, device):
+        before = ran[0]
+        run()
+        return 50.0 + 100.0 * (ran[0] - before)
+    monkeypatch.setattr(MoEModel, "_layer", layer)
+    monkeypatch.setattr(layer_times, "_timed", clock)
     t = measure_layer_times(FIXTURE, context=64, reps=3, device="cpu")
     spec = load_spec(FIXTURE)
     assert t.geometry == spec.layer_geometry and t.model == "fixture-moe" and t.context == 64
     assert t.head_us > 0 and t.moe_layer_us > 0 and t.dense_layer_us > 0      # the fixture has one dense layer
+    assert (t.head_us, t.dense_layer_us, t.moe_layer_us) == (50.0, 100.0, 100.0)
     assert "wall clock on the CPU" in t.source
     prof = with_layer_times("rtx-4090", [t])
     path = save_profile(prof, tmp_path / "p.yaml")

@@ -76,7 +76,6 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             runner.split()
             launch0 = runner.launch_s
         per, out_ids = [], []
-        check = getattr(ex, "check", lambda: None)
         ahead = getattr(runner, "ahead", False)
         ring = TokenRing(poll_s=ring_poll_s) if ahead else None
         cpu0 = time.thread_time()                     # the decode thread's CPU time (its waits sleep: blocking events)
@@ -104,7 +103,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                     done.record()
                     done.synchronize()
                 out_ids.append(int(tok))              # the token on the host: its GPU work is done
-            check()                                   # a stager error: one line, no more tokens
+            ex.check()                                # a stager error: one line, no more tokens
             t2 = time.perf_counter()
             per.append(t2 - t1)
             t1 = t2

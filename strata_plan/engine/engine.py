@@ -10,9 +10,9 @@
 A decode token runs the device loop (`device_loop.DeviceDecode`, one CUDA graph a token): every non-static expert is
 read by the MoE kernel in place from pinned RAM (the device LRU admitting misses into its VRAM slots, the router
 lookahead's guesses copied into VRAM slots on a side stream, `engine.prefetch`; NVMe experts staged into pinned RAM
-first by the stager, `engine.staging`). `graphs=False` runs the same steps eagerly; with "on-demand" it is the plain,
-non-overlapped reference loop (the model's own forward, each routed expert read where it lies when asked), which tests
-hold the others to. Prefill (several tokens a call) copies a chunk's missing experts into VRAM slots in waves
+first by the stager, `engine.staging`). `graphs=False` installs no step runner: the model's own forward runs, and with
+"on-demand" it is the plain, non-overlapped reference loop (each routed expert read where it lies when asked), which
+tests hold the others to. Prefill (several tokens a call) copies a chunk's missing experts into VRAM slots in waves
 (`store.waves`).
 The dense weights (attention, norms, routers, shared experts, embeddings, lm_head) are read from the
 packed folder's `dense.safetensors`: onto the device, or into pinned RAM where the plan's `dense` section

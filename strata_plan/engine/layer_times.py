@@ -9,8 +9,9 @@ built in VRAM from random BF16 tensors named and shaped as its checkpoints (`eng
 with no routed experts: the MoE call returns zeros, as `DeviceDecode.time_parts` leaves it out. Graph k runs the
 token's embedding row, the first k decoder layers (attention over the whole static cache of `context` positions,
 norms, router with its top-k, shared expert or dense MLP), the final norm, the lm_head and the argmax; each is
-replayed `reps` times after a warm-up and timed with CUDA events. Layer i's time is the median of graph i + 1 less
-graph i's (interleaved, so clock drift falls on both); `head_us` is graph 0's. These are what the cost model charges
+replayed `reps` times after a warm-up and timed with CUDA events. Layer i's time is the median over the repeats of
+graph i + 1 less graph i, run back to back in each repeat (so clock drift falls on both), and 0 where noise makes
+that median negative (the layer below what the clock resolves); `head_us` is graph 0's median. These are what the cost model charges
 a decoder layer without its routed experts (`planner.cost`): kernels as the engine launches them, each at its
 own rate, launch gaps inside a graph included; no constant fitted to decode runs.
 """
@@ -96,8 +97,9 @@ def _cut_config(spec) -> dict:
 
 
 @torch.inference_mode()
-def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[float]:
-    """Median microseconds of each prefix step (embedding, the first k layers, head and argmax), k = 0..n_layers."""
+def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[list[float]]:
+    """Microseconds of each prefix step (embedding, the first k layers, head and argmax), k = 0..n_layers, in each of
+    `reps` interleaved repeats: [k][repeat]."""
     m = MoEModel(cfg, RandomSource(cut, device), _NoExperts(), context, device)
     m.fused_router = m.rope.fused = device != "cpu"     # as Engine.open sets them where the kernels run
     tok = torch.zeros(1, dtype=torch.long, device=device)
@@ -120,7 +122,7 @@ def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[float]
     for _ in range(reps):                       # interleaved: drift lands on every prefix alike
         for k, run in enumerate(runs):
             times[k].append(_timed(run, device))
-    return [statistics.median(t) for t in times]
+    return times
 
 
 def check_model(model: str) -> None:
@@ -138,15 +140,17 @@ def measure_layer_times(model: str, context: int = 1024, reps: int = 30, device:
     cfg_dict = _cut_config(spec)
     cut = spec_from_config(cfg_dict, spec.name, spec.source or spec.name)
     cfg = ModelConfig.from_dict(cfg_dict, spec.source or f"{spec.name}/config.json")
-    med = _prefix_times(cfg, cut, context, reps, device)
-    dense = [med[i + 1] - med[i] for i, kind in enumerate(cut.layer_kinds) if kind == "dense"]
-    moe = [med[i + 1] - med[i] for i, kind in enumerate(cut.layer_kinds) if kind == "moe"]
+    times = _prefix_times(cfg, cut, context, reps, device)
+    layer = [max(0.0, statistics.median(b - a for a, b in zip(times[i], times[i + 1])))     # paired, per repeat
+             for i in range(cut.n_layers)]
+    dense = [t for t, kind in zip(layer, cut.layer_kinds) if kind == "dense"]
+    moe = [t for t, kind in zip(layer, cut.layer_kinds) if kind == "moe"]
     name = "" if device == "cpu" else torch.cuda.get_device_name()
     if device != "cpu":
         torch.cuda.empty_cache()
     base = spec.name.split("@")[0]
     return LayerTime(
-        geometry=spec.layer_geometry, model=base, context=context, head_us=round(med[0], 2),
+        geometry=spec.layer_geometry, model=base, context=context, head_us=round(statistics.median(times[0]), 2),
         dense_layer_us=round(statistics.mean(dense), 2) if dense else 0.0, moe_layer_us=round(statistics.mean(moe), 2),
         provenance="measured",
         source=f"strata-plan profile: the engine's decoder layers of {base} cut after MoE layer "

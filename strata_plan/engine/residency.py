@@ -5,8 +5,8 @@ largest format); the device LRU owns the last `cache.total_slots` of them (`kern
 device lookahead its staging slots between tokens (`engine.prefetch`); a prefill wave takes slots here for the experts
 it fetches and gives them back once its kernel ran (`store.waves`), so a prefill never touches the decode cache.
 
-A slot is FREE or holds one (layer, expert) a wave fetched; `release` records the event of the last kernel that read
-it, which the next copy into the slot waits for. How a decode use was served is counted by kind (`USE_KINDS`, the
+A slot is free or holds one (layer, expert) a wave fetched; `give_back` frees it with the event of the last kernel that
+read it (`Slot.release`), which the next copy into the slot waits for. How a decode use was served is counted by kind (`USE_KINDS`, the
 counters: engine/counters.py).
 """
 from __future__ import annotations

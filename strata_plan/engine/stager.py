@@ -1,7 +1,7 @@
 """The NVMe stager of the device loop: reads the experts the GPU asks for (and those the lookahead guesses) with
 O_DIRECT into a pinned staging cache, where the MoE kernel reads them in place.
 
-    st = Stager(store, mem, base, n_slots, depth, reads_in_flight, guesses_per_layer)   # mem: pinned uint8
+    st = Stager(store, mem, base, n_slots, depth, guesses_per_layer)   # mem: pinned uint8
     ...the graph calls kernels.stage_wait / stage_done each MoE layer...
     st.check()            # after a token reaches the host: the first read error, as one line (UserError)
     st.counts.to_data(); st.close()
@@ -13,7 +13,7 @@ The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready 
   advanced) carries the lookahead guesses of the next `depth` layers, queued behind every demand by depth, then by
   score; a guess whose layer the GPU has already asked for is dropped. Lookahead precision and recall by depth are
   counted here, over the ids read from staging: the guesses of request s - d against request s's ids.
-- *The readers* (`reads_in_flight` threads) take the queue's best entry, pick a slot, read the blob (O_DIRECT into
+- *The readers* (`staging.nvme_in_flight` threads, at least 4) take the queue's best entry, pick a slot, read the blob (O_DIRECT into
   the slot: no bounce, no copy) in the plan's split (`staging.nvme_reads[f].batch_splits`, by how many of that format
   were queued together; the requests in flight at once on a pool as deep as the plan's queue), check every part's
   sha256 against index.json at the blob's first read in the run (`store.verified`; a re-read after eviction is not
@@ -34,6 +34,7 @@ import heapq
 import itertools
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -100,7 +101,7 @@ def read_splits(plan) -> dict[str, tuple[int, ...]]:
 
 
 class Stager:
-    def __init__(self, store, mem: torch.Tensor, base: int, n_slots: int, depth: int, reads_in_flight: int,
+    def __init__(self, store, mem: torch.Tensor, base: int, n_slots: int, depth: int,
                  guesses_per_layer: int):
         L, E = store.nbytes.shape
         self.store, self.L, self.E, self.K = store, L, E, store.top_k
@@ -130,7 +131,9 @@ class Stager:
         self.counts = StagerCounters.zeros(L, depth)
         # a blob read as the plan's split: its requests in flight at once on a pool as deep as the plan's queue
         self.splits = read_splits(store.plan)
-        depth_q = max([r.queue_depth for r in (store.plan.staging.nvme_reads or {}).values()] + [1])
+        staging = store.plan.staging
+        blobs = max(4, staging.nvme_in_flight or self.K)                  # blobs read at once: the reader threads
+        depth_q = max([r.queue_depth for r in (staging.nvme_reads or {}).values()] + [1])
         self._pool = ThreadPoolExecutor(depth_q, thread_name_prefix="stager-part") \
             if max((max(v) for v in self.splits.values()), default=1) > 1 else None
         self.error: UserError | None = None
@@ -138,7 +141,7 @@ class Stager:
         self.seen_req = self.seen_done = 0
         self._threads = [threading.Thread(target=self._poll, name="stager-poll", daemon=True)]
         self._threads += [threading.Thread(target=self._reader, name=f"stager-read-{i}", daemon=True)
-                          for i in range(max(1, reads_in_flight))]
+                          for i in range(blobs)]
         for t in self._threads:
             t.start()
 
@@ -277,7 +280,7 @@ class Stager:
         """(expert, split) for reads of layer j's `experts` queued together: i of one format split
         `batch_splits[i - 1]` ways (PLANNER.md, "What the engine must do")."""
         fmt = [self.store.entries[j][e].format for e in experts]
-        n = {f: fmt.count(f) for f in set(fmt)}
+        n = Counter(fmt)
         out = []
         for e, f in zip(experts, fmt):
             sp = self.splits.get(f, (1,))

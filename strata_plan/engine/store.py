@@ -19,8 +19,8 @@ Tiers (the plan's `layers[j].vram / ram / nvme`):
    slots the plan's LRU is decided on the device too (`kernels.lru`, state in `lru`): the last `cache.total_slots`
    dynamic slots are its (each layer its own `cache_slots` of them), admitted experts are copied into them from
    pinned RAM before the MoE kernel and `inplace_offsets` follows; `residency.Residency` keeps the other slots for
-   prefill's waves, so a prefill never touches the decode cache. On a CPU device (the tests' stand-in) arena and RAM tier are one buffer, so the
-   reference kernel follows the same offsets.
+   prefill's waves, so a prefill never touches the decode cache. On a CPU device (the tests' stand-in) arena and RAM
+   tier are one buffer, so the reference kernel follows the same offsets.
 3. NVMe: the packed files. Decode: staged into a pinned staging cache by the stager and read there in place
    (`engine.staging`). Prefill: read with O_DIRECT by the reader threads (`transfer.Transfers`) in the plan's
    `staging.nvme_reads_prefill` split into pinned bounce buffers, then copied into the wave's slots.
@@ -192,9 +192,8 @@ class ExpertStore:
         try:
             self.load_s = self._load()
             if stage:
-                blobs = max(4, plan.staging.nvme_in_flight or self.top_k)     # blobs read at once (the stager's
                 self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
-                                       self.lru.ram_offset if self.lru is not None else None, blobs)   # readers)
+                                       self.lru.ram_offset if self.lru is not None else None)
             if options.prefetch and plan.prefetch_depth:
                 self.prefetch = DevicePrefetch(self, plan.prefetch_depth)
         except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
