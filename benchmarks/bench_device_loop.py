@@ -5,7 +5,8 @@
 A synthetic model of `--model`'s geometry (random weights in the planned formats) is cut to each layer count of
 `--layers`, planned once for the H200 (`strata-plan plan`, then the tiers set by hand so that every layer keeps
 `--static` of its experts in VRAM, `--cache` LRU slots, the rest in pinned RAM: the device loop's case), packed,
-and run LRU-only and on-demand with routing replayed from the `olmoe-like` prior. Per count and mode: decode
+and run LRU-only and on-demand (each launch running the engine's tokens per graph) and LRU-only at one launch a
+token (`lru_k1`), with routing replayed from the `olmoe-like` prior. Per count and mode: decode
 tok/s, the decode thread's CPU time a token (`host_ms_per_token`: flat in depth when the host is out of the
 loop), the step's GPU time a token, the bytes read from RAM a token and the bound 1 / (t_nonMoE + B / R_zc) with
 every term measured in the run. Then a least-squares line of GPU ms a token over the layer counts per mode: its
@@ -34,6 +35,7 @@ from strata_plan.cli import main as cli  # noqa: E402
 from strata_plan.core.plan import load_plan  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
 from strata_plan.engine.bench import measure  # noqa: E402
+from strata_plan.engine.engine import EngineOptions  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 
@@ -52,9 +54,12 @@ def main() -> int:
     ap.add_argument("--dir", required=True, help="scratch folder for plans and packed models (removed at the end)")
     ap.add_argument("--model", default="qwen3-30b-a3b")
     ap.add_argument("--layers", default="5,24")
-    ap.add_argument("--modes", default="lru,lru_poll,on-demand",
-                    help="engine modes; `lru_poll`: LRU-only with the token reads polling their event every --poll-us "
-                         "instead of a blocking wait (does the driver's wait cost the decode thread CPU time?)")
+    ap.add_argument("--modes", default="lru,lru_k1,on-demand",
+                    help="engine modes; suffixes: `_k<N>`: N tokens a graph launch instead of --tokens-per-graph (lru_k1: "
+                         "one launch a token); `_poll`: the token reads polling their event every --poll-us instead "
+                         "of a blocking wait (does the driver's wait cost the decode thread CPU time?)")
+    ap.add_argument("--tokens-per-graph", type=int, default=EngineOptions.tokens_per_graph,
+                    help=f"decode tokens a graph launch runs (default {EngineOptions.tokens_per_graph}: the engine's)")
     ap.add_argument("--poll-us", type=float, default=100.0)
     ap.add_argument("--static", type=float, default=0.1)
     ap.add_argument("--cache", type=int, default=8)
@@ -99,11 +104,12 @@ def main() -> int:
             print(f"{n} MoE layers: packed in {time.perf_counter() - t0:.0f} s", flush=True)
             for mode in modes:
                 replay = Replay.from_prior("olmoe-like", n, plan.n_experts, plan.top_k, tokens=4096, seed=11)
+                base, *suffixes = mode.split("_")
+                per_graph = next((int(x[1:]) for x in suffixes if x[:1] == "k"), a.tokens_per_graph)
                 try:
-                    poll = mode.endswith("_poll")
-                    r = measure(packed, plan, mode=mode.removesuffix("_poll"), tokens=a.tokens, warmup=a.warmup,
-                                replay=replay, device=a.device,
-                                ring_poll_s=a.poll_us * 1e-6 if poll else None)
+                    r = measure(packed, plan, mode=base, tokens=a.tokens, warmup=a.warmup, replay=replay,
+                                device=a.device, ring_poll_s=a.poll_us * 1e-6 if "poll" in suffixes else None,
+                                options=EngineOptions(tokens_per_graph=per_graph))
                 except Exception as err:                # noqa: BLE001 (recorded; the next run goes on)
                     record_failure(errors, f"{n} layers/{mode}", err)
                     continue
@@ -113,6 +119,7 @@ def main() -> int:
                 tp, k = r["time_per_token"], f"layers{n}.{mode}"
                 B = r["bytes_per_token"]["ram"]
                 metrics[f"{k}.decode_tok_s"] = r["measured"]["decode_tok_s"]
+                metrics[f"{k}.tokens_per_graph"] = r["tokens_per_graph"]
                 metrics[f"{k}.host_ms_per_token"] = tp["host_cpu_s"] * 1e3
                 for part, v in (tp.get("host_cpu_parts_s") or {}).items():     # where it goes: step call, copy, read
                     metrics[f"{k}.host_ms_per_token.{part}"] = v * 1e3

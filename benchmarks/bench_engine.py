@@ -251,6 +251,7 @@ def main() -> int:
                     metrics[f"{name}.{mode}.{key[:-2]}_ms_per_token"] = tp[key] * 1e3
             metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
             metrics[f"{name}.{mode}.host_ms_per_token"] = tp["host_cpu_s"] * 1e3     # decode thread CPU time
+            metrics[f"{name}.{mode}.tokens_per_graph"] = r["tokens_per_graph"]       # tokens a launch: the host's share
             for part, v in (tp.get("host_cpu_parts_s") or {}).items():     # where it goes: step call, copy, read
                 metrics[f"{name}.{mode}.host_ms_per_token.{part}"] = v * 1e3
             if a.profile:

@@ -229,6 +229,30 @@ def test_lookahead_prefetch_changes_where_misses_are_read_never_the_cache_or_the
     assert d["lookahead"][depth]["guesses"] > 0
 
 
+@pytest.mark.parametrize("split,mode", [((4, 28, 2, 1), "plan"), ((4, 28, 2, 0), "lru")])
+def test_a_block_of_steps_in_one_launch_is_the_same_steps_one_by_one(packed_bf16, split, mode):
+    """`decode_block` (the runner's steps chained in one launch, each fed the last one's pick): the tokens, the
+    position and every counter of the same steps run one launch each, with the cache and the lookahead at work."""
+    plan = bf16_plan(*split, chunk=4)
+    got = []
+    for n in (1, 3):
+        with Engine.open(packed_bf16, plan, EngineOptions(mode=mode, device="cpu", tokens_per_graph=3)) as eng:
+            m = eng.model
+            assert m.step_runner.blocks and m.step_runner.k == 3
+            m.reset()
+            tok = m.prefill(PROMPT, chunk=plan.prefill_chunk).argmax().reshape(1)
+            ids = []
+            for _ in range(9 // n):
+                out = m.decode_block(tok[-1:], n, greedy=True)
+                ids += out.tolist()
+                tok = out
+            got.append((ids, m.pos, eng.store.counter_data()))
+    (one, pos1, c1), (three, pos3, c3) = got
+    assert one == three and pos1 == pos3 == len(PROMPT) + 9
+    for key in ("uses", "by_kind", "bytes_from", "dense_bytes", "prefetch_bytes", "wasted_bytes", "lookahead"):
+        assert c1.get(key) == c3.get(key), key
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_graph_gives_the_eager_steps_tokens(packed_bf16):
     """On a GPU: decode steps replayed from CUDA graphs (captured at the second step; RAM experts read over PCIe from
@@ -248,9 +272,11 @@ def test_on_a_gpu_the_graph_gives_the_eager_steps_tokens(packed_bf16):
             assert dc["by_kind"]["cached"] == ec["by_kind"]["cached"]
         else:
             assert dc["by_kind"]["prefetched"] + dc["by_kind"]["late"] > 0
-    with Engine.open(packed_bf16, plan, EngineOptions(mode=mode, device="cuda")) as eng:     # generate runs ahead
-        assert eng.model.step_runner.ahead
-        assert eng.generate(PROMPT, max_new_tokens=8) == eager_tokens[:8]
+    with Engine.open(packed_bf16, plan, EngineOptions(mode=mode, device="cuda", tokens_per_graph=4)) as eng:
+        assert eng.model.step_runner.ahead          # generate runs ahead, 4 tokens a launch: the prefill's, then
+        for _ in range(2):                          # launches of 4, 4 and 3 tokens (eager, captured, eager; replayed
+            assert eng.generate(PROMPT, max_new_tokens=12) == eager_tokens[:12]     # the second time)
+        assert "greedyx4" in eng.model.step_runner._graphs
 
 
 def test_sampled_generation_in_the_device_loop_repeats_with_its_seed(packed_bf16):
@@ -329,6 +355,7 @@ def test_run_and_bench_commands(packed_bf16, plan_file, tmp_path, capsys):
                                         (["--prompt", "x" * 400], "exceed the context"),
                                         (["--max-tokens", "100000"], "context of 64 tokens (the plan's context; "
                                                                      "the model has 1024 positions)"),
+                                        (["--tokens-per-graph", "0"], "--tokens-per-graph"),
                                         (["--mode", "fast"], "--mode")])
 def test_run_mistakes_exit_2_in_one_line(packed_bf16, plan_file, capsys, extra, field):
     from strata_plan.cli import main

@@ -78,6 +78,7 @@ def _against_profile(r: dict, profile: str) -> dict:
 
 def cmd_bench(args) -> int:
     from strata_plan.engine.bench import measure
+    from strata_plan.engine.engine import EngineOptions
     from strata_plan.core.plan import load_plan
     from strata_plan.outpaths import check_out_folder
     if args.tokens < 1 or args.warmup < 0:
@@ -85,13 +86,15 @@ def cmd_bench(args) -> int:
                         "0 or more warm-up tokens", "pass e.g. --tokens 64 --warmup 32")
     if args.results:                    # before the work: a folder this user can write (or create), not a file
         check_out_folder(args.results, "--results", force=True)
+    opts = EngineOptions(tokens_per_graph=args.tokens_per_graph)      # a value out of range: one line, before work
     plan = load_plan(args.plan)
     pred = predicted(plan, args.plan, args.profile, args.mode, gates=not args.replay)
     replay = _replay(args, plan)
     con = console(stderr=True)
     with con.status("measuring...") as status:
         r = measure(args.packed, args.plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
-                    device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"))
+                    device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"),
+                    options=opts)
     r["predicted"] = pred
     r["links"].update(_against_profile(r, args.profile or plan.sources.profile.name))
     m = r["measured"]

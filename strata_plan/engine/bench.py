@@ -5,10 +5,11 @@ store did, beside the planner's prediction for the same plan.
     r["measured"]["decode_tok_s"], r["counters"], r["time_per_token"]
 
 Decode: after `warmup` tokens (which fill the LRU cache; at least the statistics' warm-up), `tokens`
-greedy tokens are timed one by one (each ends when its sampled id reaches the host, so every token's
-GPU work is included); tok/s = 1 / median seconds per token, and the mean beside it. Where the step runner
-can run ahead (graphs) token t+1's step is queued before token t is read, as `generate` does, so a token's time
-is the interval between two tokens reaching the host. Per token: the decode thread's CPU time (split into the step
+greedy tokens are timed (each ends when its sampled id reaches the host, so every token's GPU work is included);
+tok/s = 1 / median seconds per token, and the mean beside it. Where the step runner can run ahead (graphs) each
+launch runs the runner's `k` tokens (`EngineOptions.tokens_per_graph`) and launch i+1 is queued before launch i's
+tokens are read, as `generate` does, so a token's time is the interval between two launches' tokens reaching the
+host over `k` (`tokens` is rounded up to whole launches). Per token: the decode thread's CPU time (split into the step
 call, the token's copy and its read), the graph launch's host time, the step's GPU time (CUDA events), and after the
 timed tokens the step replayed alone and without its MoE calls (`DeviceDecode.time_parts`). Prefill: one chunk
 of the plan's `prefill_chunk` tokens after one warm-up chunk. Counters cover the timed decode tokens only. Every figure here is measured on this machine; `predicted` figures come from
@@ -53,7 +54,13 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         V = m.cfg.vocab
         rng = np.random.default_rng(seed)
         chunk = eng.plan.prefill_chunk
-        n_prefill = min(chunk, max(1, m.context - tokens - warmup - 1) // 2)
+        runner = m.step_runner
+        ahead = getattr(runner, "ahead", False)
+        k = runner.k if ahead else 1                  # tokens a launch (the host reads them together)
+        blocks = -(-tokens // k)                      # timed launches: `tokens` rounded up to whole launches
+        tokens = blocks * k
+        warm = -(-warmup // k) if k == 1 else max(2, -(-warmup // k))   # a block's graph captured before timing
+        n_prefill = min(chunk, max(1, m.context - tokens - warm * k - k - 1) // 2)
         # ---- prefill: one warm-up chunk, one timed chunk ---------------------------------------------
         m.reset()
         m.prefill(rng.integers(0, V, n_prefill).tolist(), chunk)
@@ -64,35 +71,33 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         prefill_s = time.perf_counter() - t0
         # ---- decode ------------------------------------------------------------------------------------
         tok = logits.argmax().reshape(1)
-        for i in range(warmup):
-            tok = m.decode_step(tok, greedy=True)
+        for i in range(warm):
+            tok = m.decode_block(tok[-1:], k, greedy=True)
             if progress:
-                progress("warm-up", i + 1, warmup)
-        int(tok)
+                progress("warm-up", (i + 1) * k, warm * k)
+        int(tok[-1])
         store.reset_counters()
-        runner = m.step_runner
         if runner is not None:
             runner.timing = True
             runner.split()
             launch0 = runner.launch_s
         per, out_ids = [], []
-        ahead = getattr(runner, "ahead", False)
-        ring = TokenRing(poll_s=ring_poll_s) if ahead else None
+        ring = TokenRing(width=k, poll_s=ring_poll_s) if ahead else None
         cpu0 = time.thread_time()                     # the decode thread's CPU time (its waits sleep: blocking events)
         t_all = time.perf_counter()
         if ahead:
-            tok = m.decode_step(tok, greedy=True)
+            tok = m.decode_block(tok[-1:], k, greedy=True)
             ring.push(tok)
         t1 = t_all
         parts_cpu = dict.fromkeys(("step", "push", "pop"), 0.0)     # the decode thread's CPU time by part
-        for i in range(tokens):
-            if ahead:                                 # token i+1's step queued before token i is read
+        for i in range(blocks):
+            if ahead:                                 # launch i+1 queued before launch i's tokens are read
                 c0 = time.thread_time()
-                tok = m.decode_step(tok, greedy=True)
+                tok = m.decode_block(tok[-1:], k, greedy=True)
                 c1 = time.thread_time()
                 ring.push(tok)
                 c2 = time.thread_time()
-                out_ids.append(ring.pop())            # token i on the host: its step is done, not the next one
+                out_ids += ring.pop()                 # launch i's tokens on the host: done, not the next launch
                 parts_cpu["step"] += c1 - c0
                 parts_cpu["push"] += c2 - c1
                 parts_cpu["pop"] += time.thread_time() - c2
@@ -105,15 +110,15 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                 out_ids.append(int(tok))              # the token on the host: its GPU work is done
             ex.check()                                # a stager error: one line, no more tokens
             t2 = time.perf_counter()
-            per.append(t2 - t1)
+            per.append((t2 - t1) / k)                 # a token's share of its launch
             t1 = t2
             if progress:
-                progress("decode", i + 1, tokens)
+                progress("decode", (i + 1) * k, tokens)
         wall = time.perf_counter() - t_all
         host_cpu = time.thread_time() - cpu0
         if ahead:
-            ring.pop()                                # the step queued past the last timed token
-        steps = tokens + int(ahead)                   # decode steps run while counting
+            ring.pop()                                # the launch queued past the last timed one
+        steps = tokens + k * int(ahead)               # decode steps run while counting
         split = runner.split() if runner is not None else {"steps": 0}
         launch_s = (runner.launch_s - launch0) / steps if runner is not None else None
         c = store.counter_data()
@@ -125,6 +130,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "mode": mode,
             "loop": "device",                   # the engine's decode loop (`strata-plan calibrate` reads it)
             "tokens": out_ids,                  # the timed tokens (greedy): the modes must agree
+            "tokens_per_graph": k,              # decode tokens a launch ran (the host read them together)
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": tokens / wall,

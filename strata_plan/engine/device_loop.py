@@ -39,28 +39,32 @@ from .picks import GREEDY
 
 
 class TokenRing:
-    """Sampled ids read by the host one step late: `push(id)` (a one-element device tensor) queues its copy into
-    pinned memory behind the work so far; `pop()` waits for the oldest pushed copy alone (a blocking event: the
-    thread sleeps, so its CPU time is work) and returns it as an int. `poll_s`: wait instead by sleeping that long
-    between queries of the event (a diagnostic: whether the driver's blocking wait costs the thread CPU time)."""
+    """Sampled ids read by the host one launch late: `push(ids)` (a device int64 tensor of up to `width` ids: a
+    step's token, or a block's) queues their copy into pinned memory behind the work so far; `pop()` waits for the
+    oldest pushed copy alone (a blocking event: the thread sleeps, so its CPU time is work) and returns its ids as a
+    list of ints. `poll_s`: wait instead by sleeping that long between queries of the event (a diagnostic: whether
+    the driver's blocking wait costs the thread CPU time)."""
 
-    def __init__(self, n: int = 4, poll_s: float | None = None):
+    def __init__(self, n: int = 4, width: int = 1, poll_s: float | None = None):
         self.poll_s = poll_s
-        self.host = torch.empty(n, dtype=torch.int64, pin_memory=True)
-        self._slots = [self.host[i:i + 1] for i in range(n)]     # views made once: a push is one copy launch
+        self.host = torch.empty((n, width), dtype=torch.int64, pin_memory=True)
+        self._slots = [self.host[i] for i in range(n)]           # views made once: a push is one copy launch
         self._ids = self.host.numpy()                             # read without a tensor op
+        self._n = [0] * n                                         # ids pushed into each slot
         self.events = [torch.cuda.Event(blocking=True) for _ in range(n)]
         self.head = self.size = 0
 
-    def push(self, token: torch.Tensor) -> None:
+    def push(self, ids: torch.Tensor) -> None:
         if self.size == len(self.events):
             raise RuntimeError("TokenRing is full: pop before pushing more")
         i = (self.head + self.size) % len(self.events)
-        self._slots[i].copy_(token.reshape(1), non_blocking=True)
+        n = ids.numel()
+        self._slots[i][:n].copy_(ids.reshape(n), non_blocking=True)
+        self._n[i] = n
         self.events[i].record()
         self.size += 1
 
-    def pop(self) -> int:
+    def pop(self) -> list[int]:
         i = self.head
         if self.poll_s is None:
             self.events[i].synchronize()
@@ -68,15 +72,20 @@ class TokenRing:
             while not self.events[i].query():
                 time.sleep(self.poll_s)
         self.head, self.size = (i + 1) % len(self.events), self.size - 1
-        return int(self._ids[i])
+        return self._ids[i, :self._n[i]].tolist()
 
 
 class DeviceDecode:
-    def __init__(self, model, experts, graphs: bool = True):
+    def __init__(self, model, experts, graphs: bool = True, tokens_per_graph: int = 1):
         self.m, self.ex = model, experts
         self.graphs = graphs and model.device.type == "cuda"
+        self.k = max(1, int(tokens_per_graph))   # decode tokens a launch runs (`block`): the host's work a launch
+        #                                          is shared by that many tokens
         self.x0 = torch.zeros((1, model.cfg.hidden), dtype=model.dtype, device=model.device)   # the token's row
         self.tok = torch.zeros(1, dtype=torch.long, device=model.device)    # the step's input; a pick's output too
+        self.toks = torch.zeros(self.k, dtype=torch.long, device=model.device)   # a block's tokens, in order
+        # inputs that already hold `tok`'s value (a step's pick, a block's last token): fed back, no copy
+        self._fed = {self.tok.data_ptr()}
         self.owns_at = True                  # the step advances `model.at` itself (the host writes it only on a jump)
         self._at: int | None = None          # the position `model.at` holds on the device (None: unknown)
         self._events: list = []              # timing event pairs free for reuse
@@ -95,7 +104,14 @@ class DeviceDecode:
 
     @property
     def ahead(self) -> bool:
-        return self.graphs and (self._embed_at is not None or self.m.embed_rows is None)
+        return self.graphs and self.blocks
+
+    @property
+    def blocks(self) -> bool:
+        """The step needs nothing from the host between steps (its embedding row gathered on the device, or the
+        step run eagerly): steps may be chained in one launch (`k` > 1), and with graphs queued before the host
+        reads the last token (`ahead`)."""
+        return not self.graphs or self._embed_at is not None or self.m.embed_rows is None
 
     def embed_in_place(self, address: int | None) -> None:
         """The embedding table is in registered pinned RAM at device `address`: the graphed step gathers the
@@ -109,7 +125,7 @@ class DeviceDecode:
         self.ex.replay_rows()
         if self._embed_at is not None:
             gather_rows(self.ex.store.arena, self._embed_at, self.tok, self.x0)
-        elif m.embed_rows is None:               # the table in VRAM: gathered in the step too
+        elif m.embed_rows is None or not self.graphs:    # the table in VRAM, or an eager step: gathered in it
             self.x0.copy_(m.embed_tokens(self.tok))
         x = self.x0
         for layer in m.layers:
@@ -121,62 +137,78 @@ class DeviceDecode:
             return logits
         return self.tok.copy_(pick(logits))  # the next step's input already in place: no host copy between steps
 
-    def _run(self, key: str, mode: str, pick=None) -> torch.Tensor:
+    def _block(self, pick, n: int) -> torch.Tensor:
+        """n steps one after the other, each picking the next one's input (`tok`); their tokens int64 [n]."""
+        for i in range(n):
+            self.toks[i:i + 1].copy_(self._step(pick))
+        return self.toks[:n]
+
+    def _work(self, pick, n: int) -> torch.Tensor:
+        return self._step(pick) if n == 1 else self._block(pick, n)
+
+    def _run(self, key: str, mode: str, pick=None, n: int = 1) -> torch.Tensor:
         if mode == "eager":
-            return self._step(pick)
+            return self._work(pick, n)
         if mode == "capture":
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                out = self._step(pick)
+                out = self._work(pick, n)
             self._graphs[key] = (g, out)
         g, out = self._graphs[key]
         g.replay()
         return out
 
-    def __call__(self, token_ids: torch.Tensor, pick=None) -> torch.Tensor:
+    def __call__(self, token_ids: torch.Tensor, pick=None, n: int = 1) -> torch.Tensor:
         """One token [1] (on the device) at the model's position `model.pos`; float32 logits [V] (the caller's own
         tensor), or with a pick the next token int64 [1] in the runner's input buffer `tok`: fed back as the next
-        step's token it needs no copy, and the next step rewrites it (copy it to keep it). The device's position
-        `model.at` is advanced by the step itself; the host writes it only when `model.pos` jumped (prefill, reset).
-        Each variant is run eagerly at its first call, captured at its second, replayed after."""
+        step's token it needs no copy, and the next step rewrites it (copy it to keep it). With a pick and n > 1
+        (at most `k`), a block: n steps in one launch, each fed the one before's token; their tokens int64 [n] in
+        `toks` (its last fed back needs no copy either). The device's position `model.at` is advanced by the step
+        itself; the host writes it only when `model.pos` jumped (prefill, reset). Each variant (pick and n) is run
+        eagerly at its first call, captured at its second, replayed after."""
         if self.spent:
             raise RuntimeError("time_parts ran on this engine: its decode state is a timing run's; open it again")
+        if n > 1 and (pick is None or n > self.k or not self.blocks):
+            raise ValueError(f"a block of {n} steps needs a pick, at most {self.k} steps (tokens_per_graph) and the "
+                             "embedding gathered in the step")
         key = pick.key if pick is not None else "step"
+        key = key if n == 1 else f"{key}x{n}"
         if getattr(pick, "counter", False) is None:    # a fresh sampler: its key's counter (the graph reads it), from 0
             pick.counter = self._counters.setdefault(key, torch.zeros(1, dtype=torch.int64, device=self.m.device))
             pick.counter.zero_()
-        n = self.calls.get(key, 0)
-        mode = "eager" if not self.graphs or n == 0 else ("capture" if n == 1 else "replay")
-        self.calls[key] = n + 1
+        runs = self.calls.get(key, 0)
+        mode = "eager" if not self.graphs or runs == 0 else ("capture" if runs == 1 else "replay")
+        self.calls[key] = runs + 1
         self._collect(wait=False)            # timed steps that ended: never a wait (the next step is queued ahead)
         t0 = time.perf_counter()
-        self.ex.sync_replay()
+        self.ex.sync_replay(n)
         if self.ex.store.prefetch is not None:
             self.ex.store.prefetch.join()     # eager work (prefill) left the side stream forked: join it here
         counted = self.ex.store.counters.dense_bytes
         if self._at != self.m.pos:           # prefill or a reset moved the position: the device's copy follows
             self.m.at.fill_(self.m.pos)
-        self._at = self.m.pos + 1
-        if token_ids.data_ptr() != self.tok.data_ptr():     # not the last pick fed back: copy it in
+        self._at = self.m.pos + n
+        if token_ids.data_ptr() not in self._fed:           # not the last pick fed back: copy it in
             self.tok.copy_(token_ids.reshape(1), non_blocking=True)
-        if self._embed_at is None and self.m.embed_rows is not None:
-            self.x0.copy_(self.m.embed_tokens(self.tok))     # rows the host gathers (engine.dense): before the step
+        if self._embed_at is None and self.m.embed_rows is not None and self.graphs:
+            self.x0.copy_(self.m.embed_tokens(self.tok))     # rows the host gathers (engine.dense): before the graph
         elif self._embed_at is not None:
-            counted[EMBED] += self.x0.numel() * self.x0.element_size()
-        for kind, n in self.dense_step_bytes.items():                  # streamed dense weights read in place
-            counted[kind] += n
+            counted[EMBED] += n * self.x0.numel() * self.x0.element_size()
+        for kind, b in self.dense_step_bytes.items():                  # streamed dense weights read in place
+            counted[kind] += n * b
         timed = self.timing and self.graphs
         if timed:                            # blocking events: a wait for them sleeps (no spinning thread)
             ev = self._events.pop() if self._events else tuple(
                 torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
             ev[0].record()
-        out = self._run(key, mode, pick)
+        out = self._run(key, mode, pick, n)
         if timed:
             ev[1].record()
-            self._pending.append(ev)
+            self._pending.append((*ev, n))
         self.launch_s += time.perf_counter() - t0
+        self._fed = {self.tok.data_ptr()} | ({self.toks[n - 1].data_ptr()} if n > 1 else set())
         if pick is not None:
-            return out                       # `self.tok`: rewritten by the next step (copy it to keep it)
+            return out                       # `tok` or `toks`: rewritten by the next launch (copy it to keep it)
         return out.clone() if mode != "eager" else out
 
     # ---- timing ------------------------------------------------------------------------------------------
@@ -187,15 +219,15 @@ class DeviceDecode:
     def _collect(self, wait: bool) -> None:
         """Add the timed steps that ended (`wait`: all of them, sleeping until they do) to the split."""
         while self._pending and (wait or self._pending[0][1].query()):
-            a, b = self._pending.pop(0)
+            a, b, n = self._pending.pop(0)
             b.synchronize()
             self._split["compute_s"] += a.elapsed_time(b) / 1e3
-            self._split["steps"] += 1
+            self._split["steps"] += n
             self._events.append((a, b))
 
     def split(self) -> dict:
         """Device seconds of the timed steps since the last call (the step's graph, from its launch to its end;
-        nothing waits inside it)."""
+        nothing waits inside it), and how many steps they were (a block counts its steps)."""
         self._collect(wait=True)
         out, self._split = self._split, self._zero()
         return out
@@ -208,12 +240,14 @@ class DeviceDecode:
         CUDA only, after a captured step, and last: the replays
         rewrite the last position's KV entries (without MoE: with other values), move the cache, the replay cursor
         and the counters, so the runner refuses further steps (read the counters first; open the engine again)."""
-        base = "greedy" if "greedy" in self._graphs else "step"
+        base = "greedy" if any(k == "greedy" or k.startswith("greedyx") for k in self._graphs) else "step"
         pick = None
         if base == "greedy":
             pick = GREEDY
-        if base not in self._graphs:
+        if base not in self._graphs and not any(k.startswith(f"{base}x") for k in self._graphs):
             raise RuntimeError("time_parts needs a captured step: decode two tokens first")
+        if base not in self._graphs:         # only blocks were run: one step of the same variant, captured here
+            self._run(base, "capture", pick)
         bare = f"{base}_without_moe"
         if bare not in self._graphs:
             self.ex.skip_moe = True

@@ -95,10 +95,15 @@ class EngineOptions:
                                      # CPU: every kernel of the device loop interpreted (TRITON_INTERPRET=1, tests)
     allow_buffered: bool = True
     graphs: bool = True              # decode: one CUDA graph a token (device_loop.py); False: the eager forward
+    tokens_per_graph: int = 4        # decode tokens a graph launch runs (device_loop.DeviceDecode.k): the host's
+                                     # launch, token copy and wait shared by that many tokens; the host reads them
+                                     # that many at a time
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise UserError("--mode", self.mode, "unknown", f"use one of {', '.join(MODES)}")
+        if not 1 <= self.tokens_per_graph <= 64:
+            raise UserError("--tokens-per-graph", str(self.tokens_per_graph), "out of range", "use 1 to 64")
 
 
 class Engine:
@@ -137,7 +142,8 @@ class Engine:
         if experts.depth:                    # lookahead: the gates' guesses, prefetched on the device
             model.after_moe = experts.after_moe
         if options.graphs and model.before_layer is None:
-            model.step_runner = DeviceDecode(model, experts, graphs=device.type == "cuda")
+            model.step_runner = DeviceDecode(model, experts, graphs=device.type == "cuda",
+                                             tokens_per_graph=options.tokens_per_graph)
             model.step_runner.embed_in_place(dense.embed_address())
             model.step_runner.dense_step_bytes = dense.step_bytes()
         eng = cls(folder, plan, store, model, experts, options)

@@ -131,8 +131,9 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
              eos_ids: Sequence[int] | None = None, on_token: Callable[[int], None] | None = None) -> list[int]:
     """Prefill the prompt (in chunks of `chunk`) from an empty cache and decode up to `max_new_tokens`
     tokens, stopping after an end-of-sequence id (default: the config's `eos_token_id`). Returns the
-    new ids. With a step runner that can run ahead (`device_loop.DeviceDecode.ahead`) the next token's step is
-    queued before the host reads this one, so the GPU never waits for the host between tokens."""
+    new ids. With a step runner that can run ahead (`device_loop.DeviceDecode.ahead`) the next launch is queued
+    before the host reads this one's tokens, so the GPU never waits for the host between tokens; a launch runs the
+    runner's `k` tokens (`EngineOptions.tokens_per_graph`), which reach the host together."""
     check_length(len(prompt_ids), max_new_tokens, model.context, getattr(model.cfg, "max_positions", 0))
     eos = set(model.cfg.eos_ids if eos_ids is None else eos_ids)
     gen = None
@@ -145,27 +146,35 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
         pick = GumbelPick(sampling.temperature, sampling.top_p, seed)
     model.reset()
     logits = model.prefill(list(prompt_ids), chunk)
-    ahead = getattr(model.step_runner, "ahead", False)      # the next step may be queued before the host reads
-    ring = TokenRing() if ahead else None
     token = sample(logits, sampling, gen)
     check = getattr(model.experts, "check", lambda: None)
     out: list[int] = []
-    for i in range(max_new_tokens):
-        nxt = None
-        if ahead:
-            ring.push(token)
-            if i + 1 < max_new_tokens:                      # queued behind this token's step (past an EOS: unused)
-                nxt = next_token(model, token, sampling, gen, pick)
-            t = ring.pop()                                  # waits for this token's copy, not for the next step
-        else:
-            t = int(token)                                  # the host copy: stream it, check for EOS
+
+    def emit(ids) -> bool:
+        """Hand tokens out; True when the run is over (an end-of-sequence id, or max_new_tokens)."""
         check()                                             # a stager error stops the run before the token shows
-        out.append(t)
-        if on_token is not None:
-            on_token(t)
-        if t in eos or i + 1 == max_new_tokens:
-            break
-        token = nxt if ahead else next_token(model, token, sampling, gen, pick)
+        for t in ids:
+            out.append(t)
+            if on_token is not None:
+                on_token(t)
+            if t in eos or len(out) == max_new_tokens:
+                return True
+        return False
+
+    if getattr(model.step_runner, "ahead", False):          # launches queued before the host reads their tokens
+        ring = TokenRing(width=model.step_runner.k)
+        ring.push(token)
+        left = max_new_tokens - 1                           # tokens still to launch
+        while True:
+            if left:                                        # queued behind the tokens not read yet (past an EOS: unused)
+                n = min(model.step_runner.k, left)
+                left -= n
+                token = model.decode_block(token[-1:], n, pick=pick, greedy=pick is None)
+                ring.push(token)
+            if emit(ring.pop()):                            # waits for the oldest launch's tokens alone
+                return out
+    while not emit([int(token)]):                           # the host copy: stream it, check for EOS
+        token = next_token(model, token, sampling, gen, pick)
     return out
 
 

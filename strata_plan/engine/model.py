@@ -221,3 +221,27 @@ class MoEModel:
         if pick is not None and not static:
             return pick(self.forward(ids))
         return self.forward(ids, static=static, pick=pick)
+
+    @torch.inference_mode()
+    def decode_block(self, token, n: int, greedy: bool = False, pick=None) -> torch.Tensor:
+        """n tokens decoded one after the other from `token` (as `decode_step`), each picked token the next step's
+        input: their ids int64 [n] on the device. A step runner that chains steps (`DeviceDecode.blocks`, n at most
+        its `k`) runs them in one launch; otherwise n `decode_step`s."""
+        pick = GREEDY if greedy else pick
+        if pick is None:
+            raise ValueError("decode_block picks each token on the device: pass greedy=True or a pick")
+        if n == 1:
+            return self.decode_step(token, pick=pick)
+        r = self.step_runner
+        if getattr(r, "blocks", False) and n <= r.k:
+            if self.pos + n > self.context:
+                raise ValueError(f"{self.pos} cached + {n} new tokens exceed the context of {self.context}")
+            ids = token.reshape(1) if isinstance(token, torch.Tensor) else torch.tensor([int(token)], device=self.device)
+            out = r(ids.to(device=self.device, dtype=torch.long), pick=pick, n=n)
+            self.pos += n
+            return out
+        out = []
+        for _ in range(n):
+            token = self.decode_step(token, pick=pick)
+            out.append(token.clone())        # a runner's `tok` is rewritten by the next step
+        return torch.cat(out)

@@ -140,15 +140,16 @@ class StoreExperts:
         if self.store.staging is not None:
             self.store.staging.check()
 
-    def sync_replay(self) -> None:
-        """Before a device-loop step (host): the device cursor follows the host replay where host work moved it
-        (prefill), and the host replay is advanced past the token the step runs (bookkeeping, no device work)."""
+    def sync_replay(self, n: int = 1) -> None:
+        """Before a device-loop launch of n steps (host): the device cursor follows the host replay where host work
+        moved it (prefill), and the host replay is advanced past the tokens the launch runs (bookkeeping, no device
+        work)."""
         r = self.replay
         if r is None or not self.staged:
             return
         if r._next != self._host_next:
             self._cursor.fill_(r._next % r.n_tokens)
-        r.t, r._next, r._m = r._next, r._next + 1, 1
+        r.t, r._next, r._m = r._next, r._next + n, n
         self._host_next = r._next
 
     def replay_rows(self) -> None:
