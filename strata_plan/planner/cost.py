@@ -15,7 +15,9 @@ One GPU (`in_place`: the engine's device loop runs every one-GPU plan): the GPU 
 registered pinned RAM (zero-copy), no round trip, host fetch or stall. With lookahead depth d (recall R, precision P
 from the statistics; layers j < d get R = 0) the share R of a layer's RAM misses (and R waste / P wrong guesses) is
 copied into VRAM slots on a side stream from when layer j-d ends, at R_zc; the part not landed when layer j runs is
-read in place instead (never waited for). With cache slots the device LRU first copies each miss it admits into its
+read in place instead (never waited for; its copy goes on). The copies and the in-place reads share the one link
+(`LinkCopies`): a copy runs at R_zc only while the layers' reads leave the link idle (attention, routers, dense
+layers), beside a read the two share it evenly, and the token's end waits for the last copy. With cache slots the device LRU first copies each miss it admits into its
 slot (the same bytes over the link), then the kernel reads VRAM:
     t += t_fill + max(t_ram - t_fill, t_exp_j)      t_ram = warm bytes_j / R_zc(warm bytes_j)
 with t_fill = min(1, c_j / misses_j) t_ram (no cache: max(t_ram, t_exp_j)); with lookahead the layer then runs the
@@ -103,6 +105,53 @@ def _cumrows(x: np.ndarray) -> np.ndarray:
     out = np.zeros((x.shape[0], x.shape[1] + 1))
     np.cumsum(x, axis=1, out=out[:, 1:])
     return out
+
+
+class LinkCopies:
+    """The device loop's lookahead copies on the one GPU's PCIe link, in issue order (the side stream runs them one
+    after the other), as seconds of link time each needs alone. Alone on the link they run at its full rate; beside
+    the layer's in-place reads (or a dense unit read in place) the two share it evenly (`beside`), so a copy issued
+    into a busy link delays both. `landed[j]`: when layer j's copy ended."""
+
+    def __init__(self):
+        self.queue: list[list] = []           # [layer, seconds left alone on the link], oldest first
+        self.t = 0.0                          # the time the queue is drained to
+        self.landed: dict[int, float] = {}
+
+    def add(self, t: float, layer: int, seconds: float) -> None:
+        self.run(t)
+        self.queue.append([layer, seconds])
+
+    def run(self, t: float, rate: float = 1.0) -> None:
+        """Drain from `self.t` to t at `rate` of the link."""
+        avail = max(0.0, t - self.t) * rate
+        while self.queue and avail > 0.0:
+            head = self.queue[0]
+            if head[1] <= avail:
+                avail -= head[1]
+                self.queue.pop(0)
+                self.landed[head[0]] = t - avail / rate
+            else:
+                head[1] -= avail
+                avail = 0.0
+        self.t = max(self.t, t)
+
+    def left(self, layer: int) -> float:
+        """Seconds of layer's copy not yet done (0: landed, or none issued)."""
+        return next((q[1] for q in self.queue if q[0] == layer), 0.0)
+
+    def beside(self, t: float, read: float) -> float:
+        """A read of `read` seconds alone on the link starting at t, beside the copies queued then: the two share the
+        link until one is done. Returns the read's seconds."""
+        self.run(t)
+        both = min(read, sum(q[1] for q in self.queue))
+        self.run(t + 2.0 * both, rate=0.5)
+        return read + both
+
+    def drained(self, t: float) -> float:
+        """When every queued copy is done, from t on (the token's end joins the side stream)."""
+        self.run(t)
+        return t + sum(q[1] for q in self.queue)
 
 
 @dataclass(frozen=True, eq=False)
@@ -643,6 +692,7 @@ class CostModel:
             sec["peer"] = 0.0
         if inplace is not None:
             sec["lookahead_gpu"] = 0.0                     # of "overhead": the lookahead's kernels on the main stream
+            copies = LinkCopies()                          # ... and its copies on the link
         depth = placement.prefetch_depth
         units = self.problem.dense_units
         t = 0.0
@@ -673,7 +723,7 @@ class CostModel:
                 cross(int(ug[i - 1]), g)
             hbm_i = t_hbm[i]
             if not placement.dense_resident[i] and inplace is not None:   # in place: read over PCIe as it runs
-                pinned = self.in_place_dense_seconds(units[i])
+                pinned = copies.beside(t, self.in_place_dense_seconds(units[i]))
                 sec["pcie"] += pinned
                 t += pinned
                 hbm_i = lay["kv"][i] / self.hbm_rate
@@ -693,11 +743,10 @@ class CostModel:
                     sec["nvme"] += wait
                     t += wait
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
-                late = 0.0                               # the lookahead's copy not landed: read in place
-                if depth and j >= depth and inplace["copy"][j] > 0:
-                    late = min(1.0, max(0.0, (moe_done[j - depth] + inplace["copy"][j] - t) / inplace["copy"][j]))
+                copies.run(t)                            # the lookahead's copy not landed: read in place
+                late = min(1.0, copies.left(j) / inplace["copy"][j]) if inplace["copy"][j] > 0 else 0.0
                 nb = inplace["bytes"][j] + late * inplace["share"][j]
-                t_ram = nb / self.zero_copy(nb) if nb > 0 else 0.0
+                t_ram = copies.beside(t, nb / self.zero_copy(nb)) if nb > 0 else 0.0    # beside queued copies
                 t_fill = inplace["filled"][j] * t_ram    # the fill, then the kernel beside the rest in place
                 ram = t_fill + max(0.0, t_ram - t_fill - t_exp[j])
                 sec["pcie"] += ram
@@ -705,6 +754,8 @@ class CostModel:
                 sec["overhead"] += inplace["lookahead"][j]
                 sec["lookahead_gpu"] += inplace["lookahead"][j]
                 moe_done.append(t)
+                if depth and j + depth < len(inplace["copy"]) and inplace["copy"][j + depth] > 0:
+                    copies.add(t, j + depth, inplace["copy"][j + depth])      # layer j+d's guesses, side stream
             elif j is not None:
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
                 sec["overhead"] += self.round_trip         # the router's ids reach the host: demand copies
@@ -741,7 +792,7 @@ class CostModel:
             cross(int(ug[-2]), g)
         t_lm_hbm, t_lm_fl = units[-1] / head.hbm_rate, 2.0 * self.problem.head_params / head.flop_rate
         if not placement.dense_resident[-1] and inplace is not None:   # lm_head read in place
-            pinned = self.in_place_dense_seconds(units[-1])
+            pinned = copies.beside(t, self.in_place_dense_seconds(units[-1]))
             sec["pcie"] += pinned
             t += pinned
             t_lm_hbm = 0.0
@@ -749,7 +800,11 @@ class CostModel:
             stream(g, len(units) - 1)
         sec["hbm" if t_lm_hbm >= t_lm_fl else "compute"] += max(t_lm_hbm, t_lm_fl)
         sec["overhead"] += head.head_overhead
-        return sec, t + max(t_lm_hbm, t_lm_fl) + head.head_overhead
+        t += max(t_lm_hbm, t_lm_fl) + head.head_overhead
+        if inplace is not None and copies.drained(t) > t:     # the token's end joins the copies' side stream
+            sec["pcie"] += copies.drained(t) - t
+            t = copies.drained(t)
+        return sec, t
 
     def _prefill(self, placement, s: np.ndarray, b: np.ndarray) -> tuple[float, str, dict, dict]:
         p, tb, lay = self.problem, self._tables, self._layers

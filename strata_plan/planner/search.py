@@ -84,8 +84,10 @@ def search(problem, trials: int = DEFAULT_TRIALS, seed: int = 0, objective: str 
            study_db: str | None = None, start: Placement | None = None, start_knobs: Knobs | None = None,
            cost: CostModel | None = None, on_trial: Callable[[int, float], None] | None = None,
            polish_evals: int = 400) -> SearchResult:
-    """Best placement found by `trials` TPE trials (a resumed study runs only the missing ones), then
-    polished by hill-climbing on per-layer counts with at most `polish_evals` cost-model calls."""
+    """Best placement found by `trials` TPE trials (a resumed study runs only the missing ones), its knobs tried at
+    every lookahead depth (the tree sampler can settle on one depth early: the depth changes what else fits, as the
+    staging slots take VRAM), then polished by hill-climbing on per-layer counts with at most `polish_evals`
+    cost-model calls."""
     _check(objective, trials, mix_weight)
     cost = cost or CostModel(problem)
     rate = lambda p: score(cost.predict(p), objective, mix_weight)  # noqa: E731
@@ -99,6 +101,10 @@ def search(problem, trials: int = DEFAULT_TRIALS, seed: int = 0, objective: str 
     if not feasible:
         _no_fit(problem, greedy)
     best = max(feasible, key=lambda c: c.score)          # ties: the first (greedy before trials, trials in order)
+    if best.knobs is not None:     # the best knobs at every lookahead depth: a depth pays only where its copies beat
+        depths = [evaluate(problem, cost, dataclasses.replace(best.knobs, prefetch_depth=d), objective, mix_weight)
+                  for d in range(problem.curves.max_depth + 1) if d != best.knobs.prefetch_depth]
+        best = max([best] + [c for c in depths if c.footprint.fits(problem.budget)], key=lambda c: c.score)
     polished = 0
     if polish_evals > 0:
         place, _, polished = polish(problem, best.placement, rate, polish_evals)
