@@ -31,7 +31,8 @@ def _state(n_exp: int, nbytes: int, arena: torch.Tensor, ram_base: int, slot_bas
     L, E = 1, n_exp
     i64 = dict(dtype=torch.int64, device=dev)
     return pk.PrefetchState(
-        state=torch.zeros(n_exp, **i64), slot_offset=torch.tensor([slot_base + i * nbytes for i in range(n_exp)], **i64),
+        state=torch.arange(n_exp, **i64) * 8 + pk.FILLING,      # claimed (tag e, layer 0): copied
+        slot_offset=torch.tensor([slot_base + i * nbytes for i in range(n_exp)], **i64),
         where=torch.full((L, E), -1, **i64), assign=torch.arange(n_exp, **i64),
         ram_rows=torch.tensor([[ram_base + e * nbytes for e in range(E)]], **i64),
         tier=torch.ones((L, E), dtype=torch.int8, device=dev), nbytes=torch.full((L, E), nbytes, **i64),

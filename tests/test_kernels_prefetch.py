@@ -117,12 +117,25 @@ def test_slots_run_out_and_guesses_of_a_later_layer_outlive_an_earlier_release()
     assert st.counts[2].tolist() == [0, 0, 2, 2 * BLOB, 0, 2 * BLOB, 0, 0, 0]     # layer 2 never resolved
 
 
+def test_a_guess_taken_before_its_copy_is_not_copied():
+    """Resolve takes a guess whose copy has not started (its layer reads it in place): the copy skips it, so its slot
+    is never written and only the bytes copied count (here none of its own): the other guess is copied, then wasted."""
+    g = [4, 8, -1, -1]
+    st, arena = _play([("claim", g, 0), ("resolve", [4, 9, 1, 2], 0),      # 4 TAKEN before any copy
+                       ("copy", g, 0), ("publish", g, 0), ("release", [], 0)])
+    assert st.counts[0].tolist() == [0, 1, 2, BLOB, 0, BLOB, 2, 1, 4]       # 8's bytes copied, and wasted
+    slot = int(st.slot_offset[0])                                           # 4's slot (claimed first)
+    assert int(arena[slot:slot + BLOB].sum()) == 0
+    assert st.state.tolist() == [pf.FREE] * S and st.filled.tolist() == [0] * S
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_kernels_are_the_reference():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     test_a_guess_landed_in_time_is_read_from_its_slot_then_freed()
     test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for()
+    test_a_guess_taken_before_its_copy_is_not_copied()
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, None])
@@ -135,8 +148,9 @@ def test_the_persistent_copy_moves_every_chunk_whatever_its_program_count(progra
     arena = torch.zeros(ram + n * nbytes, dtype=torch.uint8, device=DEV)
     arena[ram:] = torch.randint(0, 256, (n * nbytes,), generator=torch.Generator().manual_seed(5),
                                 dtype=torch.uint8).to(DEV)
-    st = pf.PrefetchState(
-        state=torch.zeros(n, **i64), slot_offset=torch.tensor([i * nbytes for i in range(n)], **i64),
+    st = pf.PrefetchState(                                      # slots 0 and 2 claimed (FILLING) by guesses 0 and 2
+        state=torch.tensor([pf.FILLING, pf.FREE, 2 * 8 + pf.FILLING], **i64),
+        slot_offset=torch.tensor([i * nbytes for i in range(n)], **i64),
         where=torch.full((1, n), -1, **i64), assign=torch.tensor([0, -1, 2], **i64),
         ram_rows=torch.tensor([[ram + e * nbytes for e in range(n)]], **i64),
         tier=torch.ones((1, n), dtype=torch.int8, device=DEV), nbytes=torch.full((1, n), nbytes, **i64),

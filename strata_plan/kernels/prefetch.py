@@ -16,12 +16,14 @@ compare-and-swap or exchange at GPU scope:
 
 `resolve` loads a slot's word with acquire semantics once per routed id; an expert it finds READY is read from its
 slot (the table, and the device LRU's fill source, point there until `release`), one it finds FILLING is TAKEN and read
-in place from pinned RAM: a late or wrong guess costs link bytes (counted as wasted), never a wait or a wrong result.
-`where [L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the tag. A slot is written
-only by the copy of the claim that holds it, and freed only from the main stream after its consumer ran, or, for a
-guess nobody routed, by a later `release` once its copy is over (at the latest `release(L - 1)` after the token's
-streams joined). Counters `counts [L, N_COUNTS]`: uses served from a slot, uses TAKEN (late), slots freed unused (wasted),
-bytes copied, bytes of the uses served from a slot, bytes of the slots freed unused, and the lookahead's precision
+in place from pinned RAM, and the copy skips its chunks not yet moved (it reads the slot's word before each 64 KiB
+chunk): a wrong guess costs its link bytes, a late one those copied before it was taken (counted as wasted), never a
+wait or a wrong result. `where [L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the
+tag. A slot is written only by the copy of the claim that holds it, and freed only from the main stream after its
+consumer ran, or, for a guess nobody routed, by a later `release` once its copy is over (at the latest `release(L - 1)`
+after the token's streams joined). Counters `counts [L, N_COUNTS]`: uses served from a slot, uses TAKEN (late), slots
+freed unused (wasted), bytes copied, bytes of the uses served from a slot, bytes copied into the slots freed unused
+(`filled [S]` holds each slot's), and the lookahead's precision
 and recall terms (`guessed [L, G]`, the guesses for each layer written on the main stream when issued: guesses,
 right guesses, routed ids where a guess existed; `resolve` counts and clears them). `reference_*` are the same in plain Python (the CPU engine's path: there the side stream is the main one,
 so a claimed guess is READY when its layer runs); the kernels are held to them under the interpreter.
@@ -60,6 +62,11 @@ class PrefetchState:
     counts: torch.Tensor       # int64 [L, N_COUNTS]
     guessed: torch.Tensor      # int64 [L, G] the guesses issued for each layer this token, -1 none
     cached_hi: int             # table entries in [0, cached_hi) are VRAM
+    filled: torch.Tensor | None = None    # int64 [S] bytes copied into each slot since its claim (None: made here)
+
+    def __post_init__(self):
+        if self.filled is None:
+            object.__setattr__(self, "filled", torch.zeros_like(self.state))
 
 
 def _word(tag, st):
@@ -85,26 +92,34 @@ def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, 
 
 
 @triton.jit
-def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nbytes_p, counts_p, n_chunks, total, P,
-                CHUNK: tl.constexpr):
+def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nbytes_p, counts_p, state_p, filled_p,
+                n_chunks, total, P, CHUNK: tl.constexpr):
     # grid (P,), persistent: program p copies the items p, p + P, ... of the G x n_chunks items, item (i, b) being bytes
-    # [b CHUNK, (b + 1) CHUNK) of guess i's expert into its slot. A few programs a SM reach the link's rate and leave
-    # the SMs to the main stream's kernels running beside it (a grid of every chunk would hold them all)
+    # [b CHUNK, (b + 1) CHUNK) of guess i's expert into its slot, guesses in order (best first). A few programs a SM
+    # reach the link's rate and leave the SMs to the main stream's kernels running beside it (a grid of every chunk
+    # would hold them all). An item whose slot is no longer FILLING (resolve TAKEN it: its layer reads the expert in
+    # place) is skipped: a late guess stops costing link bytes at the next chunk
     pid = tl.program_id(0)
     for t in range(pid, total, P):                                               # total = G x n_chunks
         i = t // n_chunks
         b = t % n_chunks
         s = tl.load(assign_p + i)
         e = tl.maximum(tl.load(gids_p + i), 0)
-        n = tl.where(s >= 0, tl.load(nbytes_p + jj * E + e), 0)
+        live = s >= 0
+        if live:
+            word = tl.atomic_add(state_p + s, 0, sem="relaxed")                  # the slot's word, not a cached copy
+            live = word == (jj * E + e) * 8 + _FILLING
+        n = tl.where(live, tl.load(nbytes_p + jj * E + e), 0)
         src = (arena_p + tl.load(ram_rows_p + jj * E + e)).to(tl.pointer_type(tl.int64))
         dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
         for k in range(0, CHUNK // 8, COPY_BLOCK):                               # COPY_BLOCK words at a time
             w = tl.cast(b, tl.int64) * (CHUNK // 8) + k + tl.arange(0, COPY_BLOCK)   # [COPY_BLOCK] int64 words
             ok = w < n // 8
             tl.store(dst + w, tl.load(src + w, mask=ok), mask=ok)
-        if (b == 0) & (s >= 0):
-            tl.atomic_add(counts_p + jj * 9 + 3, n, sem="relaxed")
+        moved = tl.minimum(tl.maximum(n - tl.cast(b, tl.int64) * CHUNK, 0), CHUNK)   # this item's bytes
+        if moved > 0:
+            tl.atomic_add(filled_p + s, moved, sem="relaxed")
+            tl.atomic_add(counts_p + jj * 9 + 3, moved, sem="relaxed")
 
 
 @triton.jit
@@ -165,7 +180,7 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
 
 
 @triton.jit
-def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, src_p, nbytes_p, counts_p, S,
+def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, src_p, filled_p, counts_p, S,
                    HAS_SRC: tl.constexpr):
     # main stream, after layer j's MoE: slots of layers <= j whose copy is over back to FREE; one program
     s = tl.zeros([], tl.int64)
@@ -187,7 +202,8 @@ def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, s
                 tl.store(where_p + at, s * 0 - 1)
             wasted = (st != _CONSUMED).to(tl.int64)
             tl.store(counts_p + layer * 9 + 2, tl.load(counts_p + layer * 9 + 2) + wasted)
-            tl.store(counts_p + layer * 9 + 5, tl.load(counts_p + layer * 9 + 5) + wasted * tl.load(nbytes_p + at))
+            tl.store(counts_p + layer * 9 + 5, tl.load(counts_p + layer * 9 + 5) + wasted * tl.load(filled_p + s))
+            tl.store(filled_p + s, s * 0)
             tl.atomic_xchg(state_p + s, s * 0 + _FREE, sem="release")
         s += 1
 
@@ -216,8 +232,8 @@ def copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState, ma
     n_chunks = triton.cdiv(max_bytes, COPY_CHUNK)
     total = gids.numel() * n_chunks
     P = min(total, programs or copy_programs(arena.device))
-    copy_kernel[(P,)](arena, gids, jj, E, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts, n_chunks,
-                      total, P, CHUNK=COPY_CHUNK)
+    copy_kernel[(P,)](arena, gids, jj, E, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts, st.state,
+                      st.filled, n_chunks, total, P, CHUNK=COPY_CHUNK)
 
 
 def publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
@@ -235,7 +251,7 @@ def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
 def release(j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
     release_kernel[(1,)](j, st.table.shape[1], st.state, st.where, st.slot_offset, st.ram_rows, st.table, src,
-                         st.nbytes, st.counts, st.state.numel(), HAS_SRC=st.src is not None, num_warps=1)
+                         st.filled, st.counts, st.state.numel(), HAS_SRC=st.src is not None, num_warps=1)
 
 
 # ---- the plain reference (the CPU engine's path; the kernels are held to it) -----------------------------------
@@ -258,11 +274,13 @@ def reference_claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
 
 
 def reference_copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
+    E = st.table.shape[1]
     for i, e in enumerate(int(x) for x in gids.reshape(-1).tolist()):
         s = int(st.assign[i])
-        if s >= 0:
+        if s >= 0 and int(st.state[s]) == _word(jj * E + e, FILLING):    # not TAKEN meanwhile
             n, a, b = int(st.nbytes[jj, e]), int(st.ram_rows[jj, e]), int(st.slot_offset[s])
             arena[b:b + n] = arena[a:a + n]
+            st.filled[s] += n
             st.counts[jj, COPIED] += n
 
 
@@ -317,5 +335,6 @@ def reference_release(j: int, st: PrefetchState) -> None:
         if int(st.where[layer, e]) == s:
             st.where[layer, e] = -1
         st.counts[layer, WASTED] += int(stt != CONSUMED)
-        st.counts[layer, WASTED_BYTES] += int(stt != CONSUMED) * int(st.nbytes[layer, e])
+        st.counts[layer, WASTED_BYTES] += int(stt != CONSUMED) * int(st.filled[s])
+        st.filled[s] = 0
         st.state[s] = FREE

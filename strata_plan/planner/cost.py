@@ -15,9 +15,9 @@ One GPU (`in_place`: the engine's device loop runs every one-GPU plan): the GPU 
 registered pinned RAM (zero-copy), no round trip, host fetch or stall. With lookahead depth d (recall R, precision P
 from the statistics; layers j < d get R = 0) the share R of a layer's RAM misses (and R waste / P wrong guesses) is
 copied into VRAM slots on a side stream from when layer j-d ends, at R_zc; the part not landed when layer j runs is
-read in place instead (never waited for; its copy goes on). The copies and the in-place reads share the one link
-(`LinkCopies`): a copy runs at R_zc only while the layers' reads leave the link idle (attention, routers, dense
-layers), beside a read the two share it evenly, and the token's end waits for the last copy. With cache slots the device LRU first copies each miss it admits into its
+read in place instead (never waited for; the copy skips what it has not moved). The copies and the in-place reads
+share the one link (`LinkCopies`): a copy runs at R_zc only while the layers' reads leave the link idle (attention,
+routers, dense layers), beside a read the two share it evenly, and the token's end waits for the last copy. With cache slots the device LRU first copies each miss it admits into its
 slot (the same bytes over the link), then the kernel reads VRAM:
     t += t_fill + max(t_ram - t_fill, t_exp_j)      t_ram = warm bytes_j / R_zc(warm bytes_j)
 with t_fill = min(1, c_j / misses_j) t_ram (no cache: max(t_ram, t_exp_j)); with lookahead the layer then runs the
@@ -139,6 +139,14 @@ class LinkCopies:
     def left(self, layer: int) -> float:
         """Seconds of layer's copy not yet done (0: landed, or none issued)."""
         return next((q[1] for q in self.queue if q[0] == layer), 0.0)
+
+    def take(self, t: float, layer: int) -> float:
+        """Layer's MoE starts at t: what its copy has not moved is read in place instead (the copy skips the chunks
+        of a guess its layer took). Returns those seconds."""
+        self.run(t)
+        left = self.left(layer)
+        self.queue = [q for q in self.queue if q[0] != layer]
+        return left
 
     def beside(self, t: float, read: float) -> float:
         """A read of `read` seconds alone on the link starting at t, beside the copies queued then: the two share the
@@ -555,7 +563,8 @@ class CostModel:
             inplace = {"bytes": x["warm_bytes"] + x["cold_bytes"] - share, "share": share,
                        "copy": self.ram_read_seconds((1 + waste) * share),
                        "filled": np.minimum(1.0, c_j / np.maximum(x["n_miss"], 1e-30)),
-                       "lookahead": self.lookahead_gpu_seconds(placement)}
+                       "lookahead": self.lookahead_gpu_seconds(placement),
+                       "landed": np.ones(cur.n_layers)}     # the walk's: the share of each copy moved in time
             zero = np.zeros(cur.n_layers)
             dem_p = fill = pre_p = host_dem = host_pre = zero
             # NVMe misses the staging cache does not hold are read by the stager: the lookahead's share R issued
@@ -571,13 +580,19 @@ class CostModel:
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
         link_n = float(np.sum(dem_n + pre_n))
         warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
-        wasted = float(np.sum(R * waste * (x["warm_bytes"] + (x["cold_bytes"] if inplace is None else cold_read))))
+        if inplace is None:
+            wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
+        else:                               # wrong guesses copied before their layer took the rest, the stager's
+            wrong = R * waste * x["warm_bytes"] * inplace["landed"]
+            wasted = float(np.sum(wrong + R * waste * cold_read))
         if split:
             links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste, remote["p"])
             dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
             link_p = max(max(links), host)
-        else:                                   # in place: the reads, and the lookahead's copies
-            moe_link = self.ram_read_seconds(inplace["bytes"]) + inplace["copy"]
+        else:                                   # in place: the reads (a late copy's part too), the copies moved
+            landed = inplace["landed"]
+            moe_link = (self.ram_read_seconds(inplace["bytes"] + (1 - landed) * inplace["share"])
+                        + landed * inplace["copy"])
             link_p = (float(np.sum(moe_link)) + sum(self.in_place_dense_seconds(u) for u in streamed)
                       + row / self.h2d(row))
         T = max(t, link_p, link_n)
@@ -593,7 +608,7 @@ class CostModel:
                "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted,
                "nvme_read": float(np.sum(cold_read))}     # read from the drive (device loop: not staged already)
         if inplace is not None:             # staged experts cross PCIe in place; the stager's wrong guesses do not
-            bpt["pcie"] = ram + cold + float(np.sum(R * waste * x["warm_bytes"]))
+            bpt["pcie"] = ram + cold + float(np.sum(wrong))
         if split:
             bpt["peer"] = float(hops(ug) * row + 2 * row * remote["p"].sum())  # split points, remote experts
         s, m, _ = placement.arrays
@@ -743,8 +758,9 @@ class CostModel:
                     sec["nvme"] += wait
                     t += wait
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
-                copies.run(t)                            # the lookahead's copy not landed: read in place
-                late = min(1.0, copies.left(j) / inplace["copy"][j]) if inplace["copy"][j] > 0 else 0.0
+                left = copies.take(t, j)                 # the lookahead's copy not landed: read in place
+                late = min(1.0, left / inplace["copy"][j]) if inplace["copy"][j] > 0 else 0.0
+                inplace["landed"][j] = 1.0 - late
                 nb = inplace["bytes"][j] + late * inplace["share"][j]
                 t_ram = copies.beside(t, nb / self.zero_copy(nb)) if nb > 0 else 0.0    # beside queued copies
                 t_fill = inplace["filled"][j] * t_ram    # the fill, then the kernel beside the rest in place
