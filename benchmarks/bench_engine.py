@@ -355,12 +355,13 @@ def main() -> int:
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
             if f"{name}.plan.decode_tok_s" in metrics:
                 metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
-            ratio = [f"{name}.{m}.decode_tok_s" for m in ("plan", "on-demand")]
-            if all(k in metrics for k in ratio):                 # plan / on-demand, measured beside the cost model's
-                metrics[f"{name}.plan_over_ondemand"] = metrics[ratio[0]] / metrics[ratio[1]]
-                if a.profile:
-                    pr = [metrics[f"{name}.{m}.predicted_decode_tok_s"] for m in ("plan", "on-demand")]
-                    metrics[f"{name}.plan_over_ondemand_predicted"] = pr[0] / pr[1]
+            for other, key in (("on-demand", "ondemand"), ("lru", "lru")):   # plan / on-demand and / LRU-only,
+                ratio = [f"{name}.{m}.decode_tok_s" for m in ("plan", other)]   # measured beside the cost model's
+                if all(k in metrics for k in ratio):
+                    metrics[f"{name}.plan_over_{key}"] = metrics[ratio[0]] / metrics[ratio[1]]
+                    if a.profile:
+                        pr = [metrics[f"{name}.{m}.predicted_decode_tok_s"] for m in ("plan", other)]
+                        metrics[f"{name}.plan_over_{key}_predicted"] = pr[0] / pr[1]
         metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)
         if a.pinned_gb and torch.cuda.is_available() and not late("pinned cost"):
             metrics.update(pinned_cost(a.pinned_gb * 1e9))
