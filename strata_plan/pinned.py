@@ -60,10 +60,14 @@ class HostRegion:
         device = torch.device(device)
         self.nbytes = int(nbytes)
         self.mapped = max(HUGE, -(-self.nbytes // HUGE) * HUGE)
-        self._mm = mmap.mmap(-1, self.mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # one huge page more than needed, so the region can start on a 2 MiB boundary whatever address the kernel
+        # gives (only whole, aligned 2 MiB ranges can be transparent huge pages)
+        self._mm = mmap.mmap(-1, self.mapped + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             self._mm.madvise(mmap.MADV_HUGEPAGE)
-        self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8)[:self.nbytes]
+        whole = torch.frombuffer(self._mm, dtype=torch.uint8)
+        skip = -whole.data_ptr() % HUGE
+        self.tensor = whole[skip:skip + self.nbytes]
         self.host_ptr = self.tensor.data_ptr()
         self.registered = False
         self.register_s = 0.0
@@ -98,10 +102,10 @@ class HostRegion:
             head = line.split(" ", 1)[0]
             if "-" in head and not head.endswith(":"):          # a mapping's header: start-end perms ...
                 start, end = (int(v, 16) for v in head.split("-"))
-                inside = lo <= start and end <= hi
+                inside = start < hi and end > lo          # the mapping (the region and < 2 MiB of slack) or a piece
             elif inside and line.startswith("AnonHugePages:"):
                 huge += int(line.split()[1]) * 1024
-        return huge / self.mapped
+        return min(huge, self.mapped) / self.mapped
 
     def close(self) -> None:
         """Unregister, and drop this object's hold on the mapping: it is unmapped when the last tensor viewing
