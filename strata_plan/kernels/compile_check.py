@@ -102,7 +102,8 @@ def _device_loop_kernels(arch: int) -> list:
             "tier_p": P["i8"], "S": "i32", "cached_hi": "i64"}, dict(G=8), arch, num_warps=1)),
         ("prefetch copy", _compile(prefetch.copy_kernel, {
             "arena_p": P["u8"], "gids_p": i64, "jj": "i32", "E": "i32", "assign_p": i64, "slot_offset_p": i64,
-            "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "n_chunks": "i32", "total": "i32", "P": "i32"},
+            "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "state_p": i64, "filled_p": i64, "n_chunks": "i32",
+            "total": "i32", "P": "i32"},
             dict(CHUNK=prefetch.COPY_CHUNK), arch)),
         ("rms norm", _compile(norm.rms_norm_kernel, {
             "x_p": P["bf16"], "stride_x": "i32", "w_p": P["bf16"], "out_p": P["bf16"], "D": "i32", "eps": "fp32"},
@@ -125,7 +126,7 @@ def _device_loop_kernels(arch: int) -> list:
             "cached_hi": "i64"}, dict(K=8, G=8, GB=8, HAS_SRC=True), arch, num_warps=1)),
         ("prefetch release", _compile(prefetch.release_kernel, {
             "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64, "ram_rows_p": i64,
-            "table_p": i64, "src_p": i64, "nbytes_p": i64, "counts_p": i64, "S": "i32"}, dict(HAS_SRC=True), arch,
+            "table_p": i64, "src_p": i64, "filled_p": i64, "counts_p": i64, "S": "i32"}, dict(HAS_SRC=True), arch,
             num_warps=1)),
     ]
 
