@@ -498,3 +498,22 @@ def test_tied_embeddings_stream_as_the_lm_head_or_stay_on_the_device(packed_tied
     assert torch.equal(logits, ref_logits) and tokens == ref_tokens
     assert (c["dense_bytes"]["embeddings"] > 0) == (head == "ram")
     assert (c["dense_bytes"]["lm_head"] > 0) == (head == "ram")
+
+
+def test_generate_in_blocks_stops_at_its_end_of_sequence_id_inside_a_block(packed_bf16):
+    """`generate` with 4 tokens a launch: the greedy and the sampled tokens of one launch a token, and an end-of-sequence
+    id in the middle of a launch ends the text there (the tokens past it, computed, are not handed out)."""
+    from strata_plan.engine.generate import Sampling, generate
+    plan = bf16_plan(4, 28, 2, 1, chunk=4)
+    out = {}
+    for k in (1, 4):
+        with Engine.open(packed_bf16, plan, EngineOptions(device="cpu", tokens_per_graph=k)) as eng:
+            m = eng.model
+            out[k] = (generate(m, PROMPT, 11, plan.prefill_chunk, eos_ids=[]),
+                      generate(m, PROMPT, 11, plan.prefill_chunk, Sampling(temperature=1.5, seed=3), eos_ids=[]))
+            stop = out[k][0][6]                           # the 7th token: inside the second launch of 4
+            seen = []
+            got = generate(m, PROMPT, 11, plan.prefill_chunk, eos_ids=[stop], on_token=seen.append)
+            first = out[k][0].index(stop)
+            assert got == seen == out[k][0][:first + 1]
+    assert out[1] == out[4] and len(out[4][0]) == 11

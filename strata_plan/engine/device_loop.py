@@ -43,10 +43,13 @@ class TokenRing:
     step's token, or a block's) queues their copy into pinned memory behind the work so far; `pop()` waits for the
     oldest pushed copy alone (a blocking event: the thread sleeps, so its CPU time is work) and returns its ids as a
     list of ints. `poll_s`: wait instead by sleeping that long between queries of the event (a diagnostic: whether
-    the driver's blocking wait costs the thread CPU time)."""
+    the driver's blocking wait costs the thread CPU time). On a CPU device (`cuda=False`) the ids are read at once."""
 
-    def __init__(self, n: int = 4, width: int = 1, poll_s: float | None = None):
-        self.poll_s = poll_s
+    def __init__(self, n: int = 4, width: int = 1, poll_s: float | None = None, cuda: bool = True):
+        self.poll_s, self.cuda = poll_s, cuda
+        self._cpu: list[list[int]] = []
+        if not cuda:
+            return
         self.host = torch.empty((n, width), dtype=torch.int64, pin_memory=True)
         self._slots = [self.host[i] for i in range(n)]           # views made once: a push is one copy launch
         self._ids = self.host.numpy()                             # read without a tensor op
@@ -55,6 +58,9 @@ class TokenRing:
         self.head = self.size = 0
 
     def push(self, ids: torch.Tensor) -> None:
+        if not self.cuda:
+            self._cpu.append(ids.reshape(-1).tolist())
+            return
         if self.size == len(self.events):
             raise RuntimeError("TokenRing is full: pop before pushing more")
         i = (self.head + self.size) % len(self.events)
@@ -65,6 +71,8 @@ class TokenRing:
         self.size += 1
 
     def pop(self) -> list[int]:
+        if not self.cuda:
+            return self._cpu.pop(0)
         i = self.head
         if self.poll_s is None:
             self.events[i].synchronize()

@@ -131,9 +131,9 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
              eos_ids: Sequence[int] | None = None, on_token: Callable[[int], None] | None = None) -> list[int]:
     """Prefill the prompt (in chunks of `chunk`) from an empty cache and decode up to `max_new_tokens`
     tokens, stopping after an end-of-sequence id (default: the config's `eos_token_id`). Returns the
-    new ids. With a step runner that can run ahead (`device_loop.DeviceDecode.ahead`) the next launch is queued
-    before the host reads this one's tokens, so the GPU never waits for the host between tokens; a launch runs the
-    runner's `k` tokens (`EngineOptions.tokens_per_graph`), which reach the host together."""
+    new ids. With a step runner that chains steps (`device_loop.DeviceDecode.blocks`) a launch runs its `k` tokens
+    (`EngineOptions.tokens_per_graph`), which reach the host together; with graphs (`ahead`) the next launch is queued
+    before the host reads this one's tokens, so the GPU never waits for the host between tokens."""
     check_length(len(prompt_ids), max_new_tokens, model.context, getattr(model.cfg, "max_positions", 0))
     eos = set(model.cfg.eos_ids if eos_ids is None else eos_ids)
     gen = None
@@ -161,13 +161,14 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
                 return True
         return False
 
-    if getattr(model.step_runner, "ahead", False):          # launches queued before the host reads their tokens
-        ring = TokenRing(width=model.step_runner.k)
+    runner = model.step_runner
+    if getattr(runner, "blocks", False) and getattr(runner, "picks", False):   # k steps a launch (with graphs queued
+        ring = TokenRing(width=runner.k, cuda=runner.ahead)                    # before the host reads their tokens)
         ring.push(token)
         left = max_new_tokens - 1                           # tokens still to launch
         while True:
             if left:                                        # queued behind the tokens not read yet (past an EOS: unused)
-                n = min(model.step_runner.k, left)
+                n = min(runner.k, left)
                 left -= n
                 token = model.decode_block(token[-1:], n, pick=pick, greedy=pick is None)
                 ring.push(token)
