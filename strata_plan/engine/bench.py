@@ -59,7 +59,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         k = runner.k if ahead else 1                  # tokens a launch (the host reads them together)
         blocks = -(-tokens // k)                      # timed launches: `tokens` rounded up to whole launches
         tokens = blocks * k
-        warm = -(-warmup // k) if k == 1 else max(2, -(-warmup // k))   # a block's graph captured before timing
+        warm = warmup if k == 1 else max(2, -(-warmup // k))   # launches; a block's graph captured before timing
         n_prefill = min(chunk, max(1, m.context - tokens - warm * k - k - 1) // 2)
         # ---- prefill: one warm-up chunk, one timed chunk ---------------------------------------------
         m.reset()

@@ -214,13 +214,16 @@ class MoEModel:
         if greedy:
             pick = GREEDY
         static = self.step_runner is not None if static is None else static
-        if isinstance(token, torch.Tensor):
-            ids = token.reshape(1).to(device=self.device, dtype=torch.long)
-        else:
-            ids = torch.tensor([int(token)], dtype=torch.long, device=self.device)
+        ids = self._token_ids(token)
         if pick is not None and not static:
             return pick(self.forward(ids))
         return self.forward(ids, static=static, pick=pick)
+
+    def _token_ids(self, token) -> torch.Tensor:
+        """A token (an int, or a one-element tensor: kept on the device, no host copy) as int64 [1] on the device."""
+        if isinstance(token, torch.Tensor):
+            return token.reshape(1).to(device=self.device, dtype=torch.long)
+        return torch.tensor([int(token)], dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def decode_block(self, token, n: int, greedy: bool = False, pick=None) -> torch.Tensor:
@@ -236,8 +239,7 @@ class MoEModel:
         if getattr(r, "blocks", False) and n <= r.k:
             if self.pos + n > self.context:
                 raise ValueError(f"{self.pos} cached + {n} new tokens exceed the context of {self.context}")
-            ids = token.reshape(1) if isinstance(token, torch.Tensor) else torch.tensor([int(token)], device=self.device)
-            out = r(ids.to(device=self.device, dtype=torch.long), pick=pick, n=n)
+            out = r(self._token_ids(token), pick=pick, n=n)
             self.pos += n
             return out
         out = []

@@ -817,9 +817,10 @@ class CostModel:
         sec["hbm" if t_lm_hbm >= t_lm_fl else "compute"] += max(t_lm_hbm, t_lm_fl)
         sec["overhead"] += head.head_overhead
         t += max(t_lm_hbm, t_lm_fl) + head.head_overhead
-        if inplace is not None and copies.drained(t) > t:     # the token's end joins the copies' side stream
-            sec["pcie"] += copies.drained(t) - t
-            t = copies.drained(t)
+        if inplace is not None:                           # the token's end joins the copies' side stream
+            end = copies.drained(t)
+            sec["pcie"] += end - t
+            t = end
         return sec, t
 
     def _prefill(self, placement, s: np.ndarray, b: np.ndarray) -> tuple[float, str, dict, dict]:
