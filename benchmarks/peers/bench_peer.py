@@ -7,9 +7,11 @@ Per llama.cpp type (`--types`, with `--ours` the engine's format of the nearest 
 1. GGUF: F32 (the KL base) and BF16 (`to_gguf.py`); an importance matrix from `--text` (`llama-imatrix`); the
    routed experts quantized to the type, every other tensor kept BF16 (`llama-quantize`, README.md).
 2. llama.cpp, `llama-bench` (median of `--repeats`, prefill `--prompt` tokens, decode `--gen` tokens): every
-   tensor on the GPU (`-ngl 99`, the ceiling); at the budget, the experts of the first `--cpu-moe-layers` layers in
-   RAM, computed by the CPU (`-ncmoe`, `--threads`); and the placement `strata-plan export --format llama.cpp` makes
-   of the engine's plan below (`-ot`), with the export's predicted decode tok/s beside it.
+   tensor on the GPU (`-ngl 99`, the ceiling); the probe, the experts of the first `--probe-cpu-layers` MoE layers
+   on the CPU (llama.cpp's hand-off a CPU layer, measured: `one_type`); at the budget, the experts of the first
+   `--cpu-moe-layers` MoE layers in RAM, computed by the CPU (`-ncmoe` counts decoder blocks, the leading dense one
+   included, `--threads`); and the placement `strata-plan export --format llama.cpp` makes of the engine's plan
+   below (`-ot`), made with the measured hand-off; the export's predictions of both beside them.
 3. llama.cpp's KL divergence and top-1 agreement against the F32 GGUF on `--text` (`llama-perplexity`), after
    checking that its tokenizer gives the checkpoint's own ids on the text (`llama-tokenize`).
 4. The engine on the same checkpoint: packed in the paired format, planned with the same share of each layer's
@@ -139,6 +141,8 @@ def main() -> int:
     ap.add_argument("--ours", default="q2_g32_s8m8,q1_g32_s8m4", help="the engine's format paired with each type")
     ap.add_argument("--cpu-moe-layers", type=int, default=6, help="llama.cpp's -ncmoe: MoE layers whose experts stay "
                     "in RAM; the engine keeps the same share of each layer's expert bytes in RAM")
+    ap.add_argument("--probe-cpu-layers", type=int, default=2, help="MoE layers whose experts the probe puts on the "
+                    "CPU, to measure llama.cpp's hand-off a CPU layer")
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
@@ -168,7 +172,8 @@ def main() -> int:
 def rows(a, metrics: dict, runs: dict, errors: list, save) -> None:
     """Every row of `main`, saved as they come; a type whose rows fail is recorded in `errors`, the next goes on."""
     from strata_plan.engine.config import ModelConfig
-    n_moe = len(ModelConfig.load(a.checkpoint).moe_layers)
+    a.moe_layers = tuple(ModelConfig.load(a.checkpoint).moe_layers)     # decoder layer = llama.cpp block index
+    n_moe = len(a.moe_layers)
     vram_share = (n_moe - a.cpu_moe_layers) / n_moe
     f32, bf16 = a.work / "model-f32.gguf", a.work / "model-bf16.gguf"
     for path, kind in ((f32, "f32"), (bf16, "bf16")):
@@ -183,6 +188,7 @@ def rows(a, metrics: dict, runs: dict, errors: list, save) -> None:
     sh([str(a.llama_bin / "llama-imatrix"), "-m", str(bf16), "-f", a.text, RAW, "-o", str(imatrix), "-c", str(a.chunk),
         "-t", str(a.threads), "-ngl", "99"], a.work / "imatrix.log")
     metrics.update({"budget.vram_share_of_expert_bytes": vram_share, "budget.llama_cpu_moe_layers": a.cpu_moe_layers,
+                    "budget.llama_ncmoe": a.moe_layers[a.cpu_moe_layers - 1] + 1,
                     "text.tokens": n_tokens, "text.llama_ids_equal": 1.0})
     for qtype, fmt in zip(a.types.split(","), a.ours.split(",")):
         try:
@@ -192,20 +198,66 @@ def rows(a, metrics: dict, runs: dict, errors: list, save) -> None:
         save()
 
 
+def cpu_layer_model(plan: Path, profile: str):
+    """The export's llama.cpp model of `plan` with no hand-off (`LlamaCppCost`, h = 0): what its CPU layers' bytes
+    alone add to a token."""
+    import dataclasses
+    from strata_plan.planner.export import DEFAULT_CPU_LAYER_US, LlamaCppCost
+    from strata_plan.planner.make import load_plan_problem
+    _, problem = load_plan_problem(str(plan), profile, None)
+    return LlamaCppCost(problem, cpu_layer=dataclasses.replace(DEFAULT_CPU_LAYER_US, value=0.0))
+
+
+def bytes_seconds(model, cpu_layers) -> float:
+    """Seconds a token the model's CPU layers (MoE-layer positions) add without their hand-off: their bytes at the
+    RAM rate less their fused expert call on the GPU."""
+    gpu = [j not in set(cpu_layers) for j in range(len(model.t_exp))]
+    return 1 / model.predict(gpu)[1].decode_tok_s - 1 / model.gpu_pred.decode_tok_s
+
+
 def one_type(a, qtype: str, fmt: str, f32: Path, bf16: Path, imatrix: Path, vram_share: float, metrics: dict,
              runs: dict, save) -> None:
-    """llama.cpp at `qtype` and the engine at `fmt`: speed rows, then quality rows (each saved as it lands)."""
+    """llama.cpp at `qtype` and the engine at `fmt`: speed rows, then quality rows (each saved as it lands).
+
+    The hand-off a CPU layer costs llama.cpp is measured on the probe (`--probe-cpu-layers`, the first MoE layers'
+    experts on the CPU): its extra seconds a token over every layer on the GPU, less what the export's model counts
+    for those layers' bytes, per layer. The export is then made with that figure (`--cpu-layer-us`), and the budget
+    and export placements, which put other numbers of layers on the CPU, are predicted with it: the extra time a
+    token of their CPU layers, predicted beside measured, checks the model; the absolute tok/s adds the cost model's
+    GPU time, which is strata-plan's kernels', not llama.cpp's."""
     model = a.work / f"model-{qtype}.gguf"
     quantize(a.llama_bin, bf16, model, qtype, imatrix, a.work / f"quantize-{qtype}.log")
     plan = our_plan(a.checkpoint, fmt, vram_share, a.profile, a.work)
-    export = cli_json(["export", str(plan), "--format", "llama.cpp"])     # the plan as llama.cpp can place it
-    runs[f"export/{fmt}"] = export
-    metrics[f"llama.{qtype}.export.predicted_decode_tok_s"] = export["predicted"]["decode_tok_s"]
-    for where, extra in (("gpu", ["-ngl", "99"]), ("budget", ["-ngl", "99", "-ncmoe", str(a.cpu_moe_layers)]),
-                         ("export", ["-ngl", "99", *export["override_args"]])):
+    moe = list(a.moe_layers)
+    measured = {}
+
+    def bench(where: str, extra: list[str]) -> None:
         for k, v in llama_bench(a.llama_bin, model, a, extra, a.work / f"bench-{qtype}-{where}.log").items():
             metrics[f"llama.{qtype}.{where}.{k}"] = v
+        measured[where] = 1 / metrics[f"llama.{qtype}.{where}.decode_tok_s"]
         save()
+
+    # -ncmoe N: the expert tensors of blocks 0..N-1 on the CPU (dense leading blocks have none)
+    bench("gpu", ["-ngl", "99"])
+    bench("probe", ["-ngl", "99", "-ncmoe", str(moe[a.probe_cpu_layers - 1] + 1)])
+    m = cpu_layer_model(plan, a.profile)
+    probe = range(a.probe_cpu_layers)
+    h = ((measured["probe"] - measured["gpu"]) - bytes_seconds(m, probe)) / a.probe_cpu_layers
+    metrics[f"llama.{qtype}.cpu_layer_us"] = h * 1e6
+    export = cli_json(["export", str(plan), "--format", "llama.cpp", "--cpu-layer-us", f"{max(h, 0.0) * 1e6:.3f}",
+                       *(["--gpu-buffer", "CPU"] if a.device == "cpu" else [])])     # a CPU build has no CUDA0
+    runs[f"export/{fmt}"] = export
+    placements = {"budget": (range(a.cpu_moe_layers), ["-ncmoe", str(moe[a.cpu_moe_layers - 1] + 1)]),
+                  "export": ([moe.index(layer) for layer in export["cpu_layers"]], export["override_args"])}
+    for where, (cpu, args) in placements.items():
+        bench(where, ["-ngl", "99", *args])
+        dt = bytes_seconds(m, cpu) + len(cpu) * max(h, 0.0)
+        metrics[f"llama.{qtype}.{where}.cpu_layers"] = len(cpu)
+        metrics[f"llama.{qtype}.{where}.cpu_layers_ms_a_token"] = (measured[where] - measured["gpu"]) * 1e3
+        metrics[f"llama.{qtype}.{where}.predicted_cpu_layers_ms_a_token"] = dt * 1e3
+        metrics[f"llama.{qtype}.{where}.predicted_decode_tok_s"] = 1 / (1 / m.gpu_pred.decode_tok_s + dt)
+    metrics[f"llama.{qtype}.gpu.predicted_decode_tok_s"] = m.gpu_pred.decode_tok_s
+    save()
     for k, v in llama_kl(a.llama_bin, f32, model, a, a.work).items():
         metrics[f"llama.{qtype}.{k}"] = v
     metrics[f"llama.{qtype}.file_bytes"] = model.stat().st_size

@@ -19,12 +19,20 @@ layers (llama.cpp's default `--split-mode layer` places whole layers by those pr
 chosen MoE layers go to its own buffer (`-ot ...=CUDA0`, `-ot ...=CUDA1`); the knapsack then fills each
 GPU's VRAM budget with its own layers.
 
-That layer-granular placement is predicted again with the cost model and reported beside the plan's own
-per-expert prediction; the plan's own per-layer majority (more than half of a layer's experts static in
-VRAM) only explains, in the notes, which layers moved. The cost model predicts strata-plan's engine running it (CPU-held experts copied to the GPU
-when used); llama.cpp computes them on the CPU instead, which the model does not capture, so the host-RAM
-bound of that CPU work is reported separately. Byte counts are those of strata-plan's packed formats, not
-of a GGUF quantization.
+That layer-granular placement is predicted as llama.cpp runs it (`LlamaCppCost`) and reported beside the
+plan's own per-expert prediction; the plan's own per-layer majority (more than half of a layer's experts static
+in VRAM) only explains, in the notes, which layers moved. llama.cpp computes a CPU layer's experts on the CPU, in
+series with the GPU (batch 1: each layer needs the last one's output), so decode a token takes
+
+    T = T_gpu(every layer's experts in VRAM) - sum_cpu t_exp_j + sum_cpu (ram_j / RAM + nvme_j / NVMe + h)
+
+with T_gpu and t_exp_j (the layer's fused expert call) from the cost model, ram_j / nvme_j the layer's routed
+bytes a token held in RAM / left to the GGUF's memory map, and h the hand-off a CPU layer costs llama.cpp
+beyond its bytes (the GPU's work synchronised, the hidden state copied both ways, the CPU thread pool's ops): a
+measured latency (`--cpu-layer-us`, from `llama-bench -ncmoe N` against `-ncmoe 0`), else the estimate
+`DEFAULT_CPU_LAYER_US`. Prefill is the cost model's for the placement (llama.cpp, too, copies CPU-held
+experts to the GPU for batches of 32 tokens and more). Byte counts are those of strata-plan's packed formats,
+not of a GGUF quantization.
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ from strata_plan.core.lookahead import staging_slots
 from strata_plan.errors import UserError
 from strata_plan.planner.bound import Throughput
 from strata_plan.planner.placement import Placement, footprint
+from strata_plan.profiles.schema import Figure
 from strata_plan.units import fmt_bytes_pair
 
 EXPERT_TENSORS = r"ffn_.*_exps\."
@@ -46,11 +55,26 @@ its merged expert tensors (`llama_cpp_experts` in `core.families`); tests/test_f
 GPU_BUFFER = "CUDA0"
 CPU_BUFFER = "CPU"
 FORMATS = ("llama.cpp",)
+DEFAULT_CPU_LAYER_US = Figure(193.0, "estimate", "H200, 16 threads, llama.cpp of llama-cpp-python 0.3.36, peer-moe "
+                              "(benchmarks/peers/, 2026-12-05): 1/530 - 1/1076 s a token over the 5 MoE layers of "
+                              "--n-cpu-moe 6, less their bytes at the RAM rate, plus their GPU expert call")
+"""llama.cpp's time for one MoE layer whose experts run on the CPU, beyond reading their bytes (module docstring)."""
 
 
 def majority_gpu(vram: int, n_experts: int) -> bool:
     """A layer goes to the GPU when more than half of its experts are static in VRAM in the plan."""
     return 2 * vram > n_experts
+
+
+def measured_cpu_layer(us: float | None) -> Figure:
+    """`--cpu-layer-us` as a measured `Figure` (today's date), or the estimate when it is not given."""
+    if us is None:
+        return DEFAULT_CPU_LAYER_US
+    if not 0 <= us <= 1e6:
+        raise UserError("--cpu-layer-us", str(us), "must lie in [0, 1e6] microseconds",
+                        "pass the figure llama-bench gives, e.g. --cpu-layer-us 160")
+    import datetime
+    return Figure(float(us), "measured", "--cpu-layer-us", datetime.date.today().isoformat())
 
 
 @dataclass(frozen=True)
@@ -96,11 +120,12 @@ class LlamaCppExport:
     ram_experts: int                   # bytes of CPU-layer experts the page cache can keep in RAM ...
     nvme_experts: int                  # ... and the rest, read from the GGUF file on NVMe when used
     plan_predicted: Throughput         # the plan as planned (per expert, with cache and prefetch)
-    predicted: Throughput              # the layer-granular placement, predicted by the same cost model
+    predicted: Throughput              # the layer-granular placement as llama.cpp runs it (`LlamaCppCost`)
     cpu_bound_decode_tok_s: float | None   # llama.cpp computes CPU experts: host RAM bandwidth bounds decode
     streamed_dense_bytes: int          # dense weights the plan streams from RAM; -ngl 999 keeps them in VRAM
     notes: tuple[str, ...]             # what per-expert detail the export loses, and why
     tensor_split: tuple[int, ...] = ()     # several GPUs: decoder layers on each (llama.cpp --tensor-split)
+    cpu_layer: Figure = DEFAULT_CPU_LAYER_US   # llama.cpp's hand-off a CPU layer, in `predicted`
 
     def buffer(self, g: int) -> str:
         """GPU g's buffer type: `gpu_buffer` with its device number replaced (CUDA0 -> CUDA1)."""
@@ -159,14 +184,15 @@ class LlamaCppExport:
                  f"{self.nvme_experts / 1e9:.2f} GB read from the GGUF on NVMe when used.",
                  f"Predicted (cost model), the plan as planned: decode {_tok(pp.decode_tok_s)} tok/s "
                  f"({pp.decode_binding}), prefill {_tok(pp.prefill_tok_s)} tok/s ({pp.prefill_binding}).",
-                 f"Predicted (cost model), this layer-granular placement{'' if self.fits_vram else ' (over budget)'}: "
+                 f"Predicted, llama.cpp running this layer-granular placement{'' if self.fits_vram else ' (over budget)'}: "
                  f"decode {_tok(p.decode_tok_s)} tok/s "
                  f"({p.decode_binding}), prefill {_tok(p.prefill_tok_s)} tok/s ({p.prefill_binding}); physical bound "
                  f"{_tok(p.bound_decode_tok_s)} / {_tok(p.bound_prefill_tok_s)} tok/s."]
         if self.cpu_bound_decode_tok_s is not None:
-            lines.append(f"llama.cpp computes CPU-held experts on the CPU, which the cost model does not model "
-                         f"(it copies them to the GPU): reading them from host RAM alone bounds decode at "
-                         f"{_tok(self.cpu_bound_decode_tok_s)} tok/s (bound, not a prediction).")
+            h = self.cpu_layer
+            lines.append(f"Decode computes the CPU layers' experts on the CPU, each layer {h.value:.0f} us of hand-off "
+                         f"beyond its bytes ({h.provenance}: {h.source}); reading them from host RAM alone bounds "
+                         f"decode at {_tok(self.cpu_bound_decode_tok_s)} tok/s (bound, not a prediction).")
         return lines + [f"Lost: {n}" for n in self.notes]
 
     def as_data(self, gguf: str = "MODEL.gguf") -> dict:
@@ -181,7 +207,8 @@ class LlamaCppExport:
                 "nvme_experts_bytes": self.nvme_experts, "label": "predicted",
                 "plan_predicted": dataclasses.asdict(self.plan_predicted),
                 "predicted": dataclasses.asdict(self.predicted),
-                "cpu_bound_decode_tok_s": self.cpu_bound_decode_tok_s, "notes": list(self.notes),
+                "cpu_bound_decode_tok_s": self.cpu_bound_decode_tok_s, "cpu_layer_us": dataclasses.asdict(self.cpu_layer),
+                "notes": list(self.notes),
                 "layers": [dataclasses.asdict(c) for c in self.layers]}
 
 
@@ -231,16 +258,71 @@ def layer_values(problem) -> np.ndarray:
     return problem.spec.top_k * (pop * rb).sum(axis=1)
 
 
-def choose_layers(plan, problem, cost=None) -> tuple[tuple[bool, ...], Placement, object]:
+class LlamaCppCost:
+    """llama.cpp's decode of whole layers of experts on the GPU or the CPU (the module docstring's T), with the
+    cost model's prefill of the same placement, and the bound of that placement run llama.cpp's way."""
+
+    def __init__(self, problem, cost=None, cpu_layer: Figure = DEFAULT_CPU_LAYER_US, gpu_split: tuple[int, ...] = ()):
+        from strata_plan.planner.cost import CostModel
+        self.problem, self.cpu_layer, self.gpu_split = problem, cpu_layer, gpu_split
+        self.cost = cost or CostModel(problem)
+        L = problem.curves.pop.shape[0]
+        self.all_gpu = layer_placement(problem, [True] * L, gpu_split)
+        self.gpu_pred = self.cost.predict(self.all_gpu)
+        pop, rb, k = problem.curves.pop, problem.rank_bytes, problem.spec.top_k
+        kern = rb / np.array([self.cost.kernel_rate(f) for f in problem.rank_formats])
+        self.t_exp = k * (pop * kern).sum(axis=1)                  # [L] the fused expert call on the GPU
+        self.ram_rate = problem.profile.host.ram_gbps.value * 1e9
+        self.nvme_rate = self.cost.nvme(float(rb.mean()), 1)       # page faults of the memory map: one at a time
+
+    def cpu_bytes(self, placement) -> tuple[np.ndarray, np.ndarray]:
+        """[L] routed bytes a token each layer's CPU-held experts read from RAM and from the GGUF on NVMe (the page
+        cache keeps `placement.ram` of its most used ranks); zero for GPU layers."""
+        pop, rb, k = self.problem.curves.pop, self.problem.rank_bytes, self.problem.spec.top_k
+        s, m, _ = placement.arrays
+        rank = np.arange(pop.shape[1])[None, :]
+        off = rank >= np.asarray(s)[:, None]
+        in_ram = off & (rank < (np.asarray(s) + np.asarray(m))[:, None])
+        by = k * pop * rb
+        return (by * in_ram).sum(axis=1), (by * (off & ~in_ram)).sum(axis=1)
+
+    def predict(self, on_gpu):
+        """(placement, the cost model's `Prediction` with decode replaced by llama.cpp's T)."""
+        import dataclasses
+        gpu = np.asarray(on_gpu, dtype=bool)
+        p = layer_placement(self.problem, gpu, self.gpu_split)
+        pred = self.cost.predict(p)
+        ram, nvme = self.cpu_bytes(p)
+        cpu = ~gpu
+        t_read = float((ram[cpu] / self.ram_rate + nvme[cpu] / self.nvme_rate).sum())
+        t_hand = int(cpu.sum()) * self.cpu_layer.value * 1e-6
+        t_gpu = 1.0 / self.gpu_pred.decode_tok_s - float(self.t_exp[cpu].sum())
+        T = t_gpu + t_read + t_hand
+        row = 2 * self.problem.spec.hidden
+        bpt = dict(self.gpu_pred.bytes_per_token, ram=float(ram.sum()), nvme=float(nvme.sum()), wasted=0.0,
+                   pcie=float(2 * row * cpu.sum() + row))
+        bpt["vram"] -= bpt["ram"] + bpt["nvme"]
+        seconds = dict(self.gpu_pred.decode_seconds, cpu_experts=t_read, cpu_handoff=t_hand, gpu=t_gpu, token=T)
+        binding = "cpu" if t_read + t_hand > t_gpu else self.gpu_pred.decode_binding
+        return p, dataclasses.replace(pred, decode_tok_s=1.0 / T, decode_binding=binding, decode_seconds=seconds,
+                                      bytes_per_token=bpt)
+
+    def bound(self, placement, on_gpu):
+        """The placement's `Bound` with decode run llama.cpp's way: the GPU's links without the CPU layers' expert
+        bytes, then those bytes at the RAM peak, in series (bound.cpu_layers_bound)."""
+        from strata_plan.planner.bound import cpu_layers_bound
+        return cpu_layers_bound(self.problem, self.all_gpu, placement, on_gpu)
+
+
+def choose_layers(plan, problem, model: LlamaCppCost | None = None) -> tuple[tuple[bool, ...], Placement, object]:
     """The knapsack over layers of the module docstring: layers ordered by value per byte (the plan's VRAM
     experts, then the layer index, break ties), each prefix that fits the VRAM budget predicted, the best by
-    the plan's objective kept. Every layer weighs the same (`problem.rank_bytes` is shared), so taking
+    the plan's objective kept (`LlamaCppCost`: llama.cpp's decode). Every layer weighs the same (`problem.rank_bytes` is shared), so taking
     layers in value order is the knapsack's exact answer for each count of layers. Returns (on_gpu,
     placement, prediction); with no prefix fitting (the dense weights alone exceed the budget), every
     layer on the CPU."""
-    from strata_plan.planner.cost import CostModel
     from strata_plan.planner.search import score
-    cost = cost or CostModel(problem)
+    model = model or LlamaCppCost(problem, gpu_split=plan.gpu_split)
     L = len(plan.layers)
     value = layer_values(problem) / float(problem.rank_bytes.sum())
     order = sorted(range(L), key=lambda j: (-value[j], -len(plan.layers[j].vram), j))
@@ -257,13 +339,13 @@ def choose_layers(plan, problem, cost=None) -> tuple[tuple[bool, ...], Placement
                 break                                # equal weights: no longer prefix fits either
             gpu[order[k - 1]] = False                # several GPUs: this layer's GPU is full, another may not be
             continue
-        pred = cost.predict(p)
+        _, pred = model.predict(gpu)
         s = score(pred, objective, weight)
         if best is None or s > best[0]:
             best = (s, tuple(gpu), p, pred)
     if best is None:
-        p = layer_placement(problem, [False] * L, split)
-        return (False,) * L, p, cost.predict(p)
+        p, pred = model.predict([False] * L)
+        return (False,) * L, p, pred
     return best[1], best[2], best[3]
 
 
@@ -316,17 +398,17 @@ def _notes(plan, layers: tuple[LayerChoice, ...], problem, streamed: int, fits: 
     return tuple(out)
 
 
-def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: str = GPU_BUFFER) -> LlamaCppExport:
-    """The layer-granular llama.cpp placement closest to `plan` (see the module docstring)."""
-    from strata_plan.planner.bound import physical_bound
-    from strata_plan.planner.cost import CostModel
+def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: str = GPU_BUFFER,
+                     cpu_layer: Figure = DEFAULT_CPU_LAYER_US) -> LlamaCppExport:
+    """The layer-granular llama.cpp placement closest to `plan` (see the module docstring); `cpu_layer`: llama.cpp's
+    hand-off a CPU layer (a measured `Figure`, or the estimate)."""
     if not gpu_buffer or "=" in gpu_buffer or " " in gpu_buffer:
         raise UserError("--gpu-buffer", gpu_buffer, "is not a llama.cpp buffer type name",
                         "pass e.g. CUDA0, Vulkan0 or Metal")
-    cost = CostModel(problem)
-    on_gpu, p, pred = choose_layers(plan, problem, cost)
+    model = LlamaCppCost(problem, cpu_layer=cpu_layer, gpu_split=plan.gpu_split)
+    on_gpu, p, pred = choose_layers(plan, problem, model)
     fp = footprint(problem, p)
-    predicted = Throughput.of(pred, physical_bound(problem, p))
+    predicted = Throughput.of(pred, model.bound(p, on_gpu))
     pr = plan.predicted
     planned = Throughput(pr.decode_tok_s, pr.prefill_tok_s, pr.decode_binding, pr.prefill_binding,
                          pr.bound_decode_tok_s, pr.bound_prefill_tok_s)
@@ -340,14 +422,15 @@ def export_llama_cpp(plan, problem, plan_path: str = "plan.yaml", gpu_buffer: st
     tensor_split = tuple(int((ug == g).sum()) for g in range(problem.n_gpus)) if problem.n_gpus > 1 else ()
     return LlamaCppExport(plan.model, plan_path, gpu_buffer, plan.context, layers, fp.vram, problem.budget.vram,
                           fp.ram_experts, fp.nvme_experts, planned, predicted, cpu_expert_bound(problem, on_gpu),
-                          streamed, _notes(plan, layers, problem, streamed, fits), tensor_split)
+                          streamed, _notes(plan, layers, problem, streamed, fits), tensor_split, cpu_layer)
 
 
 def export_text(plan, problem, plan_path: str, gguf: str = "MODEL.gguf", gpu_buffer: str = GPU_BUFFER,
-                as_json: bool = False) -> str:
+                as_json: bool = False, cpu_layer: Figure = DEFAULT_CPU_LAYER_US) -> str:
     """What `strata-plan export` prints and writes, and the wizard's Save step writes: the shell script, or
     its JSON."""
+    ex = export_llama_cpp(plan, problem, plan_path, gpu_buffer, cpu_layer)
     if as_json:
         import json
-        return json.dumps(export_llama_cpp(plan, problem, plan_path, gpu_buffer).as_data(gguf), indent=2) + "\n"
-    return export_llama_cpp(plan, problem, plan_path, gpu_buffer).shell(gguf)
+        return json.dumps(ex.as_data(gguf), indent=2) + "\n"
+    return ex.shell(gguf)
