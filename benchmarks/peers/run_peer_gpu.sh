@@ -3,7 +3,7 @@
 #   bash benchmarks/peers/fetch_llama_cpp.sh     # here, once: the source travels in the run's carry
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [TYPES=iq1_s OURS=q1_g32_s8m4] bash benchmarks/peers/run_peer_gpu.sh
 #   (TEXT: default the peer's heldout.txt; TYPES / OURS: bench_peer.py's --types / --ours, paired; one pair fits a
-#   call after the build and the training: q2_k ran 2026-12-05, iq1_s is the second call)
+#   call after the build and the training: q2_k in the first call, iq1_s in the second)
 # llama.cpp is built for sm_90 on the CPU cores while the peer model trains on the GPU, then bench_peer.py, which
 # saves its JSON after every row (a failing row is recorded in `errors`). Everything ends by 590 s; `strata-plan
 # plan` needs Optuna: carry .whl (benchmarks/run_trained_gpu.sh's header) with the llama.cpp source.
