@@ -31,6 +31,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -157,8 +158,14 @@ def main() -> int:
     path = result_path("peer-llama-cpp", a.out_dir)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
 
+    t0, keys = time.monotonic(), set()
+
     def save() -> None:                                 # after every row: a failure or a kill keeps the rows done
         write_result("peer-llama-cpp", metrics, out_dir=a.out_dir, path=path, extra={"runs": runs, "errors": errors})
+        new = sorted(set(metrics) - keys)
+        keys.update(new)
+        if new:                                         # the log says where the call's time went
+            print(f"[{time.monotonic() - t0:6.0f} s] {', '.join(new)}", flush=True)
 
     try:
         rows(a, metrics, runs, errors, save)
