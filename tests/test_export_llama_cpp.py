@@ -121,6 +121,7 @@ def test_kimi_on_the_rtx_pro_6000_fills_its_vram_with_whole_layers(tmp_path):
     assert ex.gpu_layers and ex.fits_vram
     layer_bytes = float(problem.rank_bytes.sum())
     assert problem.budget.vram - ex.vram_needed < layer_bytes        # no room left for one more whole layer
+    assert ex.nvme_experts > 0 and 0 < ex.predicted.decode_tok_s <= ex.predicted.bound_decode_tok_s
     check_no_fitting_layer_left_on_the_cpu_that_would_help(plan, problem, ex)
 
 

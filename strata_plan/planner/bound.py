@@ -147,14 +147,18 @@ def physical_bound(problem, placement) -> Bound:
 
 def cpu_layers_bound(problem, all_gpu, placement, on_gpu) -> Bound:
     """The bound of whole layers of experts computed on the CPU (llama.cpp's CPU layers): decode is the GPU's
-    links for every layer (`all_gpu`: every expert in VRAM) less the CPU layers' expert bytes, plus those bytes
-    at the host RAM rate, in series (batch 1: a layer needs the last one's output); prefill is `placement`'s."""
+    links for every layer (`all_gpu`: every expert in VRAM) less the CPU layers' expert bytes, then those bytes, in
+    series (batch 1: a layer needs the last one's output): the ones `placement` leaves on NVMe (its RAM holds the
+    most used) at the best NVMe rate beside the rest at the host RAM rate; prefill is `placement`'s."""
     cpu = [not g for g in on_gpu]
     whole = physical_bound(problem, all_gpu)
-    moved = sum(dec["hbm"] for l, dec, _ in _layer_bytes(problem, all_gpu) if cpu[l])
-    dec = dict(whole.decode_bytes, hbm=whole.decode_bytes["hbm"] - moved, cpu=moved)
-    t_gpu, binding = _time(dec, link_peaks(problem.profile))
-    t_cpu = moved / (problem.profile.host.ram_gbps.value * 1e9)
+    rows = [(dec["hbm"], dec["nvme"]) for l, dec, _ in _layer_bytes(problem, placement) if cpu[l]]
+    moved, cold = sum(r[0] for r in rows), sum(r[1] for r in rows)
+    dec = dict(whole.decode_bytes, hbm=whole.decode_bytes["hbm"] - moved, cpu_ram=moved - cold, cpu_nvme=cold)
+    peaks = link_peaks(problem.profile)
+    t_gpu, binding = _time(dec, peaks)
+    t_cpu = max((moved - cold) / (problem.profile.host.ram_gbps.value * 1e9),
+                (cold / peaks["nvme"] if peaks["nvme"] > 0 else math.inf) if cold > 0 else 0.0)
     pre = physical_bound(problem, placement)
     return Bound(1.0 / (t_gpu + t_cpu), pre.prefill_tok_s, "cpu" if t_cpu > t_gpu else binding, pre.prefill_binding,
                  dec, pre.prefill_bytes)
