@@ -27,7 +27,8 @@ def test_the_kernel_is_the_reference_to_its_rounding(shape, dtype, wdtype):
     assert got.shape == want.shape and got.dtype == want.dtype
     tol = 2 ** -6 if dtype == torch.bfloat16 else 2 ** -20      # two bf16 roundings (y, then weight * y) apart at most
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
-    assert (got != want).float().mean() < 0.05                   # most elements bit for bit
+    if dtype == torch.bfloat16:                                   # float32 shows every last-place difference
+        assert (got != want).float().mean() < 0.05               # most elements bit for bit
 
 
 def test_a_strided_slice_is_normalised_in_place_of_a_copy():
