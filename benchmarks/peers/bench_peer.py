@@ -205,19 +205,19 @@ def rows(a, metrics: dict, runs: dict, errors: list, save) -> None:
         save()
 
 
-def cpu_layer_model(plan: Path, profile: str):
-    """The export's llama.cpp model of `plan` with no hand-off (`LlamaCppCost`, h = 0): what its CPU layers' bytes
-    alone add to a token."""
+def cpu_layer_model(plan: Path, profile: str, us: float = 0.0, cost=None):
+    """The export's llama.cpp model of `plan` (`LlamaCppCost`) with a hand-off of `us` a CPU layer (0: what the CPU
+    layers' bytes alone add to a token); `cost`: a cost model of the same problem to reuse."""
     import dataclasses
     from strata_plan.planner.export import DEFAULT_CPU_LAYER_US, LlamaCppCost
     from strata_plan.planner.make import load_plan_problem
     _, problem = load_plan_problem(str(plan), profile, None)
-    return LlamaCppCost(problem, cpu_layer=dataclasses.replace(DEFAULT_CPU_LAYER_US, value=0.0))
+    return LlamaCppCost(problem, cost, cpu_layer=dataclasses.replace(DEFAULT_CPU_LAYER_US, value=us))
 
 
-def bytes_seconds(model, cpu_layers) -> float:
-    """Seconds a token the model's CPU layers (MoE-layer positions) add without their hand-off: their bytes at the
-    RAM rate less their fused expert call on the GPU."""
+def cpu_seconds(model, cpu_layers) -> float:
+    """Seconds a token the model's CPU layers (MoE-layer positions) add to every layer on the GPU: their bytes at the
+    RAM rate and their hand-offs, less their fused expert calls on the GPU."""
     gpu = [j not in set(cpu_layers) for j in range(len(model.t_exp))]
     return 1 / model.predict(gpu)[1].decode_tok_s - 1 / model.gpu_pred.decode_tok_s
 
@@ -247,18 +247,19 @@ def one_type(a, qtype: str, fmt: str, f32: Path, bf16: Path, imatrix: Path, vram
     # -ncmoe N: the expert tensors of blocks 0..N-1 on the CPU (dense leading blocks have none)
     bench("gpu", ["-ngl", "99"])
     bench("probe", ["-ngl", "99", "-ncmoe", str(moe[a.probe_cpu_layers - 1] + 1)])
-    m = cpu_layer_model(plan, a.profile)
-    probe = range(a.probe_cpu_layers)
-    h = ((measured["probe"] - measured["gpu"]) - bytes_seconds(m, probe)) / a.probe_cpu_layers
-    metrics[f"llama.{qtype}.cpu_layer_us"] = h * 1e6
-    export = cli_json(["export", str(plan), "--format", "llama.cpp", "--cpu-layer-us", f"{max(h, 0.0) * 1e6:.3f}",
+    bare = cpu_layer_model(plan, a.profile)
+    h_us = 1e6 * ((measured["probe"] - measured["gpu"]) - cpu_seconds(bare, range(a.probe_cpu_layers))) \
+        / a.probe_cpu_layers
+    metrics[f"llama.{qtype}.cpu_layer_us"] = h_us
+    m = cpu_layer_model(plan, a.profile, max(h_us, 0.0), bare.cost)
+    export = cli_json(["export", str(plan), "--format", "llama.cpp", "--cpu-layer-us", f"{m.cpu_layer.value:.3f}",
                        *(["--gpu-buffer", "CPU"] if a.device == "cpu" else [])])     # a CPU build has no CUDA0
     runs[f"export/{fmt}"] = export
     placements = {"budget": (range(a.cpu_moe_layers), ["-ncmoe", str(moe[a.cpu_moe_layers - 1] + 1)]),
                   "export": ([moe.index(layer) for layer in export["cpu_layers"]], export["override_args"])}
     for where, (cpu, args) in placements.items():
         bench(where, ["-ngl", "99", *args])
-        dt = bytes_seconds(m, cpu) + len(cpu) * max(h, 0.0)
+        dt = cpu_seconds(m, cpu)
         metrics[f"llama.{qtype}.{where}.cpu_layers"] = len(cpu)
         metrics[f"llama.{qtype}.{where}.cpu_layers_ms_a_token"] = (measured[where] - measured["gpu"]) * 1e3
         metrics[f"llama.{qtype}.{where}.predicted_cpu_layers_ms_a_token"] = dt * 1e3

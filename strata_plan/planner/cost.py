@@ -462,6 +462,19 @@ class CostModel:
             "t_count": _cumrows(touch),
         }
 
+    @cached_property
+    def expert_call_seconds(self) -> np.ndarray:
+        """[L] GPU seconds of a layer's fused MoE decode call on one GPU: its top-k experts' bytes at the kernel's
+        rate by format (popularity-weighted), or their FLOPs, whichever takes longer."""
+        k = self.problem.curves.top_k
+        return np.maximum(k * self._tables["kern"], 2.0 * k * self.problem.spec.expert_params / self.flop_rate)
+
+    def miss_bytes(self, placement) -> tuple[np.ndarray, np.ndarray]:
+        """[L] routed bytes a decode token reads from outside VRAM: from pinned RAM, and from NVMe (the placement's
+        tiers, its cache's hits taken off)."""
+        x = self._misses(placement)
+        return x["warm_bytes"], x["cold_bytes"]
+
     def _stream_time(self, nbytes: float) -> float:
         return nbytes / (self.h2d_background(nbytes) * self._cal.dense_stream_efficiency.value) if nbytes else 0.0
 
@@ -543,7 +556,7 @@ class CostModel:
             t_exp = np.maximum(k * kern["kern"] - remote["kern_local"], 2.0 * k * spec.expert_params / kern["flop"])
             t_peer = (1 - remote["p"]) * t_exp + remote["p"] * np.maximum(t_exp, remote["t_hit"]) - t_exp
         else:
-            t_exp = np.maximum(k * tb["kern"], 2.0 * k * spec.expert_params / self.flop_rate)
+            t_exp = self.expert_call_seconds
             t_peer = None
 
         n = x["n_miss"]                                                    # [L] experts fetched a token

@@ -269,22 +269,14 @@ class LlamaCppCost:
         L = problem.curves.pop.shape[0]
         self.all_gpu = layer_placement(problem, [True] * L, gpu_split)
         self.gpu_pred = self.cost.predict(self.all_gpu)
-        pop, rb, k = problem.curves.pop, problem.rank_bytes, problem.spec.top_k
-        kern = rb / np.array([self.cost.kernel_rate(f) for f in problem.rank_formats])
-        self.t_exp = k * (pop * kern).sum(axis=1)                  # [L] the fused expert call on the GPU
+        self.t_exp = self.cost.expert_call_seconds                 # [L] the fused expert call on the GPU
         self.ram_rate = problem.profile.host.ram_gbps.value * 1e9
-        self.nvme_rate = self.cost.nvme(float(rb.mean()), 1)       # page faults of the memory map: one at a time
+        self.nvme_rate = self.cost.nvme(float(problem.rank_bytes.mean()), 1)   # the memory map's page faults, in turn
 
     def cpu_bytes(self, placement) -> tuple[np.ndarray, np.ndarray]:
         """[L] routed bytes a token each layer's CPU-held experts read from RAM and from the GGUF on NVMe (the page
-        cache keeps `placement.ram` of its most used ranks); zero for GPU layers."""
-        pop, rb, k = self.problem.curves.pop, self.problem.rank_bytes, self.problem.spec.top_k
-        s, m, _ = placement.arrays
-        rank = np.arange(pop.shape[1])[None, :]
-        off = rank >= np.asarray(s)[:, None]
-        in_ram = off & (rank < (np.asarray(s) + np.asarray(m))[:, None])
-        by = k * pop * rb
-        return (by * in_ram).sum(axis=1), (by * (off & ~in_ram)).sum(axis=1)
+        cache keeps `placement.ram` of its most used ranks; no cache); zero for GPU layers."""
+        return self.cost.miss_bytes(placement)
 
     def predict(self, on_gpu):
         """(placement, the cost model's `Prediction` with decode replaced by llama.cpp's T)."""
@@ -355,9 +347,7 @@ def cpu_expert_bound(problem, on_gpu) -> float | None:
     gpu = np.asarray(on_gpu, dtype=bool)
     if gpu.all():
         return None
-    pop, rb = problem.curves.pop, problem.rank_bytes
-    per_token = problem.spec.top_k * float((pop[~gpu] * rb).sum())
-    return problem.profile.host.ram_gbps.value * 1e9 / per_token
+    return problem.profile.host.ram_gbps.value * 1e9 / float(layer_values(problem)[~gpu].sum())
 
 
 def _notes(plan, layers: tuple[LayerChoice, ...], problem, streamed: int, fits: bool) -> tuple[str, ...]:
