@@ -5,12 +5,13 @@ on-demand baselines built from the same plan.
     python3 benchmarks/bench_engine.py --dir /root/kimi5 --out-dir $OUT [--tokens 48] [--warmup 32]
 
 The plans (`tests/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
-`strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60
---context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0.01` (RAM-rich: 8.5% of routed bytes static in VRAM,
-2.3% cache, the rest in pinned RAM) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget; planned for the engine,
-whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM, 37% NVMe, a
-77-slot staging cache). Where the seed plan has no lookahead, `seed_forced_d<D>` runs it with depth --forced-depth
-(labelled forced: the planner did not choose it). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
+`strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60 --seed 0
+--context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0` (RAM-rich: 49% of routed accesses from VRAM, static or the
+30-slot LRU, the rest in place from pinned RAM; no lookahead) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget;
+planned for the engine, whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM,
+37% NVMe, a 77-slot staging cache). Where a plan has no lookahead, `<plan>_forced_d<D>` runs it with depth D
+(--forced-depth-ramrich, --forced-depth; labelled forced: the planner did not choose it), in its mode `plan` only,
+against its plan's LRU-only row (`<forced>.plan_over_lru`). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
 plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.from_prior("olmoe-like")`
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
 of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
@@ -144,6 +145,8 @@ def main() -> int:
                     "YAML (measured by `strata-plan calibrate` and committed before the run) and --profile's measured figures")
     ap.add_argument("--forced-depth", type=int, default=2, help="run the seed plan also with this lookahead depth "
                     "when the planner chose none (labelled forced; 0: not)")
+    ap.add_argument("--forced-depth-ramrich", type=int, default=1, help="the same for the RAM-rich plan (its mode "
+                    "`plan` only, against the RAM-rich plan's LRU-only row)")
     ap.add_argument("--pinned-gb", type=float, default=0, help="also register a pinned region of this many GB as the "
                     "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
     a = ap.parse_args()
@@ -151,12 +154,14 @@ def main() -> int:
     layer_times = load_profile(a.profile).gpu if a.profile else None    # its decode layer times (profile --models)
     paths = dict((k.split("=", 1)[0], Path(k.split("=", 1)[1])) if "=" in k else (k, PLANS[k]) for k in a.plans.split(","))
     plans = {k: load_plan(v) for k, v in paths.items()}
-    if "seed" in plans and a.forced_depth and not plans["seed"].prefetch_depth:
-        name = f"seed_forced_d{a.forced_depth}"          # the same budget with a lookahead depth the planner did not pick
-        plans[name] = forced_depth(plans["seed"], a.forced_depth)
-        paths[name] = Path(a.out_dir or ".") / f"plan-kimi5-h200-{name}.yaml"
-        paths[name].parent.mkdir(parents=True, exist_ok=True)
-        save_plan(plans[name], paths[name])
+    forced: dict[str, str] = {}                            # a forced plan's name -> its plan's (its mode: plan only)
+    for base, depth in (("ramrich", a.forced_depth_ramrich), ("seed", a.forced_depth)):
+        if base in plans and depth and not plans[base].prefetch_depth:
+            name = f"{base}_forced_d{depth}"              # the same budget with a lookahead depth the planner did not pick
+            plans[name], forced[name] = forced_depth(plans[base], depth), base
+            paths[name] = Path(a.out_dir or ".") / f"plan-kimi5-h200-{name}.yaml"
+            paths[name].parent.mkdir(parents=True, exist_ok=True)
+            save_plan(plans[name], paths[name])
     first = next(iter(plans.values()))
     for k, p in plans.items():
         assert all(l.formats == l0.formats for l, l0 in zip(p.layers, first.layers)), f"{k}: other formats"
@@ -344,8 +349,11 @@ def main() -> int:
         for name, plan in plans.items():
             nvme = any(l.nvme for l in plan.layers)
             plain: list[float] = []
-            resident_tokens(name, plan)
-            for mode in a.modes.split(","):
+            if name in forced:                                # the same budget as its plan: the same reference
+                refs[name] = refs.get(forced[name])
+            else:
+                resident_tokens(name, plan)
+            for mode in (["plan"] if name in forced else a.modes.split(",")):
                 r = one(name, plan, mode)
                 if r is None:
                     continue
@@ -356,11 +364,11 @@ def main() -> int:
             if f"{name}.plan.decode_tok_s" in metrics:
                 metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
             for other, key in (("on-demand", "ondemand"), ("lru", "lru")):   # plan / on-demand and / LRU-only,
-                ratio = [f"{name}.{m}.decode_tok_s" for m in ("plan", other)]   # measured beside the cost model's
-                if all(k in metrics for k in ratio):
+                ratio = [f"{n}.{m}.decode_tok_s" for n, m in ((name, "plan"), (forced.get(name, name), other))]
+                if all(k in metrics for k in ratio):                            # measured beside the cost model's
                     metrics[f"{name}.plan_over_{key}"] = metrics[ratio[0]] / metrics[ratio[1]]
                     if a.profile:
-                        pr = [metrics[f"{name}.{m}.predicted_decode_tok_s"] for m in ("plan", other)]
+                        pr = [metrics[k.replace("decode_tok_s", "predicted_decode_tok_s")] for k in ratio]
                         metrics[f"{name}.plan_over_{key}_predicted"] = pr[0] / pr[1]
         metrics["page_cache_after"] = max(page_cache_residency(f) for f in files)
         if a.pinned_gb and torch.cuda.is_available() and not late("pinned cost"):

@@ -276,3 +276,17 @@ def test_lookahead_copies_gain_only_the_links_idle_time(tiny):
     assert d1.bytes_per_token["wasted"] > 0
     assert 1 / d1.decode_tok_s >= 1 / d0.decode_tok_s - idle
     assert d1.decode_seconds["pcie_link"] <= 1 / d1.decode_tok_s
+
+
+def test_only_whole_experts_land_and_the_one_still_copying_is_read_in_place_in_full():
+    """The guesses are copied one after another, best first; as layer j runs, those landed whole are read from VRAM,
+    the one still copying is read in place in full (its copied bytes wasted) and the rest are skipped (the engine's
+    `resolve` takes them): 4 experts of 100 bytes, 1 s each alone on the link."""
+    import numpy as np
+    inplace = {"copy": np.array([4.0]), "copy_bytes": np.array([400.0]), "expert": np.array([100.0])}
+    assert CostModel._landed_whole(inplace, 0, 0.0) == (1.0, 1.0)          # every copy landed
+    assert CostModel._landed_whole(inplace, 0, 4.0) == (0.0, 0.0)          # none started
+    moved, landed = CostModel._landed_whole(inplace, 0, 1.5)              # 2.5 experts moved, 2 of them whole
+    assert moved == pytest.approx(0.625) and landed == pytest.approx(0.5)
+    moved, landed = CostModel._landed_whole(inplace, 0, 3.5)              # half of the first: nothing lands
+    assert moved == pytest.approx(0.125) and landed == 0.0

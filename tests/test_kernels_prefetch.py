@@ -118,15 +118,23 @@ def test_slots_run_out_and_guesses_of_a_later_layer_outlive_an_earlier_release()
 
 
 def test_a_guess_taken_before_its_copy_is_not_copied():
-    """Resolve takes a guess whose copy has not started (its layer reads it in place): the copy skips it, so its slot
-    is never written and only the bytes copied count (here none of its own): the other guess is copied, then wasted."""
+    """Resolve takes a guess whose copy has not started (its layer reads it in place) and abandons the guess nobody
+    routed: the copy skips both, so neither slot is written and no byte crosses the link for them."""
     g = [4, 8, -1, -1]
-    st, arena = _play([("claim", g, 0), ("resolve", [4, 9, 1, 2], 0),      # 4 TAKEN before any copy
+    st, arena = _play([("claim", g, 0), ("resolve", [4, 9, 1, 2], 0),      # 4 TAKEN, 8 abandoned before any copy
                        ("copy", g, 0), ("publish", g, 0), ("release", [], 0)])
-    assert st.counts[0].tolist() == [0, 1, 2, BLOB, 0, BLOB, 2, 1, 4]       # 8's bytes copied, and wasted
-    slot = int(st.slot_offset[0])                                           # 4's slot (claimed first)
-    assert int(arena[slot:slot + BLOB].sum()) == 0
+    assert st.counts[0].tolist() == [0, 1, 2, 0, 0, 0, 2, 1, 4]             # 4 late; both unused, nothing copied
+    for slot in st.slot_offset[:2].tolist():                                # 4's and 8's slots (claimed first)
+        assert int(arena[slot:slot + BLOB].sum()) == 0
     assert st.state.tolist() == [pf.FREE] * S and st.filled.tolist() == [0] * S
+
+
+def test_only_the_resolved_layers_guesses_are_abandoned():
+    """Layer 2's guess, claimed and not yet copied when layer 1 runs, is left alone: it is copied and serves layer 2."""
+    g2 = [5, -1, -1, -1]
+    st, _ = _play([("claim", g2, 2), ("resolve", [4, 9, 1, 2], 1), ("copy", g2, 2), ("publish", g2, 2),
+                   ("release", [], 1), ("resolve", [5, 1, 2, 3], 2), ("release", [], 2)])
+    assert st.counts[2].tolist() == [1, 0, 0, BLOB, BLOB, 0, 1, 1, 4]       # 5 copied and used
 
 
 @pytest.mark.gpu
@@ -136,6 +144,7 @@ def test_on_a_gpu_the_kernels_are_the_reference():
     test_a_guess_landed_in_time_is_read_from_its_slot_then_freed()
     test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for()
     test_a_guess_taken_before_its_copy_is_not_copied()
+    test_only_the_resolved_layers_guesses_are_abandoned()
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, None])

@@ -3,22 +3,23 @@
     claim(gids, jj, st)            # side stream: a FREE slot for each guessed RAM expert of layer jj (CAS FREE -> FILLING)
     copy(arena, gids, jj, st)      # side stream: the claimed experts copied from pinned RAM into their slots
     publish(gids, jj, st)          # side stream: FILLING -> READY (release), or TAKEN -> TAKEN_DONE
-    resolve(ids, j, st)            # main stream, before layer j's MoE: READY slots are read, FILLING ones TAKEN
+    resolve(ids, j, st)            # main stream, before layer j's MoE: READY slots are read, layer j's FILLING ones TAKEN
     release(j, st)                 # main stream, after layer j's MoE: slots of layers <= j back to FREE
 
 Each staging slot has a state word, `(tag << 3) | state` with tag = layer * E + expert, changed only by atomic
 compare-and-swap or exchange at GPU scope:
 
     FREE -> FILLING (claim)  -> READY (publish, after the copy kernel: a release)  -> CONSUMED (resolve: used)
-                             -> TAKEN (resolve found it still filling: the layer reads the expert in place from RAM)
+                             -> TAKEN (resolve found it still filling: the layer reads the expert in place from RAM,
+                                       or nobody routed it: abandoned)
                                       -> TAKEN_DONE (publish: the copy is over)
     READY / CONSUMED / TAKEN_DONE -> FREE (release, main stream, after the layer's down projection)
 
 `resolve` loads a slot's word with acquire semantics once per routed id; an expert it finds READY is read from its
 slot (the table, and the device LRU's fill source, point there until `release`), one it finds FILLING is TAKEN and read
-in place from pinned RAM, and the copy skips its chunks not yet moved (it reads the slot's word before each 64 KiB
-chunk): a wrong guess costs its link bytes, a late one those copied before it was taken (counted as wasted), never a
-wait or a wrong result. `where [L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the
+in place from pinned RAM; every other guess of layer j still FILLING (nobody routed it) is TAKEN too, and the copy
+skips the chunks of a TAKEN slot not yet moved (it reads the slot's word before each 64 KiB chunk): a wrong or late
+guess costs the link bytes copied before its layer ran (counted as wasted), never a wait or a wrong result. `where [L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the
 tag. A slot is written only by the copy of the claim that holds it, and freed only from the main stream after its
 consumer ran, or, for a guess nobody routed, by a later `release` once its copy is over (at the latest `release(L - 1)`
 after the token's streams joined). Counters `counts [L, N_COUNTS]`: uses served from a slot, uses TAKEN (late), slots
@@ -137,7 +138,7 @@ def publish_kernel(gids_p, jj, E, state_p, assign_p, G: tl.constexpr):
 
 @triton.jit
 def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
-                   guessed_p, cached_hi, K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, HAS_SRC: tl.constexpr):
+                   guessed_p, cached_hi, S, K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, HAS_SRC: tl.constexpr):
     # ids_p: int64 [K] layer j's routed ids; one program; before the LRU step and the MoE kernels of layer j
     n_used = tl.zeros([], tl.int64)
     n_late = tl.zeros([], tl.int64)
@@ -168,6 +169,14 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
                 tl.store(table_p + at, off)
                 if HAS_SRC:
                     tl.store(src_p + at, off)
+    # the guesses of layer j still being copied that nobody routed are abandoned too: the copy stops at their next chunk
+    # instead of spending the link on bytes no layer reads (publish then marks them TAKEN_DONE, release frees them)
+    s = tl.zeros([], tl.int64)
+    while s < S:
+        w = tl.atomic_add(state_p + s, 0, sem="acquire")
+        if (w % 8 == _FILLING) & (w // 8 // E == j):
+            tl.atomic_cas(state_p + s, w, (w - _FILLING + _TAKEN).to(tl.int64), sem="acq_rel")
+        s += 1
     n_guess = tl.sum((guess >= 0).to(tl.int64), 0)
     c = counts_p + j * 9
     tl.store(c + 0, tl.load(c + 0) + n_used)
@@ -244,7 +253,7 @@ def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
     G = st.guessed.shape[1]
     resolve_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src,
-                         st.tier, st.nbytes, st.counts, st.guessed, st.cached_hi, K=ids.numel(), G=G,
+                         st.tier, st.nbytes, st.counts, st.guessed, st.cached_hi, st.state.numel(), K=ids.numel(), G=G,
                          GB=triton.next_power_of_2(G), HAS_SRC=st.src is not None, num_warps=1)
 
 
@@ -317,6 +326,10 @@ def reference_resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
         elif w == _word(tag, FILLING):
             st.state[s] = _word(tag, TAKEN)
             st.counts[j, LATE] += 1
+    for s in range(st.state.numel()):          # unrouted guesses of layer j still copying: abandoned
+        w = int(st.state[s])
+        if w % 8 == FILLING and w // 8 // E == j:
+            st.state[s] = w - FILLING + TAKEN
 
 
 def reference_release(j: int, st: PrefetchState) -> None:

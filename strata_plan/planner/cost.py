@@ -14,8 +14,9 @@ experts, m in RAM, c cache slots, k routed per token, rank popularity p_r and ex
 One GPU (`in_place`: the engine's device loop runs every one-GPU plan): the GPU reads RAM experts straight from
 registered pinned RAM (zero-copy), no round trip, host fetch or stall. With lookahead depth d (recall R, precision P
 from the statistics; layers j < d get R = 0) the share R of a layer's RAM misses (and R waste / P wrong guesses) is
-copied into VRAM slots on a side stream from when layer j-d ends, at R_zc; the part not landed when layer j runs is
-read in place instead (never waited for; the copy skips what it has not moved). The copies and the in-place reads
+copied into VRAM slots on a side stream from when layer j-d ends, at R_zc, one expert after another; an expert not
+landed whole when layer j runs is read in place in full (never waited for; its copied part is wasted, the rest and
+the layer's later guesses skipped). The copies and the in-place reads
 share the one link (`LinkCopies`): a copy runs at R_zc only while the layers' reads leave the link idle (attention,
 routers, dense layers), beside a read the two share it evenly, and the token's end waits for the last copy. With cache slots the device LRU first copies each miss it admits into its
 slot (the same bytes over the link), then the kernel reads VRAM:
@@ -573,11 +574,15 @@ class CostModel:
             # stream from when layer j-d ends; what has not landed when layer j runs is read in place (no wait)
             c_j = np.asarray(placement.arrays[2], dtype=float)
             share = R * x["warm_bytes"]
+            n_warm = x["n_miss"] - x["n_cold"]
             inplace = {"bytes": x["warm_bytes"] + x["cold_bytes"] - share, "share": share,
-                       "copy": self.ram_read_seconds((1 + waste) * share),
+                       "copy_bytes": (1 + waste) * share, "copy": self.ram_read_seconds((1 + waste) * share),
+                       "expert": np.where(n_warm > 0, x["warm_bytes"] / np.maximum(n_warm, 1e-30), 0.0),
                        "filled": np.minimum(1.0, c_j / np.maximum(x["n_miss"], 1e-30)),
                        "lookahead": self.lookahead_gpu_seconds(placement),
-                       "landed": np.ones(cur.n_layers)}     # the walk's: the share of each copy moved in time
+                       # the walk's: the share of each layer's copy moved before the layer ran, and the share of
+                       # its right guesses read from VRAM (the experts landed whole)
+                       "moved": np.ones(cur.n_layers), "landed": np.ones(cur.n_layers)}
             zero = np.zeros(cur.n_layers)
             dem_p = fill = pre_p = host_dem = host_pre = zero
             # NVMe misses the staging cache does not hold are read by the stager: the lookahead's share R issued
@@ -595,17 +600,16 @@ class CostModel:
         warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
         if inplace is None:
             wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))
-        else:                               # wrong guesses copied before their layer took the rest, the stager's
-            wrong = R * waste * x["warm_bytes"] * inplace["landed"]
+        else:                               # the copies' bytes not read from VRAM, the stager's wrong guesses
+            wrong = inplace["moved"] * inplace["copy_bytes"] - inplace["landed"] * inplace["share"]
             wasted = float(np.sum(wrong + R * waste * cold_read))
         if split:
             links, host = self._link_busy(placement, ug, dem_p + pre_p, row, x, R, waste, remote["p"])
             dec_seconds.update({f"pcie_link_gpu{g}": v for g, v in enumerate(links)}, host_link=host)
             link_p = max(max(links), host)
         else:                                   # in place: the reads (a late copy's part too), the copies moved
-            landed = inplace["landed"]
-            moe_link = (self.ram_read_seconds(inplace["bytes"] + (1 - landed) * inplace["share"])
-                        + landed * inplace["copy"])
+            moe_link = (self.ram_read_seconds(inplace["bytes"] + (1 - inplace["landed"]) * inplace["share"])
+                        + inplace["moved"] * inplace["copy"])
             link_p = (float(np.sum(moe_link)) + sum(self.in_place_dense_seconds(u) for u in streamed)
                       + row / self.h2d(row))
         T = max(t, link_p, link_n)
@@ -687,6 +691,22 @@ class CostModel:
         used = set(int(g) for g in ug) | {placement.partner(int(mg[j]), G) for j in np.flatnonzero(remote_p > 0)}
         host = total / (p.profile.concurrent_h2d().value * 1e9) if len(used) > 1 else 0.0
         return links, host
+
+    @staticmethod
+    def _landed_whole(inplace: dict, j: int, left: float) -> tuple[float, float]:
+        """Layer j's lookahead copy as the layer runs with `left` seconds of it not moved: (moved, landed), the share
+        of the copy's bytes that crossed the link and the share of its right guesses read from VRAM. The guesses are
+        copied one after another, best first, and one still copying is read in place in full (its copied part
+        wasted, the rest skipped), so only whole experts land."""
+        copy = inplace["copy"][j]
+        if copy <= 0:
+            return 0.0, 0.0
+        moved = 1.0 - min(1.0, left / copy)
+        if moved >= 1.0:
+            return 1.0, 1.0
+        b, total = inplace["expert"][j], inplace["copy_bytes"][j]
+        whole = float(np.floor(moved * total / b) * b) if b > 0 else 0.0
+        return moved, min(1.0, whole / total)
 
     def _decode_walk(self, placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
                      t_peer=None, inplace=None) -> tuple[dict, float]:
@@ -772,9 +792,9 @@ class CostModel:
                     t += wait
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
                 left = copies.take(t, j)                 # the lookahead's copy not landed: read in place
-                late = min(1.0, left / inplace["copy"][j]) if inplace["copy"][j] > 0 else 0.0
-                inplace["landed"][j] = 1.0 - late
-                nb = inplace["bytes"][j] + late * inplace["share"][j]
+                moved, landed = self._landed_whole(inplace, j, left)
+                inplace["moved"][j], inplace["landed"][j] = moved, landed
+                nb = inplace["bytes"][j] + (1.0 - landed) * inplace["share"][j]
                 t_ram = copies.beside(t, nb / self.zero_copy(nb)) if nb > 0 else 0.0    # beside queued copies
                 t_fill = inplace["filled"][j] * t_ram    # the fill, then the kernel beside the rest in place
                 ram = t_fill + max(0.0, t_ram - t_fill - t_exp[j])
