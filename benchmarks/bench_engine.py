@@ -227,6 +227,8 @@ def main() -> int:
             refs[name] = r["tokens"] if r is not None else None
             if r is not None:
                 metrics[f"{name}.resident.decode_tok_s"] = r["measured"]["decode_tok_s"]
+                metrics[f"{name}.resident.tokens_per_graph"] = r["tokens_per_graph"]
+                metrics[f"{name}.resident.prefill_tokens"] = r["measured"]["prefill_tokens"]   # the runs' prompt length
                 print(f"{name:8s} resident  decode {r['measured']['decode_tok_s']:8.2f} tok/s (every routed expert in "
                       f"VRAM: the reference tokens)", flush=True)
             return refs[name]
@@ -257,6 +259,7 @@ def main() -> int:
             metrics[f"{name}.{mode}.decode_tok_s"] = m["decode_tok_s"]
             metrics[f"{name}.{mode}.host_ms_per_token"] = tp["host_cpu_s"] * 1e3     # decode thread CPU time
             metrics[f"{name}.{mode}.tokens_per_graph"] = r["tokens_per_graph"]       # tokens a launch: the host's share
+            metrics[f"{name}.{mode}.prefill_tokens"] = m["prefill_tokens"]           # the prompt: as the resident run's
             for part, v in (tp.get("host_cpu_parts_s") or {}).items():     # where it goes: step call, copy, read
                 metrics[f"{name}.{mode}.host_ms_per_token.{part}"] = v * 1e3
             if a.profile:

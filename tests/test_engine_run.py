@@ -517,3 +517,17 @@ def test_generate_in_blocks_stops_at_its_end_of_sequence_id_inside_a_block(packe
             first = out[k][0].index(stop)
             assert got == seen == out[k][0][:first + 1]
     assert out[1] == out[4] and len(out[4][0]) == 11
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_bench_runs_of_one_budget_share_their_prompt_and_tokens(packed_bf16):
+    """`bench.measure`'s prompt length does not depend on whether the plan's step chains tokens in a launch: every
+    expert static in VRAM (bench_engine's reference run) and a plan with a RAM tier, cache and lookahead get the same
+    prompt, so on the same routing they give the same greedy tokens."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from strata_plan.engine.bench import measure
+    got = [measure(packed_bf16, dataclasses.replace(p, context=96), mode="plan", tokens=8, warmup=4, device="cuda")
+           for p in (bf16_plan(32, 0, 0, 0, chunk=4), bf16_plan(4, 28, 2, 1, chunk=4))]
+    assert got[0]["measured"]["prefill_tokens"] == got[1]["measured"]["prefill_tokens"]
+    assert got[0]["tokens"] == got[1]["tokens"]

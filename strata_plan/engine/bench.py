@@ -60,7 +60,10 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         blocks = -(-tokens // k)                      # timed launches: `tokens` rounded up to whole launches
         tokens = blocks * k
         warm = warmup if k == 1 else max(2, -(-warmup // k))   # launches; a block's graph captured before timing
-        n_prefill = min(chunk, max(1, m.context - tokens - warm * k - k - 1) // 2)
+        # the prompt's length leaves room for the decode steps at the options' tokens a launch, whether or not this
+        # plan's step chains them (a plan whose step cannot has k = 1): the same prompt for every run of a budget
+        kk = opts.tokens_per_graph
+        n_prefill = min(chunk, max(1, m.context - (-(-tokens // kk) * kk + max(warmup, 2 * kk) + 2 * kk) - 1) // 2)
         # ---- prefill: one warm-up chunk, one timed chunk ---------------------------------------------
         m.reset()
         m.prefill(rng.integers(0, V, n_prefill).tolist(), chunk)
