@@ -7,7 +7,7 @@
 #   fitted constant; CALIBRATION=P.yaml: the calibration constants of P instead)
 # 0. the device loop's kernel tests (LRU, lookahead slots and gate, RMSNorm, NVMe staging handshake, embedding gather) first, 100 s at
 #    most: a kernel that misbehaves on the GPU shows before the benchmarks run it (kernel_tests.log);
-# 1. a quick profile of this machine with kimi-k3.1-pro's decode layers timed (h200-run.yaml: the predictions are
+# 1. a quick profile of this machine with kimi-k3.1-pro's decode layers timed (run-profile.yaml: the predictions are
 #    re-run with its measured figures);
 # 2. the engine on the synthetic kimi-k3.1-pro@5moe model, every plan in modes plan / lru / on-demand after the same
 #    budget with every expert in VRAM (the reference tokens), each run beside its bound (engine-*.json; runs past
@@ -51,9 +51,9 @@ fi
 if [ -n "${DEVICE_LOOP_LAYERS:-}" ] && [ -n "${DEVICE_LOOP_FIRST:-}" ]; then   # step 4 first, at most 200 s
   device_loop 200
 fi
-timeout 180 python3 -m strata_plan.cli profile --quick --nvme-dir /root --models kimi-k3.1-pro --out "$OUT/h200-run.yaml" \
+timeout 180 python3 -m strata_plan.cli profile --quick --nvme-dir /root --models kimi-k3.1-pro --out "$OUT/run-profile.yaml" \
   --force 2>&1 | tail -3
-PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml")
+PROFILE=$([ -f "$OUT/run-profile.yaml" ] && echo "$OUT/run-profile.yaml")
 if [ -n "${PREFETCH_COPY-1}" ] && t=$(upto 60); then
   timeout "$t" python3 benchmarks/bench_prefetch_copy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_prefetch_copy.log" | tail -3
 fi

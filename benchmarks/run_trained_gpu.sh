@@ -27,8 +27,8 @@ tokenizers.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader || true
 left() { echo $(( $1 - ($(date +%s) - t0) )); }
 CAL=${CALIBRATION-}   # constants of another profile YAML (default none: the quick profile's measured figures)
-timeout 90 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/h200-run.yaml" --force 2>&1 | tail -1
-PROFILE=$([ -f "$OUT/h200-run.yaml" ] && echo "$OUT/h200-run.yaml" || echo h200)   # the shipped one if it failed
+timeout 90 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/run-profile.yaml" --force 2>&1 | tail -1
+PROFILE=$([ -f "$OUT/run-profile.yaml" ] && echo "$OUT/run-profile.yaml" || echo h200)   # the shipped one if it failed
 timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
   --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} \
   --deadline-s "$(left 560)" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
