@@ -96,6 +96,22 @@ def test_the_wait_kernel_polls_until_the_stager_publishes_as_the_reference_does(
         assert int(hv.words[sw.ERR]) == (1 if fail else 0)
 
 
+def test_a_staging_address_below_the_arena_is_read_not_taken_for_a_failure():
+    """The staging cache may lie below the arena in the address space (an H100 placed it there): its arena-relative
+    addresses are negative multiples of 256, read like any other; only -1 and -2 mean missing and failed."""
+    ids = torch.tensor([9, 2, 12, 5], device=DEV)
+    below = -3439984640                                           # as the H100 published it
+    for kernel in (True, False):
+        buf, cb, hv = _setup()
+        hv.ready[1, 12] = below
+        th = _stager(hv, 1, [9])
+        _wait(kernel, buf, ids, 1, cb, hv)
+        th.join()
+        assert int(cb.table[1, 12]) == below and int(cb.src[1, 12]) == below
+        assert int(cb.table[1, 9]) == STAGE + 9 * 4096
+        assert int(hv.words[sw.ERR]) == 0
+
+
 def test_a_cached_nvme_expert_and_a_layer_without_nvme_ids_do_not_wait():
     for kernel in (True, False):
         buf, cb, hv = _setup(cached=[(0, 9, 0)])

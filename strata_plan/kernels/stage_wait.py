@@ -11,8 +11,9 @@ offsets (`ControlBlock`: the same trick as the RAM tier's in-place offsets):
     words  int64 [8]        REQ: the last request published, DONE: the last layer whose kernels finished,
                             ERR: the request that found an expert the stager could not stage (0: none),
                             ABORT: set by the host when the stager stops (closing): waits end at once (poison)
-    ready  int64 [L, E]     an NVMe expert's staging address (arena-relative) once it is there; -1 not staged;
-                            -2 the stager failed on it (read error, short read, checksum mismatch)
+    ready  int64 [L, E]     an NVMe expert's staging address (arena-relative, a multiple of 256, negative where
+                            the block lies below the arena) once it is there; -1 not staged; -2 the stager failed
+                            on it (read error, short read, checksum mismatch)
     ring   int64 [R, 2 + K + G]   per request s (row s mod R): s, the layer, its K routed ids (-1 where the id
                             is not read from staging: VRAM, RAM, a cached expert), then G lookahead guesses
                             (depth-major, -1 where the stager need not read one) written by `stage_done`
@@ -165,7 +166,9 @@ def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, admit
         t = _now_ns(s, GPU)
         spins += 1
         missing = tl.sum((need & (v == -1)).to(tl.int32), 0) > 0
-    bad = need & (v < 0)                                                        # failed, or still missing
+    # failed, or still missing: the two sentinels, never an address (those are multiples of 256, and negative where
+    # the pinned block lies below the arena)
+    bad = need & ((v == -1) | (v == -2))
     off = tl.where(bad, poison, v)
     tl.store(table_p + j * E + ids, off, mask=need & off_vram)
     if HAS_SRC:
@@ -298,8 +301,8 @@ def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, t
     bad = False
     aborted = bool(hv.words[ABORT])
     for e, v in got.items():
-        off = cb.poison if v < 0 else v
-        bad |= v < 0
+        off = cb.poison if v in (NOT_STAGED, FAILED) else v
+        bad |= v in (NOT_STAGED, FAILED)
         if not _in_vram(cb, j, e):
             cb.table[j, e] = off
         if cb.src is not None:
