@@ -11,7 +11,8 @@ The plans (`tests/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
 planned for the engine, whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM,
 37% NVMe, a 77-slot staging cache). Where a plan has no lookahead, `<plan>_forced_d<D>` runs it with depth D
 (--forced-depth-ramrich, --forced-depth; labelled forced: the planner did not choose it), in its mode `plan` only,
-against its plan's LRU-only row (`<forced>.plan_over_lru`). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
+against its plan's LRU-only row (`<forced>.plan_over_lru`); --copy-programs adds the same with the lookahead's copy kernel
+at other block counts (`<forced>_p<N>`). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
 plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.from_prior("olmoe-like")`
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
 of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
@@ -50,6 +51,7 @@ from _result import record_failure, result_path, write_result  # noqa: E402
 
 from strata_plan.engine.bench import measure  # noqa: E402
 from strata_plan.engine.engine import EngineOptions  # noqa: E402
+from strata_plan.kernels.prefetch import copy_programs  # noqa: E402
 from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
 from strata_plan.engine.store import plan_readers  # noqa: E402
@@ -147,6 +149,8 @@ def main() -> int:
                     "when the planner chose none (labelled forced; 0: not)")
     ap.add_argument("--forced-depth-ramrich", type=int, default=1, help="the same for the RAM-rich plan (its mode "
                     "`plan` only, against the RAM-rich plan's LRU-only row)")
+    ap.add_argument("--copy-programs", default="0", help="comma-separated thread blocks of the lookahead's copy "
+                    "kernel, a forced row each (`_p<N>`; 0: the per-SM default, no suffix)")
     ap.add_argument("--pinned-gb", type=float, default=0, help="also register a pinned region of this many GB as the "
                     "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
     a = ap.parse_args()
@@ -155,13 +159,16 @@ def main() -> int:
     paths = dict((k.split("=", 1)[0], Path(k.split("=", 1)[1])) if "=" in k else (k, PLANS[k]) for k in a.plans.split(","))
     plans = {k: load_plan(v) for k, v in paths.items()}
     forced: dict[str, str] = {}                            # a forced plan's name -> its plan's (its mode: plan only)
+    programs: dict[str, int] = {}                          # a forced row's copy kernel blocks (0: the default)
     for base, depth in (("ramrich", a.forced_depth_ramrich), ("seed", a.forced_depth)):
         if base in plans and depth and not plans[base].prefetch_depth:
-            name = f"{base}_forced_d{depth}"              # the same budget with a lookahead depth the planner did not pick
-            plans[name], forced[name] = forced_depth(plans[base], depth), base
-            paths[name] = Path(a.out_dir or ".") / f"plan-kimi5-h200-{name}.yaml"
-            paths[name].parent.mkdir(parents=True, exist_ok=True)
-            save_plan(plans[name], paths[name])
+            stem = f"{base}_forced_d{depth}"              # the same budget with a lookahead depth the planner did not pick
+            path = Path(a.out_dir or ".") / f"plan-kimi5-h200-{stem}.yaml"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_plan(forced_depth(plans[base], depth), path)
+            for p in (int(x) for x in a.copy_programs.split(",")):
+                name = stem + (f"_p{p}" if p else "")
+                plans[name], forced[name], paths[name], programs[name] = load_plan(path), base, path, p
     first = next(iter(plans.values()))
     for k, p in plans.items():
         assert all(l.formats == l0.formats for l, l0 in zip(p.layers, first.layers)), f"{k}: other formats"
@@ -237,10 +244,13 @@ def main() -> int:
             if late(f"{name}/{mode}"):
                 return None
             r = attempt(f"{name}/{mode}", lambda: measure(
-                folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan)))
+                folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
+                options=EngineOptions(copy_programs=programs.get(name, 0))))
             if r is None:
                 return None
             out[f"{name}/{mode}"] = r
+            if name in programs and torch.cuda.is_available():      # the copy kernel's blocks this row ran
+                metrics[f"{name}.copy_programs"] = programs[name] or copy_programs(torch.device("cuda"))
             if refs.get(name) is not None:              # the same routing with every expert in VRAM: the truth
                 metrics[f"{name}.{mode}.tokens_equal_resident"] = float(r["tokens"] == refs[name])
             report(name, paths[name], plan, mode, r)

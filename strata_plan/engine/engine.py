@@ -98,6 +98,8 @@ class EngineOptions:
     tokens_per_graph: int = 4        # decode tokens a graph launch runs (device_loop.DeviceDecode.k): the host's
                                      # launch, token copy and wait shared by that many tokens; the host reads them
                                      # that many at a time
+    copy_programs: int = 0           # thread blocks of the lookahead's copy kernel (0: kernels.prefetch's per-SM
+                                     # default; a benchmark knob for the copy's effect on the main stream)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -126,6 +128,8 @@ class Engine:
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
                                                                     allow_buffered=options.allow_buffered,
                                                                     kernels=options.backend == "triton"), plan_path)
+        if store.prefetch is not None and options.copy_programs:
+            store.prefetch.programs = options.copy_programs
         try:
             verify_dense(store.index)            # before any dense weight is read
             experts = StoreExperts(store, store.index.hidden, store.index.moe_intermediate,

@@ -46,6 +46,7 @@ class DevicePrefetch:
         self.kernels = store.kernels          # else the plain references (a CPU)
         self.side = torch.cuda.Stream(dev) if self.cuda else None
         self.forked = False
+        self.programs: int | None = None      # the copy kernel's thread blocks (None: kernels.prefetch.copy_programs)
 
     def resolve(self, j: int, ids: torch.Tensor) -> None:
         """Before layer j's cache step and MoE kernels (one token): routed guesses that landed are read from their slots."""
@@ -77,7 +78,7 @@ class DevicePrefetch:
 
     def _claim_copy_publish(self, gids: torch.Tensor, jj: int) -> None:
         pk.claim(gids, jj, self.st)
-        pk.copy(self.store.arena, gids, jj, self.st, self.store.slot_bytes)
+        pk.copy(self.store.arena, gids, jj, self.st, self.store.slot_bytes, programs=self.programs)
         pk.publish(gids, jj, self.st)
 
     def end_token(self) -> None:
