@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (under 10 minutes) for the lookahead's copies and the NVMe handshake on the GPU:
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [COPY_PROGRAMS=0,16] bash benchmarks/run_lookahead_probe.sh
-# 1. the GPU-marked tests of the slot protocol, the stager handshake and the engine's graph loop (gpu_tests.log);
+# 1. the slot protocol's and the stager handshake's kernel tests, the GPU-marked tests of the engine's graph loop
+#    (gpu_tests.log);
 # 2. bench_engine on kimi5 RAM-rich: the plan, LRU-only, on-demand and the forced depth 1 at each of COPY_PROGRAMS
 #    thread blocks of the copy kernel; predicted with the committed quick profile of the same GPU model
 #    (benchmarks/data/run-20261205/: not measured in this call, labelled in the JSON's command).
@@ -12,9 +13,10 @@ source benchmarks/device_setup.sh
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$GPU"
 case "$GPU" in *H100*) PROFILE=benchmarks/data/run-20261205/h100-run-153300.yaml ;;
                *) PROFILE=benchmarks/data/run-20261205/h200-run-131300.yaml ;; esac
-timeout 150 python3 -m pytest -q -m gpu tests/test_kernels_stage_wait.py tests/test_kernels_prefetch.py \
-  tests/test_engine_staging.py tests/test_engine_run.py -p no:cacheprovider -rs -o addopts="" --tb=short \
-  >"$OUT/gpu_tests.log" 2>&1
+( timeout 60 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_prefetch.py -p no:cacheprovider \
+    -rs -o addopts="" --tb=short
+  timeout 120 python3 -m pytest -q -m gpu tests/test_engine_staging.py tests/test_engine_run.py -p no:cacheprovider \
+    -rs -o addopts="" --tb=short ) >"$OUT/gpu_tests.log" 2>&1
 grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
 left=$(( 585 - ($(date +%s) - t0) ))
 timeout "$left" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans ramrich --tokens 32 --warmup 16 \
