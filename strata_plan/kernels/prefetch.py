@@ -42,8 +42,10 @@ FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
 USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES, GUESSES, RIGHT, HINTED_USED = range(9)
 N_COUNTS = 9
 COPY_CHUNK = 64 << 10          # bytes of one item of the copy kernel's loop (a multiple of 8 KiB)
-COPY_PROGRAMS_PER_SM = 1.25    # the copy kernel's programs a SM: 168 programs (1.27 a SM) moved 50.5 GB/s on the H200,
-#                                as fast as 10,752 (benchmarks/results/prefetch-copy-20261205T020630Z.json)
+COPY_PROGRAMS = 16             # the copy kernel's programs: the link's rate is the link's, not the SMs'. On the H100, 16
+#                                moved 50.1 GB/s alone and 49.5 beside a GEMV workload that they slowed by 6%; 165
+#                                (1.25 a SM, the earlier default) no faster, the workload slowed by 35%; 8: 34.4 GB/s
+#                                (benchmarks/results/prefetch-copy-20261205T155055Z.json)
 COPY_BLOCK = tl.constexpr(1024)  # int64 words a program moves per step of its loop (8 KiB: no register spills)
 # the states as the kernels see them (a jitted function reads only constexpr globals)
 _FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED = (tl.constexpr(v) for v in range(6))
@@ -229,8 +231,8 @@ def claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
 
 
 def copy_programs(device) -> int:
-    """Programs of the copy kernel on `device`: COPY_PROGRAMS_PER_SM a streaming multiprocessor (at least one)."""
-    return max(1, round(COPY_PROGRAMS_PER_SM * _sm_count(torch.device(device))))
+    """Programs of the copy kernel on `device`: COPY_PROGRAMS, at most one a streaming multiprocessor."""
+    return max(1, min(COPY_PROGRAMS, _sm_count(torch.device(device))))
 
 
 def copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState, max_bytes: int,
