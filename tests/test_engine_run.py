@@ -263,8 +263,11 @@ def test_on_a_gpu_the_graph_gives_the_eager_steps_tokens(packed_bf16):
         pytest.skip("needs a CUDA GPU")
     for split, mode in [((4, 28, 0, 0), "on-demand"), ((4, 28, 2, 0), "lru")] + CASES:
         plan = bf16_plan(*split, chunk=1)
-        eager, eager_tokens, ec = run(packed_bf16, plan, mode, new=12, device="cuda", graphs="eager")
-        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda")
+        try:                                   # a failure names its case (a capture error does not otherwise)
+            eager, eager_tokens, ec = run(packed_bf16, plan, mode, new=12, device="cuda", graphs="eager")
+            dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda")
+        except Exception as e:
+            raise AssertionError(f"case {split} {mode}: {type(e).__name__}: {e}") from e
         assert tokens == eager_tokens, (split, mode)
         torch.testing.assert_close(dev, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()))
         if mode != "plan":                     # (a guess landing late or in time depends on the timing)
