@@ -150,7 +150,7 @@ def main() -> int:
     ap.add_argument("--forced-depth-ramrich", type=int, default=1, help="the same for the RAM-rich plan (its mode "
                     "`plan` only, against the RAM-rich plan's LRU-only row)")
     ap.add_argument("--copy-programs", default="0", help="comma-separated thread blocks of the lookahead's copy "
-                    "kernel, a forced row each (`_p<N>`; 0: the per-SM default, no suffix)")
+                    "kernel, a forced row each (`_p<N>`; 0: the engine's default, no suffix)")
     ap.add_argument("--pinned-gb", type=float, default=0, help="also register a pinned region of this many GB as the "
                     "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
     a = ap.parse_args()
@@ -165,10 +165,11 @@ def main() -> int:
             stem = f"{base}_forced_d{depth}"              # the same budget with a lookahead depth the planner did not pick
             path = Path(a.out_dir or ".") / f"plan-kimi5-h200-{stem}.yaml"
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_plan(forced_depth(plans[base], depth), path)
+            plan = forced_depth(plans[base], depth)
+            save_plan(plan, path)
             for p in (int(x) for x in a.copy_programs.split(",")):
                 name = stem + (f"_p{p}" if p else "")
-                plans[name], forced[name], paths[name], programs[name] = load_plan(path), base, path, p
+                plans[name], forced[name], paths[name], programs[name] = plan, base, path, p
     first = next(iter(plans.values()))
     for k, p in plans.items():
         assert all(l.formats == l0.formats for l, l0 in zip(p.layers, first.layers)), f"{k}: other formats"

@@ -98,8 +98,8 @@ class EngineOptions:
     tokens_per_graph: int = 4        # decode tokens a graph launch runs (device_loop.DeviceDecode.k): the host's
                                      # launch, token copy and wait shared by that many tokens; the host reads them
                                      # that many at a time
-    copy_programs: int = 0           # thread blocks of the lookahead's copy kernel (0: kernels.prefetch's per-SM
-                                     # default; a benchmark knob for the copy's effect on the main stream)
+    copy_programs: int = 0           # thread blocks of the lookahead's copy kernel (0: kernels.prefetch.copy_programs;
+                                     # a benchmark knob for the copy's effect on the main stream)
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -140,7 +140,8 @@ def publish_kernel(gids_p, jj, E, state_p, assign_p, G: tl.constexpr):
 
 @triton.jit
 def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
-                   guessed_p, cached_hi, S, K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, HAS_SRC: tl.constexpr):
+                   guessed_p, cached_hi, S, K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr,
+                   HAS_SRC: tl.constexpr):
     # ids_p: int64 [K] layer j's routed ids; one program; before the LRU step and the MoE kernels of layer j
     n_used = tl.zeros([], tl.int64)
     n_late = tl.zeros([], tl.int64)
@@ -172,13 +173,14 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
                 if HAS_SRC:
                     tl.store(src_p + at, off)
     # the guesses of layer j still being copied that nobody routed are abandoned too: the copy stops at their next chunk
-    # instead of spending the link on bytes no layer reads (publish then marks them TAKEN_DONE, release frees them)
-    s = tl.zeros([], tl.int64)
-    while s < S:
-        w = tl.atomic_add(state_p + s, 0, sem="acquire")
-        if (w % 8 == _FILLING) & (w // 8 // E == j):
-            tl.atomic_cas(state_p + s, w, (w - _FILLING + _TAKEN).to(tl.int64), sem="acq_rel")
-        s += 1
+    # instead of spending the link on bytes no layer reads (publish then marks them TAKEN_DONE, release frees them).
+    # Every slot at once: one load and one CAS a lane (-1, never a word, where a lane has nothing to change)
+    ss = tl.arange(0, SB)
+    live = ss < S
+    at = tl.where(live, ss, 0)
+    w = tl.atomic_add(state_p + at, tl.zeros([SB], tl.int64), mask=live, sem="acquire")      # [SB] slot words
+    hit = live & (w % 8 == _FILLING) & (w // 8 // E == j)
+    tl.atomic_cas(state_p + at, tl.where(hit, w, -1), tl.where(hit, w - _FILLING + _TAKEN, -1), sem="acq_rel")
     n_guess = tl.sum((guess >= 0).to(tl.int64), 0)
     c = counts_p + j * 9
     tl.store(c + 0, tl.load(c + 0) + n_used)
@@ -256,7 +258,8 @@ def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
     G = st.guessed.shape[1]
     resolve_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src,
                          st.tier, st.nbytes, st.counts, st.guessed, st.cached_hi, st.state.numel(), K=ids.numel(), G=G,
-                         GB=triton.next_power_of_2(G), HAS_SRC=st.src is not None, num_warps=1)
+                         GB=triton.next_power_of_2(G), SB=triton.next_power_of_2(st.state.numel()),
+                         HAS_SRC=st.src is not None, num_warps=1)
 
 
 def release(j: int, st: PrefetchState) -> None:

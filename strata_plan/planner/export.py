@@ -278,11 +278,12 @@ class LlamaCppCost:
         cache keeps `placement.ram` of its most used ranks; no cache); zero for GPU layers."""
         return self.cost.miss_bytes(placement)
 
-    def predict(self, on_gpu):
-        """(placement, the cost model's `Prediction` with decode replaced by llama.cpp's T)."""
+    def predict(self, on_gpu, placement=None):
+        """(placement, the cost model's `Prediction` with decode replaced by llama.cpp's T); `placement`: on_gpu's
+        `layer_placement` when the caller has it already."""
         import dataclasses
         gpu = np.asarray(on_gpu, dtype=bool)
-        p = layer_placement(self.problem, gpu, self.gpu_split)
+        p = layer_placement(self.problem, gpu, self.gpu_split) if placement is None else placement
         pred = self.cost.predict(p)
         ram, nvme = self.cpu_bytes(p)
         cpu = ~gpu
@@ -331,7 +332,7 @@ def choose_layers(plan, problem, model: LlamaCppCost | None = None) -> tuple[tup
                 break                                # equal weights: no longer prefix fits either
             gpu[order[k - 1]] = False                # several GPUs: this layer's GPU is full, another may not be
             continue
-        _, pred = model.predict(gpu)
+        _, pred = model.predict(gpu, p)
         s = score(pred, objective, weight)
         if best is None or s > best[0]:
             best = (s, tuple(gpu), p, pred)
