@@ -3,7 +3,7 @@
 # of training, default 200), plan it from its own held-out trace under the RAM-rich and seed-proportion budgets,
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
-#   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]
+#   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]
 # Predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -29,9 +29,19 @@ left() { echo $(( $1 - ($(date +%s) - t0) )); }
 CAL=${CALIBRATION-}   # constants of another profile YAML (default none: the quick profile's measured figures)
 timeout 90 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/run-profile.yaml" --force 2>&1 | tail -1
 PROFILE=$([ -f "$OUT/run-profile.yaml" ] && echo "$OUT/run-profile.yaml" || echo h200)   # the shipped one if it failed
+# GPU_TESTS=1: the slot protocol's and the stager's kernel tests and the engine's GPU-marked tests run beside the
+# training (after the profile, done before the engine rows start; gpu_tests.log). Correctness only, no timings.
+if [ -n "${GPU_TESTS-}" ]; then
+  ( timeout 60 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_prefetch.py -p no:cacheprovider \
+      -rs -o addopts="" --tb=short
+    timeout 120 python3 -m pytest -q -m gpu tests/test_engine_staging.py tests/test_engine_run.py -p no:cacheprovider \
+      -rs -o addopts="" --tb=short ) >"$OUT/gpu_tests.log" 2>&1 &
+  tests=$!
+fi
 timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
   --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} \
   --deadline-s "$(left 560)" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
+[ -n "${tests-}" ] && { wait "$tests"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20; }
 tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml \
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
   bench-moe/tokenizer.json bench-moe/tokenizer_config.json 2>/dev/null
