@@ -29,3 +29,15 @@ def record_failure(errors: list[str], what: str, err: BaseException) -> None:
     traceback.print_exc()
     errors.append(f"{what}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     print(f"FAILED {errors[-1]}", flush=True)
+
+
+def stager_latency(st: dict) -> dict:
+    """The NVMe stager's host side of a demand read (a run's `stager` counters, `engine.stager`), as metrics: the
+    demand reads a token, the mean time from the poller seeing a request to a reader taking it and from there to
+    the ready word, and the poller's gaps between looks while decoding (mean, longest). Beside the GPU's wait a
+    token (`stage_wait`), they say which side a wait is spent on."""
+    return {"demand_reads_per_token_measured": st["demand_reads_per_token"],
+            "stager_queue_ms_measured": st["demand_queue_ms_mean"],
+            "stager_read_ms_measured": st["demand_read_ms_mean"],
+            "stager_poll_gap_ms_mean_measured": st["poll_gap_ms_mean"],
+            "stager_poll_gap_ms_max_measured": st["poll_gap_ms_max"]}

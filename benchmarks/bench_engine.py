@@ -47,7 +47,7 @@ import psutil
 import torch
 
 from _plans import forced_depth  # noqa: E402
-from _result import record_failure, result_path, write_result  # noqa: E402
+from _result import record_failure, result_path, stager_latency, write_result  # noqa: E402
 
 from strata_plan.engine.bench import measure  # noqa: E402
 from strata_plan.engine.engine import EngineOptions  # noqa: E402
@@ -305,6 +305,7 @@ def main() -> int:
             c = r["counters"]
             metrics[f"{k}.stage_wait_ms_per_token"] = r["time_per_token"]["stage_wait_s"] * 1e3
             metrics[f"{k}.staging_hit_rate"] = st.get("staging_hit_rate", 0.0)
+            metrics.update({f"{k}.{m}": v for m, v in stager_latency(st).items()})
             for d, la in c["lookahead"].items():
                 metrics[f"{k}.lookahead_d{d}.precision"] = la["precision"]
                 metrics[f"{k}.lookahead_d{d}.recall"] = la["recall"]

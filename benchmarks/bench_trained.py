@@ -48,7 +48,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 from _plans import forced_depth  # noqa: E402
-from _result import write_result  # noqa: E402
+from _result import stager_latency, write_result  # noqa: E402
 
 from trained import hf  # noqa: E402
 from trained.budgets import SEED_RAM_SHARE, VRAM_SHARE, achieved, budgets  # noqa: E402
@@ -281,6 +281,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         out["stage_wait_ms_per_token_measured"] = r["time_per_token"]["stage_wait_s"] * 1e3
         out["nvme_wait_ms_per_token_predicted"] = p["decode_seconds"].get("nvme", 0.0) * 1e3
         out["staging_hit_rate_measured"] = r["stager"]["staging_hit_rate"]
+        out.update(stager_latency(r["stager"]))
         out["nvme_read_gb_per_token_predicted"] = p["bytes_per_token"].get("nvme_read", 0.0) / 1e9
         out["page_cache_before"], out["page_cache_after"] = r["page_cache"]["before"], r["page_cache"]["after"]
     if r["device_step"]:                    # graphs: the step's GPU time alone, its ceiling 1 / step_s
@@ -293,7 +294,11 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     log(f"{key:22s} MEASURED {m['decode_tok_s']:8.2f} tok/s  PREDICTED {p['decode_tok_s']:8.2f}  hit {r['hit_rate']:.3f} "
         f"(resident {r['resident_hit_rate']:.3f})  PCIe {bt['pcie'] / 1e6:.3f} MB/tok  NVMe {bt['nvme'] / 1e6:.3f} MB/tok  "
         f"wasted {bt['wasted'] / 1e6:.3f} MB/tok  bound {bound['decode_tok_s']:.1f} ({bound['binding']})"
-        + (f", GPU ceiling {out['gpu_ceiling_tok_s_measured']:.1f} tok/s" if "gpu_ceiling_tok_s_measured" in out else ""))
+        + (f", GPU ceiling {out['gpu_ceiling_tok_s_measured']:.1f} tok/s" if "gpu_ceiling_tok_s_measured" in out else "")
+        + (f"; GPU waited {out['stage_wait_ms_per_token_measured']:.2f} ms/tok for {out['demand_reads_per_token_measured']:.1f}"
+           f" demand reads/tok (stager: queue {out['stager_queue_ms_measured']:.3f} ms, read "
+           f"{out['stager_read_ms_measured']:.3f} ms, poll gap mean {out['stager_poll_gap_ms_mean_measured']:.3f} max "
+           f"{out['stager_poll_gap_ms_max_measured']:.2f} ms)" if r["stager"] is not None else ""))
     return out
 
 

@@ -268,13 +268,14 @@ def test_on_a_gpu_the_graph_gives_the_eager_steps_tokens(packed_bf16):
             dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda")
         except Exception as e:
             raise AssertionError(f"case {split} {mode}: {type(e).__name__}: {e}") from e
-        assert tokens == eager_tokens, (split, mode)
-        torch.testing.assert_close(dev, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()))
+        case = (split, mode)
+        assert tokens == eager_tokens, case
+        torch.testing.assert_close(dev, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()), msg=str(case))
         if mode != "plan":                     # (a guess landing late or in time depends on the timing)
-            assert dc["bytes_from"]["ram"] == ec["bytes_from"]["ram"]
-            assert dc["by_kind"]["cached"] == ec["by_kind"]["cached"]
-        else:
-            assert dc["by_kind"]["prefetched"] + dc["by_kind"]["late"] > 0
+            assert dc["bytes_from"]["ram"] == ec["bytes_from"]["ram"], case
+            assert dc["by_kind"]["cached"] == ec["by_kind"]["cached"], case
+        elif split[1]:                         # the lookahead copies RAM experts (an all-NVMe plan has none)
+            assert dc["by_kind"]["prefetched"] + dc["by_kind"]["late"] > 0, case
     with Engine.open(packed_bf16, plan, EngineOptions(mode=mode, device="cuda", tokens_per_graph=4)) as eng:
         assert eng.model.step_runner.ahead          # generate runs ahead, 4 tokens a launch: the prefill's, then
         for _ in range(2):                          # launches of 4, 4 and 3 tokens (eager, captured, eager; replayed
@@ -458,7 +459,10 @@ def test_on_the_gpu_streamed_dense_weights_give_the_resident_logits(packed_bf16)
         plan = bf16_plan(*split, chunk=chunk)
         dev_logits, dev_tokens, _ = run(packed_bf16, plan, mode, new=8, device="cuda")
         for layers, head in STREAMS:
-            logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda")
+            try:                               # a failure names its case (a capture error does not otherwise)
+                logits, tokens, c = run(packed_bf16, streaming(plan, layers, head), mode, new=8, device="cuda")
+            except Exception as e:
+                raise AssertionError(f"case {split} {mode} streaming {layers} {head}: {type(e).__name__}: {e}") from e
             torch.testing.assert_close(logits, dev_logits, rtol=0, atol=2 ** -7 * float(dev_logits.abs().max()))
             assert tokens == dev_tokens and c["dense_demand"] == 0
             assert c["dense_bytes"]["lm_head"] > 0 if head == "ram" else c["dense_bytes"]["lm_head"] == 0

@@ -164,7 +164,9 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "graphs": bool(runner is not None and runner.graphs),
             # the NVMe tier's files in the page cache (mincore), after start-up and after the run: a cold tier
             "page_cache": {"files": len(cold), "before": cache_before, "after": _page_cache(cold)},
-            "stager": store.staging.last if store.staging is not None else None,
+            # the stager's counters, and its demand reads a token (GPU wait a token / these: the wait a read)
+            "stager": None if store.staging is None else dict(store.staging.last,
+                                                               demand_reads_per_token=store.staging.last["reads_demand"] / n),
             "pinned": store.pinned_info(),
             "counters": {k: v for k, v in c.items() if k != "layers"},
             "hit_rate": c["hit_rate"], "resident_hit_rate": c["resident_hit_rate"],

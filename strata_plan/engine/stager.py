@@ -64,7 +64,11 @@ def full_fence() -> None:
 @dataclass
 class StagerCounters:
     """Per MoE layer: reads issued on demand and on a guess, their bytes, staged reads evicted unused (wasted),
-    the reader threads' busy seconds, routed NVMe uses the stager found staged already (host view)."""
+    the reader threads' busy seconds, routed NVMe uses the stager found staged already (host view). The host's
+    part of a demand read's latency (`lat`, seconds summed over the demand reads): from the poller seeing the
+    request to a reader taking it (queue), and from there to the ready word published (read: the drive, the
+    checksum at a blob's first read, the split's hand-offs). `poll`: the poller's gaps between two looks at the
+    ring while decoding (count, seconds, the longest): a long gap is the poller kept from running."""
 
     reads_demand: np.ndarray
     reads_guess: np.ndarray
@@ -78,6 +82,8 @@ class StagerCounters:
     right: np.ndarray              # [depth, L] of those, routed
     hinted_used: np.ndarray        # [depth, L] ids read from staging where a guess existed
     busy_s: list = field(default_factory=lambda: [0.0])
+    lat: dict = field(default_factory=lambda: {"n": 0, "queue_s": 0.0, "read_s": 0.0})
+    poll: dict = field(default_factory=lambda: {"n": 0, "s": 0.0, "max_s": 0.0})
 
     @classmethod
     def zeros(cls, L: int, depth: int = 0) -> "StagerCounters":
@@ -91,7 +97,11 @@ class StagerCounters:
                 "wasted_reads": tot(self.wasted_reads), "wasted_bytes": tot(self.wasted_bytes),
                 "found_staged": tot(self.found_staged), "routed": tot(self.routed),
                 "staging_hit_rate": tot(self.found_staged) / max(1, tot(self.routed)),
-                "read_busy_s": self.busy_s[0]}
+                "read_busy_s": self.busy_s[0],
+                "demand_queue_ms_mean": 1e3 * self.lat["queue_s"] / max(1, self.lat["n"]),
+                "demand_read_ms_mean": 1e3 * self.lat["read_s"] / max(1, self.lat["n"]),
+                "poll_gap_ms_mean": 1e3 * self.poll["s"] / max(1, self.poll["n"]),
+                "poll_gap_ms_max": 1e3 * self.poll["max_s"]}
 
 
 def read_splits(plan) -> dict[str, tuple[int, ...]]:
@@ -206,14 +216,19 @@ class Stager:
         """Follow the ring in request order: request s's routed ids (REQ >= s), then its guesses (DONE >= s), so a
         layer's guesses are known before the request they are for."""
         hv = self.hv
-        last = time.perf_counter()
+        last = look = time.perf_counter()
         while not self._stop:
             req, done = int(hv.words[sw.REQ]), int(hv.words[sw.DONE])
+            now = time.perf_counter()
+            if now - last < IDLE_SPIN_S:                   # decoding: the gap since the last look
+                p = self.counts.poll
+                p["n"], p["s"], p["max_s"] = p["n"] + 1, p["s"] + now - look, max(p["max_s"], now - look)
+            look = now
             if req == self.seen_req and (not self.depth or done == self.seen_done):
-                idle = time.perf_counter() - last          # decoding: poll at once; idle (prefill, between runs):
+                idle = now - last                          # decoding: poll at once; idle (prefill, between runs):
                 time.sleep(0 if idle < IDLE_SPIN_S else (POLL_S if idle < IDLE_S else IDLE_POLL_S))    # back off
                 continue
-            last = time.perf_counter()
+            last = now
             s = max(min(self.seen_req, self.seen_done) + 1, req - self.R + 2)
             while s <= req:
                 row = self._row(s)
@@ -287,8 +302,10 @@ class Stager:
             out.append((e, sp[min(n[f], len(sp)) - 1]))
         return out
 
-    def _queue(self, prio: int, score: float, target: int, j: int, e: int, split: int = 1) -> None:
-        heapq.heappush(self._heap, (prio, score, next(self._order), target, j, e, split))
+    def _queue(self, prio: int, score: float, target: int, j: int, e: int, split: int = 1,
+               at: float | None = None) -> None:
+        at = time.perf_counter() if at is None else at                  # queued first at (a demand read's latency)
+        heapq.heappush(self._heap, (prio, score, next(self._order), target, j, e, split, at))
         self.queued[(j, e)] = min(prio, self.queued.get((j, e), prio))
 
     # ---- the readers ---------------------------------------------------------------------------------------
@@ -328,7 +345,7 @@ class Stager:
                     self._cv.wait()
                 if self._stop:
                     return
-                prio, _, _, target, j, e, split = heapq.heappop(self._heap)
+                prio, _, _, target, j, e, split, queued_at = heapq.heappop(self._heap)
                 if self.queued.get((j, e)) == prio:
                     del self.queued[(j, e)]
                 if (j, e) in self.where or (prio and int(self.hv.words[sw.REQ]) >= target):
@@ -336,12 +353,13 @@ class Stager:
                 slot = self._take(prio == 0, int(self.hv.words[sw.REQ]))
                 if slot is None:
                     if prio == 0:                      # every slot is being read or read by the GPU: try again
-                        self._queue(prio, 0.0, target, j, e, split)
+                        self._queue(prio, 0.0, target, j, e, split, queued_at)
                         self._cv.wait(0.0005)
                     continue
                 self.state[slot], self.key[slot] = READING, (j, e)
                 self.used[slot], self.stamp[slot] = prio == 0, target
                 self.where[(j, e)] = slot
+            taken = time.perf_counter()
             ok = self._read(slot, j, e, split)
             with self._cv:
                 c = self.counts
@@ -353,6 +371,10 @@ class Stager:
                 if ok:
                     self.state[slot] = STAGED
                     self.hv.ready[j, e] = self.base + slot * self.slot_bytes     # after the bytes: published
+                    if prio == 0:
+                        lat = c.lat
+                        lat["n"], lat["queue_s"] = lat["n"] + 1, lat["queue_s"] + taken - queued_at
+                        lat["read_s"] += time.perf_counter() - taken
                 else:
                     self.state[slot], self.key[slot] = FREE, None
                     del self.where[(j, e)]
