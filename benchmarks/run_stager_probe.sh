@@ -19,7 +19,7 @@ timeout 120 python3 -m pytest -q -m gpu tests/test_engine_staging.py tests/test_
   -rs -o addopts="" --tb=short >"$OUT/gpu_tests.log" 2>&1
 grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
 timeout 30 python3 benchmarks/tools/stager_handoff.py --requests 200 2>&1 | tee "$OUT/handoff.log" | tail -5
-left=$(( 585 - ($(date +%s) - t0) ))
+left=$(( ${LIMIT:-585} - ($(date +%s) - t0) ))
 timeout "$left" python3 benchmarks/bench_trained.py --work /root/trained --out-dir "$OUT" --train-seconds "${TRAIN_S:-45}" \
   --budgets seed --skip transformers,equivalence --depths "${DEPTHS:-1,2}" --profile-predict "$PROFILE" \
   --deadline-s "$(( left - 20 ))" 2>&1 | tee "$OUT/bench_trained.log" | grep -E "MEASURED|hit rate|^seed|json|FAIL|Error"
