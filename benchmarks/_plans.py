@@ -28,3 +28,15 @@ def forced_depth(plan, depth: int):
     st = dataclasses.replace(st, vram_slots=max(st.vram_slots, staging_slots(plan.top_k, depth)),
                              host_slots=pinned_staging_slots(plan.top_k, depth, st.host_slots))
     return dataclasses.replace(plan, prefetch_depth=depth, staging=st)
+
+
+def own_vram_budget(plan, profile, where: str = "plan"):
+    """`plan` with its VRAM budget set to the bytes it places in VRAM (the planner's footprint of its own placement,
+    reserve included): a hand-tiered plan's budget, so that what is made from it (`strata-plan export`) keeps to the
+    same VRAM rather than the machine's."""
+    from strata_plan.planner.placement import footprint, placement_of
+    from strata_plan.planner.repredict import plan_problem
+    vram = footprint(plan_problem(plan, profile, where), placement_of(plan)).vram
+    mem = plan.memory
+    return dataclasses.replace(plan, memory=dataclasses.replace(
+        mem, budgets=dataclasses.replace(mem.budgets, vram_bytes=int(vram))))

@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from _plans import tiers_by_hand  # noqa: E402
+from _plans import own_vram_budget, tiers_by_hand  # noqa: E402
 from _result import record_failure, result_path, write_result  # noqa: E402
 
 EXPERTS = "_exps"             # llama.cpp's routed-expert tensors: blk.N.ffn_{gate,up,down}_exps.weight
@@ -119,7 +119,9 @@ def cli_json(argv: list[str]) -> dict:
 
 def our_plan(checkpoint: Path, fmt: str, vram_share: float, profile: str, work: Path) -> Path:
     """The planner's plan of the checkpoint, then per layer the `vram_share` most used experts static in VRAM
-    and the rest in pinned RAM, every expert in `fmt`, no cache, no lookahead: the budget llama.cpp gets."""
+    and the rest in pinned RAM, every expert in `fmt`, no cache, no lookahead: the budget llama.cpp gets. Its VRAM
+    budget is what it places there, so the export of it keeps to that budget (with the machine's, it put every
+    layer on the GPU: the H100 run of 2026-12-05 16:33)."""
     from strata_plan.cli import main
     from strata_plan.core.plan import load_plan, save_plan
     path = work / f"plan-{fmt}.yaml"
@@ -128,7 +130,7 @@ def our_plan(checkpoint: Path, fmt: str, vram_share: float, profile: str, work: 
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["plan", "--model", str(checkpoint / "config.json"), *stats, "--profile", profile, "--trials", "8",
                      "--out", str(path), "--force"]) == 0
-    save_plan(tiers_by_hand(load_plan(path), vram_share, 0, fmt), path)
+    save_plan(own_vram_budget(tiers_by_hand(load_plan(path), vram_share, 0, fmt), profile, str(path)), path)
     return path
 
 
