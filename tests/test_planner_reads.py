@@ -174,3 +174,14 @@ def test_plan_records_how_to_read(flat):
         assert len(r.splits) == k and r.queue_depth == k * r.split
     one = expert_read(lambda b, q: _rate(q), FLAT.queue_depths, "q1_g32_s8m4", 10**7, 1)
     assert one.in_flight == 1 and one.times[1] == pytest.approx(1e7 / _rate(16))
+
+
+def test_no_split_reads_below_the_smallest_measured_block():
+    """A drive faster with depth at every block size would have a 113 KiB blob read as 16 sub-reads of 8 KiB; the
+    profile measured nothing below 128 KiB, so the blob is read whole (the stager's requests below a measured size
+    have no measured cost), and a 16 MiB blob may still split into 1 MiB sub-reads."""
+    rate = lambda b, q: _rate(q)                                # noqa: E731
+    small = 113 * 1024
+    assert set(expert_read(rate, FLAT.queue_depths, "f", small, 6).splits) == {16}      # no floor: split 16 ways
+    assert set(expert_read(rate, FLAT.queue_depths, "f", small, 6, min_block=128 * 1024).splits) == {1}
+    assert set(expert_read(rate, FLAT.queue_depths, "f", 16 * 2**20, 6, min_block=2**20).splits) == {16}

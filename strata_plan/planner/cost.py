@@ -383,8 +383,9 @@ class CostModel:
         if key not in self._memo:
             nv = self.problem.profile.nvme
             depths = nv[0].rand_read.queue_depths if nv else ()
-            self._memo[key] = {f: expert_read(self.nvme, depths, f, self.problem.spec.routed_expert_bytes(f), in_flight)
-                               for f in self.problem.mix.formats}
+            smallest = min(b for b, _, _ in nv[0].rand_read.points) if nv else 0
+            self._memo[key] = {f: expert_read(self.nvme, depths, f, self.problem.spec.routed_expert_bytes(f), in_flight,
+                                              smallest) for f in self.problem.mix.formats}
         return self._memo[key]
 
     # ---- per-layer model quantities ---------------------------------------------------------------

@@ -105,19 +105,25 @@ class ExpertRead:
         return inside + np.maximum(n - self.in_flight, 0.0) * self.seconds_per_expert
 
 
-def expert_read(rate, depths: tuple[int, ...], fmt: str, nbytes: int, in_flight: int) -> ExpertRead:
+def expert_read(rate, depths: tuple[int, ...], fmt: str, nbytes: int, in_flight: int,
+                min_block: int = 0) -> ExpertRead:
     """For each batch size i = 1 .. in_flight, the split of `NVME_SPLITS` that reads i experts together
     fastest (ties: fewer sub-reads), and those seconds (`rate`, `depths`: as `envelope_rates` reads them).
-    The minimum of non-decreasing batch times is non-decreasing, so more misses never read faster."""
+    The minimum of non-decreasing batch times is non-decreasing, so more misses never read faster. Splits whose
+    sub-reads are smaller than `min_block` (the smallest block the profile measured) are not taken: below it the
+    rate is a line through two larger blocks' times, which has put a 16 KiB read's latency at 10 us where a
+    virtual disk's is tens of microseconds, and the stager's host time a request (a thread hand-off in Python)
+    is not in it at all (a 16-way split of a 113 KB blob took 4 ms a read on the H100's host, 2026-12-05)."""
     i = np.arange(1, in_flight + 1)
+    splits = [sp for sp in NVME_SPLITS if sp == 1 or sub_read_bytes(nbytes, sp) >= min_block]
     table = []
-    for split in NVME_SPLITS:
+    for split in splits:
         rates = envelope_rates(rate, depths, sub_read_bytes(nbytes, split), in_flight * split)
         table.append(i * nbytes / rates[i * split])
     table = np.array(table)                                   # [splits, in_flight]
-    pick = np.argmin(table * (1 + 1e-12 * np.arange(len(NVME_SPLITS)))[:, None], axis=0)
+    pick = np.argmin(table * (1 + 1e-12 * np.arange(len(splits)))[:, None], axis=0)
     times = table[pick, i - 1]
-    return ExpertRead(fmt, int(nbytes), tuple(NVME_SPLITS[j] for j in pick), (0.0, *map(float, times)))
+    return ExpertRead(fmt, int(nbytes), tuple(splits[j] for j in pick), (0.0, *map(float, times)))
 
 
 def batch_seconds(reads: list[ExpertRead], counts: np.ndarray) -> np.ndarray:
