@@ -5,7 +5,14 @@
 The committed fixture packed in BF16 (49 KB blobs), every routed expert on NVMe, depth 0: the same plan with each
 blob read as 1, 8 or 16 O_DIRECT requests in flight (`staging.nvme_reads`, as a plan records the planner's
 choice), runs interleaved. Prints per split the decode tok/s, the GPU's wait a token, the demand reads a token, and
-the stager's host side of a demand read (queue, read). Not a benchmark: no results file."""
+the stager's host side of a demand read (queue, read). Not a benchmark: no results file. On the H100 machine
+(2026-12-05, two calls, medians of 2 interleaved repeats, 20 demand reads a token):
+
+    split      1      2      4      8     16
+    tok/s    358-398  184    128    120    70
+    read ms  0.14-0.16 0.58  0.94   1.08   1.89
+
+A blob read through the pool (split >= 2) costs the stager's host about 0.3 ms plus 0.1 ms a sub-read."""
 from __future__ import annotations
 
 import argparse

@@ -46,10 +46,10 @@ class Preset:
 
 
 QUICK = Preset("quick", 256 * MiB, 3, 1.0, 4.0,
-               nvme_mod.DiskSettings((16 * KiB, 128 * KiB, MiB, 4 * MiB, 16 * MiB), (1, 8, 32), (16 * MiB,), (1, 8), 0.25, 2),
+               nvme_mod.DiskSettings((128 * KiB, MiB, 4 * MiB, 16 * MiB), (1, 8, 32), (16 * MiB,), (1, 8), 0.25, 2),
                (256 * KiB, MiB, 16 * MiB, 256 * MiB, GiB), (16 * MiB, 256 * MiB), 3, 256 * MiB, 100, GiB, 5)
 FULL = Preset("full", GiB, 5, 4.0, 32.0,
-              nvme_mod.DiskSettings((16 * KiB, 64 * KiB, 256 * KiB, MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 32 * MiB),
+              nvme_mod.DiskSettings((64 * KiB, 256 * KiB, MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 32 * MiB),
                                     (1, 4, 8, 16, 32),
                                     (MiB, 16 * MiB), (1, 8, 32), 0.4, 3),
               (256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB), (MiB, 16 * MiB, 256 * MiB), 5, GiB, 400,
