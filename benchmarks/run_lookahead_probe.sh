@@ -13,11 +13,7 @@ source benchmarks/device_setup.sh
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$GPU"
 case "$GPU" in *H100*) PROFILE=benchmarks/data/run-20261205/h100-run-153300.yaml ;;
                *) PROFILE=benchmarks/data/run-20261205/h200-run-131300.yaml ;; esac
-( timeout 60 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_prefetch.py -p no:cacheprovider \
-    -rs -o addopts="" --tb=short
-  timeout 120 python3 -m pytest -q -m gpu tests/test_engine_staging.py tests/test_engine_run.py -p no:cacheprovider \
-    -rs -o addopts="" --tb=short ) >"$OUT/gpu_tests.log" 2>&1
-grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
+bash benchmarks/device_loop_tests.sh "$OUT/gpu_tests.log"
 left=$(( 585 - ($(date +%s) - t0) ))
 timeout "$left" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans ramrich --tokens 32 --warmup 16 \
   --profile "$PROFILE" --out-dir "$OUT" --copy-programs "${COPY_PROGRAMS:-0,16}" --deadline-s "$(( left - 40 ))" 2>&1 \

@@ -32,16 +32,13 @@ PROFILE=$([ -f "$OUT/run-profile.yaml" ] && echo "$OUT/run-profile.yaml" || echo
 # GPU_TESTS=1: the slot protocol's and the stager's kernel tests and the engine's GPU-marked tests run beside the
 # training (after the profile, done before the engine rows start; gpu_tests.log). Correctness only, no timings.
 if [ -n "${GPU_TESTS-}" ]; then
-  ( timeout 60 python3 -m pytest -q tests/test_kernels_stage_wait.py tests/test_kernels_prefetch.py -p no:cacheprovider \
-      -rs -o addopts="" --tb=short
-    timeout 120 python3 -m pytest -q -m gpu tests/test_engine_staging.py tests/test_engine_run.py -p no:cacheprovider \
-      -rs -o addopts="" --tb=short ) >"$OUT/gpu_tests.log" 2>&1 &
+  bash benchmarks/device_loop_tests.sh "$OUT/gpu_tests.log" >"$OUT/gpu_tests.summary" &
   tests=$!
 fi
 timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
   --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} \
   --deadline-s "$(left 560)" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
-[ -n "${tests-}" ] && { wait "$tests"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20; }
+[ -n "${tests-}" ] && { wait "$tests"; cat "$OUT/gpu_tests.summary"; }
 tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml \
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
   bench-moe/tokenizer.json bench-moe/tokenizer_config.json 2>/dev/null

@@ -67,8 +67,9 @@ class StagerCounters:
     the reader threads' busy seconds, routed NVMe uses the stager found staged already (host view). The host's
     part of a demand read's latency (`lat`, seconds summed over the demand reads): from the poller seeing the
     request to a reader taking it (queue), and from there to the ready word published (read: the drive, the
-    checksum at a blob's first read, the split's hand-offs). `poll`: the poller's gaps between two looks at the
-    ring while decoding (count, seconds, the longest): a long gap is the poller kept from running."""
+    checksum at a blob's first read, the split's hand-offs). `poll`: while decoding, for each look at the ring that
+    found a request, the gap since the look before (count, seconds, the longest): the request came within it, so a
+    long gap is the poller kept from running. Counted per request found, not per look (the spin stays bare)."""
 
     reads_demand: np.ndarray
     reads_guess: np.ndarray
@@ -220,15 +221,14 @@ class Stager:
         while not self._stop:
             req, done = int(hv.words[sw.REQ]), int(hv.words[sw.DONE])
             now = time.perf_counter()
-            if now - last < IDLE_SPIN_S:                   # decoding: the gap since the last look
-                p = self.counts.poll
-                p["n"], p["s"], p["max_s"] = p["n"] + 1, p["s"] + now - look, max(p["max_s"], now - look)
-            look = now
             if req == self.seen_req and (not self.depth or done == self.seen_done):
-                idle = now - last                          # decoding: poll at once; idle (prefill, between runs):
+                idle, look = now - last, now               # decoding: poll at once; idle (prefill, between runs):
                 time.sleep(0 if idle < IDLE_SPIN_S else (POLL_S if idle < IDLE_S else IDLE_POLL_S))    # back off
                 continue
-            last = now
+            if now - last < IDLE_SPIN_S:                   # decoding: the gap the news came in (counted per news)
+                p = self.counts.poll
+                p["n"], p["s"], p["max_s"] = p["n"] + 1, p["s"] + now - look, max(p["max_s"], now - look)
+            last = look = now
             s = max(min(self.seen_req, self.seen_done) + 1, req - self.R + 2)
             while s <= req:
                 row = self._row(s)
