@@ -1,11 +1,13 @@
 """llama.cpp beside the engine on one checkpoint, at the same share of routed-expert bytes on the GPU.
 
     python benchmarks/peers/bench_peer.py --checkpoint CKPT --llama-bin build/bin --work DIR --text FILE \
-        --out-dir $OUT [--types q2_k,iq1_s] [--ours q2_g32_s8m8,q1_g32_s8m4] [--cpu-moe-layers N] [--threads 16]
+        [--calib-text FILE2] --out-dir $OUT [--types q2_k,iq2_xxs,iq1_s] [--ours q2_g16_s8m4,q2_g32_s8m8,q1_g32_s8m4] \
+        [--cpu-moe-layers N] [--threads 16]
 
 Per llama.cpp type (`--types`, with `--ours` the engine's format of the nearest bits per weight, pairwise):
-1. GGUF: F32 (the KL base) and BF16 (`to_gguf.py`); an importance matrix from `--text` (`llama-imatrix`); the
-   routed experts quantized to the type, every other tensor kept BF16 (`llama-quantize`, README.md).
+1. GGUF: F32 (the KL base) and BF16 (`to_gguf.py`); an importance matrix from `--calib-text` (`llama-imatrix`, on
+   held-out text past the scored part); the routed experts quantized to the type, every other tensor kept BF16
+   (`llama-quantize`, README.md).
 2. llama.cpp, `llama-bench` (median of `--repeats`, prefill `--prompt` tokens, decode `--gen` tokens): every
    tensor on the GPU (`-ngl 99`, the ceiling); the probe, the experts of the first `--probe-cpu-layers` MoE layers
    on the CPU (llama.cpp's hand-off a CPU layer, measured: `one_type`); at the budget, the experts of the first
@@ -16,7 +18,8 @@ Per llama.cpp type (`--types`, with `--ours` the engine's format of the nearest 
    checking that its tokenizer gives the checkpoint's own ids on the text (`llama-tokenize`).
 4. The engine on the same checkpoint: packed in the paired format, planned with the same share of each layer's
    experts in VRAM (the most used, by its routing trace) and the rest in pinned RAM; `strata-plan bench` in modes
-   lru and on-demand, and `strata-plan eval` (KL and top-1 against the float checkpoint, the same text).
+   lru and on-demand, and `strata-plan eval` (KL and top-1 against the float checkpoint, the same text); once per
+   format (a format paired with two types is measured once).
 Rows are MEASURED; the budget is the share of routed-expert bytes on the GPU, the same on both sides (each side's
 bytes at its own bits per weight are in the file). Writes peer-llama-cpp-<time>.json.
 """
@@ -139,9 +142,12 @@ def main() -> int:
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--llama-bin", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--text", required=True, help="calibration and evaluation text (the held-out part of the corpus)")
-    ap.add_argument("--types", default="q2_k,iq1_s")
-    ap.add_argument("--ours", default="q2_g32_s8m8,q1_g32_s8m4", help="the engine's format paired with each type")
+    ap.add_argument("--text", required=True, help="evaluation text (the held-out part of the corpus): KL and top-1")
+    ap.add_argument("--calib-text", default=None, help="llama-imatrix's text, disjoint from --text (an importance "
+                    "matrix from the scored text favours llama.cpp's rows); default --text, recorded as such")
+    ap.add_argument("--types", default="q2_k,iq2_xxs,iq1_s", help="llama.cpp's types of the routed experts")
+    ap.add_argument("--ours", default="q2_g16_s8m4,q2_g32_s8m8,q1_g32_s8m4", help="the engine's format paired with "
+                    "each type, in order of bits per weight (2.625 / 2.06 / 1.56 against 2.81 / 2.56 / 1.44)")
     ap.add_argument("--cpu-moe-layers", type=int, default=6, help="llama.cpp's -ncmoe: MoE layers whose experts stay "
                     "in RAM; the engine keeps the same share of each layer's expert bytes in RAM")
     ap.add_argument("--probe-cpu-layers", type=int, default=2, help="MoE layers whose experts the probe puts on the "
@@ -194,7 +200,9 @@ def rows(a, metrics: dict, runs: dict, errors: list, save) -> None:
         raise SystemExit(f"llama.cpp's tokenizer gives other ids than the checkpoint's on {a.text}: the KLs would not "
                          "compare; see to_gguf.py's pre-tokenizer")
     imatrix = a.work / "imatrix.dat"
-    sh([str(a.llama_bin / "llama-imatrix"), "-m", str(bf16), "-f", a.text, RAW, "-o", str(imatrix), "-c", str(a.chunk),
+    calib = a.calib_text or a.text
+    metrics["text.imatrix_on_scored_text"] = float(Path(calib).resolve() == Path(a.text).resolve())
+    sh([str(a.llama_bin / "llama-imatrix"), "-m", str(bf16), "-f", calib, RAW, "-o", str(imatrix), "-c", str(a.chunk),
         "-t", str(a.threads), "-ngl", "99"], a.work / "imatrix.log")
     metrics.update({"budget.vram_share_of_expert_bytes": vram_share, "budget.llama_cpu_moe_layers": a.cpu_moe_layers,
                     "budget.llama_ncmoe": a.moe_layers[a.cpu_moe_layers - 1] + 1,
@@ -271,6 +279,8 @@ def one_type(a, qtype: str, fmt: str, f32: Path, bf16: Path, imatrix: Path, vram
     for k, v in llama_kl(a.llama_bin, f32, model, a, a.work).items():
         metrics[f"llama.{qtype}.{k}"] = v
     metrics[f"llama.{qtype}.file_bytes"] = model.stat().st_size
+    if f"ours.{fmt}.kl_mean" in metrics:              # the engine's rows at fmt are in: one format, one set of rows
+        return
     packed = a.work / f"packed-{fmt}"
     cli_json(["pack", str(a.checkpoint), "--plan", str(plan), "--out", str(packed), "--force"])
     for mode in ("lru", "on-demand"):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The peer rows in one device call (README.md):
 #   bash benchmarks/peers/fetch_llama_cpp.sh     # here, once: the source travels in the run's carry
-#   STRATA_GIT_SHA=<sha> OUT=$OUT [TYPES=iq1_s OURS=q1_g32_s8m4] bash benchmarks/peers/run_peer_gpu.sh
-#   (TEXT: default the first TEXT_KB=256 KiB of the peer's heldout.txt; TYPES / OURS: bench_peer.py's --types / --ours, paired; one pair fits a
-#   call after the build and the training: q2_k in the first call, iq1_s in the second)
+#   STRATA_GIT_SHA=<sha> OUT=$OUT [TYPES=q2_k OURS=q2_g16_s8m4] bash benchmarks/peers/run_peer_gpu.sh
+#   (TEXT: default the first TEXT_KB=128 KiB of the peer's heldout.txt, scored; CALIB: the next CALIB_KB=128 KiB,
+#   llama-imatrix's text; TYPES / OURS: bench_peer.py's --types / --ours, paired, default its three pairs)
 # llama.cpp is built for sm_90 on the CPU cores while the peer model trains on the GPU, then bench_peer.py, which
 # saves its JSON after every row (a failing row is recorded in `errors`). Everything ends by 590 s; `strata-plan
 # plan` needs Optuna: carry .whl (benchmarks/run_trained_gpu.sh's header) with the llama.cpp source.
@@ -19,9 +19,12 @@ build=$!
 timeout 330 python3 benchmarks/train_moe.py --size peer --out /root/peer --seconds "${TRAIN_S:-240}" 2>&1 | tail -5 | tee "$OUT/train.log"
 wait $build || { tail -20 "$OUT/build.log"; exit 1; }
 echo "built and trained in $(( $(date +%s) - t0 )) s"
-# the evaluation text: the held-out part, its first TEXT_KB KiB in whole lines (the KL and eval rows' time goes as it)
-TEXT=${TEXT:-/root/peer/heldout-cut.txt}
-[ -f "$TEXT" ] || head -c $(( ${TEXT_KB:-256} * 1024 )) /root/peer/heldout.txt | sed '$d' > "$TEXT"
+# the evaluation text: the held-out part, its first TEXT_KB KiB in whole lines (the KL and eval rows' time goes as
+# it); the importance matrix's: the CALIB_KB KiB after it, in whole lines (disjoint from the scored text)
+TEXT=${TEXT:-/root/peer/heldout-cut.txt}; CALIB=${CALIB:-/root/peer/calib-cut.txt}
+tk=$(( ${TEXT_KB:-128} * 1024 )); ck=$(( ${CALIB_KB:-128} * 1024 ))
+[ -f "$TEXT" ] || head -c $tk /root/peer/heldout.txt | sed '$d' > "$TEXT"
+[ -f "$CALIB" ] || head -c $(( tk + ck )) /root/peer/heldout.txt | tail -c $ck | sed '1d;$d' > "$CALIB"
 timeout "$(left 590)" python3 benchmarks/peers/bench_peer.py --checkpoint /root/peer --llama-bin /root/lc/bin --work /root/pw \
-  --text "$TEXT" --out-dir "$OUT" ${TYPES:+--types "$TYPES"} ${OURS:+--ours "$OURS"} 2>&1 | tee "$OUT/bench_peer.log" | tail -40
+  --text "$TEXT" --calib-text "$CALIB" --out-dir "$OUT" ${TYPES:+--types "$TYPES"} ${OURS:+--ours "$OURS"} 2>&1 | tee "$OUT/bench_peer.log" | tail -40
 echo "run_peer_gpu: $(( $(date +%s) - t0 ))s"
