@@ -9,7 +9,10 @@ built in VRAM from random BF16 tensors named and shaped as its checkpoints (`eng
 with no routed experts: the MoE call returns zeros, as `DeviceDecode.time_parts` leaves it out. Graph k runs the
 token's embedding row, the first k decoder layers (attention over the whole static cache of `context` positions,
 norms, router with its top-k, shared expert or dense MLP), the final norm, the lm_head and the argmax; each is
-replayed `reps` times after a warm-up and timed with CUDA events. Layer i's time is the median over the repeats of
+replayed `reps` times after a warm-up and timed with CUDA events, each replay after a write of twice the L2 cache
+(outside the events): the whole model's step finds no layer's weights in L2 (the rest of the model evicted them),
+while the cut's few layers stay there between back-to-back replays (bench-moe on the H100: 734 us a step from the
+warm cut, 834 us in the whole model's graph). Layer i's time is the median over the repeats of
 graph i + 1 less graph i, run back to back in each repeat (so clock drift falls on both), and 0 where noise makes
 that median negative (the layer below what the clock resolves); `head_us` is graph 0's median. These are what the cost model charges
 a decoder layer without its routed experts (`planner.cost`): kernels as the engine launches them, each at its
@@ -114,13 +117,18 @@ def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[list[f
         return run
 
     runs = [prefix(k) for k in range(cut.n_layers + 1)]
+    flush = lambda: None                                            # noqa: E731
     if device != "cpu":
         runs = [_graph(run) for run in runs]
+        l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20)
+        buf = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+        flush = buf.zero_                       # before each timed replay, outside its events: the L2 cold
     for run in runs:
         run()
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(reps):                       # interleaved: drift lands on every prefix alike
         for k, run in enumerate(runs):
+            flush()
             times[k].append(_timed(run, device))
     return times
 
