@@ -11,8 +11,8 @@ token's embedding row, the first k decoder layers (attention over the whole stat
 norms, router with its top-k, shared expert or dense MLP), the final norm, the lm_head and the argmax; each is
 replayed `reps` times after a warm-up and timed with CUDA events, each replay after a write of twice the L2 cache
 (outside the events): the whole model's step finds no layer's weights in L2 (the rest of the model evicted them),
-while the cut's few layers stay there between back-to-back replays (bench-moe on the H100: 734 us a step from the
-warm cut, 834 us in the whole model's graph). Layer i's time is the median over the repeats of
+while the cut's few layers stay there between back-to-back replays (bench-moe on the H100: a step of 726 us from the
+warm cut, 837 us from the cold one, 835-853 us in the whole model's graph; benchmarks/tools/cut_probe.py). Layer i's time is the median over the repeats of
 graph i + 1 less graph i, run back to back in each repeat (so clock drift falls on both), and 0 where noise makes
 that median negative (the layer below what the clock resolves); `head_us` is graph 0's median. These are what the cost model charges
 a decoder layer without its routed experts (`planner.cost`): kernels as the engine launches them, each at its
@@ -100,9 +100,10 @@ def _cut_config(spec) -> dict:
 
 
 @torch.inference_mode()
-def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[list[float]]:
+def _prefix_times(cfg, cut, context: int, reps: int, device: str, cold: bool = True) -> list[list[float]]:
     """Microseconds of each prefix step (embedding, the first k layers, head and argmax), k = 0..n_layers, in each of
-    `reps` interleaved repeats: [k][repeat]."""
+    `reps` interleaved repeats: [k][repeat]; `cold`: the L2 written over before each replay (False: back to back,
+    for benchmarks/tools/cut_probe.py's comparison)."""
     m = MoEModel(cfg, RandomSource(cut, device), _NoExperts(), context, device)
     m.fused_router = m.rope.fused = device != "cpu"     # as Engine.open sets them where the kernels run
     tok = torch.zeros(1, dtype=torch.long, device=device)
@@ -120,6 +121,7 @@ def _prefix_times(cfg, cut, context: int, reps: int, device: str) -> list[list[f
     flush = lambda: None                                            # noqa: E731
     if device != "cpu":
         runs = [_graph(run) for run in runs]
+    if device != "cpu" and cold:
         l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20)
         buf = torch.empty(2 * l2, dtype=torch.uint8, device=device)
         flush = buf.zero_                       # before each timed replay, outside its events: the L2 cold
