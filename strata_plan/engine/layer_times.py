@@ -12,11 +12,12 @@ norms, router with its top-k, shared expert or dense MLP), the final norm, the l
 replayed `reps` times after a warm-up and timed with CUDA events, each replay after a write of twice the L2 cache
 (outside the events): the whole model's step finds no layer's weights in L2 (the rest of the model evicted them),
 while the cut's few layers stay there between back-to-back replays (bench-moe on the H100: a step of 726 us from the
-warm cut, 837 us from the cold one, 835-853 us in the whole model's graph; benchmarks/tools/cut_probe.py). Layer i's time is the median over the repeats of
-graph i + 1 less graph i, run back to back in each repeat (so clock drift falls on both), and 0 where noise makes
-that median negative (the layer below what the clock resolves); `head_us` is graph 0's median. These are what the cost model charges
-a decoder layer without its routed experts (`planner.cost`): kernels as the engine launches them, each at its
-own rate, launch gaps inside a graph included; no constant fitted to decode runs.
+warm cut, 837 us from the cold one, 835-853 us in the whole model's graph; benchmarks/tools/cut_probe.py). Layer i's
+time is the median over the repeats of graph i + 1 less graph i, run back to back in each repeat (so clock drift
+falls on both), and 0 where noise makes that median negative (the layer below what the clock resolves); `head_us` is
+graph 0's median. These are what the cost model charges a decoder layer without its routed experts (`planner.cost`):
+kernels as the engine launches them, each at its own rate, launch gaps inside a graph included; no constant fitted
+to decode runs.
 """
 from __future__ import annotations
 
