@@ -542,7 +542,8 @@ def parse(argv=None):
     p.add_argument("--trace-tokens", type=int, default=4096)
     p.add_argument("--source-root", action="append", help="training text from here (train_moe.py --source-root)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", default="h200", help="profile the plans are made with (default h200)")
+    p.add_argument("--profile", default=None, help="profile the plans are made with (default: --profile-predict's, "
+                   "with the model's layer times, as a user plans with the machine's own profile; else h200)")
     p.add_argument("--profile-predict", default=None, help="re-predict with this profile YAML (default: the plan's)")
     p.add_argument("--calibration", default=None, help="with --profile-predict: the calibration constants of this "
                    "profile YAML (measured by `strata-plan calibrate`, committed before the run) with its measured figures")
@@ -600,6 +601,7 @@ def main(argv=None) -> int:
         n_moe = load_spec(str(ckpt)).n_moe_layers
         if a.profile_predict and torch.cuda.is_available():
             run.do("layer times", lambda: layer_times(run, a, ckpt))
+        a.profile = a.profile or a.profile_predict or "h200"
         run.do("statistics", lambda: trace_statistics(run, a, ckpt, trace))
         for name in a.budgets.split(","):
             path = run.do(f"plan.{name}", lambda name=name: plan_budget(run, a, name, ckpt, trace))

@@ -4,7 +4,7 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]
-# Predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
+# Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
 # studies need no SQLAlchemy), made here in the repository root once:
