@@ -99,6 +99,7 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
                 "nvme_read_gb_per_token_predicted", "page_cache_after", "host_ms_per_token_measured"):
         assert key in out and f"seed.plan.{key}" in run.metrics
     assert out["nvme_gb_per_token_measured"] > 0
+    assert out["stager_queue_ms_rank0_measured"] >= 0 and "stager_queue_ms_measured" in out
 
 
 def test_the_depth_sweep_predicts_the_depth_it_runs(tmp_path):

@@ -5,8 +5,9 @@
 The committed fixture packed in BF16 (49 KB blobs), every routed expert on NVMe, depth 0: the same plan with each
 blob read as 1, 8 or 16 O_DIRECT requests in flight (`staging.nvme_reads`, as a plan records the planner's
 choice), runs interleaved. Prints per split the decode tok/s, the GPU's wait a token, the demand reads a token, and
-the stager's host side of a demand read (queue, read). Not a benchmark: no results file. On the H100 machine
-(2026-12-05, two calls, medians of 2 interleaved repeats, 20 demand reads a token):
+the stager's host side of a demand read (queue, read; the queue by the read's turn in its request). Not a
+benchmark: no results file. On the H100 machine (2026-12-05, two calls, medians of 2 interleaved repeats, 20 demand
+reads a token):
 
     split      1      2      4      8     16
     tok/s    358-398  184    128    120    70
@@ -43,6 +44,7 @@ def main() -> int:
     base = bf16_plan(0, 0, 0, 0, chunk=1)
     k = base.top_k
     rows: dict[int, list] = {}
+    ranks: dict[int, list] = {}
     for _ in range(a.repeats):
         for s in (int(x) for x in a.splits.split(",")):
             plan = dataclasses.replace(base, staging=dataclasses.replace(base.staging, nvme_reads={
@@ -52,10 +54,13 @@ def main() -> int:
             rows.setdefault(s, []).append((r["measured"]["decode_tok_s"], r["time_per_token"]["stage_wait_s"] * 1e3,
                                            st["demand_reads_per_token"], st["demand_queue_ms_mean"],
                                            st["demand_read_ms_mean"], st["poll_gap_ms_max"]))
+            ranks.setdefault(s, []).append(st["demand_queue_ms_by_rank"])
     print("split  tok/s  GPU wait ms/tok  demand reads/tok  stager queue ms  read ms  poll gap max ms (medians)")
     for s, v in rows.items():
         med = [statistics.median(x) for x in zip(*v)]
         print(f"{s:5d} {med[0]:7.1f} {med[1]:15.2f} {med[2]:17.1f} {med[3]:16.3f} {med[4]:8.3f} {med[5]:16.2f}")
+        by_rank = [round(statistics.median(x), 3) for x in zip(*ranks[s])]
+        print(f"      stager queue ms of a request's 1st, 2nd, .. demand read (medians): {by_rank}")
     return 0
 
 

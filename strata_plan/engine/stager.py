@@ -67,7 +67,8 @@ class StagerCounters:
     the reader threads' busy seconds, routed NVMe uses the stager found staged already (host view). The host's
     part of a demand read's latency (`lat`, seconds summed over the demand reads): from the poller seeing the
     request to a reader taking it (queue), and from there to the ready word published (read: the drive, the
-    checksum at a blob's first read, the split's hand-offs). `poll`: while decoding, for each look at the ring that
+    checksum at a blob's first read, the split's hand-offs); `by_rank`: the queue time of a request's first, second, ..
+demand read taken (how the readers' turns add up). `poll`: while decoding, for each look at the ring that
     found a request, the gap since the look before (count, seconds, the longest): the request came within it, so a
     long gap is the poller kept from running. Counted per request found, not per look (the spin stays bare)."""
 
@@ -84,6 +85,7 @@ class StagerCounters:
     hinted_used: np.ndarray        # [depth, L] ids read from staging where a guess existed
     busy_s: list = field(default_factory=lambda: [0.0])
     lat: dict = field(default_factory=lambda: {"n": 0, "queue_s": 0.0, "read_s": 0.0})
+    by_rank: dict = field(default_factory=dict)    # k -> [reads, queue seconds]: the k-th demand read a request took
     poll: dict = field(default_factory=lambda: {"n": 0, "s": 0.0, "max_s": 0.0})
 
     @classmethod
@@ -101,6 +103,8 @@ class StagerCounters:
                 "read_busy_s": self.busy_s[0],
                 "demand_queue_ms_mean": 1e3 * self.lat["queue_s"] / max(1, self.lat["n"]),
                 "demand_read_ms_mean": 1e3 * self.lat["read_s"] / max(1, self.lat["n"]),
+                "demand_queue_ms_by_rank": [round(1e3 * self.by_rank[k][1] / self.by_rank[k][0], 4)
+                                            for k in sorted(self.by_rank)],
                 "poll_gap_ms_mean": 1e3 * self.poll["s"] / max(1, self.poll["n"]),
                 "poll_gap_ms_max": 1e3 * self.poll["max_s"]}
 
@@ -135,6 +139,7 @@ class Stager:
         self.stamp = np.zeros(n_slots, dtype=np.int64)
         self.where: dict[tuple[int, int], int] = {}
         self.queued: dict[tuple[int, int], int] = {}       # queued reads: the best priority (0: demand)
+        self._taken: dict[int, int] = {}                   # request -> its demand reads taken by readers so far
         self._guesses: dict[int, dict[int, set[int]]] = {}  # request -> depth -> the ids guessed for it
         self._heap: list = []
         self._order = itertools.count()
@@ -248,6 +253,8 @@ class Stager:
         j = int(row[1])
         used = {int(e) for e in row[2:2 + self.K] if e >= 0}   # read from staging (not VRAM, RAM, a cached one)
         with self._cv:
+            for old in [t for t in self._taken if t < s - self.R]:
+                del self._taken[old]
             for d, guessed in self._guesses.pop(s, {}).items():   # the lookahead for this request, by depth
                 c = self.counts
                 c.guesses[d - 1, j] += len(guessed)
@@ -359,6 +366,9 @@ class Stager:
                 self.state[slot], self.key[slot] = READING, (j, e)
                 self.used[slot], self.stamp[slot] = prio == 0, target
                 self.where[(j, e)] = slot
+                rank = self._taken.get(target, 0)
+                if prio == 0:
+                    self._taken[target] = rank + 1
             taken = time.perf_counter()
             ok = self._read(slot, j, e, split)
             with self._cv:
@@ -375,6 +385,8 @@ class Stager:
                         lat = c.lat
                         lat["n"], lat["queue_s"] = lat["n"] + 1, lat["queue_s"] + taken - queued_at
                         lat["read_s"] += time.perf_counter() - taken
+                        r = c.by_rank.setdefault(rank, [0, 0.0])
+                        r[0], r[1] = r[0] + 1, r[1] + taken - queued_at
                 else:
                     self.state[slot], self.key[slot] = FREE, None
                     del self.where[(j, e)]
