@@ -29,6 +29,7 @@ import time
 import torch
 
 from strata_plan.core.spec import load_spec, spec_from_config, truncate_config
+from strata_plan.kernels.bench import l2_bytes
 from strata_plan.profiles.schema import LayerTime, load_profile
 
 from .config import ModelConfig
@@ -119,19 +120,18 @@ def _prefix_times(cfg, cut, context: int, reps: int, device: str, cold: bool = T
         return run
 
     runs = [prefix(k) for k in range(cut.n_layers + 1)]
-    flush = lambda: None                                            # noqa: E731
+    flush = None
     if device != "cpu":
         runs = [_graph(run) for run in runs]
-    if device != "cpu" and cold:
-        l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20)
-        buf = torch.empty(2 * l2, dtype=torch.uint8, device=device)
-        flush = buf.zero_                       # before each timed replay, outside its events: the L2 cold
+        if cold:                                # before each timed replay, outside its events: the L2 cold
+            flush = torch.empty(2 * l2_bytes(device), dtype=torch.uint8, device=device).zero_
     for run in runs:
         run()
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(reps):                       # interleaved: drift lands on every prefix alike
         for k, run in enumerate(runs):
-            flush()
+            if flush is not None:
+                flush()
             times[k].append(_timed(run, device))
     return times
 

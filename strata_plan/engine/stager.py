@@ -67,10 +67,10 @@ class StagerCounters:
     the reader threads' busy seconds, routed NVMe uses the stager found staged already (host view). The host's
     part of a demand read's latency (`lat`, seconds summed over the demand reads): from the poller seeing the
     request to a reader taking it (queue), and from there to the ready word published (read: the drive, the
-    checksum at a blob's first read, the split's hand-offs); `by_rank`: the queue time of a request's first, second, ..
-demand read taken (how the readers' turns add up). `poll`: while decoding, for each look at the ring that
-    found a request, the gap since the look before (count, seconds, the longest): the request came within it, so a
-    long gap is the poller kept from running. Counted per request found, not per look (the spin stays bare)."""
+    checksum at a blob's first read, the split's hand-offs); `by_rank`: the queue time of a request's first,
+    second, .. demand read taken (how the readers' turns add up). `poll`: while decoding, for each look at the ring
+    that found a request, the gap since the look before (count, seconds, the longest): the request came within it,
+    so a long gap is the poller kept from running. Counted per request found, not per look (the spin stays bare)."""
 
     reads_demand: np.ndarray
     reads_guess: np.ndarray
@@ -366,8 +366,8 @@ class Stager:
                 self.state[slot], self.key[slot] = READING, (j, e)
                 self.used[slot], self.stamp[slot] = prio == 0, target
                 self.where[(j, e)] = slot
-                rank = self._taken.get(target, 0)
-                if prio == 0:
+                if prio == 0:                          # its turn among the request's demand reads
+                    rank = self._taken.get(target, 0)
                     self._taken[target] = rank + 1
             taken = time.perf_counter()
             ok = self._read(slot, j, e, split)

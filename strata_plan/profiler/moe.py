@@ -152,8 +152,8 @@ def measure(s: MoESettings, device="cuda", graph_timer: Callable | None = None, 
     cuda = torch.device(device).type == "cuda"
     graph_timer = graph_timer or cuda_graph_seconds
     timer = timer or cuda_event_seconds
-    l2 = s.l2_bytes or (int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20)
-                        if cuda else 1)
+    from strata_plan.kernels.bench import l2_bytes
+    l2 = s.l2_bytes or (l2_bytes(device) if cuda else 1)
     decode, us = [], {}
     for h, i in s.decode_shapes:
         b, gbps, t = decode_point(h, i, s.top_k, device, l2, s.repeats, graph_timer)
