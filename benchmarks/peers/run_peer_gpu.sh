@@ -4,8 +4,9 @@
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [TYPES=q2_k OURS=q2_g16_s8m4] bash benchmarks/peers/run_peer_gpu.sh
 #   (TEXT: default the first TEXT_KB=128 KiB of the peer's heldout.txt, scored; CALIB: the next CALIB_KB=128 KiB,
 #   llama-imatrix's text; TYPES / OURS: bench_peer.py's --types / --ours, paired, default its three pairs; after a
-#   330-370 s build a call holds two: TYPES=q2_k,iq2_xxs OURS=q2_g16_s8m4,q2_g32_s8m8, then TYPES=iq1_s OURS=q1_g32_s8m4 on the
-#   machine still warm: it reuses the build and the trained model, so both calls' rows share one checkpoint)
+#   330-370 s build a call holds two: TYPES=q2_k,iq2_xxs OURS=q2_g16_s8m4,q2_g32_s8m8, then TYPES=iq1_s
+#   OURS=q1_g32_s8m4 on the machine still warm: it reuses the build and the trained model, so both calls' rows share
+#   one checkpoint)
 # llama.cpp is built for sm_90 on the CPU cores while the peer model trains on the GPU, then bench_peer.py, which
 # saves its JSON after every row (a failing row is recorded in `errors`). Everything ends by 590 s; `strata-plan
 # plan` needs Optuna: carry .whl (benchmarks/run_trained_gpu.sh's header) with the llama.cpp source.
