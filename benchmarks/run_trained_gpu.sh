@@ -12,7 +12,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl optuna==5.1.0 colorlog==6.12.0
 # Back here: cp <files_at>/*.json benchmarks/results/; python benchmarks/summarize.py. $OUT also gets the log
-# and trained-artifacts.tar (plans, trace, train log, config, tokenizer; the weights stay there).
+# and trained-artifacts.tar (plans, the predictions' profile, trace, train log, config, tokenizer; the weights stay there).
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/trained_gpu}; t0=$(date +%s); mkdir -p "$OUT"
@@ -39,7 +39,7 @@ timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir 
   --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} \
   --deadline-s "$(left 560)" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
 [ -n "${tests-}" ] && { wait "$tests"; cat "$OUT/gpu_tests.summary"; }
-tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml \
+tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml profile-predict.yaml \
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
   bench-moe/tokenizer.json bench-moe/tokenizer_config.json 2>/dev/null
 echo "run_trained_gpu: $(( $(date +%s) - t0 ))s"

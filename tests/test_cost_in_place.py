@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from strata_plan.core.modes import baseline
@@ -290,3 +291,40 @@ def test_only_whole_experts_land_and_the_one_still_copying_is_read_in_place_in_f
     assert moved == pytest.approx(0.625) and landed == pytest.approx(0.5)
     moved, landed = CostModel._landed_whole(inplace, 0, 3.5)              # half of the first: nothing lands
     assert moved == pytest.approx(0.125) and landed == 0.0
+
+
+def with_stager(profile, wake_us: float, read_us: float):
+    """The profile with the stager's host constants set (calibration)."""
+    from strata_plan.profiles.schema import Figure
+    cal = dataclasses.replace(profile.calibration, stager_wake_us=Figure(wake_us, "measured", "test", "2026-12-05"),
+                              stager_read_us=Figure(read_us, "measured", "test", "2026-12-05"))
+    return dataclasses.replace(profile, calibration=cal)
+
+
+def test_the_stager_starts_a_batchs_reads_one_after_another(tiny):
+    """S(n) = wake + max(T(n), (n - 1) read + T(1)) for n >= 1 reads, n (wake + T(1)) below one (a read with
+    probability n), the drive's T alone for its busy time; nothing for no read."""
+    p = tiny.replace(profile=with_stager(tiny.profile, 100.0, 70.0))
+    cm = CostModel(p)
+    F = len(p.mix.formats)
+    counts = np.zeros((F, 4))
+    counts[0] = (0.0, 0.5, 1.0, 4.0)
+    got, drive = cm.staged_batch_seconds(counts)
+    T = cm._cold_batch(counts)
+    one = cm._cold_batch(np.where(counts > 0, counts / np.maximum(counts.sum(axis=0), 1e-30), 0.0))
+    assert list(drive) == list(T)
+    assert got[0] == 0.0
+    assert got[1] == pytest.approx(0.5 * 100e-6 + T[1])
+    assert got[2] == pytest.approx(100e-6 + T[2])
+    assert got[3] == pytest.approx(100e-6 + max(T[3], 3 * 70e-6 + one[3]))
+    slow = CostModel(p.replace(profile=with_stager(tiny.profile, 100.0, 10_000.0))).staged_batch_seconds(counts)[0]
+    assert slow[3] == pytest.approx(100e-6 + 3 * 10e-3 + one[3])        # the host, not the drive, sets the pace
+
+
+def test_the_stagers_host_time_slows_a_token_but_not_the_drives_busy_time(tiny):
+    E = tiny.curves.n_experts
+    place = dataclasses.replace(in_place_placement(tiny), ram=(E - 5, E - 4, E - 3))
+    fast = CostModel(tiny.replace(profile=with_stager(tiny.profile, 0.0, 0.0))).predict(place)
+    slow = CostModel(tiny.replace(profile=with_stager(tiny.profile, 200.0, 150.0))).predict(place)
+    assert slow.decode_seconds["nvme"] > fast.decode_seconds["nvme"] and slow.decode_tok_s < fast.decode_tok_s
+    assert slow.decode_seconds["nvme_link"] == pytest.approx(fast.decode_seconds["nvme_link"])

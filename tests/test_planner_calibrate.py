@@ -225,10 +225,10 @@ def test_calibrate_measures_the_layer_overhead_and_leaves_the_rest(bench_files, 
     assert fig.value == pytest.approx(TRUE["layer_overhead_us"], rel=1e-9) != h200.layer_overhead_us.value
     assert fig.provenance == "measured" and "measured directly" in fig.source and files[0].name in fig.source
     for name in ("hbm_efficiency", "round_trip", "host_fetch", "overlap", "compute_efficiency", "copy_overlap",
-                 "dense_stream_efficiency"):
+                 "dense_stream_efficiency", "stager_wake", "stager_read"):
         assert getattr(cal, name) == getattr(h200, name), name                 # not fitted, not measured
     how = {c["name"]: c for c in res["constants"]}
-    assert how["layer_overhead_us"]["measured"] and len(how) == 8
+    assert how["layer_overhead_us"]["measured"] and len(how) == 10
     assert all(not c["measured"] and c["how"].startswith("left alone") for n, c in how.items() if n != "layer_overhead_us")
     assert "not fitted" in how["hbm_efficiency"]["how"] and "not fitted" in how["prefetch_overlap"]["how"]
     runs = res["runs"]
@@ -382,3 +382,23 @@ def test_frozen_calibration_keeps_the_machine_and_takes_the_constants(tmp_path):
     # the device loop (PCIe-bound on the A100) charges the layers' overhead on its critical path
     dev = [predict_plan(plan, prof, "plan").decode_seconds["overhead"] for prof in (got, "a100-80g")]
     assert dev[0] > dev[1]
+
+
+def test_the_stagers_host_time_is_measured_from_its_counters_by_turn(tmp_path, capsys):
+    """Runs whose stager counted its demand reads by their turn in a request: wake = the first read's queue time
+    plus half the poller's mean gap, read = the slope over turns weighted by the reads of each (here exact)."""
+    runs = {}
+    for m, (gap, counts) in {"lru": (0.02, [100, 80, 50, 20]), "on-demand": (0.04, [60, 60, 30])}.items():
+        r = _run(FIXTURE_PLAN, m, load_profile("h200"), "path")
+        r["stager"] = {"demand_queue_ms_by_rank": [0.1 + 0.07 * k for k in range(len(counts))],
+                       "demand_reads_by_rank": counts, "poll_gap_ms_mean": gap}
+        runs[m] = r
+    f = tmp_path / "engine-nvme.json"
+    f.write_text(json.dumps({"runs": runs}))
+    out = tmp_path / "fitted.yaml"
+    assert main(["calibrate", str(f), "--profile", "h200", "--out", str(out), "--json"]) == 0
+    how = {c["name"]: c for c in json.loads(capsys.readouterr().out)["constants"]}
+    cal = load_profile(str(out)).calibration
+    assert cal.stager_wake_us.value == pytest.approx(100 + (100 * 10 + 60 * 20) / 160, rel=1e-9)
+    assert cal.stager_read_us.value == pytest.approx(70.0, rel=1e-9)
+    assert cal.stager_read_us.provenance == "measured" and how["stager_read_us"]["measured"]

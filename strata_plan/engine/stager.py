@@ -105,6 +105,7 @@ class StagerCounters:
                 "demand_read_ms_mean": 1e3 * self.lat["read_s"] / max(1, self.lat["n"]),
                 "demand_queue_ms_by_rank": [round(1e3 * self.by_rank[k][1] / self.by_rank[k][0], 4)
                                             for k in sorted(self.by_rank)],
+                "demand_reads_by_rank": [self.by_rank[k][0] for k in sorted(self.by_rank)],
                 "poll_gap_ms_mean": 1e3 * self.poll["s"] / max(1, self.poll["n"]),
                 "poll_gap_ms_max": 1e3 * self.poll["max_s"]}
 

@@ -13,6 +13,8 @@ neither `loop` nor `device_step` recorded) are skipped with a note naming their 
 Nothing is fitted; a constant is written only where the runs measure it:
 - `layer_overhead_us`: per run that timed its step without the MoE calls, (t_nonMoE - the cost model's non-MoE
   seconds, `CostModel.non_moe_seconds`) / decoder layers, at the profile's `hbm_efficiency`; their mean.
+- `stager_wake_us`, `stager_read_us` (runs whose NVMe stager read on demand): from its counters of a demand
+  read's queue time by its turn in its request (`stager_host_us`).
 - Left at the profile's values: `hbm_efficiency`, `prefetch_overlap`, `moe_round_trip_us`, `host_fetch_us` (the
   last three price the copy path of several-GPU placements, the round trip also prefill's), `compute_efficiency`
   (decode at batch 1 is never compute-bound), `copy_overlap` (the profiler measures it), `dense_stream_efficiency`.
@@ -47,6 +49,7 @@ class Run:
     n_moe: int
     nonmoe_s: float | None = None   # the device loop's step without its MoE calls, GPU seconds (`device_step`)
     gates: bool = True      # the run computed its lookahead gates (False: routing replayed, the replay's guesses)
+    stager: dict | None = None   # the NVMe stager's counters (engine.stager.StagerCounters.to_data), if it ran
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,8 @@ def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> tuple[list
             nonmoe = (_field(r, "device_step.without_moe_s", str(path), prefix)
                       if step.get("without_moe_s") is not None else None)
             out.append(Run(f"{p.name}:{name}" if name else p.name, str(path), mode, plan, plan_where, float(med),
-                           int(n_moe), None if nonmoe is None else float(nonmoe), r.get("replay") is None))
+                           int(n_moe), None if nonmoe is None else float(nonmoe), r.get("replay") is None,
+                           r.get("stager") if isinstance(r.get("stager"), dict) else None))
         if host:
             skipped.append(str(path))
             notes.append(f"{path}: skipped {len(host)} host-loop run{'s' if len(host) > 1 else ''} "
@@ -285,6 +289,30 @@ def _figure(value: float, sources: str, how: str):
                   _dt.date.today().isoformat())
 
 
+def stager_host_us(runs: list[Run]) -> tuple[float, float, int] | None:
+    """(wake, read, demand reads) in us, the NVMe stager's host time measured by the runs' stager counters, or None
+    where no run counted demand reads by their turn: a request's k-th demand read (k = 0, 1, ..) started q_k after
+    the poller queued it; wake = q_0 plus half the poller's mean gap between looks (when the request came within
+    it), read = the slope of q_k over k (least squares, weighted by the reads of each turn, every run pooled)."""
+    k, q, w, wake, n0 = [], [], [], 0.0, 0
+    for r in runs:
+        st = r.stager or {}
+        ranks, counts = st.get("demand_queue_ms_by_rank") or [], st.get("demand_reads_by_rank") or []
+        if not ranks or len(counts) != len(ranks) or not counts[0]:
+            continue
+        wake += counts[0] * (ranks[0] + 0.5 * float(st.get("poll_gap_ms_mean") or 0.0)) * 1e3
+        n0 += counts[0]
+        k += list(range(len(ranks)))
+        q += [v * 1e3 for v in ranks]
+        w += list(counts)
+    if not n0 or len(set(k)) < 2:
+        return None
+    kk, qq, ww = (np.array(v, dtype=float) for v in (k, q, w))
+    km = np.average(kk, weights=ww)
+    slope = float(np.sum(ww * (kk - km) * (qq - np.average(qq, weights=ww))) / np.sum(ww * (kk - km) ** 2))
+    return wake / n0, max(0.0, slope), int(ww.sum())
+
+
 def calibrate(runs: list[Run], profile, sources: str) -> Fit:
     """The constants the runs measure (module docstring), the rest of `profile`'s calibration kept."""
     require_gpu(profile)
@@ -301,11 +329,26 @@ def calibrate(runs: list[Run], profile, sources: str) -> Fit:
     how = (f"measured directly: GPU time per decoder layer beyond its bytes and FLOPs, from the device loop's step "
            f"without its MoE calls, {min(overheads):.1f}-{max(overheads):.1f} us over {len(overheads)} runs")
     prof = _with_calibration(profile, layer_overhead_us=_figure(o, sources, how))
-    after = pred.seconds(prof)
     left = "left alone: "
+    stager = stager_host_us(runs)
+    if stager is None:
+        stager_rows = tuple(Constant(name, v, v, left + "no run read from NVMe on demand (the stager's counters)",
+                                     False) for name, v in (("stager_wake_us", cal.stager_wake.value),
+                                                            ("stager_read_us", cal.stager_read.value)))
+    else:
+        wake, read, n = stager
+        hw = (f"measured directly: a request's first demand read started after it, and the poller's half gap, over "
+              f"{n} demand reads")
+        hr = f"measured directly: the slope of a demand read's start over its turn in its request, {n} reads"
+        prof = _with_calibration(prof, stager_wake_us=_figure(wake, sources, hw),
+                                 stager_read_us=_figure(read, sources, hr))
+        stager_rows = (Constant("stager_wake_us", cal.stager_wake.value, wake, hw, True),
+                       Constant("stager_read_us", cal.stager_read.value, read, hr, True))
+    after = pred.seconds(prof)
     copy_path = "prices the copy path (several-GPU placements, predictions only)"
     constants = (
         Constant("layer_overhead_us", cal.layer_overhead_us.value, o, how, True),
+        *stager_rows,
         Constant("hbm_efficiency", cal.hbm_efficiency.value, cal.hbm_efficiency.value, left + "not fitted; the "
                  "per-layer overhead is measured at this value", False),
         Constant("prefetch_overlap", cal.overlap.value, cal.overlap.value, left + "not fitted; it " + copy_path, False),

@@ -31,8 +31,9 @@ their bytes count with the warm ones; those it does not hold (Che's approximatio
 `staging_miss`) are read from NVMe (reads.py: a layer's expected misses of each format as one batch, T(n_f)), R of
 them when layer j-d ends (the guesses reach the stager through a pinned ring), the rest after the router, and the
 layer waits for what has not landed:
-    t += max(T(demand batch), done_{j-d} + T(lookahead batch) - t)      before the layer's MoE
-and the NVMe busy time counts every read, wrong guesses included.
+    t += max(S(demand batch), done_{j-d} + S(lookahead batch) - t)      before the layer's MoE
+    S(n) = wake + max(T(n), (n - 1) read + T(1))     the stager's host starts a batch's reads one after another
+(calibration `stager_wake_us`, `stager_read_us`); the NVMe busy time counts every read's T, wrong guesses included.
 
 The copy path is for several-GPU placements only (pipeline splits, `Placement.gpu_split`, `Placement.remote`: the
 engine does not run them, these are predictions). Misses are copied (b_r / H2D(b_r) on the pinned curve; while
@@ -271,6 +272,12 @@ class CostModel:
         return self._cal.host_fetch.value * 1e-6
 
     @cached_property
+    def stager_host(self) -> tuple[float, float]:
+        """Seconds of the device loop's NVMe stager on the host (calibration): (wake, read), from a layer's request
+        to its first read starting, and between the starts of its next reads (`staged_batch_seconds`)."""
+        return self._cal.stager_wake.value * 1e-6, self._cal.stager_read.value * 1e-6
+
+    @cached_property
     def prefetch_overlap(self) -> float:
         """Share (0..1) of a prefetch's link time hidden behind the rest of the token (calibration)."""
         return min(1.0, max(0.0, self._cal.overlap.value))
@@ -445,6 +452,20 @@ class CostModel:
         reads = self.nvme_reads(self.decode_in_flight)
         return batch_seconds([reads[f] for f in self.problem.mix.formats], counts)
 
+    def staged_batch_seconds(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[L] seconds the device loop's stager takes to land batches of counts [F, L] expected NVMe reads, and [L]
+        the drive's part. The stager's host starts a batch's reads one after another: the first `wake` after the
+        request, each next `read` later, each read then taking the drive's time for one (T(1), the batch's mix of
+        formats); the drive reads the batch together in T(n). n reads (n >= 1) land after
+            wake + max(T(n), (n - 1) read + T(1))
+        and a fraction n < 1 (a read with probability n) after n (wake + T(1))."""
+        drive = self._cold_batch(counts)
+        n = counts.sum(axis=0)
+        one = self._cold_batch(counts / np.maximum(n, 1e-30))                # T(1) of the batch's mix
+        wake, read = self.stager_host
+        many = wake + np.maximum(drive, (n - 1.0) * read + one)
+        return np.where(n <= 1.0, n * wake + drive, many), drive
+
     def prefill_in_flight(self, depth: int) -> int:
         """Experts in flight while prefill streams a layer: every staging slot."""
         return staging_slots(self.problem.spec.top_k, depth)
@@ -591,13 +612,16 @@ class CostModel:
             cold_w = x["cold_w"].T                                  # [L, E] NVMe misses a token, by rank
             read_w = cold_w * self.staging_miss(placement, cold_w)
             counts = np.array([(read_w * mask).sum(axis=1) for mask in self._format_masks])    # [F, L]
-            dem_n, pre_n = self._cold_batch((1 - R) * counts), self._cold_batch(R * (1 + waste) * counts)
+            (dem_n, dem_drive), (pre_n, pre_drive) = (self.staged_batch_seconds((1 - R) * counts),
+                                                      self.staged_batch_seconds(R * (1 + waste) * counts))
             cold_read = (read_w * self.problem.rank_bytes).sum(axis=1)
+        else:
+            dem_drive, pre_drive = dem_n, pre_n
         dec_seconds, t = self._decode_walk(placement, dem_p, dem_n, fill, pre_p, pre_n, t_exp, host_dem, host_pre,
                                            t_peer, inplace)
         streamed = [u for u, res in zip(p.dense_units, placement.dense_resident) if not res]
         row = 2 * spec.hidden                                     # the token's embedding row from pinned RAM
-        link_n = float(np.sum(dem_n + pre_n))
+        link_n = float(np.sum(dem_drive + pre_drive))            # the drive's busy time (the host's is not)
         warm, cold = float(x["warm_bytes"].sum()), float(x["cold_bytes"].sum())
         if inplace is None:
             wasted = float(np.sum(R * waste * (x["warm_bytes"] + x["cold_bytes"])))

@@ -314,6 +314,8 @@ class Calibration:
     moe_round_trip_us: Figure | None = None   # host round trip of one MoE layer per token; None: the default
     host_fetch_us: Figure | None = None       # host time the store spends issuing one expert fetch; None: the default
     prefetch_overlap: Figure | None = None    # share of the lookahead's link time hidden behind other work; None: 1
+    stager_wake_us: Figure | None = None      # device loop: a layer's NVMe request to its first read; None: the default
+    stager_read_us: Figure | None = None      # device loop: the stager's host time between a request's reads
 
     @property
     def round_trip(self) -> Figure:
@@ -326,6 +328,16 @@ class Calibration:
     def host_fetch(self) -> Figure:
         """`host_fetch_us`, or the default estimate (`DEFAULT_HOST_FETCH`) where the profile has none."""
         return self.host_fetch_us if self.host_fetch_us is not None else DEFAULT_HOST_FETCH
+
+    @property
+    def stager_wake(self) -> Figure:
+        """`stager_wake_us`, or the default estimate (`DEFAULT_STAGER_WAKE`) where the profile has none."""
+        return self.stager_wake_us if self.stager_wake_us is not None else DEFAULT_STAGER_WAKE
+
+    @property
+    def stager_read(self) -> Figure:
+        """`stager_read_us`, or the default estimate (`DEFAULT_STAGER_READ`) where the profile has none."""
+        return self.stager_read_us if self.stager_read_us is not None else DEFAULT_STAGER_READ
 
     @property
     def overlap(self) -> Figure:
@@ -350,6 +362,19 @@ DEFAULT_HOST_FETCH = Figure(90.0, "estimate", "H200 host, the engine's store (Py
 """Host time of one expert fetch issued by the store (bookkeeping, the copy's enqueue, its events): the demand
 fetches of a MoE layer are issued one after another after its round trip, the hinted ones by the hint thread
 under the same interpreter lock (planner/PLANNER.md, "Host time per fetch")."""
+
+
+DEFAULT_STAGER_WAKE = Figure(100.0, "estimate", "the 2-core CI machine, the fixture's NVMe-only plan "
+                             "(benchmarks/tools/split_ab.py, 2026-12-05): a request's first demand read started "
+                             "0.10 ms after the poller queued it; `strata-plan calibrate` measures it from device-loop "
+                             "runs")
+"""Host seconds from a MoE layer's NVMe request (the routed ids in the pinned ring) to the stager's first read of it
+starting: the poller seeing the row, a reader waking and taking a slot (planner/PLANNER.md, "Cost model")."""
+
+DEFAULT_STAGER_READ = Figure(70.0, "estimate", "the same run: a request's 2nd / 3rd / 4th demand reads started 0.19 / "
+                             "0.25 / 0.31 ms after it was queued; `strata-plan calibrate` measures it")
+"""Host seconds between the starts of one request's demand reads: each reader's turn at the stager's lock and the
+interpreter lock (its slot, the read's issue, the publish), so a layer's reads start one after another."""
 
 
 DEFAULT_PREFETCH_OVERLAP = Figure(1.0, "estimate", "the ideal: every prefetch copy runs while the GPU computes or the "
