@@ -93,6 +93,7 @@ class Run:
         self.metrics: dict = {}
         self.extra: dict = {"stages": {}, "errors": {}, "runs": {}, "plans": {}, "budgets": {}, "commands": [],
                             "transformers": {}, "equivalence": {}, "depth_sweep": {}}
+        self.executed: dict = {}        # engine row -> (the plan as executed, its mode, its Predictor)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -262,6 +263,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     m = r["measured"]
     r.update(predicted=p, bound_from_moved_bytes=bound)
     run.extra["runs"][key] = r
+    run.executed[key] = (executed, mode, pred)
     out = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_mean_measured": m["decode_tok_s_mean"],
            "decode_tok_s_predicted": p["decode_tok_s"], "measured_over_predicted": m["decode_tok_s"] / p["decode_tok_s"],
            "hit_rate_measured": r["hit_rate"], "resident_hit_rate_measured": r["resident_hit_rate"],
@@ -381,6 +383,37 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
             run.metrics[f"{name}.depth{d}.hit_rate_measured"] = r["hit_rate"]
             run.metrics[f"{name}.depth{d}.wasted_gb_per_token_measured"] = r["bytes_per_token"]["wasted"] / 1e9
         run.extra["depth_sweep"][name] = rows
+
+
+def stager_stage(run: Run, plans: dict[str, Path]) -> None:
+    """Per plan with an NVMe tier: the stager's host time measured by its rows' counters (`stager_wake_us`,
+    `stager_read_us`, as `strata-plan calibrate` measures them), and every row of the plan predicted again with
+    them in place of the profile's (defaults: estimates): `*.decode_tok_s_predicted_stager_measured`."""
+    import dataclasses
+
+    from strata_plan.planner.calibrate import stager_host_us
+    from strata_plan.profiles.schema import Figure
+    for name, path in plans.items():
+        rows = {k: v for k, v in run.executed.items() if k.startswith(f"{name}.")}
+        got = stager_host_us([run.extra["runs"][k].get("stager") for k in rows])
+        if got is None:
+            continue
+        wake, read, n = got
+        run.metrics.update({f"{name}.stager_wake_us_measured": wake, f"{name}.stager_read_us_measured": read,
+                            f"{name}.stager_demand_reads_counted": n})
+        src = f"bench_trained: the {name} rows' stager counters, {n} demand reads"
+        for key, (executed, mode, pred) in rows.items():
+            cal = dataclasses.replace(pred.problem.profile.calibration,
+                                      stager_wake_us=Figure(wake, "measured", src, time.strftime("%Y-%m-%d")),
+                                      stager_read_us=Figure(read, "measured", src, time.strftime("%Y-%m-%d")))
+            again = Predictor(path, dataclasses.replace(pred.problem.profile, calibration=cal))
+            tok_s = again.for_plan(executed, mode)["decode_tok_s"]
+            run.metrics[f"{key}.decode_tok_s_predicted_stager_measured"] = tok_s
+            run.metrics[f"{key}.measured_over_predicted_stager_measured"] = (
+                run.metrics[f"{key}.decode_tok_s_measured"] / tok_s)
+        log(f"{name}: the stager's host measured by its rows: wake {wake:.0f} us, {read:.0f} us a read ({n} demand "
+            "reads); predicted again with them: " + ", ".join(
+                f"{k.split('.', 1)[1]} {run.metrics[f'{k}.decode_tok_s_predicted_stager_measured']:.0f}" for k in rows))
 
 
 # ---- 4. transformers (+ accelerate) ----------------------------------------------------------------------
@@ -618,6 +651,8 @@ def main(argv=None) -> int:
                 plans["ramrich"], Path(a.work) / "plan-bf16.yaml"), prompt), need_s=45)
         if run.ok("engine") and a.depths and "depth_sweep" not in skip:
             run.do("depth_sweep", lambda: depth_sweep(run, a, plans, packed, prompt), need_s=40)
+        if run.executed:
+            run.do("stager", lambda: stager_stage(run, plans))
     finally:
         run.metrics["total_seconds"] = round(run.elapsed(), 1)
         notes = ("bench-moe (or the fixture shape with --smoke) retrained in this run and planned from its own held-out "

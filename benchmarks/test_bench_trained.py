@@ -85,7 +85,7 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     from test_engine_run import FIXTURE, PROMPT, bf16_plan
     from strata_plan.cli import main as cli
     from strata_plan.core.plan import save_plan
-    from bench_trained import Run, measure_one
+    from bench_trained import Run, measure_one, stager_stage
     from trained.predict import Predictor
     packed = tmp_path / "packed"
     assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
@@ -100,6 +100,12 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
         assert key in out and f"seed.plan.{key}" in run.metrics
     assert out["nvme_gb_per_token_measured"] > 0
     assert out["stager_queue_ms_rank0_measured"] >= 0 and "stager_queue_ms_measured" in out
+    stager_stage(run, {"seed": path})          # the stager's host measured by the row, the row predicted again
+    m = run.metrics
+    assert m["seed.stager_wake_us_measured"] > 0 and m["seed.stager_read_us_measured"] >= 0
+    assert m["seed.plan.decode_tok_s_predicted_stager_measured"] > 0
+    assert m["seed.plan.measured_over_predicted_stager_measured"] == pytest.approx(
+        m["seed.plan.decode_tok_s_measured"] / m["seed.plan.decode_tok_s_predicted_stager_measured"])
 
 
 def test_the_depth_sweep_predicts_the_depth_it_runs(tmp_path):

@@ -289,14 +289,15 @@ def _figure(value: float, sources: str, how: str):
                   _dt.date.today().isoformat())
 
 
-def stager_host_us(runs: list[Run]) -> tuple[float, float, int] | None:
-    """(wake, read, demand reads) in us, the NVMe stager's host time measured by the runs' stager counters, or None
-    where no run counted demand reads by their turn: a request's k-th demand read (k = 0, 1, ..) started q_k after
-    the poller queued it; wake = q_0 plus half the poller's mean gap between looks (when the request came within
-    it), read = the slope of q_k over k (least squares, weighted by the reads of each turn, every run pooled)."""
+def stager_host_us(counters) -> tuple[float, float, int] | None:
+    """(wake, read, demand reads) in us, the NVMe stager's host time measured by runs' stager counters (each
+    `StagerCounters.to_data()`, or None), or None where none counted demand reads by their turn: a request's k-th
+    demand read (k = 0, 1, ..) started q_k after the poller queued it; wake = q_0 plus half the poller's mean gap
+    between looks (when the request came within it), read = the slope of q_k over k (least squares, weighted by the
+    reads of each turn, every run pooled)."""
     k, q, w, wake, n0 = [], [], [], 0.0, 0
-    for r in runs:
-        st = r.stager or {}
+    for st in counters:
+        st = st or {}
         ranks, counts = st.get("demand_queue_ms_by_rank") or [], st.get("demand_reads_by_rank") or []
         if not ranks or len(counts) != len(ranks) or not counts[0]:
             continue
@@ -330,7 +331,7 @@ def calibrate(runs: list[Run], profile, sources: str) -> Fit:
            f"without its MoE calls, {min(overheads):.1f}-{max(overheads):.1f} us over {len(overheads)} runs")
     prof = _with_calibration(profile, layer_overhead_us=_figure(o, sources, how))
     left = "left alone: "
-    stager = stager_host_us(runs)
+    stager = stager_host_us([r.stager for r in runs])
     if stager is None:
         stager_rows = tuple(Constant(name, v, v, left + "no run read from NVMe on demand (the stager's counters)",
                                      False) for name, v in (("stager_wake_us", cal.stager_wake.value),
