@@ -49,10 +49,10 @@ def with_zero_copy(profile, factor: float):
 def by_hand(p, place: Placement, zc_gbps, warm_bytes=None) -> tuple[float, list[tuple[float, float]]]:
     """(seconds a token, [(RAM read seconds, kernel seconds)] per MoE layer) of an in-place placement, from the
     spec and the profile: every decoder layer's overhead plus its dense + KV bytes over HBM x efficiency (or its
-    FLOPs, whichever is longer), every MoE layer's max(RAM bytes / zc_gbps(RAM bytes), kernel time), the head;
-    the token is that or the PCIe link's busy time (the RAM reads and the embedding row), whichever is longer.
-    `warm_bytes` [L] (a placement with cache slots: the misses after the cache): each such layer takes RAM read +
-    kernel time in series (the device LRU's fill, then the kernel)."""
+    FLOPs, whichever is longer), every MoE layer's RAM bytes / zc_gbps(RAM bytes) + kernel time (the call's
+    programs read their experts, then compute), the head; the token is that or the PCIe link's busy time (the RAM
+    reads and the embedding row), whichever is longer. `warm_bytes` [L] (a placement with cache slots: the misses
+    after the cache): the same sum (the device LRU's fill, then the kernel)."""
     spec, gpu, cal = p.spec, p.profile.gpu, p.profile.calibration
     E, k, ctx = p.curves.n_experts, spec.top_k, p.context
     hbm = gpu.hbm_gbps.value * 1e9 * cal.hbm_efficiency.value
@@ -73,7 +73,7 @@ def by_hand(p, place: Placement, zc_gbps, warm_bytes=None) -> tuple[float, list[
         t_exp = max(k * sum(pop[r] * p.rank_bytes[r] / rates[p.rank_formats[r]].value for r in range(E)),
                     2.0 * k * spec.expert_params / flops)
         layers.append((t_ram, t_exp))
-        t += t_ram + t_exp if place.cache[j] else max(t_ram, t_exp)
+        t += t_ram + t_exp
         link += t_ram
     t += max(p.dense_units[-1] / hbm, 2.0 * p.head_params / flops)
     row = 2 * spec.hidden
@@ -99,7 +99,7 @@ def test_in_place_token_is_the_hand_calculation(tiny, zero_copy):
     want, layers = by_hand(p, place, (zero_copy or p.profile.gpu.h2d_pinned).at)
     assert any(r > e for r, e in layers)                      # RAM reads outlast the kernel ...
     if zero_copy is not None:
-        assert any(e > r > 0 for r, e in layers)              # ... or hide behind it: both sides of the max count
+        assert any(e > r > 0 for r, e in layers)              # ... or not: they add up either way
     pred = cm.predict(place)
     assert 1.0 / pred.decode_tok_s == pytest.approx(want, rel=1e-12)
     sec = pred.decode_seconds
@@ -107,13 +107,12 @@ def test_in_place_token_is_the_hand_calculation(tiny, zero_copy):
     assert sec["pcie_link"] == pytest.approx(sum(r for r, _ in layers)
                                              + 2 * p.spec.hidden / (p.profile.gpu.h2d_pinned.at(2 * p.spec.hidden) * 1e9),
                                              rel=1e-12)
-    assert sec["pcie"] == pytest.approx(sum(max(0.0, r - e) for r, e in layers), rel=1e-12)
+    assert sec["pcie"] == pytest.approx(sum(r for r, _ in layers), rel=1e-12)
 
 
 def test_a_cache_in_the_device_loop_is_the_fill_then_the_kernel(tiny):
     """Cache slots run in the device loop too (the LRU on the device): a layer with slots reads its misses (the
-    cost model's miss bytes after static set and cache) into them at the zero-copy rate, then the kernel runs;
-    a layer without keeps the overlap."""
+    cost model's miss bytes after static set and cache) into them at the zero-copy rate, then the kernel runs."""
     p = tiny.replace(profile=with_zero_copy(tiny.profile, 0.9))
     place = dataclasses.replace(in_place_placement(p, (3, 0, 1)), cache=(2, 0, 3))
     cm = CostModel(p)

@@ -27,6 +27,7 @@ blocking event) only for that copy, not for the step queued behind it; the GPU r
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -159,8 +160,17 @@ class DeviceDecode:
             return self._work(pick, n)
         if mode == "capture":
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                out = self._work(pick, n)
+            # no garbage collection inside a capture (`torch.cuda.graph` collects before it): a collection an
+            # allocation set off mid-capture aborted the process once (H100, test_engine_run's streamed-dense GPU
+            # test, 2026-12-05; what it freed is not known), and finalizers have no place in a captured step
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                with torch.cuda.graph(g, capture_error_mode="thread_local"):
+                    out = self._work(pick, n)
+            finally:
+                if collecting:
+                    gc.enable()
             self._graphs[key] = (g, out)
         g, out = self._graphs[key]
         g.replay()

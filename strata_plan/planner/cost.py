@@ -18,10 +18,13 @@ copied into VRAM slots on a side stream from when layer j-d ends, at R_zc, one e
 landed whole when layer j runs is read in place in full (never waited for; its copied part is wasted, the rest and
 the layer's later guesses skipped). The copies and the in-place reads
 share the one link (`LinkCopies`): a copy runs at R_zc only while the layers' reads leave the link idle (attention,
-routers, dense layers), beside a read the two share it evenly, and the token's end waits for the last copy. With cache slots the device LRU first copies each miss it admits into its
-slot (the same bytes over the link), then the kernel reads VRAM:
-    t += t_fill + max(t_ram - t_fill, t_exp_j)      t_ram = warm bytes_j / R_zc(warm bytes_j)
-with t_fill = min(1, c_j / misses_j) t_ram (no cache: max(t_ram, t_exp_j)); with lookahead the layer then runs the
+routers, dense layers), beside a read the two share it evenly, and the token's end waits for the last copy. A layer's
+reads of pinned RAM and its fused call's own time add up (the call's programs read their experts, then compute; on the
+H100 the call at bench-moe's shape took 27.1 us in place against 16.9 to read its bytes and 10.2 from VRAM,
+benchmarks/tools/inplace_probe.py); with cache slots the device LRU first copies each miss it admits into its slot
+(the same bytes over the link), then the kernel reads VRAM, the same sum:
+    t += t_ram + t_exp_j      t_ram = warm bytes_j / R_zc(warm bytes_j)
+with lookahead the layer then runs the
 gates and slot kernels on the main stream: t += lookahead_gpu_seconds_j (their launches at graph_launch_us, counted
 in core.lookahead, plus the gates' router bytes over HBM). R_zc: the profile's zero_copy curve at that read size,
 else the pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too. Streamed dense
@@ -591,16 +594,14 @@ class CostModel:
         cold_read = x["cold_bytes"]                     # bytes read from NVMe a token (copy path: every cold miss)
         if self.in_place(placement):      # one GPU: no fetches; the GPU reads RAM (and staged) experts itself
             # cache slots: the device LRU admits at most its c slots' worth of a token's misses, copied into their
-            # slots before the kernel (the share `filled`); the other misses are read in place beside VRAM. The
-            # lookahead copies the share R of the RAM misses (and R waste / P wrong ones) into VRAM slots on a side
+            # slots before the kernel; the other misses are read in place by the kernel (either way the bytes cross
+            # the link before the call's own time). The lookahead copies the share R of the RAM misses (and R waste / P wrong ones) into VRAM slots on a side
             # stream from when layer j-d ends; what has not landed when layer j runs is read in place (no wait)
-            c_j = np.asarray(placement.arrays[2], dtype=float)
             share = R * x["warm_bytes"]
             n_warm = x["n_miss"] - x["n_cold"]
             inplace = {"bytes": x["warm_bytes"] + x["cold_bytes"] - share, "share": share,
                        "copy_bytes": (1 + waste) * share, "copy": self.ram_read_seconds((1 + waste) * share),
                        "expert": np.where(n_warm > 0, x["warm_bytes"] / np.maximum(n_warm, 1e-30), 0.0),
-                       "filled": np.minimum(1.0, c_j / np.maximum(x["n_miss"], 1e-30)),
                        "lookahead": self.lookahead_gpu_seconds(placement),
                        # the walk's: the share of each layer's copy moved before the layer ran, and the share of
                        # its right guesses read from VRAM (the experts landed whole)
@@ -743,11 +744,11 @@ class CostModel:
         engine gives hints on its main thread, at the round trip: serial with everything else it does).
         inplace (the device loop, `in_place`): per MoE layer the bytes its kernels read from pinned RAM ("bytes":
         RAM and staged experts less the lookahead's share), the lookahead's share ("share", read from VRAM slots
-        when landed) and its copy's seconds ("copy", from when layer j-d ended), the LRU's admitted share
-        ("filled"). The layer has no round trip or host fetch: after waiting for its NVMe reads (the demand batch
-        dem_n[j], and the stager's lookahead pre_n[j] from when layer j-d ended) it takes t_fill + max(t_ram -
-        t_fill, t_exp), the excess over t_exp charged to pcie, with t_ram the in-place bytes (plus the late part of
-        the share: never waited for) over R_zc and t_fill = filled[j] t_ram."""
+        when landed) and its copy's seconds ("copy", from when layer j-d ended). The layer has no round trip or
+        host fetch: after waiting for its NVMe reads (the demand batch dem_n[j], and the stager's lookahead pre_n[j]
+        from when layer j-d ended) it takes t_ram + t_exp, t_ram (charged to pcie) the in-place bytes (plus the
+        late part of the share: never waited for) over R_zc, whether the device LRU copies them first or the
+        kernel reads them in place."""
         spec, lay = self.problem.spec, self._layers
         ug = placement.unit_gpus()
         split = placement.several
@@ -821,10 +822,8 @@ class CostModel:
                 inplace["moved"][j], inplace["landed"][j] = moved, landed
                 nb = inplace["bytes"][j] + (1.0 - landed) * inplace["share"][j]
                 t_ram = copies.beside(t, nb / self.zero_copy(nb)) if nb > 0 else 0.0    # beside queued copies
-                t_fill = inplace["filled"][j] * t_ram    # the fill, then the kernel beside the rest in place
-                ram = t_fill + max(0.0, t_ram - t_fill - t_exp[j])
-                sec["pcie"] += ram
-                t += t_exp[j] + ram + inplace["lookahead"][j]     # the gates run after the layer, then issue copies
+                sec["pcie"] += t_ram                     # the reads (or the LRU's fill), then the call's own time
+                t += t_exp[j] + t_ram + inplace["lookahead"][j]   # the gates run after the layer, then issue copies
                 sec["overhead"] += inplace["lookahead"][j]
                 sec["lookahead_gpu"] += inplace["lookahead"][j]
                 moe_done.append(t)
