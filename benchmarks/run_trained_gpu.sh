@@ -3,7 +3,8 @@
 # of training, default 200), plan it from its own held-out trace under the RAM-rich and seed-proportion budgets,
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
-#   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]
+#   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] [TRAIN_S=170] [SKIP=transformers,equivalence] \
+#     bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
 # Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -36,7 +37,7 @@ if [ -n "${GPU_TESTS-}" ]; then
   tests=$!
 fi
 timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
-  --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} \
+  --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} ${SKIP:+--skip "$SKIP"} \
   --deadline-s "$(left 560)" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
 [ -n "${tests-}" ] && { wait "$tests"; cat "$OUT/gpu_tests.summary"; }
 tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml profile-predict.yaml \
