@@ -194,31 +194,29 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
 
 @triton.jit
 def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, src_p, filled_p, counts_p, S,
-                   HAS_SRC: tl.constexpr):
-    # main stream, after layer j's MoE: slots of layers <= j whose copy is over back to FREE; one program
-    s = tl.zeros([], tl.int64)
-    while s < S:
-        w = tl.atomic_add(state_p + s, 0, sem="acquire")
-        st = w % 8
-        at = w // 8
-        layer = at // E
-        done = ((st == _READY) | (st == _CONSUMED) | (st == _TAKEN_DONE)) & (layer <= j)
-        if done:
-            off = tl.load(slot_offset_p + s)
-            back = tl.load(ram_rows_p + at)
-            if tl.load(table_p + at) == off:                  # still pointing at the slot (not the LRU's)
-                tl.store(table_p + at, back)
-            if HAS_SRC:
-                if tl.load(src_p + at) == off:
-                    tl.store(src_p + at, back)
-            if tl.load(where_p + at) == s:
-                tl.store(where_p + at, s * 0 - 1)
-            wasted = (st != _CONSUMED).to(tl.int64)
-            tl.store(counts_p + layer * 9 + 2, tl.load(counts_p + layer * 9 + 2) + wasted)
-            tl.store(counts_p + layer * 9 + 5, tl.load(counts_p + layer * 9 + 5) + wasted * tl.load(filled_p + s))
-            tl.store(filled_p + s, s * 0)
-            tl.atomic_xchg(state_p + s, s * 0 + _FREE, sem="release")
-        s += 1
+                   SB: tl.constexpr, HAS_SRC: tl.constexpr):
+    # main stream, after layer j's MoE: slots of layers <= j whose copy is over back to FREE; one program, every slot
+    # at once ([SB] lanes): a serial scan of S acquire loads took S round trips to L2 a layer
+    ss = tl.arange(0, SB)
+    live = ss < S
+    w = tl.atomic_add(state_p + tl.where(live, ss, 0), tl.zeros([SB], tl.int64), mask=live, sem="acquire")   # [SB]
+    st = w % 8
+    at = tl.maximum(w // 8, 0)
+    layer = at // E
+    done = live & ((st == _READY) | (st == _CONSUMED) | (st == _TAKEN_DONE)) & (layer <= j)
+    off = tl.load(slot_offset_p + ss, mask=done, other=-1)
+    back = tl.load(ram_rows_p + at, mask=done, other=0)
+    tl.store(table_p + at, back, mask=done & (tl.load(table_p + at, mask=done, other=-1) == off))   # not the LRU's
+    if HAS_SRC:
+        tl.store(src_p + at, back, mask=done & (tl.load(src_p + at, mask=done, other=-1) == off))
+    tl.store(where_p + at, tl.full([SB], -1, tl.int64), mask=done & (tl.load(where_p + at, mask=done, other=-1) == ss))
+    wasted = (done & (st != _CONSUMED)).to(tl.int64)
+    tl.atomic_add(counts_p + layer * 9 + 2, wasted, mask=done, sem="relaxed")
+    tl.atomic_add(counts_p + layer * 9 + 5, wasted * tl.load(filled_p + ss, mask=done, other=0), mask=done,
+                  sem="relaxed")
+    tl.store(filled_p + ss, tl.zeros([SB], tl.int64), mask=done)
+    tl.debug_barrier()                                        # every lane's stores before any slot turns FREE
+    tl.atomic_xchg(state_p + ss, tl.full([SB], _FREE, tl.int64), mask=done, sem="release")
 
 
 def note_guesses(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
@@ -265,7 +263,8 @@ def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
 def release(j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
     release_kernel[(1,)](j, st.table.shape[1], st.state, st.where, st.slot_offset, st.ram_rows, st.table, src,
-                         st.filled, st.counts, st.state.numel(), HAS_SRC=st.src is not None, num_warps=1)
+                         st.filled, st.counts, st.state.numel(), SB=triton.next_power_of_2(st.state.numel()),
+                         HAS_SRC=st.src is not None, num_warps=1)
 
 
 # ---- the plain reference (the CPU engine's path; the kernels are held to it) -----------------------------------
