@@ -126,8 +126,8 @@ def _device_loop_kernels(arch: int) -> list:
             "cached_hi": "i64", "S": "i32"}, dict(K=8, G=8, GB=8, SB=16, HAS_SRC=True), arch, num_warps=1)),
         ("prefetch release", _compile(prefetch.release_kernel, {
             "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64, "ram_rows_p": i64,
-            "table_p": i64, "src_p": i64, "filled_p": i64, "counts_p": i64, "S": "i32"}, dict(HAS_SRC=True), arch,
-            num_warps=1)),
+            "table_p": i64, "src_p": i64, "filled_p": i64, "counts_p": i64, "S": "i32"}, dict(SB=16, HAS_SRC=True),
+            arch, num_warps=1)),
     ]
 
 
