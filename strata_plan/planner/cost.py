@@ -24,9 +24,8 @@ H100 the call at bench-moe's shape took 27.1 us in place against 16.9 to read it
 benchmarks/tools/inplace_probe.py); with cache slots the device LRU first copies each miss it admits into its slot
 (the same bytes over the link), then the kernel reads VRAM, the same sum:
     t += t_ram + t_exp_j      t_ram = warm bytes_j / R_zc(warm bytes_j)
-with lookahead the layer then runs the
-gates and slot kernels on the main stream: t += lookahead_gpu_seconds_j (their launches at graph_launch_us, counted
-in core.lookahead, plus the gates' router bytes over HBM). R_zc: the profile's zero_copy curve at that read size,
+with lookahead the layer then runs the gates and slot kernels on the main stream: t += lookahead_gpu_seconds_j (their
+launches at graph_launch_us, counted in core.lookahead, plus the gates' router bytes over HBM). R_zc: the profile's zero_copy curve at that read size,
 else the pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too. Streamed dense
 weights are read in place as their layer runs, bytes / R_zc(bytes), instead of over HBM.
 With an NVMe tier its misses are read by the GPU in place from a pinned staging cache of S slots (`stage_slots`), so
@@ -595,8 +594,9 @@ class CostModel:
         if self.in_place(placement):      # one GPU: no fetches; the GPU reads RAM (and staged) experts itself
             # cache slots: the device LRU admits at most its c slots' worth of a token's misses, copied into their
             # slots before the kernel; the other misses are read in place by the kernel (either way the bytes cross
-            # the link before the call's own time). The lookahead copies the share R of the RAM misses (and R waste / P wrong ones) into VRAM slots on a side
-            # stream from when layer j-d ends; what has not landed when layer j runs is read in place (no wait)
+            # the link before the call's own time). The lookahead copies the share R of the RAM misses (and R waste
+            # / P wrong ones) into VRAM slots on a side stream from when layer j-d ends; what has not landed when
+            # layer j runs is read in place (no wait)
             share = R * x["warm_bytes"]
             n_warm = x["n_miss"] - x["n_cold"]
             inplace = {"bytes": x["warm_bytes"] + x["cold_bytes"] - share, "share": share,
