@@ -402,11 +402,12 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
         run.metrics.update({f"{name}.stager_wake_us_measured": wake, f"{name}.stager_read_us_measured": read,
                             f"{name}.stager_demand_reads_counted": n})
         src = f"bench_trained: the {name} rows' stager counters, {n} demand reads"
-        for key, (executed, mode, pred) in rows.items():
-            cal = dataclasses.replace(pred.problem.profile.calibration,
-                                      stager_wake_us=Figure(wake, "measured", src, time.strftime("%Y-%m-%d")),
-                                      stager_read_us=Figure(read, "measured", src, time.strftime("%Y-%m-%d")))
-            again = Predictor(path, dataclasses.replace(pred.problem.profile, calibration=cal))
+        prof = next(iter(rows.values()))[2].problem.profile          # every row of a plan: the same profile
+        cal = dataclasses.replace(prof.calibration,
+                                  stager_wake_us=Figure(wake, "measured", src, time.strftime("%Y-%m-%d")),
+                                  stager_read_us=Figure(read, "measured", src, time.strftime("%Y-%m-%d")))
+        again = Predictor(path, dataclasses.replace(prof, calibration=cal))
+        for key, (executed, mode, _) in rows.items():
             tok_s = again.for_plan(executed, mode)["decode_tok_s"]
             run.metrics[f"{key}.decode_tok_s_predicted_stager_measured"] = tok_s
             run.metrics[f"{key}.measured_over_predicted_stager_measured"] = (

@@ -139,6 +139,15 @@ def publish_kernel(gids_p, jj, E, state_p, assign_p, G: tl.constexpr):
 
 
 @triton.jit
+def _slot_words(state_p, S, SB: tl.constexpr):
+    # every slot's word at once, each loaded with acquire semantics: lanes [SB], live [SB] (lane < S), words [SB]
+    ss = tl.arange(0, SB)
+    live = ss < S
+    w = tl.atomic_add(state_p + tl.where(live, ss, 0), tl.zeros([SB], tl.int64), mask=live, sem="acquire")
+    return ss, live, w
+
+
+@triton.jit
 def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
                    guessed_p, cached_hi, S, K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr,
                    HAS_SRC: tl.constexpr):
@@ -175,11 +184,9 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
     # the guesses of layer j still being copied that nobody routed are abandoned too: the copy stops at their next chunk
     # instead of spending the link on bytes no layer reads (publish then marks them TAKEN_DONE, release frees them).
     # Every slot at once: one load and one CAS a lane (-1, never a word, where a lane has nothing to change)
-    ss = tl.arange(0, SB)
-    live = ss < S
-    at = tl.where(live, ss, 0)
-    w = tl.atomic_add(state_p + at, tl.zeros([SB], tl.int64), mask=live, sem="acquire")      # [SB] slot words
+    ss, live, w = _slot_words(state_p, S, SB)
     hit = live & (w % 8 == _FILLING) & (w // 8 // E == j)
+    at = tl.where(live, ss, 0)
     tl.atomic_cas(state_p + at, tl.where(hit, w, -1), tl.where(hit, w - _FILLING + _TAKEN, -1), sem="acq_rel")
     n_guess = tl.sum((guess >= 0).to(tl.int64), 0)
     c = counts_p + j * 9
@@ -197,9 +204,7 @@ def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, s
                    SB: tl.constexpr, HAS_SRC: tl.constexpr):
     # main stream, after layer j's MoE: slots of layers <= j whose copy is over back to FREE; one program, every slot
     # at once ([SB] lanes): a serial scan of S acquire loads took S round trips to L2 a layer
-    ss = tl.arange(0, SB)
-    live = ss < S
-    w = tl.atomic_add(state_p + tl.where(live, ss, 0), tl.zeros([SB], tl.int64), mask=live, sem="acquire")   # [SB]
+    ss, live, w = _slot_words(state_p, S, SB)
     st = w % 8
     at = tl.maximum(w // 8, 0)
     layer = at // E
