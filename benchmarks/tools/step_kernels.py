@@ -1,0 +1,161 @@
+"""Diagnostic (GPU, about a minute): where a decode token's GPU time goes, kernel by kernel, in the device loop's graph.
+
+    python3 benchmarks/tools/step_kernels.py [--packed DIR --plan PLAN] [--runs on-demand,lru,plan:0,plan:1,plan:1/4]
+    # prints a table a run and the change from the first run; writes $OUT/step_kernels.json (not a benchmark)
+
+Without --packed: bench-moe's geometry (benchmarks/data/trained-20261203) with random weights, packed here in the
+formats of the RAM-rich plan committed beside it. `plan:D` runs the plan at lookahead depth D (`_plans.forced_depth`),
+`plan:D/P` with the lookahead's copy kernel on P thread blocks. Per run: a short prefill, eight greedy decode steps (the
+step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the kernels a graph
+runs), one replay at a time. The kernels of the lookahead's side stream (claim, copy, publish) are listed apart; every
+other kernel is on the token's main chain, where each one is charged its duration and the idle gap before it (the
+graph's launch latency between dependent kernels, and any wait on an event). Medians over the replays, microseconds a
+token."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _plans import forced_depth  # noqa: E402
+from strata_plan.core.modes import baseline  # noqa: E402
+from strata_plan.core.plan import load_plan  # noqa: E402
+
+TRAINED = ROOT / "benchmarks" / "data" / "trained-20261203"
+SIDE = ("claim_kernel", "copy_kernel", "publish_kernel")      # the lookahead's side stream (kernels.prefetch)
+SPLIT_US = 300.0                                              # replays are apart by more than this (a sleep)
+
+
+def replay_kernels(g, reps: int) -> list[list[dict]]:
+    """The kernels of `reps` replays of graph `g` (chrome-trace events: name, ts, dur in us), one list a replay."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+            torch.cuda.synchronize()
+            time.sleep(0.002)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    ks = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    out, cur, end = [], [], None
+    for e in ks:
+        if end is not None and e["ts"] - end > SPLIT_US:
+            out.append(cur)
+            cur = []
+        cur.append(e)
+        end = max(end or 0.0, e["ts"] + e["dur"])
+    return out + ([cur] if cur else [])
+
+
+def short(name: str) -> str:
+    """A kernel's name without its template arguments (torch's kernels are long C++ names)."""
+    n = name.split("(")[0].split("<")[0]
+    return n.rsplit("::", 1)[-1][:60] or name[:60]
+
+
+def account(replays: list[list[dict]]) -> dict:
+    """Per kernel name, microseconds a token: calls, duration and the main chain's idle gap before it; the replay's wall."""
+    per = defaultdict(lambda: defaultdict(list))
+    walls = []
+    for ks in replays:
+        got = defaultdict(lambda: [0, 0.0, 0.0])
+        end = None
+        for e in ks:
+            name = short(e["name"])
+            side = any(name.startswith(s) for s in SIDE)
+            g = got[("side " if side else "") + name]
+            g[0] += 1
+            g[1] += e["dur"]
+            if not side:
+                if end is not None:
+                    g[2] += max(0.0, e["ts"] - end)
+                end = max(end or 0.0, e["ts"] + e["dur"])
+        walls.append(max(e["ts"] + e["dur"] for e in ks) - ks[0]["ts"])
+        for name, (n, d, gap) in got.items():
+            per[name]["calls"].append(n)
+            per[name]["dur_us"].append(d)
+            per[name]["gap_us"].append(gap)
+    rows = {name: {k: statistics.median(v + [0] * (len(replays) - len(v))) for k, v in cols.items()}
+            for name, cols in per.items()}
+    return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows}
+
+
+def one_run(packed: Path, plan, mode: str, programs: int, reps: int) -> dict:
+    from strata_plan.engine.engine import Engine, EngineOptions
+    opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs)
+    with Engine.open(packed, plan, opts) as eng:
+        m = eng.model
+        m.reset()
+        m.prefill(list(range(5, 69)), eng.plan.prefill_chunk)
+        tok = torch.tensor([3], dtype=torch.long, device=m.device)
+        for _ in range(8):
+            tok = m.decode_step(tok, greedy=True)
+        torch.cuda.synchronize()
+        runner = m.step_runner
+        g = runner._graphs["greedy"][0]            # the captured single-token greedy step (device_loop.DeviceDecode)
+        got = account(replay_kernels(g, reps))
+        got["time_parts_us"] = {k: v * 1e6 for k, v in runner.time_parts().items() if k.endswith("_s")}
+    return got
+
+
+def show(name: str, r: dict, first: dict | None) -> None:
+    print(f"\n{name}: wall {r['wall_us']:.1f} us a token ({r['replays']} replays); time_parts "
+          + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()))
+    ks = r["kernels"]
+    keys = sorted(set(ks) | set(first["kernels"] if first else ()),
+                  key=lambda k: -(ks.get(k, {}).get("dur_us", 0) + ks.get(k, {}).get("gap_us", 0)))
+    print(f"  {'kernel':62s} {'calls':>6s} {'dur':>8s} {'gap':>8s}" + ("  change dur+gap from the first run" if first else ""))
+    for k in keys:
+        a = ks.get(k, {"calls": 0, "dur_us": 0.0, "gap_us": 0.0})
+        line = f"  {k:62s} {a['calls']:6.0f} {a['dur_us']:8.1f} {a['gap_us']:8.1f}"
+        if first:
+            b = first["kernels"].get(k, {"dur_us": 0.0, "gap_us": 0.0})
+            line += f"  {a['dur_us'] + a['gap_us'] - b['dur_us'] - b['gap_us']:+8.1f}"
+        print(line)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--packed", type=Path, help="a packed folder (default: bench-moe's geometry, random weights)")
+    ap.add_argument("--plan", help="its plan (default: benchmarks/data/trained-20261203/plan-ramrich.yaml)")
+    ap.add_argument("--runs", default="on-demand,lru,plan:0,plan:1,plan:1/4,plan:2")
+    ap.add_argument("--reps", type=int, default=15)
+    a = ap.parse_args()
+    plan_path = a.plan or str(TRAINED / "plan-ramrich.yaml")
+    base = load_plan(plan_path)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        packed = a.packed
+        if packed is None:
+            from strata_plan.cli import main as cli
+            packed = Path(tmp) / "packed"
+            cfg = TRAINED / "bench-moe" / "config.json"
+            assert cli(["pack", "--synthetic", str(cfg), "--plan", plan_path, "--out", str(packed), "--json"]) == 0
+        print(f"{torch.cuda.get_device_name()}: {packed}, plan {plan_path} (depth {base.prefetch_depth})")
+        first = None
+        for run in a.runs.split(","):
+            mode, _, rest = run.partition(":")
+            depth, _, programs = rest.partition("/")
+            plan = forced_depth(base, int(depth)) if depth else baseline(base, mode)
+            r = one_run(packed, plan, mode, int(programs or 0), a.reps)
+            results[run] = r
+            show(run, r, first)
+            first = first or r
+    out = Path(os.environ.get("OUT", "."))
+    (out / "step_kernels.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "runs": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
