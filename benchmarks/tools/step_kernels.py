@@ -5,8 +5,9 @@
 
 Without --packed: bench-moe's geometry (benchmarks/data/trained-20261203) with random weights, packed here in the
 formats of the RAM-rich plan committed beside it. `plan:D` runs the plan at lookahead depth D (`_plans.forced_depth`),
-`plan:D/P` with the lookahead's copy kernel on P thread blocks. Per run: a short prefill, eight greedy decode steps (the
-step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the kernels a graph
+`plan:D/P` with the lookahead's copy kernel on P thread blocks. Each run in a process of its own (`--inproc`: all in
+this one, in order; `--no-profile`: time_parts alone, no tracing). Per run: a short prefill, eight greedy decode
+steps (the step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the kernels a graph
 runs), one replay at a time. The kernels of the lookahead's side stream (claim, copy, publish) are listed apart; every
 other kernel is on the token's main chain, where each one is charged its duration and the idle gap before it (the
 graph's launch latency between dependent kernels, and any wait on an event). Medians over the replays, microseconds a
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,7 +67,7 @@ def short(name: str) -> str:
 
 
 def account(replays: list[list[dict]]) -> dict:
-    """Per kernel name, microseconds a token: calls, duration and the main chain's idle gap before it; the replay's wall."""
+    """Per kernel name, microseconds a token: calls, duration and the main chain's idle gap before it; the wall."""
     per = defaultdict(lambda: defaultdict(list))
     walls = []
     for ks in replays:
@@ -91,7 +93,7 @@ def account(replays: list[list[dict]]) -> dict:
     return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows}
 
 
-def one_run(packed: Path, plan, mode: str, programs: int, reps: int) -> dict:
+def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bool = True) -> dict:
     from strata_plan.engine.engine import Engine, EngineOptions
     opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs)
     with Engine.open(packed, plan, opts) as eng:
@@ -104,7 +106,7 @@ def one_run(packed: Path, plan, mode: str, programs: int, reps: int) -> dict:
         torch.cuda.synchronize()
         runner = m.step_runner
         g = runner._graphs["greedy"][0]            # the captured single-token greedy step (device_loop.DeviceDecode)
-        got = account(replay_kernels(g, reps))
+        got = account(replay_kernels(g, reps)) if profile else {"wall_us": 0.0, "replays": 0, "kernels": {}}
         got["time_parts_us"] = {k: v * 1e6 for k, v in runner.time_parts().items() if k.endswith("_s")}
     return got
 
@@ -115,7 +117,8 @@ def show(name: str, r: dict, first: dict | None) -> None:
     ks = r["kernels"]
     keys = sorted(set(ks) | set(first["kernels"] if first else ()),
                   key=lambda k: -(ks.get(k, {}).get("dur_us", 0) + ks.get(k, {}).get("gap_us", 0)))
-    print(f"  {'kernel':62s} {'calls':>6s} {'dur':>8s} {'gap':>8s}" + ("  change dur+gap from the first run" if first else ""))
+    print(f"  {'kernel':62s} {'calls':>6s} {'dur':>8s} {'gap':>8s}"
+          + ("  change dur+gap from the first run" if first else ""))
     for k in keys:
         a = ks.get(k, {"calls": 0, "dur_us": 0.0, "gap_us": 0.0})
         line = f"  {k:62s} {a['calls']:6.0f} {a['dur_us']:8.1f} {a['gap_us']:8.1f}"
@@ -131,12 +134,26 @@ def main() -> int:
     ap.add_argument("--plan", help="its plan (default: benchmarks/data/trained-20261203/plan-ramrich.yaml)")
     ap.add_argument("--runs", default="on-demand,lru,plan:0,plan:1,plan:1/4,plan:2")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--inproc", action="store_true", help="every run in this process, one after another")
+    ap.add_argument("--no-profile", action="store_true", help="no kernel trace: each run's time_parts alone")
+    ap.add_argument("--one", help=argparse.SUPPRESS)           # (a child process: this one run into --json)
+    ap.add_argument("--json", help=argparse.SUPPRESS)
     a = ap.parse_args()
     plan_path = a.plan or str(TRAINED / "plan-ramrich.yaml")
     base = load_plan(plan_path)
+
+    def run_here(run: str) -> dict:
+        mode, _, rest = run.partition(":")
+        depth, _, programs = rest.partition("/")
+        plan = forced_depth(base, int(depth)) if depth else baseline(base, mode)
+        return one_run(packed, plan, mode, int(programs or 0), a.reps, not a.no_profile)
+
+    packed = a.packed
+    if a.one:
+        Path(a.json).write_text(json.dumps(run_here(a.one)))
+        return 0
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        packed = a.packed
         if packed is None:
             from strata_plan.cli import main as cli
             packed = Path(tmp) / "packed"
@@ -145,15 +162,20 @@ def main() -> int:
         print(f"{torch.cuda.get_device_name()}: {packed}, plan {plan_path} (depth {base.prefetch_depth})")
         first = None
         for run in a.runs.split(","):
-            mode, _, rest = run.partition(":")
-            depth, _, programs = rest.partition("/")
-            plan = forced_depth(base, int(depth)) if depth else baseline(base, mode)
-            r = one_run(packed, plan, mode, int(programs or 0), a.reps)
-            results[run] = r
+            got = Path(tmp) / "one.json"
+            if a.inproc:
+                r = run_here(run)
+            else:
+                subprocess.run([sys.executable, __file__, "--one", run, "--packed", str(packed), "--plan", plan_path,
+                                "--reps", str(a.reps), "--json", str(got)] + ["--no-profile"] * a.no_profile,
+                               check=True)
+                r = json.loads(got.read_text())
+            results[f"{run}#{len(results)}"] = r
             show(run, r, first)
             first = first or r
     out = Path(os.environ.get("OUT", "."))
-    (out / "step_kernels.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "runs": results}, indent=1))
+    name = f"step_kernels{'-inproc' * a.inproc}{'-noprofile' * a.no_profile}.json"
+    (out / name).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "runs": results}, indent=1))
     return 0
 
 

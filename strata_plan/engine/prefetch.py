@@ -4,7 +4,8 @@ graph, copied from pinned RAM into VRAM staging slots on a side stream while the
     pf = DevicePrefetch(store, depth)
     pf.resolve(j, ids)            # before layer j's cache step and MoE: landed guesses are read from their slots
     ...fused_moe...; pf.release(j)
-    pf.issue(j + d, gids)         # after layer j (its lookahead gate): claim, copy, publish on the side stream
+    pf.issue(j + d, gids)         # after layer j: its lookahead gate (or the guesses), claim, copy, publish, all on the
+                                  # side stream
     pf.end_token()                # the side stream joins the main one; every slot whose copy is over is freed
     pf.fold(counters)
 
@@ -56,23 +57,30 @@ class DevicePrefetch:
         """After layer j's MoE kernels: the slots of layers <= j whose copies are over are free again."""
         (pk.release if self.kernels else pk.reference_release)(j, self.st)
 
-    def issue(self, jj: int, gids: torch.Tensor) -> None:
-        """Guesses int64 [k] (best first) for MoE layer jj: claimed, copied and published on the side stream (graph-safe:
-        the side stream forks from the main one here and joins it in `end_token`)."""
-        st, arena = self.st, self.store.arena
-        pk.note_guesses(gids, jj, st)         # on the main stream: `resolve` counts precision and recall from them
-        if not self.kernels:
+    def issue(self, jj: int, gids, reads: torch.Tensor | None = None) -> None:
+        """Guesses int64 [k] (best first) for MoE layer jj, or a function that makes them (the lookahead gate on
+        `reads`, the layer's output): made, noted, claimed, copied and published on the side stream (graph-safe: the
+        side stream forks from the main one here and joins it in `end_token`), so the main stream's next layer starts
+        at once. `note_guesses` keeps them for `resolve`'s precision and recall: a layer resolved before its guesses
+        were noted (the side stream a whole layer late) counts none."""
+        st = self.st
+        if not (self.kernels and self.cuda):  # one stream, in order: the references, or the kernels interpreted
+            gids = gids() if callable(gids) else gids
+            pk.note_guesses(gids, jj, st)
+            if self.kernels:
+                self._claim_copy_publish(gids, jj)
+                return
             pk.reference_claim(gids, jj, st)
-            pk.reference_copy(arena, gids, jj, st)
+            pk.reference_copy(self.store.arena, gids, jj, st)
             pk.reference_publish(gids, jj, st)
             return
-        if not self.cuda:                     # the kernels interpreted on a CPU: one stream, in order
-            self._claim_copy_publish(gids, jj)
-            return
         self.side.wait_stream(torch.cuda.current_stream())
-        if not torch.cuda.is_current_stream_capturing():
-            gids.record_stream(self.side)     # an eager caller's guesses may be freed before the side stream reads them
+        for t in (reads, None if callable(gids) else gids):
+            if t is not None:                 # not reused before the side stream read it (in a capture: not before the
+                t.record_stream(self.side)    # capture ends, the caching allocator defers the block's reuse)
         with torch.cuda.stream(self.side):
+            gids = gids() if callable(gids) else gids
+            pk.note_guesses(gids, jj, st)
             self._claim_copy_publish(gids, jj)
         self.forked = True
 

@@ -96,13 +96,15 @@ class StoreExperts:
         to the VRAM prefetch (graph-safe)."""
         if out.shape[0] != 1 or self.skip_moe:        # (timing the step without MoE: without its lookahead too)
             return
-        gids, gsc = self._guesses(j, out)
-        if self.store.staging is not None:
+        pf, k, L = self.store.prefetch, self.store.top_k, self.store.n_layers
+        if self.store.staging is not None:            # the stager takes every depth's guesses with the layer's end
+            gids, gsc = self._guesses(j, out)
             self.store.staging.done(j, gids, gsc)
-        pf = self.store.prefetch
-        if pf is not None and j + self.depth < self.store.n_layers:
-            pf.issue(j + self.depth, gids[self.depth - 1, :self.store.top_k])
-        if pf is not None and j == self.store.n_layers - 1:
+            if pf is not None and j + self.depth < L:
+                pf.issue(j + self.depth, gids[self.depth - 1, :k])
+        elif pf is not None and j + self.depth < L:   # VRAM lookahead alone: its gate runs on the side stream too
+            pf.issue(j + self.depth, lambda: self._guesses(j, out)[0][self.depth - 1, :k], reads=out)
+        if pf is not None and j == L - 1:
             pf.end_token()                    # the token's last MoE layer: the side stream joins, its slots free
 
     def _guesses(self, j: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -123,7 +123,8 @@ def _device_loop_kernels(arch: int) -> list:
         ("prefetch resolve", _compile(prefetch.resolve_kernel, {
             "ids_p": i64, "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64,
             "table_p": i64, "src_p": i64, "tier_p": P["i8"], "nbytes_p": i64, "counts_p": i64, "guessed_p": i64,
-            "cached_hi": "i64", "S": "i32"}, dict(K=8, G=8, GB=8, SB=16, HAS_SRC=True), arch, num_warps=1)),
+            "cached_hi": "i64", "S": "i32"}, dict(K=6, KB=8, G=6, GB=8, SB=16, HAS_SRC=True), arch,
+            num_warps=1)),
         ("prefetch release", _compile(prefetch.release_kernel, {
             "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64, "ram_rows_p": i64,
             "table_p": i64, "src_p": i64, "filled_p": i64, "counts_p": i64, "S": "i32"}, dict(SB=16, HAS_SRC=True),

@@ -62,14 +62,14 @@ def gate_topk_kernel(logits_p, bias_p, ids_p, scores_p, E, scaling, SIGMOID: tl.
     valid = ee < E
     lg = tl.load(logits_p + ee, mask=valid, other=-float("inf"))
     if SIGMOID:
-        sc = 1.0 / (1.0 + tl.exp(-lg))
-        choice = sc
+        choice = 1.0 / (1.0 + tl.exp(-lg))
         if HAS_BIAS:
-            choice = sc + tl.load(bias_p + ee, mask=valid, other=0.0)
+            choice = choice + tl.load(bias_p + ee, mask=valid, other=0.0)
     else:
-        p = tl.exp(lg - tl.max(lg, 0))
-        sc = p / tl.sum(tl.where(valid, p, 0.0), 0)
-        choice = sc
+        mx = tl.max(lg, 0)
+        p = tl.exp(lg - mx)
+        den_p = tl.sum(tl.where(valid, p, 0.0), 0)
+        choice = p / den_p
     choice = tl.where(valid, choice, -float("inf"))
     if NG > 1:                                       # DeepSeek's group limit: the TG groups of best top-2 sums
         grp = ee // (E // NG)
@@ -89,15 +89,23 @@ def gate_topk_kernel(logits_p, bias_p, ids_p, scores_p, E, scaling, SIGMOID: tl.
             gsum = tl.where(gg == gi, -float("inf"), gsum)
         kept = tl.sum(tl.where(keep[None, :] & (grp[:, None] == gg[None, :]), 1, 0), 1) > 0     # [EB]
         choice = tl.where(kept, choice, -float("inf"))
+    # top-k by choice: k rounds of one max each over int64 keys (the value's bits ordered as a signed int, above the
+    # lane's rank from the end: the lowest id wins a tie), then the weights gathered for the k ids
+    cb = choice.to(tl.int32, bitcast=True)
+    key = ((cb ^ ((cb >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (EB - 1 - ee).to(tl.int64)     # [EB]
     kk = tl.arange(0, KB)
     ids = tl.zeros([KB], tl.int64) - 1
-    w = tl.zeros([KB], tl.float32)
-    for i in tl.static_range(K):                     # top-k by choice: k rounds of argmax
-        best = tl.max(choice, 0)
-        e = tl.min(tl.where(choice == best, ee, EB), 0)
-        ids = tl.where(kk == i, e, ids)
-        w = tl.where(kk == i, tl.sum(tl.where(ee == e, sc, 0.0), 0), w)
-        choice = tl.where(ee == e, -float("inf"), choice)
+    for i in tl.static_range(K):
+        best = tl.max(key, 0)
+        ids = tl.where(kk == i, EB - 1 - (best & 0xFFFFFFFF), ids)
+        key = tl.where(key == best, -0x7FFFFFFFFFFFFFFF, key)     # below every key
+    mk = kk < K
+    lk = tl.load(logits_p + tl.maximum(ids, 0), mask=mk, other=0.0)                        # [KB] the chosen logits
+    if SIGMOID:
+        w = 1.0 / (1.0 + tl.exp(-lk))
+    else:
+        w = tl.exp(lk - mx) / den_p                                                    # as `choice`
+    w = tl.where(mk, w, 0.0)
     if NORM:
         den = tl.sum(w, 0)
         if SIGMOID:
@@ -106,13 +114,13 @@ def gate_topk_kernel(logits_p, bias_p, ids_p, scores_p, E, scaling, SIGMOID: tl.
     w = w * scaling
     if ROUND_W:
         w = round_to(w, XDT)
-    w = tl.where(kk < K, w, -float("inf"))
-    for i in tl.static_range(K):                     # best first by weight (a stable sort: the first on a tie)
-        best = tl.max(w, 0)
-        at = tl.min(tl.where(w == best, kk, KB), 0)
-        tl.store(ids_p + i, tl.sum(tl.where(kk == at, ids, 0), 0))
-        tl.store(scores_p + i, best)
-        w = tl.where(kk == at, -float("inf"), w)
+    # best first by weight, a stable sort: each id's place is the count of those before it (larger, or equal and
+    # earlier), all at once
+    w = tl.where(mk, w, -float("inf"))
+    before = (w[None, :] > w[:, None]) | ((w[None, :] == w[:, None]) & (kk[None, :] < kk[:, None]))     # [KB, KB]
+    place = tl.sum(before.to(tl.int32), 1)
+    tl.store(ids_p + place, ids, mask=mk)
+    tl.store(scores_p + place, w, mask=mk)
 
 
 def gate_logits(x: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor,
@@ -137,7 +145,7 @@ def gate_topk(logits: torch.Tensor, rc, bias: torch.Tensor | None, ids_out: torc
                            NG=rc.n_group if sigmoid else 1, TG=rc.topk_group if sigmoid else 1,
                            NORM=bool(rc.norm_topk_prob), ROUND_W=bool(rc.round_weights) and not sigmoid,
                            XDT=TL_DTYPES[dtype], K=rc.top_k, KB=triton.next_power_of_2(rc.top_k),
-                           EB=triton.next_power_of_2(rc.n_experts), num_warps=4)
+                           EB=triton.next_power_of_2(rc.n_experts), num_warps=1 if rc.n_experts <= 1024 else 4)
 
 
 def lookahead_gate(x: torch.Tensor, norm_w: torch.Tensor, eps: float, router, logits: torch.Tensor,

@@ -149,38 +149,38 @@ def _slot_words(state_p, S, SB: tl.constexpr):
 
 @triton.jit
 def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
-                   guessed_p, cached_hi, S, K: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr,
-                   HAS_SRC: tl.constexpr):
-    # ids_p: int64 [K] layer j's routed ids; one program; before the LRU step and the MoE kernels of layer j
-    n_used = tl.zeros([], tl.int64)
-    n_late = tl.zeros([], tl.int64)
-    b_used = tl.zeros([], tl.int64)
+                   guessed_p, cached_hi, S, K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
+                   SB: tl.constexpr, HAS_SRC: tl.constexpr):
+    # ids_p: int64 [K] layer j's routed ids (distinct); one program; before the LRU step and the MoE kernels of layer j.
+    # Every routed id at once ([KB] lanes): each step is one vector load or CAS (a lane with nothing to change
+    # compares against -1, never a word), not K round trips one after another
+    kk = tl.arange(0, KB)
+    mk = kk < K
     gg = tl.arange(0, GB)
     guess = tl.load(guessed_p + j * G + gg, mask=gg < G, other=-1)               # [GB] this layer's guesses
-    n_right = tl.zeros([], tl.int64)
-    for i in tl.static_range(K):
-        e = tl.load(ids_p + i)
-        n_right += (tl.sum((guess == e).to(tl.int32), 0) > 0).to(tl.int64)
-        at = j * E + e
-        cur = tl.load(table_p + at)
-        s = tl.load(where_p + at)
-        ok = (tl.load(tier_p + at) == 1) & ((cur < 0) | (cur >= cached_hi)) & (s >= 0)
-        if ok:
-            ready, filling = (at * 8 + _READY).to(tl.int64), (at * 8 + _FILLING).to(tl.int64)
-            old = tl.atomic_cas(state_p + s, ready, (at * 8 + _CONSUMED).to(tl.int64), sem="acquire")
-            if old == filling:                                # still being copied: take it, read in place
-                old = tl.atomic_cas(state_p + s, filling, (at * 8 + _TAKEN).to(tl.int64), sem="acq_rel")
-                if old == ready:                              # published meanwhile: use it after all
-                    old = tl.atomic_cas(state_p + s, ready, (at * 8 + _CONSUMED).to(tl.int64), sem="acquire")
-            use = old == ready
-            n_late += (old == filling).to(tl.int64)
-            n_used += use.to(tl.int64)
-            b_used += tl.where(use, tl.load(nbytes_p + at), 0)
-            if use:
-                off = tl.load(slot_offset_p + s)
-                tl.store(table_p + at, off)
-                if HAS_SRC:
-                    tl.store(src_p + at, off)
+    e = tl.load(ids_p + kk, mask=mk, other=0)                                   # [KB]
+    n_right = tl.sum((mk & (tl.sum((guess[None, :] == e[:, None]).to(tl.int32), 1) > 0)).to(tl.int64), 0)
+    at = j * E + e
+    cur = tl.load(table_p + at, mask=mk, other=-1)
+    s = tl.load(where_p + at, mask=mk, other=-1)
+    ok = mk & (tl.load(tier_p + at, mask=mk, other=0) == 1) & ((cur < 0) | (cur >= cached_hi)) & (s >= 0)
+    sp = state_p + tl.where(ok, s, 0)
+    ready, filling = (at * 8 + _READY).to(tl.int64), (at * 8 + _FILLING).to(tl.int64)
+    consumed, taken = (at * 8 + _CONSUMED).to(tl.int64), (at * 8 + _TAKEN).to(tl.int64)
+    old = tl.atomic_cas(sp, tl.where(ok, ready, -1), tl.where(ok, consumed, -1), sem="acquire")
+    took = ok & (old == filling)                                  # still being copied: take it, read in place
+    old2 = tl.atomic_cas(sp, tl.where(took, filling, -1), tl.where(took, taken, -1), sem="acq_rel")
+    again = took & (old2 == ready)                                # published meanwhile: use it after all
+    old3 = tl.atomic_cas(sp, tl.where(again, ready, -1), tl.where(again, consumed, -1), sem="acquire")
+    old = tl.where(again, old3, tl.where(took, old2, old))
+    use = ok & (old == ready)
+    n_late = tl.sum((ok & (old == filling)).to(tl.int64), 0)
+    n_used = tl.sum(use.to(tl.int64), 0)
+    b_used = tl.sum(tl.where(use, tl.load(nbytes_p + at, mask=use, other=0), 0), 0)
+    off = tl.load(slot_offset_p + tl.where(use, s, 0), mask=use, other=0)
+    tl.store(table_p + at, off, mask=use)
+    if HAS_SRC:
+        tl.store(src_p + at, off, mask=use)
     # the guesses of layer j still being copied that nobody routed are abandoned too: the copy stops at their next chunk
     # instead of spending the link on bytes no layer reads (publish then marks them TAKEN_DONE, release frees them).
     # Every slot at once: one load and one CAS a lane (-1, never a word, where a lane has nothing to change)
@@ -260,8 +260,9 @@ def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
     G = st.guessed.shape[1]
     resolve_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src,
-                         st.tier, st.nbytes, st.counts, st.guessed, st.cached_hi, st.state.numel(), K=ids.numel(), G=G,
-                         GB=triton.next_power_of_2(G), SB=triton.next_power_of_2(st.state.numel()),
+                         st.tier, st.nbytes, st.counts, st.guessed, st.cached_hi, st.state.numel(), K=ids.numel(),
+                         KB=triton.next_power_of_2(ids.numel()), G=G, GB=triton.next_power_of_2(G),
+                         SB=triton.next_power_of_2(st.state.numel()),
                          HAS_SRC=st.src is not None, num_warps=1)
 
 
