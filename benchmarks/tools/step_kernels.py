@@ -8,9 +8,9 @@ formats of the RAM-rich plan committed beside it. `plan:D` runs the plan at look
 `plan:D/P` with the lookahead's copy kernel on P thread blocks. Each run in a process of its own (`--inproc`: all in
 this one, in order; `--no-profile`: time_parts alone, no tracing). Per run: a short prefill, eight greedy decode
 steps (the step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the kernels a graph
-runs), one replay at a time. The kernels of the lookahead's side stream (claim, copy, publish) are listed apart; every
-other kernel is on the token's main chain, where each one is charged its duration and the idle gap before it (the
-graph's launch latency between dependent kernels, and any wait on an event). Medians over the replays, microseconds a
+runs), one replay at a time. Kernels on another stream than the replay's first (the lookahead's side stream) are listed
+apart; on the token's main chain each kernel is charged its duration and the idle gap before it (the graph's launch
+latency between dependent kernels, and any wait on an event). Medians over the replays, microseconds a
 token."""
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ from strata_plan.core.modes import baseline  # noqa: E402
 from strata_plan.core.plan import load_plan  # noqa: E402
 
 TRAINED = ROOT / "benchmarks" / "data" / "trained-20261203"
-SIDE = ("claim_kernel", "copy_kernel", "publish_kernel")      # the lookahead's side stream (kernels.prefetch)
 SPLIT_US = 300.0                                              # replays are apart by more than this (a sleep)
 
 
@@ -67,16 +66,17 @@ def short(name: str) -> str:
 
 
 def account(replays: list[list[dict]]) -> dict:
-    """Per kernel name, microseconds a token: calls, duration and the main chain's idle gap before it; the wall."""
+    """Per kernel name, microseconds a token: calls, duration and the main chain's idle gap before it; the wall. The
+    main chain is the stream (as CUPTI reports it) of the replay's first kernel; a kernel on another is `side`."""
     per = defaultdict(lambda: defaultdict(list))
     walls = []
     for ks in replays:
         got = defaultdict(lambda: [0, 0.0, 0.0])
         end = None
+        main = ks[0].get("args", {}).get("stream")
         for e in ks:
-            name = short(e["name"])
-            side = any(name.startswith(s) for s in SIDE)
-            g = got[("side " if side else "") + name]
+            side = e.get("args", {}).get("stream") != main
+            g = got[("side " if side else "") + short(e["name"])]
             g[0] += 1
             g[1] += e["dur"]
             if not side:
@@ -93,6 +93,17 @@ def account(replays: list[list[dict]]) -> dict:
     return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows}
 
 
+def gpu_state() -> dict:
+    """The GPU's SM and memory clocks (MHz), temperature and power (W) now (NVML)."""
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    return {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "mem_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "temp_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+            "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1e3}
+
+
 def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bool = True) -> dict:
     from strata_plan.engine.engine import Engine, EngineOptions
     opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs)
@@ -107,13 +118,14 @@ def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bo
         runner = m.step_runner
         g = runner._graphs["greedy"][0]            # the captured single-token greedy step (device_loop.DeviceDecode)
         got = account(replay_kernels(g, reps)) if profile else {"wall_us": 0.0, "replays": 0, "kernels": {}}
+        got["gpu"] = gpu_state()
         got["time_parts_us"] = {k: v * 1e6 for k, v in runner.time_parts().items() if k.endswith("_s")}
     return got
 
 
 def show(name: str, r: dict, first: dict | None) -> None:
     print(f"\n{name}: wall {r['wall_us']:.1f} us a token ({r['replays']} replays); time_parts "
-          + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()))
+          + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()) + f"; GPU {r['gpu']}")
     ks = r["kernels"]
     keys = sorted(set(ks) | set(first["kernels"] if first else ()),
                   key=lambda k: -(ks.get(k, {}).get("dur_us", 0) + ks.get(k, {}).get("gap_us", 0)))
