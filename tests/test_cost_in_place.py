@@ -218,32 +218,32 @@ def test_the_device_loops_lookahead_reads_landed_guesses_from_vram_and_never_wai
     assert s1.bytes_per_token["wasted"] < 0.05 * d1.bytes_per_token["wasted"]
 
 
-def test_the_device_loops_lookahead_costs_its_kernel_launches(tiny):
-    """The lookahead's gates and slot kernels run on the main stream at the launch floor (`graph_launch_us`): depth 1
-    on three MoE layers computes 2 gates (no layer 3), issues 2 prefetches and resolves and releases at each layer;
-    with an NVMe tier at depth 2 the gates of every depth run (2 + 1). A slower launch floor costs exactly that."""
-    from strata_plan.core.lookahead import GATE_LAUNCHES, ISSUE_LAUNCHES, LAYER_LAUNCHES
+def test_the_device_loops_lookahead_costs_its_slot_kernels_and_its_main_stream_gates(tiny):
+    """The lookahead's slot kernels cost each MoE layer the profile's `lookahead_layer_us` (one release more at the
+    token's end at the launch floor, `graph_launch_us`); without an NVMe tier the gate runs on the side stream (no
+    charge), with one the gates of every depth run on the main stream: at depth 2 on three MoE layers 2 + 1 gates,
+    their launches at the floor and their router bytes over HBM. A replayed routing runs no gate."""
+    from strata_plan.core.lookahead import GATE_LAUNCHES
     from strata_plan.profiles.schema import Figure
     g = tiny.profile.gpu
     spec, E = tiny.spec, tiny.curves.n_experts
     gate_s = 2.0 * spec.hidden * spec.n_routed / (g.hbm_gbps.value * 1e9 * tiny.profile.calibration.hbm_efficiency.value)
-    for us in (2.0, 8.0):
-        gpu = dataclasses.replace(g, graph_launch_us=Figure(us, "measured", "test", "2026-12-05"))
+    for us, slots in ((2.0, 5.0), (8.0, 11.0)):
+        gpu = dataclasses.replace(g, graph_launch_us=Figure(us, "measured", "test", "2026-12-05"),
+                                  lookahead_layer_us=Figure(slots, "measured", "test", "2026-12-05"))
         p = tiny.replace(profile=dataclasses.replace(tiny.profile, gpus=(gpu,)))
         cm = CostModel(p)
         base = in_place_placement(p, (1, 1, 1))
         assert cm.predict(base).decode_seconds["lookahead_gpu"] == 0.0
         got = cm.predict(dataclasses.replace(base, prefetch_depth=1)).decode_seconds["lookahead_gpu"]
-        launches = 2 * GATE_LAUNCHES + 2 * ISSUE_LAUNCHES + 3 * LAYER_LAUNCHES + 1
-        assert got == pytest.approx(launches * us * 1e-6 + 2 * gate_s, rel=1e-12)
+        assert got == pytest.approx((3 * slots + us) * 1e-6, rel=1e-12)
         nvme = Placement((1, 1, 1), (3, 3, 3), (0, 0, 0), (True,) * len(p.dense_units), 2)      # ranks 4.. on NVMe
         assert E > 4 and cm.in_place(nvme)
         got = cm.predict(nvme).decode_seconds["lookahead_gpu"]
-        launches = 3 * GATE_LAUNCHES + 1 * ISSUE_LAUNCHES + 3 * LAYER_LAUNCHES + 1
-        assert got == pytest.approx(launches * us * 1e-6 + 3 * gate_s, rel=1e-12)
+        assert got == pytest.approx((3 * slots + (3 * GATE_LAUNCHES + 1) * us) * 1e-6 + 3 * gate_s, rel=1e-12)
         replayed = CostModel(p.replace(lookahead_gates=False))          # the replay hands the guesses over: no gate
-        got = replayed.predict(dataclasses.replace(base, prefetch_depth=1)).decode_seconds["lookahead_gpu"]
-        assert got == pytest.approx((2 * ISSUE_LAUNCHES + 3 * LAYER_LAUNCHES + 1) * us * 1e-6, rel=1e-12)
+        got = replayed.predict(nvme).decode_seconds["lookahead_gpu"]
+        assert got == pytest.approx((3 * slots + us) * 1e-6, rel=1e-12)
 
 
 def test_the_link_is_shared_evenly_by_a_read_and_the_queued_copies():

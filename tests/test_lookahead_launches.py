@@ -1,7 +1,8 @@
-"""The cost model charges the device loop's lookahead its kernel launches (`core.lookahead.GATE_LAUNCHES`,
-`ISSUE_LAUNCHES`, `LAYER_LAUNCHES`): counted here on the fixture (the DeepSeek-V3 family's router), one eager decode step with every
-kernel launched (interpreted on a CPU), against the same plan without lookahead. A change to the lookahead's path
-that launches more or fewer kernels fails here until the constants say so."""
+"""The device loop's lookahead launches what `core.lookahead` says (`GATE_LAUNCHES`, `ISSUE_LAUNCHES`,
+`LAYER_LAUNCHES`, which the cost model charges by stream): counted here on the fixture (the DeepSeek-V3 family's
+router), one eager decode step with every kernel launched (interpreted on a CPU), against the same plan without
+lookahead, the side stream's claim, copy and publish left out. A change to the lookahead's path that launches more or
+fewer kernels fails here until the constants say so."""
 from __future__ import annotations
 
 import pytest

@@ -16,19 +16,6 @@ from strata_plan.profiler.moe import cuda_graph_seconds
 L, E, K, N = 9, 64, 6, 200
 
 
-def state(S: int, dev) -> pk.PrefetchState:
-    words = torch.tensor([(0 * E + s % E) * 8 + pk.READY for s in range(S)], dtype=torch.int64, device=dev)
-    return pk.PrefetchState(state=words, slot_offset=torch.arange(S, dtype=torch.int64, device=dev) * 4096,
-                            where=torch.full((L, E), -1, dtype=torch.int64, device=dev),
-                            assign=torch.full((K,), -1, dtype=torch.int64, device=dev),
-                            ram_rows=torch.arange(L * E, dtype=torch.int64, device=dev).reshape(L, E) * 4096 + (1 << 30),
-                            tier=torch.ones((L, E), dtype=torch.int8, device=dev),
-                            nbytes=torch.full((L, E), 4096, dtype=torch.int64, device=dev),
-                            table=torch.arange(L * E, dtype=torch.int64, device=dev).reshape(L, E) * 4096 + (1 << 30),
-                            src=None, counts=torch.zeros((L, pk.N_COUNTS), dtype=torch.int64, device=dev),
-                            guessed=torch.full((L, K), -1, dtype=torch.int64, device=dev), cached_hi=0)
-
-
 def main() -> None:
     dev = torch.device("cuda")
     ids = torch.arange(K, dtype=torch.int64, device=dev)
@@ -37,7 +24,7 @@ def main() -> None:
     floor = cuda_graph_seconds(lambda: [x.add_(1) for _ in range(N)], 10) / N * 1e6
     print(f"  one small kernel (x.add_): {floor:.2f}")
     for S in [int(a) for a in sys.argv[1:]] or [24, 48, 96]:
-        st = state(S, dev)
+        st = pk.probe_state(S, L, E, K, dev)
         calls = {"resolve": lambda: pk.resolve(ids, 0, st), "release": lambda: pk.release(L - 1, st),
                  "claim": lambda: pk.claim(ids, 1, st), "publish": lambda: pk.publish(ids, 1, st)}
         got = {name: cuda_graph_seconds(lambda f=f: [f() for _ in range(N)], 10) / N * 1e6 for name, f in calls.items()}

@@ -9,18 +9,19 @@ MAX_DEPTH = 4
 """Lookahead depths the routing statistics describe (1..4), and the deepest prefetch a plan may ask for."""
 
 GATE_LAUNCHES = 2
-"""Kernels the device loop launches on its main stream for one lookahead gate (layer j + d's norm and router on
-layer j's output, its ids and weights into the guess buffers): `kernels.gate`'s logits and top-k kernels (the torch
-path it replaced took 22), counted by tests/test_lookahead_launches.py. With an NVMe tier every depth's gate runs
-after each layer (the stager reads guesses of every depth); else only depth d's."""
+"""Kernels the device loop launches for one lookahead gate (layer j + d's norm and router on layer j's output, its
+ids and weights into the guess buffers): `kernels.gate`'s logits and top-k kernels (the torch path it replaced took
+22), counted by tests/test_lookahead_launches.py. With an NVMe tier every depth's gate runs after each layer on the
+main stream (the stager reads guesses of every depth with the layer's end); else only depth d's, on the side stream
+with the prefetch it feeds."""
 
 ISSUE_LAUNCHES = 1
-"""Kernels on the main stream for each VRAM prefetch issued (the guesses noted for precision and recall; the claim,
-copy and publish run on the side stream)."""
+"""Kernels for each VRAM prefetch issued besides its claim, copy and publish (the guesses noted for precision and
+recall), on the side stream with them."""
 
 LAYER_LAUNCHES = 2
 """Kernels the device loop's VRAM lookahead adds to every MoE layer on its main stream: `resolve` before the layer's
-cache step, `release` after its down projection."""
+cache step, `release` after its down projection (the planner charges the profile's measured `lookahead_layer_us`)."""
 
 
 def pinned_staging_slots(top_k: int, depth: int, planned: int = 0) -> int:

@@ -224,6 +224,22 @@ def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, s
     tl.atomic_xchg(state_p + ss, tl.full([SB], _FREE, tl.int64), mask=done, sem="release")
 
 
+def probe_state(S: int, L: int, E: int, K: int, device) -> PrefetchState:
+    """A state of S slots over L layers of E experts (top-K), every expert in RAM at 4 KiB offsets, each slot READY
+    for an expert of layer 0 nobody routes: what the profiler and benchmarks/tools time the slot kernels on."""
+    def i64(v):
+        return torch.as_tensor(v, dtype=torch.int64, device=device)
+    rows = torch.arange(L * E, dtype=torch.int64, device=device).reshape(L, E) * 4096 + (1 << 30)
+    return PrefetchState(state=i64([_word(E - 1 - s % E, READY) for s in range(S)]),
+                         slot_offset=torch.arange(S, dtype=torch.int64, device=device) * 4096,
+                         where=torch.full((L, E), -1, dtype=torch.int64, device=device),
+                         assign=torch.full((K,), -1, dtype=torch.int64, device=device), ram_rows=rows,
+                         tier=torch.ones((L, E), dtype=torch.int8, device=device),
+                         nbytes=torch.full((L, E), 4096, dtype=torch.int64, device=device), table=rows.clone(),
+                         src=None, counts=torch.zeros((L, N_COUNTS), dtype=torch.int64, device=device),
+                         guessed=torch.full((L, K), -1, dtype=torch.int64, device=device), cached_hi=0)
+
+
 def note_guesses(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
     """(main stream, when the guesses for layer jj are issued) Keep them for `resolve`'s precision and recall."""
     st.guessed[jj, :gids.numel()].copy_(gids.reshape(-1))

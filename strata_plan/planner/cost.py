@@ -24,8 +24,10 @@ H100 the call at bench-moe's shape took 27.1 us in place against 16.9 to read it
 benchmarks/tools/inplace_probe.py); with cache slots the device LRU first copies each miss it admits into its slot
 (the same bytes over the link), then the kernel reads VRAM, the same sum:
     t += t_ram + t_exp_j      t_ram = warm bytes_j / R_zc(warm bytes_j)
-with lookahead the layer then runs the gates and slot kernels on the main stream: t += lookahead_gpu_seconds_j (their
-launches at graph_launch_us, counted in core.lookahead, plus the gates' router bytes over HBM). R_zc: the profile's zero_copy curve at that read size,
+with lookahead the layer then runs the slot kernels on the main stream: t += lookahead_gpu_seconds_j (resolve and
+release at the profile's measured lookahead_layer_us; with an NVMe tier also the gates of every depth, their
+launches at graph_launch_us, counted in core.lookahead, plus their router bytes over HBM; without one the gate runs
+on the side stream with the copies). R_zc: the profile's zero_copy curve at that read size,
 else the pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too. Streamed dense
 weights are read in place as their layer runs, bytes / R_zc(bytes), instead of over HBM.
 With an NVMe tier its misses are read by the GPU in place from a pinned staging cache of S slots (`stage_slots`), so
@@ -68,8 +70,7 @@ from functools import cached_property
 
 import numpy as np
 
-from strata_plan.core.lookahead import (GATE_LAUNCHES, ISSUE_LAUNCHES, LAYER_LAUNCHES, pinned_staging_slots,
-                                        staging_slots)
+from strata_plan.core.lookahead import GATE_LAUNCHES, pinned_staging_slots, staging_slots
 from strata_plan.planner.rates import decode_rates, expansion_rate
 from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
@@ -251,11 +252,13 @@ class CostModel:
         return self.gpu.launch_us().value * 1e-6
 
     def lookahead_gpu_seconds(self, placement) -> np.ndarray:
-        """[L] GPU seconds the device loop's lookahead adds to each MoE layer on its main stream: its kernels
-        (`core.lookahead`: per gate computed, per VRAM prefetch issued, per layer; one release more at the token's end)
-        at the launch floor, and each gate's router weights (hidden x experts, bf16) over HBM. A gate runs for depth d
-        where layer j + d exists; with an NVMe tier for every depth (the stager takes each depth's guesses); none when
-        the run replays routing (`Problem.lookahead_gates` False: the replay hands the guesses over)."""
+        """[L] GPU seconds the device loop's lookahead adds to each MoE layer on its main stream: its slot kernels
+        (`resolve` before the layer's MoE call, `release` after it: the profile's measured `lookahead_layer_us`, else
+        an estimate; one release more at the token's end, at the launch floor) and, with an NVMe tier, the gates of
+        every depth where layer j + d exists (the stager takes their guesses with the layer's end): `GATE_LAUNCHES`
+        at the launch floor and the router's weights (hidden x experts, bf16) over HBM. Without an NVMe tier the gate
+        runs on the side stream with the prefetch's claim, copy and publish, off the main stream. No gate when the run
+        replays routing (`Problem.lookahead_gates` False: the replay hands the guesses over)."""
         spec, depth, E = self.problem.spec, placement.prefetch_depth, self.problem.curves.n_experts
         L = spec.n_moe_layers
         if not depth:
@@ -263,10 +266,14 @@ class CostModel:
         s, m, _ = placement.arrays
         staged = bool(np.any(np.asarray(s) + np.asarray(m) < E))
         j = np.arange(L)
-        issue = (j + depth < L).astype(float)
-        gates = (np.minimum(depth, L - 1 - j) if staged else issue) * float(self.problem.lookahead_gates)
-        launches = gates * GATE_LAUNCHES + issue * ISSUE_LAUNCHES + LAYER_LAUNCHES + (j == L - 1)
-        return launches * self.launch + gates * 2.0 * spec.hidden * E / self.hbm_rate
+        gates = np.minimum(depth, L - 1 - j) * float(self.problem.lookahead_gates * staged)
+        return (self.lookahead_layer + (gates * GATE_LAUNCHES + (j == L - 1)) * self.launch
+                + gates * 2.0 * spec.hidden * E / self.hbm_rate)
+
+    @cached_property
+    def lookahead_layer(self) -> float:
+        """Seconds the lookahead's slot kernels add to a MoE layer's main stream (profile, else an estimate)."""
+        return self.gpu.lookahead_layer().value * 1e-6
 
     @cached_property
     def host_fetch(self) -> float:

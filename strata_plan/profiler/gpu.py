@@ -82,6 +82,7 @@ class GpuResult:
     notes: tuple[str, ...] = field(default=())
     moe: object = None                      # profiler.moe.MoEResult, or None when skipped
     graph_launch: Stats | None = None       # us of one small kernel replayed in a CUDA graph (None: not measured)
+    lookahead_layer: Stats | None = None    # us the lookahead's slot kernels add to a MoE layer (None: not measured)
 
 
 # ---------------------------------------------------------------- timing
@@ -404,6 +405,57 @@ def bf16_tflops(s: GpuSettings, tick: Callable[[], None] | None = None) -> Stats
     return st
 
 
+LOOKAHEAD_SHAPE = (24, 8, 64)   # the slot kernels' probe: staging slots (depth 2 at top-8), top-k, experts a layer
+
+
+def lookahead_layer_us(repeats: int) -> Stats:
+    """Microseconds the device loop's VRAM lookahead adds to a MoE layer's main stream: `kernels.prefetch.resolve`
+    (the layer's routed ids) and `release` (its slots freed), each after a small kernel as in the decode graph, over
+    LOOKAHEAD_SHAPE; a graph of GRAPH_LAUNCHES / 2 such layers against the same graph without the two kernels, each
+    replay timed with CUDA events, the two graphs interleaved, `repeats` pairs after a warm-up."""
+    from strata_plan.kernels import prefetch as pk
+    S, K, E = LOOKAHEAD_SHAPE
+    L, n = 4, GRAPH_LAUNCHES // 2
+    st = pk.probe_state(S, L, E, K, "cuda")
+    ids = torch.arange(K, dtype=torch.int64, device="cuda")
+    x = torch.zeros(1, dtype=torch.float32, device="cuda")
+
+    def layers(slots: bool) -> None:
+        for _ in range(n):
+            x.add_(1.0)
+            if slots:
+                pk.resolve(ids, 0, st)
+            x.add_(1.0)
+            if slots:
+                pk.release(L - 1, st)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                   # compiled and warmed outside the capture
+        pk.resolve(ids, 0, st)
+        pk.release(L - 1, st)
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for slots in (True, False):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            layers(slots)
+        graphs.append(g)
+
+    def replay(g) -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3
+    out = []
+    for i in range(repeats + 2):
+        with_slots, without = replay(graphs[0]), replay(graphs[1])
+        if i >= 2:
+            out.append(max(0.0, with_slots - without) / n)
+    return Stats(tuple(out))
+
+
 # ---------------------------------------------------------------- pinning
 
 
@@ -546,6 +598,11 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     except RuntimeError as e:
         launch = None
         notes.append(f"graph launch probe skipped: {str(e).splitlines()[0][:160]}")
+    try:
+        slots = lookahead_layer_us(s.repeats)
+    except Exception as e:                          # no Triton, or its compiler failed here: the estimate stays
+        slots = None
+        notes.append(f"lookahead slot kernel probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     torch.cuda.empty_cache()
 
     tick = step(PHASES[5])
@@ -561,4 +618,4 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     step(PHASES[6])
     kernels = kernel_throughput(*s.gemv_shape, notes=notes)
     moe_rates = fused_moe_rates(s.moe, notes, step(PHASES[7]))
-    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates, launch)
+    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates, launch, slots)

@@ -304,7 +304,7 @@ def _pinnable(gpu, ram: host_mod.RamInfo) -> Figure:
 
 
 def _gpu_entry(g, p: Preset) -> GPU:
-    from .gpu import GRAPH_LAUNCHES
+    from .gpu import GRAPH_LAUNCHES, LOOKAHEAD_SHAPE
     i = g.identity
     c = g.curves
     link = f"{i.source} current link read under an H2D load (idle Gen{i.idle_gen}, max Gen{i.max_gen} x{i.max_width})"
@@ -331,6 +331,10 @@ def _gpu_entry(g, p: Preset) -> GPU:
         graph_launch_us=measured(g.graph_launch.median, f"{GRAPH_LAUNCHES} in-place adds on a one-element tensor "
                                  "in one CUDA graph, replay time over the launches, CUDA events", g.graph_launch)
         if getattr(g, "graph_launch", None) is not None else None,
+        lookahead_layer_us=measured(g.lookahead_layer.median, f"kernels.prefetch resolve + release (slots, top-k, "
+                                    f"experts {LOOKAHEAD_SHAPE}) between small kernels in one CUDA graph, against the "
+                                    "graph without them, CUDA events", g.lookahead_layer)
+        if getattr(g, "lookahead_layer", None) is not None else None,
         driver=i.driver)
 
 
