@@ -28,6 +28,8 @@ def test_measure_gpu_small():
     assert r.hbm_read.median > 100 and r.bf16_tflops.median > 1
     assert r.pin is not None and r.pin.pinned_bytes == 2 * 1024 * MiB and r.pin.hit_cap
     assert r.graph_launch is not None and 0.3 < r.graph_launch.median < 50     # us: a launch floor, not a copy
+    assert r.lookahead_layer is not None, r.notes                              # us a MoE layer: two kernels and a fork
+    assert r.graph_launch.median < r.lookahead_layer.median < 200
 
 
 def test_full_profile_entry_loads():

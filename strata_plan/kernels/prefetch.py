@@ -224,13 +224,13 @@ def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, s
     tl.atomic_xchg(state_p + ss, tl.full([SB], _FREE, tl.int64), mask=done, sem="release")
 
 
-def probe_state(S: int, L: int, E: int, K: int, device) -> PrefetchState:
-    """A state of S slots over L layers of E experts (top-K), every expert in RAM at 4 KiB offsets, each slot READY
-    for an expert of layer 0 nobody routes: what the profiler and benchmarks/tools time the slot kernels on."""
-    def i64(v):
-        return torch.as_tensor(v, dtype=torch.int64, device=device)
-    rows = torch.arange(L * E, dtype=torch.int64, device=device).reshape(L, E) * 4096 + (1 << 30)
-    return PrefetchState(state=i64([_word(E - 1 - s % E, READY) for s in range(S)]),
+def probe_state(S: int, L: int, E: int, K: int, device, ram_base: int = 1 << 30) -> PrefetchState:
+    """A state of S slots over L layers of E experts (top-K), every expert in RAM, 4 KiB each at `ram_base` + 4 KiB x
+    (layer x E + expert) from the arena (the slots at 0 .. S x 4 KiB), each slot READY for an expert of layer 0 nobody
+    routes: what the profiler and benchmarks/tools time the slot kernels on."""
+    rows = torch.arange(L * E, dtype=torch.int64, device=device).reshape(L, E) * 4096 + ram_base
+    return PrefetchState(state=torch.tensor([_word(E - 1 - s % E, READY) for s in range(S)], dtype=torch.int64,
+                                            device=device),
                          slot_offset=torch.arange(S, dtype=torch.int64, device=device) * 4096,
                          where=torch.full((L, E), -1, dtype=torch.int64, device=device),
                          assign=torch.full((K,), -1, dtype=torch.int64, device=device), ram_rows=rows,

@@ -409,36 +409,51 @@ LOOKAHEAD_SHAPE = (24, 8, 64)   # the slot kernels' probe: staging slots (depth 
 
 
 def lookahead_layer_us(repeats: int) -> Stats:
-    """Microseconds the device loop's VRAM lookahead adds to a MoE layer's main stream: `kernels.prefetch.resolve`
-    (the layer's routed ids) and `release` (its slots freed), each after a small kernel as in the decode graph, over
-    LOOKAHEAD_SHAPE; a graph of GRAPH_LAUNCHES / 2 such layers against the same graph without the two kernels, each
-    replay timed with CUDA events, the two graphs interleaved, `repeats` pairs after a warm-up."""
+    """Microseconds the device loop's VRAM lookahead adds to a MoE layer's main stream, its structure as in the decode
+    graph (engine/prefetch.py) over LOOKAHEAD_SHAPE: `kernels.prefetch.resolve` (the layer's routed ids) after a small
+    kernel, `release` after another, then the side stream forked for the next layer's guesses (noted, claimed, copied,
+    4 KiB an expert from VRAM here, published) and joined at the token's end, 4 layers a token. A graph of
+    GRAPH_LAUNCHES / 8 tokens against the same graph of small kernels alone, each replay timed with CUDA events, the
+    two interleaved, `repeats` pairs after a warm-up: the difference a layer (the cross-stream edges included)."""
     from strata_plan.kernels import prefetch as pk
     S, K, E = LOOKAHEAD_SHAPE
-    L, n = 4, GRAPH_LAUNCHES // 2
-    st = pk.probe_state(S, L, E, K, "cuda")
-    ids = torch.arange(K, dtype=torch.int64, device="cuda")
+    L, tokens = 4, GRAPH_LAUNCHES // 8
+    st = pk.probe_state(S, L, E, K, "cuda", ram_base=S * 4096)
+    arena = torch.zeros((S + L * E) * 4096, dtype=torch.uint8, device="cuda")
+    ids = torch.arange(K, dtype=torch.int64, device="cuda")          # routed, and guessed right
     x = torch.zeros(1, dtype=torch.float32, device="cuda")
-
-    def layers(slots: bool) -> None:
-        for _ in range(n):
-            x.add_(1.0)
-            if slots:
-                pk.resolve(ids, 0, st)
-            x.add_(1.0)
-            if slots:
-                pk.release(L - 1, st)
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                   # compiled and warmed outside the capture
-        pk.resolve(ids, 0, st)
-        pk.release(L - 1, st)
-    torch.cuda.current_stream().wait_stream(side)
+
+    def token(slots: bool) -> None:
+        main = torch.cuda.current_stream()
+        for j in range(L):
+            x.add_(1.0)
+            if slots:
+                pk.resolve(ids, j, st)
+            x.add_(1.0)
+            if slots:
+                pk.release(j, st)
+            if slots and j + 1 < L:
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    pk.note_guesses(ids, j + 1, st)
+                    pk.claim(ids, j + 1, st)
+                    pk.copy(arena, ids, j + 1, st, 4096)
+                    pk.publish(ids, j + 1, st)
+        if slots:
+            main.wait_stream(side)
+            pk.release(L - 1, st)
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):                   # compiled and warmed outside the capture
+        token(True)
+    torch.cuda.current_stream().wait_stream(warm)
     graphs = []
     for slots in (True, False):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            layers(slots)
+            for _ in range(tokens):
+                token(slots)
         graphs.append(g)
 
     def replay(g) -> float:
@@ -452,7 +467,9 @@ def lookahead_layer_us(repeats: int) -> Stats:
     for i in range(repeats + 2):
         with_slots, without = replay(graphs[0]), replay(graphs[1])
         if i >= 2:
-            out.append(max(0.0, with_slots - without) / n)
+            out.append(max(0.0, with_slots - without) / (tokens * L))
+    if int(st.counts[:, pk.COPIED].sum()) == 0:
+        raise RuntimeError("lookahead probe: the side stream copied nothing")
     return Stats(tuple(out))
 
 
