@@ -4,7 +4,7 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] [TRAIN_S=170] [SKIP=transformers,equivalence] \
-#     bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
+#     [STEP_KERNELS=1] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
 # Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -36,10 +36,19 @@ if [ -n "${GPU_TESTS-}" ]; then
   bash benchmarks/device_loop_tests.sh "$OUT/gpu_tests.log" >"$OUT/gpu_tests.summary" &
   tests=$!
 fi
-timeout "$(left 585)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
+END=585; [ -n "${STEP_KERNELS-}" ] && END=530     # STEP_KERNELS=1 leaves a minute for step_kernels after it
+timeout "$(left $END)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
   --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} ${SKIP:+--skip "$SKIP"} \
-  --deadline-s "$(left 560)" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
+  --deadline-s "$(left $((END - 25)))" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
 [ -n "${tests-}" ] && { wait "$tests"; cat "$OUT/gpu_tests.summary"; }
+# STEP_KERNELS=1: the trained RAM-rich plan's decode token kernel by kernel (benchmarks/tools/step_kernels.py), by
+# STEP_KERNELS_RUNS (default on-demand,lru,plan:1), each run in its own process: step_kernels-trained.log and .json
+if [ -n "${STEP_KERNELS-}" ] && [ -d "$W/packed-ramrich" ]; then
+  OUT="$OUT" timeout "$(left 590)" python3 benchmarks/tools/step_kernels.py --packed "$W/packed-ramrich" \
+    --plan "$W/plan-ramrich.yaml" --runs "${STEP_KERNELS_RUNS:-on-demand,lru,plan:1}" --reps 10 \
+    >"$OUT/step_kernels-trained.log" 2>&1
+  grep -E "wall" "$OUT/step_kernels-trained.log"
+fi
 tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml profile-predict.yaml \
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
   bench-moe/tokenizer.json bench-moe/tokenizer_config.json 2>/dev/null
