@@ -251,10 +251,20 @@ def _peak_gb() -> float | None:
     return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
 
 
+def decode_pick(a):
+    """How the rows pick each decode token (`--sample`): a fresh GumbelPick (measure draws from its seed), or greedy."""
+    from strata_plan.engine.picks import GREEDY, GumbelPick
+    if a.sample == "greedy":
+        return GREEDY
+    t, top_p = (float(x) for x in a.sample.split(","))
+    return GumbelPick(t, top_p, a.seed)
+
+
 def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: Predictor, prompt: list[int]) -> dict:
     from strata_plan.engine.bench import measure
     _peak_reset()
-    r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device)
+    r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
+                pick=decode_pick(a))
     r["vram_peak_gb_measured"] = _peak_gb()
     p = pred.for_plan(executed, mode)
     c = r["counters"]
@@ -588,6 +598,9 @@ def parse(argv=None):
     p.add_argument("--tokens", type=int, default=64, help="timed decode tokens per run")
     p.add_argument("--warmup", type=int, default=64, help="decode tokens before timing (the statistics' warm-up "
                    "is 0: plan --stats TRACE counts from the first token)")
+    p.add_argument("--sample", default="1.0,0.95", help="decode tokens drawn at TEMPERATURE,TOP_P (seed --seed; the "
+                   "same stream in every mode) or 'greedy': a greedy continuation of this small model loops over a "
+                   "few tokens whose routing is not the text's the statistics come from")
     p.add_argument("--equiv-tokens", type=int, default=64)
     p.add_argument("--depths", default="1,2,3,4", help="lookahead depths for the hit-rate sweep ('' to skip)")
     p.add_argument("--device", default="", help="cuda or cpu (default cuda when there is a GPU)")
@@ -606,6 +619,13 @@ def parse(argv=None):
             a.source_root = [sysconfig.get_paths()["stdlib"]]
     if bool(a.checkpoint) != bool(a.trace):
         p.error("--checkpoint and --trace go together")
+    if a.sample != "greedy":
+        try:
+            t, top_p = (float(x) for x in a.sample.split(","))
+        except ValueError:
+            p.error(f"--sample {a.sample!r}: give TEMPERATURE,TOP_P (e.g. 1.0,0.95) or greedy")
+        if not (t > 0 and 0 < top_p <= 1):
+            p.error(f"--sample {a.sample!r}: the temperature must be > 0 and top-p in (0, 1]")
     if a.calibration and not a.profile_predict:
         p.error("--calibration goes with --profile-predict")
     return a

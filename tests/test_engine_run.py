@@ -538,3 +538,17 @@ def test_on_a_gpu_the_bench_runs_of_one_budget_share_their_prompt_and_tokens(pac
            for p in (bf16_plan(32, 0, 0, 0, chunk=4), bf16_plan(4, 28, 2, 1, chunk=4))]
     assert got[0]["measured"]["prefill_tokens"] == got[1]["measured"]["prefill_tokens"]
     assert got[0]["tokens"] == got[1]["tokens"]
+
+
+def test_bench_draws_the_same_sampled_tokens_in_every_mode_and_not_the_greedy_ones(packed_bf16):
+    """`bench.measure(pick=GumbelPick(...))`: each run draws from the pick's seed afresh (one pick object passed to
+    every run), so the modes' equal logits give equal sampled tokens; they are not the greedy continuation."""
+    from strata_plan.engine.bench import measure
+    from strata_plan.engine.picks import GumbelPick
+    plan = bf16_plan(4, 28, 2, 0, chunk=1)
+    pick = GumbelPick(1.0, 0.95, seed=5)
+    got = {mode: measure(packed_bf16, plan, mode=mode, tokens=8, warmup=2, device="cpu", pick=pick)
+           for mode in ("lru", "on-demand")}
+    assert got["lru"]["tokens"] == got["on-demand"]["tokens"] and got["lru"]["pick"] == pick.key
+    greedy = measure(packed_bf16, plan, mode="lru", tokens=8, warmup=2, device="cpu")
+    assert greedy["pick"] == "greedy" and greedy["tokens"] != got["lru"]["tokens"]

@@ -5,7 +5,8 @@ store did, beside the planner's prediction for the same plan.
     r["measured"]["decode_tok_s"], r["counters"], r["time_per_token"]
 
 Decode: after `warmup` tokens (which fill the LRU cache; at least the statistics' warm-up), `tokens`
-greedy tokens are timed (each ends when its sampled id reaches the host, so every token's GPU work is included);
+tokens are timed, greedy or drawn by `pick` (`picks.GumbelPick`: a small model's greedy continuation can loop over a
+few tokens whose routing is not the text's; a fixed seed draws the same tokens in every mode, the logits being equal) (each ends when its sampled id reaches the host, so every token's GPU work is included);
 tok/s = 1 / median seconds per token, and the mean beside it. Where the step runner can run ahead (graphs) each
 launch runs the runner's `k` tokens (`EngineOptions.tokens_per_graph`) and launch i+1 is queued before launch i's
 tokens are read, as `generate` does, so a token's time is the interval between two launches' tokens reaching the
@@ -32,6 +33,7 @@ from strata_plan.schema import to_data
 
 from .device_loop import TokenRing
 from .engine import Engine, EngineOptions
+from .picks import GREEDY, GumbelPick
 
 
 def _sync(device) -> None:
@@ -41,10 +43,13 @@ def _sync(device) -> None:
 
 def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32, replay=None,
             device: str = "", prompt: list[int] | None = None, seed: int = 0, progress=None,
-            options: EngineOptions | None = None, ring_poll_s: float | None = None) -> dict:
+            options: EngineOptions | None = None, ring_poll_s: float | None = None, pick=None) -> dict:
     """`options` (optional) sets the engine's other knobs; its mode and device are replaced by these. `ring_poll_s`:
-    the device loop's token reads poll their event at that interval instead of a blocking wait (`TokenRing`)."""
+    the device loop's token reads poll their event at that interval instead of a blocking wait (`TokenRing`).
+    `pick`: how each decode token is picked (default greedy), warm-up and timed tokens alike."""
     opts = dataclasses.replace(options or EngineOptions(), mode=mode, device=device)
+    pick = GumbelPick(pick.temperature, pick.top_p, pick.seed) if isinstance(pick, GumbelPick) else pick or GREEDY
+    #                                       (a fresh draw counter: every run draws the same stream from its seed)
     with Engine.open(packed, plan, opts, replay=replay) as eng:
         m, store, ex = eng.model, eng.store, eng.experts
         dev = m.device
@@ -75,7 +80,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         # ---- decode ------------------------------------------------------------------------------------
         tok = logits.argmax().reshape(1)
         for i in range(warm):
-            tok = m.decode_block(tok[-1:], k, greedy=True)
+            tok = m.decode_block(tok[-1:], k, pick=pick)
             if progress:
                 progress("warm-up", (i + 1) * k, warm * k)
         int(tok[-1])
@@ -89,14 +94,14 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         cpu0 = time.thread_time()                     # the decode thread's CPU time (its waits sleep: blocking events)
         t_all = time.perf_counter()
         if ahead:
-            tok = m.decode_block(tok[-1:], k, greedy=True)
+            tok = m.decode_block(tok[-1:], k, pick=pick)
             ring.push(tok)
         t1 = t_all
         parts_cpu = dict.fromkeys(("step", "push", "pop"), 0.0)     # the decode thread's CPU time by part
         for i in range(blocks):
             if ahead:                                 # launch i+1 queued before launch i's tokens are read
                 c0 = time.thread_time()
-                tok = m.decode_block(tok[-1:], k, greedy=True)
+                tok = m.decode_block(tok[-1:], k, pick=pick)
                 c1 = time.thread_time()
                 ring.push(tok)
                 c2 = time.thread_time()
@@ -105,7 +110,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                 parts_cpu["push"] += c2 - c1
                 parts_cpu["pop"] += time.thread_time() - c2
             else:
-                tok = m.decode_step(tok, greedy=True)
+                tok = m.decode_step(tok, pick=pick)
                 if dev.type == "cuda":
                     done = torch.cuda.Event(blocking=True)
                     done.record()
@@ -132,7 +137,8 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         return {
             "mode": mode,
             "loop": "device",                   # the engine's decode loop (`strata-plan calibrate` reads it)
-            "tokens": out_ids,                  # the timed tokens (greedy): the modes must agree
+            "tokens": out_ids,                  # the timed tokens (greedy or `pick`'s): the modes must agree
+            "pick": getattr(pick, "key", "greedy"),
             "tokens_per_graph": k,              # decode tokens a launch ran (the host read them together)
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {

@@ -104,6 +104,7 @@ class DeviceDecode:
         self.calls: dict[str, int] = {}      # steps run, by variant ("step": logits; a pick's key: the next token)
         self.picks = True                    # the model may ask for the next token inside the step
         self._counters: dict[str, torch.Tensor] = {}   # per sampling key: the draw counter its graph advances
+        self._picks: dict = {}               # the variants run, by key ("step": None), for `time_parts`
         self.launch_s = 0.0                  # host time launching steps (graph replays or eager launches)
         self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.timing = False
@@ -190,6 +191,7 @@ class DeviceDecode:
             raise ValueError(f"a block of {n} steps needs a pick, at most {self.k} steps (tokens_per_graph) and the "
                              "embedding gathered in the step")
         key = pick.key if pick is not None else "step"
+        self._picks.setdefault(key, pick)
         key = key if n == 1 else f"{key}x{n}"
         if getattr(pick, "counter", False) is None:    # a fresh sampler: its key's counter (the graph reads it), from 0
             pick.counter = self._counters.setdefault(key, torch.zeros(1, dtype=torch.int64, device=self.m.device))
@@ -252,16 +254,15 @@ class DeviceDecode:
 
     def time_parts(self, reps: int = 20) -> dict:
         """Median GPU seconds of one decode step replayed as a graph (`step_s`: the greedy variant when it was
-        captured, else the logits one), and of the same step captured with its MoE calls left out
+        run, else a sampling one that was, else the logits one), and of the same step captured with its MoE calls left out
         (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head; no lookahead gates):
         t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc); `*_replay_cpu_s`: the host's CPU time launching each graph.
         CUDA only, after a captured step, and last: the replays
         rewrite the last position's KV entries (without MoE: with other values), move the cache, the replay cursor
         and the counters, so the runner refuses further steps (read the counters first; open the engine again)."""
-        base = "greedy" if any(k == "greedy" or k.startswith("greedyx") for k in self._graphs) else "step"
-        pick = None
-        if base == "greedy":
-            pick = GREEDY
+        picked = [p for p in self._picks.values() if p is not None]     # the variants decoded (a pick's key: tokens)
+        pick = GREEDY if GREEDY.key in self._picks else (picked[0] if picked else None)
+        base = pick.key if pick is not None else "step"
         if base not in self._graphs and not any(k.startswith(f"{base}x") for k in self._graphs):
             raise RuntimeError("time_parts needs a captured step: decode two tokens first")
         if base not in self._graphs:         # only blocks were run: one step of the same variant, captured here
