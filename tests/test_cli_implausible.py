@@ -180,6 +180,11 @@ def test_other_devices_are_named(capsys, no_work, monkeypatch):
     one_line_error(capsys, main([*run, "cuda"]), "--device: cuda", "no CUDA GPU is visible")
 
 
+def test_bench_sampling_out_of_range_is_one_line_before_the_benchmark(capsys, no_work):
+    one_line_error(capsys, main(["bench", "--packed", FIXTURE, "--plan", FIXTURE_PLAN, "--device", "cpu",
+                                 "--temperature", "0.7", "--top-p", "1.5"]), "--top-p", "outside (0, 1]")
+
+
 def test_bench_results_at_a_file_is_refused_before_the_benchmark(tmp_path, capsys, no_work):
     existing = tmp_path / "bench.json"
     existing.write_text("keep me\n")

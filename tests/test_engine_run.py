@@ -353,6 +353,9 @@ def test_run_and_bench_commands(packed_bf16, plan_file, tmp_path, capsys):
     assert r["replay"].startswith("prior olmoe-like") and list(tmp_path.glob("bench-*.json"))
     bt = r["bytes_per_token"]
     assert bt["pcie"] == bt["ram"] + bt["staged"] > 0
+    assert main(["bench", "--packed", str(packed_bf16), "--plan", str(plan_file), "--tokens", "3", "--warmup", "2",
+                 "--device", "cpu", "--temperature", "0.8", "--top-p", "0.9", "--seed", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pick"] == "sample:0.8:0.9:2"
 
 
 @pytest.mark.parametrize("extra,field", [(["--max-tokens", "0"], "--max-tokens"),

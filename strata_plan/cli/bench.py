@@ -24,6 +24,10 @@ def register(sub) -> None:
                    "keep it apart from the seed the plan's statistics were sampled with)")
     p.add_argument("--profile", help="predict with this hardware profile (e.g. one measured on this machine "
                    "with `strata-plan profile`) instead of the plan's own prediction")
+    p.add_argument("--temperature", type=float, default=0.0, help="decode tokens drawn at this temperature (0, the "
+                   "default: greedy; a small model's greedy text can loop over a few tokens and their experts)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus mass (default 1: off)")
+    p.add_argument("--seed", type=int, default=0, help="with --temperature: the draws' seed (default 0)")
     p.add_argument("--results", help="folder to write the results JSON to (benchmarks/results format)")
     add_json(p)
     p.set_defaults(func=cmd_bench)
@@ -87,6 +91,10 @@ def cmd_bench(args) -> int:
     if args.results:                    # before the work: a folder this user can write (or create), not a file
         check_out_folder(args.results, "--results", force=True)
     opts = EngineOptions(tokens_per_graph=args.tokens_per_graph)      # a value out of range: one line, before work
+    from strata_plan.engine.generate import Sampling
+    from strata_plan.engine.picks import GumbelPick
+    s = Sampling(args.temperature, args.top_p, args.seed)              # a bad value: one line, before work
+    pick = GumbelPick(s.temperature, s.top_p, s.seed) if s.temperature > 0 else None
     plan = load_plan(args.plan)
     pred = predicted(plan, args.plan, args.profile, args.mode, gates=not args.replay)
     replay = _replay(args, plan)
@@ -94,7 +102,7 @@ def cmd_bench(args) -> int:
     with con.status("measuring...") as status:
         r = measure(args.packed, args.plan, mode=args.mode, tokens=args.tokens, warmup=args.warmup, replay=replay,
                     device=args.device, progress=lambda what, i, n: status.update(f"{what} {i}/{n}"),
-                    options=opts)
+                    options=opts, pick=pick)
     r["predicted"] = pred
     r["links"].update(_against_profile(r, args.profile or plan.sources.profile.name))
     m = r["measured"]
