@@ -117,6 +117,14 @@ def test_slots_run_out_and_guesses_of_a_later_layer_outlive_an_earlier_release()
     assert st.counts[2].tolist() == [0, 0, 2, 2 * BLOB, 0, 2 * BLOB, 0, 0, 0]     # layer 2 never resolved
 
 
+def test_a_claim_takes_the_free_slots_in_order_skipping_twins_static_and_claimed_experts():
+    """The vector claim against the reference's one slot after another: a slot still held by a later layer's guess
+    is passed over, a repeated guess, a static expert (2), an NVMe one (13) and an expert already claimed get none."""
+    st, _ = _play([("claim", [6, -1, -1, -1], 2),                          # slot 0 held by layer 2's guess
+                   ("claim", [5, 5, 2, 13], 1), ("claim", [7, 6, 8, 9], 1)])
+    assert st.assign.tolist() == [2, -1, -1, -1] and st.where[1, 5].item() == 1 and st.where[2, 6].item() == 0
+
+
 def test_a_guess_taken_before_its_copy_is_not_copied():
     """Resolve takes a guess whose copy has not started (its layer reads it in place) and abandons the guess nobody
     routed: the copy skips both, so neither slot is written and no byte crosses the link for them."""
@@ -145,6 +153,7 @@ def test_on_a_gpu_the_kernels_are_the_reference():
     test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for()
     test_a_guess_taken_before_its_copy_is_not_copied()
     test_only_the_resolved_layers_guesses_are_abandoned()
+    test_a_claim_takes_the_free_slots_in_order_skipping_twins_static_and_claimed_experts()
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, None])

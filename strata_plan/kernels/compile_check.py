@@ -99,7 +99,7 @@ def _device_loop_kernels(arch: int) -> list:
             dict(K=8, G=32, W=16, GB=32, HAS_GUESS=True, GPU=True), arch, num_warps=1)),
         ("prefetch claim", _compile(prefetch.claim_kernel, {
             "gids_p": i64, "jj": "i32", "E": "i32", "state_p": i64, "where_p": i64, "assign_p": i64, "table_p": i64,
-            "tier_p": P["i8"], "S": "i32", "cached_hi": "i64"}, dict(G=8), arch, num_warps=1)),
+            "tier_p": P["i8"], "S": "i32", "cached_hi": "i64"}, dict(G=6, GB=8, SB=16), arch, num_warps=1)),
         ("prefetch copy", _compile(prefetch.copy_kernel, {
             "arena_p": P["u8"], "gids_p": i64, "jj": "i32", "E": "i32", "assign_p": i64, "slot_offset_p": i64,
             "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "state_p": i64, "filled_p": i64, "n_chunks": "i32",

@@ -77,21 +77,31 @@ def _word(tag, st):
 
 
 @triton.jit
-def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, cached_hi, G: tl.constexpr):
-    # gids_p: int64 [G] guessed ids of layer jj, best first (-1 padded); one program
-    for i in tl.static_range(G):
-        e = tl.load(gids_p + i)
-        at = jj * E + tl.maximum(e, 0)
-        cur = tl.load(table_p + at)
-        ok = (e >= 0) & (tl.load(tier_p + at) == 1) & ((cur < 0) | (cur >= cached_hi)) & (tl.load(where_p + at) < 0)
-        got = e * 0 - 1
-        s = got * 0
-        while ok & (got < 0) & (s < S):                       # the first FREE slot, taken by CAS
-            old = tl.atomic_cas(state_p + s, s * 0 + _FREE, (at * 8 + _FILLING).to(tl.int64), sem="acq_rel")
-            got = tl.where(old == _FREE, s, got)
-            s += 1
-        tl.store(assign_p + i, got)
-        tl.store(where_p + at, got, mask=got >= 0)
+def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, cached_hi, G: tl.constexpr,
+                 GB: tl.constexpr, SB: tl.constexpr):
+    # gids_p: int64 [G] guessed ids of layer jj, best first (-1 padded); one program, every guess and slot at once:
+    # the i-th eligible guess takes the i-th FREE slot (as one CAS after another from slot 0 would: only a claim takes
+    # a FREE slot, and claims run one after another on the side stream), each by one CAS FREE -> FILLING
+    gg = tl.arange(0, GB)
+    mg = gg < G
+    e = tl.load(gids_p + gg, mask=mg, other=-1)                                   # [GB]
+    at = jj * E + tl.maximum(e, 0)
+    cur = tl.load(table_p + at, mask=mg, other=0)
+    dup = tl.sum(((e[None, :] == e[:, None]) & (gg[None, :] < gg[:, None])).to(tl.int32), 1) > 0   # an earlier twin
+    ok = mg & (e >= 0) & (tl.load(tier_p + at, mask=mg, other=0) == 1) & ((cur < 0) | (cur >= cached_hi)) \
+        & (tl.load(where_p + at, mask=mg, other=0) < 0) & (dup == 0)
+    rank = tl.cumsum(ok.to(tl.int32), 0) - ok.to(tl.int32)                       # [GB] eligible guesses before it
+    ss, live, w = _slot_words(state_p, S, SB)
+    free = live & (w == _FREE)
+    frank = tl.cumsum(free.to(tl.int32), 0) - free.to(tl.int32)                  # [SB] FREE slots before it
+    match = ok[:, None] & free[None, :] & (frank[None, :] == rank[:, None])      # [GB, SB]
+    got = tl.where(tl.sum(match.to(tl.int32), 1) > 0, tl.sum(tl.where(match, ss[None, :], 0), 1), -1)
+    take = got >= 0
+    old = tl.atomic_cas(state_p + tl.where(take, got, 0), tl.where(take, 0, -1).to(tl.int64),
+                        tl.where(take, at * 8 + _FILLING, -1).to(tl.int64), sem="acq_rel")
+    got = tl.where(take & (old == _FREE), got, -1)
+    tl.store(assign_p + gg, got.to(tl.int64), mask=mg)
+    tl.store(where_p + at, got.to(tl.int64), mask=got >= 0)
 
 
 @triton.jit
@@ -248,7 +258,8 @@ def note_guesses(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
 def claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
     E = st.table.shape[1]
     claim_kernel[(1,)](gids, jj, E, st.state, st.where, st.assign, st.table, st.tier, st.state.numel(),
-                       st.cached_hi, G=gids.numel(), num_warps=1)
+                       st.cached_hi, G=gids.numel(), GB=triton.next_power_of_2(gids.numel()),
+                       SB=triton.next_power_of_2(st.state.numel()), num_warps=1)
 
 
 def copy_programs(device) -> int:
