@@ -113,13 +113,18 @@ def main() -> int:
         ram_base, slot_base = n * nbytes, 0
         src = arena[ram_base:]
     st = _state(n, nbytes, arena, ram_base, slot_base)
+    filling = st.state.clone()              # every slot claimed: a copy publishes each, so each copy starts from here
+
+    def copy(P: int) -> None:
+        st.state.copy_(filling)
+        pk.copy(arena, gids, 0, st, nbytes, programs=P)
     chunks = n * -(-nbytes // pk.COPY_CHUNK)
     counts = [(c, chunks if c == "all" else min(int(c), chunks)) for c in a.programs.split(",")]
     for name, P in counts:
         arena[slot_base:slot_base + n * nbytes].zero_()
 
         def go(P=P):
-            pk.copy(arena, gids, 0, st, nbytes, programs=P)
+            copy(P)
         if cuda:
             metrics[f"copy_gbps.p{name}"] = n * nbytes / _time(go) / 1e9
         else:
@@ -128,7 +133,7 @@ def main() -> int:
         got = arena[slot_base:slot_base + n * nbytes]
         assert torch.equal(got.cpu(), src[:n * nbytes].cpu()), f"{P} programs: the slots do not hold the experts"
     if cuda:
-        beside(metrics, counts, lambda P: pk.copy(arena, gids, 0, st, nbytes, programs=P), n * nbytes)
+        beside(metrics, counts, copy, n * nbytes)
     if cuda:
         dst = torch.empty(n * nbytes, dtype=torch.uint8, device="cuda")
         s = _time(lambda: dst.copy_(region.tensor, non_blocking=True))

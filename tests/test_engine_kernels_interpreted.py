@@ -30,7 +30,7 @@ def counted(c: dict) -> dict:
 
 
 @pytest.mark.parametrize("split,mode", [((4, 28, 2, 0), "lru"),          # device LRU: step and fill
-                                        ((4, 28, 2, 2), "plan"),         # + lookahead: claim, copy, publish, resolve
+                                        ((4, 28, 2, 2), "plan"),         # + lookahead: claim, copy, resolve
                                         ((4, 10, 2, 1), "plan")])        # + the NVMe tier: stage_wait, stage_done
 def test_the_kernels_give_the_references_tokens_and_counts(packed_bf16, split, mode, monkeypatch):
     plan = bf16_plan(*split, chunk=1)

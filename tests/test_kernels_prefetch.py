@@ -48,11 +48,9 @@ def _claim(claim):
 
 
 KERNELS = {"claim": _claim(pf.claim), "copy": lambda a, g, jj, st: pf.copy(a, g, jj, st, BLOB),
-           "publish": lambda a, g, jj, st: pf.publish(g, jj, st), "resolve": lambda a, ids, j, st: pf.resolve(ids, j, st),
-           "release": lambda a, _, j, st: pf.release(j, st)}
+           "resolve": lambda a, ids, j, st: pf.resolve(ids, j, st), "release": lambda a, _, j, st: pf.release(j, st)}
 REFERENCE = {"claim": _claim(pf.reference_claim),
              "copy": lambda a, g, jj, st: pf.reference_copy(a, g, jj, st),
-             "publish": lambda a, g, jj, st: pf.reference_publish(g, jj, st),
              "resolve": lambda a, ids, j, st: pf.reference_resolve(ids, j, st),
              "release": lambda a, _, j, st: pf.reference_release(j, st)}
 
@@ -79,7 +77,7 @@ def _play(steps, with_src=False):
 
 def test_a_guess_landed_in_time_is_read_from_its_slot_then_freed():
     g = [5, 2, 13, 7]                       # RAM, static (skipped), NVMe (skipped), RAM
-    st, arena = _play([("claim", g, 1), ("copy", g, 1), ("publish", g, 1), ("resolve", [5, 0, 9, 12], 1),
+    st, arena = _play([("claim", g, 1), ("copy", g, 1), ("resolve", [5, 0, 9, 12], 1),
                        ("release", [], 1)])
     # 5 was used from its slot (then freed); 7 was guessed and not routed: wasted; 9 not guessed: in place
     assert st.counts[1].tolist() == [1, 0, 1, 2 * BLOB, BLOB, BLOB, 4, 1, 4]    # 4 guesses, 1 right
@@ -89,7 +87,7 @@ def test_a_guess_landed_in_time_is_read_from_its_slot_then_freed():
 
 def test_during_the_layer_the_table_points_at_the_slot_and_the_slot_holds_the_expert():
     g = [6, -1, -1, -1]
-    st, arena = _play([("claim", g, 2), ("copy", g, 2), ("publish", g, 2), ("resolve", [6, 1, 2, 3], 2)],
+    st, arena = _play([("claim", g, 2), ("copy", g, 2), ("resolve", [6, 1, 2, 3], 2)],
                       with_src=True)
     off = int(st.table[2, 6])
     assert off == int(st.slot_offset[0]) == int(st.src[2, 6])
@@ -98,21 +96,23 @@ def test_during_the_layer_the_table_points_at_the_slot_and_the_slot_holds_the_ex
 
 
 def test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for():
+    """Resolve finds 4 claimed and not landed (its copy not over): TAKEN, read in place; release leaves its slot until
+    the copy is over (TAKEN_DONE), the next release frees it. 8, guessed and not routed, is abandoned alike."""
     g = [4, 8, -1, -1]
-    st, _ = _play([("claim", g, 0), ("copy", g, 0), ("resolve", [4, 9, 1, 2], 0),     # not published yet
-                   ("release", [], 0),                                                    # 4 TAKEN: not freed
-                   ("publish", g, 0),                                                     # 4 -> TAKEN_DONE, 8 READY
+    st, _ = _play([("claim", g, 0), ("resolve", [4, 9, 1, 2], 0),                   # the copy not over yet
+                   ("release", [], 0),                                              # 4 and 8 TAKEN: not freed
+                   ("copy", g, 0),                                                  # skipped: both TAKEN_DONE
                    ("release", [], 0)])
-    assert st.counts[0].tolist() == [0, 1, 2, 2 * BLOB, 0, 2 * BLOB, 2, 1, 4]   # 4 late, 4 and 8 unused
+    assert st.counts[0].tolist() == [0, 1, 2, 0, 0, 0, 2, 1, 4]                 # 4 late, 4 and 8 unused
     assert st.state.tolist() == [pf.FREE] * S and torch.equal(st.table, st.ram_rows)
 
 
 def test_slots_run_out_and_guesses_of_a_later_layer_outlive_an_earlier_release():
     g1, g2 = [4, 5, 6, 7], [8, 9, -1, -1]
-    st, _ = _play([("claim", g1, 1), ("copy", g1, 1), ("publish", g1, 1),     # 3 slots: the 4th guess gets none
+    st, _ = _play([("claim", g1, 1), ("copy", g1, 1),     # 3 slots: the 4th guess gets none
                    ("release", [], 0),                                          # layer 0 done: layer 1's stay
                    ("resolve", [4, 5, 6, 7], 1), ("release", [], 1),
-                   ("claim", g2, 2), ("copy", g2, 2), ("publish", g2, 2), ("release", [], 2)])
+                   ("claim", g2, 2), ("copy", g2, 2), ("release", [], 2)])
     assert st.counts[1].tolist() == [3, 0, 0, 3 * BLOB, 3 * BLOB, 0, 4, 4, 4]
     assert st.counts[2].tolist() == [0, 0, 2, 2 * BLOB, 0, 2 * BLOB, 0, 0, 0]     # layer 2 never resolved
 
@@ -130,7 +130,7 @@ def test_a_guess_taken_before_its_copy_is_not_copied():
     routed: the copy skips both, so neither slot is written and no byte crosses the link for them."""
     g = [4, 8, -1, -1]
     st, arena = _play([("claim", g, 0), ("resolve", [4, 9, 1, 2], 0),      # 4 TAKEN, 8 abandoned before any copy
-                       ("copy", g, 0), ("publish", g, 0), ("release", [], 0)])
+                       ("copy", g, 0), ("release", [], 0)])
     assert st.counts[0].tolist() == [0, 1, 2, 0, 0, 0, 2, 1, 4]             # 4 late; both unused, nothing copied
     for slot in st.slot_offset[:2].tolist():                                # 4's and 8's slots (claimed first)
         assert int(arena[slot:slot + BLOB].sum()) == 0
@@ -140,7 +140,7 @@ def test_a_guess_taken_before_its_copy_is_not_copied():
 def test_only_the_resolved_layers_guesses_are_abandoned():
     """Layer 2's guess, claimed and not yet copied when layer 1 runs, is left alone: it is copied and serves layer 2."""
     g2 = [5, -1, -1, -1]
-    st, _ = _play([("claim", g2, 2), ("resolve", [4, 9, 1, 2], 1), ("copy", g2, 2), ("publish", g2, 2),
+    st, _ = _play([("claim", g2, 2), ("resolve", [4, 9, 1, 2], 1), ("copy", g2, 2),
                    ("release", [], 1), ("resolve", [5, 1, 2, 3], 2), ("release", [], 2)])
     assert st.counts[2].tolist() == [1, 0, 0, BLOB, BLOB, 0, 1, 1, 4]       # 5 copied and used
 
@@ -175,6 +175,8 @@ def test_the_persistent_copy_moves_every_chunk_whatever_its_program_count(progra
         table=torch.tensor([[ram + e * nbytes for e in range(n)]], **i64), src=None,
         counts=torch.zeros((1, pf.N_COUNTS), **i64), cached_hi=ram, guessed=torch.full((1, n), -1, **i64))
     pf.copy(arena, torch.arange(n, **i64), 0, st, nbytes, programs=programs)
+    assert st.state.tolist() == [pf.READY, pf.FREE, 2 * 8 + pf.READY]  # each published by its last chunk
+    assert st.done.tolist() == [0] * n                                  # its count of items back to 0
     for e in (0, 2):                                            # guess 1 got no slot
         assert torch.equal(arena[e * nbytes:(e + 1) * nbytes], arena[ram + e * nbytes:ram + (e + 1) * nbytes])
     assert int(arena[nbytes:2 * nbytes].sum()) == 0

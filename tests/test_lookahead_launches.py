@@ -1,7 +1,7 @@
 """The device loop's lookahead launches what `core.lookahead` says (`GATE_LAUNCHES`, `ISSUE_LAUNCHES`,
 `LAYER_LAUNCHES`, which the cost model charges by stream): counted here on the fixture (the DeepSeek-V3 family's
 router), one eager decode step with every kernel launched (interpreted on a CPU), against the same plan without
-lookahead, the side stream's claim, copy and publish left out. A change to the lookahead's path that launches more or
+lookahead, the side stream's claim and copy left out. A change to the lookahead's path that launches more or
 fewer kernels fails here until the constants say so."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from test_engine_run import _one_thread, bf16_plan, packed_bf16  # noqa: F401,F8
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not INTERPRETER_OK,
                                 reason="Triton launches are counted compiled or interpreted")
-SIDE = ("claim_kernel", "copy_kernel", "publish_kernel")      # the side stream's, off the main stream
+SIDE = ("claim_kernel", "copy_kernel")      # the side stream's, off the main stream
 
 
 @pytest.mark.parametrize("split", [(4, 28, 2, 1), (4, 28, 2, 2), (4, 10, 2, 2)])   # last: an NVMe tier (every depth)

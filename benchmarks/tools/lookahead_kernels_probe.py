@@ -26,7 +26,7 @@ def main() -> None:
     for S in [int(a) for a in sys.argv[1:]] or [24, 48, 96]:
         st = pk.probe_state(S, L, E, K, dev)
         calls = {"resolve": lambda: pk.resolve(ids, 0, st), "release": lambda: pk.release(L - 1, st),
-                 "claim": lambda: pk.claim(ids, 1, st), "publish": lambda: pk.publish(ids, 1, st)}
+                 "claim": lambda: pk.claim(ids, 1, st)}
         got = {name: cuda_graph_seconds(lambda f=f: [f() for _ in range(N)], 10) / N * 1e6 for name, f in calls.items()}
         print(f"  S={S}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
 

@@ -16,7 +16,7 @@ main stream (the stager reads guesses of every depth with the layer's end); else
 with the prefetch it feeds."""
 
 ISSUE_LAUNCHES = 1
-"""Kernels for each VRAM prefetch issued besides its claim, copy and publish (the guesses noted for precision and
+"""Kernels for each VRAM prefetch issued besides its claim and copy (the guesses noted for precision and
 recall), on the side stream with them."""
 
 LAYER_LAUNCHES = 2

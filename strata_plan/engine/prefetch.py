@@ -4,8 +4,8 @@ graph, copied from pinned RAM into VRAM staging slots on a side stream while the
     pf = DevicePrefetch(store, depth)
     pf.resolve(j, ids)            # before layer j's cache step and MoE: landed guesses are read from their slots
     ...fused_moe...; pf.release(j)
-    pf.issue(j + d, gids)         # after layer j: its lookahead gate (or the guesses), claim, copy, publish, all on the
-                                  # side stream
+    pf.issue(j + d, gids)         # after layer j: its lookahead gate (or the guesses), claim, copy (each slot READY
+                                  # as its bytes land), all on the side stream
     pf.end_token()                # the side stream joins the main one; every slot whose copy is over is freed
     pf.fold(counters)
 
@@ -59,20 +59,19 @@ class DevicePrefetch:
 
     def issue(self, jj: int, gids, reads: torch.Tensor | None = None) -> None:
         """Guesses int64 [k] (best first) for MoE layer jj, or a function that makes them (the lookahead gate on
-        `reads`, the layer's output): made, noted, claimed, copied and published on the side stream (graph-safe: the
-        side stream forks from the main one here and joins it in `end_token`), so the main stream's next layer starts
-        at once. `note_guesses` keeps them for `resolve`'s precision and recall: a layer resolved before its guesses
+        `reads`, the layer's output): made, noted, claimed and copied (each slot published as its bytes land) on the
+        side stream (graph-safe: the side stream forks from the main one here and joins it in `end_token`), so the
+        main stream's next layer starts at once. `note_guesses` keeps them for `resolve`'s precision and recall: a layer resolved before its guesses
         were noted (the side stream a whole layer late) counts none."""
         st = self.st
         if not (self.kernels and self.cuda):  # one stream, in order: the references, or the kernels interpreted
             gids = gids() if callable(gids) else gids
             pk.note_guesses(gids, jj, st)
             if self.kernels:
-                self._claim_copy_publish(gids, jj)
+                self._claim_copy(gids, jj)
                 return
             pk.reference_claim(gids, jj, st)
             pk.reference_copy(self.store.arena, gids, jj, st)
-            pk.reference_publish(gids, jj, st)
             return
         self.side.wait_stream(torch.cuda.current_stream())
         for t in (reads, None if callable(gids) else gids):
@@ -81,13 +80,12 @@ class DevicePrefetch:
         with torch.cuda.stream(self.side):
             gids = gids() if callable(gids) else gids
             pk.note_guesses(gids, jj, st)
-            self._claim_copy_publish(gids, jj)
+            self._claim_copy(gids, jj)
         self.forked = True
 
-    def _claim_copy_publish(self, gids: torch.Tensor, jj: int) -> None:
+    def _claim_copy(self, gids: torch.Tensor, jj: int) -> None:
         pk.claim(gids, jj, self.st)
         pk.copy(self.store.arena, gids, jj, self.st, self.store.slot_bytes, programs=self.programs)
-        pk.publish(gids, jj, self.st)
 
     def end_token(self) -> None:
         """The token's last layer ran: the side stream joins the main one, then every slot is freed."""

@@ -102,7 +102,8 @@ def _device_loop_kernels(arch: int) -> list:
             "tier_p": P["i8"], "S": "i32", "cached_hi": "i64"}, dict(G=6, GB=8, SB=16), arch, num_warps=1)),
         ("prefetch copy", _compile(prefetch.copy_kernel, {
             "arena_p": P["u8"], "gids_p": i64, "jj": "i32", "E": "i32", "assign_p": i64, "slot_offset_p": i64,
-            "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "state_p": i64, "filled_p": i64, "n_chunks": "i32",
+            "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "state_p": i64, "filled_p": i64, "done_p": i64,
+            "n_chunks": "i32",
             "total": "i32", "P": "i32"},
             dict(CHUNK=prefetch.COPY_CHUNK), arch)),
         ("rms norm", _compile(norm.rms_norm_kernel, {
@@ -118,8 +119,6 @@ def _device_loop_kernels(arch: int) -> list:
             "logits_p": P["f32"], "bias_p": P["f32"], "ids_p": i64, "scores_p": P["f32"], "E": "i32",
             "scaling": "fp32"}, dict(SIGMOID=True, HAS_BIAS=True, NG=8, TG=4, NORM=True, ROUND_W=False,
                                     XDT=tl.bfloat16, K=8, KB=8, EB=256), arch)),
-        ("prefetch publish", _compile(prefetch.publish_kernel, {
-            "gids_p": i64, "jj": "i32", "E": "i32", "state_p": i64, "assign_p": i64}, dict(G=8), arch, num_warps=1)),
         ("prefetch resolve", _compile(prefetch.resolve_kernel, {
             "ids_p": i64, "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64,
             "table_p": i64, "src_p": i64, "tier_p": P["i8"], "nbytes_p": i64, "counts_p": i64, "guessed_p": i64,

@@ -1,33 +1,34 @@
 """Router-lookahead prefetch inside the device loop's graph: VRAM staging slots with a protocol that cannot race.
 
     claim(gids, jj, st)            # side stream: a FREE slot for each guessed RAM expert of layer jj (CAS FREE -> FILLING)
-    copy(arena, gids, jj, st)      # side stream: the claimed experts copied from pinned RAM into their slots
-    publish(gids, jj, st)          # side stream: FILLING -> READY (release), or TAKEN -> TAKEN_DONE
+    copy(arena, gids, jj, st)      # side stream: the claimed experts copied from pinned RAM into their slots, each
+                                   # published by its last chunk: FILLING -> READY (release), or TAKEN -> TAKEN_DONE
     resolve(ids, j, st)            # main stream, before layer j's MoE: READY slots are read, layer j's FILLING ones TAKEN
     release(j, st)                 # main stream, after layer j's MoE: slots of layers <= j back to FREE
 
 Each staging slot has a state word, `(tag << 3) | state` with tag = layer * E + expert, changed only by atomic
 compare-and-swap or exchange at GPU scope:
 
-    FREE -> FILLING (claim)  -> READY (publish, after the copy kernel: a release)  -> CONSUMED (resolve: used)
+    FREE -> FILLING (claim)  -> READY (the copy's last chunk of the slot: a release)  -> CONSUMED (resolve: used)
                              -> TAKEN (resolve found it still filling: the layer reads the expert in place from RAM,
                                        or nobody routed it: abandoned)
-                                      -> TAKEN_DONE (publish: the copy is over)
+                                      -> TAKEN_DONE (the copy's last chunk of the slot, skipped or not)
     READY / CONSUMED / TAKEN_DONE -> FREE (release, main stream, after the layer's down projection)
 
 `resolve` loads a slot's word with acquire semantics once per routed id; an expert it finds READY is read from its
 slot (the table, and the device LRU's fill source, point there until `release`), one it finds FILLING is TAKEN and read
 in place from pinned RAM; every other guess of layer j still FILLING (nobody routed it) is TAKEN too, and the copy
 skips the chunks of a TAKEN slot not yet moved (it reads the slot's word before each 64 KiB chunk): a wrong or late
-guess costs the link bytes copied before its layer ran (counted as wasted), never a wait or a wrong result. `where [L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the
-tag. A slot is written only by the copy of the claim that holds it, and freed only from the main stream after its
+guess costs the link bytes copied before its layer ran (counted as wasted), never a wait or a wrong result. `where
+[L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the tag. A slot is written only by the copy of the claim that holds it, and freed only from the main stream after its
 consumer ran, or, for a guess nobody routed, by a later `release` once its copy is over (at the latest `release(L - 1)`
 after the token's streams joined). Counters `counts [L, N_COUNTS]`: uses served from a slot, uses TAKEN (late), slots
 freed unused (wasted), bytes copied, bytes of the uses served from a slot, bytes copied into the slots freed unused
 (`filled [S]` holds each slot's), and the lookahead's precision
-and recall terms (`guessed [L, G]`, the guesses for each layer written on the main stream when issued: guesses,
-right guesses, routed ids where a guess existed; `resolve` counts and clears them). `reference_*` are the same in plain Python (the CPU engine's path: there the side stream is the main one,
-so a claimed guess is READY when its layer runs); the kernels are held to them under the interpreter.
+and recall terms (`guessed [L, G]`, the guesses for each layer written on the side stream when issued: guesses,
+right guesses, routed ids where a guess existed; `resolve` counts and clears them). `reference_*` are the same in
+plain Python (the CPU engine's path: there the side stream is the main one, so a claimed guess is READY when its layer
+runs); the kernels are held to them under the interpreter.
 """
 from __future__ import annotations
 
@@ -66,10 +67,12 @@ class PrefetchState:
     guessed: torch.Tensor      # int64 [L, G] the guesses issued for each layer this token, -1 none
     cached_hi: int             # table entries in [0, cached_hi) are VRAM
     filled: torch.Tensor | None = None    # int64 [S] bytes copied into each slot since its claim (None: made here)
+    done: torch.Tensor | None = None      # int64 [S] the copy's items of each slot counted so far (None: made here)
 
     def __post_init__(self):
-        if self.filled is None:
-            object.__setattr__(self, "filled", torch.zeros_like(self.state))
+        for name in ("filled", "done"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, torch.zeros_like(self.state))
 
 
 def _word(tag, st):
@@ -106,22 +109,25 @@ def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, 
 
 @triton.jit
 def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nbytes_p, counts_p, state_p, filled_p,
-                n_chunks, total, P, CHUNK: tl.constexpr):
+                done_p, n_chunks, total, P, CHUNK: tl.constexpr):
     # grid (P,), persistent: program p copies the items p, p + P, ... of the G x n_chunks items, item (i, b) being bytes
     # [b CHUNK, (b + 1) CHUNK) of guess i's expert into its slot, guesses in order (best first). A few programs a SM
     # reach the link's rate and leave the SMs to the main stream's kernels running beside it (a grid of every chunk
     # would hold them all). An item whose slot is no longer FILLING (resolve TAKEN it: its layer reads the expert in
-    # place) is skipped: a late guess stops costing link bytes at the next chunk
+    # place) is skipped: a late guess stops costing link bytes at the next chunk. Each item, copied or skipped, counts
+    # itself in its slot's `done` (acq_rel: its stores before); the slot's last item publishes it at once: FILLING ->
+    # READY (release), or TAKEN -> TAKEN_DONE, so the best guess is READY while the others still copy
     pid = tl.program_id(0)
     for t in range(pid, total, P):                                               # total = G x n_chunks
         i = t // n_chunks
         b = t % n_chunks
         s = tl.load(assign_p + i)
         e = tl.maximum(tl.load(gids_p + i), 0)
+        tag = (jj * E + e).to(tl.int64)
         live = s >= 0
         if live:
             word = tl.atomic_add(state_p + s, 0, sem="relaxed")                  # the slot's word, not a cached copy
-            live = word == (jj * E + e) * 8 + _FILLING
+            live = word == tag * 8 + _FILLING
         n = tl.where(live, tl.load(nbytes_p + jj * E + e), 0)
         src = (arena_p + tl.load(ram_rows_p + jj * E + e)).to(tl.pointer_type(tl.int64))
         dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
@@ -133,19 +139,12 @@ def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nby
         if moved > 0:
             tl.atomic_add(filled_p + s, moved, sem="relaxed")
             tl.atomic_add(counts_p + jj * 9 + 3, moved, sem="relaxed")
-
-
-@triton.jit
-def publish_kernel(gids_p, jj, E, state_p, assign_p, G: tl.constexpr):
-    # after the copy kernel (stream order): each claimed slot FILLING -> READY with release, or TAKEN -> TAKEN_DONE
-    for i in tl.static_range(G):
-        s = tl.load(assign_p + i)
-        tag = jj * E + tl.maximum(tl.load(gids_p + i), 0)
         if s >= 0:
-            old = tl.atomic_cas(state_p + s, (tag * 8 + _FILLING).to(tl.int64), (tag * 8 + _READY).to(tl.int64),
-                                sem="release")
-            if old != tag * 8 + _FILLING:                      # resolve took it: the layer read it in place
-                tl.atomic_xchg(state_p + s, (tag * 8 + _TAKEN_DONE).to(tl.int64), sem="release")
+            if tl.atomic_add(done_p + s, 1, sem="acq_rel") == n_chunks - 1:     # the slot's last item: publish
+                tl.atomic_xchg(done_p + s, 0, sem="relaxed")
+                old = tl.atomic_cas(state_p + s, tag * 8 + _FILLING, tag * 8 + _READY, sem="release")
+                if old != tag * 8 + _FILLING:                                     # resolve took it: read in place
+                    tl.atomic_xchg(state_p + s, tag * 8 + _TAKEN_DONE, sem="release")
 
 
 @triton.jit
@@ -192,7 +191,7 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
     if HAS_SRC:
         tl.store(src_p + at, off, mask=use)
     # the guesses of layer j still being copied that nobody routed are abandoned too: the copy stops at their next chunk
-    # instead of spending the link on bytes no layer reads (publish then marks them TAKEN_DONE, release frees them).
+    # instead of spending the link on bytes no layer reads (the copy then marks them TAKEN_DONE, release frees them).
     # Every slot at once: one load and one CAS a lane (-1, never a word, where a lane has nothing to change)
     ss, live, w = _slot_words(state_p, S, SB)
     hit = live & (w % 8 == _FILLING) & (w // 8 // E == j)
@@ -251,7 +250,7 @@ def probe_state(S: int, L: int, E: int, K: int, device, ram_base: int = 1 << 30)
 
 
 def note_guesses(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
-    """(main stream, when the guesses for layer jj are issued) Keep them for `resolve`'s precision and recall."""
+    """(side stream, when the guesses for layer jj are issued) Keep them for `resolve`'s precision and recall."""
     st.guessed[jj, :gids.numel()].copy_(gids.reshape(-1))
 
 
@@ -269,18 +268,15 @@ def copy_programs(device) -> int:
 
 def copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState, max_bytes: int,
          programs: int | None = None) -> None:
-    """The claimed guesses' experts (at most `max_bytes` each) from pinned RAM into their slots: `programs` persistent
-    programs (default `copy_programs`) over the guesses' 64 KiB chunks."""
+    """The claimed guesses' experts (at most `max_bytes` each) from pinned RAM into their slots, each slot published
+    (READY, or TAKEN_DONE) by its last chunk: `programs` persistent programs (default `copy_programs`) over the
+    guesses' 64 KiB chunks."""
     E = st.table.shape[1]
     n_chunks = triton.cdiv(max_bytes, COPY_CHUNK)
     total = gids.numel() * n_chunks
     P = min(total, programs or copy_programs(arena.device))
     copy_kernel[(P,)](arena, gids, jj, E, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts, st.state,
-                      st.filled, n_chunks, total, P, CHUNK=COPY_CHUNK)
-
-
-def publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
-    publish_kernel[(1,)](gids, jj, st.table.shape[1], st.state, st.assign, G=gids.numel(), num_warps=1)
+                      st.filled, st.done, n_chunks, total, P, CHUNK=COPY_CHUNK)
 
 
 def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
@@ -323,20 +319,17 @@ def reference_copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: Prefetc
     E = st.table.shape[1]
     for i, e in enumerate(int(x) for x in gids.reshape(-1).tolist()):
         s = int(st.assign[i])
-        if s >= 0 and int(st.state[s]) == _word(jj * E + e, FILLING):    # not TAKEN meanwhile
+        if s < 0:
+            continue
+        tag = jj * E + e
+        if int(st.state[s]) == _word(tag, FILLING):                         # not TAKEN meanwhile
             n, a, b = int(st.nbytes[jj, e]), int(st.ram_rows[jj, e]), int(st.slot_offset[s])
             arena[b:b + n] = arena[a:a + n]
             st.filled[s] += n
             st.counts[jj, COPIED] += n
-
-
-def reference_publish(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
-    E = st.table.shape[1]
-    for i, e in enumerate(int(x) for x in gids.reshape(-1).tolist()):
-        s = int(st.assign[i])
-        if s >= 0:
-            tag = jj * E + e
-            st.state[s] = _word(tag, READY if int(st.state[s]) == _word(tag, FILLING) else TAKEN_DONE)
+            st.state[s] = _word(tag, READY)
+        else:
+            st.state[s] = _word(tag, TAKEN_DONE)
 
 
 def reference_resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:

@@ -257,7 +257,7 @@ class CostModel:
         an estimate; one release more at the token's end, at the launch floor) and, with an NVMe tier, the gates of
         every depth where layer j + d exists (the stager takes their guesses with the layer's end): `GATE_LAUNCHES`
         at the launch floor and the router's weights (hidden x experts, bf16) over HBM. Without an NVMe tier the gate
-        runs on the side stream with the prefetch's claim, copy and publish, off the main stream. No gate when the run
+        runs on the side stream with the prefetch's claim and copy, off the main stream. No gate when the run
         replays routing (`Problem.lookahead_gates` False: the replay hands the guesses over)."""
         spec, depth, E = self.problem.spec, placement.prefetch_depth, self.problem.curves.n_experts
         L = spec.n_moe_layers

@@ -412,7 +412,7 @@ def lookahead_layer_us(repeats: int) -> Stats:
     """Microseconds the device loop's VRAM lookahead adds to a MoE layer's main stream, its structure as in the decode
     graph (engine/prefetch.py) over LOOKAHEAD_SHAPE: `kernels.prefetch.resolve` (the layer's routed ids) after a small
     kernel, `release` after another, then the side stream forked for the next layer's guesses (noted, claimed, copied,
-    4 KiB an expert from VRAM here, published) and joined at the token's end, 4 layers a token. A graph of
+    4 KiB an expert from VRAM here, and so published) and joined at the token's end, 4 layers a token. A graph of
     GRAPH_LAUNCHES / 8 tokens against the same graph of small kernels alone, each replay timed with CUDA events, the
     two interleaved, `repeats` pairs after a warm-up: the difference a layer (the cross-stream edges included)."""
     from strata_plan.kernels import prefetch as pk
@@ -439,7 +439,6 @@ def lookahead_layer_us(repeats: int) -> Stats:
                     pk.note_guesses(ids, j + 1, st)
                     pk.claim(ids, j + 1, st)
                     pk.copy(arena, ids, j + 1, st, 4096)
-                    pk.publish(ids, j + 1, st)
         if slots:
             main.wait_stream(side)
             pk.release(L - 1, st)

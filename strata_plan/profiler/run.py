@@ -333,7 +333,7 @@ def _gpu_entry(g, p: Preset) -> GPU:
         if getattr(g, "graph_launch", None) is not None else None,
         lookahead_layer_us=measured(g.lookahead_layer.median, f"kernels.prefetch resolve + release (slots, top-k, "
                                     f"experts {LOOKAHEAD_SHAPE}) between small kernels, the side stream forked a layer "
-                                    "(note, claim, copy, publish) as in the decode graph, against the graph of the "
+                                    "(note, claim, copy) as in the decode graph, against the graph of the "
                                     "small kernels alone, CUDA events", g.lookahead_layer)
         if getattr(g, "lookahead_layer", None) is not None else None,
         driver=i.driver)
