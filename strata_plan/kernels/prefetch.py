@@ -139,6 +139,7 @@ def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nby
         if moved > 0:
             tl.atomic_add(filled_p + s, moved, sem="relaxed")
             tl.atomic_add(counts_p + jj * 9 + 3, moved, sem="relaxed")
+        tl.debug_barrier()                                    # every lane's stores of the item before its count
         if s >= 0:
             if tl.atomic_add(done_p + s, 1, sem="acq_rel") == n_chunks - 1:     # the slot's last item: publish
                 tl.atomic_xchg(done_p + s, 0, sem="relaxed")
