@@ -61,7 +61,8 @@ def replay_kernels(g, reps: int) -> list[list[dict]]:
 
 def short(name: str) -> str:
     """A kernel's name without its template arguments (torch's kernels are long C++ names)."""
-    n = name.split("(")[0].split("<")[0]
+    n = name.replace("(anonymous namespace)::", "").removeprefix("void ")
+    n = n.split("(")[0].split("<")[0]
     return n.rsplit("::", 1)[-1][:60] or name[:60]
 
 
@@ -69,7 +70,7 @@ def account(replays: list[list[dict]]) -> dict:
     """Per kernel name, microseconds a token: calls, duration and the main chain's idle gap before it; the wall. The
     main chain is the stream (as CUPTI reports it) of the replay's first kernel; a kernel on another is `side`."""
     per = defaultdict(lambda: defaultdict(list))
-    walls = []
+    walls, totals = [], defaultdict(list)
     for ks in replays:
         got = defaultdict(lambda: [0, 0.0, 0.0])
         end = None
@@ -84,13 +85,17 @@ def account(replays: list[list[dict]]) -> dict:
                     g[2] += max(0.0, e["ts"] - end)
                 end = max(end or 0.0, e["ts"] + e["dur"])
         walls.append(max(e["ts"] + e["dur"] for e in ks) - ks[0]["ts"])
+        for key, k in (("main_busy_us", 1), ("main_idle_us", 2)):
+            totals[key].append(sum(v[k] for name, v in got.items() if not name.startswith("side ")))
+        totals["side_busy_us"].append(sum(v[1] for name, v in got.items() if name.startswith("side ")))
         for name, (n, d, gap) in got.items():
             per[name]["calls"].append(n)
             per[name]["dur_us"].append(d)
             per[name]["gap_us"].append(gap)
     rows = {name: {k: statistics.median(v + [0] * (len(replays) - len(v))) for k, v in cols.items()}
             for name, cols in per.items()}
-    return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows}
+    return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows,
+            **{k: statistics.median(v) for k, v in totals.items()}}
 
 
 def gpu_state() -> dict:
@@ -124,6 +129,9 @@ def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bo
 
 
 def show(name: str, r: dict, first: dict | None) -> None:
+    if r["replays"]:
+        print(f"\n{name}: main stream busy {r['main_busy_us']:.1f} us, idle between its kernels "
+              f"{r['main_idle_us']:.1f}; side stream busy {r['side_busy_us']:.1f}", end="")
     print(f"\n{name}: wall {r['wall_us']:.1f} us a token ({r['replays']} replays); time_parts "
           + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()) + f"; GPU {r['gpu']}")
     ks = r["kernels"]
