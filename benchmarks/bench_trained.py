@@ -53,6 +53,7 @@ from _result import stager_latency, write_result  # noqa: E402
 from trained import hf  # noqa: E402
 from trained.budgets import SEED_RAM_SHARE, VRAM_SHARE, achieved, budgets  # noqa: E402
 from trained.predict import Predictor  # noqa: E402
+from strata_plan.errors import UserError  # noqa: E402
 
 MODES = ("plan", "lru", "on-demand")
 PROMPT = '''import os
@@ -252,12 +253,13 @@ def _peak_gb() -> float | None:
 
 
 def decode_pick(a):
-    """How the rows pick each decode token (`--sample`): a fresh GumbelPick (measure draws from its seed), or greedy."""
-    from strata_plan.engine.picks import GREEDY, GumbelPick
+    """How the rows pick each decode token (`--sample`): a GumbelPick (measure draws from its seed afresh), or None
+    (greedy). ValueError: not TEMPERATURE,TOP_P; UserError: a value out of range (`Sampling`)."""
+    from strata_plan.engine.generate import Sampling, device_pick
     if a.sample == "greedy":
-        return GREEDY
+        return None
     t, top_p = (float(x) for x in a.sample.split(","))
-    return GumbelPick(t, top_p, a.seed)
+    return device_pick(Sampling(t, top_p, a.seed))
 
 
 def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: Predictor, prompt: list[int]) -> dict:
@@ -619,13 +621,10 @@ def parse(argv=None):
             a.source_root = [sysconfig.get_paths()["stdlib"]]
     if bool(a.checkpoint) != bool(a.trace):
         p.error("--checkpoint and --trace go together")
-    if a.sample != "greedy":
-        try:
-            t, top_p = (float(x) for x in a.sample.split(","))
-        except ValueError:
-            p.error(f"--sample {a.sample!r}: give TEMPERATURE,TOP_P (e.g. 1.0,0.95) or greedy")
-        if not (t > 0 and 0 < top_p <= 1):
-            p.error(f"--sample {a.sample!r}: the temperature must be > 0 and top-p in (0, 1]")
+    try:
+        decode_pick(a)
+    except (ValueError, UserError):
+        p.error(f"--sample {a.sample!r}: give TEMPERATURE,TOP_P (e.g. 1.0,0.95; top-p in (0, 1]) or greedy")
     if a.calibration and not a.profile_predict:
         p.error("--calibration goes with --profile-predict")
     return a

@@ -5,8 +5,8 @@ them more. This separates the link from the SMs.
 
     python3 benchmarks/tools/launch_under_load.py          # prints us a kernel; writes $OUT/launch_under_load.json
 
-The chain: a graph of N in-place adds on a one-element tensor (the profiler's launch floor), replayed and timed with
-CUDA events on the main stream, alone and while a side stream runs, started just before it and lasting longer:
+The chain: a graph of N in-place adds on a one-element tensor (`profiler.gpu.add_chain`, the launch floor's probe),
+replayed and timed with CUDA events on the main stream, alone and while a side stream runs, started just before it and lasting longer:
   zero_copy   `kernels.stream_read` reading registered pinned RAM in place (as fused_moe and the lookahead's copy read
               it: the SMs pull the bytes over PCIe), at its default programs and at 16
   dma         a pinned host -> device copy (the copy engine moves the bytes, no SM)
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from strata_plan.kernels.stream_read import programs_for, stream_read
-from strata_plan.profiler.gpu import ZeroCopyProbe
+from strata_plan.profiler.gpu import ZeroCopyProbe, add_chain, replay_us
 
 N = 512                  # kernels in the chain
 LOAD = 1 << 30           # bytes the side stream moves (about 20 ms over PCIe: longer than the chain)
@@ -36,28 +36,14 @@ def chain_us(g: torch.cuda.CUDAGraph, load=None, side: torch.cuda.Stream | None 
         if load is not None:
             with torch.cuda.stream(side):
                 load()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / N)
+        out.append(replay_us(g) / N)
     torch.cuda.synchronize()
     return statistics.median(out)
 
 
 def main() -> None:
     dev = torch.device("cuda")
-    x = torch.zeros(1, device=dev)
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):
-        x.add_(1.0)
-    torch.cuda.current_stream().wait_stream(warm)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(N):
-            x.add_(1.0)
+    g, _ = add_chain(N)
     side = torch.cuda.Stream()
     probe = ZeroCopyProbe(LOAD, dev)
     host = torch.empty(LOAD, dtype=torch.uint8, pin_memory=True)

@@ -91,10 +91,8 @@ def cmd_bench(args) -> int:
     if args.results:                    # before the work: a folder this user can write (or create), not a file
         check_out_folder(args.results, "--results", force=True)
     opts = EngineOptions(tokens_per_graph=args.tokens_per_graph)      # a value out of range: one line, before work
-    from strata_plan.engine.generate import Sampling
-    from strata_plan.engine.picks import GumbelPick
-    s = Sampling(args.temperature, args.top_p, args.seed)              # a bad value: one line, before work
-    pick = GumbelPick(s.temperature, s.top_p, s.seed) if s.temperature > 0 else None
+    from strata_plan.engine.generate import Sampling, device_pick
+    pick = device_pick(Sampling(args.temperature, args.top_p, args.seed))     # a bad value: one line, before work
     plan = load_plan(args.plan)
     pred = predicted(plan, args.plan, args.profile, args.mode, gates=not args.replay)
     replay = _replay(args, plan)

@@ -6,7 +6,8 @@ store did, beside the planner's prediction for the same plan.
 
 Decode: after `warmup` tokens (which fill the LRU cache; at least the statistics' warm-up), `tokens`
 tokens are timed, greedy or drawn by `pick` (`picks.GumbelPick`: a small model's greedy continuation can loop over a
-few tokens whose routing is not the text's; a fixed seed draws the same tokens in every mode, the logits being equal) (each ends when its sampled id reaches the host, so every token's GPU work is included);
+few tokens whose routing is not the text's; a fixed seed draws the same tokens in every mode, the logits being
+equal); each ends when its id reaches the host, so every token's GPU work is included;
 tok/s = 1 / median seconds per token, and the mean beside it. Where the step runner can run ahead (graphs) each
 launch runs the runner's `k` tokens (`EngineOptions.tokens_per_graph`) and launch i+1 is queued before launch i's
 tokens are read, as `generate` does, so a token's time is the interval between two launches' tokens reaching the

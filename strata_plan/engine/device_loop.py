@@ -254,8 +254,8 @@ class DeviceDecode:
 
     def time_parts(self, reps: int = 20) -> dict:
         """Median GPU seconds of one decode step replayed as a graph (`step_s`: the greedy variant when it was
-        run, else a sampling one that was, else the logits one), and of the same step captured with its MoE calls left out
-        (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head; no lookahead gates):
+        run, else a sampling one that was, else the logits one), and of the same step captured with its MoE calls
+        left out (`without_moe_s`: attention, routers, shared experts, dense layers, lm_head; no lookahead gates):
         t_nonMoE of the bound 1 / (t_nonMoE + B / R_zc); `*_replay_cpu_s`: the host's CPU time launching each graph.
         CUDA only, after a captured step, and last: the replays
         rewrite the last position's KV entries (without MoE: with other values), move the cache, the replay cursor

@@ -75,6 +75,14 @@ class Sampling:
             raise UserError("--top-p", str(self.top_p), "outside (0, 1]", "use a mass in (0, 1]")
 
 
+def device_pick(s: Sampling) -> GumbelPick | None:
+    """The pick that draws `s`'s tokens inside a decode step (None: greedy); without a seed, a random one."""
+    if s.temperature == 0:
+        return None
+    seed = s.seed if s.seed is not None else int(torch.randint(0, 1 << 62, (1,)))
+    return GumbelPick(s.temperature, s.top_p, seed)
+
+
 def next_token(model, token: torch.Tensor, s: Sampling, generator: torch.Generator | None = None,
                pick: GumbelPick | None = None) -> torch.Tensor:
     """One decode step from `token` to the next, int64 [1] on the device: greedy asks the model for the argmax, and a
@@ -140,10 +148,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, chunk: int, 
     if sampling.seed is not None:
         gen = torch.Generator(device=model.device)
         gen.manual_seed(sampling.seed)
-    pick = None
-    if sampling.temperature > 0:                            # drawn inside the step's graph on the device loop
-        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 1 << 62, (1,)))
-        pick = GumbelPick(sampling.temperature, sampling.top_p, seed)
+    pick = device_pick(sampling)                            # drawn inside the step's graph on the device loop
     model.reset()
     logits = model.prefill(list(prompt_ids), chunk)
     token = sample(logits, sampling, gen)

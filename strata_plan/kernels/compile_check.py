@@ -103,8 +103,7 @@ def _device_loop_kernels(arch: int) -> list:
         ("prefetch copy", _compile(prefetch.copy_kernel, {
             "arena_p": P["u8"], "gids_p": i64, "jj": "i32", "E": "i32", "assign_p": i64, "slot_offset_p": i64,
             "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "state_p": i64, "filled_p": i64, "done_p": i64,
-            "n_chunks": "i32",
-            "total": "i32", "P": "i32"},
+            "n_chunks": "i32", "total": "i32", "P": "i32"},
             dict(CHUNK=prefetch.COPY_CHUNK), arch)),
         ("rms norm", _compile(norm.rms_norm_kernel, {
             "x_p": P["bf16"], "stride_x": "i32", "w_p": P["bf16"], "out_p": P["bf16"], "D": "i32", "eps": "fp32"},

@@ -405,6 +405,30 @@ def bf16_tflops(s: GpuSettings, tick: Callable[[], None] | None = None) -> Stats
     return st
 
 
+def captured(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """`fn`'s work captured in a CUDA graph, after one run on a side stream (torch's rule: compiled, allocated and
+    warmed outside the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def replay_us(g: torch.cuda.CUDAGraph) -> float:
+    """Microseconds of one replay of `g` on the current stream, CUDA events around it."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3
+
+
 LOOKAHEAD_SHAPE = (24, 8, 64)   # the slot kernels' probe: staging slots (depth 2 at top-8), top-k, experts a layer
 
 
@@ -442,31 +466,13 @@ def lookahead_layer_us(repeats: int) -> Stats:
         if slots:
             main.wait_stream(side)
             pk.release(L - 1, st)
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):                   # compiled and warmed outside the capture
-        token(True)
-    torch.cuda.current_stream().wait_stream(warm)
-    graphs = []
-    for slots in (True, False):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(tokens):
-                token(slots)
-        graphs.append(g)
-
-    def replay(g) -> float:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) * 1e3
+    with_slots, without = (captured(lambda slots=slots: [token(slots) for _ in range(tokens)])
+                           for slots in (True, False))
     out = []
     for i in range(repeats + 2):
-        with_slots, without = replay(graphs[0]), replay(graphs[1])
+        a, b = replay_us(with_slots), replay_us(without)
         if i >= 2:
-            out.append(max(0.0, with_slots - without) / (tokens * L))
+            out.append(max(0.0, a - b) / (tokens * L))
     if int(st.counts[:, pk.COPIED].sum()) == 0:
         raise RuntimeError("lookahead probe: the side stream copied nothing")
     return Stats(tuple(out))
@@ -480,31 +486,24 @@ GRAPH_LAUNCHES = 256      # kernels in the launch probe's graph
 
 def graph_launch_us(repeats: int) -> Stats:
     """Microseconds one small kernel takes inside a CUDA graph, back to back (the floor of every launch at batch 1):
-    a graph of GRAPH_LAUNCHES in-place adds on a one-element tensor, each replay timed with CUDA events over the
-    launches, `repeats` replays after a warm-up; checked by the tensor's final value."""
-    x = torch.zeros(1, dtype=torch.float32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                   # capture from a side stream (torch's rule), warmed first
-        x.add_(1.0)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_LAUNCHES):
-            x.add_(1.0)
-    out = []
-    for i in range(repeats + 2):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        if i >= 2:
-            out.append(a.elapsed_time(b) * 1e3 / GRAPH_LAUNCHES)
-    want = 1 + GRAPH_LAUNCHES * (repeats + 2)       # the warm-up add and the replays (capture runs nothing)
+    a graph of GRAPH_LAUNCHES in-place adds on a one-element tensor (`add_chain`), each replay timed with CUDA events
+    over the launches, `repeats` replays after a warm-up; checked by the tensor's final value."""
+    g, x = add_chain(GRAPH_LAUNCHES)
+    out = [replay_us(g) / GRAPH_LAUNCHES for _ in range(repeats + 2)][2:]
+    want = GRAPH_LAUNCHES * (repeats + 3)           # the warm-up run and the replays (capture runs nothing)
     if float(x.item()) != want:
         raise RuntimeError(f"launch probe: the graph's adds left {float(x.item())}, expected {want}")
     return Stats(tuple(out))
+
+
+def add_chain(n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A CUDA graph of n in-place adds of 1 on a one-element float32 tensor (run once before the capture), and it."""
+    x = torch.zeros(1, dtype=torch.float32, device="cuda")
+
+    def adds() -> None:
+        for _ in range(n):
+            x.add_(1.0)
+    return captured(adds), x
 
 
 def pin_chunk(nbytes: int) -> Callable[[], None]:

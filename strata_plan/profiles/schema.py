@@ -354,8 +354,9 @@ DEFAULT_GRAPH_LAUNCH = Figure(4.3, "estimate", "H200: the tiny fused MoE call (2
                               "took 8.67 us (kernels-20261203T182906Z.json); the profiler's floor, one add a kernel, "
                               "measured 1.13 us there (benchmarks/data/run-20261205). `strata-plan profile` measures "
                               "it (graph_launch_us)")
-DEFAULT_LOOKAHEAD_LAYER = Figure(6.6, "estimate", "H100: resolve 4.3 + release 2.3 us a MoE layer in the trained "
-                                 "bench-moe's decode graph (benchmarks/tools/step_kernels.py, 2026-12-05). "
+DEFAULT_LOOKAHEAD_LAYER = Figure(6.6, "estimate", "H100: resolve 4.3 + release 2.3 us a MoE layer in the decode "
+                                 "graph of bench-moe's geometry, random weights (benchmarks/tools/step_kernels.py, "
+                                 "2026-12-05). "
                                  "`strata-plan profile` measures it (lookahead_layer_us)")
 DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
                                 "(engine/ENGINE.md); the copy path's (several GPUs) and prefill's, not measured by "
