@@ -11,7 +11,10 @@ steps (the step's graph captured at the second), then the graph replayed under t
 runs), one replay at a time. Kernels on another stream than the replay's first (the lookahead's side stream) are listed
 apart; on the token's main chain each kernel is charged its duration and the idle gap before it (the graph's launch
 latency between dependent kernels, and any wait on an event). Medians over the replays, microseconds a
-token."""
+token. In a replay the graph's branches run on streams of the graph's own choosing, so "main" (the replay's first
+kernel's stream) is a guess once the graph forks; `gpu_idle_us` (no kernel on any stream) and the median replay's
+`timeline` (name, stream, start, duration) are not.
+"""
 from __future__ import annotations
 
 import argparse
@@ -85,6 +88,7 @@ def account(replays: list[list[dict]]) -> dict:
                     g[2] += max(0.0, e["ts"] - end)
                 end = max(end or 0.0, e["ts"] + e["dur"])
         walls.append(max(e["ts"] + e["dur"] for e in ks) - ks[0]["ts"])
+        totals["gpu_idle_us"].append(walls[-1] - union_us(ks))
         for key, k in (("main_busy_us", 1), ("main_idle_us", 2)):
             totals[key].append(sum(v[k] for name, v in got.items() if not name.startswith("side ")))
         totals["side_busy_us"].append(sum(v[1] for name, v in got.items() if name.startswith("side ")))
@@ -94,8 +98,25 @@ def account(replays: list[list[dict]]) -> dict:
             per[name]["gap_us"].append(gap)
     rows = {name: {k: statistics.median(v + [0] * (len(replays) - len(v))) for k, v in cols.items()}
             for name, cols in per.items()}
+    mid = replays[sorted(range(len(walls)), key=walls.__getitem__)[len(walls) // 2]]
+    t0 = mid[0]["ts"]                      # the median replay's kernels: name, stream, start and duration (us)
+    timeline = [[short(e["name"]), e.get("args", {}).get("stream"), round(e["ts"] - t0, 3), e["dur"]] for e in mid]
     return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows,
-            **{k: statistics.median(v) for k, v in totals.items()}}
+            **{k: statistics.median(v) for k, v in totals.items()}, "timeline": timeline}
+
+
+def union_us(ks: list[dict]) -> float:
+    """Microseconds in which at least one kernel ran (any stream)."""
+    busy, end = 0.0, None
+    for e in sorted(ks, key=lambda e: e["ts"]):
+        a, b = e["ts"], e["ts"] + e["dur"]
+        if end is None or a > end:
+            busy += b - a
+            end = b
+        elif b > end:
+            busy += b - end
+            end = b
+    return busy
 
 
 def gpu_state() -> dict:
@@ -131,7 +152,8 @@ def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bo
 def show(name: str, r: dict, first: dict | None) -> None:
     if r["replays"]:
         print(f"\n{name}: main stream busy {r['main_busy_us']:.1f} us, idle between its kernels "
-              f"{r['main_idle_us']:.1f}; side stream busy {r['side_busy_us']:.1f}", end="")
+              f"{r['main_idle_us']:.1f}; side stream busy {r['side_busy_us']:.1f}; no kernel running "
+              f"{r['gpu_idle_us']:.1f}", end="")
     print(f"\n{name}: wall {r['wall_us']:.1f} us a token ({r['replays']} replays); time_parts "
           + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()) + f"; GPU {r['gpu']}")
     ks = r["kernels"]
