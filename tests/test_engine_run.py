@@ -555,3 +555,16 @@ def test_bench_draws_the_same_sampled_tokens_in_every_mode_and_not_the_greedy_on
     assert got["lru"]["tokens"] == got["on-demand"]["tokens"] and got["lru"]["pick"] == pick.key
     greedy = measure(packed_bf16, plan, mode="lru", tokens=8, warmup=2, device="cpu")
     assert greedy["pick"] == "greedy" and greedy["tokens"] != got["lru"]["tokens"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_sampled_bench_times_its_step_parts(packed_bf16):
+    """A sampled bench on the device loop ends with `time_parts`, which captures the sampled step outside the decode
+    call: the pick's draw counter (made in inference mode) is updated there too."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from strata_plan.engine.bench import measure
+    from strata_plan.engine.picks import GumbelPick
+    r = measure(packed_bf16, dataclasses.replace(bf16_plan(4, 28, 2, 1, chunk=4), context=96), mode="plan", tokens=8,
+                warmup=4, device="cuda", pick=GumbelPick(1.0, 0.95, seed=5))
+    assert r["pick"].startswith("sample:") and r["device_step"]["step_s"] > 0

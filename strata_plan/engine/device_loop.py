@@ -252,6 +252,7 @@ class DeviceDecode:
         out, self._split = self._split, self._zero()
         return out
 
+    @torch.inference_mode()                  # as the model's decode steps (a pick's counter is an inference tensor)
     def time_parts(self, reps: int = 20) -> dict:
         """Median GPU seconds of one decode step replayed as a graph (`step_s`: the greedy variant when it was
         run, else a sampling one that was, else the logits one), and of the same step captured with its MoE calls

@@ -1,0 +1,82 @@
+"""Diagnostic (GPU, about 10 s): does forking a side branch inside a CUDA graph slow the main chain's every launch?
+In the decode step's graph (benchmarks/tools/step_kernels.py, trained model, H100) the idle gap before each
+main-chain kernel was about 0.1 us without the lookahead's side stream and about 0.43 us with it, kernels where no
+side kernel was running included: some 370 kernels a token, about 120 us. This times a chain of N small kernels in
+one graph with the side branch's shape varied:
+
+    python3 benchmarks/tools/graph_fork_probe.py      # prints us a main-chain kernel; writes $OUT/graph_fork_probe.json
+
+  linear         N in-place adds, one stream
+  fork_once      a side branch (one add on another tensor) forked at the start, joined at the end
+  forks_end      a side branch forked every N / FORKS adds, all joined at the end (the decode step's shape)
+  forks_joined   the same, each branch joined back FORK_SPAN adds after its fork
+  outside        the linear graph, a kernel on another stream outside the graph running beside it (torch.cuda._sleep)
+Median of 15 replays each, CUDA events on the main stream. Not a benchmark: no results file."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+import torch
+
+from strata_plan.profiler.gpu import captured, replay_us
+
+N, FORKS, FORK_SPAN = 400, 9, 4
+
+
+def chain(forks: int, join_after: int | None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """N adds on x; `forks` side branches (an add on y each) forked at even steps, joined `join_after` adds later
+    (None: at the end)."""
+    x = torch.zeros(1, device="cuda")
+    y = torch.zeros(1, device="cuda")
+    side = torch.cuda.Stream()
+    at = {i * N // forks for i in range(forks)} if forks else set()
+
+    def work() -> None:
+        main = torch.cuda.current_stream()
+        open_until = None
+        for i in range(N):
+            if i in at:
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    y.add_(1.0)
+                open_until = None if join_after is None else i + join_after
+            if open_until is not None and i == open_until:
+                main.wait_stream(side)
+                open_until = None
+            x.add_(1.0)
+        if forks:
+            main.wait_stream(side)
+    return captured(work), x
+
+
+def timed(g: torch.cuda.CUDAGraph, beside=None) -> float:
+    out = []
+    side = torch.cuda.Stream()
+    for _ in range(17):
+        torch.cuda.synchronize()
+        if beside is not None:
+            with torch.cuda.stream(side):
+                beside()
+        out.append(replay_us(g) / N)
+    torch.cuda.synchronize()
+    return statistics.median(out[2:])
+
+
+def main() -> None:
+    graphs = {"linear": chain(0, None), "fork_once": chain(1, None), "forks_end": chain(FORKS, None),
+              "forks_joined": chain(FORKS, FORK_SPAN)}
+    got = {name: timed(g) for name, (g, _) in graphs.items()}
+    got["outside"] = timed(graphs["linear"][0], lambda: torch.cuda._sleep(2_000_000))    # ~1 ms at 2 GHz
+    got.update({f"{name} (again)": timed(g) for name, (g, _) in graphs.items()})       # order effects
+    print(f"{torch.cuda.get_device_name()}: us a main-chain kernel of a {N}-kernel graph, {FORKS} forks, median of 15")
+    for name, us in got.items():
+        print(f"  {name:22s} {us:6.3f}  ({us / got['linear']:.2f}x linear)")
+    out = Path(os.environ.get("OUT", "."))
+    (out / "graph_fork_probe.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "us": got}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
