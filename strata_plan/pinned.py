@@ -14,6 +14,11 @@ machine with a recent GPU) a kernel reads it at its host address; otherwise at t
 `cuMemHostGetDevicePointer` gives. Kernels that take an arena and byte offsets (`fused_moe`) read a blob here
 with offset `device_ptr + i - arena.data_ptr()`: over PCIe, with no copy (zero-copy).
 
+On a machine of several NUMA nodes the region's pages are asked of the GPU's node (`mbind`, MPOL_PREFERRED, before
+registering faults them in): pages on the other socket reach the GPU through the sockets' link, and a region's
+placement otherwise follows whichever CPU the registering thread ran on (`node`: where they went, None where the
+machine has one node or says nothing).
+
 The driver API is called through ctypes on `libcuda.so.1` in the primary context torch made current; every
 return code is checked. On a CPU device the region is the same mapping, not registered.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import time
+from pathlib import Path
 
 import torch
 
@@ -55,8 +61,37 @@ def can_use_host_pointer(device: torch.device) -> bool:
     return bool(v.value)
 
 
+def gpu_numa_node(device: torch.device) -> int | None:
+    """The NUMA node the GPU's PCIe slot hangs off (sysfs), or None (one node, unknown, or not a CUDA device)."""
+    if device.type != "cuda" or len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) < 2:
+        return None
+    try:
+        p = torch.cuda.get_device_properties(device)
+        bus = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        node = int(Path(f"/sys/bus/pci/devices/{bus}/numa_node").read_text())
+    except (AttributeError, OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+_MBIND, _MPOL_PREFERRED = 237, 1     # x86_64's mbind(2) syscall number; prefer the node, fall back when it is full
+
+
+def prefer_node(addr: int, length: int, node: int) -> bool:
+    """Ask that pages of [addr, addr + length) not yet faulted in come from NUMA node `node`; False where the
+    kernel refused (the machine's default placement then applies)."""
+    import platform
+    if platform.machine() != "x86_64":
+        return False
+    mask = (ctypes.c_ulong * 16)()
+    mask[node // 64] = 1 << (node % 64)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(_MBIND, ctypes.c_void_p(addr), ctypes.c_size_t(length), _MPOL_PREFERRED, mask,
+                        ctypes.c_ulong(16 * 64 + 1), ctypes.c_uint(0)) == 0
+
+
 class HostRegion:
-    def __init__(self, nbytes: int, device: torch.device | str = "cpu"):
+    def __init__(self, nbytes: int, device: torch.device | str = "cpu", node: int | None = -1):
         device = torch.device(device)
         self.nbytes = int(nbytes)
         self.mapped = max(HUGE, -(-self.nbytes // HUGE) * HUGE)
@@ -69,6 +104,8 @@ class HostRegion:
         skip = -whole.data_ptr() % HUGE
         self.tensor = whole[skip:skip + self.nbytes]
         self.host_ptr = self.tensor.data_ptr()
+        want = gpu_numa_node(device) if node == -1 else node          # -1: the GPU's; None: the machine's default
+        self.node = want if want is not None and prefer_node(self.host_ptr, self.mapped, want) else None
         self.registered = False
         self.register_s = 0.0
         self.device_ptr = 0

@@ -269,11 +269,11 @@ class ZeroCopyProbe:
     `region.device_ptr - arena.data_ptr()`, as `fused_moe` reads a RAM expert. `close()` unregisters it.
     On a CPU device (tests, Triton's interpreter) the region is not registered and is read at its host address."""
 
-    def __init__(self, nbytes: int, device: torch.device | str = "cuda"):
+    def __init__(self, nbytes: int, device: torch.device | str = "cuda", node: int | None = -1):
         from strata_plan.kernels.stream_read import stream_read
         from strata_plan.pinned import HostRegion
         self._read = stream_read
-        self.region = HostRegion(nbytes, device)
+        self.region = HostRegion(nbytes, device, node)           # node -1: the GPU's NUMA node, as the engine's
         words = self.region.tensor.view(torch.int32)
         step = 16 << 20
         for i in range(0, words.numel(), step):            # 1, 2, 3, ...: no word is zero, no two are equal
