@@ -356,6 +356,8 @@ def main() -> int:
             metrics[f"{name}.ram_tier_gb"] = pin["tier_bytes"] / 1e9
             metrics[f"{name}.ram_tier_pinned_over_size"] = pin["pinned_bytes"] / pin["tier_bytes"]
             metrics[f"{k}.ram_huge_page_share"] = pin["huge_page_share"]
+            if pin.get("numa_node") is not None:
+                metrics[f"{k}.ram_numa_node"] = pin["numa_node"]
             print(f"{name:8s} {mode:9s} {r['measured']['decode_tok_s']:.2f} tok/s = "
                   f"{metrics[k + '.over_bound']:.3f} of its bound {bound:.2f} (t_nonMoE {parts['without_moe_s'] * 1e3:.2f} ms, "
                   f"{B / 1e9:.3f} GB/tok in place at {rate:.1f} GB/s zero-copy; step alone {parts['step_s'] * 1e3:.2f} ms); "

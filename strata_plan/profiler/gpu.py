@@ -329,7 +329,8 @@ def zero_copy_probe(s: GpuSettings, notes: list[str]) -> ZeroCopyProbe | None:
         share = probe.region.huge_share()          # 4 KiB pages cost the GPU's reads more address translations
         if share is not None:
             notes.append(f"zero-copy reads: {share:.0%} of the probe's {probe.region.mapped / GiB:.2f} GiB region on "
-                         "transparent huge pages")
+                         "transparent huge pages" + (f", its pages asked of NUMA node {probe.region.node} (the GPU's)"
+                                                     if probe.region.node is not None else ""))
         return probe
     except Exception as e:  # noqa: BLE001 -- a kernel failure must not lose the whole profile
         if probe is not None:
