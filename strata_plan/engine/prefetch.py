@@ -48,7 +48,7 @@ class DevicePrefetch:
         # the side stream at the device's highest priority (kept by its kernel nodes in a captured graph: torch
         # instantiates graphs with node priorities): the block scheduler gives the gate's and the copy's few thread
         # blocks the next free SM slots, ahead of the main stream's wide kernels running beside them
-        self.side = torch.cuda.Stream(dev, priority=torch.cuda.Stream.priority_range()[1]) if self.cuda else None
+        self.side = torch.cuda.Stream(dev, priority=-100) if self.cuda else None   # (torch clamps to the highest)
         self.forked = False
         self.programs: int | None = None      # the copy kernel's thread blocks (None: kernels.prefetch.copy_programs)
 
