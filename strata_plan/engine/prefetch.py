@@ -53,7 +53,8 @@ class DevicePrefetch:
         self.programs: int | None = None      # the copy kernel's thread blocks (None: kernels.prefetch.copy_programs)
 
     def resolve(self, j: int, ids: torch.Tensor) -> None:
-        """Before layer j's cache step and MoE kernels (one token): routed guesses that landed are read from their slots."""
+        """Before layer j's cache step and MoE kernels (one token): routed guesses that landed are read from their
+        slots."""
         (pk.resolve if self.kernels else pk.reference_resolve)(ids, j, self.st)
 
     def release(self, j: int) -> None:
@@ -64,8 +65,8 @@ class DevicePrefetch:
         """Guesses int64 [k] (best first) for MoE layer jj, or a function that makes them (the lookahead gate on
         `reads`, the layer's output): made, noted, claimed and copied (each slot published as its bytes land) on the
         side stream (graph-safe: the side stream forks from the main one here and joins it in `end_token`), so the
-        main stream's next layer starts at once. `note_guesses` keeps them for `resolve`'s precision and recall: a layer resolved before its guesses
-        were noted (the side stream a whole layer late) counts none."""
+        main stream's next layer starts at once. `note_guesses` keeps them for `resolve`'s precision and recall: a
+        layer resolved before its guesses were noted (the side stream a whole layer late) counts none."""
         st = self.st
         if not (self.kernels and self.cuda):  # one stream, in order: the references, or the kernels interpreted
             gids = gids() if callable(gids) else gids
