@@ -11,9 +11,9 @@ steps (the step's graph captured at the second), then the graph replayed under t
 kernels a graph runs), one replay at a time. Kernels on another stream than the replay's first (the lookahead's side
 stream) are listed apart; on the token's main chain each kernel is charged its duration and the idle gap before it
 (the graph's launch latency between dependent kernels, and any wait on an event). Medians over the replays,
-microseconds a token. In a replay the graph's branches run on streams of the graph's own choosing, so "main" (the replay's first
-kernel's stream) is a guess once the graph forks; `gpu_idle_us` (no kernel on any stream) and the median replay's
-`timeline` (name, stream, start, duration) are not.
+microseconds a token. In a replay the graph's branches run on streams of the graph's own choosing, so "main" (the
+replay's first kernel's stream) is a guess once the graph forks; `gpu_idle_us` (no kernel on any stream) and the
+median replay's `timeline` (name, stream, start, duration) are not.
 """
 from __future__ import annotations
 
