@@ -45,10 +45,7 @@ class DevicePrefetch:
             guessed=torch.full((L, store.top_k), -1, dtype=torch.int64, device=dev))
         self.cuda = dev.type == "cuda"
         self.kernels = store.kernels          # else the plain references (a CPU)
-        # the side stream at the device's highest priority (kept by its kernel nodes in a captured graph: torch
-        # instantiates graphs with node priorities): the block scheduler gives the gate's and the copy's few thread
-        # blocks the next free SM slots, ahead of the main stream's wide kernels running beside them
-        self.side = torch.cuda.Stream(dev, priority=-100) if self.cuda else None   # (torch clamps to the highest)
+        self.side = torch.cuda.Stream(dev) if self.cuda else None
         self.forked = False
         self.programs: int | None = None      # the copy kernel's thread blocks (None: kernels.prefetch.copy_programs)
 
