@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 
 import torch
 
-from strata_plan.profiler.gpu import captured, replay_us
+from launch_under_load import chain_us        # (this folder: the same chain timing)
+from strata_plan.profiler.gpu import captured
 
 N, FORKS, FORK_SPAN = 400, 9, 4
 
@@ -56,7 +56,7 @@ def chain(forks: int, join_after: int | None, branch=None, inline=None, priority
             x.add_(1.0)
         if forks and inline is None:
             main.wait_stream(side)
-        if inline is None and branch is not None and hasattr(branch, "end"):
+        if inline is None and hasattr(branch, "end"):
             branch.end()
     return captured(work), x
 
@@ -82,16 +82,7 @@ class Lookahead:
 
 
 def timed(g: torch.cuda.CUDAGraph, beside=None) -> float:
-    out = []
-    side = torch.cuda.Stream()
-    for _ in range(17):
-        torch.cuda.synchronize()
-        if beside is not None:
-            with torch.cuda.stream(side):
-                beside()
-        out.append(replay_us(g) / N)
-    torch.cuda.synchronize()
-    return statistics.median(out[2:])
+    return chain_us(g, beside, torch.cuda.Stream(), n=N, reps=15, warmup=2)
 
 
 def main() -> None:

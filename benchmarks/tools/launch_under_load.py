@@ -28,17 +28,19 @@ N = 512                  # kernels in the chain
 LOAD = 1 << 30           # bytes the side stream moves (about 20 ms over PCIe: longer than the chain)
 
 
-def chain_us(g: torch.cuda.CUDAGraph, load=None, side: torch.cuda.Stream | None = None) -> float:
-    """Microseconds a kernel of the chain's replay, with `load()` enqueued on `side` just before it."""
+def chain_us(g: torch.cuda.CUDAGraph, load=None, side: torch.cuda.Stream | None = None, n: int = N, reps: int = 7,
+             warmup: int = 0) -> float:
+    """Microseconds a kernel of the n-kernel chain's replay (median of `reps` after `warmup`), with `load()`
+    enqueued on `side` just before each."""
     out = []
-    for _ in range(7):
+    for _ in range(warmup + reps):
         torch.cuda.synchronize()
         if load is not None:
             with torch.cuda.stream(side):
                 load()
-        out.append(replay_us(g) / N)
+        out.append(replay_us(g) / n)
     torch.cuda.synchronize()
-    return statistics.median(out)
+    return statistics.median(out[warmup:])
 
 
 def main() -> None:
