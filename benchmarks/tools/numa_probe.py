@@ -23,16 +23,21 @@ from strata_plan.profiler.gpu import ZeroCopyProbe
 REGION, READ = 2 << 30, 256 << 20
 
 
-def pages_by_node(addr: int) -> dict:
-    """N<node>=<pages> of the mapping holding `addr` (/proc/self/numa_maps), {} where unreadable."""
+def pages_by_node(addr: int, size: int) -> dict:
+    """N<node>=<pages> of the mappings from the one holding `addr` to those starting before addr + size
+    (/proc/self/numa_maps lists each mapping's start; registering may split the region), {} where unreadable."""
     try:
-        for line in open("/proc/self/numa_maps"):
-            start = int(line.split()[0], 16)
-            if start <= addr < start + REGION + (4 << 20):
-                return {w.split("=")[0]: int(w.split("=")[1]) for w in line.split() if w.startswith("N")}
+        lines = [(int(line.split()[0], 16), line.split()) for line in open("/proc/self/numa_maps")]
     except OSError:
-        pass
-    return {}
+        return {}
+    first = max((a for a, _ in lines if a <= addr), default=addr)
+    got: dict = {}
+    for a, words in lines:
+        if first <= a < addr + size:
+            for w in words:
+                if w.startswith("N") and "=" in w:
+                    got[w.split("=")[0]] = got.get(w.split("=")[0], 0) + int(w.split("=")[1])
+    return got
 
 
 def gbps(probe: ZeroCopyProbe) -> float:
@@ -58,8 +63,8 @@ def main() -> None:
     for name, node in [("default", None), ("gpu's (-1)", -1)] + [(f"node {n}", n) for n in nodes]:
         probe = ZeroCopyProbe(REGION, dev, node)
         probe.check(READ)
-        r = {"asked": node, "got": probe.region.node, "pages": pages_by_node(probe.region.host_ptr),
-             "gbps": gbps(probe)}
+        reg = probe.region
+        r = {"asked": node, "got": reg.node, "pages": pages_by_node(reg.host_ptr, reg.mapped), "gbps": gbps(probe)}
         probe.close()
         info["placements"][name] = r
         print(f"  {name:12s} {r['gbps']:6.2f} GB/s   pages {r['pages']}")
