@@ -48,6 +48,11 @@ async def type_into(pilot, widget_id: str, text: str) -> None:
     await pilot.press("end", *["backspace"] * len(value), *text)
 
 
+def asking(app) -> bool:
+    """A Confirm question is up and has the focus."""
+    return type(app.screen).__name__ == "Confirm" and app.focused is not None
+
+
 def plain(widget) -> str:
     """What a Static shows, as plain text (Rich renderables printed on a wide console)."""
     import io
@@ -317,8 +322,8 @@ def test_replacing_files_and_leaving_without_saving_are_asked_first(in_tmp, fini
             await pilot.pause()
             assert app.focused.id == "profile-out"
             await pilot.press("ctrl+n")                        # Finish without saving: asked
-            await pilot.pause()
-            assert type(app.screen).__name__ == "Confirm" and "without saving" in plain(app.screen.query_one("#question"))
+            await wait_for(pilot, lambda: asking(app))
+            assert "without saving" in plain(app.screen.query_one("#question"))
             await pilot.press("escape")                        # stay
             await pilot.pause()
             assert type(app.screen).__name__ == "SaveScreen"
@@ -326,19 +331,17 @@ def test_replacing_files_and_leaving_without_saving_are_asked_first(in_tmp, fini
             (in_tmp / plan_out).write_text("mine\n")
             await focus(pilot, "save")
             await pilot.press("enter")                         # the plan file exists: asked
-            await pilot.pause()
-            assert type(app.screen).__name__ == "Confirm" and plan_out in plain(app.screen.query_one("#question"))
+            await wait_for(pilot, lambda: asking(app))
+            assert plan_out in plain(app.screen.query_one("#question"))
             app.screen.query_one("#no").press()
             await pilot.pause()
             assert (in_tmp / plan_out).read_text() == "mine\n" and not app.session.saved
             await focus(pilot, "save")
             await pilot.press("enter")
-            await pilot.pause()
+            # the question, then the save, land a few frames later on a busy machine
+            await wait_for(pilot, lambda: asking(app) and app.focused.id == "yes")
             await pilot.press("enter")                         # Replace (focused first)
-            for _ in range(100):                               # the save lands a few frames later on a busy machine
-                await pilot.pause()
-                if app.session.saved:
-                    break
+            await wait_for(pilot, lambda: bool(app.session.saved))
             assert len(app.session.saved) == 3 and (in_tmp / plan_out).read_text() != "mine\n"
             await pilot.press("ctrl+n")                        # saved: Finish leaves at once
             await pilot.pause()
