@@ -337,6 +337,8 @@ def test_replacing_files_and_leaving_without_saving_are_asked_first(in_tmp, fini
             await pilot.pause()
             assert (in_tmp / plan_out).read_text() == "mine\n" and not app.session.saved
             await focus(pilot, "save")
+            # Enter is ignored while a button still shows its last press (`-active`, 0.2 s): wait it out
+            await wait_for(pilot, lambda: not app.screen.query_one("#save").has_class("-active"))
             await pilot.press("enter")
             # the question, then the save, land a few frames later on a busy machine
             await wait_for(pilot, lambda: asking(app) and app.focused.id == "yes")
