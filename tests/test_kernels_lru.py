@@ -3,6 +3,8 @@ brute-force simulation hit for hit, the Triton kernel (interpreted on CPU) match
 and the fill copies exactly the admitted experts into their slots."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -110,6 +112,48 @@ def test_fill_copies_the_admitted_experts_into_their_slots():
                 src = int(st.ram_offset[0, e])
                 assert torch.equal(arena[dst:dst + n], arena[src:src + n])
     assert st.counts[0, MISS_BYTES] == sum(int(st.nbytes[0, e]) for e in (4, 7, 2, 9, 11))
+
+
+def _head_landed(st: LruState, e: int, slot_at: int) -> LruState:
+    """Expert e of layer 0 as the lookahead leaves one whose gate and up (its first half) landed in a staging slot at
+    `slot_at`: the fill's source there, the rest at its RAM copy (tail)."""
+    tail = torch.full_like(st.ram_offset, -1)
+    tail[0, e] = st.ram_offset[0, e]
+    head = st.nbytes // 2 // 256 * 256
+    st.ram_offset[0, e] = slot_at
+    return dataclasses.replace(st, tail=tail, head=head)
+
+
+@pytest.mark.parametrize("ids", [[0, 4, 7, 2], [1, 4, 7, 9]])
+def test_a_head_landed_expert_fills_from_its_slot_and_ram(ids):
+    """The fill takes the head from the staging slot and the rest from RAM (the slot past the head holds junk), kernel
+    and reference alike; with more misses than slots the expert is admitted then evicted within the token and read in
+    place from RAM (its table entry, which the lookahead leaves there), never from the slot that holds only its head."""
+    L, E, k, e = 1, 12, 4, 4
+    slots = [3] if 0 in ids else [1]
+    states = []
+    for device in ("cpu", DEV):
+        st = make_state(L, E, k, slots, [{0}], device=device)
+        ram_end = int(st.ram_offset.max()) + SLOT
+        arena = torch.randint(0, 256, (ram_end + SLOT,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+        n, ram = int(st.nbytes[0, e]), int(st.ram_offset[0, e])
+        st = _head_landed(st, e, ram_end)
+        h = int(st.head[0, e])
+        arena[ram_end:ram_end + h] = arena[ram:ram + h]          # the landed head; junk after it
+        states.append((st, arena.to(device), n, ram, h))
+    (a, ra, n, ram, h), (b, rb, *_) = states
+    t = torch.tensor(ids)
+    reference_step(t, 0, a)
+    reference_fill(ra, t, 0, a)
+    lru_step(t.to(DEV), 0, b)
+    fill_slots(rb, t.to(DEV), 0, b, SLOT)
+    assert torch.equal(ra, rb.cpu()) and torch.equal(a.table, b.table.cpu())
+    dst = int(a.admit[0, ids.index(e)])
+    if slots[0] >= 3:                                           # admitted: its slot holds the whole RAM blob
+        assert dst >= 0 and int(a.table[0, e]) == dst and torch.equal(ra[dst:dst + n], ra[ram:ram + n])
+    else:                                                       # admitted, then evicted by a later miss
+        assert dst < 0 and int(a.table[0, e]) == ram
+    assert not torch.equal(ra[a.ram_offset[0, e]:a.ram_offset[0, e] + n], ra[ram:ram + n])   # the slot: head only
 
 
 @pytest.mark.gpu

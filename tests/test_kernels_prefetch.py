@@ -14,7 +14,10 @@ VRAM = 8 * 4096 + S * BLOB + 4096              # static experts, the staging slo
 POISON = VRAM - 4096
 
 
-def _setup(with_src: bool = False):
+HEAD = BLOB // 2                                  # head landing: an expert's gate and up
+
+
+def _setup(with_src: bool = False, head: bool = False):
     """(arena, state): experts 0-3 static, 4-11 in pinned RAM (each a distinct byte pattern), 12-15 NVMe; three
     staging slots after the static experts. The "RAM" lies in the same buffer past the VRAM part."""
     ram_at = VRAM
@@ -35,9 +38,24 @@ def _setup(with_src: bool = False):
                           slot_offset=d(torch.tensor([8 * 4096 + i * BLOB for i in range(S)])),
                           where=d(torch.full((L, E), -1, dtype=torch.int64)), assign=d(torch.full((K,), -1)),
                           ram_rows=d(rows), tier=d(tier), nbytes=d(torch.full((L, E), BLOB)), table=d(rows.clone()),
-                          src=d(rows.clone()) if with_src else None, counts=d(torch.zeros((L, pf.N_COUNTS), dtype=torch.int64)),
-                          cached_hi=POISON, guessed=d(torch.full((L, K), -1, dtype=torch.int64)))
+                          src=d(rows.clone()) if with_src or head else None,
+                          counts=d(torch.zeros((L, pf.N_COUNTS), dtype=torch.int64)),
+                          cached_hi=POISON, guessed=d(torch.full((L, K), -1, dtype=torch.int64)),
+                          head=d(torch.full((L, E), HEAD)) if head else None,
+                          tail=d(torch.full((L, E), -1)) if head else None)
     return arena, st
+
+
+def _land_head(arena, g, jj, st):
+    """What the copy has done when it publishes guess g[0]'s head: its gate and up in the slot, counted, HEAD (the
+    kernel's own HEAD publication: test_the_copy_publishes_the_head_once_gate_and_up_have_landed)."""
+    e = int(g[0])
+    s = int(st.where[jj, e])
+    a, b = int(st.ram_rows[jj, e]), int(st.slot_offset[s])
+    arena[b:b + HEAD] = arena[a:a + HEAD]
+    st.filled[s] += HEAD
+    st.counts[jj, pf.COPIED] += HEAD
+    st.state[s] = pf._word(jj * E + e, pf.HEAD)
 
 
 def _claim(claim):
@@ -47,26 +65,27 @@ def _claim(claim):
     return run
 
 
-KERNELS = {"claim": _claim(pf.claim), "copy": lambda a, g, jj, st: pf.copy(a, g, jj, st, BLOB),
+KERNELS = {"claim": _claim(pf.claim), "copy": lambda a, g, jj, st: pf.copy(a, g, jj, st, BLOB), "head": _land_head,
            "resolve": lambda a, ids, j, st: pf.resolve(ids, j, st), "release": lambda a, _, j, st: pf.release(j, st)}
-REFERENCE = {"claim": _claim(pf.reference_claim),
+REFERENCE = {"claim": _claim(pf.reference_claim), "head": _land_head,
              "copy": lambda a, g, jj, st: pf.reference_copy(a, g, jj, st),
              "resolve": lambda a, ids, j, st: pf.reference_resolve(ids, j, st),
              "release": lambda a, _, j, st: pf.reference_release(j, st)}
 
 
-def _play(steps, with_src=False):
+def _play(steps, with_src=False, head=False):
     """Both implementations through the same steps [(name, ids, layer)]; their states after each step must agree."""
     runs = []
     for impl in (KERNELS, REFERENCE):
-        arena, st = _setup(with_src)
+        arena, st = _setup(with_src, head)
         trace = []
         for name, ids, j in steps:
             impl[name](arena, torch.tensor(ids, device=DEV), j, st)
             if DEV.type == "cuda":
                 torch.cuda.synchronize()
             trace.append((st.state.tolist(), st.where.tolist(), st.table.tolist(),
-                          None if st.src is None else st.src.tolist(), st.counts.tolist()))
+                          None if st.src is None else st.src.tolist(), st.counts.tolist(),
+                          None if st.tail is None else st.tail.tolist(), st.used.tolist()))
         runs.append((trace, arena, st))
     (kt, ka, _), (rt, ra, _) = runs
     for step, (a, b) in enumerate(zip(kt, rt)):
@@ -80,7 +99,7 @@ def test_a_guess_landed_in_time_is_read_from_its_slot_then_freed():
     st, arena = _play([("claim", g, 1), ("copy", g, 1), ("resolve", [5, 0, 9, 12], 1),
                        ("release", [], 1)])
     # 5 was used from its slot (then freed); 7 was guessed and not routed: wasted; 9 not guessed: in place
-    assert st.counts[1].tolist() == [1, 0, 1, 2 * BLOB, BLOB, BLOB, 4, 1, 4]    # 4 guesses, 1 right
+    assert st.counts[1].tolist() == [1, 0, 1, 2 * BLOB, BLOB, BLOB, 4, 1, 4, 0]    # 4 guesses, 1 right
     assert st.state.tolist() == [pf.FREE] * S and (st.where == -1).all()
     assert torch.equal(st.table, st.ram_rows)           # every entry back to pinned RAM
 
@@ -103,7 +122,7 @@ def test_a_guess_still_copying_is_taken_and_read_in_place_never_waited_for():
                    ("release", [], 0),                                              # 4 and 8 TAKEN: not freed
                    ("copy", g, 0),                                                  # skipped: both TAKEN_DONE
                    ("release", [], 0)])
-    assert st.counts[0].tolist() == [0, 1, 2, 0, 0, 0, 2, 1, 4]                 # 4 late, 4 and 8 unused
+    assert st.counts[0].tolist() == [0, 1, 2, 0, 0, 0, 2, 1, 4, 0]                 # 4 late, 4 and 8 unused
     assert st.state.tolist() == [pf.FREE] * S and torch.equal(st.table, st.ram_rows)
 
 
@@ -113,8 +132,8 @@ def test_slots_run_out_and_guesses_of_a_later_layer_outlive_an_earlier_release()
                    ("release", [], 0),                                          # layer 0 done: layer 1's stay
                    ("resolve", [4, 5, 6, 7], 1), ("release", [], 1),
                    ("claim", g2, 2), ("copy", g2, 2), ("release", [], 2)])
-    assert st.counts[1].tolist() == [3, 0, 0, 3 * BLOB, 3 * BLOB, 0, 4, 4, 4]
-    assert st.counts[2].tolist() == [0, 0, 2, 2 * BLOB, 0, 2 * BLOB, 0, 0, 0]     # layer 2 never resolved
+    assert st.counts[1].tolist() == [3, 0, 0, 3 * BLOB, 3 * BLOB, 0, 4, 4, 4, 0]
+    assert st.counts[2].tolist() == [0, 0, 2, 2 * BLOB, 0, 2 * BLOB, 0, 0, 0, 0]     # layer 2 never resolved
 
 
 def test_a_claim_takes_the_free_slots_in_order_skipping_twins_static_and_claimed_experts():
@@ -131,7 +150,7 @@ def test_a_guess_taken_before_its_copy_is_not_copied():
     g = [4, 8, -1, -1]
     st, arena = _play([("claim", g, 0), ("resolve", [4, 9, 1, 2], 0),      # 4 TAKEN, 8 abandoned before any copy
                        ("copy", g, 0), ("release", [], 0)])
-    assert st.counts[0].tolist() == [0, 1, 2, 0, 0, 0, 2, 1, 4]             # 4 late; both unused, nothing copied
+    assert st.counts[0].tolist() == [0, 1, 2, 0, 0, 0, 2, 1, 4, 0]             # 4 late; both unused, nothing copied
     for slot in st.slot_offset[:2].tolist():                                # 4's and 8's slots (claimed first)
         assert int(arena[slot:slot + BLOB].sum()) == 0
     assert st.state.tolist() == [pf.FREE] * S and st.filled.tolist() == [0] * S
@@ -142,7 +161,61 @@ def test_only_the_resolved_layers_guesses_are_abandoned():
     g2 = [5, -1, -1, -1]
     st, _ = _play([("claim", g2, 2), ("resolve", [4, 9, 1, 2], 1), ("copy", g2, 2),
                    ("release", [], 1), ("resolve", [5, 1, 2, 3], 2), ("release", [], 2)])
-    assert st.counts[2].tolist() == [1, 0, 0, BLOB, BLOB, 0, 1, 1, 4]       # 5 copied and used
+    assert st.counts[2].tolist() == [1, 0, 0, BLOB, BLOB, 0, 1, 1, 4, 0]       # 5 copied and used
+
+
+def test_a_guess_whose_head_landed_fills_the_cache_from_its_slot_and_ram():
+    """Head landing: resolve finds 5's gate and up landed (HEAD): the cache's fill source points at the slot and its
+    tail at RAM, the table stays at RAM (read in place if the cache does not admit it), the copy skips the rest; once
+    the copy is over, release frees the slot and puts the sources back; the head's bytes count as used, not wasted."""
+    g = [5, 7, -1, -1]
+    st, arena = _play([("claim", g, 1), ("head", g, 1), ("resolve", [5, 1, 2, 3], 1)], head=True)
+    s = int(st.where[1, 5])
+    assert st.state[s] == pf._word(1 * E + 5, pf.TAKEN) and int(st.src[1, 5]) == int(st.slot_offset[s])
+    assert int(st.tail[1, 5]) == int(st.ram_rows[1, 5]) == int(st.table[1, 5]) and int(st.used[s]) == HEAD
+    st, arena = _play([("claim", g, 1), ("head", g, 1), ("resolve", [5, 1, 2, 3], 1), ("copy", g, 1),
+                       ("release", [], 1)], head=True)
+    # 5: head used (HEAD bytes copied, none wasted); 7 abandoned before its copy: wasted, no bytes
+    assert st.counts[1].tolist() == [0, 0, 1, HEAD, HEAD, 0, 2, 1, 4, 1]
+    assert st.state.tolist() == [pf.FREE] * S and torch.equal(st.src, st.ram_rows) and (st.tail == -1).all()
+
+
+def test_with_head_landing_a_guess_that_landed_whole_is_used_whole():
+    """The copy goes on past the head (HEAD -> READY): resolve then takes the whole expert from its slot."""
+    g = [5, -1, -1, -1]
+    st, arena = _play([("claim", g, 1), ("head", g, 1), ("copy", g, 1), ("resolve", [5, 1, 2, 3], 1),
+                       ("release", [], 1)], head=True)
+    assert st.counts[1].tolist() == [1, 0, 0, HEAD + BLOB, BLOB, HEAD, 1, 1, 4, 0]   # the head copied twice here
+
+
+@pytest.mark.parametrize("programs", [1, 2])
+def test_the_copy_publishes_the_head_once_gate_and_up_have_landed(programs):
+    """Gate and up span the first two of three chunks: the copy's items of them alone publish HEAD (the slot's
+    bytes there landed, its head count back to 0); every item publishes READY."""
+    n, nbytes, head = 1, 2 * pf.COPY_CHUNK + 4096, pf.COPY_CHUNK + 4096
+    i64 = dict(dtype=torch.int64, device=DEV)
+    ram = 2 * nbytes
+    arena = torch.zeros(ram + nbytes, dtype=torch.uint8, device=DEV)
+    arena[ram:] = torch.randint(0, 256, (nbytes,), generator=torch.Generator().manual_seed(6),
+                                dtype=torch.uint8).to(DEV)
+    rows = torch.tensor([[ram]], **i64)
+    st = pf.PrefetchState(state=torch.tensor([pf.FILLING], **i64), slot_offset=torch.tensor([0], **i64),
+                          where=torch.zeros((1, n), **i64), assign=torch.tensor([0], **i64), ram_rows=rows,
+                          tier=torch.ones((1, n), dtype=torch.int8, device=DEV), nbytes=torch.full((1, n), nbytes, **i64),
+                          table=rows.clone(), src=rows.clone(), counts=torch.zeros((1, pf.N_COUNTS), **i64),
+                          cached_hi=ram, guessed=torch.full((1, n), -1, **i64), head=torch.full((1, n), head, **i64),
+                          tail=torch.full((1, n), -1, **i64))
+    gids, n_chunks = torch.zeros(1, **i64), 3
+    pf.copy_kernel[(programs,)](arena, gids, 0, n, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts,
+                                st.state, st.filled, st.done, st.head, st.done_head, n_chunks, 2, programs,
+                                CHUNK=pf.COPY_CHUNK, SPLIT=True)               # the first two items only
+    assert st.state.tolist() == [pf.HEAD] and st.done_head.tolist() == [0] and st.done.tolist() == [2]
+    assert torch.equal(arena[:head], arena[ram:ram + head])
+    st.done.zero_()
+    st.state.fill_(pf.FILLING)
+    pf.copy(arena, gids, 0, st, nbytes, programs=programs)                      # all three: HEAD, then READY
+    assert st.state.tolist() == [pf.READY] and st.done_head.tolist() == [0] and st.done.tolist() == [0]
+    assert torch.equal(arena[:nbytes], arena[ram:ram + nbytes])
 
 
 @pytest.mark.gpu
@@ -154,6 +227,10 @@ def test_on_a_gpu_the_kernels_are_the_reference():
     test_a_guess_taken_before_its_copy_is_not_copied()
     test_only_the_resolved_layers_guesses_are_abandoned()
     test_a_claim_takes_the_free_slots_in_order_skipping_twins_static_and_claimed_experts()
+    test_a_guess_whose_head_landed_fills_the_cache_from_its_slot_and_ram()
+    test_with_head_landing_a_guess_that_landed_whole_is_used_whole()
+    for programs in (1, 2, 16):
+        test_the_copy_publishes_the_head_once_gate_and_up_have_landed(programs)
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, None])

@@ -79,8 +79,9 @@ def _device_loop_kernels(arch: int) -> list:
         ("lru step", _compile(lru.lru_step_kernel, {"ids_p": i64, "j": "i32", "E": "i32", "C": "i32", **st},
                               dict(K=8, KB=8, CB=64), arch, num_warps=1)),
         ("lru fill", _compile(lru.fill_kernel, {"arena_p": P["u8"], "ids_p": i64, "j": "i32", "E": "i32",
-                                                "admit_p": i64, "ram_offset_p": i64, "nbytes_p": i64},
-                              dict(K=8, CHUNK=lru.FILL_CHUNK), arch)),
+                                                "admit_p": i64, "ram_offset_p": i64, "nbytes_p": i64,
+                                                "tail_p": i64, "head_p": i64},
+                              dict(K=8, CHUNK=lru.FILL_CHUNK, HAS_TAIL=True), arch)),
         ("gather rows", _compile(gather.gather_rows_kernel, {"arena_p": P["u8"], "offset": "i64", "ids_p": i64,
                                                              "out_p": P["i16"], "H": "i32"},
                                  dict(BLOCK=gather.BLOCK), arch)),
@@ -103,8 +104,8 @@ def _device_loop_kernels(arch: int) -> list:
         ("prefetch copy", _compile(prefetch.copy_kernel, {
             "arena_p": P["u8"], "gids_p": i64, "jj": "i32", "E": "i32", "assign_p": i64, "slot_offset_p": i64,
             "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "state_p": i64, "filled_p": i64, "done_p": i64,
-            "n_chunks": "i32", "total": "i32", "P": "i32"},
-            dict(CHUNK=prefetch.COPY_CHUNK), arch)),
+            "head_p": i64, "done_head_p": i64, "n_chunks": "i32", "total": "i32", "P": "i32"},
+            dict(CHUNK=prefetch.COPY_CHUNK, SPLIT=True), arch)),
         ("rms norm", _compile(norm.rms_norm_kernel, {
             "x_p": P["bf16"], "stride_x": "i32", "w_p": P["bf16"], "out_p": P["bf16"], "D": "i32", "eps": "fp32"},
             dict(XDT=tl.bfloat16, ODT=tl.bfloat16, BD=8192), arch, num_warps=8)),
@@ -121,12 +122,12 @@ def _device_loop_kernels(arch: int) -> list:
         ("prefetch resolve", _compile(prefetch.resolve_kernel, {
             "ids_p": i64, "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64,
             "table_p": i64, "src_p": i64, "tier_p": P["i8"], "nbytes_p": i64, "counts_p": i64, "guessed_p": i64,
-            "cached_hi": "i64", "S": "i32"}, dict(K=6, KB=8, G=6, GB=8, SB=16, HAS_SRC=True), arch,
-            num_warps=1)),
+            "ram_rows_p": i64, "head_p": i64, "tail_p": i64, "used_p": i64, "cached_hi": "i64", "S": "i32"},
+            dict(K=6, KB=8, G=6, GB=8, SB=16, HAS_SRC=True, SPLIT=True), arch, num_warps=1)),
         ("prefetch release", _compile(prefetch.release_kernel, {
             "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64, "ram_rows_p": i64,
-            "table_p": i64, "src_p": i64, "filled_p": i64, "counts_p": i64, "S": "i32"}, dict(SB=16, HAS_SRC=True),
-            arch, num_warps=1)),
+            "table_p": i64, "src_p": i64, "tail_p": i64, "filled_p": i64, "used_p": i64, "counts_p": i64,
+            "S": "i32"}, dict(SB=16, HAS_SRC=True, SPLIT=True), arch, num_warps=1)),
     ]
 
 

@@ -19,6 +19,12 @@ ram_offset [L, E] (the in-place offset of each non-static expert), nbytes [L, E]
 fused_moe reads), admit [L, k] (-1 or the slot offset to fill for routed position i), tick [L] (tokens decided),
 counts [L, 4] (static uses, cache hits, misses, miss bytes). `reference_step` / `reference_fill` are the same in
 plain Python on the tensors: the CPU path and what the kernels are tested against.
+
+Head landing (`tail`, `head`: the lookahead's, `kernels.prefetch`): an expert whose gate and up (its blob's first
+head[j, e] bytes) landed in a staging slot has ram_offset (the fill's source) pointing there and tail[j, e] at its
+pinned RAM copy; the fill takes the rest of the blob from tail (-1: the whole blob at ram_offset). Such an expert was
+not cached before the token, and the lookahead leaves its table entry at RAM: admitted and evicted within the token,
+it is read in place from RAM.
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ class LruState:
     admit: torch.Tensor
     tick: torch.Tensor
     counts: torch.Tensor
+    tail: torch.Tensor | None = None     # int64 [L, E] where the bytes past head come from (-1: ram_offset); None: none
+    head: torch.Tensor | None = None     # int64 [L, E] bytes of each expert's gate and up (with tail)
 
 
 @triton.jit
@@ -109,10 +117,12 @@ def lru_step_kernel(ids_p, j, E, C, static_p, slot_expert_p, slot_stamp_p, slot_
 
 
 @triton.jit
-def fill_kernel(arena_p, ids_p, j, E, admit_p, ram_offset_p, nbytes_p, K: tl.constexpr, CHUNK: tl.constexpr):
+def fill_kernel(arena_p, ids_p, j, E, admit_p, ram_offset_p, nbytes_p, tail_p, head_p, K: tl.constexpr,
+                CHUNK: tl.constexpr, HAS_TAIL: tl.constexpr):
     # grid (K, chunks): program (i, b) copies bytes [b * CHUNK, (b + 1) * CHUNK) of routed position i's expert from
     # arena_p + ram_offset[j, e] (pinned RAM, in place) to arena_p + admit[j, i], when admit[j, i] >= 0; int64
-    # words (every blob is a multiple of 4 KiB at 4 KiB-aligned offsets)
+    # words (every blob is a multiple of 4 KiB at 4 KiB-aligned offsets). HAS_TAIL: where tail[j, e] >= 0, the
+    # words from head[j, e] on come from arena_p + tail[j, e] (the head landed in a staging slot, the rest in RAM)
     i = tl.program_id(0)
     b = tl.program_id(1)
     dst = tl.load(admit_p + j * K + i)
@@ -120,10 +130,20 @@ def fill_kernel(arena_p, ids_p, j, E, admit_p, ram_offset_p, nbytes_p, K: tl.con
     n = tl.load(nbytes_p + j * E + e)
     src = (arena_p + tl.load(ram_offset_p + j * E + e)).to(tl.pointer_type(tl.int64))
     out = (arena_p + tl.maximum(dst, 0)).to(tl.pointer_type(tl.int64))
+    split = n                                     # words before it from src, the rest from rest
+    rest = src
+    if HAS_TAIL:
+        tail = tl.load(tail_p + j * E + e)
+        split = tl.where(tail >= 0, tl.load(head_p + j * E + e), n)
+        rest = (arena_p + tl.maximum(tail, 0)).to(tl.pointer_type(tl.int64))
     for k in range(0, CHUNK // 8, FILL_BLOCK):                                   # FILL_BLOCK words at a time
         w = tl.cast(b, tl.int64) * (CHUNK // 8) + k + tl.arange(0, FILL_BLOCK)   # [FILL_BLOCK] words
         ok = w < tl.where(dst >= 0, n // 8, 0)
-        tl.store(out + w, tl.load(src + w, mask=ok), mask=ok)
+        first = w < split // 8
+        v = tl.load(src + w, mask=ok & first)
+        if HAS_TAIL:
+            v = tl.where(first, v, tl.load(rest + w, mask=ok & (w >= split // 8)))
+        tl.store(out + w, v, mask=ok)
 
 
 def lru_step(ids: torch.Tensor, j: int, st: LruState) -> None:
@@ -139,8 +159,11 @@ def lru_step(ids: torch.Tensor, j: int, st: LruState) -> None:
 def fill_slots(arena: torch.Tensor, ids: torch.Tensor, j: int, st: LruState, max_bytes: int) -> None:
     """Copy layer j's admitted experts (this token's `admit[j]`) from pinned RAM into their slots. Graph-safe."""
     K = st.admit.shape[1]
+    split = st.tail is not None
     fill_kernel[(K, triton.cdiv(max_bytes, FILL_CHUNK))](arena, ids.reshape(-1), j, st.table.shape[1], st.admit,
-                                                         st.ram_offset, st.nbytes, K=K, CHUNK=FILL_CHUNK)
+                                                         st.ram_offset, st.nbytes, st.tail if split else st.nbytes,
+                                                         st.head if split else st.nbytes, K=K, CHUNK=FILL_CHUNK,
+                                                         HAS_TAIL=split)
 
 
 # ---- the plain reference (the CPU path; the kernels are held to it) -------------------------------------
@@ -189,4 +212,8 @@ def reference_fill(arena: torch.Tensor, ids: torch.Tensor, j: int, st: LruState)
         dst = int(st.admit[j, i])
         if dst >= 0:
             src, n = int(st.ram_offset[j, e]), int(st.nbytes[j, e])
-            arena[dst:dst + n] = arena[src:src + n]
+            tail = int(st.tail[j, e]) if st.tail is not None else -1
+            h = int(st.head[j, e]) if tail >= 0 else n
+            arena[dst:dst + h] = arena[src:src + h]
+            if tail >= 0:
+                arena[dst + h:dst + n] = arena[tail + h:tail + n]
