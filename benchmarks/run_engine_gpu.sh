@@ -2,7 +2,7 @@
 # The engine's H200 rows in one device call (under 10 minutes):
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [PINNED_GB=64] [GPU_TESTS=]
 #     [DEVICE_LOOP_LAYERS=5,24 [DEVICE_LOOP_FIRST=1]]
-#     [KERNEL_TESTS=] [PREFETCH_COPY=] [END_S=590] bash benchmarks/run_engine_gpu.sh [PLANS]
+#     [KERNEL_TESTS=] [PREFETCH_COPY=] [END_S=590] [ENGINE_ARGS="--whole-landing"] bash benchmarks/run_engine_gpu.sh [PLANS]
 #   (PLANS default ramrich,seed; predictions with the quick profile measured in the call, its layer times included, no
 #   fitted constant; CALIBRATION=P.yaml: the calibration constants of P instead)
 # 0. the device loop's kernel tests (LRU, lookahead slots and gate, RMSNorm, NVMe staging handshake, embedding gather) first, 100 s at
@@ -61,7 +61,7 @@ MARK=400; [ -n "${DEVICE_LOOP_FIRST:-}" ] && MARK=575      # step 4 ran first: b
 if t=$(by "$MARK"); then
   timeout "$t" python3 benchmarks/bench_engine.py --dir /root/kimi5 --plans "${1:-ramrich,seed}" --tokens 32 \
     --warmup 16 ${PROFILE:+--profile "$PROFILE"} ${CAL:+--calibration "$CAL"} --out-dir "$OUT" \
-    --pinned-gb "${PINNED_GB:-0}" --deadline-s "$(( t - 70 ))" 2>&1 \
+    --pinned-gb "${PINNED_GB:-0}" --deadline-s "$(( t - 70 ))" ${ENGINE_ARGS:-} 2>&1 \
     | tee "$OUT/bench_engine.log" | grep -v '^ "'
 fi
 if [ -n "${DEVICE_LOOP_LAYERS:-}" ] && [ -z "${DEVICE_LOOP_FIRST:-}" ] && t=$(by 575); then

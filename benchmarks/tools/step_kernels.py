@@ -5,7 +5,7 @@
 
 Without --packed: bench-moe's geometry (benchmarks/data/trained-20261203) with random weights, packed here in the
 formats of the RAM-rich plan committed beside it. `plan:D` runs the plan at lookahead depth D (`_plans.forced_depth`),
-`plan:D/P` with the lookahead's copy kernel on P thread blocks. Each run in a process of its own (`--inproc`: all in
+`plan:D/P` with the lookahead's copy kernel on P thread blocks, `plan:Dw` with whole experts only (no head landing). Each run in a process of its own (`--inproc`: all in
 this one, in order; `--no-profile`: time_parts alone, no tracing). Per run: a short prefill, eight greedy decode
 steps (the step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the
 kernels a graph runs), one replay at a time. Kernels on another stream than the replay's first (the lookahead's side
@@ -130,9 +130,10 @@ def gpu_state() -> dict:
             "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1e3}
 
 
-def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bool = True) -> dict:
+def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bool = True,
+            head_landing: bool = True) -> dict:
     from strata_plan.engine.engine import Engine, EngineOptions
-    opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs)
+    opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs, head_landing=head_landing)
     with Engine.open(packed, plan, opts) as eng:
         m = eng.model
         m.reset()
@@ -187,8 +188,10 @@ def main() -> int:
     def run_here(run: str) -> dict:
         mode, _, rest = run.partition(":")
         depth, _, programs = rest.partition("/")
+        whole = depth.endswith("w")
+        depth = depth.removesuffix("w")
         plan = forced_depth(base, int(depth)) if depth else baseline(base, mode)
-        return one_run(packed, plan, mode, int(programs or 0), a.reps, not a.no_profile)
+        return one_run(packed, plan, mode, int(programs or 0), a.reps, not a.no_profile, head_landing=not whole)
 
     packed = a.packed
     if a.one:

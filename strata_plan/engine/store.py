@@ -35,6 +35,7 @@ On a CPU device (CI) tier 1 is a CPU tensor, tier 2 ordinary memory (one buffer 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -50,7 +51,7 @@ import torch
 from strata_plan.core.lookahead import staging_slots
 from strata_plan.errors import UserError
 from strata_plan.kernels import lru
-from strata_plan.kernels.formats import EXPERT_ALIGN
+from strata_plan.kernels.formats import EXPERT_ALIGN, expert_head_bytes
 from strata_plan.kernels.triton_common import INTERPRETER_OK
 from strata_plan.pinned import HostRegion
 
@@ -75,6 +76,8 @@ def plan_readers(plan) -> int:
 @dataclass(frozen=True)
 class StoreOptions:
     prefetch: bool = True          # the device lookahead's VRAM prefetch (off: the LRU-only and on-demand baselines)
+    head_landing: bool = True      # the lookahead serves a guess's gate and up to the cache's fill once they landed,
+    #                                its down from RAM (kernels.prefetch; layers with a device LRU); False: whole only
     readers: int = 0               # reader threads; 0: the plan's largest queue depth (at least 4)
     chunk_bytes: int = CHUNK_BYTES             # copy chunk
     chunks_in_flight: int = CHUNKS_IN_FLIGHT   # the copy thread's chunks on the copy stream at once
@@ -195,7 +198,8 @@ class ExpertStore:
                 self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
                                        self.lru.ram_offset if self.lru is not None else None)
             if options.prefetch and plan.prefetch_depth:
-                self.prefetch = DevicePrefetch(self, plan.prefetch_depth)
+                self.prefetch = DevicePrefetch(self, plan.prefetch_depth,
+                                               self._head_landing() if options.head_landing else None)
         except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
             self.close()
             raise
@@ -311,6 +315,22 @@ class ExpertStore:
                         ram_offset=dev(rows), nbytes=self.nbytes_dev, table=self.inplace_offsets,
                         admit=dev(np.full((L, k), -1, np.int64)), tick=dev(np.zeros(L, np.int64)),
                         counts=dev(np.zeros((L, 4), np.int64)))
+
+    def _head_landing(self) -> torch.Tensor | None:
+        """int64 [L, E] the bytes of each RAM expert's gate and up (`formats.expert_head_bytes`) in layers with cache
+        slots, 0 elsewhere (a layer without a cache reads a guess from its slot only whole); the device LRU's fill
+        takes the rest of such an expert from RAM (`LruState.tail`, set here). None: no device LRU."""
+        if self.lru is None:
+            return None
+        head = np.zeros((self.n_layers, self.E), dtype=np.int64)
+        H, inter = self.index.hidden, self.index.moe_intermediate
+        for j, l in enumerate(self.plan.layers):
+            if l.cache_slots:
+                for e in l.ram:
+                    head[j, e] = expert_head_bytes(self.entries[j][e].format, H, inter)
+        head = torch.from_numpy(head).to(self.device)
+        self.lru = dataclasses.replace(self.lru, tail=torch.full_like(head, -1), head=head)
+        return head
 
     def cache_decide(self, j: int, ids: torch.Tensor) -> None:
         """The device loop with a cache, MoE layer j, one token: the LRU step (hits, admissions, evictions, counts;
