@@ -12,7 +12,7 @@ planned for the engine, whose NVMe experts are staged in pinned RAM: 49% of rout
 37% NVMe, a 77-slot staging cache). Where a plan has no lookahead, `<plan>_forced_d<D>` runs it with depth D
 (--forced-depth-ramrich, --forced-depth; labelled forced: the planner did not choose it), in its mode `plan` only,
 against its plan's LRU-only row (`<forced>.plan_over_lru`); --copy-programs adds the same with the lookahead's copy kernel
-at other block counts (`<forced>_p<N>`), --whole-landing the same with whole experts only (`<forced>_whole`: no head
+at other block counts (`<forced>_p<N>`), --whole-landing the same with whole experts only (`<forced>_whole`: no partial
 landing, kernels.prefetch). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
 plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.from_prior("olmoe-like")`
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("--copy-programs", default="0", help="comma-separated thread blocks of the lookahead's copy "
                     "kernel, a forced row each (`_p<N>`; 0: the engine's default, no suffix)")
     ap.add_argument("--whole-landing", action="store_true", help="also run each forced row with the lookahead's "
-                    "guesses read from their slots only whole (`_whole`: no head landing)")
+                    "guesses read from their slots only whole (`_whole`: no partial landing)")
     ap.add_argument("--pinned-gb", type=float, default=0, help="also register a pinned region of this many GB as the "
                     "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
     a = ap.parse_args()
@@ -163,7 +163,7 @@ def main() -> int:
     plans = {k: load_plan(v) for k, v in paths.items()}
     forced: dict[str, str] = {}                            # a forced plan's name -> its plan's (its mode: plan only)
     programs: dict[str, int] = {}                          # a forced row's copy kernel blocks (0: the default)
-    whole_only: set[str] = set()                           # forced rows without head landing
+    whole_only: set[str] = set()                           # forced rows without partial landing
     for base, depth in (("ramrich", a.forced_depth_ramrich), ("seed", a.forced_depth)):
         if base in plans and depth and not plans[base].prefetch_depth:
             stem = f"{base}_forced_d{depth}"              # the same budget with a lookahead depth the planner did not pick
@@ -254,7 +254,7 @@ def main() -> int:
                 return None
             r = attempt(f"{name}/{mode}", lambda: measure(
                 folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
-                options=EngineOptions(copy_programs=programs.get(name, 0), head_landing=name not in whole_only)))
+                options=EngineOptions(copy_programs=programs.get(name, 0), partial_landing=name not in whole_only)))
             if r is None:
                 return None
             out[f"{name}/{mode}"] = r

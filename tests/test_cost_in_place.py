@@ -281,15 +281,41 @@ def test_lookahead_copies_gain_only_the_links_idle_time(tiny):
 def test_only_whole_experts_land_and_the_one_still_copying_is_read_in_place_in_full():
     """The guesses are copied one after another, best first; as layer j runs, those landed whole are read from VRAM,
     the one still copying is read in place in full (its copied bytes wasted) and the rest are skipped (the engine's
-    `resolve` takes them): 4 experts of 100 bytes, 1 s each alone on the link."""
+    `resolve` takes them): 4 experts of 100 bytes, 1 s each alone on the link; a layer without a cache."""
     import numpy as np
-    inplace = {"copy": np.array([4.0]), "copy_bytes": np.array([400.0]), "expert": np.array([100.0])}
-    assert CostModel._landed_whole(inplace, 0, 0.0) == (1.0, 1.0)          # every copy landed
-    assert CostModel._landed_whole(inplace, 0, 4.0) == (0.0, 0.0)          # none started
-    moved, landed = CostModel._landed_whole(inplace, 0, 1.5)              # 2.5 experts moved, 2 of them whole
+    inplace = {"copy": np.array([4.0]), "copy_bytes": np.array([400.0]), "expert": np.array([100.0]),
+               "partial": np.array([False])}
+    assert CostModel._landed(inplace, 0, 0.0) == (1.0, 1.0)          # every copy landed
+    assert CostModel._landed(inplace, 0, 4.0) == (0.0, 0.0)          # none started
+    moved, landed = CostModel._landed(inplace, 0, 1.5)              # 2.5 experts moved, 2 of them whole
     assert moved == pytest.approx(0.625) and landed == pytest.approx(0.5)
-    moved, landed = CostModel._landed_whole(inplace, 0, 3.5)              # half of the first: nothing lands
+    moved, landed = CostModel._landed(inplace, 0, 3.5)              # half of the first: nothing lands
     assert moved == pytest.approx(0.125) and landed == 0.0
+    inplace["partial"][0] = True                                    # a layer with a device LRU: its fill reads
+    assert CostModel._landed(inplace, 0, 1.5) == pytest.approx((0.625, 0.625))   # every byte moved
+
+
+def test_partial_landing_is_predicted_where_a_layer_has_a_cache_and_pays(tiny, monkeypatch):
+    """The walk lands guesses in part only in layers with cache slots; with the copies cut short by the layers, a
+    cached layer's lookahead predicts at least as fast as the same plan would with whole landing alone."""
+    p = tiny.replace(profile=with_zero_copy(tiny.profile, 0.9))
+    E = p.curves.n_experts
+    place = Placement((1, 1, 1), (E - 1,) * 3, (0, 2, 0), (True,) * len(p.dense_units), 1)
+    seen = {}
+    real = CostModel._landed
+
+    def spy(inplace, j, left):
+        seen["partial"] = inplace["partial"].copy()
+        return real(inplace, j, left)
+    monkeypatch.setattr(CostModel, "_landed", staticmethod(spy))
+    got = CostModel(p).predict(place)
+    assert seen["partial"].tolist() == [False, True, False]
+
+    def whole(inplace, j, left):
+        inplace["partial"][:] = False
+        return real(inplace, j, left)
+    monkeypatch.setattr(CostModel, "_landed", staticmethod(whole))
+    assert got.decode_tok_s >= CostModel(p).predict(place).decode_tok_s
 
 
 def with_stager(profile, wake_us: float, read_us: float):

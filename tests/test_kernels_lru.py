@@ -114,21 +114,22 @@ def test_fill_copies_the_admitted_experts_into_their_slots():
     assert st.counts[0, MISS_BYTES] == sum(int(st.nbytes[0, e]) for e in (4, 7, 2, 9, 11))
 
 
-def _head_landed(st: LruState, e: int, slot_at: int) -> LruState:
-    """Expert e of layer 0 as the lookahead leaves one whose gate and up (its first half) landed in a staging slot at
-    `slot_at`: the fill's source there, the rest at its RAM copy (tail)."""
+def _partly_landed(st: LruState, e: int, slot_at: int) -> LruState:
+    """Expert e of layer 0 as the lookahead's `resolve` leaves one whose first half landed in a staging slot at
+    `slot_at`: the fill's source there (split bytes of it), the rest at its RAM copy (tail)."""
     tail = torch.full_like(st.ram_offset, -1)
     tail[0, e] = st.ram_offset[0, e]
-    head = st.nbytes // 2 // 256 * 256
+    split = torch.zeros_like(st.nbytes)
+    split[0, e] = st.nbytes[0, e] // 2 // 256 * 256
     st.ram_offset[0, e] = slot_at
-    return dataclasses.replace(st, tail=tail, head=head)
+    return dataclasses.replace(st, tail=tail, split=split)
 
 
 @pytest.mark.parametrize("ids", [[0, 4, 7, 2], [1, 4, 7, 9]])
-def test_a_head_landed_expert_fills_from_its_slot_and_ram(ids):
-    """The fill takes the head from the staging slot and the rest from RAM (the slot past the head holds junk), kernel
+def test_a_partly_landed_expert_fills_from_its_slot_and_ram(ids):
+    """The fill takes the landed part from the staging slot and the rest from RAM (the slot past it holds junk), kernel
     and reference alike; with more misses than slots the expert is admitted then evicted within the token and read in
-    place from RAM (its table entry, which the lookahead leaves there), never from the slot that holds only its head."""
+    place from RAM (its table entry, which the lookahead leaves there), never from the slot that holds only a part."""
     L, E, k, e = 1, 12, 4, 4
     slots = [3] if 0 in ids else [1]
     states = []
@@ -137,9 +138,9 @@ def test_a_head_landed_expert_fills_from_its_slot_and_ram(ids):
         ram_end = int(st.ram_offset.max()) + SLOT
         arena = torch.randint(0, 256, (ram_end + SLOT,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
         n, ram = int(st.nbytes[0, e]), int(st.ram_offset[0, e])
-        st = _head_landed(st, e, ram_end)
-        h = int(st.head[0, e])
-        arena[ram_end:ram_end + h] = arena[ram:ram + h]          # the landed head; junk after it
+        st = _partly_landed(st, e, ram_end)
+        h = int(st.split[0, e])
+        arena[ram_end:ram_end + h] = arena[ram:ram + h]          # the landed part; junk after it
         states.append((st, arena.to(device), n, ram, h))
     (a, ra, n, ram, h), (b, rb, *_) = states
     t = torch.tensor(ids)
@@ -153,7 +154,7 @@ def test_a_head_landed_expert_fills_from_its_slot_and_ram(ids):
         assert dst >= 0 and int(a.table[0, e]) == dst and torch.equal(ra[dst:dst + n], ra[ram:ram + n])
     else:                                                       # admitted, then evicted by a later miss
         assert dst < 0 and int(a.table[0, e]) == ram
-    assert not torch.equal(ra[a.ram_offset[0, e]:a.ram_offset[0, e] + n], ra[ram:ram + n])   # the slot: head only
+    assert not torch.equal(ra[a.ram_offset[0, e]:a.ram_offset[0, e] + n], ra[ram:ram + n])   # the slot: a part only
 
 
 @pytest.mark.gpu

@@ -8,16 +8,17 @@ import torch
 from strata_plan.kernels import prefetch as pf
 
 L, E, K, S = 3, 16, 4, 3
-BLOB = 4096 * 2
+BLOB = 2 * pf.COPY_CHUNK + 8192                # three chunks of the copy, the last one partial
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 VRAM = 8 * 4096 + S * BLOB + 4096              # static experts, the staging slots, the poison slot
 POISON = VRAM - 4096
 
 
-HEAD = BLOB // 2                                  # head landing: an expert's gate and up
+CHUNK = pf.COPY_CHUNK
+NCH = 3                                         # the copy's chunks a slot
 
 
-def _setup(with_src: bool = False, head: bool = False):
+def _setup(with_src: bool = False, partial: tuple[int, ...] | None = None):
     """(arena, state): experts 0-3 static, 4-11 in pinned RAM (each a distinct byte pattern), 12-15 NVMe; three
     staging slots after the static experts. The "RAM" lies in the same buffer past the VRAM part."""
     ram_at = VRAM
@@ -38,24 +39,31 @@ def _setup(with_src: bool = False, head: bool = False):
                           slot_offset=d(torch.tensor([8 * 4096 + i * BLOB for i in range(S)])),
                           where=d(torch.full((L, E), -1, dtype=torch.int64)), assign=d(torch.full((K,), -1)),
                           ram_rows=d(rows), tier=d(tier), nbytes=d(torch.full((L, E), BLOB)), table=d(rows.clone()),
-                          src=d(rows.clone()) if with_src or head else None,
+                          src=d(rows.clone()) if with_src or partial else None,
                           counts=d(torch.zeros((L, pf.N_COUNTS), dtype=torch.int64)),
                           cached_hi=POISON, guessed=d(torch.full((L, K), -1, dtype=torch.int64)),
-                          head=d(torch.full((L, E), HEAD)) if head else None,
-                          tail=d(torch.full((L, E), -1)) if head else None)
+                          **(dict(landed=d(torch.zeros((S, NCH), dtype=torch.int32)),
+                                  partial=d(torch.tensor(partial, dtype=torch.int8)), tail=d(torch.full((L, E), -1)),
+                                  split=d(torch.zeros((L, E), dtype=torch.int64))) if partial else {}))
     return arena, st
 
 
-def _land_head(arena, g, jj, st):
-    """What the copy has done when it publishes guess g[0]'s head: its gate and up in the slot, counted, HEAD (the
-    kernel's own HEAD publication: test_the_copy_publishes_the_head_once_gate_and_up_have_landed)."""
+def _land_first_chunk(arena, g, jj, st):
+    """The copy of guess g[0] cut short after its first chunk: the kernel's first item alone (its count of items put
+    back, as if the rest never ran)."""
+    pf.copy_kernel[(1,)](arena, g, jj, E, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts, st.state,
+                         st.filled, st.done, st.landed, NCH, 1, 1, CHUNK=CHUNK, PARTIAL=True)
+    st.done.zero_()
+
+
+def _reference_land_first_chunk(arena, g, jj, st):
     e = int(g[0])
     s = int(st.where[jj, e])
     a, b = int(st.ram_rows[jj, e]), int(st.slot_offset[s])
-    arena[b:b + HEAD] = arena[a:a + HEAD]
-    st.filled[s] += HEAD
-    st.counts[jj, pf.COPIED] += HEAD
-    st.state[s] = pf._word(jj * E + e, pf.HEAD)
+    arena[b:b + CHUNK] = arena[a:a + CHUNK]
+    st.filled[s] += CHUNK
+    st.counts[jj, pf.COPIED] += CHUNK
+    st.landed[s, 0] = 1
 
 
 def _claim(claim):
@@ -65,19 +73,20 @@ def _claim(claim):
     return run
 
 
-KERNELS = {"claim": _claim(pf.claim), "copy": lambda a, g, jj, st: pf.copy(a, g, jj, st, BLOB), "head": _land_head,
+KERNELS = {"claim": _claim(pf.claim), "copy": lambda a, g, jj, st: pf.copy(a, g, jj, st, BLOB),
+           "land": _land_first_chunk,
            "resolve": lambda a, ids, j, st: pf.resolve(ids, j, st), "release": lambda a, _, j, st: pf.release(j, st)}
-REFERENCE = {"claim": _claim(pf.reference_claim), "head": _land_head,
+REFERENCE = {"claim": _claim(pf.reference_claim), "land": _reference_land_first_chunk,
              "copy": lambda a, g, jj, st: pf.reference_copy(a, g, jj, st),
              "resolve": lambda a, ids, j, st: pf.reference_resolve(ids, j, st),
              "release": lambda a, _, j, st: pf.reference_release(j, st)}
 
 
-def _play(steps, with_src=False, head=False):
+def _play(steps, with_src=False, partial=None):
     """Both implementations through the same steps [(name, ids, layer)]; their states after each step must agree."""
     runs = []
     for impl in (KERNELS, REFERENCE):
-        arena, st = _setup(with_src, head)
+        arena, st = _setup(with_src, partial)
         trace = []
         for name, ids, j in steps:
             impl[name](arena, torch.tensor(ids, device=DEV), j, st)
@@ -85,7 +94,8 @@ def _play(steps, with_src=False, head=False):
                 torch.cuda.synchronize()
             trace.append((st.state.tolist(), st.where.tolist(), st.table.tolist(),
                           None if st.src is None else st.src.tolist(), st.counts.tolist(),
-                          None if st.tail is None else st.tail.tolist(), st.used.tolist()))
+                          st.used.tolist(), st.filled.tolist(),
+                          *([st.landed.tolist(), st.tail.tolist(), st.split.tolist()] if partial else [])))
         runs.append((trace, arena, st))
     (kt, ka, _), (rt, ra, _) = runs
     for step, (a, b) in enumerate(zip(kt, rt)):
@@ -164,58 +174,41 @@ def test_only_the_resolved_layers_guesses_are_abandoned():
     assert st.counts[2].tolist() == [1, 0, 0, BLOB, BLOB, 0, 1, 1, 4, 0]       # 5 copied and used
 
 
-def test_a_guess_whose_head_landed_fills_the_cache_from_its_slot_and_ram():
-    """Head landing: resolve finds 5's gate and up landed (HEAD): the cache's fill source points at the slot and its
-    tail at RAM, the table stays at RAM (read in place if the cache does not admit it), the copy skips the rest; once
-    the copy is over, release frees the slot and puts the sources back; the head's bytes count as used, not wasted."""
+def test_a_late_guess_serves_the_part_that_landed_to_the_cache_fill():
+    """Partial landing: resolve finds 5 still copying with its first chunk landed: TAKEN, the cache's fill source
+    points at the slot for those bytes (split) and at RAM for the rest (tail), the table stays at RAM (read in place if
+    the cache does not admit it), the copy skips the rest; once it is over, release frees the slot and puts the
+    sources back; the landed bytes count as used, not wasted. 7, guessed and not routed, is abandoned."""
     g = [5, 7, -1, -1]
-    st, arena = _play([("claim", g, 1), ("head", g, 1), ("resolve", [5, 1, 2, 3], 1)], head=True)
+    st, arena = _play([("claim", g, 1), ("land", g, 1), ("resolve", [5, 1, 2, 3], 1)], partial=(1, 1, 1))
     s = int(st.where[1, 5])
     assert st.state[s] == pf._word(1 * E + 5, pf.TAKEN) and int(st.src[1, 5]) == int(st.slot_offset[s])
-    assert int(st.tail[1, 5]) == int(st.ram_rows[1, 5]) == int(st.table[1, 5]) and int(st.used[s]) == HEAD
-    st, arena = _play([("claim", g, 1), ("head", g, 1), ("resolve", [5, 1, 2, 3], 1), ("copy", g, 1),
-                       ("release", [], 1)], head=True)
-    # 5: head used (HEAD bytes copied, none wasted); 7 abandoned before its copy: wasted, no bytes
-    assert st.counts[1].tolist() == [0, 0, 1, HEAD, HEAD, 0, 2, 1, 4, 1]
+    assert int(st.tail[1, 5]) == int(st.ram_rows[1, 5]) == int(st.table[1, 5])
+    assert int(st.split[1, 5]) == int(st.used[s]) == CHUNK
+    st, arena = _play([("claim", g, 1), ("land", g, 1), ("resolve", [5, 1, 2, 3], 1), ("copy", g, 1),
+                       ("release", [], 1)], partial=(1, 1, 1))
+    assert st.counts[1].tolist() == [0, 0, 1, CHUNK, CHUNK, 0, 2, 1, 4, 1]
     assert st.state.tolist() == [pf.FREE] * S and torch.equal(st.src, st.ram_rows) and (st.tail == -1).all()
 
 
-def test_with_head_landing_a_guess_that_landed_whole_is_used_whole():
-    """The copy goes on past the head (HEAD -> READY): resolve then takes the whole expert from its slot."""
+def test_a_layer_without_a_cache_reads_a_late_guess_in_place_in_full():
     g = [5, -1, -1, -1]
-    st, arena = _play([("claim", g, 1), ("head", g, 1), ("copy", g, 1), ("resolve", [5, 1, 2, 3], 1),
-                       ("release", [], 1)], head=True)
-    assert st.counts[1].tolist() == [1, 0, 0, HEAD + BLOB, BLOB, HEAD, 1, 1, 4, 0]   # the head copied twice here
+    st, _ = _play([("claim", g, 1), ("land", g, 1), ("resolve", [5, 1, 2, 3], 1), ("copy", g, 1),
+                   ("release", [], 1)], partial=(1, 0, 1))
+    assert st.counts[1].tolist() == [0, 1, 1, CHUNK, 0, CHUNK, 1, 1, 4, 0]      # late; its chunk wasted
+    assert (st.tail == -1).all() and torch.equal(st.src, st.ram_rows)
 
 
-@pytest.mark.parametrize("programs", [1, 2])
-def test_the_copy_publishes_the_head_once_gate_and_up_have_landed(programs):
-    """Gate and up span the first two of three chunks: the copy's items of them alone publish HEAD (the slot's
-    bytes there landed, its head count back to 0); every item publishes READY."""
-    n, nbytes, head = 1, 2 * pf.COPY_CHUNK + 4096, pf.COPY_CHUNK + 4096
-    i64 = dict(dtype=torch.int64, device=DEV)
-    ram = 2 * nbytes
-    arena = torch.zeros(ram + nbytes, dtype=torch.uint8, device=DEV)
-    arena[ram:] = torch.randint(0, 256, (nbytes,), generator=torch.Generator().manual_seed(6),
-                                dtype=torch.uint8).to(DEV)
-    rows = torch.tensor([[ram]], **i64)
-    st = pf.PrefetchState(state=torch.tensor([pf.FILLING], **i64), slot_offset=torch.tensor([0], **i64),
-                          where=torch.zeros((1, n), **i64), assign=torch.tensor([0], **i64), ram_rows=rows,
-                          tier=torch.ones((1, n), dtype=torch.int8, device=DEV), nbytes=torch.full((1, n), nbytes, **i64),
-                          table=rows.clone(), src=rows.clone(), counts=torch.zeros((1, pf.N_COUNTS), **i64),
-                          cached_hi=ram, guessed=torch.full((1, n), -1, **i64), head=torch.full((1, n), head, **i64),
-                          tail=torch.full((1, n), -1, **i64))
-    gids, n_chunks = torch.zeros(1, **i64), 3
-    pf.copy_kernel[(programs,)](arena, gids, 0, n, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts,
-                                st.state, st.filled, st.done, st.head, st.done_head, n_chunks, 2, programs,
-                                CHUNK=pf.COPY_CHUNK, SPLIT=True)               # the first two items only
-    assert st.state.tolist() == [pf.HEAD] and st.done_head.tolist() == [0] and st.done.tolist() == [2]
-    assert torch.equal(arena[:head], arena[ram:ram + head])
-    st.done.zero_()
-    st.state.fill_(pf.FILLING)
-    pf.copy(arena, gids, 0, st, nbytes, programs=programs)                      # all three: HEAD, then READY
-    assert st.state.tolist() == [pf.READY] and st.done_head.tolist() == [0] and st.done.tolist() == [0]
-    assert torch.equal(arena[:nbytes], arena[ram:ram + nbytes])
+def test_the_copy_marks_the_chunks_it_moves_and_a_claim_clears_them():
+    """A whole copy marks its three chunks landed; after the slot is freed, the next claim of it clears them before
+    the slot is FILLING again, so a late guess never takes another claim's bytes for its own."""
+    g1, g2 = [5, -1, -1, -1], [9, -1, -1, -1]
+    st, _ = _play([("claim", g1, 1), ("copy", g1, 1), ("resolve", [5, 1, 2, 3], 1), ("release", [], 1),
+                   ("claim", g2, 2), ("resolve", [9, 1, 2, 3], 2), ("copy", g2, 2), ("release", [], 2)],
+                  partial=(1, 1, 1))
+    assert st.counts[1].tolist() == [1, 0, 0, BLOB, BLOB, 0, 1, 1, 4, 0]
+    assert st.counts[2].tolist() == [0, 1, 1, 0, 0, 0, 1, 1, 4, 0]             # late: nothing landed, nothing used
+    assert st.landed.tolist()[0] == [0] * NCH
 
 
 @pytest.mark.gpu
@@ -227,10 +220,9 @@ def test_on_a_gpu_the_kernels_are_the_reference():
     test_a_guess_taken_before_its_copy_is_not_copied()
     test_only_the_resolved_layers_guesses_are_abandoned()
     test_a_claim_takes_the_free_slots_in_order_skipping_twins_static_and_claimed_experts()
-    test_a_guess_whose_head_landed_fills_the_cache_from_its_slot_and_ram()
-    test_with_head_landing_a_guess_that_landed_whole_is_used_whole()
-    for programs in (1, 2, 16):
-        test_the_copy_publishes_the_head_once_gate_and_up_have_landed(programs)
+    test_a_late_guess_serves_the_part_that_landed_to_the_cache_fill()
+    test_a_layer_without_a_cache_reads_a_late_guess_in_place_in_full()
+    test_the_copy_marks_the_chunks_it_moves_and_a_claim_clears_them()
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, None])

@@ -5,7 +5,7 @@
 
 Without --packed: bench-moe's geometry (benchmarks/data/trained-20261203) with random weights, packed here in the
 formats of the RAM-rich plan committed beside it. `plan:D` runs the plan at lookahead depth D (`_plans.forced_depth`),
-`plan:D/P` with the lookahead's copy kernel on P thread blocks, `plan:Dw` with whole experts only (no head landing). Each run in a process of its own (`--inproc`: all in
+`plan:D/P` with the lookahead's copy kernel on P thread blocks, `plan:Dw` with whole experts only (no partial landing). Each run in a process of its own (`--inproc`: all in
 this one, in order; `--no-profile`: time_parts alone, no tracing). Per run: a short prefill, eight greedy decode
 steps (the step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the
 kernels a graph runs), one replay at a time. Kernels on another stream than the replay's first (the lookahead's side
@@ -131,9 +131,9 @@ def gpu_state() -> dict:
 
 
 def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bool = True,
-            head_landing: bool = True) -> dict:
+            partial_landing: bool = True) -> dict:
     from strata_plan.engine.engine import Engine, EngineOptions
-    opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs, head_landing=head_landing)
+    opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs, partial_landing=partial_landing)
     with Engine.open(packed, plan, opts) as eng:
         m = eng.model
         m.reset()
@@ -191,7 +191,7 @@ def main() -> int:
         whole = depth.endswith("w")
         depth = depth.removesuffix("w")
         plan = forced_depth(base, int(depth)) if depth else baseline(base, mode)
-        return one_run(packed, plan, mode, int(programs or 0), a.reps, not a.no_profile, head_landing=not whole)
+        return one_run(packed, plan, mode, int(programs or 0), a.reps, not a.no_profile, partial_landing=not whole)
 
     packed = a.packed
     if a.one:

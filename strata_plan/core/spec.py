@@ -128,10 +128,6 @@ class ModelSpec:
         """Bytes of one routed expert packed in `format` (one read, one copy)."""
         return F.expert_bytes(format, self.hidden, self.moe_intermediate)
 
-    def routed_expert_head_bytes(self, format: str) -> int:
-        """Bytes of one routed expert's gate and up in `format`: the head of its blob, before the down matrix."""
-        return F.expert_head_bytes(format, self.hidden, self.moe_intermediate)
-
     def dense_layer_bytes(self, layer: int) -> int:
         """BF16 bytes of a layer's non-routed weights."""
         return BF16 * self.dense_layer_params(layer)

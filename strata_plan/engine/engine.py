@@ -100,8 +100,8 @@ class EngineOptions:
                                      # that many at a time
     copy_programs: int = 0           # thread blocks of the lookahead's copy kernel (0: kernels.prefetch.copy_programs;
                                      # a benchmark knob for the copy's effect on the main stream)
-    head_landing: bool = True        # the lookahead's guesses serve the cache's fill with their gate and up once
-                                     # those landed (StoreOptions.head_landing); False: whole experts only (A/B)
+    partial_landing: bool = True     # a lookahead guess still copying serves the cache's fill the part that landed
+                                     # (StoreOptions.partial_landing); False: whole experts only (A/B)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -128,7 +128,7 @@ class Engine:
         host = host_units(plan, ModelConfig.load(folder), plan_path)     # dense weights kept in pinned RAM
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
-                                                                    head_landing=options.head_landing,
+                                                                    partial_landing=options.partial_landing,
                                                                     allow_buffered=options.allow_buffered,
                                                                     kernels=options.backend == "triton"), plan_path)
         if store.prefetch is not None and options.copy_programs:

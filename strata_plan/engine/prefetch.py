@@ -13,10 +13,10 @@ The protocol (`kernels.prefetch`) never makes a layer wait: a guess still being 
 place from pinned RAM (counted `late`, its copy wasted). The slots are the store's dynamic slots outside the device
 LRU's (prefill's waves use them between decode runs: `before_prefill` orders prefill's copies after the decode work
 queued). On a CPU the side stream is the main one (the references in order), so a claimed guess has landed when its
-layer runs. Head landing (`head`, layers with a device LRU): a guess whose gate and up landed and whose down had not
-is filled into its cache slot from both, the staging slot and pinned RAM (`head_landed`). Counting (folded into the
-store's counters): uses served from a slot are `prefetched`, uses whose guess was still copying `late`, half-served
-ones `head_landed`; the copies' bytes cross PCIe (`bytes_from["ram"]`, `prefetch_bytes`), slots freed unused are
+layer runs. Partial landing (`partial`, layers with a device LRU): a routed guess still copying is filled into its
+cache slot from both, the part that landed from the staging slot, the rest from pinned RAM (`partial`). Counting
+(folded into the store's counters): uses served from a slot are `prefetched`, uses whose guess was still copying
+`late` (nothing landed) or `partial`; the copies' bytes cross PCIe (`bytes_from["ram"]`, `prefetch_bytes`), slots freed unused are
 wasted, as are the bytes copied past those a layer read; precision and recall of the guesses at the plan's depth as
 the routing statistics define them.
 """
@@ -26,11 +26,11 @@ import torch
 
 from strata_plan.kernels import prefetch as pk
 
-from .residency import HEAD_LANDED, IN_PLACE, LATE, PREFETCHED
+from .residency import IN_PLACE, LATE, PARTIAL, PREFETCHED
 
 
 class DevicePrefetch:
-    def __init__(self, store, depth: int, head: torch.Tensor | None = None):
+    def __init__(self, store, depth: int, partial: torch.Tensor | None = None):
         self.store, self.depth = store, depth
         dev = store.device
         L, E = store.n_layers, store.E
@@ -46,7 +46,8 @@ class DevicePrefetch:
             table=store.inplace_offsets, src=store.lru.ram_offset if store.lru is not None else None,
             counts=torch.zeros((L, pk.N_COUNTS), dtype=torch.int64, device=dev), cached_hi=store.poison_offset,
             guessed=torch.full((L, store.top_k), -1, dtype=torch.int64, device=dev),
-            head=head, tail=store.lru.tail if head is not None else None)
+            **(dict(landed=torch.zeros((n, -(-store.slot_bytes // pk.COPY_CHUNK)), dtype=torch.int32, device=dev),
+                    partial=partial, tail=store.lru.tail, split=store.lru.split) if partial is not None else {}))
         self.cuda = dev.type == "cuda"
         self.kernels = store.kernels          # else the plain references (a CPU)
         self.side = torch.cuda.Stream(dev) if self.cuda else None
@@ -118,11 +119,11 @@ class DevicePrefetch:
         self.st.counts.zero_()
         for j, row in enumerate(got):
             c = counters.layers[j]
-            used, late, half = int(row[pk.USED]), int(row[pk.LATE]), int(row[pk.HEAD_USED])
-            c.uses[IN_PLACE] -= used + late + half
+            used, late, part = int(row[pk.USED]), int(row[pk.LATE]), int(row[pk.PART_USED])
+            c.uses[IN_PLACE] -= used + late + part
             c.uses[PREFETCHED] += used
             c.uses[LATE] += late
-            c.uses[HEAD_LANDED] += half
+            c.uses[PARTIAL] += part
             c.bytes_from["ram"] += int(row[pk.COPIED]) - int(row[pk.USED_BYTES])    # copies, not in-place reads
             c.prefetch_bytes += int(row[pk.COPIED])
             c.wasted_bytes += int(row[pk.WASTED_BYTES])

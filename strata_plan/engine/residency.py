@@ -19,9 +19,9 @@ from typing import Any, Iterable
 STATIC, CACHED, PREFETCHED, LATE, DEMAND = "static", "cached", "prefetched", "late", "demand"
 IN_PLACE = "in_place"      # read by the MoE kernel straight from pinned RAM (no copy)
 STAGED_USE = "staged"      # an NVMe expert read in place from the pinned staging cache, there in time
-HEAD_LANDED = "head_landed"  # a lookahead guess whose gate and up had landed (the cache's fill read them from its
-#                              staging slot) and its down not: the down came from pinned RAM
-USE_KINDS = (STATIC, CACHED, PREFETCHED, LATE, DEMAND, IN_PLACE, STAGED_USE, HEAD_LANDED)
+PARTIAL = "partial"        # a lookahead guess still copying: the cache's fill read the part of it that had landed
+#                            from its staging slot, the rest from pinned RAM
+USE_KINDS = (STATIC, CACHED, PREFETCHED, LATE, DEMAND, IN_PLACE, STAGED_USE, PARTIAL)
 HIT_KINDS = (STATIC, CACHED, PREFETCHED)          # the seeds' hit: already there when the layer ran
 
 

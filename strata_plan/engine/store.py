@@ -51,7 +51,7 @@ import torch
 from strata_plan.core.lookahead import staging_slots
 from strata_plan.errors import UserError
 from strata_plan.kernels import lru
-from strata_plan.kernels.formats import EXPERT_ALIGN, expert_head_bytes
+from strata_plan.kernels.formats import EXPERT_ALIGN
 from strata_plan.kernels.triton_common import INTERPRETER_OK
 from strata_plan.pinned import HostRegion
 
@@ -76,8 +76,8 @@ def plan_readers(plan) -> int:
 @dataclass(frozen=True)
 class StoreOptions:
     prefetch: bool = True          # the device lookahead's VRAM prefetch (off: the LRU-only and on-demand baselines)
-    head_landing: bool = True      # the lookahead serves a guess's gate and up to the cache's fill once they landed,
-    #                                its down from RAM (kernels.prefetch; layers with a device LRU); False: whole only
+    partial_landing: bool = True   # a lookahead guess still copying serves the cache's fill the part of it that landed,
+    #                                the rest from RAM (kernels.prefetch; layers with a device LRU); False: whole only
     readers: int = 0               # reader threads; 0: the plan's largest queue depth (at least 4)
     chunk_bytes: int = CHUNK_BYTES             # copy chunk
     chunks_in_flight: int = CHUNKS_IN_FLIGHT   # the copy thread's chunks on the copy stream at once
@@ -199,7 +199,7 @@ class ExpertStore:
                                        self.lru.ram_offset if self.lru is not None else None)
             if options.prefetch and plan.prefetch_depth:
                 self.prefetch = DevicePrefetch(self, plan.prefetch_depth,
-                                               self._head_landing() if options.head_landing else None)
+                                               self._partial_layers() if options.partial_landing else None)
         except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
             self.close()
             raise
@@ -316,21 +316,16 @@ class ExpertStore:
                         admit=dev(np.full((L, k), -1, np.int64)), tick=dev(np.zeros(L, np.int64)),
                         counts=dev(np.zeros((L, 4), np.int64)))
 
-    def _head_landing(self) -> torch.Tensor | None:
-        """int64 [L, E] the bytes of each RAM expert's gate and up (`formats.expert_head_bytes`) in layers with cache
-        slots, 0 elsewhere (a layer without a cache reads a guess from its slot only whole); the device LRU's fill
-        takes the rest of such an expert from RAM (`LruState.tail`, set here). None: no device LRU."""
+    def _partial_layers(self) -> torch.Tensor | None:
+        """int8 [L]: 1 where a layer has cache slots, so a lookahead guess still copying serves the device LRU's fill
+        the part of it that landed (kernels.prefetch, partial landing); the LRU gets its tail and split. None: no
+        device LRU."""
         if self.lru is None:
             return None
-        head = np.zeros((self.n_layers, self.E), dtype=np.int64)
-        H, inter = self.index.hidden, self.index.moe_intermediate
-        for j, l in enumerate(self.plan.layers):
-            if l.cache_slots:
-                for e in l.ram:
-                    head[j, e] = expert_head_bytes(self.entries[j][e].format, H, inter)
-        head = torch.from_numpy(head).to(self.device)
-        self.lru = dataclasses.replace(self.lru, tail=torch.full_like(head, -1), head=head)
-        return head
+        L, E = self.n_layers, self.E
+        self.lru = dataclasses.replace(self.lru, tail=torch.full((L, E), -1, dtype=torch.int64, device=self.device),
+                                       split=torch.zeros((L, E), dtype=torch.int64, device=self.device))
+        return torch.tensor([int(l.cache_slots > 0) for l in self.plan.layers], dtype=torch.int8, device=self.device)
 
     def cache_decide(self, j: int, ids: torch.Tensor) -> None:
         """The device loop with a cache, MoE layer j, one token: the LRU step (hits, admissions, evictions, counts;

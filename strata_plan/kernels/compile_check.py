@@ -80,7 +80,7 @@ def _device_loop_kernels(arch: int) -> list:
                               dict(K=8, KB=8, CB=64), arch, num_warps=1)),
         ("lru fill", _compile(lru.fill_kernel, {"arena_p": P["u8"], "ids_p": i64, "j": "i32", "E": "i32",
                                                 "admit_p": i64, "ram_offset_p": i64, "nbytes_p": i64,
-                                                "tail_p": i64, "head_p": i64},
+                                                "tail_p": i64, "split_p": i64},
                               dict(K=8, CHUNK=lru.FILL_CHUNK, HAS_TAIL=True), arch)),
         ("gather rows", _compile(gather.gather_rows_kernel, {"arena_p": P["u8"], "offset": "i64", "ids_p": i64,
                                                              "out_p": P["i16"], "H": "i32"},
@@ -100,12 +100,13 @@ def _device_loop_kernels(arch: int) -> list:
             dict(K=8, G=32, W=16, GB=32, HAS_GUESS=True, GPU=True), arch, num_warps=1)),
         ("prefetch claim", _compile(prefetch.claim_kernel, {
             "gids_p": i64, "jj": "i32", "E": "i32", "state_p": i64, "where_p": i64, "assign_p": i64, "table_p": i64,
-            "tier_p": P["i8"], "S": "i32", "cached_hi": "i64"}, dict(G=6, GB=8, SB=16), arch, num_warps=1)),
+            "tier_p": P["i8"], "landed_p": P["i32"], "S": "i32", "NCH": "i32", "cached_hi": "i64"},
+            dict(G=6, GB=8, SB=16, PARTIAL=True), arch, num_warps=1)),
         ("prefetch copy", _compile(prefetch.copy_kernel, {
             "arena_p": P["u8"], "gids_p": i64, "jj": "i32", "E": "i32", "assign_p": i64, "slot_offset_p": i64,
             "ram_rows_p": i64, "nbytes_p": i64, "counts_p": i64, "state_p": i64, "filled_p": i64, "done_p": i64,
-            "head_p": i64, "done_head_p": i64, "n_chunks": "i32", "total": "i32", "P": "i32"},
-            dict(CHUNK=prefetch.COPY_CHUNK, SPLIT=True), arch)),
+            "landed_p": P["i32"], "n_chunks": "i32", "total": "i32", "P": "i32"},
+            dict(CHUNK=prefetch.COPY_CHUNK, PARTIAL=True), arch)),
         ("rms norm", _compile(norm.rms_norm_kernel, {
             "x_p": P["bf16"], "stride_x": "i32", "w_p": P["bf16"], "out_p": P["bf16"], "D": "i32", "eps": "fp32"},
             dict(XDT=tl.bfloat16, ODT=tl.bfloat16, BD=8192), arch, num_warps=8)),
@@ -122,12 +123,14 @@ def _device_loop_kernels(arch: int) -> list:
         ("prefetch resolve", _compile(prefetch.resolve_kernel, {
             "ids_p": i64, "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64,
             "table_p": i64, "src_p": i64, "tier_p": P["i8"], "nbytes_p": i64, "counts_p": i64, "guessed_p": i64,
-            "ram_rows_p": i64, "head_p": i64, "tail_p": i64, "used_p": i64, "cached_hi": "i64", "S": "i32"},
-            dict(K=6, KB=8, G=6, GB=8, SB=16, HAS_SRC=True, SPLIT=True), arch, num_warps=1)),
+            "ram_rows_p": i64, "landed_p": P["i32"], "partial_p": P["i8"], "tail_p": i64, "split_p": i64,
+            "used_p": i64, "cached_hi": "i64", "S": "i32", "NCH": "i32"},
+            dict(K=6, KB=8, G=6, GB=8, SB=16, HAS_SRC=True, PARTIAL=True, CHUNK=prefetch.COPY_CHUNK), arch,
+            num_warps=1)),
         ("prefetch release", _compile(prefetch.release_kernel, {
             "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64, "ram_rows_p": i64,
             "table_p": i64, "src_p": i64, "tail_p": i64, "filled_p": i64, "used_p": i64, "counts_p": i64,
-            "S": "i32"}, dict(SB=16, HAS_SRC=True, SPLIT=True), arch, num_warps=1)),
+            "S": "i32"}, dict(SB=16, HAS_SRC=True, PARTIAL=True), arch, num_warps=1)),
     ]
 
 

@@ -158,12 +158,6 @@ class ExpertLayout:
     def payload_bytes(self) -> int:
         return sum(s.nbytes for s in self.segments)
 
-    @property
-    def head_bytes(self) -> int:
-        """Bytes before the down matrix's first segment: gate and up, what the MoE's first kernel reads (a blob is
-        laid out gate, up, down, so a copy that lands its first `head_bytes` has landed gate and up)."""
-        return min(s.offset for s in self.segments if s.matrix == "down")
-
     def segment(self, matrix: str, name: str) -> Segment:
         for s in self.segments:
             if s.matrix == matrix and s.name == name:
@@ -191,11 +185,6 @@ def expert_layout(format: str, hidden: int, intermediate: int) -> ExpertLayout:
 def expert_bytes(format: str, hidden: int, intermediate: int) -> int:
     """Bytes of one packed routed expert as stored, read and copied (alignment included)."""
     return expert_layout(format, hidden, intermediate).nbytes
-
-
-def expert_head_bytes(format: str, hidden: int, intermediate: int) -> int:
-    """Bytes of one packed routed expert's gate and up matrices: its blob's head (`ExpertLayout.head_bytes`)."""
-    return expert_layout(format, hidden, intermediate).head_bytes
 
 
 @dataclass(frozen=True)

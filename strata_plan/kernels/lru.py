@@ -20,11 +20,11 @@ fused_moe reads), admit [L, k] (-1 or the slot offset to fill for routed positio
 counts [L, 4] (static uses, cache hits, misses, miss bytes). `reference_step` / `reference_fill` are the same in
 plain Python on the tensors: the CPU path and what the kernels are tested against.
 
-Head landing (`tail`, `head`: the lookahead's, `kernels.prefetch`): an expert whose gate and up (its blob's first
-head[j, e] bytes) landed in a staging slot has ram_offset (the fill's source) pointing there and tail[j, e] at its
-pinned RAM copy; the fill takes the rest of the blob from tail (-1: the whole blob at ram_offset). Such an expert was
-not cached before the token, and the lookahead leaves its table entry at RAM: admitted and evicted within the token,
-it is read in place from RAM.
+Partial landing (`tail`, `split`: written by the lookahead's `resolve`, `kernels.prefetch`): an expert whose blob's
+first split[j, e] bytes landed in a staging slot has ram_offset (the fill's source) pointing there and tail[j, e] at
+its pinned RAM copy; the fill takes the rest of the blob from tail (-1: the whole blob at ram_offset). Such an expert
+was not cached before the token, and the lookahead leaves its table entry at RAM: admitted and evicted within the
+token, it is read in place from RAM.
 """
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ class LruState:
     admit: torch.Tensor
     tick: torch.Tensor
     counts: torch.Tensor
-    tail: torch.Tensor | None = None     # int64 [L, E] where the bytes past head come from (-1: ram_offset); None: none
-    head: torch.Tensor | None = None     # int64 [L, E] bytes of each expert's gate and up (with tail)
+    tail: torch.Tensor | None = None     # int64 [L, E] where the bytes past split come from (-1: ram_offset); None: none
+    split: torch.Tensor | None = None    # int64 [L, E] bytes of the expert at ram_offset where tail >= 0 (with tail)
 
 
 @triton.jit
@@ -117,12 +117,12 @@ def lru_step_kernel(ids_p, j, E, C, static_p, slot_expert_p, slot_stamp_p, slot_
 
 
 @triton.jit
-def fill_kernel(arena_p, ids_p, j, E, admit_p, ram_offset_p, nbytes_p, tail_p, head_p, K: tl.constexpr,
+def fill_kernel(arena_p, ids_p, j, E, admit_p, ram_offset_p, nbytes_p, tail_p, split_p, K: tl.constexpr,
                 CHUNK: tl.constexpr, HAS_TAIL: tl.constexpr):
     # grid (K, chunks): program (i, b) copies bytes [b * CHUNK, (b + 1) * CHUNK) of routed position i's expert from
     # arena_p + ram_offset[j, e] (pinned RAM, in place) to arena_p + admit[j, i], when admit[j, i] >= 0; int64
     # words (every blob is a multiple of 4 KiB at 4 KiB-aligned offsets). HAS_TAIL: where tail[j, e] >= 0, the
-    # words from head[j, e] on come from arena_p + tail[j, e] (the head landed in a staging slot, the rest in RAM)
+    # words from split[j, e] on come from arena_p + tail[j, e] (a prefix landed in a staging slot, the rest in RAM)
     i = tl.program_id(0)
     b = tl.program_id(1)
     dst = tl.load(admit_p + j * K + i)
@@ -134,7 +134,7 @@ def fill_kernel(arena_p, ids_p, j, E, admit_p, ram_offset_p, nbytes_p, tail_p, h
     rest = src
     if HAS_TAIL:
         tail = tl.load(tail_p + j * E + e)
-        split = tl.where(tail >= 0, tl.load(head_p + j * E + e), n)
+        split = tl.where(tail >= 0, tl.load(split_p + j * E + e), n)
         rest = (arena_p + tl.maximum(tail, 0)).to(tl.pointer_type(tl.int64))
     for k in range(0, CHUNK // 8, FILL_BLOCK):                                   # FILL_BLOCK words at a time
         w = tl.cast(b, tl.int64) * (CHUNK // 8) + k + tl.arange(0, FILL_BLOCK)   # [FILL_BLOCK] words
@@ -162,7 +162,7 @@ def fill_slots(arena: torch.Tensor, ids: torch.Tensor, j: int, st: LruState, max
     split = st.tail is not None
     fill_kernel[(K, triton.cdiv(max_bytes, FILL_CHUNK))](arena, ids.reshape(-1), j, st.table.shape[1], st.admit,
                                                          st.ram_offset, st.nbytes, st.tail if split else st.nbytes,
-                                                         st.head if split else st.nbytes, K=K, CHUNK=FILL_CHUNK,
+                                                         st.split if split else st.nbytes, K=K, CHUNK=FILL_CHUNK,
                                                          HAS_TAIL=split)
 
 
@@ -213,7 +213,7 @@ def reference_fill(arena: torch.Tensor, ids: torch.Tensor, j: int, st: LruState)
         if dst >= 0:
             src, n = int(st.ram_offset[j, e]), int(st.nbytes[j, e])
             tail = int(st.tail[j, e]) if st.tail is not None else -1
-            h = int(st.head[j, e]) if tail >= 0 else n
+            h = int(st.split[j, e]) if tail >= 0 else n
             arena[dst:dst + h] = arena[src:src + h]
             if tail >= 0:
                 arena[dst + h:dst + n] = arena[tail + h:tail + n]

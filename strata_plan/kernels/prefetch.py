@@ -13,15 +13,14 @@ compare-and-swap or exchange at GPU scope:
                              -> TAKEN (resolve found it still filling: the layer reads the expert in place from RAM,
                                        or nobody routed it: abandoned)
                                       -> TAKEN_DONE (the copy's last chunk of the slot, skipped or not)
-            FILLING -> HEAD (head landing: the last chunk of the expert's gate and up)  -> READY, or
-                       HEAD -> TAKEN (resolve: the layer's cache fill reads gate and up from the slot, down from RAM)
     READY / CONSUMED / TAKEN_DONE -> FREE (release, main stream, after the layer's down projection)
 
-Head landing (`head` given: layers with a device LRU, whose fill copies an admitted expert into its cache slot before
-the MoE kernels read it): a blob is laid out gate, up, down, so once the chunks of its first `head[l, e]` bytes have
-landed the copy publishes HEAD, and a layer that routes the expert then fills its cache slot with gate and up from the
-staging slot and only down from pinned RAM (`LruState.tail`). A kimi expert (27 MB) does not fit the link's idle
-window of one layer (about 0.47 ms at 50 GB/s on an H100, 23 MB), its gate and up (18 MB) do.
+Partial landing (`landed` given; layers with a device LRU, `partial`): the copy marks each 64 KiB chunk of a slot
+landed (`landed [S, NCH]`, a release after the chunk's stores; `claim` clears a slot's marks), and `resolve`, finding a
+routed guess still FILLING in such a layer, takes it with the prefix of its blob that landed: the device LRU's fill
+reads those bytes from the staging slot (`LruState.src`, `split`) and the rest from pinned RAM (`LruState.tail`), and
+the layer's MoE reads the whole expert from its cache slot. A kimi expert (27 MB, 0.54 ms at 50 GB/s) does not fit the
+link's idle time in one layer (attention, router: about 0.19 ms on the H200), a part of it does.
 
 `resolve` loads a slot's word with acquire semantics once per routed id; an expert it finds READY is read from its
 slot (the table, and the device LRU's fill source, point there until `release`), one it finds FILLING is TAKEN and read
@@ -47,8 +46,8 @@ import torch
 from .ops import _sm_count
 from .triton_common import tl, triton
 
-FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED, HEAD = range(7)
-USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES, GUESSES, RIGHT, HINTED_USED, HEAD_USED = range(10)
+FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
+USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES, GUESSES, RIGHT, HINTED_USED, PART_USED = range(10)
 N_COUNTS = 10
 COPY_CHUNK = 64 << 10          # bytes of one item of the copy kernel's loop (a multiple of 8 KiB)
 COPY_PROGRAMS = 16             # the copy kernel's programs: the link's rate is the link's, not the SMs'. On the H100, 16
@@ -57,8 +56,9 @@ COPY_PROGRAMS = 16             # the copy kernel's programs: the link's rate is 
 #                                (benchmarks/results/prefetch-copy-20261205T155055Z.json)
 COPY_BLOCK = tl.constexpr(1024)  # int64 words a program moves per step of its loop (8 KiB: no register spills)
 # the states as the kernels see them (a jitted function reads only constexpr globals)
-_FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED, _HEAD = (tl.constexpr(v) for v in range(7))
+_FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED = (tl.constexpr(v) for v in range(6))
 _NC = tl.constexpr(N_COUNTS)
+_CB = tl.constexpr(128)        # chunk marks a step of claim's and resolve's loops over a slot's chunks
 
 
 @dataclass(frozen=True)
@@ -77,18 +77,25 @@ class PrefetchState:
     cached_hi: int             # table entries in [0, cached_hi) are VRAM
     filled: torch.Tensor | None = None    # int64 [S] bytes copied into each slot since its claim (None: made here)
     done: torch.Tensor | None = None      # int64 [S] the copy's items of each slot counted so far (None: made here)
-    head: torch.Tensor | None = None      # int64 [L, E] head landing: bytes of each expert's gate and up (0: whole
-    #                                       only, a layer without a cache); None: whole experts only
-    tail: torch.Tensor | None = None      # int64 [L, E] the device LRU's tail source (`LruState.tail`; with head)
     used: torch.Tensor | None = None      # int64 [S] bytes of each slot's expert a layer read from it (None: made here)
-    done_head: torch.Tensor | None = None  # int64 [S] the copy's head items of each slot counted (None: made here)
+    # partial landing (all four, or none: whole experts only)
+    landed: torch.Tensor | None = None    # int32 [S, NCH] 1: the slot's chunk landed since its claim (NCH x COPY_CHUNK
+    #                                       >= a slot)
+    partial: torch.Tensor | None = None   # int8 [L] 1: the layer takes a guess's landed prefix (it has a device LRU)
+    tail: torch.Tensor | None = None      # int64 [L, E] the device LRU's tail source (`LruState.tail`)
+    split: torch.Tensor | None = None     # int64 [L, E] the device LRU's bytes at src (`LruState.split`)
 
     def __post_init__(self):
-        for name in ("filled", "done", "used", "done_head"):
+        for name in ("filled", "done", "used"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, torch.zeros_like(self.state))
-        if self.head is not None and (self.src is None or self.tail is None):
-            raise ValueError("head landing needs the device LRU's fill source and tail (src, tail)")
+        given = [getattr(self, n) is not None for n in ("landed", "partial", "tail", "split")]
+        if any(given) and not (all(given) and self.src is not None):
+            raise ValueError("partial landing needs landed, partial, the device LRU's src, tail and split")
+
+    @property
+    def partial_landing(self) -> bool:
+        return self.landed is not None
 
 
 def _word(tag, st):
@@ -96,8 +103,8 @@ def _word(tag, st):
 
 
 @triton.jit
-def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, cached_hi, G: tl.constexpr,
-                 GB: tl.constexpr, SB: tl.constexpr):
+def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, landed_p, S, NCH, cached_hi,
+                 G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr, PARTIAL: tl.constexpr):
     # gids_p: int64 [G] guessed ids of layer jj, best first (-1 padded); one program, every guess and slot at once:
     # the i-th eligible guess takes the i-th FREE slot (as one CAS after another from slot 0 would: only a claim takes
     # a FREE slot, and claims run one after another on the side stream), each by one CAS FREE -> FILLING
@@ -116,6 +123,12 @@ def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, 
     match = ok[:, None] & free[None, :] & (frank[None, :] == rank[:, None])      # [GB, SB]
     got = tl.where(tl.sum(match.to(tl.int32), 1) > 0, tl.sum(tl.where(match, ss[None, :], 0), 1), -1)
     take = got >= 0
+    if PARTIAL:                                   # a FREE slot: no copy writes its marks; cleared before it is FILLING
+        for c0 in range(0, NCH, _CB):
+            c = c0 + tl.arange(0, _CB)
+            tl.store(landed_p + tl.maximum(got, 0)[:, None] * NCH + c[None, :], tl.zeros([GB, _CB], tl.int32),
+                     mask=take[:, None] & (c[None, :] < NCH))
+        tl.debug_barrier()
     old = tl.atomic_cas(state_p + tl.where(take, got, 0), tl.where(take, 0, -1).to(tl.int64),
                         tl.where(take, at * 8 + _FILLING, -1).to(tl.int64), sem="acq_rel")
     got = tl.where(take & (old == _FREE), got, -1)
@@ -125,16 +138,15 @@ def claim_kernel(gids_p, jj, E, state_p, where_p, assign_p, table_p, tier_p, S, 
 
 @triton.jit
 def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nbytes_p, counts_p, state_p, filled_p,
-                done_p, head_p, done_head_p, n_chunks, total, P, CHUNK: tl.constexpr, SPLIT: tl.constexpr):
+                done_p, landed_p, n_chunks, total, P, CHUNK: tl.constexpr, PARTIAL: tl.constexpr):
     # grid (P,), persistent: program p copies the items p, p + P, ... of the G x n_chunks items, item (i, b) being bytes
     # [b CHUNK, (b + 1) CHUNK) of guess i's expert into its slot, guesses in order (best first). A few programs a SM
     # reach the link's rate and leave the SMs to the main stream's kernels running beside it (a grid of every chunk
     # would hold them all). An item whose slot is no longer FILLING (resolve TAKEN it: its layer reads the expert in
     # place) is skipped: a late guess stops costing link bytes at the next chunk. Each item, copied or skipped, counts
     # itself in its slot's `done` (acq_rel: its stores before); the slot's last item publishes it at once: FILLING ->
-    # READY (release), or TAKEN -> TAKEN_DONE, so the best guess is READY while the others still copy. SPLIT (head
-    # landing): the items of the first head[jj, e] bytes count themselves in `done_head` too, and the last of them
-    # publishes FILLING -> HEAD (release) before its `done` count, so the slot's last item finds HEAD or TAKEN
+    # READY (release), or TAKEN -> TAKEN_DONE, so the best guess is READY while the others still copy. PARTIAL: each
+    # item copied marks its chunk landed (landed [S, n_chunks], a release after its stores)
     pid = tl.program_id(0)
     for t in range(pid, total, P):                                               # total = G x n_chunks
         i = t // n_chunks
@@ -142,11 +154,11 @@ def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nby
         s = tl.load(assign_p + i)
         e = tl.maximum(tl.load(gids_p + i), 0)
         tag = (jj * E + e).to(tl.int64)
-        filling, head_w, ready = tag * 8 + _FILLING, tag * 8 + _HEAD, tag * 8 + _READY
+        filling = tag * 8 + _FILLING
         live = s >= 0
         if live:
             word = tl.atomic_add(state_p + s, 0, sem="relaxed")                  # the slot's word, not a cached copy
-            live = (word == filling) | (word == head_w)
+            live = word == filling
         n = tl.where(live, tl.load(nbytes_p + jj * E + e), 0)
         src = (arena_p + tl.load(ram_rows_p + jj * E + e)).to(tl.pointer_type(tl.int64))
         dst = (arena_p + tl.load(slot_offset_p + tl.maximum(s, 0))).to(tl.pointer_type(tl.int64))
@@ -159,20 +171,13 @@ def copy_kernel(arena_p, gids_p, jj, E, assign_p, slot_offset_p, ram_rows_p, nby
             tl.atomic_add(filled_p + s, moved, sem="relaxed")
             tl.atomic_add(counts_p + jj * _NC + 3, moved, sem="relaxed")
         tl.debug_barrier()                                    # every lane's stores of the item before its count
+        if PARTIAL:
+            if moved > 0:
+                tl.atomic_xchg(landed_p + s * n_chunks + b, 1, sem="release")
         if s >= 0:
-            if SPLIT:
-                n_head = tl.cdiv(tl.load(head_p + jj * E + e), CHUNK)               # 0: the expert lands whole
-                if b < n_head:
-                    if tl.atomic_add(done_head_p + s, 1, sem="acq_rel") == n_head - 1:   # gate and up landed
-                        tl.atomic_xchg(done_head_p + s, 0, sem="relaxed")
-                        tl.atomic_cas(state_p + s, filling, head_w, sem="release")
             if tl.atomic_add(done_p + s, 1, sem="acq_rel") == n_chunks - 1:     # the slot's last item: publish
                 tl.atomic_xchg(done_p + s, 0, sem="relaxed")
-                old = tl.atomic_cas(state_p + s, filling, ready, sem="release")
-                if SPLIT:
-                    if old == head_w:                                             # its head was published first
-                        if tl.atomic_cas(state_p + s, head_w, ready, sem="release") == head_w:
-                            old = filling
+                old = tl.atomic_cas(state_p + s, filling, tag * 8 + _READY, sem="release")
                 if old != filling:                                                # resolve took it: read in place
                     tl.atomic_xchg(state_p + s, tag * 8 + _TAKEN_DONE, sem="release")
 
@@ -188,8 +193,9 @@ def _slot_words(state_p, S, SB: tl.constexpr):
 
 @triton.jit
 def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
-                   guessed_p, ram_rows_p, head_p, tail_p, used_p, cached_hi, S, K: tl.constexpr, KB: tl.constexpr,
-                   G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr, HAS_SRC: tl.constexpr, SPLIT: tl.constexpr):
+                   guessed_p, ram_rows_p, landed_p, partial_p, tail_p, split_p, used_p, cached_hi, S, NCH,
+                   K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr,
+                   HAS_SRC: tl.constexpr, PARTIAL: tl.constexpr, CHUNK: tl.constexpr):
     # ids_p: int64 [K] layer j's routed ids (distinct); one program; before the LRU step and the MoE kernels of layer j.
     # Every routed id at once ([KB] lanes): each step is one vector load or CAS (a lane with nothing to change
     # compares against -1, never a word), not K round trips one after another
@@ -206,45 +212,49 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
     sp = state_p + tl.where(ok, s, 0)
     ready, filling = (at * 8 + _READY).to(tl.int64), (at * 8 + _FILLING).to(tl.int64)
     consumed, taken = (at * 8 + _CONSUMED).to(tl.int64), (at * 8 + _TAKEN).to(tl.int64)
-    head_w = (at * 8 + _HEAD).to(tl.int64)
-    # the copy only moves a slot forward (FILLING -> HEAD -> READY): each routed guess is taken in the state it is in,
-    # READY -> CONSUMED, FILLING or HEAD -> TAKEN, one CAS a try; a try fails only when the copy moved the slot on
-    # meanwhile (READY first: the common case; at most four tries)
-    want = tl.where(ok, ready, -1)
-    got = tl.full([KB], -1, tl.int64)                                           # the word each guess was taken in
-    pend = ok
-    while tl.sum(pend.to(tl.int32), 0) > 0:
-        old = tl.atomic_cas(sp, tl.where(pend, want, -1), tl.where(pend, tl.where(want == ready, consumed, taken), -1),
-                            sem="acq_rel")
-        won = pend & (old == want)
-        got = tl.where(won, want, got)
-        pend = pend & (old != want) & ((old == filling) | (old == head_w) | (old == ready))
-        want = tl.where(pend, old, want)
-    use = got == ready
-    half = got == head_w                          # head landing: gate and up from the slot, down from RAM
-    n_late = tl.sum((got == filling).to(tl.int64), 0)
-    n_used = tl.sum(use.to(tl.int64), 0)
+    old = tl.atomic_cas(sp, tl.where(ok, ready, -1), tl.where(ok, consumed, -1), sem="acquire")
+    took = ok & (old == filling)                                  # still being copied: take it, read in place
+    old2 = tl.atomic_cas(sp, tl.where(took, filling, -1), tl.where(took, taken, -1), sem="acq_rel")
+    again = took & (old2 == ready)                                # published meanwhile: use it after all
+    old3 = tl.atomic_cas(sp, tl.where(again, ready, -1), tl.where(again, consumed, -1), sem="acquire")
+    old = tl.where(again, old3, tl.where(took, old2, old))
+    use = ok & (old == ready)
+    late = ok & (old == filling)
     nb = tl.load(nbytes_p + at, mask=use, other=0)
     b_used = tl.sum(tl.where(use, nb, 0), 0)
-    off = tl.load(slot_offset_p + tl.where(use | half, s, 0), mask=use | half, other=0)
+    off = tl.load(slot_offset_p + tl.where(ok, s, 0), mask=ok, other=0)
     tl.store(table_p + at, off, mask=use)
     tl.store(used_p + tl.where(use, s, 0), nb, mask=use)
     if HAS_SRC:
-        tl.store(src_p + at, off, mask=use | half)
-    n_half = tl.sum(half.to(tl.int64), 0)
-    if SPLIT:                                     # the cache's fill reads the head at src, the rest at tail
-        hb = tl.load(head_p + at, mask=half, other=0)
-        b_used += tl.sum(tl.where(half, hb, 0), 0)
-        tl.store(tail_p + at, tl.load(ram_rows_p + at, mask=half, other=0), mask=half)
-        tl.store(used_p + tl.where(half, s, 0), hb, mask=half)
+        tl.store(src_p + at, off, mask=use)
+    n_used = tl.sum(use.to(tl.int64), 0)
+    n_part = n_used * 0
+    if PARTIAL:   # a late guess's landed prefix (chunks marked, acquire) serves the cache's fill; the rest from RAM
+        part = late & ((kk * 0 + tl.load(partial_p + j).to(tl.int32)) != 0)   # (a vector: the interpreter's masks)
+        first = tl.full([KB], 0, tl.int32) + NCH                  # the first chunk not landed
+        for c0 in range(0, NCH, _CB):
+            c = c0 + tl.arange(0, _CB)
+            m = part[:, None] & (c[None, :] < NCH)
+            row = landed_p + tl.where(part, s, 0)[:, None] * NCH
+            f = tl.atomic_add(row + c[None, :], tl.zeros([KB, _CB], tl.int32), mask=m, sem="acquire")   # [KB, _CB]
+            first = tl.minimum(first, tl.min(tl.where(m & (f == 0), c[None, :], NCH), 1))
+        pb = tl.minimum(first.to(tl.int64) * CHUNK, tl.load(nbytes_p + at, mask=part, other=0))
+        part = part & (pb > 0)
+        tl.store(src_p + at, off, mask=part)
+        tl.store(tail_p + at, tl.load(ram_rows_p + at, mask=part, other=0), mask=part)
+        tl.store(split_p + at, pb, mask=part)
+        tl.store(used_p + tl.where(part, s, 0), pb, mask=part)
+        b_used += tl.sum(tl.where(part, pb, 0), 0)
+        n_part = tl.sum(part.to(tl.int64), 0)
+        late = late & (part == 0)
+    n_late = tl.sum(late.to(tl.int64), 0)
     # the guesses of layer j still being copied that nobody routed are abandoned too: the copy stops at their next chunk
     # instead of spending the link on bytes no layer reads (the copy then marks them TAKEN_DONE, release frees them).
     # Every slot at once: one load and one CAS a lane (-1, never a word, where a lane has nothing to change)
     ss, live, w = _slot_words(state_p, S, SB)
-    st = w % 8
-    hit = live & ((st == _FILLING) | (st == _HEAD)) & (w // 8 // E == j)
+    hit = live & (w % 8 == _FILLING) & (w // 8 // E == j)
     at = tl.where(live, ss, 0)
-    tl.atomic_cas(state_p + at, tl.where(hit, w, -1), tl.where(hit, w - st + _TAKEN, -1), sem="acq_rel")
+    tl.atomic_cas(state_p + at, tl.where(hit, w, -1), tl.where(hit, w - _FILLING + _TAKEN, -1), sem="acq_rel")
     n_guess = tl.sum((guess >= 0).to(tl.int64), 0)
     c = counts_p + j * _NC
     tl.store(c + 0, tl.load(c + 0) + n_used)
@@ -253,13 +263,13 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
     tl.store(c + 6, tl.load(c + 6) + n_guess)
     tl.store(c + 7, tl.load(c + 7) + n_right)
     tl.store(c + 8, tl.load(c + 8) + tl.where(n_guess > 0, K, 0))
-    tl.store(c + 9, tl.load(c + 9) + n_half)
+    tl.store(c + 9, tl.load(c + 9) + n_part)
     tl.store(guessed_p + j * G + gg, tl.full([GB], -1, tl.int64), mask=gg < G)
 
 
 @triton.jit
 def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, src_p, tail_p, filled_p, used_p,
-                   counts_p, S, SB: tl.constexpr, HAS_SRC: tl.constexpr, SPLIT: tl.constexpr):
+                   counts_p, S, SB: tl.constexpr, HAS_SRC: tl.constexpr, PARTIAL: tl.constexpr):
     # main stream, after layer j's MoE: slots of layers <= j whose copy is over back to FREE; one program, every slot
     # at once ([SB] lanes): a serial scan of S acquire loads took S round trips to L2 a layer. A slot no layer read
     # from (`used` 0) is wasted; the bytes copied into a slot beyond those read from it are wasted bytes
@@ -274,7 +284,7 @@ def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, s
     if HAS_SRC:
         here = done & (tl.load(src_p + at, mask=done, other=-1) == off)
         tl.store(src_p + at, back, mask=here)
-        if SPLIT:
+        if PARTIAL:
             tl.store(tail_p + at, tl.full([SB], -1, tl.int64), mask=here)
     tl.store(where_p + at, tl.full([SB], -1, tl.int64), mask=done & (tl.load(where_p + at, mask=done, other=-1) == ss))
     used = tl.load(used_p + ss, mask=done, other=0)
@@ -310,9 +320,11 @@ def note_guesses(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
 
 def claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
     E = st.table.shape[1]
-    claim_kernel[(1,)](gids, jj, E, st.state, st.where, st.assign, st.table, st.tier, st.state.numel(),
+    part = st.partial_landing
+    claim_kernel[(1,)](gids, jj, E, st.state, st.where, st.assign, st.table, st.tier,
+                       st.landed if part else st.state, st.state.numel(), st.landed.shape[1] if part else 0,
                        st.cached_hi, G=gids.numel(), GB=triton.next_power_of_2(gids.numel()),
-                       SB=triton.next_power_of_2(st.state.numel()), num_warps=1)
+                       SB=triton.next_power_of_2(st.state.numel()), PARTIAL=part, num_warps=1)
 
 
 def copy_programs(device) -> int:
@@ -329,30 +341,33 @@ def copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState, ma
     n_chunks = triton.cdiv(max_bytes, COPY_CHUNK)
     total = gids.numel() * n_chunks
     P = min(total, programs or copy_programs(arena.device))
-    split = st.head is not None
+    part = st.partial_landing
+    if part and st.landed.shape[1] != n_chunks:
+        raise ValueError(f"landed has {st.landed.shape[1]} chunk marks a slot, the copy {n_chunks}")
     copy_kernel[(P,)](arena, gids, jj, E, st.assign, st.slot_offset, st.ram_rows, st.nbytes, st.counts, st.state,
-                      st.filled, st.done, st.head if split else st.nbytes, st.done_head, n_chunks, total, P,
-                      CHUNK=COPY_CHUNK, SPLIT=split)
+                      st.filled, st.done, st.landed if part else st.done, n_chunks, total, P, CHUNK=COPY_CHUNK,
+                      PARTIAL=part)
 
 
 def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
     G = st.guessed.shape[1]
-    split = st.head is not None
+    part = st.partial_landing
     resolve_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src,
-                         st.tier, st.nbytes, st.counts, st.guessed, st.ram_rows, st.head if split else st.nbytes,
-                         st.tail if split else src, st.used, st.cached_hi, st.state.numel(), K=ids.numel(),
+                         st.tier, st.nbytes, st.counts, st.guessed, st.ram_rows, st.landed if part else st.state,
+                         st.partial if part else st.tier, st.tail if part else src, st.split if part else src,
+                         st.used, st.cached_hi, st.state.numel(), st.landed.shape[1] if part else 0, K=ids.numel(),
                          KB=triton.next_power_of_2(ids.numel()), G=G, GB=triton.next_power_of_2(G),
-                         SB=triton.next_power_of_2(st.state.numel()),
-                         HAS_SRC=st.src is not None, SPLIT=split, num_warps=1)
+                         SB=triton.next_power_of_2(st.state.numel()), HAS_SRC=st.src is not None, PARTIAL=part,
+                         CHUNK=COPY_CHUNK, num_warps=1)
 
 
 def release(j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
-    split = st.head is not None
+    part = st.partial_landing
     release_kernel[(1,)](j, st.table.shape[1], st.state, st.where, st.slot_offset, st.ram_rows, st.table, src,
-                         st.tail if split else src, st.filled, st.used, st.counts, st.state.numel(),
-                         SB=triton.next_power_of_2(st.state.numel()), HAS_SRC=st.src is not None, SPLIT=split,
+                         st.tail if part else src, st.filled, st.used, st.counts, st.state.numel(),
+                         SB=triton.next_power_of_2(st.state.numel()), HAS_SRC=st.src is not None, PARTIAL=part,
                          num_warps=1)
 
 
@@ -370,6 +385,8 @@ def reference_claim(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
             free = (st.state == FREE).nonzero().flatten().tolist()
             if free:
                 got = free[0]
+                if st.partial_landing:
+                    st.landed[got] = 0
                 st.state[got] = _word(jj * E + e, FILLING)
                 st.where[jj, e] = got
         st.assign[i] = got
@@ -382,14 +399,25 @@ def reference_copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: Prefetc
         if s < 0:
             continue
         tag = jj * E + e
-        if int(st.state[s]) in (_word(tag, FILLING), _word(tag, HEAD)):     # not TAKEN meanwhile
+        if int(st.state[s]) == _word(tag, FILLING):                         # not TAKEN meanwhile
             n, a, b = int(st.nbytes[jj, e]), int(st.ram_rows[jj, e]), int(st.slot_offset[s])
             arena[b:b + n] = arena[a:a + n]
+            if st.partial_landing:
+                st.landed[s, :-(-n // COPY_CHUNK)] = 1
             st.filled[s] += n
             st.counts[jj, COPIED] += n
             st.state[s] = _word(tag, READY)
         else:
             st.state[s] = _word(tag, TAKEN_DONE)
+
+
+def _landed_prefix(st: PrefetchState, s: int, j: int, e: int) -> int:
+    """Bytes of slot s's expert (j, e) landed from its start (0 without partial landing in layer j)."""
+    if not st.partial_landing or not int(st.partial[j]):
+        return 0
+    marks = st.landed[s].tolist()
+    first = marks.index(0) if 0 in marks else len(marks)
+    return min(first * COPY_CHUNK, int(st.nbytes[j, e]))
 
 
 def reference_resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
@@ -414,20 +442,19 @@ def reference_resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
             st.used[s] = st.nbytes[j, e]
             st.counts[j, USED] += 1
             st.counts[j, USED_BYTES] += int(st.nbytes[j, e])
-        elif st.head is not None and w == _word(tag, HEAD):      # gate and up landed: the cache's fill reads them
-            st.state[s] = _word(tag, TAKEN)
-            st.src[j, e] = off
-            st.tail[j, e] = st.ram_rows[j, e]
-            st.used[s] = st.head[j, e]
-            st.counts[j, HEAD_USED] += 1
-            st.counts[j, USED_BYTES] += int(st.head[j, e])
         elif w == _word(tag, FILLING):
             st.state[s] = _word(tag, TAKEN)
-            st.counts[j, LATE] += 1
+            pb = _landed_prefix(st, s, j, e)
+            if pb:                               # its landed prefix fills the cache's slot, the rest comes from RAM
+                st.src[j, e], st.tail[j, e], st.split[j, e], st.used[s] = off, st.ram_rows[j, e], pb, pb
+                st.counts[j, PART_USED] += 1
+                st.counts[j, USED_BYTES] += pb
+            else:
+                st.counts[j, LATE] += 1
     for s in range(st.state.numel()):          # unrouted guesses of layer j still copying: abandoned
         w = int(st.state[s])
-        if w % 8 in (FILLING, HEAD) and w // 8 // E == j:
-            st.state[s] = w - w % 8 + TAKEN
+        if w % 8 == FILLING and w // 8 // E == j:
+            st.state[s] = w - FILLING + TAKEN
 
 
 def reference_release(j: int, st: PrefetchState) -> None:

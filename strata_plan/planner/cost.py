@@ -609,9 +609,11 @@ class CostModel:
             inplace = {"bytes": x["warm_bytes"] + x["cold_bytes"] - share, "share": share,
                        "copy_bytes": (1 + waste) * share, "copy": self.ram_read_seconds((1 + waste) * share),
                        "expert": np.where(n_warm > 0, x["warm_bytes"] / np.maximum(n_warm, 1e-30), 0.0),
+                       # partial landing: a guess still copying serves the device LRU's fill what landed of it
+                       "partial": np.asarray(placement.cache) > 0,
                        "lookahead": self.lookahead_gpu_seconds(placement),
                        # the walk's: the share of each layer's copy moved before the layer ran, and the share of
-                       # its right guesses read from VRAM (the experts landed whole)
+                       # its right guesses' bytes read from VRAM (the experts landed whole, or in part)
                        "moved": np.ones(cur.n_layers), "landed": np.ones(cur.n_layers)}
             zero = np.zeros(cur.n_layers)
             dem_p = fill = pre_p = host_dem = host_pre = zero
@@ -726,17 +728,20 @@ class CostModel:
         return links, host
 
     @staticmethod
-    def _landed_whole(inplace: dict, j: int, left: float) -> tuple[float, float]:
+    def _landed(inplace: dict, j: int, left: float) -> tuple[float, float]:
         """Layer j's lookahead copy as the layer runs with `left` seconds of it not moved: (moved, landed), the share
-        of the copy's bytes that crossed the link and the share of its right guesses read from VRAM. The guesses are
-        copied one after another, best first, and one still copying is read in place in full (its copied part
-        wasted, the rest skipped), so only whole experts land."""
+        of the copy's bytes that crossed the link and the share of its right guesses' bytes read from VRAM. The
+        guesses are copied one after another, best first; one still copying is read in place in full (its copied
+        part wasted, the rest skipped), except in a layer with a device LRU (`partial`), whose fill reads the part of
+        it that landed from its slot and the rest from RAM (kernels.prefetch, partial landing)."""
         copy = inplace["copy"][j]
         if copy <= 0:
             return 0.0, 0.0
         moved = 1.0 - min(1.0, left / copy)
         if moved >= 1.0:
             return 1.0, 1.0
+        if inplace["partial"][j]:
+            return moved, moved
         b, total = inplace["expert"][j], inplace["copy_bytes"][j]
         whole = float(np.floor(moved * total / b) * b) if b > 0 else 0.0
         return moved, min(1.0, whole / total)
@@ -825,7 +830,7 @@ class CostModel:
                     t += wait
                 sec["hbm" if t_exp[j] > t_fl_exp else "compute"] += t_exp[j]
                 left = copies.take(t, j)                 # the lookahead's copy not landed: read in place
-                moved, landed = self._landed_whole(inplace, j, left)
+                moved, landed = self._landed(inplace, j, left)
                 inplace["moved"][j], inplace["landed"][j] = moved, landed
                 nb = inplace["bytes"][j] + (1.0 - landed) * inplace["share"][j]
                 t_ram = copies.beside(t, nb / self.zero_copy(nb)) if nb > 0 else 0.0    # beside queued copies
