@@ -6,14 +6,15 @@ on-demand baselines built from the same plan.
 
 The plans (`tests/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
 `strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60 --seed 0
---context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0` (RAM-rich: 49% of routed accesses from VRAM, static or the
-30-slot LRU, the rest in place from pinned RAM; no lookahead) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget;
+--context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0` (RAM-rich: 48% of routed accesses from VRAM, static or the
+30-slot LRU, the rest in place from pinned RAM; lookahead depth 1 with partial landing, predicted 106.2 tok/s against
+102.8 for the plan the planner made at depth 0 before partial landing) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget;
 planned for the engine, whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM,
 37% NVMe, a 77-slot staging cache). Where a plan has no lookahead, `<plan>_forced_d<D>` runs it with depth D
 (--forced-depth-ramrich, --forced-depth; labelled forced: the planner did not choose it), in its mode `plan` only,
 against its plan's LRU-only row (`<forced>.plan_over_lru`); --copy-programs adds the same with the lookahead's copy kernel
-at other block counts (`<forced>_p<N>`), --whole-landing the same with whole experts only (`<forced>_whole`: no partial
-landing, kernels.prefetch). The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
+at other block counts (`<forced>_p<N>`); --whole-landing runs every lookahead row (planned or forced) again with whole
+experts only (`<name>_whole`: no partial landing, kernels.prefetch), mode `plan`, against its plan's LRU-only row. The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
 plans' formats) and dropped from the page cache. Routing: `engine.replay.Replay.from_prior("olmoe-like")`
 with seed 11 (the plans' statistics were sampled with seed 0); its hit rates are inputs, not measurements
 of a model. Per plan and mode: engine.bench.measure (decode tok/s = 1 / median seconds per token after
@@ -152,7 +153,7 @@ def main() -> int:
                     "`plan` only, against the RAM-rich plan's LRU-only row)")
     ap.add_argument("--copy-programs", default="0", help="comma-separated thread blocks of the lookahead's copy "
                     "kernel, a forced row each (`_p<N>`; 0: the engine's default, no suffix)")
-    ap.add_argument("--whole-landing", action="store_true", help="also run each forced row with the lookahead's "
+    ap.add_argument("--whole-landing", action="store_true", help="also run each lookahead row with the lookahead's "
                     "guesses read from their slots only whole (`_whole`: no partial landing)")
     ap.add_argument("--pinned-gb", type=float, default=0, help="also register a pinned region of this many GB as the "
                     "store registers its RAM tier, and allocate as much with torch's pinned allocator: RSS against size")
@@ -174,10 +175,12 @@ def main() -> int:
             for p in (int(x) for x in a.copy_programs.split(",")):
                 name = stem + (f"_p{p}" if p else "")
                 plans[name], forced[name], paths[name], programs[name] = plan, base, path, p
-            if a.whole_landing:
-                name = f"{stem}_whole"
-                plans[name], forced[name], paths[name], programs[name] = plan, base, path, 0
-                whole_only.add(name)
+    if a.whole_landing:                                    # every lookahead row again with whole landing only
+        for name in [n for n, p in plans.items() if p.prefetch_depth and programs.get(n, 0) == 0]:
+            whole = f"{name}_whole"
+            plans[whole], forced[whole], paths[whole], programs[whole] = plans[name], forced.get(name, name), \
+                paths[name], 0
+            whole_only.add(whole)
     first = next(iter(plans.values()))
     for k, p in plans.items():
         assert all(l.formats == l0.formats for l, l0 in zip(p.layers, first.layers)), f"{k}: other formats"

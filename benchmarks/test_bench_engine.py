@@ -29,19 +29,22 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--dir", str(packed), "--plans", ",".join(paths),
                                       "--tokens", "3", "--warmup", "2", "--out-dir", str(out), "--keep",
-                                      "--copy-programs", "0,2"])
+                                      "--copy-programs", "0,2", "--whole-landing"])
     assert bench_engine.main() == 0
     (result,) = out.glob("engine-*.json")
     m = json.loads(result.read_text())["metrics"]
     modes = {"ramrich": ("plan", "lru", "on-demand"), "seed": ("plan", "lru", "on-demand"),
-             "seed_forced_d2": ("plan",), "seed_forced_d2_p2": ("plan",)}   # a forced depth: mode `plan` only
+             "seed_forced_d2": ("plan",), "seed_forced_d2_p2": ("plan",),   # a forced depth: mode `plan` only
+             "ramrich_whole": ("plan",), "seed_forced_d2_whole": ("plan",)}  # lookahead rows without partial landing
     for name, ms in modes.items():
         for mode in ms:
             assert m[f"{name}.{mode}.decode_tok_s"] > 0, (name, mode)
             assert m[f"{name}.{mode}.tokens_equal_resident"] == 1.0, (name, mode)   # the all-in-VRAM run's tokens
     assert m["seed_forced_d2.plan_over_lru"] == m["seed_forced_d2.plan.decode_tok_s"] / m["seed.lru.decode_tok_s"]
     assert "ramrich_forced_d1.plan.decode_tok_s" not in m             # the RAM-rich plan has lookahead already
-    for name in ("seed", "seed_forced_d2", "seed_forced_d2_p2"):    # the NVMe tier: the drive's bound, the stager
+    assert m["ramrich_whole.plan_over_lru"] == m["ramrich_whole.plan.decode_tok_s"] / m["ramrich.lru.decode_tok_s"]
+    assert "seed_forced_d2_p2_whole.plan.decode_tok_s" not in m       # one whole-landing row a lookahead row
+    for name in ("seed", "seed_forced_d2", "seed_forced_d2_p2", "seed_forced_d2_whole"):   # the drive's bound, the stager
         assert m[f"{name}.plain_odirect_repeats"] == len(modes[name]) and m[f"{name}.plain_odirect_gbps"] > 0
         for mode in modes[name]:
             k = f"{name}.{mode}"
