@@ -15,13 +15,13 @@ ids and weights into the guess buffers): `kernels.gate`'s logits and top-k kerne
 main stream (the stager reads guesses of every depth with the layer's end); else only depth d's, on the side stream
 with the prefetch it feeds."""
 
-ISSUE_LAUNCHES = 1
-"""Kernels for each VRAM prefetch issued besides its claim and copy (the guesses noted for precision and
-recall), on the side stream with them."""
+ISSUE_LAUNCHES = 2
+"""Kernels for each VRAM prefetch issued besides its claim and copy, on the side stream with them: the slots of the
+layers run so far freed (`release`), the guesses noted for precision and recall."""
 
-LAYER_LAUNCHES = 2
+LAYER_LAUNCHES = 1
 """Kernels the device loop's VRAM lookahead adds to every MoE layer on its main stream: `resolve` before the layer's
-cache step, `release` after its down projection (the planner charges the profile's measured `lookahead_layer_us`)."""
+cache step (the planner charges the profile's measured `lookahead_layer_us`); one `release` more at the token's end."""
 
 
 def pinned_staging_slots(top_k: int, depth: int, planned: int = 0) -> int:

@@ -3,9 +3,9 @@ graph, copied from pinned RAM into VRAM staging slots on a side stream while the
 
     pf = DevicePrefetch(store, depth)
     pf.resolve(j, ids)            # before layer j's cache step and MoE: landed guesses are read from their slots
-    ...fused_moe...; pf.release(j)
-    pf.issue(j + d, gids)         # after layer j: its lookahead gate (or the guesses), claim, copy (each slot READY
-                                  # as its bytes land), all on the side stream
+    ...fused_moe...
+    pf.issue(j + d, gids, after=j)  # after layer j, all on the side stream: the slots of layers <= j freed, its
+                                  # lookahead gate (or the guesses), claim, copy (each slot READY as its bytes land)
     pf.end_token()                # the side stream joins the main one; every slot whose copy is over is freed
     pf.fold(counters)
 
@@ -63,14 +63,18 @@ class DevicePrefetch:
         """After layer j's MoE kernels: the slots of layers <= j whose copies are over are free again."""
         (pk.release if self.kernels else pk.reference_release)(j, self.st)
 
-    def issue(self, jj: int, gids, reads: torch.Tensor | None = None) -> None:
+    def issue(self, jj: int, gids, reads: torch.Tensor | None = None, after: int | None = None) -> None:
         """Guesses int64 [k] (best first) for MoE layer jj, or a function that makes them (the lookahead gate on
         `reads`, the layer's output): made, noted, claimed and copied (each slot published as its bytes land) on the
         side stream (graph-safe: the side stream forks from the main one here and joins it in `end_token`), so the
-        main stream's next layer starts at once. `note_guesses` keeps them for `resolve`'s precision and recall: a
-        layer resolved before its guesses were noted (the side stream a whole layer late) counts none."""
+        main stream's next layer starts at once. First, there, the slots of layers <= `after` (the layer just run:
+        its MoE kernels are before the fork) are freed: `release` is off the main stream, and every copy issued
+        before is over by then. `note_guesses` keeps the guesses for `resolve`'s precision and recall: a layer
+        resolved before its guesses were noted (the side stream a whole layer late) counts none."""
         st = self.st
         if not (self.kernels and self.cuda):  # one stream, in order: the references, or the kernels interpreted
+            if after is not None:
+                self.release(after)
             gids = gids() if callable(gids) else gids
             pk.note_guesses(gids, jj, st)
             if self.kernels:
@@ -84,6 +88,8 @@ class DevicePrefetch:
             if t is not None:                 # not reused before the side stream read it (in a capture: not before the
                 t.record_stream(self.side)    # capture ends, the caching allocator defers the block's reuse)
         with torch.cuda.stream(self.side):
+            if after is not None:
+                self.release(after)
             gids = gids() if callable(gids) else gids
             pk.note_guesses(gids, jj, st)
             self._claim_copy(gids, jj)
@@ -94,7 +100,8 @@ class DevicePrefetch:
         pk.copy(self.store.arena, gids, jj, self.st, self.store.slot_bytes, programs=self.programs)
 
     def end_token(self) -> None:
-        """The token's last layer ran: the side stream joins the main one, then every slot is freed."""
+        """The token's last layer ran: the side stream joins the main one, then every slot is freed (those of the
+        last `depth` layers, which no `issue` follows, among them)."""
         self.join()
         self.release(self.store.n_layers - 1)
 

@@ -84,8 +84,6 @@ class StoreExperts:
         if store.lru is not None:             # admitted experts copied into their slots
             store.cache_fill(j, topk_ids)
         out = self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
-        if prefetch is not None:
-            prefetch.release(j)               # slots of layers <= j whose copies are over are free again
         if staging is not None and not staging.depth:
             staging.done(j)                   # its staged experts may be evicted once this layer's kernels ran
         return out
@@ -101,9 +99,9 @@ class StoreExperts:
             gids, gsc = self._guesses(j, out)
             self.store.staging.done(j, gids, gsc)
             if pf is not None and j + self.depth < L:
-                pf.issue(j + self.depth, gids[self.depth - 1, :k])
+                pf.issue(j + self.depth, gids[self.depth - 1, :k], after=j)
         elif pf is not None and j + self.depth < L:   # VRAM lookahead alone: its gate runs on the side stream too
-            pf.issue(j + self.depth, lambda: self._guesses(j, out)[0][self.depth - 1, :k], reads=out)
+            pf.issue(j + self.depth, lambda: self._guesses(j, out)[0][self.depth - 1, :k], reads=out, after=j)
         if pf is not None and j == L - 1:
             pf.end_token()                    # the token's last MoE layer: the side stream joins, its slots free
 

@@ -24,8 +24,8 @@ H100 the call at bench-moe's shape took 27.1 us in place against 16.9 to read it
 benchmarks/tools/inplace_probe.py); with cache slots the device LRU first copies each miss it admits into its slot
 (the same bytes over the link), then the kernel reads VRAM, the same sum:
     t += t_ram + t_exp_j      t_ram = warm bytes_j / R_zc(warm bytes_j)
-with lookahead the layer then runs the slot kernels on the main stream: t += lookahead_gpu_seconds_j (resolve and
-release at the profile's measured lookahead_layer_us; with an NVMe tier also the gates of every depth, their
+with lookahead the layer then runs the slot kernels on the main stream: t += lookahead_gpu_seconds_j (resolve at the
+profile's measured lookahead_layer_us, release on the side stream; with an NVMe tier also the gates of every depth, their
 launches at graph_launch_us, counted in core.lookahead, plus their router bytes over HBM; without one the gate runs
 on the side stream with the copies). R_zc: the profile's zero_copy curve at that read size,
 else the pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too. Streamed dense
@@ -253,9 +253,9 @@ class CostModel:
 
     def lookahead_gpu_seconds(self, placement) -> np.ndarray:
         """[L] GPU seconds the device loop's lookahead adds to each MoE layer on its main stream: its slot kernels
-        (`resolve` before the layer's MoE call, `release` after it: the profile's measured `lookahead_layer_us`, else
-        an estimate; one release more at the token's end, at the launch floor) and, with an NVMe tier, the gates of
-        every depth where layer j + d exists (the stager takes their guesses with the layer's end): `GATE_LAUNCHES`
+        (`resolve` before the layer's MoE call: the profile's measured `lookahead_layer_us`, else an estimate;
+        `release` runs on the side stream, but for one at the token's end, at the launch floor) and, with an NVMe
+        tier, the gates of every depth where layer j + d exists (the stager takes their guesses with the layer's end): `GATE_LAUNCHES`
         at the launch floor and the router's weights (hidden x experts, bf16) over HBM. Without an NVMe tier the gate
         runs on the side stream with the prefetch's claim and copy, off the main stream. No gate when the run
         replays routing (`Problem.lookahead_gates` False: the replay hands the guesses over)."""

@@ -436,8 +436,9 @@ LOOKAHEAD_SHAPE = (24, 8, 64)   # the slot kernels' probe: staging slots (depth 
 def lookahead_layer_us(repeats: int) -> Stats:
     """Microseconds the device loop's VRAM lookahead adds to a MoE layer's main stream, its structure as in the decode
     graph (engine/prefetch.py) over LOOKAHEAD_SHAPE: `kernels.prefetch.resolve` (the layer's routed ids) after a small
-    kernel, `release` after another, then the side stream forked for the next layer's guesses (noted, claimed, copied,
-    4 KiB an expert from VRAM here, and so published) and joined at the token's end, 4 layers a token. A graph of
+    kernel, then after another the side stream forked for the next layer's guesses (the slots of the layers run
+    released, the guesses noted, claimed, copied, 4 KiB an expert from VRAM here, and so published) and joined at the
+    token's end, where the last release runs, 4 layers a token. A graph of
     GRAPH_LAUNCHES / 8 tokens against the same graph of small kernels alone, each replay timed with CUDA events, the
     two interleaved, `repeats` pairs after a warm-up: the difference a layer (the cross-stream edges included)."""
     from strata_plan.kernels import prefetch as pk
@@ -456,11 +457,10 @@ def lookahead_layer_us(repeats: int) -> Stats:
             if slots:
                 pk.resolve(ids, j, st)
             x.add_(1.0)
-            if slots:
-                pk.release(j, st)
             if slots and j + 1 < L:
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
+                    pk.release(j, st)
                     pk.note_guesses(ids, j + 1, st)
                     pk.claim(ids, j + 1, st)
                     pk.copy(arena, ids, j + 1, st, 4096)

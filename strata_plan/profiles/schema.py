@@ -245,7 +245,7 @@ class GPU:
     fused_moe_decode: MoEDecodeRate | None = None      # the fused MoE decode call, GB/s at a few expert shapes
     fused_moe_prefill: MoEPrefillRate | None = None    # the fused MoE prefill call, weights expanded a second
     graph_launch_us: Figure | None = None      # one small kernel inside a CUDA graph, back to back (the launch floor)
-    lookahead_layer_us: Figure | None = None   # the VRAM lookahead's slot kernels (resolve, release) in a MoE layer
+    lookahead_layer_us: Figure | None = None   # the VRAM lookahead's main-stream slot kernel (resolve) in a MoE layer
     layer_times: tuple[LayerTime, ...] | None = None   # decoder layers' GPU time by model geometry (engine.layer_times)
     driver: str = ""
 
@@ -354,9 +354,9 @@ DEFAULT_GRAPH_LAUNCH = Figure(4.3, "estimate", "H200: the tiny fused MoE call (2
                               "took 8.67 us (kernels-20261203T182906Z.json); the profiler's floor, one add a kernel, "
                               "measured 1.13 us there (benchmarks/data/run-20261205). `strata-plan profile` measures "
                               "it (graph_launch_us)")
-DEFAULT_LOOKAHEAD_LAYER = Figure(6.6, "estimate", "H100: resolve 4.3 + release 2.3 us a MoE layer in the decode "
-                                 "graph of bench-moe's geometry, random weights (benchmarks/tools/step_kernels.py, "
-                                 "2026-12-05). "
+DEFAULT_LOOKAHEAD_LAYER = Figure(4.3, "estimate", "H100: resolve 4.3 us a MoE layer in the decode graph of "
+                                 "bench-moe's geometry, random weights (benchmarks/tools/step_kernels.py, 2026-12-05; "
+                                 "release runs on the side stream). "
                                  "`strata-plan profile` measures it (lookahead_layer_us)")
 DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
                                 "(engine/ENGINE.md); the copy path's (several GPUs) and prefill's, not measured by "
