@@ -36,14 +36,14 @@ def test_the_kernels_give_the_references_tokens_and_counts(packed_bf16, split, m
     plan = bf16_plan(*split, chunk=1)
     ref = run(packed_bf16, plan, mode, new=4, backend="torch")
     launched: dict[str, int] = {}
-    for mod, name in ((lru, "lru_step"), (lru, "fill_slots"), (prefetch, "claim"), (prefetch, "resolve"),
+    for mod, name in ((lru, "lru_step"), (lru, "fill_slots"), (prefetch, "claim"), (prefetch, "resolve_step"),
                       (stage_wait, "stage_wait"), (stage_wait, "stage_done")):
         def spy(*a, _f=getattr(mod, name), _n=name, **k):
             launched[_n] = launched.get(_n, 0) + 1
             return _f(*a, **k)
         monkeypatch.setattr(mod, name, spy)
     got = run(packed_bf16, plan, mode, new=4, backend="triton")
-    want = {"lru_step", "fill_slots"} | ({"claim", "resolve"} if mode == "plan" else set()) \
+    want = {"fill_slots"} | ({"claim", "resolve_step"} if mode == "plan" else {"lru_step"}) \
         | ({"stage_wait", "stage_done"} if split[1] < 28 else set())
     assert set(launched) == want, launched
     assert got[1] == ref[1]

@@ -10,7 +10,9 @@ from strata_plan.kernels import prefetch as pf
 L, E, K, S = 3, 16, 4, 3
 BLOB = 2 * pf.COPY_CHUNK + 8192                # three chunks of the copy, the last one partial
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-VRAM = 8 * 4096 + S * BLOB + 4096              # static experts, the staging slots, the poison slot
+C = 2                                           # device LRU slots a layer (resolve_step's test)
+CACHE_AT = 8 * 4096 + S * BLOB                  # the LRU's slots, after the static experts and the staging slots
+VRAM = CACHE_AT + L * C * BLOB + 4096           # ... and the poison slot
 POISON = VRAM - 4096
 
 
@@ -20,7 +22,8 @@ NCH = 3                                         # the copy's chunks a slot
 
 def _setup(with_src: bool = False, partial: tuple[int, ...] | None = None):
     """(arena, state): experts 0-3 static, 4-11 in pinned RAM (each a distinct byte pattern), 12-15 NVMe; three
-    staging slots after the static experts. The "RAM" lies in the same buffer past the VRAM part."""
+    staging slots after the static experts, then the device LRU's (`CACHE_AT`). The "RAM" lies in the same buffer past
+    the VRAM part."""
     ram_at = VRAM
     arena = torch.zeros(VRAM + L * E * BLOB, dtype=torch.uint8)
     tier = torch.zeros((L, E), dtype=torch.int8)
@@ -58,7 +61,9 @@ def _land_first_chunk(arena, g, jj, st):
 
 def _reference_land_first_chunk(arena, g, jj, st):
     e = int(g[0])
-    s = int(st.where[jj, e])
+    s = int(st.assign[0])                      # (no slot: the kernel's item copies nothing)
+    if s < 0:
+        return
     a, b = int(st.ram_rows[jj, e]), int(st.slot_offset[s])
     arena[b:b + CHUNK] = arena[a:a + CHUNK]
     st.filled[s] += CHUNK
@@ -211,6 +216,59 @@ def test_the_copy_marks_the_chunks_it_moves_and_a_claim_clears_them():
     assert st.landed.tolist()[0] == [0] * NCH
 
 
+def test_resolve_and_the_lru_step_in_one_launch_are_the_two_references():
+    """`resolve_step` (one launch: resolve, then the device LRU's step on the same table and fill source) leaves
+    both states as `reference_resolve` then `lru.reference_step` do, token after token, landed and late guesses and
+    partial landing included, and the LRU's fill then copies the same bytes into its slots."""
+    from strata_plan.kernels import lru
+    runs = []
+    for fused in (True, False):
+        arena, st = _setup(partial=(1, 1, 1))
+        offs = torch.tensor([[CACHE_AT + (j * C + c) * BLOB for c in range(C)] for j in range(L)])
+        cache = lru.LruState(slot_expert=torch.full((L, C), -1), slot_stamp=torch.full((L, C), -1), slot_offset=offs,
+                             n_slots=torch.full((L,), C), static=(st.tier == 0).to(torch.int8).cpu(),
+                             ram_offset=st.src.cpu(), nbytes=st.nbytes.cpu(), table=st.table.cpu(),
+                             admit=torch.full((L, K), -1), tick=torch.zeros(L, dtype=torch.int64),
+                             counts=torch.zeros((L, 4), dtype=torch.int64), tail=st.tail.cpu(), split=st.split.cpu())
+        cache = lru.LruState(**{f: (v.to(DEV) if f not in ("ram_offset", "table", "nbytes", "tail", "split") else
+                                    getattr(st, {"ram_offset": "src"}.get(f, f)))
+                                 for f, v in vars(cache).items()})
+        trace = []
+        for t, (g, ids) in enumerate([([5, 7, -1, -1], [5, 9, 1, 2]), ([6, 9, -1, -1], [6, 9, 0, 3]),
+                                      ([4, 5, -1, -1], [4, 8, 5, 1])]):
+            gg, rr = torch.tensor(g, device=DEV), torch.tensor(ids, device=DEV)
+            (_claim(pf.claim) if fused else _claim(pf.reference_claim))(arena, gg, 1, st)
+            if t == 1:                                          # the second token's copy is cut short
+                (_land_first_chunk if fused else _reference_land_first_chunk)(arena, gg, 1, st)
+            else:
+                pf.copy(arena, gg, 1, st, BLOB) if fused else pf.reference_copy(arena, gg, 1, st)
+            (pf.resolve_step if fused else pf.reference_resolve_step)(rr, 1, st, cache)
+            trace.append([x.tolist() for x in (st.src, st.tail, st.split, cache.admit)])    # what the fill reads
+            lru.fill_slots(arena, rr, 1, cache, BLOB) if fused else lru.reference_fill(arena, rr, 1, cache)
+            (pf.release if fused else pf.reference_release)(1, st)
+            if fused and DEV.type == "cuda":
+                torch.cuda.synchronize()
+            trace.append([x.tolist() for x in (st.state, st.table, st.src, st.counts, st.tail, st.split, cache.admit,
+                                               cache.slot_expert, cache.counts)])
+        runs.append((trace, arena.cpu()))
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+    assert runs[1][0][-1][3][1][pf.PART_USED] == 1 and runs[1][0][-1][8][1][lru.MISS] > 0
+
+
+def test_the_profilers_probe_states_run_the_fused_and_the_plain_step():
+    """`probe_state` + `probe_cache` (what `profiler.gpu.lookahead_layer_us` times): resolve_step and the LRU's step
+    alone accept them, and resolve_step steps the cache as lru_step does."""
+    from strata_plan.kernels import lru
+    ids = torch.arange(8, dtype=torch.int64, device=DEV)
+    ticks = []
+    for fused in (True, False):
+        st, cache = pf.probe_cache(pf.probe_state(24, 4, 64, 8, DEV, ram_base=24 * 4096), 8)
+        for j in range(4):
+            pf.resolve_step(ids, j, st, cache) if fused else lru.lru_step(ids, j, cache)
+        ticks.append((cache.tick.tolist(), cache.slot_expert.tolist(), cache.counts.tolist()))
+    assert ticks[0] == ticks[1] and ticks[0][0] == [1] * 4
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_kernels_are_the_reference():
     if not torch.cuda.is_available():
@@ -223,6 +281,8 @@ def test_on_a_gpu_the_kernels_are_the_reference():
     test_a_late_guess_serves_the_part_that_landed_to_the_cache_fill()
     test_a_layer_without_a_cache_reads_a_late_guess_in_place_in_full()
     test_the_copy_marks_the_chunks_it_moves_and_a_claim_clears_them()
+    test_resolve_and_the_lru_step_in_one_launch_are_the_two_references()
+    test_the_profilers_probe_states_run_the_fused_and_the_plain_step()
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, None])

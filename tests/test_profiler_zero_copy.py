@@ -114,7 +114,7 @@ def test_the_graph_launch_floor_goes_into_the_entry_and_an_absent_one_is_the_est
 def test_the_lookahead_slot_kernels_go_into_the_entry_and_an_absent_one_is_the_estimate(tmp_path):
     entry = run._gpu_entry(dataclasses.replace(fake_result(False), lookahead_layer=Stats((7.0, 7.5, 6.5))), run.QUICK)
     assert entry.lookahead_layer_us.value == 7.0 and entry.lookahead_layer_us.provenance == "measured"
-    assert entry.lookahead_layer().value == 7.0 and "resolve (slots" in entry.lookahead_layer_us.source
+    assert entry.lookahead_layer().value == 7.0 and "resolve_step (slots" in entry.lookahead_layer_us.source
     prof = load_profile("rtx-4090").with_gpu(entry, "fake")
     assert load_profile(str(save_profile(prof, tmp_path / "fake.yaml"))) == prof
     plain = run._gpu_entry(fake_result(False), run.QUICK)

@@ -19,9 +19,10 @@ ISSUE_LAUNCHES = 2
 """Kernels for each VRAM prefetch issued besides its claim and copy, on the side stream with them: the slots of the
 layers run so far freed (`release`), the guesses noted for precision and recall."""
 
-LAYER_LAUNCHES = 1
-"""Kernels the device loop's VRAM lookahead adds to every MoE layer on its main stream: `resolve` before the layer's
-cache step (the planner charges the profile's measured `lookahead_layer_us`); one `release` more at the token's end."""
+LAYER_LAUNCHES = 0
+"""Kernels the device loop's VRAM lookahead adds to every MoE layer with a device LRU on its main stream: none,
+`resolve` runs in the LRU step's launch (`kernels.prefetch.resolve_step`; without a cache it is a launch of its own);
+the planner charges the profile's measured `lookahead_layer_us`. One `release` more at the token's end."""
 
 
 def pinned_staging_slots(top_k: int, depth: int, planned: int = 0) -> int:

@@ -59,6 +59,11 @@ class DevicePrefetch:
         slots."""
         (pk.resolve if self.kernels else pk.reference_resolve)(ids, j, self.st)
 
+    def resolve_step(self, j: int, ids: torch.Tensor) -> None:
+        """`resolve`, then the store's device LRU step, in one launch (the lookahead adds no kernel to the layer's main
+        chain)."""
+        (pk.resolve_step if self.kernels else pk.reference_resolve_step)(ids, j, self.st, self.store.lru)
+
     def release(self, j: int) -> None:
         """After layer j's MoE kernels: the slots of layers <= j whose copies are over are free again."""
         (pk.release if self.kernels else pk.reference_release)(j, self.st)

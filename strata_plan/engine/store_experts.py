@@ -73,9 +73,12 @@ class StoreExperts:
             return torch.zeros_like(x)
         store = self.store
         staging, prefetch = store.staging, store.prefetch
-        if prefetch is not None:              # guesses that landed in VRAM slots are read there
+        if prefetch is not None and store.lru is not None:     # guesses that landed in VRAM slots are read there,
+            prefetch.resolve_step(j, topk_ids)                 # then the LRU's step: one launch
+        elif prefetch is not None:
             prefetch.resolve(j, topk_ids)
-        if store.lru is not None:             # the LRU on the device: hits, admissions, evictions
+            store.count_uses(j, topk_ids)
+        elif store.lru is not None:           # the LRU on the device: hits, admissions, evictions
             store.cache_decide(j, topk_ids)
         else:
             store.count_uses(j, topk_ids)

@@ -127,6 +127,14 @@ def _device_loop_kernels(arch: int) -> list:
             "used_p": i64, "cached_hi": "i64", "S": "i32", "NCH": "i32"},
             dict(K=6, KB=8, G=6, GB=8, SB=16, HAS_SRC=True, PARTIAL=True, CHUNK=prefetch.COPY_CHUNK), arch,
             num_warps=1)),
+        ("prefetch resolve + lru step", _compile(prefetch.resolve_step_kernel, {
+            "ids_p": i64, "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64,
+            "table_p": i64, "src_p": i64, "tier_p": P["i8"], "nbytes_p": i64, "counts_p": i64, "guessed_p": i64,
+            "ram_rows_p": i64, "landed_p": P["i32"], "partial_p": P["i8"], "tail_p": i64, "split_p": i64,
+            "used_p": i64, "cached_hi": "i64", "S": "i32", "NCH": "i32", "C": "i32", "static_p": P["i8"],
+            "slot_expert_p": i64, "slot_stamp_p": i64, "lru_slot_p": i64, "n_slots_p": i64, "admit_p": i64,
+            "tick_p": i64, "lru_counts_p": i64},
+            dict(K=8, KB=8, G=16, GB=16, SB=32, CB=64, PARTIAL=True, CHUNK=prefetch.COPY_CHUNK), arch, num_warps=1)),
         ("prefetch release", _compile(prefetch.release_kernel, {
             "j": "i32", "E": "i32", "state_p": i64, "where_p": i64, "slot_offset_p": i64, "ram_rows_p": i64,
             "table_p": i64, "src_p": i64, "tail_p": i64, "filled_p": i64, "used_p": i64, "counts_p": i64,

@@ -61,7 +61,15 @@ class LruState:
 def lru_step_kernel(ids_p, j, E, C, static_p, slot_expert_p, slot_stamp_p, slot_offset_p, n_slots_p, ram_offset_p,
                     nbytes_p, table_p, admit_p, tick_p, counts_p, K: tl.constexpr, KB: tl.constexpr,
                     CB: tl.constexpr):
-    # ids_p: int64 [K] layer j's routed experts, slot order; one program; CB >= C, KB >= K (powers of two)
+    lru_step_body(ids_p, j, E, C, static_p, slot_expert_p, slot_stamp_p, slot_offset_p, n_slots_p, ram_offset_p,
+                  nbytes_p, table_p, admit_p, tick_p, counts_p, K, KB, CB)
+
+
+@triton.jit
+def lru_step_body(ids_p, j, E, C, static_p, slot_expert_p, slot_stamp_p, slot_offset_p, n_slots_p, ram_offset_p,
+                  nbytes_p, table_p, admit_p, tick_p, counts_p, K: tl.constexpr, KB: tl.constexpr, CB: tl.constexpr):
+    # ids_p: int64 [K] layer j's routed experts, slot order; one program; CB >= C, KB >= K (powers of two). Its own
+    # launch (`lru_step_kernel`), or after the lookahead's resolve in one (`kernels.prefetch.resolve_step_kernel`)
     s = tl.arange(0, CB)                                               # [CB] slots
     kk = tl.arange(0, KB)                                              # [KB] routed positions
     c = tl.load(n_slots_p + j)

@@ -39,10 +39,12 @@ runs); the kernels are held to them under the interpreter.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+from .lru import lru_step_body, reference_step
 from .ops import _sm_count
 from .triton_common import tl, triton
 
@@ -196,6 +198,34 @@ def resolve_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p,
                    guessed_p, ram_rows_p, landed_p, partial_p, tail_p, split_p, used_p, cached_hi, S, NCH,
                    K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr,
                    HAS_SRC: tl.constexpr, PARTIAL: tl.constexpr, CHUNK: tl.constexpr):
+    resolve_body(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p, guessed_p,
+                 ram_rows_p, landed_p, partial_p, tail_p, split_p, used_p, cached_hi, S, NCH, K, KB, G, GB, SB,
+                 HAS_SRC, PARTIAL, CHUNK)
+
+
+@triton.jit
+def resolve_step_kernel(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
+                        guessed_p, ram_rows_p, landed_p, partial_p, tail_p, split_p, used_p, cached_hi, S, NCH,
+                        C, static_p, slot_expert_p, slot_stamp_p, lru_slot_p, n_slots_p, admit_p, tick_p, lru_counts_p,
+                        K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr,
+                        CB: tl.constexpr, PARTIAL: tl.constexpr, CHUNK: tl.constexpr):
+    # layer j's resolve, then its device LRU step (kernels.lru), in one launch: the lookahead adds no kernel to the
+    # main chain of a layer with a cache. The step reads none of what resolve wrote (the table entries it loads are
+    # the evicted experts', cached before this token; resolve's are this token's misses) and its stores come after
+    # resolve's loads of the same entries (the barrier)
+    resolve_body(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p, guessed_p,
+                 ram_rows_p, landed_p, partial_p, tail_p, split_p, used_p, cached_hi, S, NCH, K, KB, G, GB, SB,
+                 True, PARTIAL, CHUNK)
+    tl.debug_barrier()
+    lru_step_body(ids_p, j, E, C, static_p, slot_expert_p, slot_stamp_p, lru_slot_p, n_slots_p, src_p, nbytes_p,
+                  table_p, admit_p, tick_p, lru_counts_p, K, KB, CB)
+
+
+@triton.jit
+def resolve_body(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, tier_p, nbytes_p, counts_p,
+                 guessed_p, ram_rows_p, landed_p, partial_p, tail_p, split_p, used_p, cached_hi, S, NCH,
+                 K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, SB: tl.constexpr,
+                 HAS_SRC: tl.constexpr, PARTIAL: tl.constexpr, CHUNK: tl.constexpr):
     # ids_p: int64 [K] layer j's routed ids (distinct); one program; before the LRU step and the MoE kernels of layer j.
     # Every routed id at once ([KB] lanes): each step is one vector load or CAS (a lane with nothing to change
     # compares against -1, never a word), not K round trips one after another
@@ -313,6 +343,23 @@ def probe_state(S: int, L: int, E: int, K: int, device, ram_base: int = 1 << 30)
                          guessed=torch.full((L, K), -1, dtype=torch.int64, device=device), cached_hi=0)
 
 
+def probe_cache(st: PrefetchState, C: int):
+    """`st` with a device LRU of C slots a layer over the same table (its fill source the state's `src`), every
+    expert non-static, the slots at arena offsets nobody reads (the probes run no fill): (state, LruState), for
+    timing `resolve_step` against `lru.lru_step` alone."""
+    from .lru import LruState
+    L, E = st.table.shape
+    K, dev = st.assign.numel(), st.table.device
+    src = st.ram_rows.clone()
+    i64 = dict(dtype=torch.int64, device=dev)
+    cache = LruState(slot_expert=torch.full((L, C), -1, **i64), slot_stamp=torch.full((L, C), -1, **i64),
+                     slot_offset=torch.arange(L * C, **i64).reshape(L, C) * 4096,
+                     n_slots=torch.full((L,), C, **i64), static=torch.zeros((L, E), dtype=torch.int8, device=dev),
+                     ram_offset=src, nbytes=st.nbytes, table=st.table, admit=torch.full((L, K), -1, **i64),
+                     tick=torch.zeros(L, **i64), counts=torch.zeros((L, 4), **i64))
+    return dataclasses.replace(st, src=src), cache
+
+
 def note_guesses(gids: torch.Tensor, jj: int, st: PrefetchState) -> None:
     """(side stream, when the guesses for layer jj are issued) Keep them for `resolve`'s precision and recall."""
     st.guessed[jj, :gids.numel()].copy_(gids.reshape(-1))
@@ -362,6 +409,27 @@ def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
                          CHUNK=COPY_CHUNK, num_warps=1)
 
 
+def resolve_step(ids: torch.Tensor, j: int, st: PrefetchState, lru_st) -> None:
+    """`resolve`, then the device LRU's step (`kernels.lru.lru_step` on `lru_st`, whose fill source is `st.src`), in
+    one launch."""
+    if lru_st.ram_offset is not st.src or lru_st.table is not st.table:
+        raise ValueError("resolve_step: the LRU's table and fill source must be the lookahead's")
+    G, K = st.guessed.shape[1], lru_st.admit.shape[1]
+    L, C = lru_st.slot_expert.shape
+    if ids.numel() != K:
+        raise ValueError(f"resolve_step: {ids.numel()} routed ids, the LRU steps {K}")
+    part = st.partial_landing
+    resolve_step_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table,
+                              st.src, st.tier, st.nbytes, st.counts, st.guessed, st.ram_rows,
+                              st.landed if part else st.state, st.partial if part else st.tier,
+                              st.tail if part else st.src, st.split if part else st.src, st.used, st.cached_hi,
+                              st.state.numel(), st.landed.shape[1] if part else 0, C, lru_st.static,
+                              lru_st.slot_expert, lru_st.slot_stamp, lru_st.slot_offset, lru_st.n_slots, lru_st.admit,
+                              lru_st.tick, lru_st.counts, K=K, KB=triton.next_power_of_2(K), G=G,
+                              GB=triton.next_power_of_2(G), SB=triton.next_power_of_2(st.state.numel()),
+                              CB=triton.next_power_of_2(max(C, 2)), PARTIAL=part, CHUNK=COPY_CHUNK, num_warps=1)
+
+
 def release(j: int, st: PrefetchState) -> None:
     src = st.src if st.src is not None else st.table
     part = st.partial_landing
@@ -409,6 +477,11 @@ def reference_copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: Prefetc
             st.state[s] = _word(tag, READY)
         else:
             st.state[s] = _word(tag, TAKEN_DONE)
+
+
+def reference_resolve_step(ids: torch.Tensor, j: int, st: PrefetchState, lru_st) -> None:
+    reference_resolve(ids, j, st)
+    reference_step(ids, j, lru_st)
 
 
 def _landed_prefix(st: PrefetchState, s: int, j: int, e: int) -> int:

@@ -431,20 +431,23 @@ def replay_us(g: torch.cuda.CUDAGraph) -> float:
 
 
 LOOKAHEAD_SHAPE = (24, 8, 64)   # the slot kernels' probe: staging slots (depth 2 at top-8), top-k, experts a layer
+LOOKAHEAD_CACHE = 8             # ... and the device LRU's slots a layer
 
 
 def lookahead_layer_us(repeats: int) -> Stats:
     """Microseconds the device loop's VRAM lookahead adds to a MoE layer's main stream, its structure as in the decode
-    graph (engine/prefetch.py) over LOOKAHEAD_SHAPE: `kernels.prefetch.resolve` (the layer's routed ids) after a small
-    kernel, then after another the side stream forked for the next layer's guesses (the slots of the layers run
-    released, the guesses noted, claimed, copied, 4 KiB an expert from VRAM here, and so published) and joined at the
-    token's end, where the last release runs, 4 layers a token. A graph of
-    GRAPH_LAUNCHES / 8 tokens against the same graph of small kernels alone, each replay timed with CUDA events, the
-    two interleaved, `repeats` pairs after a warm-up: the difference a layer (the cross-stream edges included)."""
+    graph (engine/prefetch.py) over LOOKAHEAD_SHAPE: `kernels.prefetch.resolve_step` (the layer's routed ids, then its
+    device LRU's step in the same launch, LOOKAHEAD_CACHE slots) after a small kernel, then after another the side
+    stream forked for the next layer's guesses (the slots of the layers run released, the guesses noted, claimed,
+    copied, 4 KiB an expert from VRAM here, and so published) and joined at the token's end, where the last release
+    runs, 4 layers a token. A graph of GRAPH_LAUNCHES / 8 tokens against the same graph with the LRU's step alone
+    (`kernels.lru.lru_step`) between the small kernels, each replay timed with CUDA events, the two interleaved,
+    `repeats` pairs after a warm-up: the difference a layer (the cross-stream edges included)."""
+    from strata_plan.kernels import lru
     from strata_plan.kernels import prefetch as pk
     S, K, E = LOOKAHEAD_SHAPE
     L, tokens = 4, GRAPH_LAUNCHES // 8
-    st = pk.probe_state(S, L, E, K, "cuda", ram_base=S * 4096)
+    st, cache = pk.probe_cache(pk.probe_state(S, L, E, K, "cuda", ram_base=S * 4096), LOOKAHEAD_CACHE)
     arena = torch.zeros((S + L * E) * 4096, dtype=torch.uint8, device="cuda")
     ids = torch.arange(K, dtype=torch.int64, device="cuda")          # routed, and guessed right
     x = torch.zeros(1, dtype=torch.float32, device="cuda")
@@ -455,7 +458,9 @@ def lookahead_layer_us(repeats: int) -> Stats:
         for j in range(L):
             x.add_(1.0)
             if slots:
-                pk.resolve(ids, j, st)
+                pk.resolve_step(ids, j, st, cache)
+            else:
+                lru.lru_step(ids, j, cache)
             x.add_(1.0)
             if slots and j + 1 < L:
                 side.wait_stream(main)

@@ -331,10 +331,10 @@ def _gpu_entry(g, p: Preset) -> GPU:
         graph_launch_us=measured(g.graph_launch.median, f"{GRAPH_LAUNCHES} in-place adds on a one-element tensor "
                                  "in one CUDA graph, replay time over the launches, CUDA events", g.graph_launch)
         if getattr(g, "graph_launch", None) is not None else None,
-        lookahead_layer_us=measured(g.lookahead_layer.median, f"kernels.prefetch resolve (slots, top-k, "
+        lookahead_layer_us=measured(g.lookahead_layer.median, f"kernels.prefetch resolve_step (slots, top-k, "
                                     f"experts {LOOKAHEAD_SHAPE}) between small kernels, the side stream forked a layer "
-                                    "(release, note, claim, copy) as in the decode graph, against the graph of the "
-                                    "small kernels alone, CUDA events", g.lookahead_layer)
+                                    "(release, note, claim, copy) as in the decode graph, against the graph with the "
+                                    "LRU step alone, CUDA events", g.lookahead_layer)
         if getattr(g, "lookahead_layer", None) is not None else None,
         driver=i.driver)
 
