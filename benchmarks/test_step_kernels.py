@@ -26,6 +26,17 @@ def test_the_main_chain_gaps_and_the_side_stream_apart():
     assert (got["wall_us"], got["main_busy_us"], got["main_idle_us"], got["side_busy_us"]) == (14, 7, 3, 10)
 
 
+def test_each_copy_is_placed_between_the_moe_layer_before_it_and_the_next_resolve():
+    from step_kernels import copy_windows
+    replay = [ev("down_kernel", 0, 5, 7), ev("copy_kernel", 8, 20, 9), ev("add_kernel", 6, 10, 7),
+              ev("resolve_step_kernel", 18, 2, 7), ev("down_kernel", 30, 5, 7), ev("copy_kernel", 37, 4, 9),
+              ev("resolve_step_kernel", 50, 2, 7)]
+    got = copy_windows(replay)
+    assert got == {"n": 2, "start_after_moe_us": 2.5, "dur_us": 12.0, "before_resolve_us": 7.0}   # (3, 2); (20, 4);
+    #                                                                                                 (10, 4)
+    assert copy_windows([ev("copy_kernel", 0, 1, 9)])["n"] == 0
+
+
 def test_kernel_names_lose_their_templates_namespaces_and_arguments():
     from step_kernels import short
     assert short("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, 2>(float*)") == \

@@ -261,6 +261,9 @@ def test_the_link_is_shared_evenly_by_a_read_and_the_queued_copies():
     c.run(4.0)
     assert c.landed[1] == pytest.approx(2.5) and c.landed[2] == pytest.approx(3.5)
     assert c.beside(5.0, 0.25) == 0.25                   # alone on the link: its own time
+    c.add(6.0, 3, 1.0, start=6.5)                        # its side stream's kernels first: it starts at 6.5
+    c.run(7.0)
+    assert c.left(3) == pytest.approx(0.5) and c.drained(7.0) == pytest.approx(7.5)
 
 
 def test_lookahead_copies_gain_only_the_links_idle_time(tiny):

@@ -13,7 +13,8 @@ stream) are listed apart; on the token's main chain each kernel is charged its d
 (the graph's launch latency between dependent kernels, and any wait on an event). Medians over the replays,
 microseconds a token. In a replay the graph's branches run on streams of the graph's own choosing, so "main" (the
 replay's first kernel's stream) is a guess once the graph forks; `gpu_idle_us` (no kernel on any stream) and the
-median replay's `timeline` (name, stream, start, duration) are not.
+median replay's `timeline` (name, stream, start, duration) are not, nor its `copies` (when each lookahead copy started
+after the MoE layer before it, how long it ran, how much of it before the next layer's resolve).
 """
 from __future__ import annotations
 
@@ -102,7 +103,28 @@ def account(replays: list[list[dict]]) -> dict:
     t0 = mid[0]["ts"]                      # the median replay's kernels: name, stream, start and duration (us)
     timeline = [[short(e["name"]), e.get("args", {}).get("stream"), round(e["ts"] - t0, 3), e["dur"]] for e in mid]
     return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows,
-            **{k: statistics.median(v) for k, v in totals.items()}, "timeline": timeline}
+            **{k: statistics.median(v) for k, v in totals.items()}, "timeline": timeline,
+            "copies": copy_windows(mid)}
+
+
+MOE_END = "down_kernel"                                       # a MoE layer's last kernel on the main chain
+RESOLVE = ("resolve_step_kernel", "resolve_kernel")           # the next MoE layer's first look at its guesses
+
+
+def copy_windows(ks: list[dict]) -> dict:
+    """The lookahead's copies against the main chain's layers in one replay (us): for each copy kernel, how long after
+    the MoE layer before it ended it started (`start_after_moe`), how long it ran, and how much of its run came before
+    the next layer's resolve (`before_resolve`: what it could land for that layer); medians over the copies. Main-chain
+    kernels are known by name (`MOE_END`, `RESOLVE`), not stream: a graph's branches run on streams of its choosing."""
+    by = sorted(ks, key=lambda e: e["ts"])
+    rows = []
+    for c in (e for e in by if short(e["name"]) == "copy_kernel"):
+        ended = [e["ts"] + e["dur"] for e in by if short(e["name"]) == MOE_END and e["ts"] + e["dur"] <= c["ts"]]
+        nxt = [e["ts"] for e in by if short(e["name"]) in RESOLVE and e["ts"] >= c["ts"]]
+        if ended and nxt:
+            rows.append((c["ts"] - max(ended), c["dur"], min(c["dur"], min(nxt) - c["ts"])))
+    keys = ("start_after_moe_us", "dur_us", "before_resolve_us")
+    return {"n": len(rows), **{k: statistics.median(r[i] for r in rows) if rows else None for i, k in enumerate(keys)}}
 
 
 def union_us(ks: list[dict]) -> float:
@@ -157,6 +179,10 @@ def show(name: str, r: dict, first: dict | None) -> None:
               f"{r['gpu_idle_us']:.1f}", end="")
     print(f"\n{name}: wall {r['wall_us']:.1f} us a token ({r['replays']} replays); time_parts "
           + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()) + f"; GPU {r['gpu']}")
+    c = r.get("copies") or {}
+    if c.get("n"):
+        print(f"  lookahead copies (median of {c['n']}): start {c['start_after_moe_us']:.1f} us after the MoE layer "
+              f"before them, run {c['dur_us']:.1f} us, {c['before_resolve_us']:.1f} of it before the next resolve")
     ks = r["kernels"]
     keys = sorted(set(ks) | set(first["kernels"] if first else ()),
                   key=lambda k: -(ks.get(k, {}).get("dur_us", 0) + ks.get(k, {}).get("gap_us", 0)))

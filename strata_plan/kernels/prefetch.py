@@ -4,7 +4,9 @@
     copy(arena, gids, jj, st)      # side stream: the claimed experts copied from pinned RAM into their slots, each
                                    # published by its last chunk: FILLING -> READY (release), or TAKEN -> TAKEN_DONE
     resolve(ids, j, st)            # main stream, before layer j's MoE: READY slots are read, layer j's FILLING ones TAKEN
-    release(j, st)                 # main stream, after layer j's MoE: slots of layers <= j back to FREE
+    resolve_step(ids, j, st, lru)  # ... and then the device LRU's step (kernels.lru), in one launch
+    release(j, st)                 # after layer j's MoE (the side stream's next fork, or the token's end): slots of
+                                   # layers <= j whose copy is over back to FREE
 
 Each staging slot has a state word, `(tag << 3) | state` with tag = layer * E + expert, changed only by atomic
 compare-and-swap or exchange at GPU scope:
@@ -13,7 +15,7 @@ compare-and-swap or exchange at GPU scope:
                              -> TAKEN (resolve found it still filling: the layer reads the expert in place from RAM,
                                        or nobody routed it: abandoned)
                                       -> TAKEN_DONE (the copy's last chunk of the slot, skipped or not)
-    READY / CONSUMED / TAKEN_DONE -> FREE (release, main stream, after the layer's down projection)
+    READY / CONSUMED / TAKEN_DONE -> FREE (release, after the layer's down projection)
 
 Partial landing (`landed` given; layers with a device LRU, `partial`): the copy marks each 64 KiB chunk of a slot
 landed (`landed [S, NCH]`, a release after the chunk's stores; `claim` clears a slot's marks), and `resolve`, finding a
@@ -22,20 +24,21 @@ reads those bytes from the staging slot (`LruState.src`, `split`) and the rest f
 the layer's MoE reads the whole expert from its cache slot. A kimi expert (27 MB, 0.54 ms at 50 GB/s) does not fit the
 link's idle time in one layer (attention, router: about 0.19 ms on the H200), a part of it does.
 
-`resolve` loads a slot's word with acquire semantics once per routed id; an expert it finds READY is read from its
-slot (the table, and the device LRU's fill source, point there until `release`), one it finds FILLING is TAKEN and read
-in place from pinned RAM; every other guess of layer j still FILLING (nobody routed it) is TAKEN too, and the copy
-skips the chunks of a TAKEN slot not yet moved (it reads the slot's word before each 64 KiB chunk): a wrong or late
-guess costs the link bytes copied before its layer ran (counted as wasted), never a wait or a wrong result. `where
-[L, E]` names the slot a claim gave an expert (-1 none); a stale entry is caught by the tag. A slot is written only by the copy of the claim that holds it, and freed only from the main stream after its
-consumer ran, or, for a guess nobody routed, by a later `release` once its copy is over (at the latest `release(L - 1)`
-after the token's streams joined). Counters `counts [L, N_COUNTS]`: uses served from a slot, uses TAKEN (late), slots
-freed unused (wasted), bytes copied, bytes of the uses served from a slot, bytes copied into the slots freed unused
-(`filled [S]` holds each slot's), and the lookahead's precision
-and recall terms (`guessed [L, G]`, the guesses for each layer written on the side stream when issued: guesses,
-right guesses, routed ids where a guess existed; `resolve` counts and clears them). `reference_*` are the same in
-plain Python (the CPU engine's path: there the side stream is the main one, so a claimed guess is READY when its layer
-runs); the kernels are held to them under the interpreter.
+`resolve` loads a slot's word with acquire semantics once per routed id; an expert it finds READY is read from its slot
+(the table, and the device LRU's fill source, point there until `release`), one it finds FILLING is TAKEN and read in
+place from pinned RAM; every other guess of layer j still FILLING (nobody routed it) is TAKEN too, and the copy skips
+the chunks of a TAKEN slot not yet moved (it reads the slot's word before each 64 KiB chunk): a wrong or late guess
+costs the link bytes copied before its layer ran (counted as wasted), never a wait or a wrong result. `where [L, E]`
+names the slot a claim gave an expert (-1 none); a stale entry is caught by the tag. A slot is written only by the copy
+of the claim that holds it, and freed only by a `release` issued after its consumer ran (on the side stream after the
+layer's MoE kernels, or at the token's end after the streams joined) once its copy is over. Counters `counts [L,
+N_COUNTS]`: uses served from a slot, uses TAKEN (late), slots freed unused (wasted), bytes copied, bytes of the uses
+served from a slot, bytes copied into slots and not read from them (`filled [S]`, `used [S]` hold each slot's), and the
+lookahead's precision and recall terms (`guessed [L, G]`, the guesses for each layer written on the side stream when
+issued: guesses, right guesses, routed ids where a guess existed; `resolve` counts and clears them), and late uses
+served their landed part (partial). `reference_*` are the same in plain Python (the CPU engine's path: there the side
+stream is the main one, so a claimed guess is READY when its layer runs); the kernels are held to them under the
+interpreter.
 """
 from __future__ import annotations
 
@@ -300,7 +303,7 @@ def resolve_body(ids_p, j, E, state_p, where_p, slot_offset_p, table_p, src_p, t
 @triton.jit
 def release_kernel(j, E, state_p, where_p, slot_offset_p, ram_rows_p, table_p, src_p, tail_p, filled_p, used_p,
                    counts_p, S, SB: tl.constexpr, HAS_SRC: tl.constexpr, PARTIAL: tl.constexpr):
-    # main stream, after layer j's MoE: slots of layers <= j whose copy is over back to FREE; one program, every slot
+    # after layer j's MoE (side stream): slots of layers <= j whose copy is over back to FREE; one program, every slot
     # at once ([SB] lanes): a serial scan of S acquire loads took S round trips to L2 a layer. A slot no layer read
     # from (`used` 0) is wasted; the bytes copied into a slot beyond those read from it are wasted bytes
     ss, live, w = _slot_words(state_p, S, SB)

@@ -70,7 +70,7 @@ from functools import cached_property
 
 import numpy as np
 
-from strata_plan.core.lookahead import GATE_LAUNCHES, pinned_staging_slots, staging_slots
+from strata_plan.core.lookahead import GATE_LAUNCHES, ISSUE_LAUNCHES, pinned_staging_slots, staging_slots
 from strata_plan.planner.rates import decode_rates, expansion_rate
 from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
@@ -116,29 +116,33 @@ class LinkCopies:
     """The device loop's lookahead copies on the one GPU's PCIe link, in issue order (the side stream runs them one
     after the other), as seconds of link time each needs alone. Alone on the link they run at its full rate; beside
     the layer's in-place reads (or a dense unit read in place) the two share it evenly (`beside`), so a copy issued
-    into a busy link delays both. `landed[j]`: when layer j's copy ended."""
+    into a busy link delays both. A copy starts no earlier than its `start` (the side stream's kernels before it).
+    `landed[j]`: when layer j's copy ended."""
 
     def __init__(self):
-        self.queue: list[list] = []           # [layer, seconds left alone on the link], oldest first
+        self.queue: list[list] = []           # [layer, seconds left alone on the link, start], oldest first
         self.t = 0.0                          # the time the queue is drained to
         self.landed: dict[int, float] = {}
 
-    def add(self, t: float, layer: int, seconds: float) -> None:
+    def add(self, t: float, layer: int, seconds: float, start: float | None = None) -> None:
         self.run(t)
-        self.queue.append([layer, seconds])
+        self.queue.append([layer, seconds, t if start is None else max(t, start)])
 
     def run(self, t: float, rate: float = 1.0) -> None:
         """Drain from `self.t` to t at `rate` of the link."""
-        avail = max(0.0, t - self.t) * rate
-        while self.queue and avail > 0.0:
+        now = self.t
+        while self.queue and now < t:
             head = self.queue[0]
-            if head[1] <= avail:
-                avail -= head[1]
+            now = max(now, head[2])
+            if now >= t:
+                break
+            if now + head[1] / rate <= t:
+                now += head[1] / rate
                 self.queue.pop(0)
-                self.landed[head[0]] = t - avail / rate
+                self.landed[head[0]] = now
             else:
-                head[1] -= avail
-                avail = 0.0
+                head[1] -= (t - now) * rate
+                now = t
         self.t = max(self.t, t)
 
     def left(self, layer: int) -> float:
@@ -269,6 +273,15 @@ class CostModel:
         gates = np.minimum(depth, L - 1 - j) * float(self.problem.lookahead_gates * staged)
         return (self.lookahead_layer + (gates * GATE_LAUNCHES + (j == L - 1)) * self.launch
                 + gates * 2.0 * spec.hidden * E / self.hbm_rate)
+
+    def side_start_seconds(self, placement) -> float:
+        """Seconds from a MoE layer's end to the start of the next lookahead copy on the side stream: the kernels the
+        side stream runs before it (`release`, the guesses noted, the claim: `ISSUE_LAUNCHES` + 1; the gate's
+        `GATE_LAUNCHES` where it runs there: no NVMe tier, routing not replayed), each at least the launch floor."""
+        s, m, _ = placement.arrays
+        staged = bool(np.any(np.asarray(s) + np.asarray(m) < self.problem.curves.n_experts))
+        gate = GATE_LAUNCHES if self.problem.lookahead_gates and not staged else 0
+        return (ISSUE_LAUNCHES + 1 + gate) * self.launch
 
     @cached_property
     def lookahead_layer(self) -> float:
@@ -612,6 +625,7 @@ class CostModel:
                        # partial landing: a guess still copying serves the device LRU's fill what landed of it
                        "partial": np.asarray(placement.cache) > 0,
                        "lookahead": self.lookahead_gpu_seconds(placement),
+                       "side_start": self.side_start_seconds(placement),
                        # the walk's: the share of each layer's copy moved before the layer ran, and the share of
                        # its right guesses' bytes read from VRAM (the experts landed whole, or in part)
                        "moved": np.ones(cur.n_layers), "landed": np.ones(cur.n_layers)}
@@ -840,7 +854,8 @@ class CostModel:
                 sec["lookahead_gpu"] += inplace["lookahead"][j]
                 moe_done.append(t)
                 if depth and j + depth < len(inplace["copy"]) and inplace["copy"][j + depth] > 0:
-                    copies.add(t, j + depth, inplace["copy"][j + depth])      # layer j+d's guesses, side stream
+                    copies.add(t, j + depth, inplace["copy"][j + depth],      # layer j+d's guesses, side stream,
+                               start=t + inplace["side_start"])              # after the kernels before the copy
             elif j is not None:
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
                 sec["overhead"] += self.round_trip         # the router's ids reach the host: demand copies
