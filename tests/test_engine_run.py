@@ -229,6 +229,46 @@ def test_lookahead_prefetch_changes_where_misses_are_read_never_the_cache_or_the
     assert d["lookahead"][depth]["guesses"] > 0
 
 
+def test_a_late_guess_served_in_part_gives_lru_onlys_logits(packed_bf16, monkeypatch):
+    """Partial landing through the engine (the CPU's references): every lookahead copy is cut short after its first
+    4 KiB chunk, the rest of its slot junk, and its guess taken when its layer runs (the copy then over, as the copy
+    kernel's skipped items leave it): the LRU's fill reads the landed 4 KiB from the staging slot and the rest from
+    RAM, so the logits are LRU-only's bit for bit; such uses are counted `partial`, none `prefetched`."""
+    from strata_plan.kernels import prefetch as pk
+    monkeypatch.setattr(pk, "COPY_CHUNK", 4096)
+    real_resolve = pk.reference_resolve
+
+    def cut_copy(arena, gids, jj, st):
+        E = st.table.shape[1]
+        for i, e in enumerate(int(x) for x in gids.reshape(-1).tolist()):
+            s = int(st.assign[i])
+            if s < 0 or int(st.state[s]) != pk._word(jj * E + e, pk.FILLING):
+                continue
+            a, b, n = int(st.ram_rows[jj, e]), int(st.slot_offset[s]), int(st.nbytes[jj, e])
+            arena[b:b + n] = 0xFF                                   # junk past the landed chunk
+            arena[b:b + 4096] = arena[a:a + 4096]
+            st.filled[s] += 4096
+            st.counts[jj, pk.COPIED] += 4096
+            st.landed[s, 0] = 1
+
+    def resolve_then_copies_over(ids, j, st):
+        real_resolve(ids, j, st)
+        for s in range(st.state.numel()):
+            w = int(st.state[s])
+            if w % 8 == pk.TAKEN:
+                st.state[s] = w - pk.TAKEN + pk.TAKEN_DONE
+
+    monkeypatch.setattr(pk, "reference_copy", cut_copy)
+    monkeypatch.setattr(pk, "reference_resolve", resolve_then_copies_over)
+    plan = bf16_plan(4, 28, 2, 1, chunk=1)
+    lru_run = run(packed_bf16, plan, "lru", new=8)
+    dev = run(packed_bf16, plan, "plan", new=8)
+    assert torch.equal(dev[0], lru_run[0]) and dev[1] == lru_run[1]
+    kinds = dev[2]["by_kind"]
+    assert kinds["partial"] > 0 and kinds["prefetched"] == 0
+    assert kinds["in_place"] + kinds["partial"] + kinds["late"] == lru_run[2]["by_kind"]["in_place"]
+
+
 @pytest.mark.parametrize("split,mode", [((4, 28, 2, 1), "plan"), ((4, 28, 2, 0), "lru")])
 def test_a_block_of_steps_in_one_launch_is_the_same_steps_one_by_one(packed_bf16, split, mode):
     """`decode_block` (the runner's steps chained in one launch, each fed the last one's pick): the tokens, the
