@@ -7,7 +7,7 @@ on-demand baselines built from the same plan.
 The plans (`tests/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
 `strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60 --seed 0
 --context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0` (RAM-rich: 48% of routed accesses from VRAM, static or the
-30-slot LRU, the rest in place from pinned RAM; lookahead depth 1 with partial landing, predicted 105.5 tok/s on the
+30-slot LRU, the rest in place from pinned RAM; lookahead depth 1 with partial landing, predicted 105.2 tok/s on the
 shipped h200 profile against 101.2 in its LRU-only mode) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget;
 planned for the engine, whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM,
 37% NVMe, a 77-slot staging cache). Where a plan has no lookahead, `<plan>_forced_d<D>` runs it with depth D

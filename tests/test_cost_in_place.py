@@ -294,8 +294,14 @@ def test_only_whole_experts_land_and_the_one_still_copying_is_read_in_place_in_f
     assert moved == pytest.approx(0.625) and landed == pytest.approx(0.5)
     moved, landed = CostModel._landed(inplace, 0, 3.5)              # half of the first: nothing lands
     assert moved == pytest.approx(0.125) and landed == 0.0
-    inplace["partial"][0] = True                                    # a layer with a device LRU: its fill reads
-    assert CostModel._landed(inplace, 0, 1.5) == pytest.approx((0.625, 0.625))   # every byte moved
+    from strata_plan.planner.cost import RAGGED_BYTES
+    mb = 1e6
+    inplace = {"copy": np.array([4.0]), "copy_bytes": np.array([400 * mb]), "expert": np.array([100 * mb]),
+               "partial": np.array([True])}                        # a layer with a device LRU: its fill reads the
+    moved, landed = CostModel._landed(inplace, 0, 3.5)              # landed part of the guess still copying: the
+    assert landed == pytest.approx((50 * mb - RAGGED_BYTES) / (400 * mb))   # bytes moved but those past its prefix
+    assert CostModel._landed(inplace, 0, 4.0 - 1e-7)[1] == 0.0       # a few bytes: none past the prefix yet
+    assert CostModel._landed(inplace, 0, 0.0) == (1.0, 1.0)
 
 
 def test_partial_landing_is_predicted_where_a_layer_has_a_cache_and_pays(tiny, monkeypatch):

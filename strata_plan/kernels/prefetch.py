@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
+from strata_plan.core.lookahead import COPY_CHUNK, COPY_PROGRAMS
+
 from .lru import lru_step_body, reference_step
 from .ops import _sm_count
 from .triton_common import tl, triton
@@ -54,11 +56,6 @@ from .triton_common import tl, triton
 FREE, FILLING, READY, TAKEN, TAKEN_DONE, CONSUMED = range(6)
 USED, LATE, WASTED, COPIED, USED_BYTES, WASTED_BYTES, GUESSES, RIGHT, HINTED_USED, PART_USED = range(10)
 N_COUNTS = 10
-COPY_CHUNK = 64 << 10          # bytes of one item of the copy kernel's loop (a multiple of 8 KiB)
-COPY_PROGRAMS = 16             # the copy kernel's programs: the link's rate is the link's, not the SMs'. On the H100, 16
-#                                moved 50.1 GB/s alone and 49.5 beside a GEMV workload that they slowed by 6%; 165
-#                                (1.25 a SM, the earlier default) no faster, the workload slowed by 35%; 8: 34.4 GB/s
-#                                (benchmarks/results/prefetch-copy-20261205T155055Z.json)
 COPY_BLOCK = tl.constexpr(1024)  # int64 words a program moves per step of its loop (8 KiB: no register spills)
 # the states as the kernels see them (a jitted function reads only constexpr globals)
 _FREE, _FILLING, _READY, _TAKEN, _TAKEN_DONE, _CONSUMED = (tl.constexpr(v) for v in range(6))

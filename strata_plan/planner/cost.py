@@ -70,7 +70,8 @@ from functools import cached_property
 
 import numpy as np
 
-from strata_plan.core.lookahead import GATE_LAUNCHES, ISSUE_LAUNCHES, pinned_staging_slots, staging_slots
+from strata_plan.core.lookahead import (COPY_CHUNK, COPY_PROGRAMS, GATE_LAUNCHES, ISSUE_LAUNCHES, pinned_staging_slots,
+                                        staging_slots)
 from strata_plan.planner.rates import decode_rates, expansion_rate
 from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
@@ -110,6 +111,11 @@ def _cumrows(x: np.ndarray) -> np.ndarray:
     out = np.zeros((x.shape[0], x.shape[1] + 1))
     np.cumsum(x, axis=1, out=out[:, 1:])
     return out
+
+
+RAGGED_BYTES = (COPY_PROGRAMS - 1) / 2 * COPY_CHUNK
+"""Bytes a cut lookahead copy has moved past its guess's landed prefix, on average: its programs take the chunks in
+turn, so about COPY_PROGRAMS chunks are in flight at the cut, half of them done (`_landed`)."""
 
 
 class LinkCopies:
@@ -747,7 +753,8 @@ class CostModel:
         of the copy's bytes that crossed the link and the share of its right guesses' bytes read from VRAM. The
         guesses are copied one after another, best first; one still copying is read in place in full (its copied
         part wasted, the rest skipped), except in a layer with a device LRU (`partial`), whose fill reads the part of
-        it that landed from its slot and the rest from RAM (kernels.prefetch, partial landing)."""
+        it that landed from its slot and the rest from RAM (kernels.prefetch, partial landing): the bytes moved less
+        those past the landed prefix (`RAGGED_BYTES`: the copy's programs take the chunks in turn)."""
         copy = inplace["copy"][j]
         if copy <= 0:
             return 0.0, 0.0
@@ -755,7 +762,8 @@ class CostModel:
         if moved >= 1.0:
             return 1.0, 1.0
         if inplace["partial"][j]:
-            return moved, moved
+            total = inplace["copy_bytes"][j]
+            return moved, max(0.0, moved * total - RAGGED_BYTES) / total
         b, total = inplace["expert"][j], inplace["copy_bytes"][j]
         whole = float(np.floor(moved * total / b) * b) if b > 0 else 0.0
         return moved, min(1.0, whole / total)
