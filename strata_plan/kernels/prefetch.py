@@ -47,8 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata_plan.core.lookahead import COPY_CHUNK, COPY_PROGRAMS
-
+from .copy_units import COPY_CHUNK, COPY_PROGRAMS
 from .lru import lru_step_body, reference_step
 from .ops import _sm_count
 from .triton_common import tl, triton

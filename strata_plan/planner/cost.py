@@ -70,8 +70,8 @@ from functools import cached_property
 
 import numpy as np
 
-from strata_plan.core.lookahead import (COPY_CHUNK, COPY_PROGRAMS, GATE_LAUNCHES, ISSUE_LAUNCHES, pinned_staging_slots,
-                                        staging_slots)
+from strata_plan.core.lookahead import GATE_LAUNCHES, ISSUE_LAUNCHES, pinned_staging_slots, staging_slots
+from strata_plan.kernels.copy_units import COPY_CHUNK, COPY_PROGRAMS
 from strata_plan.planner.rates import decode_rates, expansion_rate
 from strata_plan.planner.reads import TINY_RATE, ExpertRead, batch_seconds, expert_read
 
