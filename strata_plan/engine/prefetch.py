@@ -13,12 +13,12 @@ The protocol (`kernels.prefetch`) never makes a layer wait: a guess still being 
 place from pinned RAM (counted `late`, its copy wasted). The slots are the store's dynamic slots outside the device
 LRU's (prefill's waves use them between decode runs: `before_prefill` orders prefill's copies after the decode work
 queued). On a CPU the side stream is the main one (the references in order), so a claimed guess has landed when its
-layer runs. Partial landing (`partial`, layers with a device LRU): a routed guess still copying is filled into its
-cache slot from both, the part that landed from the staging slot, the rest from pinned RAM (`partial`). Counting
-(folded into the store's counters): uses served from a slot are `prefetched`, uses whose guess was still copying
-`late` (nothing landed) or `partial`; the copies' bytes cross PCIe (`bytes_from["ram"]`, `prefetch_bytes`), slots freed unused are
-wasted, as are the bytes copied past those a layer read; precision and recall of the guesses at the plan's depth as
-the routing statistics define them.
+layer runs. Partial landing (`partial`, layers with a device LRU): a routed guess still copying is filled into its cache
+slot from both, the part that landed from the staging slot, the rest from pinned RAM (`partial`). Counting (folded into
+the store's counters): uses served from a slot are `prefetched`, uses whose guess was still copying `late` (nothing
+landed) or `partial`; the copies' bytes cross PCIe (`bytes_from["ram"]`, `prefetch_bytes`), slots freed unused are
+wasted, as are the bytes copied past those a layer read; precision and recall of the guesses at the plan's depth as the
+routing statistics define them.
 """
 from __future__ import annotations
 

@@ -199,7 +199,7 @@ class ExpertStore:
                                        self.lru.ram_offset if self.lru is not None else None)
             if options.prefetch and plan.prefetch_depth:
                 self.prefetch = DevicePrefetch(self, plan.prefetch_depth,
-                                               self._partial_layers() if options.partial_landing else None)
+                                               self._enable_partial_landing() if options.partial_landing else None)
         except BaseException:           # Ctrl-C or a bad blob during start-up: no thread or file left behind
             self.close()
             raise
@@ -316,10 +316,10 @@ class ExpertStore:
                         admit=dev(np.full((L, k), -1, np.int64)), tick=dev(np.zeros(L, np.int64)),
                         counts=dev(np.zeros((L, 4), np.int64)))
 
-    def _partial_layers(self) -> torch.Tensor | None:
-        """int8 [L]: 1 where a layer has cache slots, so a lookahead guess still copying serves the device LRU's fill
-        the part of it that landed (kernels.prefetch, partial landing); the LRU gets its tail and split. None: no
-        device LRU."""
+    def _enable_partial_landing(self) -> torch.Tensor | None:
+        """Give the device LRU its tail and split (`LruState`: where its fill takes a partly landed guess from) and
+        return int8 [L]: 1 where a layer has cache slots, so a lookahead guess still copying serves the LRU's fill the
+        part of it that landed (kernels.prefetch, partial landing). None: no device LRU."""
         if self.lru is None:
             return None
         L, E = self.n_layers, self.E

@@ -395,17 +395,23 @@ def copy(arena: torch.Tensor, gids: torch.Tensor, jj: int, st: PrefetchState, ma
                       PARTIAL=part)
 
 
-def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
+def _resolve_args(ids: torch.Tensor, j: int, st: PrefetchState, K: int) -> tuple[tuple, dict]:
+    """`resolve_body`'s arguments (its kernels' first ones, then their shared constexprs) for K routed ids."""
     src = st.src if st.src is not None else st.table
-    G = st.guessed.shape[1]
     part = st.partial_landing
-    resolve_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src,
-                         st.tier, st.nbytes, st.counts, st.guessed, st.ram_rows, st.landed if part else st.state,
-                         st.partial if part else st.tier, st.tail if part else src, st.split if part else src,
-                         st.used, st.cached_hi, st.state.numel(), st.landed.shape[1] if part else 0, K=ids.numel(),
-                         KB=triton.next_power_of_2(ids.numel()), G=G, GB=triton.next_power_of_2(G),
-                         SB=triton.next_power_of_2(st.state.numel()), HAS_SRC=st.src is not None, PARTIAL=part,
-                         CHUNK=COPY_CHUNK, num_warps=1)
+    G = st.guessed.shape[1]
+    args = (ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table, src, st.tier,
+            st.nbytes, st.counts, st.guessed, st.ram_rows, st.landed if part else st.state,
+            st.partial if part else st.tier, st.tail if part else src, st.split if part else src, st.used,
+            st.cached_hi, st.state.numel(), st.landed.shape[1] if part else 0)
+    consts = dict(K=K, KB=triton.next_power_of_2(K), G=G, GB=triton.next_power_of_2(G),
+                  SB=triton.next_power_of_2(st.state.numel()), PARTIAL=part, CHUNK=COPY_CHUNK)
+    return args, consts
+
+
+def resolve(ids: torch.Tensor, j: int, st: PrefetchState) -> None:
+    args, consts = _resolve_args(ids, j, st, ids.numel())
+    resolve_kernel[(1,)](*args, **consts, HAS_SRC=st.src is not None, num_warps=1)
 
 
 def resolve_step(ids: torch.Tensor, j: int, st: PrefetchState, lru_st) -> None:
@@ -413,20 +419,13 @@ def resolve_step(ids: torch.Tensor, j: int, st: PrefetchState, lru_st) -> None:
     one launch."""
     if lru_st.ram_offset is not st.src or lru_st.table is not st.table:
         raise ValueError("resolve_step: the LRU's table and fill source must be the lookahead's")
-    G, K = st.guessed.shape[1], lru_st.admit.shape[1]
-    L, C = lru_st.slot_expert.shape
+    K, C = lru_st.admit.shape[1], lru_st.slot_expert.shape[1]
     if ids.numel() != K:
         raise ValueError(f"resolve_step: {ids.numel()} routed ids, the LRU steps {K}")
-    part = st.partial_landing
-    resolve_step_kernel[(1,)](ids.reshape(-1), j, st.table.shape[1], st.state, st.where, st.slot_offset, st.table,
-                              st.src, st.tier, st.nbytes, st.counts, st.guessed, st.ram_rows,
-                              st.landed if part else st.state, st.partial if part else st.tier,
-                              st.tail if part else st.src, st.split if part else st.src, st.used, st.cached_hi,
-                              st.state.numel(), st.landed.shape[1] if part else 0, C, lru_st.static,
-                              lru_st.slot_expert, lru_st.slot_stamp, lru_st.slot_offset, lru_st.n_slots, lru_st.admit,
-                              lru_st.tick, lru_st.counts, K=K, KB=triton.next_power_of_2(K), G=G,
-                              GB=triton.next_power_of_2(G), SB=triton.next_power_of_2(st.state.numel()),
-                              CB=triton.next_power_of_2(max(C, 2)), PARTIAL=part, CHUNK=COPY_CHUNK, num_warps=1)
+    args, consts = _resolve_args(ids, j, st, K)
+    resolve_step_kernel[(1,)](*args, C, lru_st.static, lru_st.slot_expert, lru_st.slot_stamp, lru_st.slot_offset,
+                              lru_st.n_slots, lru_st.admit, lru_st.tick, lru_st.counts, **consts,
+                              CB=triton.next_power_of_2(max(C, 2)), num_warps=1)
 
 
 def release(j: int, st: PrefetchState) -> None:

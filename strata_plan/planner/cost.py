@@ -25,9 +25,9 @@ benchmarks/tools/inplace_probe.py); with cache slots the device LRU first copies
 (the same bytes over the link), then the kernel reads VRAM, the same sum:
     t += t_ram + t_exp_j      t_ram = warm bytes_j / R_zc(warm bytes_j)
 with lookahead the layer then runs the slot kernels on the main stream: t += lookahead_gpu_seconds_j (resolve at the
-profile's measured lookahead_layer_us, release on the side stream; with an NVMe tier also the gates of every depth, their
-launches at graph_launch_us, counted in core.lookahead, plus their router bytes over HBM; without one the gate runs
-on the side stream with the copies). R_zc: the profile's zero_copy curve at that read size,
+profile's measured lookahead_layer_us, release on the side stream; with an NVMe tier also the gates of every depth,
+their launches at graph_launch_us, counted in core.lookahead, plus their router bytes over HBM; without one the gate
+runs on the side stream with the copies). R_zc: the profile's zero_copy curve at that read size,
 else the pinned H2D curve there (an estimate); the PCIe busy time counts the warm bytes at R_zc too. Streamed dense
 weights are read in place as their layer runs, bytes / R_zc(bytes), instead of over HBM.
 With an NVMe tier its misses are read by the GPU in place from a pinned staging cache of S slots (`stage_slots`), so
@@ -263,20 +263,18 @@ class CostModel:
 
     def lookahead_gpu_seconds(self, placement) -> np.ndarray:
         """[L] GPU seconds the device loop's lookahead adds to each MoE layer on its main stream: its slot kernels
-        (`resolve` before the layer's MoE call: the profile's measured `lookahead_layer_us`, else an estimate;
-        `release` runs on the side stream, but for one at the token's end, at the launch floor) and, with an NVMe
-        tier, the gates of every depth where layer j + d exists (the stager takes their guesses with the layer's end): `GATE_LAUNCHES`
+        (`resolve` before the layer's MoE call: the profile's measured `lookahead_layer_us`, else an estimate; `release`
+        runs on the side stream, but for one at the token's end, at the launch floor) and, with an NVMe tier, the gates
+        of every depth where layer j + d exists (the stager takes their guesses with the layer's end): `GATE_LAUNCHES`
         at the launch floor and the router's weights (hidden x experts, bf16) over HBM. Without an NVMe tier the gate
-        runs on the side stream with the prefetch's claim and copy, off the main stream. No gate when the run
-        replays routing (`Problem.lookahead_gates` False: the replay hands the guesses over)."""
+        runs on the side stream with the prefetch's claim and copy, off the main stream. No gate when the run replays
+        routing (`Problem.lookahead_gates` False: the replay hands the guesses over)."""
         spec, depth, E = self.problem.spec, placement.prefetch_depth, self.problem.curves.n_experts
         L = spec.n_moe_layers
         if not depth:
             return np.zeros(L)
-        s, m, _ = placement.arrays
-        staged = bool(np.any(np.asarray(s) + np.asarray(m) < E))
         j = np.arange(L)
-        gates = np.minimum(depth, L - 1 - j) * float(self.problem.lookahead_gates * staged)
+        gates = np.minimum(depth, L - 1 - j) * float(self.problem.lookahead_gates * self._staged(placement))
         return (self.lookahead_layer + (gates * GATE_LAUNCHES + (j == L - 1)) * self.launch
                 + gates * 2.0 * spec.hidden * E / self.hbm_rate)
 
@@ -284,10 +282,13 @@ class CostModel:
         """Seconds from a MoE layer's end to the start of the next lookahead copy on the side stream: the kernels the
         side stream runs before it (`release`, the guesses noted, the claim: `ISSUE_LAUNCHES` + 1; the gate's
         `GATE_LAUNCHES` where it runs there: no NVMe tier, routing not replayed), each at least the launch floor."""
-        s, m, _ = placement.arrays
-        staged = bool(np.any(np.asarray(s) + np.asarray(m) < self.problem.curves.n_experts))
-        gate = GATE_LAUNCHES if self.problem.lookahead_gates and not staged else 0
+        gate = GATE_LAUNCHES if self.problem.lookahead_gates and not self._staged(placement) else 0
         return (ISSUE_LAUNCHES + 1 + gate) * self.launch
+
+    def _staged(self, placement) -> bool:
+        """The placement has an NVMe tier (the device loop's stager): the lookahead's gates run on the main stream."""
+        s, m, _ = placement.arrays
+        return bool(np.any(np.asarray(s) + np.asarray(m) < self.problem.curves.n_experts))
 
     @cached_property
     def lookahead_layer(self) -> float:
