@@ -102,7 +102,8 @@ def account(replays: list[list[dict]]) -> dict:
     mid = replays[sorted(range(len(walls)), key=walls.__getitem__)[len(walls) // 2]]
     t0 = mid[0]["ts"]                      # the median replay's kernels: name, stream, start and duration (us)
     timeline = [[short(e["name"]), e.get("args", {}).get("stream"), round(e["ts"] - t0, 3), e["dur"]] for e in mid]
-    return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows,
+    streams = len({e.get("args", {}).get("stream") for e in mid})   # the lanes the replay ran on
+    return {"wall_us": statistics.median(walls), "replays": len(replays), "kernels": rows, "streams": streams,
             **{k: statistics.median(v) for k, v in totals.items()}, "timeline": timeline,
             "copies": copy_windows(mid)}
 
@@ -176,7 +177,7 @@ def show(name: str, r: dict, first: dict | None) -> None:
     if r["replays"]:
         print(f"\n{name}: main stream busy {r['main_busy_us']:.1f} us, idle between its kernels "
               f"{r['main_idle_us']:.1f}; side stream busy {r['side_busy_us']:.1f}; no kernel running "
-              f"{r['gpu_idle_us']:.1f}", end="")
+              f"{r['gpu_idle_us']:.1f}; {r['streams']} streams", end="")
     print(f"\n{name}: wall {r['wall_us']:.1f} us a token ({r['replays']} replays); time_parts "
           + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()) + f"; GPU {r['gpu']}")
     c = r.get("copies") or {}
