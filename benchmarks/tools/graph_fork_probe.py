@@ -15,7 +15,6 @@ one graph with the side branch's shape varied:
   memcpy_linear  one stream, a small device copy (a memcpy node) every N / FORKS adds
   lookahead      forks_end with the lookahead's side work a branch (guesses noted, claimed, copied: 4 KiB experts)
   lookahead_pri  the same, the side stream at the device's highest priority
-  *_main_first   forks_end / lookahead with the chain's next add captured before the branch at each fork
 Median of 15 replays each, CUDA events on the main stream. Not a benchmark: no results file."""
 from __future__ import annotations
 
@@ -31,11 +30,9 @@ from strata_plan.profiler.gpu import captured
 N, FORKS, FORK_SPAN = 400, 9, 4
 
 
-def chain(forks: int, join_after: int | None, branch=None, inline=None, priority: int = 0, main_first: bool = False):
+def chain(forks: int, join_after: int | None, branch=None, inline=None, priority: int = 0):
     """N adds on x; `forks` side branches (`branch(i)`, default an add on y) forked at even steps, joined
-    `join_after` adds later (None: at the end); or, with `inline(i)`, no fork: that work on the chain itself.
-    main_first: at a fork the chain's next add is captured before the branch's work (the fork's first child is on the
-    chain: a graph's replay keeps a node's lane for its first-recorded child), else after it."""
+    `join_after` adds later (None: at the end); or, with `inline(i)`, no fork: that work on the chain itself."""
     x = torch.zeros(1, device="cuda")
     y = torch.zeros(1, device="cuda")
     side = torch.cuda.Stream(priority=priority)
@@ -50,16 +47,13 @@ def chain(forks: int, join_after: int | None, branch=None, inline=None, priority
                 inline(at[i])
             elif i in at:
                 side.wait_stream(main)
-                if main_first:
-                    x.add_(1.0)
                 with torch.cuda.stream(side):
                     branch(at[i])
                 open_until = None if join_after is None else i + join_after
             if open_until is not None and i == open_until:
                 main.wait_stream(side)
                 open_until = None
-            if not (main_first and i in at and inline is None):
-                x.add_(1.0)
+            x.add_(1.0)
         if forks and inline is None:
             main.wait_stream(side)
         if inline is None and hasattr(branch, "end"):
@@ -100,9 +94,7 @@ def main() -> None:
               "triton_linear": chain(FORKS, None, inline=lambda i: pk.release(i, st)),
               "memcpy_linear": chain(FORKS, None, inline=lambda i: a.copy_(b)),
               "lookahead": chain(FORKS, None, branch=Lookahead()),
-              "lookahead_pri": chain(FORKS, None, branch=Lookahead(), priority=-100),
-              "lookahead_main_first": chain(FORKS, None, branch=Lookahead(), main_first=True),
-              "forks_end_main_first": chain(FORKS, None, main_first=True)}
+              "lookahead_pri": chain(FORKS, None, branch=Lookahead(), priority=-100)}
     got = {name: timed(g) for name, (g, _) in graphs.items()}
     got["outside"] = timed(graphs["linear"][0], lambda: torch.cuda._sleep(2_000_000))    # ~1 ms at 2 GHz
     got.update({f"{name} (again)": timed(g) for name, (g, _) in graphs.items()})       # order effects

@@ -5,10 +5,8 @@
 
 Without --packed: bench-moe's geometry (benchmarks/data/trained-20261203) with random weights, packed here in the
 formats of the RAM-rich plan committed beside it. `plan:D` runs the plan at lookahead depth D (`_plans.forced_depth`),
-`plan:D/P` with the lookahead's copy kernel on P thread blocks, `plan:Dw` with whole experts only (no partial landing),
-`plan:Df` with the side stream's work captured at its fork, before the main chain's next kernel
-(EngineOptions.main_first). Each run in a process of its own (`--inproc`: all in this one, in order; `--no-profile`:
-time_parts alone, no tracing). Per run: a short prefill, eight greedy decode
+`plan:D/P` with the lookahead's copy kernel on P thread blocks, `plan:Dw` with whole experts only (no partial landing). Each run in a process of its own (`--inproc`: all in
+this one, in order; `--no-profile`: time_parts alone, no tracing). Per run: a short prefill, eight greedy decode
 steps (the step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the
 kernels a graph runs), one replay at a time. Kernels on another stream than the replay's first (the lookahead's side
 stream) are listed apart; on the token's main chain each kernel is charged its duration and the idle gap before it
@@ -156,10 +154,9 @@ def gpu_state() -> dict:
 
 
 def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bool = True,
-            partial_landing: bool = True, main_first: bool = True) -> dict:
+            partial_landing: bool = True) -> dict:
     from strata_plan.engine.engine import Engine, EngineOptions
-    opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs, partial_landing=partial_landing,
-                         main_first=main_first)
+    opts = EngineOptions(mode=mode, device="cuda", copy_programs=programs, partial_landing=partial_landing)
     with Engine.open(packed, plan, opts) as eng:
         m = eng.model
         m.reset()
@@ -218,11 +215,10 @@ def main() -> int:
     def run_here(run: str) -> dict:
         mode, _, rest = run.partition(":")
         depth, _, programs = rest.partition("/")
-        flags = set(depth.lstrip("0123456789"))               # w: whole landing only; f: the side's work at its fork
-        depth = depth.rstrip("wf")
+        whole = depth.endswith("w")
+        depth = depth.removesuffix("w")
         plan = forced_depth(base, int(depth)) if depth else baseline(base, mode)
-        return one_run(packed, plan, mode, int(programs or 0), a.reps, not a.no_profile,
-                       partial_landing="w" not in flags, main_first="f" not in flags)
+        return one_run(packed, plan, mode, int(programs or 0), a.reps, not a.no_profile, partial_landing=not whole)
 
     packed = a.packed
     if a.one:

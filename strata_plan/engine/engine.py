@@ -102,8 +102,6 @@ class EngineOptions:
                                      # a benchmark knob for the copy's effect on the main stream)
     partial_landing: bool = True     # a lookahead guess still copying serves the cache's fill the part that landed
                                      # (StoreOptions.partial_landing); False: whole experts only (A/B)
-    main_first: bool = True          # the lookahead's side work captured after the main chain's next kernel
-                                     # (DevicePrefetch.side_work); False: at its fork, before it (A/B)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -150,9 +148,6 @@ class Engine:
         model.rope.fused = store.kernels         # the rotation's too
         if experts.depth:                    # lookahead: the gates' guesses, prefetched on the device
             model.after_moe = experts.after_moe
-        if store.prefetch is not None:       # its side stream's work queued behind the main chain's next kernel
-            store.prefetch.main_first = options.main_first
-            model.side_work = store.prefetch.side_work
         if options.graphs and model.before_layer is None:
             model.step_runner = DeviceDecode(model, experts, graphs=device.type == "cuda",
                                              tokens_per_graph=options.tokens_per_graph)

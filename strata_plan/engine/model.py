@@ -13,11 +13,10 @@ only the non-routed tensors are read. A decoder layer is
     y   = post_attention_layernorm(h)
     out = h + mlp(y)                                    dense layers
     out = h + (experts(i, y, ids, w) + shared(y))       MoE layer i, (ids, w) = router_i(y)
-then `after_moe(i, out)` if set: the hook for router lookahead (`side_work()`, if set, runs after the next decoder
-layer's input norm: the work the hook forked onto another stream is queued behind the main chain's next kernel).
-The lookahead of depth d at MoE layer i is `route(i + d, out)` = the router of MoE layer i+d applied to the
-post_attention_layernorm (of the decoder layer holding MoE layer i+d) of `out`, exactly as `benchmarks/moe/trace.py`
-computes the traces' `lookahead_experts` (core/routing/TRACE.md).
+then `after_moe(i, out)` if set: the hook for router lookahead. The lookahead of depth d at MoE layer i
+is `route(i + d, out)` = the router of MoE layer i+d applied to the post_attention_layernorm (of the
+decoder layer holding MoE layer i+d) of `out`, exactly as `benchmarks/moe/trace.py` computes the traces'
+`lookahead_experts` (core/routing/TRACE.md).
 
 Dense weights the plan keeps in pinned RAM (`host`: decoder layer indices, "embed", "lm_head") are
 built in host memory ("embed", "lm_head") or with shapes only (layers, on the meta device);
@@ -92,7 +91,6 @@ class MoEModel:
         self.after_moe: Callable[[int, torch.Tensor], None] | None = None
         self.step_runner: Callable[[torch.Tensor], torch.Tensor] | None = None   # a faster static step (device_loop.py)
         self.before_layer: Callable[[int], None] | None = None                 # engine.dense
-        self.side_work: Callable[[], None] | None = None    # after a layer's input norm: the lookahead's forked work
         self.embed_rows: Callable[[torch.Tensor], torch.Tensor] | None = None  # engine.dense
         self.fused_router = False      # one token's routing in kernels.gate's two launches (`route_layer`)
 
@@ -125,10 +123,7 @@ class MoEModel:
                        at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, y): the residual stream after attention [T, H] and its post-attention norm, the MLP's input."""
         eps = self.cfg.rms_eps
-        xn = rms_norm(x, layer.in_norm, eps)
-        if self.side_work is not None:
-            self.side_work()
-        h = x + layer.attn(xn, start, self.cache, self.rope, at=at)
+        h = x + layer.attn(rms_norm(x, layer.in_norm, eps), start, self.cache, self.rope, at=at)
         return h, rms_norm(h, layer.post_norm, eps)
 
     @staticmethod

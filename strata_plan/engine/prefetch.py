@@ -6,7 +6,6 @@ graph, copied from pinned RAM into VRAM staging slots on a side stream while the
     ...fused_moe...
     pf.issue(j + d, gids, after=j)  # after layer j, all on the side stream: the slots of layers <= j freed, its
                                   # lookahead gate (or the guesses), claim, copy (each slot READY as its bytes land)
-    pf.side_work()                # (the model, after the main chain's next kernel) that side work queued
     pf.end_token()                # the side stream joins the main one; every slot whose copy is over is freed
     pf.fold(counters)
 
@@ -54,8 +53,6 @@ class DevicePrefetch:
         self.side = torch.cuda.Stream(dev) if self.cuda else None
         self.forked = False
         self.programs: int | None = None      # the copy kernel's thread blocks (None: kernels.prefetch.copy_programs)
-        self.main_first = True                # the side's work queued after the main chain's next kernel (`side_work`)
-        self._pending = None                  # the side's work forked by `issue`, not yet queued
 
     def resolve(self, j: int, ids: torch.Tensor) -> None:
         """Before layer j's cache step and MoE kernels (one token): routed guesses that landed are read from their
@@ -91,32 +88,17 @@ class DevicePrefetch:
             pk.reference_claim(gids, jj, st)
             pk.reference_copy(self.store.arena, gids, jj, st)
             return
-        self.side_work()                      # (an earlier fork's work not yet queued: queued first)
         self.side.wait_stream(torch.cuda.current_stream())
         for t in (reads, None if callable(gids) else gids):
             if t is not None:                 # not reused before the side stream read it (in a capture: not before the
                 t.record_stream(self.side)    # capture ends, the caching allocator defers the block's reuse)
-
-        def work(gids=gids) -> None:
+        with torch.cuda.stream(self.side):
             if after is not None:
                 self.release(after)
             gids = gids() if callable(gids) else gids
             pk.note_guesses(gids, jj, st)
             self._claim_copy(gids, jj)
         self.forked = True
-        self._pending = work
-        if not self.main_first:
-            self.side_work()
-
-    def side_work(self) -> None:
-        """Queue the side stream's work forked by the last `issue` (the model calls this after the main chain's next
-        kernel, `MoEModel.side_work`). Its dependencies were fixed at the fork; queued after that kernel, the fork's
-        first child in a captured graph is on the main chain, which a replay keeps on its lane (queued first, the
-        side's work takes the lane and the main chain moves to another at every fork)."""
-        work, self._pending = self._pending, None
-        if work is not None:
-            with torch.cuda.stream(self.side):
-                work()
 
     def _claim_copy(self, gids: torch.Tensor, jj: int) -> None:
         pk.claim(gids, jj, self.st)
@@ -131,7 +113,6 @@ class DevicePrefetch:
     def join(self) -> None:
         """The main stream waits for the side stream's work so far (a fork left open by eager layers)."""
         if self.forked:
-            self.side_work()
             torch.cuda.current_stream().wait_stream(self.side)
             self.forked = False
 
