@@ -62,8 +62,8 @@ def chain(forks: int, join_after: int | None, branch=None, inline=None, priority
 
 
 class Lookahead:
-    """A fork's side work as the decode graph's (engine/prefetch.py): guesses for layer i + 1 noted, claimed and
-    copied (4 KiB experts, kernels.prefetch.probe_state); every slot freed at the token's end."""
+    """A fork's side work as the decode graph's (engine/prefetch.py): slots of layers <= i freed, guesses for layer
+    i + 1 noted, claimed and copied (4 KiB experts, kernels.prefetch.probe_state); every slot freed at the end."""
 
     def __init__(self):
         from strata_plan.kernels import prefetch as pk
@@ -73,6 +73,7 @@ class Lookahead:
         self.ids = torch.arange(8, dtype=torch.int64, device="cuda")
 
     def __call__(self, i: int) -> None:
+        self.pk.release(i, self.st)                   # as the engine's side stream: slots of layers <= i freed first
         self.pk.note_guesses(self.ids, i + 1, self.st)
         self.pk.claim(self.ids, i + 1, self.st)
         self.pk.copy(self.arena, self.ids, i + 1, self.st, 4096)

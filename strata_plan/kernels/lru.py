@@ -212,7 +212,7 @@ def reference_step(ids: torch.Tensor, j: int, st: LruState) -> None:
     st.slot_stamp[j, :c] = torch.tensor(stamp, dtype=torch.int64)
     st.admit[j] = torch.tensor(admit, dtype=torch.int64)
     st.tick[j] += 1
-    st.counts[j] += torch.tensor(counts, dtype=torch.int64)
+    st.counts[j] += torch.tensor(counts, dtype=torch.int64, device=st.counts.device)
 
 
 def reference_fill(arena: torch.Tensor, ids: torch.Tensor, j: int, st: LruState) -> None:
