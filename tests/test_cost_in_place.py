@@ -52,7 +52,9 @@ def by_hand(p, place: Placement, zc_gbps, warm_bytes=None) -> tuple[float, list[
     FLOPs, whichever is longer), every MoE layer's RAM bytes / zc_gbps(RAM bytes) + kernel time (the call's
     programs read their experts, then compute), the head; the token is that or the PCIe link's busy time (the RAM
     reads and the embedding row), whichever is longer. `warm_bytes` [L] (a placement with cache slots: the misses
-    after the cache): the same sum (the device LRU's fill, then the kernel)."""
+    after the cache): the same sum (the device LRU's fill, then the kernel). Every MoE layer adds its residency
+    kernels: the device LRU's step and fill (the profile's cache_layer) where the plan has cache slots, else the use
+    count at the launch floor."""
     spec, gpu, cal = p.spec, p.profile.gpu, p.profile.calibration
     E, k, ctx = p.curves.n_experts, spec.top_k, p.context
     hbm = gpu.hbm_gbps.value * 1e9 * cal.hbm_efficiency.value
@@ -73,7 +75,8 @@ def by_hand(p, place: Placement, zc_gbps, warm_bytes=None) -> tuple[float, list[
         t_exp = max(k * sum(pop[r] * p.rank_bytes[r] / rates[p.rank_formats[r]].value for r in range(E)),
                     2.0 * k * spec.expert_params / flops)
         layers.append((t_ram, t_exp))
-        t += t_ram + t_exp
+        cached = place.cache is not None and any(c > 0 for c in place.cache)
+        t += t_ram + t_exp + (gpu.cache_layer() if cached else gpu.launch_us()).value * 1e-6
         link += t_ram
     t += max(p.dense_units[-1] / hbm, 2.0 * p.head_params / flops)
     row = 2 * spec.hidden
@@ -244,6 +247,29 @@ def test_the_device_loops_lookahead_costs_its_slot_kernels_and_its_main_stream_g
         replayed = CostModel(p.replace(lookahead_gates=False))          # the replay hands the guesses over: no gate
         got = replayed.predict(nvme).decode_seconds["lookahead_gpu"]
         assert got == pytest.approx((3 * slots + us) * 1e-6, rel=1e-12)
+
+
+def test_each_moe_layer_costs_its_residency_kernels(tiny):
+    """The device loop's residency kernels on each MoE layer's main stream: the device LRU's step and fill (the
+    profile's `cache_layer_us`) in every layer where the plan has cache slots (the store's one LRU steps them all),
+    else the use count (one launch at `graph_launch_us`); the same at any lookahead depth (resolve's part is
+    `lookahead_layer_us`)."""
+    from strata_plan.profiles.schema import Figure
+    g = tiny.profile.gpu
+    for us, lru_us in ((2.0, 5.0), (1.0, 9.0)):
+        gpu = dataclasses.replace(g, graph_launch_us=Figure(us, "measured", "test", "2026-12-06"),
+                                  cache_layer_us=Figure(lru_us, "measured", "test", "2026-12-06"))
+        p = tiny.replace(profile=dataclasses.replace(tiny.profile, gpus=(gpu,)))
+        cm = CostModel(p)
+        base = dataclasses.replace(in_place_placement(p, (3, 0, 1)), cache=(2, 0, 3))
+        for place in (base, dataclasses.replace(base, prefetch_depth=1)):
+            got = cm.predict(place).decode_seconds["residency_gpu"]
+            assert got == pytest.approx(3 * lru_us * 1e-6, rel=1e-12)
+        none = dataclasses.replace(base, cache=(0, 0, 0))
+        assert cm.predict(none).decode_seconds["residency_gpu"] == pytest.approx(3 * us * 1e-6, rel=1e-12)
+        assert 1 / cm.predict(base).decode_tok_s > 1 / CostModel(tiny.replace(profile=dataclasses.replace(
+            tiny.profile, gpus=(dataclasses.replace(gpu, cache_layer_us=Figure(0.0, "measured", "t", "2026-12-06")),)))
+        ).predict(base).decode_tok_s
 
 
 def test_the_link_is_shared_evenly_by_a_read_and_the_queued_copies():

@@ -157,6 +157,36 @@ def test_a_partly_landed_expert_fills_from_its_slot_and_ram(ids):
     assert not torch.equal(ra[a.ram_offset[0, e]:a.ram_offset[0, e] + n], ra[ram:ram + n])   # the slot: a part only
 
 
+def test_the_profilers_cache_probe_fills_its_slots_from_its_ram_rows_then_hits():
+    """What `profiler.gpu.cache_layer_us` runs: `probe_cache` over a `probe_state` whose RAM rows start past the LRU's
+    slots, an arena just holding both; the first token admits every id and copies its row into its slot (nothing
+    outside the arena: a GPU would fault), the next one hits every id and copies nothing."""
+    from strata_plan.kernels import prefetch as pk
+    from strata_plan.profiler.gpu import LOOKAHEAD_CACHE, LOOKAHEAD_SHAPE
+    S, K, E = LOOKAHEAD_SHAPE
+    C, L = LOOKAHEAD_CACHE, 4
+    base = L * C * 4096
+    _, cache = pk.probe_cache(pk.probe_state(S, L, E, K, DEV, ram_base=base), C)
+    arena = torch.zeros(base + L * E * 4096, dtype=torch.uint8, device=DEV)
+    arena[base:] = torch.randint(1, 256, (L * E * 4096,), dtype=torch.uint8, device=DEV)
+    ram = arena[base:].clone()
+    ids = torch.arange(K, dtype=torch.int64, device=DEV)
+    for token in range(2):
+        for j in range(L):
+            lru_step(ids, j, cache)
+            fill_slots(arena, ids, j, cache, 4096)
+        if token == 0:
+            assert cache.counts[:, MISS].tolist() == [K] * L and cache.counts[:, HIT].sum() == 0
+            slots = arena[:base].clone()
+    assert cache.counts[:, HIT].tolist() == [K] * L and cache.counts[:, MISS].tolist() == [K] * L
+    assert torch.equal(arena[:base], slots) and torch.equal(arena[base:], ram)
+    for j in range(L):
+        for s in range(C):
+            e = int(cache.slot_expert[j, s])
+            got = arena[int(cache.slot_offset[j, s]):int(cache.slot_offset[j, s]) + 4096]
+            assert torch.equal(got, ram[(j * E + e) * 4096:(j * E + e + 1) * 4096])
+
+
 @pytest.mark.gpu
 def test_the_kernels_on_a_gpu_are_the_reference():
     if not torch.cuda.is_available():

@@ -62,7 +62,7 @@ def test_layer_flops_add_up_to_the_spec(kimi):
 
 def test_fully_resident_decode_is_the_hand_calculation(tiny):
     """Everything in VRAM: per token, every layer's overhead plus its bytes over HBM x efficiency (one GPU: no
-    round trip)."""
+    round trip), and every MoE layer's use count (the device loop counts routed ids on the device: a launch)."""
     p = tiny.replace(budget=Budget(10**13, 10**13, 10**13, 0))
     E, L, k = p.curves.n_experts, p.curves.n_layers, p.spec.top_k
     place = Placement((E,) * L, (0,) * L, (0,) * L, (True,) * len(p.dense_units), 0)
@@ -73,7 +73,8 @@ def test_fully_resident_decode_is_the_hand_calculation(tiny):
     routed = sum(k * float(np.dot(p.curves.pop[l], p.rank_bytes)) for l in range(L))
     host = spec.n_layers * cal.layer_overhead_us.value * 1e-6
     device = (sum(p.dense_units) + spec.kv_cache_bytes(p.context) + routed) / hbm
-    assert 1.0 / pred.decode_tok_s == pytest.approx(host + device, rel=1e-9)
+    use = spec.n_moe_layers * gpu.launch_us().value * 1e-6
+    assert 1.0 / pred.decode_tok_s == pytest.approx(host + device + use, rel=1e-9)
     assert pred.decode_binding == ("hbm" if device > host else "overhead") and pred.hit_rate == pytest.approx(1.0)
     assert pred.bytes_per_token["nvme"] == 0 and pred.bytes_per_token["ram"] == pytest.approx(2 * spec.hidden)
 
@@ -163,7 +164,8 @@ def test_faster_link_never_predicts_less_for_a_fixed_plan(kimi_problems, tiny, l
 
 
 def test_more_residency_never_predicts_less(tiny, kimi_problems):
-    """One more expert in RAM instead of NVMe, or in VRAM instead of RAM, or one more cache slot. To 1e-6
+    """One more expert in RAM instead of NVMe, or in VRAM instead of RAM, or one more cache slot where the plan has
+    some (the first slot switches the device LRU's kernels on in every layer: a cost, `residency_gpu`). To 1e-6
     relative: where a move leaves the statistics' hit rate as it was (a cache already holding every
     non-static expert), the misses' spread over ranks (cost._miss_weights) may shift ~1e-7 of them between
     tiers (measured 1.4e-7 on kimi-k3.1-pro)."""
@@ -179,7 +181,7 @@ def test_more_residency_never_predicts_less(tiny, kimi_problems):
                     moves.append((v, r[:l] + [r[l] + 1] + r[l + 1:], c))
                 if r[l] > 0:
                     moves.append((v[:l] + [v[l] + 1] + v[l + 1:], r[:l] + [r[l] - 1] + r[l + 1:], c))
-                if v[l] + c[l] < E:
+                if v[l] + c[l] < E and any(c):
                     moves.append((v, r, c[:l] + [c[l] + 1] + c[l + 1:]))
                 for mv in moves:
                     better = dataclasses.replace(place, vram=tuple(mv[0]), ram=tuple(mv[1]), cache=tuple(mv[2]))

@@ -49,8 +49,8 @@ def test_resident_split_is_one_gpu_plus_the_hop(name):
     """Fully resident, identical GPUs: the split token takes the one-GPU token plus one crossing of the hidden
     state (2 x hidden BF16 bytes): over the peer link (latency + bytes / rate), or without one through host
     memory (two latencies, bytes over D2H then H2D at their plateaus); and, the split taking the copy path, a
-    round trip at every MoE layer (the one-GPU token reads in place, without). Prefill pays the round trips in
-    both."""
+    round trip at every MoE layer (the one-GPU token reads in place, without; it counts its routed ids on the device
+    instead, `residency_gpu`). Prefill pays the round trips in both."""
     p2 = two_gpu(name)
     prof = p2.profile
     one = CostModel(p2).predict(placement(p2, "vram", ()))
@@ -64,7 +64,9 @@ def test_resident_split_is_one_gpu_plus_the_hop(name):
                + nbytes / (max(v for _, v in g.h2d_pinned.points) * 1e9))
     else:
         hop = peer.latency.value * 1e-6 + nbytes / (peer.gbps.value * 1e9)
-    assert 1 / two.decode_tok_s == pytest.approx(1 / one.decode_tok_s + hop + rts, rel=1e-12)
+    use = one.decode_seconds["residency_gpu"]
+    assert use == pytest.approx(p2.spec.n_moe_layers * CostModel(p2).launch, rel=1e-12)
+    assert 1 / two.decode_tok_s == pytest.approx(1 / one.decode_tok_s - use + hop + rts, rel=1e-12)
     assert two.decode_seconds["peer"] == pytest.approx(hop, rel=1e-12)
     assert two.decode_seconds["round_trip"] == pytest.approx(rts, rel=1e-12) and one.decode_seconds["round_trip"] == 0
     assert two.bytes_per_token["peer"] == nbytes
@@ -355,7 +357,8 @@ def test_remote_experts_by_hand():
     t_hit = 2 * hop + t_far / hit
     t_layer = (1 - hit) * t_loc + hit * max(t_loc, t_hit)
     rts = p.spec.n_moe_layers * p.profile.calibration.round_trip.value * 1e-6      # the copy path's round trips
-    assert t1 - t0 == pytest.approx(t_layer - max(t_all, 2.0 * k * p.spec.expert_params / cm.flop_rate) + rts,
+    use = p.spec.n_moe_layers * cm.launch                                          # the in-place use count
+    assert t1 - t0 == pytest.approx(t_layer - max(t_all, 2.0 * k * p.spec.expert_params / cm.flop_rate) + rts - use,
                                     rel=1e-9)
     pred = cm.predict(rem)
     assert pred.bytes_per_token["peer"] == pytest.approx(2 * 2 * p.spec.hidden * hit)

@@ -30,6 +30,8 @@ def test_measure_gpu_small():
     assert r.graph_launch is not None and 0.3 < r.graph_launch.median < 50     # us: a launch floor, not a copy
     assert r.lookahead_layer is not None, r.notes                              # us a MoE layer: two kernels and a fork
     assert r.graph_launch.median < r.lookahead_layer.median < 200
+    assert r.cache_layer is not None, r.notes                                  # us a MoE layer: two launches
+    assert r.graph_launch.median < r.cache_layer.median < 200
 
 
 def test_full_profile_entry_loads():

@@ -111,14 +111,17 @@ def test_the_graph_launch_floor_goes_into_the_entry_and_an_absent_one_is_the_est
     assert all("graph_launch_us" not in g for name in shipped_profiles() for g in to_data(load_profile(name))["gpus"])
 
 
-def test_the_lookahead_slot_kernels_go_into_the_entry_and_an_absent_one_is_the_estimate(tmp_path):
-    entry = run._gpu_entry(dataclasses.replace(fake_result(False), lookahead_layer=Stats((7.0, 7.5, 6.5))), run.QUICK)
-    assert entry.lookahead_layer_us.value == 7.0 and entry.lookahead_layer_us.provenance == "measured"
-    assert entry.lookahead_layer().value == 7.0 and "resolve_step (slots" in entry.lookahead_layer_us.source
+@pytest.mark.parametrize("field, figure, source", [("lookahead_layer", "lookahead_layer_us", "resolve_step (slots"),
+                                                    ("cache_layer", "cache_layer_us", "lru_step and fill_slots")])
+def test_the_main_stream_kernel_probes_go_into_the_entry_and_an_absent_one_is_the_estimate(tmp_path, field, figure,
+                                                                                           source):
+    entry = run._gpu_entry(dataclasses.replace(fake_result(False), **{field: Stats((7.0, 7.5, 6.5))}), run.QUICK)
+    assert getattr(entry, figure).value == 7.0 and getattr(entry, figure).provenance == "measured"
+    assert getattr(entry, field)().value == 7.0 and source in getattr(entry, figure).source
     prof = load_profile("rtx-4090").with_gpu(entry, "fake")
     assert load_profile(str(save_profile(prof, tmp_path / "fake.yaml"))) == prof
     plain = run._gpu_entry(fake_result(False), run.QUICK)
-    assert plain.lookahead_layer_us is None and plain.lookahead_layer().provenance == "estimate"
+    assert getattr(plain, figure) is None and getattr(plain, field)().provenance == "estimate"
 
 
 def test_profiles_without_it_load_and_save_as_before(tmp_path):

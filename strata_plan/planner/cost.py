@@ -24,6 +24,8 @@ H100 the call at bench-moe's shape took 27.1 us in place against 16.9 to read it
 benchmarks/tools/inplace_probe.py); with cache slots the device LRU first copies each miss it admits into its slot
 (the same bytes over the link), then the kernel reads VRAM, the same sum:
     t += t_ram + t_exp_j      t_ram = warm bytes_j / R_zc(warm bytes_j)
+the device LRU's step and fill before the call (the profile's measured cache_layer_us, every layer where the plan has
+cache slots; without any, the routed ids counted on the device, a launch at the floor): t += residency_gpu_seconds_j;
 with lookahead the layer then runs the slot kernels on the main stream: t += lookahead_gpu_seconds_j (resolve at the
 profile's measured lookahead_layer_us, release on the side stream; with an NVMe tier also the gates of every depth,
 their launches at graph_launch_us, counted in core.lookahead, plus their router bytes over HBM; without one the gate
@@ -277,6 +279,16 @@ class CostModel:
         gates = np.minimum(depth, L - 1 - j) * float(self.problem.lookahead_gates * self._staged(placement))
         return (self.lookahead_layer + (gates * GATE_LAUNCHES + (j == L - 1)) * self.launch
                 + gates * 2.0 * spec.hidden * E / self.hbm_rate)
+
+    def residency_gpu_seconds(self, placement) -> np.ndarray:
+        """[L] GPU seconds the device loop's residency kernels take on each MoE layer's main stream: where the plan
+        has cache slots (in any layer: the store's one device LRU steps every layer) the LRU's step and fill (the
+        profile's measured `cache_layer_us`, else an estimate: their fixed part; the bytes a fill copies are the
+        layer's reads), else the routed ids counted on the device (one launch at the floor). With lookahead `resolve`
+        runs in the LRU step's launch and adds `lookahead_layer_us` (lookahead_gpu_seconds)."""
+        cached = bool(np.any(np.asarray(placement.cache) > 0))
+        each = self.gpu.cache_layer().value * 1e-6 if cached else self.launch
+        return np.full(len(placement.cache), each)
 
     def side_start_seconds(self, placement) -> float:
         """Seconds from a MoE layer's end to the start of the next lookahead copy on the side stream: the kernels the
@@ -632,6 +644,7 @@ class CostModel:
                        # partial landing: a guess still copying serves the device LRU's fill what landed of it
                        "partial": np.asarray(placement.cache) > 0,
                        "lookahead": self.lookahead_gpu_seconds(placement),
+                       "residency": self.residency_gpu_seconds(placement),
                        "side_start": self.side_start_seconds(placement),
                        # the walk's: the share of each layer's copy moved before the layer ran, and the share of
                        # its right guesses' bytes read from VRAM (the experts landed whole, or in part)
@@ -801,6 +814,7 @@ class CostModel:
             sec["peer"] = 0.0
         if inplace is not None:
             sec["lookahead_gpu"] = 0.0                     # of "overhead": the lookahead's kernels on the main stream
+            sec["residency_gpu"] = 0.0                     # ... and the device LRU's or the use count's
             copies = LinkCopies()                          # ... and its copies on the link
         depth = placement.prefetch_depth
         units = self.problem.dense_units
@@ -859,8 +873,10 @@ class CostModel:
                 t_ram = copies.beside(t, nb / self.zero_copy(nb)) if nb > 0 else 0.0    # beside queued copies
                 sec["pcie"] += t_ram                     # the reads (or the LRU's fill), then the call's own time
                 t += t_exp[j] + t_ram + inplace["lookahead"][j]   # the gates run after the layer, then issue copies
-                sec["overhead"] += inplace["lookahead"][j]
+                t += inplace["residency"][j]             # the cache step and fill (or the use count) before the call
+                sec["overhead"] += inplace["lookahead"][j] + inplace["residency"][j]
                 sec["lookahead_gpu"] += inplace["lookahead"][j]
+                sec["residency_gpu"] += inplace["residency"][j]
                 moe_done.append(t)
                 if depth and j + depth < len(inplace["copy"]) and inplace["copy"][j + depth] > 0:
                     copies.add(t, j + depth, inplace["copy"][j + depth],      # layer j+d's guesses, side stream,

@@ -83,6 +83,7 @@ class GpuResult:
     moe: object = None                      # profiler.moe.MoEResult, or None when skipped
     graph_launch: Stats | None = None       # us of one small kernel replayed in a CUDA graph (None: not measured)
     lookahead_layer: Stats | None = None    # us the lookahead's slot kernels add to a MoE layer (None: not measured)
+    cache_layer: Stats | None = None        # us the device LRU's step and fill add to a MoE layer (None: not measured)
 
 
 # ---------------------------------------------------------------- timing
@@ -446,7 +447,7 @@ def lookahead_layer_us(repeats: int) -> Stats:
     from strata_plan.kernels import lru
     from strata_plan.kernels import prefetch as pk
     S, K, E = LOOKAHEAD_SHAPE
-    L, tokens = 4, GRAPH_LAUNCHES // 8
+    L = 4
     st, cache = pk.probe_cache(pk.probe_state(S, L, E, K, "cuda", ram_base=S * 4096), LOOKAHEAD_CACHE)
     arena = torch.zeros((S + L * E) * 4096, dtype=torch.uint8, device="cuda")
     ids = torch.arange(K, dtype=torch.int64, device="cuda")          # routed, and guessed right
@@ -472,15 +473,53 @@ def lookahead_layer_us(repeats: int) -> Stats:
         if slots:
             main.wait_stream(side)
             pk.release(L - 1, st)
-    with_slots, without = (captured(lambda slots=slots: [token(slots) for _ in range(tokens)])
-                           for slots in (True, False))
-    out = []
-    for i in range(repeats + 2):
-        a, b = replay_us(with_slots), replay_us(without)
-        if i >= 2:
-            out.append(max(0.0, a - b) / (tokens * L))
+    out = added_us(token, repeats, L)
     if int(st.counts[:, pk.COPIED].sum()) == 0:
         raise RuntimeError("lookahead probe: the side stream copied nothing")
+    return out
+
+
+def cache_layer_us(repeats: int) -> Stats:
+    """Microseconds the device LRU adds to a MoE layer's main stream in the decode graph: `kernels.lru.lru_step` (the
+    layer's routed ids: hits, admissions, evictions) then `fill_slots` (the admitted experts copied into their slots;
+    none once the ids repeat, so this is the two launches' fixed part: a fill's bytes are charged as reads) between
+    small kernels, LOOKAHEAD_SHAPE's top-k and experts (4 KiB each), LOOKAHEAD_CACHE slots a layer, 4 layers a token.
+    A graph of GRAPH_LAUNCHES / 8 tokens against the same graph without them, each replay timed with CUDA events, the
+    two interleaved, `repeats` pairs after a warm-up: the difference a layer."""
+    from strata_plan.kernels import lru
+    from strata_plan.kernels import prefetch as pk
+    S, K, E = LOOKAHEAD_SHAPE
+    C, L = LOOKAHEAD_CACHE, 4
+    base = L * C * 4096                                             # the LRU's slots, then the experts' RAM rows
+    _, cache = pk.probe_cache(pk.probe_state(S, L, E, K, "cuda", ram_base=base), C)
+    arena = torch.zeros(base + L * E * 4096, dtype=torch.uint8, device="cuda")
+    ids = torch.arange(K, dtype=torch.int64, device="cuda")          # the same ids every token: hits once admitted
+    x = torch.zeros(1, dtype=torch.float32, device="cuda")
+
+    def token(on: bool) -> None:
+        for j in range(L):
+            x.add_(1.0)
+            if on:
+                lru.lru_step(ids, j, cache)
+                lru.fill_slots(arena, ids, j, cache, 4096)
+            x.add_(1.0)
+    out = added_us(token, repeats, L)
+    if int(cache.counts[:, lru.HIT].sum()) == 0:
+        raise RuntimeError("cache probe: the device LRU counted no hit")
+    return out
+
+
+def added_us(token: Callable[[bool], None], repeats: int, layers: int) -> Stats:
+    """Microseconds a layer that `token(True)` adds over `token(False)` (`layers` layers a token): GRAPH_LAUNCHES / 8
+    tokens of each captured in a graph, the two replays timed with CUDA events and interleaved, `repeats` pairs after
+    two warm-up pairs, the difference over the graph's layers."""
+    tokens = GRAPH_LAUNCHES // 8
+    graphs = [captured(lambda on=on: [token(on) for _ in range(tokens)]) for on in (True, False)]
+    out = []
+    for i in range(repeats + 2):
+        a, b = replay_us(graphs[0]), replay_us(graphs[1])
+        if i >= 2:
+            out.append(max(0.0, a - b) / (tokens * layers))
     return Stats(tuple(out))
 
 
@@ -624,6 +663,11 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     except Exception as e:                          # no Triton, or its compiler failed here: the estimate stays
         slots = None
         notes.append(f"lookahead slot kernel probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+    try:
+        cache_us = cache_layer_us(s.repeats)
+    except Exception as e:                          # no Triton, or its compiler failed here: the estimate stays
+        cache_us = None
+        notes.append(f"device LRU kernel probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     torch.cuda.empty_cache()
 
     tick = step(PHASES[5])
@@ -639,4 +683,4 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     step(PHASES[6])
     kernels = kernel_throughput(*s.gemv_shape, notes=notes)
     moe_rates = fused_moe_rates(s.moe, notes, step(PHASES[7]))
-    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates, launch, slots)
+    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates, launch, slots, cache_us)

@@ -304,7 +304,7 @@ def _pinnable(gpu, ram: host_mod.RamInfo) -> Figure:
 
 
 def _gpu_entry(g, p: Preset) -> GPU:
-    from .gpu import GRAPH_LAUNCHES, LOOKAHEAD_SHAPE
+    from .gpu import GRAPH_LAUNCHES, LOOKAHEAD_CACHE, LOOKAHEAD_SHAPE
     i = g.identity
     c = g.curves
     link = f"{i.source} current link read under an H2D load (idle Gen{i.idle_gen}, max Gen{i.max_gen} x{i.max_width})"
@@ -336,6 +336,11 @@ def _gpu_entry(g, p: Preset) -> GPU:
                                     "(release, note, claim, copy) as in the decode graph, against the graph with the "
                                     "LRU step alone, CUDA events", g.lookahead_layer)
         if getattr(g, "lookahead_layer", None) is not None else None,
+        cache_layer_us=measured(g.cache_layer.median, f"kernels.lru lru_step and fill_slots (top-k, experts "
+                                f"{LOOKAHEAD_SHAPE[1:]}, {LOOKAHEAD_CACHE} slots, the ids repeated: hits) between "
+                                "small kernels in a CUDA graph, against the graph without them, CUDA events",
+                                g.cache_layer)
+        if getattr(g, "cache_layer", None) is not None else None,
         driver=i.driver)
 
 
