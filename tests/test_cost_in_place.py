@@ -381,6 +381,37 @@ def test_the_stager_starts_a_batchs_reads_one_after_another(tiny):
     assert slow[3] == pytest.approx(100e-6 + 3 * 10e-3 + one[3])        # the host, not the drive, sets the pace
 
 
+def test_demand_reads_share_the_drive_with_the_lookaheads_reads_in_flight(tiny, monkeypatch):
+    """A layer's demand reads land after the drive read them beside the lookahead's reads still on it: its times are
+    T(n + m) and T(1 + m) (the stager's host starts only the n); the reads still on it at a layer's router are the
+    batches for layers j .. j+d-1 issued when layer jj-d ended, each the part of it not yet landed. The drive's
+    busy time is the same; the token is slower than with the drive to the demand reads alone."""
+    p = tiny.replace(profile=with_stager(tiny.profile, 100.0, 70.0))
+    cm = CostModel(p)
+    F = len(p.mix.formats)
+    counts, beside = np.zeros((F, 1)), np.zeros((F, 1))
+    counts[0], beside[0] = 2.0, 3.0
+    got, drive = cm.staged_batch_seconds(counts, beside)
+    T, one = cm._cold_batch(counts + beside), cm._cold_batch(counts / 2.0 + beside)
+    assert drive[0] == pytest.approx(T[0]) and T[0] > cm._cold_batch(counts)[0]
+    assert got[0] == pytest.approx(100e-6 + max(T[0], 70e-6 + one[0]))
+    pre = np.zeros((F, 4))
+    pre[0] = (1.0, 2.0, 4.0, 8.0)
+    pre_n = np.array([1.0, 1.0, 2.0, 2.0])
+    # at layer 2's router (t = 3), depth 2: layer 2's batch issued when layer 0 ended (t = 1, lands at 3: none left),
+    # layer 3's when layer 1 ended (t = 2, lands at 4: half of it left)
+    out = cm._reads_in_flight(pre, pre_n, [1.0, 2.0], 2, 2, 3.0)
+    assert out[0] == pytest.approx(0.5 * 8.0) and not out[1:].any()
+    E = tiny.curves.n_experts
+    place = Placement((1, 1, 1), (3, 3, 3), (0, 0, 0), (True,) * len(p.dense_units), 2)       # ranks 4.. on NVMe
+    assert E > 4 and cm.in_place(place)
+    with_m = cm.predict(place)
+    monkeypatch.setattr(CostModel, "_reads_in_flight", staticmethod(lambda *a: np.zeros(F)))   # the demand reads alone
+    without = CostModel(p).predict(place)
+    assert with_m.decode_seconds["nvme"] > without.decode_seconds["nvme"] and with_m.decode_tok_s < without.decode_tok_s
+    assert with_m.decode_seconds["nvme_link"] == pytest.approx(without.decode_seconds["nvme_link"])
+
+
 def test_the_stagers_host_time_slows_a_token_but_not_the_drives_busy_time(tiny):
     E = tiny.curves.n_experts
     place = dataclasses.replace(in_place_placement(tiny), ram=(E - 5, E - 4, E - 3))

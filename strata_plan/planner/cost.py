@@ -39,7 +39,9 @@ them when layer j-d ends (the guesses reach the stager through a pinned ring), t
 layer waits for what has not landed:
     t += max(S(demand batch), done_{j-d} + S(lookahead batch) - t)      before the layer's MoE
     S(n) = wake + max(T(n), (n - 1) read + T(1))     the stager's host starts a batch's reads one after another
-(calibration `stager_wake_us`, `stager_read_us`); the NVMe busy time counts every read's T, wrong guesses included.
+(calibration `stager_wake_us`, `stager_read_us`); the demand batch shares the drive with the lookahead's reads still
+on it (the part of the batches for layers j..j+d-1 not landed at t: T(n + m), T(1 + m)); the NVMe busy time counts
+every read's T, wrong guesses included.
 
 The copy path is for several-GPU placements only (pipeline splits, `Placement.gpu_split`, `Placement.remote`: the
 engine does not run them, these are predictions). Misses are copied (b_r / H2D(b_r) on the pinned curve; while
@@ -493,19 +495,38 @@ class CostModel:
         reads = self.nvme_reads(self.decode_in_flight)
         return batch_seconds([reads[f] for f in self.problem.mix.formats], counts)
 
-    def staged_batch_seconds(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def staged_batch_seconds(self, counts: np.ndarray, beside: np.ndarray | None = None) -> tuple[np.ndarray,
+                                                                                                   np.ndarray]:
         """[L] seconds the device loop's stager takes to land batches of counts [F, L] expected NVMe reads, and [L]
         the drive's part. The stager's host starts a batch's reads one after another: the first `wake` after the
         request, each next `read` later, each read then taking the drive's time for one (T(1), the batch's mix of
         formats); the drive reads the batch together in T(n). n reads (n >= 1) land after
             wake + max(T(n), (n - 1) read + T(1))
-        and a fraction n < 1 (a read with probability n) after n (wake + T(1))."""
-        drive = self._cold_batch(counts)
+        and a fraction n < 1 (a read with probability n) after n (wake + T(1)). `beside` [F, L]: reads the drive
+        serves at the same time (the lookahead's still in flight): the drive's times are those of both together,
+        T(n + m) and T(1 + m)."""
+        more = 0.0 if beside is None else beside
+        drive = self._cold_batch(counts + more)
         n = counts.sum(axis=0)
-        one = self._cold_batch(counts / np.maximum(n, 1e-30))                # T(1) of the batch's mix
+        one = self._cold_batch(counts / np.maximum(n, 1e-30) + more)         # T(1) of the batch's mix
         wake, read = self.stager_host
         many = wake + np.maximum(drive, (n - 1.0) * read + one)
         return np.where(n <= 1.0, n * wake + drive, many), drive
+
+    @staticmethod
+    def _reads_in_flight(pre_counts: np.ndarray, pre_n: np.ndarray, moe_done: list[float], j: int, depth: int,
+                         t: float) -> np.ndarray:
+        """[F] the lookahead's NVMe reads still on the drive at time t (MoE layer j's router): the batches for
+        layers j .. j+d-1, each issued when layer jj-d ended and landing pre_n[jj] later, the part of each not yet
+        landed (its reads progressing together)."""
+        out = np.zeros(pre_counts.shape[0])
+        for jj in range(j, min(j + depth, len(pre_n))):
+            src = jj - depth
+            if 0 <= src < len(moe_done) and pre_n[jj] > 0:
+                left = (moe_done[src] + pre_n[jj] - t) / pre_n[jj]
+                if left > 0:
+                    out += min(1.0, left) * pre_counts[:, jj]
+        return out
 
     def prefill_in_flight(self, depth: int) -> int:
         """Experts in flight while prefill streams a layer: every staging slot."""
@@ -658,6 +679,7 @@ class CostModel:
             counts = np.array([(read_w * mask).sum(axis=1) for mask in self._format_masks])    # [F, L]
             (dem_n, dem_drive), (pre_n, pre_drive) = (self.staged_batch_seconds((1 - R) * counts),
                                                       self.staged_batch_seconds(R * (1 + waste) * counts))
+            inplace["dem_counts"], inplace["pre_counts"] = (1 - R) * counts, R * (1 + waste) * counts
             cold_read = (read_w * self.problem.rank_bytes).sum(axis=1)
         else:
             dem_drive, pre_drive = dem_n, pre_n
@@ -860,6 +882,11 @@ class CostModel:
             if j is not None and inplace is not None:    # in place: RAM and VRAM experts read side by side
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
                 wait = dem_n[j]                          # NVMe: the reads the router's ids ask for
+                if depth and "pre_counts" in inplace:    # ... beside the lookahead's reads still in flight
+                    out = self._reads_in_flight(inplace["pre_counts"], pre_n, moe_done, j, depth, t)
+                    if out.any():
+                        wait = float(self.staged_batch_seconds(inplace["dem_counts"][:, j:j + 1],
+                                                               out[:, None])[0][0])
                 if depth and j >= depth:                 # ... and the lookahead's, issued when layer j-d ended
                     wait = max(wait, moe_done[j - depth] + pre_n[j] - t)
                 if wait > 0:
