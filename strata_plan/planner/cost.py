@@ -896,11 +896,11 @@ class CostModel:
                 left = copies.take(t, j)                 # the lookahead's copy not landed: read in place
                 moved, landed = self._landed(inplace, j, left)
                 inplace["moved"][j], inplace["landed"][j] = moved, landed
+                t += inplace["residency"][j]             # the cache step and the fill's launch (or the use count)
                 nb = inplace["bytes"][j] + (1.0 - landed) * inplace["share"][j]
                 t_ram = copies.beside(t, nb / self.zero_copy(nb)) if nb > 0 else 0.0    # beside queued copies
                 sec["pcie"] += t_ram                     # the reads (or the LRU's fill), then the call's own time
                 t += t_exp[j] + t_ram + inplace["lookahead"][j]   # the gates run after the layer, then issue copies
-                t += inplace["residency"][j]             # the cache step and fill (or the use count) before the call
                 sec["overhead"] += inplace["lookahead"][j] + inplace["residency"][j]
                 sec["lookahead_gpu"] += inplace["lookahead"][j]
                 sec["residency_gpu"] += inplace["residency"][j]
