@@ -22,7 +22,8 @@ def tiers_by_hand(plan, vram_share: float, cache: int, fmt: str | None = None):
 
 def forced_depth(plan, depth: int):
     """`plan` with lookahead `depth` (VRAM landing slots and the pinned staging cache grown to match), its prediction
-    kept from the plan as made: a configuration the planner did not choose, run to see what lookahead does."""
+    kept from the plan as made: a configuration the planner did not choose, run to see what lookahead does. No expert
+    moves out to make room: the grown slots come on top of the plan's VRAM and RAM budgets (rows say so)."""
     from strata_plan.core.lookahead import pinned_staging_slots, staging_slots
     st = plan.staging
     st = dataclasses.replace(st, vram_slots=max(st.vram_slots, staging_slots(plan.top_k, depth)),
