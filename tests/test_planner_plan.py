@@ -166,6 +166,8 @@ def test_bad_input_is_one_line_exit_2_and_no_file(capsys, tiny_files, tmp_path):
     assert "unknown prior" in _bad(capsys, tmp_path, "--profile", "rtx-4090", "--model", model, "--prior", "zipfy", *small)
     assert "--trials" in _bad(capsys, tmp_path, "--profile", "rtx-4090", "--model", model, "--trials", "0")
     assert "--context" in _bad(capsys, tmp_path, "--profile", "rtx-4090", "--model", model, "--context", "0")
+    assert "--depth" in _bad(capsys, tmp_path, "--profile", "rtx-4090", "--model", model, "--stats", trace, "--depth",
+                             "99", *small)
     host = to_data(load_profile("rtx-4090"))
     host.update(gpus=[])
     (tmp_path / "host.yaml").write_text(yaml.safe_dump(host))

@@ -89,6 +89,21 @@ def test_same_seed_same_plan(three_layers):
     assert a.placement == b.placement and a.knobs == b.knobs and a.score == b.score
 
 
+def test_a_fixed_depth_is_the_plans_depth_within_the_same_budget(three_layers):
+    """`Problem.depth` (`strata-plan plan --depth`): the trials, the greedy start, the depth sweep and the polish all
+    keep that depth; the plan fits the same budget (its staging slots paid for there); out of the statistics'
+    range: one line naming --depth."""
+    top = three_layers.curves.max_depth
+    assert top >= 1
+    for d in range(top + 1):
+        fixed = three_layers.replace(depth=d)
+        r = search(fixed, trials=12, seed=3)
+        assert r.best.placement.prefetch_depth == d and r.best.knobs.prefetch_depth == d
+        assert r.best.footprint.fits(fixed.budget) and r.greedy.placement.prefetch_depth == d
+    with pytest.raises(UserError, match="--depth"):
+        search(three_layers.replace(depth=top + 1), trials=2)
+
+
 def test_study_resumes_from_sqlite(three_layers, tmp_path):
     db = tmp_path / "study.db"
     first = search(three_layers, trials=6, seed=3, study_db=str(db))

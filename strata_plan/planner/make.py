@@ -58,9 +58,11 @@ def sources_of(problem, stats_path: str | None, prior: str | None, gpu_preset: s
 def make_problem(profile: str, model: str, stats: str | None = None, prior: str | None = None,
                  gpu_preset: str | None = None, context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
                  vram_gb: float | tuple | None = None, ram_gb: float | None = None, nvme_gb: float | None = None,
-                 prior_seed: int = 0, prior_tokens: int | None = None, gpus: int | None = None) -> Problem:
+                 prior_seed: int = 0, prior_tokens: int | None = None, gpus: int | None = None,
+                 depth: int | None = None) -> Problem:
     """The planning problem from names and paths. `vram_gb`: one budget, or one per GPU (`--vram-gb 24,24`);
-    `gpus`: how many of the profile's GPUs to plan over (default: as many as `vram_gb` lists, else all)."""
+    `gpus`: how many of the profile's GPUs to plan over (default: as many as `vram_gb` lists, else all); `depth`: the
+    lookahead depth held fixed (None: searched)."""
     from strata_plan.core.spec import load_spec
     spec = load_spec(model)
     prof = load_machine(profile, gpu_preset)
@@ -68,7 +70,7 @@ def make_problem(profile: str, model: str, stats: str | None = None, prior: str 
     if gpus is None and not isinstance(vram_gb, (tuple, list)):
         gpus = max(1, prof.n_gpus)
     return Problem(spec, prof, routing_stats, Budget.from_profile(prof, vram_gb, ram_gb, nvme_gb, gpus=gpus), context,
-                   chunk)
+                   chunk, depth=depth)
 
 
 def plan_from_result(problem: Problem, result: SearchResult, sources: Sources, cost: CostModel) -> Plan:
@@ -81,10 +83,11 @@ def make_plan(profile: str, model: str, stats: str | None = None, prior: str | N
               gpu_preset: str | None = None, context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
               trials: int = DEFAULT_TRIALS, objective: str = "decode", mix_weight: float = 0.5, vram_gb: float | tuple | None = None,
               ram_gb: float | None = None, nvme_gb: float | None = None, study_db: str | None = None, seed: int = 0,
-              on_trial=None, gpus: int | None = None) -> Plan:
-    """Search the best placement and return it as a Plan (see module docstring)."""
+              on_trial=None, gpus: int | None = None, depth: int | None = None) -> Plan:
+    """Search the best placement and return it as a Plan (see module docstring); `depth`: the lookahead depth held
+    fixed (None: searched)."""
     problem = make_problem(profile, model, stats, prior, gpu_preset, context, chunk, vram_gb, ram_gb, nvme_gb,
-                           gpus=gpus)
+                           gpus=gpus, depth=depth)
     cost = CostModel(problem)
     result = search_ladder(problem, trials=trials, seed=seed, objective=objective, mix_weight=mix_weight,
                            study_db=study_db, cost=cost, on_trial=on_trial)

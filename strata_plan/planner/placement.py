@@ -345,8 +345,10 @@ def staged(problem, split: tuple[int, ...] = ()) -> bool:
 
 def greedy_knobs(problem) -> Knobs:
     """The greedy popularity baseline: as many dense units resident as fit, the same number of hot experts in
-    every layer, no dynamic cache, one layer of lookahead when the statistics describe it."""
-    depth = min(1, problem.curves.max_depth)
+    every layer, no dynamic cache, one layer of lookahead when the statistics describe it (the problem's fixed
+    depth when it has one)."""
+    lo, hi = problem.depths
+    depth = min(max(1, lo), hi)
     L, n = problem.curves.n_layers, len(problem.dense_units)
     share = 1.0 / problem.n_gpus if problem.n_gpus > 1 else None      # several GPUs: an even pipeline split
     split = split_points(problem.spec.n_layers, problem.n_gpus, share)

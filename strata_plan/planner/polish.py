@@ -62,7 +62,8 @@ def _apply(problem, p: Placement, move: tuple) -> Placement | None:
         return _shift(p, arg)
     if kind == "depth":
         d = p.prefetch_depth + arg
-        return dataclasses.replace(p, prefetch_depth=d) if 0 <= d <= problem.curves.max_depth else None
+        lo, hi = problem.depths
+        return dataclasses.replace(p, prefetch_depth=d) if lo <= d <= hi else None
     if kind == "spill":                              # the layer's next expert becomes static, held by the partner
         l, d = arg                                   # GPU (+1), or its least used remote expert leaves VRAM (-1)
         rem = list(p.remote or (0,) * p.n_layers)

@@ -34,6 +34,7 @@ class Problem:
     # the engine computes the lookahead's gates (its own router); False: replayed routing hands the guesses over (the
     # benchmarks of synthetic models), no gate runs (cost.CostModel.lookahead_gpu_seconds)
     lookahead_gates: bool = True
+    depth: int | None = None    # the lookahead depth held fixed (`strata-plan plan --depth`); None: searched
 
     def __post_init__(self) -> None:
         s, st = self.spec, self.stats
@@ -72,6 +73,18 @@ class Problem:
     @cached_property
     def curves(self) -> RankCurves:
         return RankCurves(self.stats)
+
+    @property
+    def depths(self) -> tuple[int, int]:
+        """The lookahead depths a search may choose, (lowest, highest): `depth` alone when fixed, else 0 .. the
+        statistics' deepest lookahead."""
+        top = self.curves.max_depth
+        if self.depth is None:
+            return 0, top
+        if not 0 <= self.depth <= top:
+            raise UserError("--depth", str(self.depth), f"out of range: the routing statistics describe lookahead "
+                            f"depths 0 to {top}", f"pass --depth between 0 and {top}")
+        return self.depth, self.depth
 
     @cached_property
     def rank_formats(self) -> tuple[str, ...]:

@@ -75,6 +75,7 @@ def study_name(problem, objective: str, mix_weight: float, seed: int) -> str:
     ident = {"model": problem.spec.config_sha256, "profile": to_data(problem.profile),
              "stats": [st.source, st.source_sha256, st.kind, getattr(st, "tokens", 0)],
              "budget": [b.vram, b.ram, b.nvme, b.reserve] + ([list(b.gpus)] if b.gpus else []), "context": problem.context, "chunk": problem.prefill_chunk,
+             **({"depth": problem.depth} if problem.depth is not None else {}),
              "mix": list(problem.mix.fractions), "objective": objective, "w": mix_weight, "seed": seed}
     h = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{problem.spec.name}-{problem.profile.name}-{objective}-{h}"
@@ -86,7 +87,7 @@ def search(problem, trials: int = DEFAULT_TRIALS, seed: int = 0, objective: str 
            polish_evals: int = 400) -> SearchResult:
     """Best placement found by `trials` TPE trials (a resumed study runs only the missing ones), its knobs tried at
     every lookahead depth (the tree sampler can settle on one depth early: the depth changes what else fits, as the
-    staging slots take VRAM), then polished by hill-climbing on per-layer counts with at most `polish_evals`
+    staging slots take VRAM; `problem.depth` holds it at one), then polished by hill-climbing on per-layer counts with at most `polish_evals`
     cost-model calls."""
     _check(objective, trials, mix_weight)
     cost = cost or CostModel(problem)
@@ -95,6 +96,8 @@ def search(problem, trials: int = DEFAULT_TRIALS, seed: int = 0, objective: str 
     study, seen = _run_study(problem, cost, trials, seed, objective, mix_weight, study_db, greedy.knobs,
                              start_knobs, on_trial)
     candidates = [*seen.values(), greedy]
+    if start is not None and problem.depth is not None:           # a start found at another depth: at this one
+        start = dataclasses.replace(start, prefetch_depth=problem.depth)
     if start is not None:
         candidates.append(_candidate(problem, cost, None, start, objective, mix_weight))
     feasible = [c for c in candidates if c.footprint.fits(problem.budget)]
@@ -102,8 +105,9 @@ def search(problem, trials: int = DEFAULT_TRIALS, seed: int = 0, objective: str 
         _no_fit(problem, greedy)
     best = max(feasible, key=lambda c: c.score)          # ties: the first (greedy before trials, trials in order)
     if best.knobs is not None:     # the best knobs at every lookahead depth: a depth pays only where its copies beat
+        lo, hi = problem.depths
         depths = [evaluate(problem, cost, dataclasses.replace(best.knobs, prefetch_depth=d), objective, mix_weight)
-                  for d in range(problem.curves.max_depth + 1) if d != best.knobs.prefetch_depth]
+                  for d in range(lo, hi + 1) if d != best.knobs.prefetch_depth]
         best = max([best] + [c for c in depths if c.footprint.fits(problem.budget)], key=lambda c: c.score)
     polished = 0
     if polish_evals > 0:
@@ -135,12 +139,12 @@ def _run_study(problem, cost, trials, seed, objective, mix_weight, study_db, gre
     order (trials of an earlier session are re-evaluated: the cost model is deterministic)."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    budget, max_depth = problem.budget, problem.curves.max_depth
+    budget, depths = problem.budget, problem.depths
     seen: dict[int, Candidate] = {}
 
     def objective_fn(trial) -> float:
         kn = Knobs(trial.suggest_float("dense_share", 0.0, 1.0), trial.suggest_float("cache_bias", 0.0, CACHE_BIAS_MAX),
-                   trial.suggest_float("skew_weight", 0.0, 1.0), trial.suggest_int("prefetch_depth", 0, max_depth),
+                   trial.suggest_float("skew_weight", 0.0, 1.0), trial.suggest_int("prefetch_depth", *depths),
                    trial.suggest_float("gpu_split", 0.0, 1.0) if problem.n_gpus > 1 else None,
                    trial.suggest_float("staging_share", 0.0, 0.5) if staged(problem) else None)
         c = evaluate(problem, cost, kn, objective, mix_weight)
@@ -165,7 +169,7 @@ def _run_study(problem, cost, trials, seed, objective, mix_weight, study_db, gre
         if not study.trials:
             study.enqueue_trial(greedy_knobs_.as_params())
             if start_knobs is not None:
-                study.enqueue_trial(_clip(start_knobs, max_depth, problem.n_gpus).as_params())
+                study.enqueue_trial(_clip(start_knobs, depths, problem.n_gpus).as_params())
         done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
         if trials > done:
             study.optimize(objective_fn, n_trials=trials - done, gc_after_trial=False)
@@ -192,12 +196,12 @@ def _no_fit(problem, greedy: Candidate):
                     f"needed in {tier}" + (f"; {fmt_bytes(have)} is all the machine has" if full else "") + ")", fix)
 
 
-def _clip(k: Knobs, max_depth: int, n_gpus: int = 1) -> Knobs:
+def _clip(k: Knobs, depths: tuple[int, int], n_gpus: int = 1) -> Knobs:
     """Knobs in this problem's ranges (several GPUs: a one-GPU start keeps every layer on the first, share 1)."""
     clamp = lambda v, hi=1.0: min(max(float(v), 0.0), hi)  # noqa: E731
     split = (1.0 if k.gpu_split is None else clamp(k.gpu_split)) if n_gpus > 1 else None
     return Knobs(clamp(k.dense_share), clamp(k.cache_bias, CACHE_BIAS_MAX), clamp(k.skew_weight),
-                 min(max(int(k.prefetch_depth), 0), max_depth), split,
+                 min(max(int(k.prefetch_depth), depths[0]), depths[1]), split,
                  None if k.staging_share is None else clamp(k.staging_share, 0.5))
 
 
