@@ -7,11 +7,13 @@ on-demand baselines built from the same plan.
 The plans (`tests/data/plan-kimi5-h200-{ramrich,seed}.yaml`) come from
 `strata-plan plan --model kimi-k3.1-pro --moe-layers 5 --profile h200 --prior olmoe-like --trials 60 --seed 0
 --context 1024 --vram-gb 11 --ram-gb 60 --nvme-gb 0` (RAM-rich: 48% of routed accesses from VRAM, static or the
-30-slot LRU, the rest in place from pinned RAM; lookahead depth 1 with partial landing, predicted 105.2 tok/s on the
-shipped h200 profile against 101.2 in its LRU-only mode) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget;
+30-slot LRU, the rest in place from pinned RAM; lookahead depth 1 with partial landing, predicted 104.8 tok/s on the
+shipped h200 profile against 100.8 in its LRU-only mode) and `... --ram-gb 11.5 --nvme-gb 60` (the seed's budget;
 planned for the engine, whose NVMe experts are staged in pinned RAM: 49% of routed accesses from VRAM, 14% pinned RAM,
-37% NVMe, a 77-slot staging cache). Where a plan has no lookahead, `<plan>_forced_d<D>` runs it with depth D
-(--forced-depth-ramrich, --forced-depth; labelled forced: the planner did not choose it), in its mode `plan` only,
+37% NVMe, a 77-slot staging cache). Where a plan has no lookahead, `<plan>_forced_d<D>` runs the same budget at depth D
+(--forced-depth-ramrich, --forced-depth; labelled forced: the planner did not choose it): the plan made by the same
+command with `--depth D` where PLANS_DIR has it (`plan-kimi5-h200-seed-depth2.yaml`: within the budgets), else the
+plan with its staging slots grown on top of them (`_plans.forced_depth`); in its mode `plan` only,
 against its plan's LRU-only row (`<forced>.plan_over_lru`); --copy-programs adds the same with the lookahead's copy kernel
 at other block counts (`<forced>_p<N>`); --whole-landing runs every lookahead row (planned or forced) again with whole
 experts only (`<name>_whole`: no partial landing, kernels.prefetch), mode `plan`, against its plan's LRU-only row. The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
@@ -170,7 +172,9 @@ def main() -> int:
             stem = f"{base}_forced_d{depth}"              # the same budget with a lookahead depth the planner did not pick
             path = Path(a.out_dir or ".") / f"plan-kimi5-h200-{stem}.yaml"
             path.parent.mkdir(parents=True, exist_ok=True)
-            plan = forced_depth(plans[base], depth)
+            planned = PLANS_DIR / f"plan-kimi5-h200-{base}-depth{depth}.yaml"     # `strata-plan plan --depth`
+            shipped = paths[base] == PLANS.get(base) and planned.exists()        # (only beside the shipped plan)
+            plan = load_plan(planned) if shipped else forced_depth(plans[base], depth)
             save_plan(plan, path)
             for p in (int(x) for x in a.copy_programs.split(",")):
                 name = stem + (f"_p{p}" if p else "")
@@ -183,7 +187,8 @@ def main() -> int:
             whole_only.add(whole)
     first = next(iter(plans.values()))
     for k, p in plans.items():
-        assert all(l.formats == l0.formats for l, l0 in zip(p.layers, first.layers)), f"{k}: other formats"
+        assert all(l.format_of(e) == l0.format_of(e) for l, l0 in zip(p.layers, first.layers)
+                   for e in range(p.n_experts)), f"{k}: other formats"          # one packed folder serves them all
     folder = Path(a.dir)
     out, metrics = {}, {}
     skipped: list[str] = []

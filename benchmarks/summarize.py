@@ -138,7 +138,7 @@ HEADLINES = (
     ("engine", "seed.plan.over_bound", "seed plan / the drive's bound (plain O_DIRECT over the NVMe bytes used a token; issue 42: >= 0.9)", (">=", 0.9)),
     ("engine", "seed.plan_over_ondemand", "seed plan / on-demand, MEASURED in the same run", None),
     ("engine", "seed.plan_over_ondemand_predicted", "same, PREDICTED", None),
-    ("engine", "seed_forced_d2.plan.decode_tok_s", "seed budget, lookahead depth 2 forced (the planner picks 0; its staging slots on top of the budget): MEASURED decode tok/s (its own run)", None),
+    ("engine", "seed_forced_d2.plan.decode_tok_s", "seed budget, lookahead depth 2 forced (the planner picks 0; `plan --depth 2` within the budget from 3c19318 on, before it the slots on top): MEASURED decode tok/s (its own run)", None),
     ("engine", "seed_forced_d2.plan.over_bound", "same / the drive's bound in that run", None),
     ("engine-trained", "ramrich.plan.decode_tok_s_measured", "engine, trained bench-moe (own router), RAM-rich plan: MEASURED decode tok/s", None),
     ("engine-trained", "ramrich.plan.decode_tok_s_predicted", "same plan: PREDICTED decode tok/s", None),
