@@ -677,9 +677,9 @@ class CostModel:
             cold_w = x["cold_w"].T                                  # [L, E] NVMe misses a token, by rank
             read_w = cold_w * self.staging_miss(placement, cold_w)
             counts = np.array([(read_w * mask).sum(axis=1) for mask in self._format_masks])    # [F, L]
-            (dem_n, dem_drive), (pre_n, pre_drive) = (self.staged_batch_seconds((1 - R) * counts),
-                                                      self.staged_batch_seconds(R * (1 + waste) * counts))
             inplace["dem_counts"], inplace["pre_counts"] = (1 - R) * counts, R * (1 + waste) * counts
+            (dem_n, dem_drive), (pre_n, pre_drive) = (self.staged_batch_seconds(inplace["dem_counts"]),
+                                                      self.staged_batch_seconds(inplace["pre_counts"]))
             cold_read = (read_w * self.problem.rank_bytes).sum(axis=1)
         else:
             dem_drive, pre_drive = dem_n, pre_n
