@@ -4,7 +4,7 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] [TRAIN_S=170] [SKIP=transformers,equivalence] \
-#     [STEP_KERNELS=1] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
+#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN=seed]] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
 # Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -42,11 +42,14 @@ timeout "$(left $END)" python3 benchmarks/bench_trained.py --work "$W" --out-dir
   --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} ${SKIP:+--skip "$SKIP"} \
   --deadline-s "$(left $((END - 25)))" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
 [ -n "${tests-}" ] && { wait "$tests"; cat "$OUT/gpu_tests.summary"; }
-# STEP_KERNELS=1: the trained RAM-rich plan's decode token kernel by kernel (benchmarks/tools/step_kernels.py), by
-# STEP_KERNELS_RUNS (default on-demand,lru,plan:1), each run in its own process: step_kernels-trained.log and .json
-if [ -n "${STEP_KERNELS-}" ] && [ -d "$W/packed-ramrich" ]; then
-  OUT="$OUT" timeout "$(left 590)" python3 benchmarks/tools/step_kernels.py --packed "$W/packed-ramrich" \
-    --plan "$W/plan-ramrich.yaml" --runs "${STEP_KERNELS_RUNS:-on-demand,lru,plan:1}" --reps 10 \
+# STEP_KERNELS=1: the trained plan STEP_KERNELS_PLAN's (ramrich, default, or seed) decode token kernel by kernel
+# (benchmarks/tools/step_kernels.py), by STEP_KERNELS_RUNS (default on-demand,lru,plan:1), each run in its own process:
+# step_kernels-trained.log and .json. The seed plan's replays find their experts staged after the first (no waits).
+SKP=${STEP_KERNELS_PLAN:-ramrich}
+SKD=$W/packed-$SKP; [ -d "$SKD" ] || SKD=$W/packed-ramrich          # a plan packed like the RAM-rich one shares it
+if [ -n "${STEP_KERNELS-}" ] && [ -d "$SKD" ]; then
+  OUT="$OUT" timeout "$(left 590)" python3 benchmarks/tools/step_kernels.py --packed "$SKD" \
+    --plan "$W/plan-$SKP.yaml" --runs "${STEP_KERNELS_RUNS:-on-demand,lru,plan:1}" --reps 10 \
     >"$OUT/step_kernels-trained.log" 2>&1
   grep -E "wall" "$OUT/step_kernels-trained.log"
 fi

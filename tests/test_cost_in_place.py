@@ -54,7 +54,7 @@ def by_hand(p, place: Placement, zc_gbps, warm_bytes=None) -> tuple[float, list[
     reads and the embedding row), whichever is longer. `warm_bytes` [L] (a placement with cache slots: the misses
     after the cache): the same sum (the device LRU's fill, then the kernel). Every MoE layer adds its residency
     kernels: the device LRU's step and fill (the profile's cache_layer) where the plan has cache slots, else the use
-    count at the launch floor."""
+    count at the launch floor; with an NVMe tier (RAM and VRAM short of the experts) the stager's handshake too."""
     spec, gpu, cal = p.spec, p.profile.gpu, p.profile.calibration
     E, k, ctx = p.curves.n_experts, spec.top_k, p.context
     hbm = gpu.hbm_gbps.value * 1e9 * cal.hbm_efficiency.value
@@ -76,7 +76,9 @@ def by_hand(p, place: Placement, zc_gbps, warm_bytes=None) -> tuple[float, list[
                     2.0 * k * spec.expert_params / flops)
         layers.append((t_ram, t_exp))
         cached = place.cache is not None and any(c > 0 for c in place.cache)
+        staged = any(v + m < E for v, m in zip(place.vram, place.ram))
         t += t_ram + t_exp + (gpu.cache_layer() if cached else gpu.launch_us()).value * 1e-6
+        t += gpu.stage_layer().value * 1e-6 if staged else 0.0
         link += t_ram
     t += max(p.dense_units[-1] / hbm, 2.0 * p.head_params / flops)
     row = 2 * spec.hidden
@@ -253,12 +255,13 @@ def test_each_moe_layer_costs_its_residency_kernels(tiny):
     """The device loop's residency kernels on each MoE layer's main stream: the device LRU's step and fill (the
     profile's `cache_layer_us`) in every layer where the plan has cache slots (the store's one LRU steps them all),
     else the use count (one launch at `graph_launch_us`); the same at any lookahead depth (resolve's part is
-    `lookahead_layer_us`)."""
+    `lookahead_layer_us`); with an NVMe tier the stager's handshake on top (`stage_layer_us`) in every layer."""
     from strata_plan.profiles.schema import Figure
     g = tiny.profile.gpu
-    for us, lru_us in ((2.0, 5.0), (1.0, 9.0)):
+    for us, lru_us, stage_us in ((2.0, 5.0, 3.0), (1.0, 9.0, 11.0)):
         gpu = dataclasses.replace(g, graph_launch_us=Figure(us, "measured", "test", "2026-12-06"),
-                                  cache_layer_us=Figure(lru_us, "measured", "test", "2026-12-06"))
+                                  cache_layer_us=Figure(lru_us, "measured", "test", "2026-12-06"),
+                                  stage_layer_us=Figure(stage_us, "measured", "test", "2026-12-06"))
         p = tiny.replace(profile=dataclasses.replace(tiny.profile, gpus=(gpu,)))
         cm = CostModel(p)
         base = dataclasses.replace(in_place_placement(p, (3, 0, 1)), cache=(2, 0, 3))
@@ -267,6 +270,12 @@ def test_each_moe_layer_costs_its_residency_kernels(tiny):
             assert got == pytest.approx(3 * lru_us * 1e-6, rel=1e-12)
         none = dataclasses.replace(base, cache=(0, 0, 0))
         assert cm.predict(none).decode_seconds["residency_gpu"] == pytest.approx(3 * us * 1e-6, rel=1e-12)
+        E = p.curves.n_experts                     # ranks 4.. on NVMe: the handshake in every layer, slots or not
+        for cache, each in (((2, 0, 3), lru_us), ((0, 0, 0), us)):
+            nvme = dataclasses.replace(base, vram=(1, 1, 1), ram=(3, 3, 3), cache=cache)
+            assert E > 4 and cm._staged(nvme) and not cm._staged(base)
+            got = cm.predict(nvme).decode_seconds["residency_gpu"]
+            assert got == pytest.approx(3 * (each + stage_us) * 1e-6, rel=1e-12)
         assert 1 / cm.predict(base).decode_tok_s > 1 / CostModel(tiny.replace(profile=dataclasses.replace(
             tiny.profile, gpus=(dataclasses.replace(gpu, cache_layer_us=Figure(0.0, "measured", "t", "2026-12-06")),)))
         ).predict(base).decode_tok_s

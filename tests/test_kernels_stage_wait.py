@@ -177,3 +177,29 @@ def test_after_the_lru_step_an_admitted_nvme_expert_is_read_from_staging_into_sr
         _wait(kernel, buf, ids, 0, cb, hv, max_spins=5)
         assert int(cb.table[0, 9]) == 9 * 4096 and int(cb.src[0, 9]) == STAGE + 9 * 4096
         assert hv.ring[1, 2:2 + K].tolist() == [9, -1, -1, -1] and cb.counts[0, :3].tolist() == [1, 4096 * 3, 0]
+
+
+def test_the_profilers_handshake_probe_reads_every_id_from_staging_and_never_waits():
+    """What `profiler.gpu.stage_layer_us` runs: `probe_block` publishes every expert as staged, so `stage_wait` points
+    each routed id at its staging address without a wait, and `stage_done` writes the guesses and DONE, token after
+    token (the ring's rows reused)."""
+    from strata_plan.profiler.gpu import LOOKAHEAD_SHAPE, STAGE_GUESSES
+    _, k, e = LOOKAHEAD_SHAPE
+    layers, w, rows = 4, 2 * k, 8
+    g = STAGE_GUESSES * w
+    arena, cb, hv, _ = sw.probe_block(layers, e, k, g, rows, DEV)
+    ids = torch.arange(k, dtype=torch.int64, device=DEV)
+    gids = torch.arange(g, dtype=torch.int64, device=DEV) % e
+    for token in range(3):
+        for j in range(layers):
+            sw.stage_wait(arena, ids, j, cb, max_spins=10)
+            sw.stage_done(arena, j, cb, k, gids, torch.ones(g, device=DEV), per_layer=w)
+    _sync()
+    s = 3 * layers
+    assert int(hv.words[sw.REQ]) == int(hv.words[sw.DONE]) == s and int(hv.words[sw.ERR]) == 0
+    assert cb.counts[:, sw.USES].tolist() == [3 * k] * layers and int(cb.counts[:, sw.WAITED].sum()) == 0
+    assert (cb.table[:, :k] == sw.PROBE_STAGED).all()
+    row = hv.ring[s % rows]
+    assert row[:2 + k].tolist() == [s, layers - 1, *range(k)]
+    assert (row[2 + k:] == -1).all()          # the last layer's guesses point past the model: none to read
+    assert hv.ring[(s - 1) % rows][2 + k:2 + k + w].tolist() == list(range(w))

@@ -32,6 +32,8 @@ def test_measure_gpu_small():
     assert r.graph_launch.median < r.lookahead_layer.median < 200
     assert r.cache_layer is not None, r.notes                                  # us a MoE layer: two launches
     assert r.graph_launch.median < r.cache_layer.median < 200
+    assert r.stage_layer is not None, r.notes                                  # us a MoE layer: two launches, PCIe
+    assert r.graph_launch.median < r.stage_layer.median < 200
 
 
 def test_full_profile_entry_loads():

@@ -112,7 +112,8 @@ def test_the_graph_launch_floor_goes_into_the_entry_and_an_absent_one_is_the_est
 
 
 @pytest.mark.parametrize("field, figure, source", [("lookahead_layer", "lookahead_layer_us", "resolve_step (slots"),
-                                                    ("cache_layer", "cache_layer_us", "lru_step and fill_slots")])
+                                                    ("cache_layer", "cache_layer_us", "lru_step and fill_slots"),
+                                                    ("stage_layer", "stage_layer_us", "stage_wait and stage_done")])
 def test_the_main_stream_kernel_probes_go_into_the_entry_and_an_absent_one_is_the_estimate(tmp_path, field, figure,
                                                                                            source):
     entry = run._gpu_entry(dataclasses.replace(fake_result(False), **{field: Stats((7.0, 7.5, 6.5))}), run.QUICK)

@@ -336,3 +336,34 @@ def reference_done(j: int, cb: ControlBlock, hv: HostViews, K: int, gids: torch.
         hv.ring[s % cb.rows, 2 + K:2 + K + cb.guesses] = keep
         hv.scores[s % cb.rows] = gscores.reshape(-1).float().cpu().numpy()
     hv.words[DONE] = s
+
+
+# ---- a block to time the handshake on (profiler.gpu.stage_layer_us) ----------------------------------------
+
+PROBE_STAGED = 1 << 30          # the arena-relative address every probe expert is published at (never dereferenced)
+
+
+def probe_block(L: int, E: int, K: int, G: int, R: int, device) -> tuple[torch.Tensor, ControlBlock, HostViews,
+                                                                           torch.Tensor]:
+    """(arena, control block, host views, the pinned block) for timing `stage_wait` / `stage_done` with nothing to
+    wait for: L layers of E experts, every one on NVMe and published as staged (`ready` = PROBE_STAGED), none in
+    VRAM, top-K, G guesses a layer, R ring rows. On a GPU the block is pinned host memory reached from a small
+    device arena by its offset (unified addressing), as the engine lays them out; on a CPU one buffer holds both."""
+    lay = block_layout(L, E, K, G, R)
+    poison = 0                                  # the arena's only slot: table entries at or past it are not VRAM
+    if torch.device(device).type == "cuda":
+        arena = torch.zeros(4096, dtype=torch.uint8, device=device)
+        block = torch.zeros(lay["size"], dtype=torch.uint8, pin_memory=True)
+        base = block.data_ptr() - arena.data_ptr()
+    else:
+        arena = torch.zeros(4096 + lay["size"], dtype=torch.uint8)
+        block, base = arena[4096:], 4096
+    hv = host_views(block, L, E, K, G, R)
+    hv.ready[:] = PROBE_STAGED
+    i64 = dict(dtype=torch.int64, device=device)
+    cb = ControlBlock(seq=torch.zeros(1, **i64), tier=torch.full((L, E), NVME, dtype=torch.int8, device=device),
+                      table=torch.full((L, E), PROBE_STAGED, **i64), src=None, admit=None,
+                      nbytes=torch.full((L, E), 4096, **i64), counts=torch.zeros((L, 4), **i64),
+                      words_at=base + lay["words"], ready_at=base + lay["ready"], ring_at=base + lay["ring"],
+                      scores_at=base + lay["scores"], rows=R, guesses=G, cached_hi=poison, poison=poison)
+    return arena, cb, hv, block

@@ -25,7 +25,8 @@ benchmarks/tools/inplace_probe.py); with cache slots the device LRU first copies
 (the same bytes over the link), then the kernel reads VRAM, the same sum:
     t += t_ram + t_exp_j      t_ram = warm bytes_j / R_zc(warm bytes_j)
 the device LRU's step and fill before the call (the profile's measured cache_layer_us, every layer where the plan has
-cache slots; without any, the routed ids counted on the device, a launch at the floor): t += residency_gpu_seconds_j;
+cache slots; without any, the routed ids counted on the device, a launch at the floor; with an NVMe tier the stager's
+handshake too, the profile's measured stage_layer_us): t += residency_gpu_seconds_j;
 with lookahead the layer then runs the slot kernels on the main stream: t += lookahead_gpu_seconds_j (resolve at the
 profile's measured lookahead_layer_us, release on the side stream; with an NVMe tier also the gates of every depth,
 their launches at graph_launch_us, counted in core.lookahead, plus their router bytes over HBM; without one the gate
@@ -286,10 +287,14 @@ class CostModel:
         """[L] GPU seconds the device loop's residency kernels take on each MoE layer's main stream: where the plan
         has cache slots (in any layer: the store's one device LRU steps every layer) the LRU's step and fill (the
         profile's measured `cache_layer_us`, else an estimate: their fixed part; the bytes a fill copies are the
-        layer's reads), else the routed ids counted on the device (one launch at the floor). With lookahead `resolve`
-        runs in the LRU step's launch and adds `lookahead_layer_us` (lookahead_gpu_seconds)."""
+        layer's reads), else the routed ids counted on the device (one launch at the floor); with an NVMe tier also the
+        stager's handshake in every MoE layer (`stage_wait`, `stage_done`: the profile's measured `stage_layer_us`,
+        else an estimate; their fixed part, the waits are the reads'). With lookahead `resolve` runs in the LRU step's
+        launch and adds `lookahead_layer_us` (lookahead_gpu_seconds)."""
         cached = bool(np.any(np.asarray(placement.cache) > 0))
         each = self.gpu.cache_layer().value * 1e-6 if cached else self.launch
+        if self._staged(placement):
+            each += self.gpu.stage_layer().value * 1e-6
         return np.full(len(placement.cache), each)
 
     def side_start_seconds(self, placement) -> float:

@@ -84,6 +84,7 @@ class GpuResult:
     graph_launch: Stats | None = None       # us of one small kernel replayed in a CUDA graph (None: not measured)
     lookahead_layer: Stats | None = None    # us the lookahead's slot kernels add to a MoE layer (None: not measured)
     cache_layer: Stats | None = None        # us the device LRU's step and fill add to a MoE layer (None: not measured)
+    stage_layer: Stats | None = None        # us the NVMe stager's handshake adds to a MoE layer (None: not measured)
 
 
 # ---------------------------------------------------------------- timing
@@ -509,6 +510,41 @@ def cache_layer_us(repeats: int) -> Stats:
     return out
 
 
+STAGE_GUESSES = 2              # the handshake probe's lookahead depth: stage_done writes 2 x (2 top-k) guesses a layer
+
+
+def stage_layer_us(repeats: int) -> Stats:
+    """Microseconds the device loop's handshake with the NVMe stager adds to a MoE layer's main stream (an NVMe tier:
+    engine/staging.py): `kernels.stage_wait.stage_wait` (the request row and REQ stored to pinned host memory, a
+    system-scope fence, the routed ids' `ready` words loaded over the link; every one published already, so nothing
+    is waited for: the waits are the reads' time, charged apart) and `stage_done` (STAGE_GUESSES depths of guesses,
+    then DONE) between small kernels, LOOKAHEAD_SHAPE's top-k and experts, 4 layers a token. A graph of
+    GRAPH_LAUNCHES / 8 tokens against the same graph without them, each replay timed with CUDA events, the two
+    interleaved, `repeats` pairs after a warm-up: the difference a layer."""
+    from strata_plan.kernels import stage_wait as sw
+    _, K, E = LOOKAHEAD_SHAPE
+    L, W = 4, 2 * LOOKAHEAD_SHAPE[1]
+    G = STAGE_GUESSES * W
+    arena, cb, _, block = sw.probe_block(L, E, K, G, 64, "cuda")
+    ids = torch.arange(K, dtype=torch.int64, device="cuda")
+    gids = torch.arange(G, dtype=torch.int64, device="cuda") % E
+    gscores = torch.ones(G, dtype=torch.float32, device="cuda")
+    x = torch.zeros(1, dtype=torch.float32, device="cuda")
+
+    def token(on: bool) -> None:
+        for j in range(L):
+            x.add_(1.0)
+            if on:
+                sw.stage_wait(arena, ids, j, cb)
+            x.add_(1.0)
+            if on:
+                sw.stage_done(arena, j, cb, K, gids, gscores, per_layer=W)
+    out = added_us(token, repeats, L)
+    if int(cb.counts[:, sw.USES].sum()) == 0 or int(cb.counts[:, sw.WAITED].sum()):
+        raise RuntimeError("stage probe: the handshake read no staged expert, or waited")
+    return out
+
+
 def added_us(token: Callable[[bool], None], repeats: int, layers: int) -> Stats:
     """Microseconds a layer that `token(True)` adds over `token(False)` (`layers` layers a token): GRAPH_LAUNCHES / 8
     tokens of each captured in a graph, the two replays timed with CUDA events and interleaved, `repeats` pairs after
@@ -668,6 +704,11 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     except Exception as e:                          # no Triton, or its compiler failed here: the estimate stays
         cache_us = None
         notes.append(f"device LRU kernel probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+    try:
+        stage_us = stage_layer_us(s.repeats)
+    except Exception as e:                          # no Triton, or its compiler failed here: the estimate stays
+        stage_us = None
+        notes.append(f"stager handshake probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     torch.cuda.empty_cache()
 
     tick = step(PHASES[5])
@@ -683,4 +724,5 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     step(PHASES[6])
     kernels = kernel_throughput(*s.gemv_shape, notes=notes)
     moe_rates = fused_moe_rates(s.moe, notes, step(PHASES[7]))
-    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates, launch, slots, cache_us)
+    return GpuResult(ident, hbm, dcopy, tflops, curves, pin, kernels, tuple(notes), moe_rates, launch, slots,
+                     cache_us, stage_us)

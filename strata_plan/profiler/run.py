@@ -304,7 +304,7 @@ def _pinnable(gpu, ram: host_mod.RamInfo) -> Figure:
 
 
 def _gpu_entry(g, p: Preset) -> GPU:
-    from .gpu import GRAPH_LAUNCHES, LOOKAHEAD_CACHE, LOOKAHEAD_SHAPE
+    from .gpu import GRAPH_LAUNCHES, LOOKAHEAD_CACHE, LOOKAHEAD_SHAPE, STAGE_GUESSES
     i = g.identity
     c = g.curves
     link = f"{i.source} current link read under an H2D load (idle Gen{i.idle_gen}, max Gen{i.max_gen} x{i.max_width})"
@@ -341,6 +341,11 @@ def _gpu_entry(g, p: Preset) -> GPU:
                                 "small kernels in a CUDA graph, against the graph without them, CUDA events",
                                 g.cache_layer)
         if getattr(g, "cache_layer", None) is not None else None,
+        stage_layer_us=measured(g.stage_layer.median, f"kernels.stage_wait stage_wait and stage_done (top-k, experts "
+                                f"{LOOKAHEAD_SHAPE[1:]}, every expert staged already: no wait, {STAGE_GUESSES} depths "
+                                "of guesses) between small kernels in a CUDA graph, against the graph without them, "
+                                "CUDA events", g.stage_layer)
+        if getattr(g, "stage_layer", None) is not None else None,
         driver=i.driver)
 
 

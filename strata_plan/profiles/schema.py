@@ -247,6 +247,7 @@ class GPU:
     graph_launch_us: Figure | None = None      # one small kernel inside a CUDA graph, back to back (the launch floor)
     lookahead_layer_us: Figure | None = None   # the VRAM lookahead's main-stream slot kernel (resolve) in a MoE layer
     cache_layer_us: Figure | None = None       # the device LRU's step and fill (their fixed part) in a MoE layer
+    stage_layer_us: Figure | None = None       # the NVMe stager's handshake (stage_wait + stage_done) in a MoE layer
     layer_times: tuple[LayerTime, ...] | None = None   # decoder layers' GPU time by model geometry (engine.layer_times)
     driver: str = ""
 
@@ -265,6 +266,10 @@ class GPU:
     def cache_layer(self) -> Figure:
         """`cache_layer_us`, or the default estimate (`DEFAULT_CACHE_LAYER`) where the profile has none."""
         return self.cache_layer_us if self.cache_layer_us is not None else DEFAULT_CACHE_LAYER
+
+    def stage_layer(self) -> Figure:
+        """`stage_layer_us`, or the default estimate (`DEFAULT_STAGE_LAYER`) where the profile has none."""
+        return self.stage_layer_us if self.stage_layer_us is not None else DEFAULT_STAGE_LAYER
 
     def __post_init__(self) -> None:
         if not (0 < self.vram_gb.value <= 4096):
@@ -366,6 +371,10 @@ DEFAULT_LOOKAHEAD_LAYER = Figure(4.3, "estimate", "H100: resolve 4.3 us a MoE la
 DEFAULT_CACHE_LAYER = Figure(7.0, "estimate", "H100: lru_step 3.5 us and fill_kernel 3.6 us a MoE layer in the trained "
                              "bench-moe's decode graph (benchmarks/tools/step_kernels.py through run_trained_gpu.sh "
                              "STEP_KERNELS=1, 2026-12-06). `strata-plan profile` measures it (cache_layer_us)")
+DEFAULT_STAGE_LAYER = Figure(5.0, "estimate", "not measured: two one-program launches at the H200's floor (about 1.1 us "
+                             "each) and a PCIe round trip or two (the system-scope fence, the ready words' acquire "
+                             "loads from pinned RAM, about 1-2 us each). `strata-plan profile` measures it "
+                             "(stage_layer_us)")
 DEFAULT_MOE_ROUND_TRIP = Figure(75.0, "estimate", "H200, plain PyTorch: router GEMV, top-8 and .cpu() of the ids "
                                 "(engine/ENGINE.md); the copy path's (several GPUs) and prefill's, not measured by "
                                 "`strata-plan calibrate`")
