@@ -57,6 +57,9 @@ def test_the_lookahead_guesses_are_read_ahead_and_counted(packed_bf16):
     assert 1 <= len(ranks) <= 4 and all(q >= 0 for q in ranks)     # (top-4: at most 4 demand reads a request)
     assert s0["poll_gap_ms_max"] >= s0["poll_gap_ms_mean"] > 0
     assert s2["reads_guess"] > 0 and c2["prefetch_bytes"] == s2["guess_bytes"] > 0
+    assert s0["guess_queued"] == s0["guess_stale"] == s0["guess_no_slot"] == s0["found_reading"] == 0
+    # a queued guess is read, dropped (its layer asked first, or no slot it may take), staged meanwhile or still queued
+    assert s2["reads_guess"] + s2["guess_stale"] + s2["guess_no_slot"] <= s2["guess_queued"]
 
 
 def _copy(packed, tmp_path):
@@ -117,6 +120,7 @@ def test_bench_with_replayed_routing_and_guesses_on_the_device(packed_bf16, mode
     bt = d["bytes_per_token"]
     assert bt["pcie"] == pytest.approx(bt["ram"] + bt["staged"]) and bt["staged"] > 0
     assert d["stager"]["reads_guess"] > 0 if mode == "plan" else d["stager"]["reads_guess"] == 0
+    assert d["stager"]["tokens"] > 0                        # the steps its per-token figures are over
     pc = d["page_cache"]
     if directio.BlobFile.open(next(packed_bf16.glob("*.bin")), warn=False).direct:   # O_DIRECT here: a cold tier
         assert pc["files"] > 0 and pc["after"] < 0.5

@@ -172,7 +172,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             # the NVMe tier's files in the page cache (mincore), after start-up and after the run: a cold tier
             "page_cache": {"files": len(cold), "before": cache_before, "after": _page_cache(cold)},
             # the stager's counters, and its demand reads a token (GPU wait a token / these: the wait a read)
-            "stager": None if store.staging is None else dict(store.staging.last,
+            "stager": None if store.staging is None else dict(store.staging.last, tokens=n,
                                                                demand_reads_per_token=store.staging.last["reads_demand"] / n),
             "pinned": store.pinned_info(),
             "counters": {k: v for k, v in c.items() if k != "layers"},

@@ -64,7 +64,8 @@ def full_fence() -> None:
 @dataclass
 class StagerCounters:
     """Per MoE layer: reads issued on demand and on a guess, their bytes, staged reads evicted unused (wasted),
-    the reader threads' busy seconds, routed NVMe uses the stager found staged already (host view). The host's
+    the reader threads' busy seconds, routed NVMe uses the stager found staged already (host view) or still being
+    read, and the fate of the lookahead's reads (queued, dropped as stale or for want of a slot). The host's
     part of a demand read's latency (`lat`, seconds summed over the demand reads): from the poller seeing the
     request to a reader taking it (queue), and from there to the ready word published (read: the drive, the
     checksum at a blob's first read, the split's hand-offs); `by_rank`: the queue time of a request's first,
@@ -80,6 +81,10 @@ class StagerCounters:
     wasted_bytes: np.ndarray
     found_staged: np.ndarray
     routed: np.ndarray
+    guess_queued: np.ndarray       # lookahead reads queued (an NVMe guess not staged, not queued yet)
+    guess_stale: np.ndarray        # ... taken by a reader after their layer's request: not read (the layer read them)
+    guess_no_slot: np.ndarray      # ... taken when every staged slot was stamped for the present or a later request
+    found_reading: np.ndarray      # routed NVMe uses whose read (a guess's) was still running: the GPU waits for its end
     guesses: np.ndarray            # [depth, L] lookahead guesses for layer j (NVMe ids not in VRAM)
     right: np.ndarray              # [depth, L] of those, routed
     hinted_used: np.ndarray        # [depth, L] ids read from staging where a guess existed
@@ -90,7 +95,7 @@ class StagerCounters:
 
     @classmethod
     def zeros(cls, L: int, depth: int = 0) -> "StagerCounters":
-        return cls(*(np.zeros(L, dtype=np.int64) for _ in range(8)),
+        return cls(*(np.zeros(L, dtype=np.int64) for _ in range(12)),
                    *(np.zeros((depth, L), dtype=np.int64) for _ in range(3)))
 
     def to_data(self) -> dict:
@@ -100,6 +105,8 @@ class StagerCounters:
                 "wasted_reads": tot(self.wasted_reads), "wasted_bytes": tot(self.wasted_bytes),
                 "found_staged": tot(self.found_staged), "routed": tot(self.routed),
                 "staging_hit_rate": tot(self.found_staged) / max(1, tot(self.routed)),
+                "guess_queued": tot(self.guess_queued), "guess_stale": tot(self.guess_stale),
+                "guess_no_slot": tot(self.guess_no_slot), "found_reading": tot(self.found_reading),
                 "read_busy_s": self.busy_s[0],
                 "demand_queue_ms_mean": 1e3 * self.lat["queue_s"] / max(1, self.lat["n"]),
                 "demand_read_ms_mean": 1e3 * self.lat["read_s"] / max(1, self.lat["n"]),
@@ -268,6 +275,7 @@ class Stager:
                 if slot is not None:
                     self.used[slot], self.stamp[slot] = True, s
                     self.counts.found_staged[j] += self.state[slot] == STAGED
+                    self.counts.found_reading[j] += self.state[slot] == READING
                 elif self.queued.get((j, e), 1) != 0:     # not queued, or only as a guess: a demand read
                     reads.append(e)
             for e, split in self._batch(j, reads):
@@ -297,6 +305,7 @@ class Stager:
                         score[e] = -float(sc)
                 for e, split in self._batch(jj, reads):
                     self._queue(d, score[e], s + d, jj, e, split)
+                self.counts.guess_queued[jj] += len(reads)
             self._cv.notify_all()
 
     def _batch(self, j: int, experts: list[int]) -> list[tuple[int, int]]:
@@ -356,13 +365,18 @@ class Stager:
                 prio, _, _, target, j, e, split, queued_at = heapq.heappop(self._heap)
                 if self.queued.get((j, e)) == prio:
                     del self.queued[(j, e)]
-                if (j, e) in self.where or (prio and int(self.hv.words[sw.REQ]) >= target):
-                    continue                           # staged meanwhile, or a guess for a layer already asked
+                if (j, e) in self.where:
+                    continue                           # staged meanwhile
+                if prio and int(self.hv.words[sw.REQ]) >= target:
+                    self.counts.guess_stale[j] += 1    # a guess for a layer already asked
+                    continue
                 slot = self._take(prio == 0, int(self.hv.words[sw.REQ]))
                 if slot is None:
                     if prio == 0:                      # every slot is being read or read by the GPU: try again
                         self._queue(prio, 0.0, target, j, e, split, queued_at)
                         self._cv.wait(0.0005)
+                    else:
+                        self.counts.guess_no_slot[j] += 1
                     continue
                 self.state[slot], self.key[slot] = READING, (j, e)
                 self.used[slot], self.stamp[slot] = prio == 0, target
