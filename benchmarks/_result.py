@@ -36,10 +36,13 @@ def stager_latency(st: dict) -> dict:
     demand reads a token, the mean time from the poller seeing a request to a reader taking it and from there to
     the ready word (the queue time also by the read's rank within its request: first taken, second, ..), and the
     poller's gap before each look that found a request (mean, longest). Beside the GPU's wait a
-    token (`stage_wait`), they say which side a wait is spent on."""
+    token (`stage_wait`), they say which side a wait is spent on. Where the lookahead's reads go, a token: queued,
+    dropped as stale or for want of a slot, and routed uses that found their read still running."""
     return {"demand_reads_per_token_measured": st["demand_reads_per_token"],
             "stager_queue_ms_measured": st["demand_queue_ms_mean"],
             "stager_read_ms_measured": st["demand_read_ms_mean"],
             **{f"stager_queue_ms_rank{k}_measured": v for k, v in enumerate(st.get("demand_queue_ms_by_rank", []))},
             "stager_poll_gap_ms_mean_measured": st["poll_gap_ms_mean"],
-            "stager_poll_gap_ms_max_measured": st["poll_gap_ms_max"]}
+            "stager_poll_gap_ms_max_measured": st["poll_gap_ms_max"],
+            **{f"stager_{k}_per_token_measured": st[k] / st["tokens"]
+               for k in ("guess_queued", "guess_stale", "guess_no_slot", "found_reading")}}

@@ -295,8 +295,6 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         out["stage_wait_ms_per_token_measured"] = r["time_per_token"]["stage_wait_s"] * 1e3
         out["nvme_wait_ms_per_token_predicted"] = p["decode_seconds"].get("nvme", 0.0) * 1e3
         out["staging_hit_rate_measured"] = r["stager"]["staging_hit_rate"]
-        for k in ("guess_queued", "guess_stale", "guess_no_slot", "found_reading"):   # where the lookahead's reads go
-            out[f"stager_{k}_per_token_measured"] = r["stager"][k] / r["stager"]["tokens"]
         out.update(stager_latency(r["stager"]))
         out["nvme_read_gb_per_token_predicted"] = p["bytes_per_token"].get("nvme_read", 0.0) / 1e9
         out["page_cache_before"], out["page_cache_after"] = r["page_cache"]["before"], r["page_cache"]["after"]
