@@ -4,7 +4,7 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] [TRAIN_S=170] [SKIP=transformers,equivalence] \
-#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN=seed]] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
+#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN=seed]] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
 # Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -38,6 +38,7 @@ if [ -n "${GPU_TESTS-}" ]; then
   tests=$!
 fi
 END=585; [ -n "${STEP_KERNELS-}" ] && END=530     # STEP_KERNELS=1 leaves a minute for step_kernels after it
+END=${END_S:-$END}                                 # END_S: the benchmark's end, seconds into the call (a shorter call)
 timeout "$(left $END)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
   --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} ${SKIP:+--skip "$SKIP"} \
   --deadline-s "$(left $((END - 25)))" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
