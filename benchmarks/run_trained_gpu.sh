@@ -49,7 +49,7 @@ timeout "$(left $END)" python3 benchmarks/bench_trained.py --work "$W" --out-dir
 SKP=${STEP_KERNELS_PLAN:-ramrich}
 SKD=$W/packed-$SKP; [ -d "$SKD" ] || SKD=$W/packed-ramrich          # a plan packed like the RAM-rich one shares it
 if [ -n "${STEP_KERNELS-}" ] && [ -d "$SKD" ]; then
-  OUT="$OUT" timeout "$(left 590)" python3 benchmarks/tools/step_kernels.py --packed "$SKD" \
+  OUT="$OUT" timeout "$(left $((END + 60)))" python3 benchmarks/tools/step_kernels.py --packed "$SKD" \
     --plan "$W/plan-$SKP.yaml" --runs "${STEP_KERNELS_RUNS:-on-demand,lru,plan:1}" --reps 10 \
     >"$OUT/step_kernels-trained.log" 2>&1
   grep -E "wall" "$OUT/step_kernels-trained.log"
