@@ -4,7 +4,7 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] [TRAIN_S=170] [SKIP=transformers,equivalence] \
-#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN=seed]] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
+#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN="ramrich seed"]] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
 # Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -43,22 +43,26 @@ timeout "$(left $END)" python3 benchmarks/bench_trained.py --work "$W" --out-dir
   --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} ${SKIP:+--skip "$SKIP"} \
   --deadline-s "$(left $((END - 25)))" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
 [ -n "${tests-}" ] && { wait "$tests"; cat "$OUT/gpu_tests.summary"; }
-# STEP_KERNELS=1: the trained plan STEP_KERNELS_PLAN's (ramrich, default, or seed) decode token kernel by kernel
-# (benchmarks/tools/step_kernels.py), by STEP_KERNELS_RUNS (default on-demand,lru,plan:1), each run in its own process:
-# step_kernels-trained.log and .json. The seed plan's replays find their experts staged after the first (no waits).
-SKP=${STEP_KERNELS_PLAN:-ramrich}
-SKD=$W/packed-$SKP; [ -d "$SKD" ] || SKD=$W/packed-ramrich          # a plan packed like the RAM-rich one shares it
-if [ -n "${STEP_KERNELS-}" ] && [ -d "$SKD" ]; then
-  OUT="$OUT" timeout "$(left $((END + 60)))" python3 benchmarks/tools/step_kernels.py --packed "$SKD" \
-    --plan "$W/plan-$SKP.yaml" --runs "${STEP_KERNELS_RUNS:-on-demand,lru,plan:1}" --reps 10 \
-    >"$OUT/step_kernels-trained.log" 2>&1
-  grep -E "wall" "$OUT/step_kernels-trained.log"
+# STEP_KERNELS=1: the decode token kernel by kernel (benchmarks/tools/step_kernels.py) of each trained plan in
+# STEP_KERNELS_PLAN (default ramrich; "ramrich seed": side by side on one machine, with END_S=470 to leave them two
+# minutes), by STEP_KERNELS_RUNS (default on-demand,lru,plan:1), each run in its own process: step_kernels-<plan>.log
+# and .json. A seed plan's replays wait only for what its staging cache could not keep from the replay before.
+if [ -n "${STEP_KERNELS-}" ]; then
+  for SKP in ${STEP_KERNELS_PLAN:-ramrich}; do
+    SKD=$W/packed-$SKP; [ -d "$SKD" ] || SKD=$W/packed-ramrich      # a plan packed like the RAM-rich one shares it
+    [ -d "$SKD" ] || continue
+    OUT="$OUT" timeout "$(left $((END + 60)))" python3 benchmarks/tools/step_kernels.py --packed "$SKD" \
+      --plan "$W/plan-$SKP.yaml" --runs "${STEP_KERNELS_RUNS:-on-demand,lru,plan:1}" --reps 10 \
+      >"$OUT/step_kernels-$SKP.log" 2>&1
+    [ -f "$OUT/step_kernels.json" ] && mv "$OUT/step_kernels.json" "$OUT/step_kernels-$SKP.json"
+    grep -E "wall" "$OUT/step_kernels-$SKP.log"
+  done
 fi
 tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml profile-predict.yaml \
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
   bench-moe/tokenizer.json bench-moe/tokenizer_config.json 2>/dev/null
 # at most 8 files come back from $OUT: the logs, the call's profile and step_kernels' files go into the tar too
-for f in run-profile.yaml gpu_tests.log gpu_tests.summary step_kernels.json step_kernels-trained.log; do
+for f in run-profile.yaml gpu_tests.log gpu_tests.summary step_kernels-*.json step_kernels-*.log; do
   [ -f "$OUT/$f" ] && tar -C "$OUT" -rf "$OUT/trained-artifacts.tar" "$f" && rm -f "$OUT/$f"
 done
 echo "run_trained_gpu: $(( $(date +%s) - t0 ))s"
