@@ -525,7 +525,7 @@ def stage_layer_us(repeats: int) -> Stats:
     _, K, E = LOOKAHEAD_SHAPE
     L, W = 4, 2 * LOOKAHEAD_SHAPE[1]
     G = STAGE_GUESSES * W
-    arena, cb, _, block = sw.probe_block(L, E, K, G, 64, "cuda")
+    arena, cb, _, block = sw.probe_block(L, E, K, G, 64, "cuda")    # block: the pinned memory, held while replayed
     ids = torch.arange(K, dtype=torch.int64, device="cuda")
     gids = torch.arange(G, dtype=torch.int64, device="cuda") % E
     gscores = torch.ones(G, dtype=torch.float32, device="cuda")
