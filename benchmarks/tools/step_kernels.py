@@ -153,6 +153,38 @@ def gpu_state() -> dict:
             "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1e3}
 
 
+class ClockSampler:
+    """The GPU's SM clock (MHz, NVML) sampled every `every_s` on a thread while the block runs: did the clock drop
+    while the step waited (a one-program spin leaves the GPU nearly idle)?"""
+
+    def __init__(self, every_s: float = 2e-4):
+        import threading
+
+        import pynvml
+        pynvml.nvmlInit()
+        self._h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        self._nv, self.every, self.mhz = pynvml, every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.mhz.append(self._nv.nvmlDeviceGetClockInfo(self._h, self._nv.NVML_CLOCK_SM))
+            time.sleep(self.every)
+
+    def __enter__(self) -> "ClockSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        m = sorted(self.mhz) or [0]
+        return {"samples": len(self.mhz), "min": m[0], "median": m[len(m) // 2], "max": m[-1]}
+
+
 def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bool = True,
             partial_landing: bool = True) -> dict:
     from strata_plan.engine.engine import Engine, EngineOptions
@@ -167,8 +199,10 @@ def one_run(packed: Path, plan, mode: str, programs: int, reps: int, profile: bo
         torch.cuda.synchronize()
         runner = m.step_runner
         g = runner._graphs["greedy"][0]            # the captured single-token greedy step (device_loop.DeviceDecode)
-        got = account(replay_kernels(g, reps)) if profile else {"wall_us": 0.0, "replays": 0, "kernels": {}}
+        with ClockSampler() as clock:
+            got = account(replay_kernels(g, reps)) if profile else {"wall_us": 0.0, "replays": 0, "kernels": {}}
         got["gpu"] = gpu_state()
+        got["sm_mhz_during"] = clock.summary()
         got["time_parts_us"] = {k: v * 1e6 for k, v in runner.time_parts().items() if k.endswith("_s")}
     return got
 
@@ -179,7 +213,8 @@ def show(name: str, r: dict, first: dict | None) -> None:
               f"{r['main_idle_us']:.1f}; side stream busy {r['side_busy_us']:.1f}; no kernel running "
               f"{r['gpu_idle_us']:.1f}; {r['streams']} streams", end="")
     print(f"\n{name}: wall {r['wall_us']:.1f} us a token ({r['replays']} replays); time_parts "
-          + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()) + f"; GPU {r['gpu']}")
+          + ", ".join(f"{k} {v:.1f}" for k, v in r["time_parts_us"].items()) + f"; GPU {r['gpu']}; SM MHz "
+          f"during the replays {r.get('sm_mhz_during')}")
     c = r.get("copies") or {}
     if c.get("n"):
         print(f"  lookahead copies (median of {c['n']}): start {c['start_after_moe_us']:.1f} us after the MoE layer "
