@@ -17,7 +17,8 @@ Stages (each one's failure is recorded and the later ones still run where they c
    router), decode tok/s = 1 / median seconds per token after `--warmup` tokens; beside it the cost model's
    prediction for the executed placement (trained/predict.py), bytes per tier per token, the seeds' hit
    rate, lookahead precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved;
-   for the NVMe plan a plain O_DIRECT read of the same files.
+   for the NVMe plan a plain O_DIRECT read of the same files, and at depth >= 2 the plan once more with the stager
+   reading the deepest guesses alone (`plan_deepest`, EngineOptions.stage_depths: the cost model's count; A/B).
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -262,11 +263,12 @@ def decode_pick(a):
     return device_pick(Sampling(t, top_p, a.seed))
 
 
-def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: Predictor, prompt: list[int]) -> dict:
+def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: Predictor, prompt: list[int],
+                options=None) -> dict:
     from strata_plan.engine.bench import measure
     _peak_reset()
     r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
-                pick=decode_pick(a))
+                pick=decode_pick(a), options=options)
     r["vram_peak_gb_measured"] = _peak_gb()
     p = pred.for_plan(executed, mode)
     c = r["counters"]
@@ -352,6 +354,12 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
             for kind in ("measured", "predicted"):
                 run.metrics[f"{name}.plan_over_{base}_{kind}"] = (got["plan"][f"decode_tok_s_{kind}"]
                                                                    / got[base][f"decode_tok_s_{kind}"])
+        if any(l.nvme for l in plan.layers) and plan.prefetch_depth >= 2:   # A/B: the deepest guesses read alone
+            from strata_plan.engine.engine import EngineOptions
+            deep = measure_one(run, a, f"{name}.plan_deepest", packed[name], plan, "plan", pred, prompt,
+                               EngineOptions(stage_depths="deepest"))
+            run.metrics[f"{name}.plan_deepest_over_plan_measured"] = (deep["decode_tok_s_measured"]
+                                                                      / got["plan"]["decode_tok_s_measured"])
         if any(l.nvme for l in plan.layers):
             from strata_plan.engine.directio import page_cache_residency, plain_read_gbps
             files = sorted(packed[name].glob("experts-*.bin"))

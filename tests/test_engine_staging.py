@@ -62,6 +62,24 @@ def test_the_lookahead_guesses_are_read_ahead_and_counted(packed_bf16):
     assert s2["reads_guess"] + s2["guess_stale"] + s2["guess_no_slot"] <= s2["guess_queued"]
 
 
+def test_the_deepest_guesses_alone_are_read_when_asked_and_the_tokens_stay(packed_bf16):
+    """`stage_depths="deepest"` (an A/B): at depth 2 the stager reads only the depth-2 guesses, as the cost model
+    counts them; the depth-1 ones are still counted for precision and recall. The tokens are the same."""
+    got = {}
+    for which in ("all", "deepest"):
+        opts = EngineOptions(device="cpu", stage_depths=which)
+        with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 2, chunk=1), opts) as eng:
+            assert eng.store.staging.stager.first_read_depth == (2 if which == "deepest" else 1)
+            tokens = eng.generate(PROMPT, max_new_tokens=10)
+            got[which] = (tokens, eng.store.counter_data(), eng.store.staging.last)
+    assert got["all"][0] == got["deepest"][0]
+    (_, c_all, s_all), (_, c_deep, s_deep) = got["all"], got["deepest"]
+    assert 0 < s_deep["guess_queued"] < s_all["guess_queued"] and s_deep["reads_guess"] > 0
+    assert c_deep["lookahead"]["1"]["guesses"] > 0 and c_deep["lookahead"]["2"]["guesses"] > 0    # both counted
+    with pytest.raises(UserError, match="stage_depths"):
+        EngineOptions(stage_depths="nearest")
+
+
 def _copy(packed, tmp_path):
     dst = tmp_path / "packed"
     shutil.copytree(packed, dst)

@@ -42,6 +42,8 @@ from .packed import verify_dense
 from .store import ExpertStore, StoreOptions
 from .store_experts import StoreExperts
 
+STAGE_DEPTHS = ("all", "deepest")     # EngineOptions.stage_depths
+
 
 def resolve_device(name: str = "", flag: str = "--device") -> torch.device:
     """The device the engine runs on: `name` ("cuda", "cuda:N" or "cpu"; "" = cuda when there is a GPU, else
@@ -102,12 +104,16 @@ class EngineOptions:
                                      # a benchmark knob for the copy's effect on the main stream)
     partial_landing: bool = True     # a lookahead guess still copying serves the cache's fill the part that landed
                                      # (StoreOptions.partial_landing); False: whole experts only (A/B)
+    stage_depths: str = "all"        # NVMe lookahead: the stager reads every depth's guesses, or the "deepest" alone
+                                     # (StoreOptions.stage_depths; A/B)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise UserError("--mode", self.mode, "unknown", f"use one of {', '.join(MODES)}")
         if not 1 <= self.tokens_per_graph <= 64:
             raise UserError("--tokens-per-graph", str(self.tokens_per_graph), "out of range", "use 1 to 64")
+        if self.stage_depths not in STAGE_DEPTHS:
+            raise UserError("stage_depths", self.stage_depths, "unknown", f"use one of {', '.join(STAGE_DEPTHS)}")
 
 
 class Engine:
@@ -129,6 +135,7 @@ class Engine:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
                                                                     partial_landing=options.partial_landing,
+                                                                    stage_depths=options.stage_depths,
                                                                     allow_buffered=options.allow_buffered,
                                                                     kernels=options.backend == "triton"), plan_path)
         if store.prefetch is not None and options.copy_programs:

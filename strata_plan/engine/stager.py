@@ -125,10 +125,12 @@ def read_splits(plan) -> dict[str, tuple[int, ...]]:
 
 class Stager:
     def __init__(self, store, mem: torch.Tensor, base: int, n_slots: int, depth: int,
-                 guesses_per_layer: int):
+                 guesses_per_layer: int, read_depths: str = "all"):
         L, E = store.nbytes.shape
         self.store, self.L, self.E, self.K = store, L, E, store.top_k
         self.depth, self.W = depth, guesses_per_layer
+        # the guesses read ahead: "all" of depths 1..depth, or the "deepest" alone (the cost model's count; an A/B)
+        self.first_read_depth = depth if read_depths == "deepest" else 1
         self.G = depth * guesses_per_layer
         self.R = RING_ROWS
         self.slot_bytes = store.slot_bytes
@@ -292,6 +294,8 @@ class Stager:
                 if jj >= self.L:
                     break
                 self._guesses.setdefault(s + d, {})[d] = {int(e) for e in guesses[d - 1] if e >= 0}
+                if d < self.first_read_depth:
+                    continue                               # counted for precision and recall, not read
                 reads, score = [], {}
                 for e, sc in zip(guesses[d - 1], scores[d - 1]):
                     e = int(e)

@@ -83,6 +83,8 @@ class StoreOptions:
     chunks_in_flight: int = CHUNKS_IN_FLIGHT   # the copy thread's chunks on the copy stream at once
     allow_buffered: bool = True    # a filesystem without O_DIRECT: warn and read buffered (benchmarks pass False)
     kernels: bool = False          # the device loop's Triton kernels on a CPU too (TRITON_INTERPRET=1): tests of their glue
+    stage_depths: str = "all"      # NVMe lookahead: the stager reads the guesses of every depth 1..d ("all"), or of d
+    #                                alone ("deepest", as the cost model counts them): an A/B
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ class ExpertStore:
             self.load_s = self._load()
             if stage:
                 self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
-                                       self.lru.ram_offset if self.lru is not None else None)
+                                       self.lru.ram_offset if self.lru is not None else None, options.stage_depths)
             if options.prefetch and plan.prefetch_depth:
                 self.prefetch = DevicePrefetch(self, plan.prefetch_depth,
                                                self._enable_partial_landing() if options.partial_landing else None)
