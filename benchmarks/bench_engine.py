@@ -372,6 +372,8 @@ def main() -> int:
             metrics[f"{name}.ram_tier_gb"] = pin["tier_bytes"] / 1e9
             metrics[f"{name}.ram_tier_pinned_over_size"] = pin["pinned_bytes"] / pin["tier_bytes"]
             metrics[f"{k}.ram_huge_page_share"] = pin["huge_page_share"]
+            if pin.get("staging_huge_page_share") is not None:          # the staged blobs the GPU reads in place
+                metrics[f"{k}.staging_huge_page_share"] = pin["staging_huge_page_share"]
             if pin.get("numa_node") is not None:
                 metrics[f"{k}.ram_numa_node"] = pin["numa_node"]
             print(f"{name:8s} {mode:9s} {r['measured']['decode_tok_s']:.2f} tok/s = "

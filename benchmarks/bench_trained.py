@@ -300,6 +300,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         out.update(stager_latency(r["stager"]))
         out["nvme_read_gb_per_token_predicted"] = p["bytes_per_token"].get("nvme_read", 0.0) / 1e9
         out["page_cache_before"], out["page_cache_after"] = r["page_cache"]["before"], r["page_cache"]["after"]
+        out["staging_huge_page_share"] = r["pinned"]["staging_huge_page_share"]     # the GPU reads staged blobs there
     if r["device_step"]:                    # graphs: the step's GPU time alone, its ceiling 1 / step_s
         out["gpu_ms_per_token_measured"] = r["device_step"]["step_s"] * 1e3
         out["gpu_ceiling_tok_s_measured"] = 1.0 / r["device_step"]["step_s"]

@@ -386,13 +386,15 @@ class ExpertStore:
     def pinned_info(self) -> dict:
         """The RAM tier's bytes against the page-locked bytes it holds (a `HostRegion`: its size, rounded up to
         2 MiB), the seconds registering it took and the share of it on huge pages; None figures on a CPU device
-        (nothing pinned), and the NUMA node its pages were asked of (None: one node, or the machine's default)."""
+        (nothing pinned), and the NUMA node its pages were asked of (None: one node, or the machine's default); the
+        NVMe tier's staging cache's share on huge pages too (None: no such region)."""
         tier = int(sum(self.nbytes[j, e] for (j, e) in self.ram_offset))
-        r = self._ram_region
+        r, st = self._ram_region, self._stage_region
         return {"tier_bytes": tier, "pinned_bytes": r.mapped if r is not None else None,
                 "register_s": r.register_s if r is not None else None,
                 "huge_page_share": r.huge_share() if r is not None else None,
-                "numa_node": r.node if r is not None else None}
+                "numa_node": r.node if r is not None else None,
+                "staging_huge_page_share": st.huge_share() if st is not None else None}
 
     def reset_counters(self) -> None:
         """Start counting afresh (the host's counters and the device's)."""
