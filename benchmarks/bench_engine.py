@@ -63,6 +63,7 @@ from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 from strata_plan.profiler.gpu import ZeroCopyProbe  # noqa: E402
 from strata_plan.pinned import HostRegion  # noqa: E402
 from strata_plan.core.plan import load_plan, save_plan  # noqa: E402
+from strata_plan.planner.estimated import scale_links  # noqa: E402
 from strata_plan.planner.repredict import predict_plan, with_calibration_of  # noqa: E402
 from strata_plan.core.spec import load_spec  # noqa: E402
 from strata_plan.profiles.schema import load_profile  # noqa: E402
@@ -98,13 +99,26 @@ def zero_copy_gbps(nbytes: float, reps: int = 20) -> tuple[float, float | None]:
     return n / statistics.median(times[3:]) / 1e9, huge
 
 
-def plain_odirect(files, plan, r: dict) -> float:
-    """GB/s of a plain O_DIRECT read of the blob files at the stager's requests in flight (the plan's largest queue
-    depth, at least 4) and request size (the plan's slot, a blob of the largest format, in the plan's largest
-    full-batch split: as the stager reads it)."""
+def stager_request(plan) -> tuple[int, int]:
+    """(request bytes, requests in flight) of the stager's reads: the plan's slot (a blob of the largest format) in the
+    plan's largest full-batch split, at the plan's largest queue depth (at least 4)."""
     split = max((r.split for r in (plan.staging.nvme_reads or {}).values()), default=1)
-    block = -(-plan.cache.slot_bytes // split // 4096) * 4096
-    return plain_read_gbps(files, block, threads=plan_readers(plan), nbytes=1 << 30)
+    return -(-plan.cache.slot_bytes // split // 4096) * 4096, plan_readers(plan)
+
+
+def plain_odirect(files, plan, r: dict) -> float:
+    """GB/s of a plain O_DIRECT read of the blob files at the stager's request size and requests in flight."""
+    block, readers = stager_request(plan)
+    return plain_read_gbps(files, block, threads=readers, nbytes=1 << 30)
+
+
+def drive_as_measured(profile, plan, gbps: float):
+    """`profile` (a HardwareProfile, name or path) with its drive's read surface scaled so that it reads `gbps` at the
+    stager's request size and requests in flight (`stager_request`): the drive as a plain O_DIRECT read measured it
+    while the runs went on (a virtual disk drifts between the profile and the runs), every other figure as it was."""
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    block, readers = stager_request(plan)
+    return scale_links(prof, nvme=gbps / prof.nvme[0].rand_read.at(block, readers))
 
 
 def pinned_cost(nbytes: float) -> dict:
@@ -301,6 +315,20 @@ def main() -> int:
             metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
             metrics[f"{name}.{mode}.nvme_read_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9   # from the drive
             metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
+        def drive_measured_rows(name: str, plan, gbps: float) -> None:
+            """Each measured row of a plan with an NVMe tier predicted again with the profile's drive scaled to this
+            run's plain O_DIRECT rate (`drive_as_measured`): `predicted_drive_measured_decode_tok_s`, beside the
+            prediction with the profile as measured before the runs."""
+            prof = drive_as_measured(predict_with, plan, gbps)
+            for mode in ("plan", "lru", "on-demand"):
+                k = f"{name}.{mode}"
+                if f"{k}.decode_tok_s" in metrics:
+                    pr = predict_plan(plan, prof, mode, where=str(paths[name]), gates=False).decode_tok_s
+                    metrics[f"{k}.predicted_drive_measured_decode_tok_s"] = pr
+                    metrics[f"{k}.measured_over_predicted_drive_measured"] = metrics[f"{k}.decode_tok_s"] / pr
+                    print(f"{name:8s} {mode:9s} predicted with the drive at this run's {gbps:.2f} GB/s plain read: "
+                          f"{pr:.2f} tok/s, measured / predicted {metrics[f'{k}.decode_tok_s'] / pr:.3f}", flush=True)
+
         def nvme_bound_rows(name: str, mode: str, r: dict, plain: list[float]) -> None:
             """A run with an NVMe tier against the drive: the plain O_DIRECT rate (median of the repeats so
             far, interleaved with the runs) over the NVMe bytes read a token that a layer used; what the stager did."""
@@ -395,9 +423,12 @@ def main() -> int:
                 if nvme:
                     plain.append(plain_odirect(files, plan, r))        # interleaved with the runs
                 attempt(f"{name}/{mode}/bound", lambda: (nvme_bound_rows if nvme else bound_rows)(name, mode, r, plain))
-            metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s
-            if f"{name}.plan.decode_tok_s" in metrics:
-                metrics[f"{name}.plan.measured_over_predicted"] = metrics[f"{name}.plan.decode_tok_s"] / plan.predicted.decode_tok_s
+            if nvme and plain and a.profile:      # predicted again with the drive as this run's plain reads found it
+                attempt(f"{name}/drive", lambda: drive_measured_rows(name, plan, statistics.median(plain)))
+            metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s     # the plan file's (its profile)
+            if f"{name}.plan.decode_tok_s" in metrics:      # (`.plan.measured_over_predicted`: this call's profile)
+                metrics[f"{name}.plan.measured_over_plan_file_predicted"] = (metrics[f"{name}.plan.decode_tok_s"]
+                                                                             / plan.predicted.decode_tok_s)
             for other, key in (("on-demand", "ondemand"), ("lru", "lru")):   # plan / on-demand and / LRU-only,
                 ratio = [f"{n}.{m}.decode_tok_s" for n, m in ((name, "plan"), (forced.get(name, name), other))]
                 if all(k in metrics for k in ratio):                            # measured beside the cost model's

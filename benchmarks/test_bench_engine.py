@@ -84,3 +84,22 @@ def test_a_run_that_fails_is_recorded_and_the_others_are_written(tmp_path, one_t
     m = data["metrics"]
     assert m["r.on-demand.decode_tok_s"] > 0 and m["r.resident.decode_tok_s"] > 0
     assert "r.lru.decode_tok_s" not in m and not list(out.glob(".*.tmp"))
+
+
+def test_the_drive_as_this_run_measured_it_reads_that_rate_at_the_stagers_requests():
+    """`drive_as_measured`: the profile's drive scaled, every point alike, so that it reads the run's plain O_DIRECT
+    rate at the stager's request size and requests in flight; nothing else in the profile changes."""
+    import pytest
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_engine_run import bf16_plan
+    from strata_plan.profiles.schema import load_profile
+    import bench_engine
+    plan = bf16_plan(4, 10, 0, 0, chunk=4)
+    block, readers = bench_engine.stager_request(plan)
+    assert block % 4096 == 0 and readers >= 4
+    base = load_profile("h200")
+    got = bench_engine.drive_as_measured("h200", plan, 1.25)
+    assert got.nvme[0].rand_read.at(block, readers) == pytest.approx(1.25)
+    factor = 1.25 / base.nvme[0].rand_read.at(block, readers)
+    assert got.nvme[0].rand_read.at(1 << 20, 1) == pytest.approx(factor * base.nvme[0].rand_read.at(1 << 20, 1))
+    assert got.gpus == base.gpus and got.calibration == base.calibration
