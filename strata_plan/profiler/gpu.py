@@ -545,6 +545,16 @@ def stage_layer_us(repeats: int) -> Stats:
     return out
 
 
+def _kernel_probe(probe: Callable[[int], Stats], repeats: int, what: str, notes: list[str]) -> Stats | None:
+    """`probe(repeats)`, or None with a note where it cannot run (no Triton, or its compiler failed here): the
+    profile then keeps the estimate."""
+    try:
+        return probe(repeats)
+    except Exception as e:
+        notes.append(f"{what} probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        return None
+
+
 def added_us(token: Callable[[bool], None], repeats: int, layers: int) -> Stats:
     """Microseconds a layer that `token(True)` adds over `token(False)` (`layers` layers a token): GRAPH_LAUNCHES / 8
     tokens of each captured in a graph, the two replays timed with CUDA events and interleaved, `repeats` pairs after
@@ -694,21 +704,9 @@ def measure_gpu(s: GpuSettings, pin_cap_bytes: int, step: Callable[[str], Callab
     except RuntimeError as e:
         launch = None
         notes.append(f"graph launch probe skipped: {str(e).splitlines()[0][:160]}")
-    try:
-        slots = lookahead_layer_us(s.repeats)
-    except Exception as e:                          # no Triton, or its compiler failed here: the estimate stays
-        slots = None
-        notes.append(f"lookahead slot kernel probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
-    try:
-        cache_us = cache_layer_us(s.repeats)
-    except Exception as e:                          # no Triton, or its compiler failed here: the estimate stays
-        cache_us = None
-        notes.append(f"device LRU kernel probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
-    try:
-        stage_us = stage_layer_us(s.repeats)
-    except Exception as e:                          # no Triton, or its compiler failed here: the estimate stays
-        stage_us = None
-        notes.append(f"stager handshake probe skipped: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+    slots, cache_us, stage_us = (_kernel_probe(probe, s.repeats, what, notes) for probe, what in (
+        (lookahead_layer_us, "lookahead slot kernel"), (cache_layer_us, "device LRU kernel"),
+        (stage_layer_us, "stager handshake")))
     torch.cuda.empty_cache()
 
     tick = step(PHASES[5])

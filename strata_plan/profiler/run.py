@@ -328,25 +328,27 @@ def _gpu_entry(g, p: Preset) -> GPU:
                                             f"k={GEMV_SHAPE[1]}), its own median of repeats")
                      for f, st in g.kernel_gbps.items()},
         **fused_moe_entries(g.moe),
-        graph_launch_us=measured(g.graph_launch.median, f"{GRAPH_LAUNCHES} in-place adds on a one-element tensor "
-                                 "in one CUDA graph, replay time over the launches, CUDA events", g.graph_launch)
-        if getattr(g, "graph_launch", None) is not None else None,
-        lookahead_layer_us=measured(g.lookahead_layer.median, f"kernels.prefetch resolve_step (slots, top-k, "
-                                    f"experts {LOOKAHEAD_SHAPE}) between small kernels, the side stream forked a layer "
-                                    "(release, note, claim, copy) as in the decode graph, against the graph with the "
-                                    "LRU step alone, CUDA events", g.lookahead_layer)
-        if getattr(g, "lookahead_layer", None) is not None else None,
-        cache_layer_us=measured(g.cache_layer.median, f"kernels.lru lru_step and fill_slots (top-k, experts "
-                                f"{LOOKAHEAD_SHAPE[1:]}, {LOOKAHEAD_CACHE} slots, the ids repeated: hits) between "
-                                "small kernels in a CUDA graph, against the graph without them, CUDA events",
-                                g.cache_layer)
-        if getattr(g, "cache_layer", None) is not None else None,
-        stage_layer_us=measured(g.stage_layer.median, f"kernels.stage_wait stage_wait and stage_done (top-k, experts "
-                                f"{LOOKAHEAD_SHAPE[1:]}, every expert staged already: no wait, {STAGE_GUESSES} depths "
-                                "of guesses) between small kernels in a CUDA graph, against the graph without them, "
-                                "CUDA events", g.stage_layer)
-        if getattr(g, "stage_layer", None) is not None else None,
+        graph_launch_us=_measured_or_none(getattr(g, "graph_launch", None), f"{GRAPH_LAUNCHES} in-place adds on a "
+                                          "one-element tensor in one CUDA graph, replay time over the launches, CUDA "
+                                          "events"),
+        lookahead_layer_us=_measured_or_none(getattr(g, "lookahead_layer", None), f"kernels.prefetch resolve_step "
+                                             f"(slots, top-k, experts {LOOKAHEAD_SHAPE}) between small kernels, the "
+                                             "side stream forked a layer (release, note, claim, copy) as in the decode "
+                                             "graph, against the graph with the LRU step alone, CUDA events"),
+        cache_layer_us=_measured_or_none(getattr(g, "cache_layer", None), f"kernels.lru lru_step and fill_slots "
+                                         f"(top-k, experts {LOOKAHEAD_SHAPE[1:]}, {LOOKAHEAD_CACHE} slots, the ids "
+                                         "repeated: hits) between small kernels in a CUDA graph, against the graph "
+                                         "without them, CUDA events"),
+        stage_layer_us=_measured_or_none(getattr(g, "stage_layer", None), f"kernels.stage_wait stage_wait and "
+                                         f"stage_done (top-k, experts {LOOKAHEAD_SHAPE[1:]}, every expert staged "
+                                         f"already: no wait, {STAGE_GUESSES} depths of guesses) between small kernels "
+                                         "in a CUDA graph, against the graph without them, CUDA events"),
         driver=i.driver)
+
+
+def _measured_or_none(st: Stats | None, method: str):
+    """The Figure of a probe's repeats (`measured`, at their median), or None where the probe did not run."""
+    return measured(st.median, method, st) if st is not None else None
 
 
 def fused_moe_entries(m) -> dict:
