@@ -5,9 +5,10 @@
 
 Without --packed: bench-moe's geometry (benchmarks/data/trained-20261203) with random weights, packed here in the
 formats of the RAM-rich plan committed beside it. `plan:D` runs the plan at lookahead depth D (`_plans.forced_depth`),
-`plan:D/P` with the lookahead's copy kernel on P thread blocks, `plan:Dw` with whole experts only (no partial landing). Each run in a process of its own (`--inproc`: all in
-this one, in order; `--no-profile`: time_parts alone, no tracing). Per run: a short prefill, eight greedy decode
-steps (the step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the
+`plan:D/P` with the lookahead's copy kernel on P thread blocks, `plan:Dw` with whole experts only (no partial
+landing). Each run in a process of its own (`--inproc`: all in this one, in order; `--no-profile`: time_parts alone,
+no tracing); the SM clock sampled while its replays run (`sm_mhz_during`). Per run: a short prefill, eight greedy
+decode steps (the step's graph captured at the second), then the graph replayed under torch.profiler (CUPTI reports the
 kernels a graph runs), one replay at a time. Kernels on another stream than the replay's first (the lookahead's side
 stream) are listed apart; on the token's main chain each kernel is charged its duration and the idle gap before it
 (the graph's launch latency between dependent kernels, and any wait on an event). Medians over the replays,
