@@ -26,6 +26,10 @@ Stages (each one's failure is recorded and the later ones still run where they c
    run` calls), against transformers' greedy tokens from the BF16 checkpoint: float32 on the CPU (the exact
    check) and bf16 on the GPU (first divergence and how close the tie was).
 6. hit rate by lookahead depth: each plan run in mode plan at every depth of `--depths`.
+7. stager: an NVMe plan's rows predicted again with the stager's host time its rows measured.
+8. run routing: every row predicted again on the routing of its own text (the prompt and the tokens its decode
+   steps were given, teacher-forced as the held-out trace was: `trained/run_routing.py`), its experts ranked
+   as the plan ranks them: the workload sample's share of a row's error told from the cost model's.
 Writes engine-trained-<time>.json (benchmarks/_result.py) and prints a table. Every figure is labelled
 measured, predicted or bound.
 """
@@ -96,6 +100,7 @@ class Run:
         self.extra: dict = {"stages": {}, "errors": {}, "runs": {}, "plans": {}, "budgets": {}, "commands": [],
                             "transformers": {}, "equivalence": {}, "depth_sweep": {}}
         self.executed: dict = {}        # engine row -> (the plan as executed, its mode, its Predictor)
+        self.stager_predictors: dict = {}   # plan -> its Predictor with the stager's host time its rows measured
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -427,7 +432,7 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
         cal = dataclasses.replace(prof.calibration,
                                   stager_wake_us=Figure(wake, "measured", src, time.strftime("%Y-%m-%d")),
                                   stager_read_us=Figure(read, "measured", src, time.strftime("%Y-%m-%d")))
-        again = Predictor(path, dataclasses.replace(prof, calibration=cal))
+        again = run.stager_predictors[name] = Predictor(path, dataclasses.replace(prof, calibration=cal))
         for key, (executed, mode, _) in rows.items():
             tok_s = again.for_plan(executed, mode)["decode_tok_s"]
             run.metrics[f"{key}.decode_tok_s_predicted_stager_measured"] = tok_s
@@ -436,6 +441,44 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
         log(f"{name}: the stager's host measured by its rows: wake {wake:.0f} us, {read:.0f} us a read ({n} demand "
             "reads); predicted again with them: " + ", ".join(
                 f"{k.split('.', 1)[1]} {run.metrics[f'{k}.decode_tok_s_predicted_stager_measured']:.0f}" for k in rows))
+
+
+def run_routing_stage(run: Run, a, ckpt: Path) -> None:
+    """Every engine row predicted again on the routing it decoded on (`trained.run_routing`: its text teacher-forced
+    through the checkpoint, as the plans' held-out trace was made): `*.decode_tok_s_predicted_run_routing`, its VRAM
+    hit rate and NVMe bytes beside the row's measured ones; with the stager's measured host time too where its plan
+    has an NVMe tier (`*_run_routing_stager_measured`). The traces: <work>/run-routing/<row>.npz."""
+    from trained.run_routing import row_stats, row_trace
+    from strata_plan.core.routing import save_trace
+    from strata_plan.core.spec import load_spec
+    dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = hf.load(ckpt, torch.float32, dev, experts_implementation="eager")   # as the held-out trace was made
+    spec = load_spec(str(ckpt))
+    folder = Path(a.work) / "run-routing"
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, (executed, mode, pred) in run.executed.items():
+        r = run.extra["runs"][key]
+        trace = row_trace(model, r["context"], spec, f"engine row {key}: its prompt and decode tokens, teacher-forced")
+        save_trace(trace, folder / f"{key}.npz")
+        stats = row_stats(trace, r["context"], executed)
+        m = r["measured"]["decode_tok_s"]
+        name = key.split(".")[0]
+        for suffix, p in (("run_routing", pred), ("run_routing_stager_measured", run.stager_predictors.get(name))):
+            if p is None:
+                continue
+            got = p.for_plan(executed, mode, stats=stats)
+            bt = got["bytes_per_token"]
+            run.metrics.update({f"{key}.decode_tok_s_predicted_{suffix}": got["decode_tok_s"],
+                                f"{key}.measured_over_predicted_{suffix}": m / got["decode_tok_s"],
+                                f"{key}.vram_hit_rate_predicted_{suffix}": got["vram_hit_rate"],
+                                f"{key}.nvme_gb_per_token_predicted_{suffix}": bt.get("nvme", 0.0) / 1e9,
+                                f"{key}.pcie_gb_per_token_predicted_{suffix}": bt.get("pcie", 0.0) / 1e9})
+        own = {k: run.metrics[f"{key}.{k}_predicted_run_routing"] for k in ("decode_tok_s", "vram_hit_rate")}
+        log(f"{key:22s} predicted on its own routing {own['decode_tok_s']:8.2f} tok/s (measured / predicted "
+            f"{m / own['decode_tok_s']:.3f}; VRAM hit rate predicted {own['vram_hit_rate']:.3f}, measured "
+            f"{r['resident_hit_rate']:.3f})")
+    del model
+    _empty()
 
 
 # ---- 4. transformers (+ accelerate) ----------------------------------------------------------------------
@@ -554,7 +597,8 @@ def equivalence(run: Run, a, ckpt: Path, packed_bf16: Path, plan_bf16: Path, pro
 def table(run: Run) -> str:
     m = run.metrics
     lines = [f"{'budget / run':24s} {'MEASURED tok/s':>15s} {'PREDICTED':>10s} {'meas/pred':>9s} {'hit (seeds)':>11s} "
-             f"{'PCIe MB/tok':>11s} {'NVMe MB/tok':>11s} {'wasted MB/tok':>13s} {'% of bound':>10s}"]
+             f"{'PCIe MB/tok':>11s} {'NVMe MB/tok':>11s} {'wasted MB/tok':>13s} {'% of bound':>10s} "
+             f"{'meas/pred own routing':>21s}"]
     for name in run.args.budgets.split(","):
         for mode in MODES:
             k = f"{name}.{mode}"
@@ -563,7 +607,9 @@ def table(run: Run) -> str:
             lines.append(f"{k:24s} {m[f'{k}.decode_tok_s_measured']:15.2f} {m[f'{k}.decode_tok_s_predicted']:10.2f} "
                          f"{m[f'{k}.measured_over_predicted']:9.3f} {m[f'{k}.hit_rate_measured']:11.3f} "
                          f"{m[f'{k}.pcie_gb_per_token_measured'] * 1e3:11.3f} {m[f'{k}.nvme_gb_per_token_measured'] * 1e3:11.3f} "
-                         f"{m[f'{k}.wasted_gb_per_token_measured'] * 1e3:13.3f} {m[f'{k}.share_of_bound_measured']:10.1%}")
+                         f"{m[f'{k}.wasted_gb_per_token_measured'] * 1e3:13.3f} "
+                         f"{m[f'{k}.share_of_bound_measured']:10.1%} "
+                         f"{m.get(f'{k}.measured_over_predicted_run_routing', float('nan')):21.3f}")
         if f"{name}.accelerate.decode_tok_s_measured" in m:
             acc = m[f"{name}.accelerate.decode_tok_s_measured"]
             bound = m.get(f"{name}.accelerate.bound_tok_s")
@@ -682,13 +728,15 @@ def main(argv=None) -> int:
             run.do("depth_sweep", lambda: depth_sweep(run, a, plans, packed, prompt), need_s=40)
         if run.executed:
             run.do("stager", lambda: stager_stage(run, plans))
+            run.do("run_routing", lambda: run_routing_stage(run, a, ckpt), need_s=20)
     finally:
         run.metrics["total_seconds"] = round(run.elapsed(), 1)
         notes = ("bench-moe (or the fixture shape with --smoke) retrained in this run and planned from its own held-out "
                  "trace; routing from the model's own router (no replay). *_measured: measured here; *_predicted: "
                  "the cost model on the executed placement (see extra.runs.*.predicted.source); bound_from_moved_bytes: "
-                 "bytes moved per token over the profile's best link rates. Decode text is the model's greedy "
-                 "continuation of extra.prompt.")
+                 "bytes moved per token over the profile's best link rates. Decode text: extra.prompt continued by "
+                 "settings.sample (each row's text: extra.runs.<row>.context); *_predicted_run_routing: the row "
+                 "predicted on its own text's routing, teacher-forced.")
         path = write_result("engine-trained", run.metrics, out_dir=a.out_dir, notes=notes,
                             extra={**run.extra, "settings": {k: v for k, v in vars(a).items()}})
         print(table(run))

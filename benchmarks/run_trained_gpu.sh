@@ -13,8 +13,9 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl optuna==5.1.0 colorlog==6.12.0
 # Back here: cp <files_at>/*.json benchmarks/results/; python benchmarks/summarize.py. $OUT also gets the log
-# and trained-artifacts.tar (plans, the predictions' profile, trace, train log, config, tokenizer, the call's quick
-# profile, the GPU tests' and step_kernels' logs; the weights stay there).
+# and trained-artifacts.tar (plans, the predictions' profile, trace, train log, config, tokenizer, each engine row's
+# routing teacher-forced (run-routing/<row>.npz), the call's quick profile, the GPU tests' and step_kernels' logs;
+# the weights stay there).
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/trained_gpu}; t0=$(date +%s); mkdir -p "$OUT"
@@ -60,7 +61,7 @@ if [ -n "${STEP_KERNELS-}" ]; then
 fi
 tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml profile-predict.yaml \
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
-  bench-moe/tokenizer.json bench-moe/tokenizer_config.json 2>/dev/null
+  bench-moe/tokenizer.json bench-moe/tokenizer_config.json run-routing 2>/dev/null
 # at most 8 files come back from $OUT: the logs, the call's profile and step_kernels' files go into the tar too
 for f in run-profile.yaml gpu_tests.log gpu_tests.summary step_kernels-*.json step_kernels-*.log; do
   [ -f "$OUT/$f" ] && tar -C "$OUT" -rf "$OUT/trained-artifacts.tar" "$f" && rm -f "$OUT/$f"

@@ -78,21 +78,22 @@ def test_accelerate_offload_computes_what_the_resident_model_computes(tmp_path, 
 
 def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torch_thread):
     """A trained-model row of a plan with an NVMe tier (the device loop's stager): every figure the bench writes is
-    there, labelled measured or predicted (the fixture model on the CPU)."""
+    there, labelled measured or predicted (the fixture model on the CPU), and the row is predicted again on the
+    routing of its own text."""
     import sys
     import types
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_engine_run import FIXTURE, PROMPT, bf16_plan
     from strata_plan.cli import main as cli
     from strata_plan.core.plan import save_plan
-    from bench_trained import Run, measure_one, stager_stage
+    from bench_trained import Run, measure_one, run_routing_stage, stager_stage
     from trained.predict import Predictor
     packed = tmp_path / "packed"
     assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
     path = tmp_path / "plan.yaml"
     plan = bf16_plan(4, 10, 0, 1, chunk=1)
     save_plan(plan, path)
-    a = types.SimpleNamespace(tokens=4, warmup=2, device="cpu", sample="1.0,0.95", seed=0)
+    a = types.SimpleNamespace(tokens=4, warmup=2, device="cpu", sample="1.0,0.95", seed=0, work=str(tmp_path))
     run = Run(a)
     out = measure_one(run, a, "seed.plan", packed, plan, "plan", Predictor(path), PROMPT)
     for key in ("stage_wait_ms_per_token_measured", "nvme_wait_ms_per_token_predicted", "staging_hit_rate_measured",
@@ -106,6 +107,19 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     assert m["seed.plan.decode_tok_s_predicted_stager_measured"] > 0
     assert m["seed.plan.measured_over_predicted_stager_measured"] == pytest.approx(
         m["seed.plan.decode_tok_s_measured"] / m["seed.plan.decode_tok_s_predicted_stager_measured"])
+    run_routing_stage(run, a, FIXTURE)         # the row predicted again on its own text's routing
+    from strata_plan.core.routing import load_trace
+    trace = load_trace(tmp_path / "run-routing" / "seed.plan.npz")
+    ctx = run.extra["runs"]["seed.plan"]["context"]
+    assert trace.n_tokens == len(ctx["fed"]) and trace.depth == 4
+    for suffix in ("run_routing", "run_routing_stager_measured"):
+        assert m[f"seed.plan.measured_over_predicted_{suffix}"] == pytest.approx(
+            m["seed.plan.decode_tok_s_measured"] / m[f"seed.plan.decode_tok_s_predicted_{suffix}"])
+    # no cache slots: the VRAM hits are the plan's static experts on the row's own text, which the engine counted
+    # (its routing equals the float32 reference's here), not on the held-out text's statistics
+    own = m["seed.plan.vram_hit_rate_predicted_run_routing"]
+    assert own == pytest.approx(m["seed.plan.resident_hit_rate_measured"])
+    assert own != pytest.approx(m["seed.plan.vram_hit_rate_predicted"])
 
 
 def test_the_depth_sweep_predicts_the_depth_it_runs(tmp_path):

@@ -583,6 +583,21 @@ def test_on_a_gpu_the_bench_runs_of_one_budget_share_their_prompt_and_tokens(pac
     assert got[0]["tokens"] == got[1]["tokens"]
 
 
+def test_bench_decodes_the_prompt_alone_and_records_the_text_it_decoded(packed_bf16):
+    """`bench.measure` decodes after the prompt alone (its warm-up chunk is forgotten first) and records the text
+    its decode steps ran on: the prompt, then each step's given token. Greedily, that text is what a fresh
+    prefill of the prompt and plain decode steps produce; the counted steps are the last ones."""
+    from strata_plan.engine.bench import measure
+    plan = bf16_plan(4, 10, 3, 1, chunk=1)
+    r = measure(packed_bf16, plan, mode="plan", tokens=4, warmup=3, device="cpu", prompt=PROMPT)
+    ctx = r["context"]
+    assert ctx["prompt"] == PROMPT and r["measured"]["prefill_tokens"] == len(PROMPT)
+    assert len(ctx["fed"]) - ctx["counted_from"] == 4 and ctx["counted_from"] == 3
+    assert ctx["fed"][ctx["counted_from"] + 1:] == r["tokens"][:-1]        # each counted step's token given next
+    _, tokens, _ = run(packed_bf16, plan, "plan", new=len(ctx["fed"]))
+    assert tokens == ctx["fed"]
+
+
 def test_bench_draws_the_same_sampled_tokens_in_every_mode_and_not_the_greedy_ones(packed_bf16):
     """`bench.measure(pick=GumbelPick(...))`: each run draws from the pick's seed afresh (one pick object passed to
     every run), so the modes' equal logits give equal sampled tokens; they are not the greedy continuation."""

@@ -24,16 +24,20 @@ class Predictor:
         self.problem = plan_problem(self.plan, self.profile, self.path)
         self.cost = CostModel(self.problem)
 
-    def for_plan(self, executed, mode: str = "plan") -> dict:
+    def for_plan(self, executed, mode: str = "plan", stats=None) -> dict:
         """Predicted decode figures of `executed` (the plan as the engine ran it: another lookahead depth in the
-        depth sweep) run as `mode`, and its physical bound (`planner.bound.physical_bound`, the optimistic bytes of the placement)."""
+        depth sweep) run as `mode`, and its physical bound (`planner.bound.physical_bound`, the optimistic bytes of the
+        placement). `stats`: other routing statistics than the plan's (a row's own routing: `trained.run_routing`)."""
         from strata_plan.planner.bound import physical_bound
         from strata_plan.planner.repredict import predict_plan
         from strata_plan.planner.placement import placement_of
         place = placement_of(executed)
-        pred = predict_plan(executed, None, mode, self.path, problem=self.problem)
-        bound = physical_bound(self.problem, place)
-        return {"label": "predicted", "source": f"planner.repredict.predict_plan, profile {self.problem.profile.name}",
+        problem = self.problem if stats is None else self.problem.replace(stats=stats)
+        pred = predict_plan(executed, None, mode, self.path, problem=problem)
+        bound = physical_bound(problem, place)
+        routing = "the plan's statistics" if stats is None else f"statistics of {stats.source}"
+        return {"label": "predicted", "source": f"planner.repredict.predict_plan, profile {self.problem.profile.name}, "
+                                                f"{routing}",
                 "decode_tok_s": pred.decode_tok_s, "decode_binding": pred.decode_binding,
                 "bytes_per_token": dict(pred.bytes_per_token), "vram_hit_rate": min(pred.hit_rate, 1.0),
                 "decode_seconds": dict(pred.decode_seconds),

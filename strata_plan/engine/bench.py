@@ -74,17 +74,21 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         m.reset()
         m.prefill(rng.integers(0, V, n_prefill).tolist(), chunk)
         _sync(dev)
+        m.reset()                                     # the decode's context is the prompt alone, not the warm-up chunk
+        prompt = list(prompt) if prompt else rng.integers(0, V, n_prefill).tolist()
         t0 = time.perf_counter()
-        logits = m.prefill(prompt or rng.integers(0, V, n_prefill).tolist(), chunk)
+        logits = m.prefill(prompt, chunk)
         _sync(dev)
         prefill_s = time.perf_counter() - t0
         # ---- decode ------------------------------------------------------------------------------------
         tok = logits.argmax().reshape(1)
+        fed = [int(tok)]                              # every token a decode step was given, in order
         for i in range(warm):
             tok = m.decode_block(tok[-1:], k, pick=pick)
+            fed += tok.tolist()                       # (a host read a warm-up launch: untimed)
             if progress:
                 progress("warm-up", (i + 1) * k, warm * k)
-        int(tok[-1])
+        counted_from = len(fed) - 1                   # the steps counted below are given fed[counted_from:]
         store.reset_counters()
         if runner is not None:
             runner.timing = True
@@ -125,9 +129,9 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
                 progress("decode", (i + 1) * k, tokens)
         wall = time.perf_counter() - t_all
         host_cpu = time.thread_time() - cpu0
-        if ahead:
-            ring.pop()                                # the launch queued past the last timed one
+        last = ring.pop() if ahead else []            # the launch queued past the last timed one
         steps = tokens + k * int(ahead)               # decode steps run while counting
+        fed = (fed + out_ids + last)[:counted_from + steps]
         split = runner.split() if runner is not None else {"steps": 0}
         launch_s = (runner.launch_s - launch0) / steps if runner is not None else None
         c = store.counter_data()
@@ -139,12 +143,15 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "mode": mode,
             "loop": "device",                   # the engine's decode loop (`strata-plan calibrate` reads it)
             "tokens": out_ids,                  # the timed tokens (greedy or `pick`'s): the modes must agree
+            # the text the decode ran on: the prompt, then the token each decode step was given (warm-up steps first;
+            # the counters cover the steps given fed[counted_from:]): its routing, teacher-forced, is the run's own
+            "context": {"prompt": prompt, "fed": fed, "counted_from": counted_from},
             "pick": getattr(pick, "key", "greedy"),
             "tokens_per_graph": k,              # decode tokens a launch ran (the host read them together)
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": tokens / wall,
-                "prefill_tok_s": n_prefill / prefill_s, "prefill_tokens": n_prefill,
+                "prefill_tok_s": len(prompt) / prefill_s, "prefill_tokens": len(prompt),
                 "decode_s_per_token": {"median": med, "p10": float(np.percentile(per, 10)),
                                        "p90": float(np.percentile(per, 90))},
             },

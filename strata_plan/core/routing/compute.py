@@ -30,27 +30,33 @@ def size_grid(n_experts: int, top_k: int = 1) -> tuple[int, ...]:
 
 
 def layer_stats(experts: np.ndarray, sequence: np.ndarray, n_experts: int, first: int = 0,
-                static_sizes: Sequence[int] | None = None, cache_sizes: Sequence[int] | None = None) -> LayerStats:
-    """Statistics of one layer's experts int [T, k]; tokens before `first` only warm the cache up."""
+                static_sizes: Sequence[int] | None = None, cache_sizes: Sequence[int] | None = None,
+                ranking: Sequence[int] | None = None) -> LayerStats:
+    """Statistics of one layer's experts int [T, k]; tokens before `first` only warm the cache up. `ranking`:
+    expert ids in the order static sets take them (default: most used here first)."""
     k = experts.shape[1]
     counted = experts[first:]
     counts = np.bincount(counted.ravel(), minlength=n_experts)
     n = int(counts.sum())
-    order = np.lexsort((np.arange(n_experts), -counts))          # most used first, ties by id
+    if ranking is None:
+        order = np.lexsort((np.arange(n_experts), -counts))      # most used first, ties by id
+    else:
+        order = np.asarray(ranking, dtype=np.int64)
     rank = np.empty(n_experts, dtype=np.int64)
     rank[order] = np.arange(n_experts)
     static_hit = np.concatenate([[0], np.cumsum(counts[order])]) / n
     S = np.asarray(static_sizes if static_sizes is not None else size_grid(n_experts, k))
     C = np.asarray(cache_sizes if cache_sizes is not None else size_grid(n_experts, k))
     grid = hit_grid(stack_distances(experts, rank, S, first), C)
-    return _layer(counts / n, static_hit, prev_reuse(experts, sequence, first), S, C, grid, n)
+    return _layer(counts / n, static_hit, prev_reuse(experts, sequence, first), S, C, grid, n,
+                  None if ranking is None else tuple(int(e) for e in order))
 
 
 def _layer(pop: np.ndarray, static_hit: np.ndarray, reuse: float, S: np.ndarray, C: np.ndarray, grid: np.ndarray,
-           n: int) -> LayerStats:
+           n: int, ranking: tuple[int, ...] | None = None) -> LayerStats:
     return LayerStats(popularity=tuple(pop.tolist()), static_hit=tuple(static_hit.tolist()), prev_reuse=reuse,
                       lru_static=tuple(int(s) for s in S), lru_cache=tuple(int(c) for c in C),
-                      lru_hit=tuple(tuple(r) for r in grid.tolist()), accesses=n)
+                      lru_hit=tuple(tuple(r) for r in grid.tolist()), accesses=n, ranking=ranking)
 
 
 def pooled_layer_stats(experts: np.ndarray, sequence: np.ndarray, n_experts: int, first: int,
@@ -127,15 +133,23 @@ def lookahead_stats(trace: Trace, fallback: Sequence[LookaheadStats]) -> tuple[L
 
 def compute_stats(trace: Trace, *, warmup: int = 0, lookahead_prior: Sequence[LookaheadStats] | None = None,
                   kind: str = "trace", source: str | None = None, source_sha256: str | None = None,
-                  static_sizes: Sequence[int] | None = None, cache_sizes: Sequence[int] | None = None) -> RoutingStats:
+                  static_sizes: Sequence[int] | None = None, cache_sizes: Sequence[int] | None = None,
+                  rankings: Sequence[Sequence[int]] | None = None) -> RoutingStats:
     """Statistics of every MoE layer of `trace`. The first `warmup` tokens set the caches' state but are
     not counted (0 for a real trace: its cold misses are real). Lookahead depths the trace does not
-    record come from `lookahead_prior` (default: the documented prior, `stats.LOOKAHEAD_PRIOR`)."""
+    record come from `lookahead_prior` (default: the documented prior, `stats.LOOKAHEAD_PRIOR`).
+    `rankings` (one per layer): the experts ranked as other statistics rank them (a plan's tiers list its ids
+    most used first), so that a placement made from those is judged on this trace; default: this trace's own."""
     if not 0 <= warmup < trace.n_tokens:
         raise ValueError(f"warmup {warmup} must leave tokens to count (trace has {trace.n_tokens})")
+    if rankings is not None and (len(rankings) != trace.n_layers or any(
+            sorted(r) != list(range(trace.n_experts)) for r in rankings)):
+        raise ValueError(f"rankings: one per MoE layer ({trace.n_layers}), each every expert id "
+                         f"0..{trace.n_experts - 1} once")
     if lookahead_prior is None:
         lookahead_prior = default_lookahead()
-    layers = tuple(layer_stats(trace.experts[:, i, :], trace.sequence, trace.n_experts, warmup, static_sizes, cache_sizes)
+    layers = tuple(layer_stats(trace.experts[:, i, :], trace.sequence, trace.n_experts, warmup, static_sizes,
+                               cache_sizes, None if rankings is None else rankings[i])
                    for i in range(trace.n_layers))
     return RoutingStats(schema=SCHEMA_NAME, version=SCHEMA_VERSION, model=trace.model, n_experts=trace.n_experts,
                         top_k=trace.top_k, source=source if source is not None else trace.source,

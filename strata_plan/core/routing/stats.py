@@ -62,7 +62,9 @@ def default_lookahead() -> tuple[LookaheadStats, ...]:
 class LayerStats:
     """One MoE layer. `static_hit[s]`: share of accesses served by the s most popular experts (s = 0..E).
     `lru_hit[i][j]`: total hit rate of static set `lru_static[i]` plus an LRU cache of `lru_cache[j]`
-    experts over the rest (see lru.py for the exact cache model)."""
+    experts over the rest (see lru.py for the exact cache model). `ranking` (optional): the order the experts are
+    ranked in when it is not this layer's own popularity, most used first: a placement made from other statistics
+    judged on this routing (`compute_stats(..., rankings=...)`); static sets and `static_hit` then run in it."""
 
     popularity: tuple[float, ...]
     static_hit: tuple[float, ...]
@@ -71,6 +73,7 @@ class LayerStats:
     lru_cache: tuple[int, ...]
     lru_hit: tuple[tuple[float, ...], ...]
     accesses: int = bounded(0, None, default=0)    # expert accesses the shares were counted over
+    ranking: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         E = len(self.popularity)
@@ -78,9 +81,12 @@ class LayerStats:
             raise ValueError("popularity must list one non-negative share per expert, summing to 1")
         if len(self.static_hit) != E + 1 or abs(self.static_hit[0]) > TOL or abs(self.static_hit[-1] - 1) > TOL:
             raise ValueError(f"static_hit must have {E + 1} entries (sizes 0..{E}) from 0 to 1")
-        ranked = sorted(self.popularity, reverse=True)
+        if self.ranking is not None and sorted(self.ranking) != list(range(E)):
+            raise ValueError(f"ranking must list every expert id 0..{E - 1} once")
+        ranked = [self.popularity[e] for e in self.order]
         if any(abs(self.static_hit[s + 1] - self.static_hit[s] - ranked[s]) > TOL for s in range(E)):
-            raise ValueError("static_hit must be the running sum of the popularity shares, most popular first")
+            raise ValueError("static_hit must be the running sum of the popularity shares, most popular first "
+                             "(or in `ranking`)")
         S, C = self.lru_static, self.lru_cache
         if not S or list(S) != sorted(set(S)) or S[0] != 0 or S[-1] != E or min(S) < 0:
             raise ValueError(f"lru_static must be increasing static-set sizes from 0 to {E}")
@@ -100,7 +106,9 @@ class LayerStats:
 
     @cached_property
     def order(self) -> tuple[int, ...]:
-        """Expert ids, most used first (ties: lower id first)."""
+        """Expert ids by rank: `ranking` where given, else most used first (ties: lower id first)."""
+        if self.ranking is not None:
+            return tuple(self.ranking)
         return tuple(sorted(range(self.n_experts), key=lambda e: (-self.popularity[e], e)))
 
     def static_at(self, s: float) -> float:
