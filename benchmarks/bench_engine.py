@@ -25,7 +25,9 @@ same files at the store's reader count, interleaved. Rows `<plan>.<mode>.*` (RAM
 a token, the device LRU, lookahead copies on a side stream); each run's bound 1 / (t_nonMoE + B / R_zc) is measured in
 the same run (`bound_rows`; with lookahead also the overlapped 1 / max(t_nonMoE, B / R_zc)), with whether the run gave
 the tokens of the same budget with every routed expert static in VRAM (`<plan>.resident`, run first: nothing moves
-bytes there, so its tokens are the reference; `.tokens_equal_resident`). For a plan with an NVMe tier the bound is the
+bytes there, so its tokens are the reference; `.tokens_equal_resident`, and `.tokens_equal_resident_first` the
+tokens it shares with it before the first difference; `<plan>.resident_again`: the reference run once more, whether
+its own tokens repeat). For a plan with an NVMe tier the bound is the
 drive's instead: a plain O_DIRECT read at the stager's reads in flight and request size (one blob), measured after each
 run (`<plan>.plain_odirect_gbps`:
 the median of those interleaved repeats, min and max beside it), over the NVMe bytes the run read a token that were
@@ -147,6 +149,22 @@ def pinned_cost(nbytes: float) -> dict:
     return out
 
 
+def complete_pack(folder: Path) -> bool:
+    """Whether `folder` holds a whole pack: its index and every file it lists."""
+    from strata_plan.engine.packed import load_index
+    from strata_plan.errors import UserError
+    try:
+        load_index(folder)
+        return True
+    except (UserError, OSError, ValueError):
+        return False
+
+
+def first_difference(a: list, b: list) -> int:
+    """How many leading tokens `a` and `b` share (the length of the shorter when one is the other's prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True)
@@ -228,7 +246,8 @@ def main() -> int:
 
     try:
         t0 = time.perf_counter()
-        if not (folder / "index.json").exists():
+        if not complete_pack(folder):                   # none, or a run cut off while packing or removing it
+            shutil.rmtree(folder, ignore_errors=True)
             pack_synthetic(load_spec(first.model), folder, [{e: l.format_of(e) for e in range(first.n_experts)} for l in first.layers],
                            device="cuda" if torch.cuda.is_available() else "cpu")
         files = sorted(folder.glob("experts-*.bin"))
@@ -263,7 +282,12 @@ def main() -> int:
                                                             warmup=a.warmup, replay=replay_for(plan),
                                                             options=EngineOptions()))
             refs[name] = r["tokens"] if r is not None else None
-            if r is not None:
+            if r is not None:                           # twice: are the reference tokens themselves repeatable?
+                again = attempt(f"{name}/resident_again", lambda: measure(
+                    folder, whole, mode="plan", tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
+                    options=EngineOptions()))
+                if again is not None:
+                    metrics[f"{name}.resident_again.tokens_equal_resident"] = float(again["tokens"] == refs[name])
                 metrics[f"{name}.resident.decode_tok_s"] = r["measured"]["decode_tok_s"]
                 metrics[f"{name}.resident.tokens_per_graph"] = r["tokens_per_graph"]
                 metrics[f"{name}.resident.prefill_tokens"] = r["measured"]["prefill_tokens"]   # the runs' prompt length
@@ -284,6 +308,7 @@ def main() -> int:
                 metrics[f"{name}.copy_programs"] = programs[name] or copy_programs(torch.device("cuda"))
             if refs.get(name) is not None:              # the same routing with every expert in VRAM: the truth
                 metrics[f"{name}.{mode}.tokens_equal_resident"] = float(r["tokens"] == refs[name])
+                metrics[f"{name}.{mode}.tokens_equal_resident_first"] = first_difference(r["tokens"], refs[name])
             report(name, paths[name], plan, mode, r)
             return r
 

@@ -40,6 +40,9 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
         for mode in ms:
             assert m[f"{name}.{mode}.decode_tok_s"] > 0, (name, mode)
             assert m[f"{name}.{mode}.tokens_equal_resident"] == 1.0, (name, mode)   # the all-in-VRAM run's tokens
+            assert m[f"{name}.{mode}.tokens_equal_resident_first"] == 3, (name, mode)
+    for name in ("ramrich", "seed"):                                   # the reference run repeats its tokens
+        assert m[f"{name}.resident_again.tokens_equal_resident"] == 1.0
     assert m["seed_forced_d2.plan_over_lru"] == m["seed_forced_d2.plan.decode_tok_s"] / m["seed.lru.decode_tok_s"]
     assert "ramrich_forced_d1.plan.decode_tok_s" not in m             # the RAM-rich plan has lookahead already
     assert m["ramrich_whole.plan_over_lru"] == m["ramrich_whole.plan.decode_tok_s"] / m["ramrich.lru.decode_tok_s"]
@@ -103,3 +106,22 @@ def test_the_drive_as_this_run_measured_it_reads_that_rate_at_the_stagers_reques
     factor = 1.25 / base.nvme[0].rand_read.at(block, readers)
     assert got.nvme[0].rand_read.at(1 << 20, 1) == pytest.approx(factor * base.nvme[0].rand_read.at(1 << 20, 1))
     assert got.gpus == base.gpus and got.calibration == base.calibration
+
+
+def test_a_pack_cut_short_is_not_taken_for_a_pack(tmp_path):
+    """bench_engine packs again where a folder's index lists a file that is gone (a warm machine's earlier call was
+    stopped while it removed its pack): a run would fail on it in every mode."""
+    import shutil
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_engine_run import FIXTURE
+    from strata_plan.cli import main as cli
+    from bench_engine import complete_pack, first_difference
+    packed = tmp_path / "packed"
+    assert not complete_pack(packed)
+    assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
+    assert complete_pack(packed)
+    cut = tmp_path / "cut"
+    shutil.copytree(packed, cut)
+    next(cut.glob("experts-*.bin")).unlink()
+    assert not complete_pack(cut)
+    assert first_difference([1, 2, 3], [1, 2, 3]) == 3 and first_difference([1, 5, 3], [1, 2, 3]) == 1
