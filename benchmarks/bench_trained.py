@@ -26,10 +26,11 @@ Stages (each one's failure is recorded and the later ones still run where they c
    run` calls), against transformers' greedy tokens from the BF16 checkpoint: float32 on the CPU (the exact
    check) and bf16 on the GPU (first divergence and how close the tie was).
 6. hit rate by lookahead depth: each plan run in mode plan at every depth of `--depths`.
-7. stager: an NVMe plan's rows predicted again with the stager's host time its rows measured.
-8. run routing: every row predicted again on the routing of its own text (the prompt and the tokens its decode
-   steps were given, teacher-forced as the held-out trace was: `trained/run_routing.py`), its experts ranked
-   as the plan ranks them: the workload sample's share of a row's error told from the cost model's.
+   After the engine rows (and again after the depth sweep, for its rows): stager, an NVMe plan's rows predicted
+   again with the stager's host time its engine rows measured; run routing, every row predicted again on the
+   routing of its own text (the prompt and the tokens its decode steps were given, teacher-forced as the held-out
+   trace was: `trained/run_routing.py`), its experts ranked as the plan ranks them: the workload sample's share
+   of a row's error told from the cost model's.
 Writes engine-trained-<time>.json (benchmarks/_result.py) and prints a table. Every figure is labelled
 measured, predicted or bound.
 """
@@ -414,13 +415,19 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
 def stager_stage(run: Run, plans: dict[str, Path]) -> None:
     """Per plan with an NVMe tier: the stager's host time measured by its rows' counters (`stager_wake_us`,
     `stager_read_us`, as `strata-plan calibrate` measures them), and every row of the plan predicted again with
-    them in place of the profile's (defaults: estimates): `*.decode_tok_s_predicted_stager_measured`."""
+    them in place of the profile's (defaults: estimates): `*.decode_tok_s_predicted_stager_measured`. Run again
+    (after the depth sweep), it predicts the new rows with the figures the first call measured."""
     import dataclasses
 
     from strata_plan.planner.calibrate import stager_host_us
     from strata_plan.profiles.schema import Figure
     for name, path in plans.items():
-        rows = {k: v for k, v in run.executed.items() if k.startswith(f"{name}.")}
+        rows = {k: v for k, v in run.executed.items() if k.startswith(f"{name}.")
+                and f"{k}.decode_tok_s_predicted_stager_measured" not in run.metrics}
+        if name in run.stager_predictors:                  # measured already: the new rows predicted with it
+            for key, (executed, mode, _) in rows.items():
+                _stager_measured_row(run, key, run.stager_predictors[name].for_plan(executed, mode)["decode_tok_s"])
+            continue
         got = stager_host_us([run.extra["runs"][k].get("stager") for k in rows])
         if got is None:
             continue
@@ -434,20 +441,23 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
                                   stager_read_us=Figure(read, "measured", src, time.strftime("%Y-%m-%d")))
         again = run.stager_predictors[name] = Predictor(path, dataclasses.replace(prof, calibration=cal))
         for key, (executed, mode, _) in rows.items():
-            tok_s = again.for_plan(executed, mode)["decode_tok_s"]
-            run.metrics[f"{key}.decode_tok_s_predicted_stager_measured"] = tok_s
-            run.metrics[f"{key}.measured_over_predicted_stager_measured"] = (
-                run.metrics[f"{key}.decode_tok_s_measured"] / tok_s)
+            _stager_measured_row(run, key, again.for_plan(executed, mode)["decode_tok_s"])
         log(f"{name}: the stager's host measured by its rows: wake {wake:.0f} us, {read:.0f} us a read ({n} demand "
             "reads); predicted again with them: " + ", ".join(
                 f"{k.split('.', 1)[1]} {run.metrics[f'{k}.decode_tok_s_predicted_stager_measured']:.0f}" for k in rows))
+
+
+def _stager_measured_row(run: Run, key: str, tok_s: float) -> None:
+    run.metrics[f"{key}.decode_tok_s_predicted_stager_measured"] = tok_s
+    run.metrics[f"{key}.measured_over_predicted_stager_measured"] = run.metrics[f"{key}.decode_tok_s_measured"] / tok_s
 
 
 def run_routing_stage(run: Run, a, ckpt: Path) -> None:
     """Every engine row predicted again on the routing it decoded on (`trained.run_routing`: its text teacher-forced
     through the checkpoint, as the plans' held-out trace was made): `*.decode_tok_s_predicted_run_routing`, its VRAM
     hit rate and NVMe bytes beside the row's measured ones; with the stager's measured host time too where its plan
-    has an NVMe tier (`*_run_routing_stager_measured`). The traces: <work>/run-routing/<row>.npz."""
+    has an NVMe tier (`*_run_routing_stager_measured`). The traces: <work>/run-routing/<row>.npz. Run again, it
+    predicts the rows that came since."""
     from trained.run_routing import row_stats, row_trace
     from strata_plan.core.routing import save_trace
     from strata_plan.core.spec import load_spec
@@ -457,6 +467,8 @@ def run_routing_stage(run: Run, a, ckpt: Path) -> None:
     folder = Path(a.work) / "run-routing"
     folder.mkdir(parents=True, exist_ok=True)
     for key, (executed, mode, pred) in run.executed.items():
+        if f"{key}.decode_tok_s_predicted_run_routing" in run.metrics:
+            continue
         r = run.extra["runs"][key]
         trace = row_trace(model, r["context"], spec, f"engine row {key}: its prompt and decode tokens, teacher-forced")
         save_trace(trace, folder / f"{key}.npz")
@@ -718,6 +730,9 @@ def main(argv=None) -> int:
         packed = run.do("pack", lambda: pack(run, a, ckpt, plans)) if plans else None
         if packed:
             run.do("engine", lambda: engine_stage(run, a, plans, packed, prompt))
+        if run.executed:            # the engine rows predicted again (a few seconds) before the optional stages
+            run.do("stager", lambda: stager_stage(run, plans))
+            run.do("run_routing", lambda: run_routing_stage(run, a, ckpt))
         skip = set(filter(None, a.skip.split(",")))
         if "transformers" not in skip:
             run.do("transformers", lambda: transformers_stage(run, a, ckpt, n_moe, prompt), need_s=60)
@@ -726,9 +741,9 @@ def main(argv=None) -> int:
                 plans["ramrich"], Path(a.work) / "plan-bf16.yaml"), prompt), need_s=45)
         if run.ok("engine") and a.depths and "depth_sweep" not in skip:
             run.do("depth_sweep", lambda: depth_sweep(run, a, plans, packed, prompt), need_s=40)
-        if run.executed:
-            run.do("stager", lambda: stager_stage(run, plans))
-            run.do("run_routing", lambda: run_routing_stage(run, a, ckpt), need_s=20)
+        if run.ok("depth_sweep"):   # its rows too
+            run.do("stager.depth_sweep", lambda: stager_stage(run, plans))
+            run.do("run_routing.depth_sweep", lambda: run_routing_stage(run, a, ckpt), need_s=15)
     finally:
         run.metrics["total_seconds"] = round(run.elapsed(), 1)
         notes = ("bench-moe (or the fixture shape with --smoke) retrained in this run and planned from its own held-out "

@@ -80,6 +80,7 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     """A trained-model row of a plan with an NVMe tier (the device loop's stager): every figure the bench writes is
     there, labelled measured or predicted (the fixture model on the CPU), and the row is predicted again on the
     routing of its own text."""
+    import dataclasses
     import sys
     import types
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -120,6 +121,16 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     own = m["seed.plan.vram_hit_rate_predicted_run_routing"]
     assert own == pytest.approx(m["seed.plan.resident_hit_rate_measured"])
     assert own != pytest.approx(m["seed.plan.vram_hit_rate_predicted"])
+    # a later row (the depth sweep's): both stages again predict it alone, with the figures measured first
+    first = dict(m)
+    measure_one(run, a, "seed.depth2", packed, dataclasses.replace(plan, prefetch_depth=2), "plan", Predictor(path),
+                PROMPT)
+    stager_stage(run, {"seed": path})
+    run_routing_stage(run, a, FIXTURE)
+    assert m["seed.depth2.decode_tok_s_predicted_stager_measured"] > 0
+    assert m["seed.depth2.vram_hit_rate_predicted_run_routing"] == pytest.approx(
+        m["seed.depth2.resident_hit_rate_measured"])
+    assert {k: m[k] for k in first} == first
 
 
 def test_the_depth_sweep_predicts_the_depth_it_runs(tmp_path):
