@@ -18,7 +18,9 @@ Stages (each one's failure is recorded and the later ones still run where they c
    prediction for the executed placement (trained/predict.py), bytes per tier per token, the seeds' hit
    rate, lookahead precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved;
    for the NVMe plan a plain O_DIRECT read of the same files, and at depth >= 2 the plan once more with the stager
-   reading the deepest guesses alone (`plan_deepest`, EngineOptions.stage_depths: the cost model's count; A/B).
+   reading the deepest guesses alone (`plan_deepest`, EngineOptions.stage_depths: the cost model's count; A/B), and
+   with the stager's reads submitted together through Linux native AIO (`plan_aio`, EngineOptions.stager_io; over
+   the mean of `plan` and `plan_again`, the reader threads: `plan_aio_over_plan_measured`; A/B).
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -367,6 +369,13 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
                                EngineOptions(stage_depths="deepest"))
             run.metrics[f"{name}.plan_deepest_over_plan_measured"] = (deep["decode_tok_s_measured"]
                                                                       / got["plan"]["decode_tok_s_measured"])
+        from strata_plan.engine.aio import available as aio_available
+        if any(l.nvme for l in plan.layers) and aio_available():   # A/B: the stager's reads submitted together
+            from strata_plan.engine.engine import EngineOptions
+            aio = measure_one(run, a, f"{name}.plan_aio", packed[name], plan, "plan", pred, prompt,
+                              EngineOptions(stager_io="aio"))
+            threads = (got["plan"]["decode_tok_s_measured"] + again["decode_tok_s_measured"]) / 2
+            run.metrics[f"{name}.plan_aio_over_plan_measured"] = aio["decode_tok_s_measured"] / threads
         if any(l.nvme for l in plan.layers):
             from strata_plan.engine.directio import page_cache_residency, plain_read_gbps
             files = sorted(packed[name].glob("experts-*.bin"))

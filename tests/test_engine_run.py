@@ -50,14 +50,14 @@ def bf16_plan(vram: int, ram: int, cache: int, depth: int, chunk: int = 5):
 
 
 def run(packed, plan, mode: str, new: int = 5, device: str = "cpu", graphs: bool | str = True, backend: str = "auto",
-        routed: list | None = None):
+        routed: list | None = None, io: str = "threads"):
     """(prompt logits [V], logits of each decode step, greedy tokens, store counters). graphs: True (the engine's
     step runner, `DeviceDecode`: eager on a CPU), "eager" (the same runner's step run eagerly, also on a GPU), False
     (the model's own forward: with mode on-demand the plain reference loop). backend: EngineOptions.backend ("triton"
     on a CPU: every kernel interpreted). `routed` gets each one-token MoE call's (MoE layer, routed ids) appended, in
-    call order."""
+    call order. io: EngineOptions.stager_io."""
     with Engine.open(packed, plan, EngineOptions(mode=mode, device=device, graphs=bool(graphs),
-                                                 backend=backend)) as eng:
+                                                 backend=backend, stager_io=io)) as eng:
         m = eng.model
         if graphs == "eager":
             from strata_plan.engine.device_loop import DeviceDecode

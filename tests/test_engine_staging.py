@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from strata_plan.engine import directio
+from strata_plan.engine import aio, directio
 from strata_plan.engine.engine import Engine, EngineOptions
 from strata_plan.engine.packed import load_index
 from strata_plan.errors import UserError
@@ -18,17 +18,22 @@ from strata_plan.errors import UserError
 from test_engine_run import PROMPT, _one_thread, bench_runner_and_plain, bf16_plan, packed_bf16, run  # noqa: F401
 
 
+IO = ["threads", pytest.param("aio", marks=pytest.mark.skipif(not aio.available(), reason="no Linux native AIO"))]
+
+
+@pytest.mark.parametrize("io", IO)
 @pytest.mark.parametrize("split,mode", [((4, 10, 0, 0), "on-demand"), ((4, 10, 2, 0), "lru"), ((4, 10, 2, 2), "plan"),
                                         ((0, 0, 3, 1), "plan")])
-def test_the_stager_gives_the_ram_plans_logits_and_moves_the_same_expert_bytes(packed_bf16, split, mode):
+def test_the_stager_gives_the_ram_plans_logits_and_moves_the_same_expert_bytes(packed_bf16, split, mode, io):
     """The NVMe tier staged (stager on) against the same plan with those experts in pinned RAM instead: prompt a token a
     call (so prefill goes through the stager too) and 12 tokens; the logits bit for bit, the same experts static and
     cached, every use the RAM plan missed a miss here too (read in place from RAM or from staging), and without
-    lookahead the same bytes over PCIe; each staged expert read from the drive at most once per staging."""
+    lookahead the same bytes over PCIe; each staged expert read from the drive at most once per staging. The reads by
+    reader threads or submitted together (native AIO) alike."""
     vram, ram, cache, depth = split
     plan = bf16_plan(*split, chunk=1)
     ref = run(packed_bf16, bf16_plan(vram, 32 - vram, cache, depth, chunk=1), mode, new=12)
-    dev = run(packed_bf16, plan, mode, new=12)
+    dev = run(packed_bf16, plan, mode, new=12, io=io)
     assert torch.equal(dev[0], ref[0]) and dev[1] == ref[1]
     r, d = ref[2]["by_kind"], dev[2]["by_kind"]
     assert d["static"] == r["static"] and d["cached"] == r["cached"]
@@ -40,13 +45,17 @@ def test_the_stager_gives_the_ram_plans_logits_and_moves_the_same_expert_bytes(p
     assert 0 < db["bytes_from"]["nvme"] <= db["staged_bytes"] + db["wasted_bytes"]   # a staged expert read once
 
 
-def test_the_lookahead_guesses_are_read_ahead_and_counted(packed_bf16):
+@pytest.mark.parametrize("io", IO)
+def test_the_lookahead_guesses_are_read_ahead_and_counted(packed_bf16, io):
     """Depth 2: the gates' guesses for the next layers are staged before the layers ask (staged uses), wrong ones
     are counted as wasted; depth 0 stages only what the layers ask for (every NVMe read a demand)."""
     got = {}
     for depth in (0, 2):
-        with Engine.open(packed_bf16, bf16_plan(0, 0, 0, depth, chunk=1), EngineOptions(device="cpu")) as eng:
-            assert eng.store.staging is not None
+        with Engine.open(packed_bf16, bf16_plan(0, 0, 0, depth, chunk=1), EngineOptions(device="cpu",
+                                                                                           stager_io=io)) as eng:
+            st = eng.store.staging.stager
+            assert st.io == io and {t.name for t in st._threads} >= (
+                {"stager-poll", "stager-reap"} if io == "aio" else {"stager-poll", "stager-read-0"})
             eng.generate(PROMPT, max_new_tokens=10)
             got[depth] = (eng.store.counter_data(), eng.store.staging.last)
     c0, s0 = got[0]
@@ -103,12 +112,14 @@ def _damage(blobs) -> None:
             f.write(bytes([b[0] ^ 0xFF]))
 
 
+@pytest.mark.parametrize("io", IO)
 @pytest.mark.parametrize("fault", ["checksum", "short", "eio"])
-def test_a_bad_nvme_blob_stops_the_run_in_one_line_before_a_token_from_it(packed_bf16, tmp_path, monkeypatch, fault):
+def test_a_bad_nvme_blob_stops_the_run_in_one_line_before_a_token_from_it(packed_bf16, tmp_path, monkeypatch, fault,
+                                                                         io):
     folder = _copy(packed_bf16, tmp_path)
     plan = bf16_plan(4, 10, 0, 1, chunk=1)
     shown: list[int] = []
-    with Engine.open(folder, plan, EngineOptions(device="cpu")) as eng:
+    with Engine.open(folder, plan, EngineOptions(device="cpu", stager_io=io)) as eng:
         assert eng.store.staging is not None
         blobs = _nvme_blobs(folder, plan)
         if fault == "checksum":                  # damaged after the start-up checks: the stager's check finds it
@@ -116,10 +127,13 @@ def test_a_bad_nvme_blob_stops_the_run_in_one_line_before_a_token_from_it(packed
         elif fault == "short":                   # cut short after start-up
             for path in {p for p, _, _ in blobs}:
                 os.truncate(path, min(off for p, off, _ in blobs if p == path))
-        else:
+        elif io == "threads":
             def eio(self, buf, offset, nbytes):
                 raise OSError(5, "Input/output error", str(self.path))
             monkeypatch.setattr(directio.BlobFile, "read_into", eio)
+        else:                                    # every completion an EIO, as the kernel reports one
+            real = aio.AioContext.wait
+            monkeypatch.setattr(aio.AioContext, "wait", lambda self, *a: [(t, -5) for t, _ in real(self, *a)])
         with pytest.raises(UserError) as err:
             eng.generate(PROMPT, max_new_tokens=4, on_token=shown.append)
     line = str(err.value)
@@ -178,7 +192,22 @@ def test_a_wait_that_timed_out_names_what_the_stager_knew(packed_bf16):
         assert "\n" not in msg
 
 
-def test_each_staged_blob_is_hashed_at_its_first_read_only(packed_bf16, monkeypatch):
+@pytest.mark.skipif(not aio.available(), reason="no Linux native AIO")
+def test_a_read_the_kernel_refuses_stops_the_run_in_one_line(packed_bf16, monkeypatch):
+    """io="aio": io_submit refusing a read (as for a file the drive dropped) is the stager's error, as a failed read
+    is."""
+    monkeypatch.setattr(aio.AioContext, "submit", lambda self, reads: (0, OSError(22, "Invalid argument")))
+    with Engine.open(packed_bf16, bf16_plan(4, 10, 0, 0, chunk=1), EngineOptions(device="cpu", stager_io="aio")) as eng:
+        with pytest.raises(UserError) as err:
+            eng.generate(PROMPT, max_new_tokens=2)
+    line = str(err.value)
+    assert "\n" not in line and "Invalid argument" in line and "expert" in line
+    with pytest.raises(UserError, match="stager_io"):
+        EngineOptions(stager_io="uring")
+
+
+@pytest.mark.parametrize("io", IO)
+def test_each_staged_blob_is_hashed_at_its_first_read_only(packed_bf16, monkeypatch, io):
     """Every byte is checked once a run (engine/PACK.md): a blob the stager reads again after an eviction is not hashed
     again. The least staging cache over 12 tokens re-reads blobs; each distinct blob's parts are hashed once."""
     from strata_plan.engine import stager
@@ -189,7 +218,7 @@ def test_each_staged_blob_is_hashed_at_its_first_read_only(packed_bf16, monkeypa
         hashed.append((entry.layer, entry.expert, k))
         return real(index, entry, data, k)
     monkeypatch.setattr(stager, "verify_part", spy)
-    with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 0, chunk=1), EngineOptions(device="cpu")) as eng:
+    with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 0, chunk=1), EngineOptions(device="cpu", stager_io=io)) as eng:
         eng.generate(PROMPT, max_new_tokens=12)
         eng.store.counter_data()                     # folds the stager's counts in
         last = eng.store.staging.last

@@ -49,6 +49,12 @@ def aligned_empty(nbytes: int, pin: bool) -> tuple[object, torch.Tensor]:
     return backing, backing[skip:skip + nbytes]
 
 
+def split_parts(nbytes: int, split: int) -> list[tuple[int, int]]:
+    """(start, bytes) of a read of `nbytes` as `split` requests, each 4 KiB-aligned (the last takes the rest)."""
+    step = -(-nbytes // max(1, split) // ALIGN) * ALIGN
+    return [(a, min(step, nbytes - a)) for a in range(0, nbytes, step)]
+
+
 @dataclass
 class BlobFile:
     path: Path
@@ -91,8 +97,7 @@ class BlobFile:
 
     def read_split(self, pool: Executor | None, buf: memoryview, offset: int, nbytes: int, split: int) -> None:
         """`read_into` as `split` 4 KiB-aligned requests in flight at once on `pool` (inline without one)."""
-        step = -(-nbytes // max(1, split) // ALIGN) * ALIGN
-        parts = [(a, min(step, nbytes - a)) for a in range(0, nbytes, step)]
+        parts = split_parts(nbytes, split)
         if pool is None or len(parts) == 1:
             for a, n in parts:
                 self.read_into(buf[a:], offset + a, n)

@@ -43,6 +43,7 @@ from .store import ExpertStore, StoreOptions
 from .store_experts import StoreExperts
 
 STAGE_DEPTHS = ("all", "deepest")     # EngineOptions.stage_depths
+STAGER_IO = ("threads", "aio")        # EngineOptions.stager_io
 
 
 def resolve_device(name: str = "", flag: str = "--device") -> torch.device:
@@ -106,6 +107,8 @@ class EngineOptions:
                                      # (StoreOptions.partial_landing); False: whole experts only (A/B)
     stage_depths: str = "all"        # NVMe lookahead: the stager reads every depth's guesses, or the "deepest" alone
                                      # (StoreOptions.stage_depths; A/B)
+    stager_io: str = "threads"       # the NVMe stager's reads: a thread each ("threads"), or submitted together
+                                     # through Linux native AIO ("aio", engine/aio.py; A/B)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -114,6 +117,13 @@ class EngineOptions:
             raise UserError("--tokens-per-graph", str(self.tokens_per_graph), "out of range", "use 1 to 64")
         if self.stage_depths not in STAGE_DEPTHS:
             raise UserError("stage_depths", self.stage_depths, "unknown", f"use one of {', '.join(STAGE_DEPTHS)}")
+        if self.stager_io not in STAGER_IO:
+            raise UserError("stager_io", self.stager_io, "unknown", f"use one of {', '.join(STAGER_IO)}")
+        if self.stager_io == "aio":
+            from .aio import available
+            if not available():
+                raise UserError("stager_io", "aio", "this machine refuses Linux native AIO (io_setup)",
+                                "use stager_io='threads'")
 
 
 class Engine:
@@ -136,6 +146,7 @@ class Engine:
         store = ExpertStore.open(folder, plan, device, StoreOptions(prefetch=options.mode == "plan",
                                                                     partial_landing=options.partial_landing,
                                                                     stage_depths=options.stage_depths,
+                                                                    stager_io=options.stager_io,
                                                                     allow_buffered=options.allow_buffered,
                                                                     kernels=options.backend == "triton"), plan_path)
         if store.prefetch is not None and options.copy_programs:

@@ -13,12 +13,16 @@ The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready 
   advanced) carries the lookahead guesses of the next `depth` layers, queued behind every demand by depth, then by
   score; a guess whose layer the GPU has already asked for is dropped. Lookahead precision and recall by depth are
   counted here, over the ids read from staging: the guesses of request s - d against request s's ids.
-- *The readers* (`staging.nvme_in_flight` threads, at least 4) take the queue's best entry, pick a slot, read the blob (O_DIRECT into
+- *The readers* (`io="threads"`, the reference: `staging.nvme_in_flight` threads, at least 4) take the queue's best
+  entry, pick a slot, read the blob (O_DIRECT into
   the slot: no bounce, no copy) in the plan's split (`staging.nvme_reads[f].batch_splits`, by how many of that format
   were queued together; the requests in flight at once on a pool as deep as the plan's queue), check every part's
   sha256 against index.json at the blob's first read in the run (`store.verified`; a re-read after eviction is not
   hashed again), then publish `ready[j, e]` = the slot's address (after the bytes: x86 stores are not reordered, and
-  the GPU loads `ready` with acquire semantics).
+  the GPU loads `ready` with acquire semantics). With `io="aio"` the poller itself takes as many entries as there
+  would be readers and submits their reads together (engine/aio.py: one system call, no thread hand-off between
+  one read's start and the next); one reaper thread takes the completions, checks and publishes them the same way
+  and submits what the queue holds next.
 - *Slots*: LRU by last use (a routed use stamps a slot with its request; a guess with the request it is for). A
   demand read takes a free slot or evicts the least recently used staged slot; a guess evicts only a slot whose stamp
   is in the past. Evicting (j, e): `ready[j, e]` = -1, a full fence, then REQ and the outstanding row (REQ > DONE)
@@ -30,8 +34,10 @@ The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready 
 """
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
+import os
 import threading
 import time
 from collections import Counter
@@ -44,10 +50,11 @@ import torch
 from strata_plan.errors import UserError
 from strata_plan.kernels import stage_wait as sw
 
-from .directio import aligned_view
+from .directio import aligned_view, split_parts
 from .packed import verify_part
 
 FREE, READING, STAGED = 0, 1, 2
+PARTS = 64                 # io="aio": a read's tag is its blob read's id x PARTS + the part's index
 RING_ROWS = 64
 IDLE_SPIN_S = 0.005        # the poller yields and polls again while requests came this recently (a decode: every layer)
 IDLE_S = 0.2               # ... sleeps POLL_S between polls up to this long without one, then IDLE_POLL_S
@@ -117,6 +124,24 @@ class StagerCounters:
                 "poll_gap_ms_max": 1e3 * self.poll["max_s"]}
 
 
+@dataclass
+class _Read:
+    """io="aio": a blob being read into `slot` (its parts (start, bytes) in the blob, how many are still out)."""
+    slot: int
+    prio: int
+    j: int
+    e: int
+    queued_at: float
+    rank: int
+    taken: float
+    parts: list
+    left: int = 0
+    error: OSError | None = None
+
+    def __post_init__(self) -> None:
+        self.left = len(self.parts)
+
+
 def read_splits(plan) -> dict[str, tuple[int, ...]]:
     """Per format, the plan's split of a blob when i experts of that format are read together (i = 1, 2, ..;
     `staging.nvme_reads[f].batch_splits`, else its full-batch `split`): the requests the stager reads a blob in."""
@@ -125,7 +150,7 @@ def read_splits(plan) -> dict[str, tuple[int, ...]]:
 
 class Stager:
     def __init__(self, store, mem: torch.Tensor, base: int, n_slots: int, depth: int,
-                 guesses_per_layer: int, read_depths: str = "all"):
+                 guesses_per_layer: int, read_depths: str = "all", io: str = "threads"):
         L, E = store.nbytes.shape
         self.store, self.L, self.E, self.K = store, L, E, store.top_k
         self.depth, self.W = depth, guesses_per_layer
@@ -160,14 +185,26 @@ class Stager:
         staging = store.plan.staging
         blobs = max(4, staging.nvme_in_flight or self.K)                  # blobs read at once: the reader threads
         depth_q = max([r.queue_depth for r in (staging.nvme_reads or {}).values()] + [1])
+        max_split = max((max(v) for v in self.splits.values()), default=1)
+        self.io = io
         self._pool = ThreadPoolExecutor(depth_q, thread_name_prefix="stager-part") \
-            if max((max(v) for v in self.splits.values()), default=1) > 1 else None
+            if max_split > 1 and io == "threads" else None
         self.error: UserError | None = None
         self._stop = False
         self.seen_req = self.seen_done = 0
         self._threads = [threading.Thread(target=self._poll, name="stager-poll", daemon=True)]
-        self._threads += [threading.Thread(target=self._reader, name=f"stager-read-{i}", daemon=True)
-                          for i in range(blobs)]
+        if io == "aio":                     # the poller submits, one thread reaps (engine/aio.py)
+            from .aio import AioContext
+            self._aio, self._max_blobs = AioContext(blobs * max_split + 8), blobs
+            self._reads: dict[int, list] = {}       # blob read id -> its record (`_submit_next`), until published
+            self._tags = itertools.count(1)
+            self._retry = False             # a demand read found no slot it may take: try again soon
+            self._threads.append(threading.Thread(target=self._reap, name="stager-reap", daemon=True))
+        elif io == "threads":
+            self._threads += [threading.Thread(target=self._reader, name=f"stager-read-{i}", daemon=True)
+                              for i in range(blobs)]
+        else:
+            raise ValueError(f"stager io {io!r}: 'threads' or 'aio'")
         for t in self._threads:
             t.start()
 
@@ -219,6 +256,8 @@ class Stager:
             t.join(timeout=30)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self.io == "aio":
+            self._aio.close()
 
     # ---- the poller ------------------------------------------------------------------------------------------
     def _row(self, s: int) -> np.ndarray | None:
@@ -282,7 +321,7 @@ class Stager:
                     reads.append(e)
             for e, split in self._batch(j, reads):
                 self._queue(0, 0.0, s, j, e, split)
-            self._cv.notify_all()
+            self._start_reads()
 
     def _guessed(self, s: int, row: np.ndarray) -> None:
         j = int(row[1])
@@ -310,7 +349,7 @@ class Stager:
                 for e, split in self._batch(jj, reads):
                     self._queue(d, score[e], s + d, jj, e, split)
                 self.counts.guess_queued[jj] += len(reads)
-            self._cv.notify_all()
+            self._start_reads()
 
     def _batch(self, j: int, experts: list[int]) -> list[tuple[int, int]]:
         """(expert, split) for reads of layer j's `experts` queued together: i of one format split
@@ -359,6 +398,66 @@ class Stager:
             return v
         return None
 
+    def _start_reads(self) -> None:
+        """(lock held) The queue has new entries: wake the readers, or with `io="aio"` submit them."""
+        if self.io == "aio":
+            self._submit_next()
+        else:
+            self._cv.notify_all()
+
+    def _claim(self):
+        """(lock held) The queue's best entry that is still to be read, with its slot taken and marked READING:
+        (slot, prio, target, j, e, split, queued_at, rank); None when the queue is empty, "retry" when a demand read
+        found no slot it may take (it is queued again)."""
+        while self._heap:
+            prio, _, _, target, j, e, split, queued_at = heapq.heappop(self._heap)
+            if self.queued.get((j, e)) == prio:
+                del self.queued[(j, e)]
+            if (j, e) in self.where:
+                continue                           # staged meanwhile
+            if prio and int(self.hv.words[sw.REQ]) >= target:
+                self.counts.guess_stale[j] += 1    # a guess for a layer already asked
+                continue
+            slot = self._take(prio == 0, int(self.hv.words[sw.REQ]))
+            if slot is None:
+                if prio == 0:                      # every slot is being read or read by the GPU: try again
+                    self._queue(prio, 0.0, target, j, e, split, queued_at)
+                    return "retry"
+                self.counts.guess_no_slot[j] += 1
+                continue
+            self.state[slot], self.key[slot] = READING, (j, e)
+            self.used[slot], self.stamp[slot] = prio == 0, target
+            self.where[(j, e)] = slot
+            rank = 0
+            if prio == 0:                          # its turn among the request's demand reads
+                rank = self._taken.get(target, 0)
+                self._taken[target] = rank + 1
+            return slot, prio, target, j, e, split, queued_at, rank
+        return None
+
+    def _finish(self, slot: int, prio: int, j: int, e: int, queued_at: float, rank: int, taken: float,
+                ok: bool) -> None:
+        """(lock held) A blob read ended: counted, and published (ok) or its slot freed and its ready word FAILED."""
+        c = self.counts
+        nb = int(self.store.nbytes[j, e])
+        (c.reads_demand if prio == 0 else c.reads_guess)[j] += 1
+        c.read_bytes[j] += nb
+        if prio:
+            c.guess_bytes[j] += nb
+        if ok:
+            self.state[slot] = STAGED
+            self.hv.ready[j, e] = self.base + slot * self.slot_bytes     # after the bytes: published
+            if prio == 0:
+                lat = c.lat
+                lat["n"], lat["queue_s"] = lat["n"] + 1, lat["queue_s"] + taken - queued_at
+                lat["read_s"] += time.perf_counter() - taken
+                r = c.by_rank.setdefault(rank, [0, 0.0])
+                r[0], r[1] = r[0] + 1, r[1] + taken - queued_at
+        else:
+            self.state[slot], self.key[slot] = FREE, None
+            del self.where[(j, e)]
+            self.hv.ready[j, e] = sw.FAILED
+
     def _reader(self) -> None:
         while True:
             with self._cv:
@@ -366,51 +465,80 @@ class Stager:
                     self._cv.wait()
                 if self._stop:
                     return
-                prio, _, _, target, j, e, split, queued_at = heapq.heappop(self._heap)
-                if self.queued.get((j, e)) == prio:
-                    del self.queued[(j, e)]
-                if (j, e) in self.where:
-                    continue                           # staged meanwhile
-                if prio and int(self.hv.words[sw.REQ]) >= target:
-                    self.counts.guess_stale[j] += 1    # a guess for a layer already asked
+                got = self._claim()
+                if got == "retry":
+                    self._cv.wait(0.0005)
+                if got is None or got == "retry":
                     continue
-                slot = self._take(prio == 0, int(self.hv.words[sw.REQ]))
-                if slot is None:
-                    if prio == 0:                      # every slot is being read or read by the GPU: try again
-                        self._queue(prio, 0.0, target, j, e, split, queued_at)
-                        self._cv.wait(0.0005)
-                    else:
-                        self.counts.guess_no_slot[j] += 1
-                    continue
-                self.state[slot], self.key[slot] = READING, (j, e)
-                self.used[slot], self.stamp[slot] = prio == 0, target
-                self.where[(j, e)] = slot
-                if prio == 0:                          # its turn among the request's demand reads
-                    rank = self._taken.get(target, 0)
-                    self._taken[target] = rank + 1
+            slot, prio, _, j, e, split, queued_at, rank = got
             taken = time.perf_counter()
             ok = self._read(slot, j, e, split)
             with self._cv:
-                c = self.counts
-                nb = int(self.store.nbytes[j, e])
-                (c.reads_demand if prio == 0 else c.reads_guess)[j] += 1
-                c.read_bytes[j] += nb
-                if prio:
-                    c.guess_bytes[j] += nb
-                if ok:
-                    self.state[slot] = STAGED
-                    self.hv.ready[j, e] = self.base + slot * self.slot_bytes     # after the bytes: published
-                    if prio == 0:
-                        lat = c.lat
-                        lat["n"], lat["queue_s"] = lat["n"] + 1, lat["queue_s"] + taken - queued_at
-                        lat["read_s"] += time.perf_counter() - taken
-                        r = c.by_rank.setdefault(rank, [0, 0.0])
-                        r[0], r[1] = r[0] + 1, r[1] + taken - queued_at
-                else:
-                    self.state[slot], self.key[slot] = FREE, None
-                    del self.where[(j, e)]
-                    self.hv.ready[j, e] = sw.FAILED
+                self._finish(slot, prio, j, e, queued_at, rank, taken, ok)
 
+    # ---- io="aio": the poller submits, the reaper publishes --------------------------------------------------
+    def _submit_next(self) -> None:
+        """(lock held) Claim queued reads up to the readers' count of blobs in flight and submit all their parts in
+        one call."""
+        batch, new = [], []
+        while len(self._reads) < self._max_blobs:
+            got = self._claim()
+            if got == "retry":
+                self._retry = True
+            if got is None or got == "retry":
+                break
+            slot, prio, _, j, e, split, queued_at, rank = got
+            ent = self.store.entries[j][e]
+            f = self.store.files[ent.file]
+            rid = next(self._tags)
+            r = _Read(slot, prio, j, e, queued_at, rank, time.perf_counter(), split_parts(ent.nbytes, split))
+            addr = self.mem.data_ptr() + slot * self.slot_bytes
+            for k, (a, n) in enumerate(r.parts):
+                if not f.direct:
+                    os.posix_fadvise(f.fd, ent.offset + a, n, os.POSIX_FADV_DONTNEED)
+                batch.append((rid * PARTS + k, f.fd, addr + a, n, ent.offset + a))
+            self._reads[rid] = r
+            new.append(rid)
+        started, err = self._aio.submit(batch)
+        if err is not None:                        # the kernel refused a read: the blobs not started fail
+            for rid in {tag // PARTS for tag, *_ in batch[started:]}:
+                r = self._reads.pop(rid)
+                self._fail(self._read_error(r.j, r.e, err))
+                self._finish(r.slot, r.prio, r.j, r.e, r.queued_at, r.rank, r.taken, False)
+
+    def _reap(self) -> None:
+        """Completed parts: a blob whose parts are all in is checked (at its first read, outside the lock) and
+        published, and the queue's next reads are submitted."""
+        while True:
+            events = self._aio.wait(1, self._aio.depth, 0.0005 if self._retry else 0.05)
+            done = []
+            with self._cv:
+                if self._stop:
+                    return
+                for tag, res in events:
+                    rid, k = divmod(tag, PARTS)
+                    r = self._reads[rid]
+                    a, want = r.parts[k]
+                    if res != want and r.error is None:
+                        off = self.store.entries[r.j][r.e].offset + a
+                        r.error = OSError(-res, os.strerror(-res)) if res < 0 else OSError(
+                            errno.EIO, f"short read: {max(res, 0)} of {want} bytes at offset {off}")
+                    r.left -= 1
+                    if r.left == 0:
+                        done.append(self._reads.pop(rid))
+            ok = []
+            for r in done:
+                if r.error is not None:
+                    self._fail(self._read_error(r.j, r.e, r.error))
+                ok.append(r.error is None and self._verify(r.slot, r.j, r.e))
+            with self._cv:
+                for r, good in zip(done, ok):
+                    self._finish(r.slot, r.prio, r.j, r.e, r.queued_at, r.rank, r.taken, good)
+                    self.counts.busy_s[0] += time.perf_counter() - r.taken
+                self._retry = False
+                self._submit_next()
+
+    # ---- reading and checking a blob ---------------------------------------------------------------------------
     def _read(self, slot: int, j: int, e: int, split: int = 1) -> bool:
         """Read (layer j, expert e) into `slot` as `split` requests in flight at once and check its parts (at its
         first read in the run); False (and `error` set) on a failure."""
@@ -420,21 +548,35 @@ class Stager:
         t0 = time.perf_counter()
         try:
             f.read_split(self._pool, self._view[a:a + ent.nbytes], ent.offset, ent.nbytes, split)
-            if not self.store.verified[j, e]:          # once a run, as every tier (engine/PACK.md)
-                data = np.frombuffer(self._view[a:a + ent.nbytes], dtype=np.uint8)
-                for k in range(len(ent.parts)):
-                    verify_part(self.store.index, ent, data, k)
-                self.store.verified[j, e] = True
-            return True
-        except UserError as err:
-            self._fail(err)
         except OSError as err:
-            self._fail(UserError(str(f.path), f"layer {ent.layer} expert {ent.expert}",
-                                 f"reading {ent.nbytes} bytes at offset {ent.offset} failed: {err.strerror or err}",
-                                 "check the disk (dmesg) and the file; copy it again or pack again if it is damaged"))
+            self._fail(self._read_error(j, e, err))
+            return False
         finally:
             self.counts.busy_s[0] += time.perf_counter() - t0
-        return False
+        return self._verify(slot, j, e)
+
+    def _verify(self, slot: int, j: int, e: int) -> bool:
+        """Check the blob's parts at its first read in the run (once, as every tier: engine/PACK.md); False (and
+        `error` set) on a mismatch."""
+        if self.store.verified[j, e]:
+            return True
+        ent = self.store.entries[j][e]
+        a = slot * self.slot_bytes
+        data = np.frombuffer(self._view[a:a + ent.nbytes], dtype=np.uint8)
+        try:
+            for k in range(len(ent.parts)):
+                verify_part(self.store.index, ent, data, k)
+        except UserError as err:
+            self._fail(err)
+            return False
+        self.store.verified[j, e] = True
+        return True
+
+    def _read_error(self, j: int, e: int, err: OSError) -> UserError:
+        ent = self.store.entries[j][e]
+        return UserError(str(self.store.files[ent.file].path), f"layer {ent.layer} expert {ent.expert}",
+                         f"reading {ent.nbytes} bytes at offset {ent.offset} failed: {err.strerror or err}",
+                         "check the disk (dmesg) and the file; copy it again or pack again if it is damaged")
 
     def _fail(self, err: UserError) -> None:
         if self.error is None:

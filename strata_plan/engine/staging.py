@@ -43,12 +43,12 @@ def staging_bytes(plan, slot_bytes: int, n_layers: int) -> int:
 
 class Staging:
     def __init__(self, store, mem: torch.Tensor, base: int, depth: int, lru_src: torch.Tensor | None,
-                 read_depths: str = "all"):
+                 read_depths: str = "all", io: str = "threads"):
         plan, dev = store.plan, store.device
         L = store.n_layers
         self.store, self.K, self.depth = store, store.top_k, depth
         self.W = guesses_per_layer(self.K)
-        self.stager = Stager(store, mem, base, stage_slots(plan), depth, self.W, read_depths)
+        self.stager = Stager(store, mem, base, stage_slots(plan), depth, self.W, read_depths, io)
         at = self.stager.offsets()
         self.cb = sw.ControlBlock(seq=torch.zeros(1, dtype=torch.int64, device=dev), tier=store.tier_codes,
                                   table=store.inplace_offsets, src=lru_src,

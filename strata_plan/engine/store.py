@@ -85,6 +85,7 @@ class StoreOptions:
     kernels: bool = False          # the device loop's Triton kernels on a CPU too (TRITON_INTERPRET=1): tests of their glue
     stage_depths: str = "all"      # NVMe lookahead: the stager reads the guesses of every depth 1..d ("all"), or of d
     #                                alone ("deepest", as the cost model counts them): an A/B
+    stager_io: str = "threads"     # the stager's reads: reader threads, or Linux native AIO ("aio"): an A/B
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,8 @@ class ExpertStore:
             self.load_s = self._load()
             if stage:
                 self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
-                                       self.lru.ram_offset if self.lru is not None else None, options.stage_depths)
+                                       self.lru.ram_offset if self.lru is not None else None, options.stage_depths,
+                                       options.stager_io)
             if options.prefetch and plan.prefetch_depth:
                 self.prefetch = DevicePrefetch(self, plan.prefetch_depth,
                                                self._enable_partial_landing() if options.partial_landing else None)
