@@ -193,10 +193,17 @@ def test_a_wait_that_timed_out_names_what_the_stager_knew(packed_bf16):
 
 
 @pytest.mark.skipif(not aio.available(), reason="no Linux native AIO")
-def test_a_read_the_kernel_refuses_stops_the_run_in_one_line(packed_bf16, monkeypatch):
+@pytest.mark.parametrize("refused", ["every read", "after the first"])
+def test_a_read_the_kernel_refuses_stops_the_run_in_one_line(packed_bf16, monkeypatch, refused):
     """io="aio": io_submit refusing a read (as for a file the drive dropped) is the stager's error, as a failed read
-    is."""
-    monkeypatch.setattr(aio.AioContext, "submit", lambda self, reads: (0, OSError(22, "Invalid argument")))
+    is; the reads it started before the refused one still land and are published."""
+    real = aio.AioContext.submit
+
+    def submit(self, reads):
+        if refused == "every read" or len(reads) < 2:
+            return (0, OSError(22, "Invalid argument")) if reads else (0, None)
+        return real(self, reads[:1])[0], OSError(22, "Invalid argument")
+    monkeypatch.setattr(aio.AioContext, "submit", submit)
     with Engine.open(packed_bf16, bf16_plan(4, 10, 0, 0, chunk=1), EngineOptions(device="cpu", stager_io="aio")) as eng:
         with pytest.raises(UserError) as err:
             eng.generate(PROMPT, max_new_tokens=2)

@@ -196,7 +196,9 @@ class Stager:
         if io == "aio":                     # the poller submits, one thread reaps (engine/aio.py)
             from .aio import AioContext
             self._aio, self._max_blobs = AioContext(blobs * max_split + 8), blobs
-            self._reads: dict[int, list] = {}       # blob read id -> its record (`_submit_next`), until published
+            if max_split > PARTS:
+                raise ValueError(f"a blob split {max_split} ways: io='aio' takes at most {PARTS} parts")
+            self._reads: dict[int, _Read] = {}      # blob read id -> its record (`_submit_next`), until published
             self._tags = itertools.count(1)
             self._retry = False             # a demand read found no slot it may take: try again soon
             self._threads.append(threading.Thread(target=self._reap, name="stager-reap", daemon=True))
@@ -499,18 +501,24 @@ class Stager:
                 batch.append((rid * PARTS + k, f.fd, addr + a, n, ent.offset + a))
             self._reads[rid] = r
             new.append(rid)
+        if not batch:
+            return
         started, err = self._aio.submit(batch)
-        if err is not None:                        # the kernel refused a read: the blobs not started fail
-            for rid in {tag // PARTS for tag, *_ in batch[started:]}:
-                r = self._reads.pop(rid)
-                self._fail(self._read_error(r.j, r.e, err))
-                self._finish(r.slot, r.prio, r.j, r.e, r.queued_at, r.rank, r.taken, False)
+        if err is not None:                        # the kernel refused a read: it and those after it never start
+            self._fail(self._read_error(self._reads[batch[started][0] // PARTS].j,
+                                        self._reads[batch[started][0] // PARTS].e, err))
+            for tag, *_ in batch[started:]:
+                r = self._reads[tag // PARTS]
+                r.error, r.left = r.error or err, r.left - 1
+                if r.left == 0:                    # (a blob with parts started ends when the reaper has them)
+                    del self._reads[tag // PARTS]
+                    self._finish(r.slot, r.prio, r.j, r.e, r.queued_at, r.rank, r.taken, False)
 
     def _reap(self) -> None:
         """Completed parts: a blob whose parts are all in is checked (at its first read, outside the lock) and
         published, and the queue's next reads are submitted."""
         while True:
-            events = self._aio.wait(1, self._aio.depth, 0.0005 if self._retry else 0.05)
+            events = self._aio.wait(1, self._aio.depth, 0.0005 if self._retry else 0.005)
             done = []
             with self._cv:
                 if self._stop:
