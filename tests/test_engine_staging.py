@@ -159,7 +159,8 @@ def test_bench_with_replayed_routing_and_guesses_on_the_device(packed_bf16, mode
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_graph_waits_for_the_stager_and_gives_the_eager_tokens(packed_bf16):
+@pytest.mark.parametrize("io", IO)
+def test_on_a_gpu_the_graph_waits_for_the_stager_and_gives_the_eager_tokens(packed_bf16, io):
     """On a GPU: each MoE layer's stage_wait kernel (inside the token's CUDA graph) polls the pinned ready table the
     stager thread writes, the MoE kernel reads staged experts from the registered staging cache; the tokens are the
     same step's run eagerly (the same stager, no graph) and the logits agree to bf16 rounding, in every mode."""
@@ -168,11 +169,11 @@ def test_on_a_gpu_the_graph_waits_for_the_stager_and_gives_the_eager_tokens(pack
     for split, mode in (((4, 10, 0, 0), "on-demand"), ((4, 10, 2, 0), "lru"), ((4, 10, 2, 2), "plan")):
         plan = bf16_plan(*split, chunk=1)
         eager, eager_tokens, _ = run(packed_bf16, plan, mode, new=12, device="cuda", graphs="eager")
-        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda")
+        dev, tokens, dc = run(packed_bf16, plan, mode, new=12, device="cuda", io=io)
         assert tokens == eager_tokens, mode
         torch.testing.assert_close(dev, eager, rtol=0, atol=2 ** -7 * float(eager.abs().max()))
         assert dc["staged_bytes"] > 0 and dc["bytes_from"]["nvme"] > 0
-    with Engine.open(packed_bf16, plan, EngineOptions(device="cuda")) as eng:       # generate runs ahead
+    with Engine.open(packed_bf16, plan, EngineOptions(device="cuda", stager_io=io)) as eng:   # generate runs ahead
         assert eng.model.step_runner.ahead and eng.store.staging is not None
         assert eng.generate(PROMPT, max_new_tokens=8) == eager_tokens[:8]
 
