@@ -173,6 +173,9 @@ def main() -> int:
     ap.add_argument("--plans", default="ramrich,seed", help="names of the shipped plans, or NAME=PATH (a plan for "
                     "the packed folder in --dir: the CPU smoke test runs the fixture that way)")
     ap.add_argument("--modes", default="plan,lru,on-demand")
+    ap.add_argument("--stager-io", default="threads", choices=("threads", "aio"),
+                    help="the NVMe stager's reads: reader threads or Linux native AIO (EngineOptions.stager_io; an "
+                         "A/B between calls: compare each row's share of its drive bound)")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=0, help="start no further run after this many seconds "
@@ -257,6 +260,7 @@ def main() -> int:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
         metrics["build_s"] = time.perf_counter() - t0
+        metrics["stager_io"] = a.stager_io
         print(f"packed {sum(f.stat().st_size for f in files) / 1e9:.1f} GB in {metrics['build_s']:.0f} s", flush=True)
 
         def late(what: str) -> bool:
@@ -300,7 +304,8 @@ def main() -> int:
                 return None
             r = attempt(f"{name}/{mode}", lambda: measure(
                 folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
-                options=EngineOptions(copy_programs=programs.get(name, 0), partial_landing=name not in whole_only)))
+                options=EngineOptions(copy_programs=programs.get(name, 0), partial_landing=name not in whole_only,
+                                      stager_io=a.stager_io)))
             if r is None:
                 return None
             out[f"{name}/{mode}"] = r

@@ -8,12 +8,17 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
+from strata_plan.engine import aio
 from test_bench_trained import one_torch_thread  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_thread, monkeypatch):
+@pytest.mark.parametrize("io", ["threads", pytest.param("aio", marks=pytest.mark.skipif(not aio.available(),
+                                                                                       reason="no Linux native AIO"))])
+def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_thread, monkeypatch, io):
     sys.path.insert(0, str(ROOT / "tests"))
     from test_engine_run import FIXTURE, bf16_plan
     from strata_plan.cli import main as cli
@@ -29,7 +34,7 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--dir", str(packed), "--plans", ",".join(paths),
                                       "--tokens", "3", "--warmup", "2", "--out-dir", str(out), "--keep",
-                                      "--copy-programs", "0,2", "--whole-landing"])
+                                      "--copy-programs", "0,2", "--whole-landing", "--stager-io", io])
     assert bench_engine.main() == 0
     (result,) = out.glob("engine-*.json")
     m = json.loads(result.read_text())["metrics"]
@@ -56,6 +61,7 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     assert m["seed_forced_d2.plan.nvme_wasted_gb_per_token"] >= 0
     assert "seed_forced_d2.plan.lookahead_d2.precision" in m
     assert (out / "plan-kimi5-h200-seed_forced_d2.yaml").exists()
+    assert m["stager_io"] == io
 
 
 def test_a_run_that_fails_is_recorded_and_the_others_are_written(tmp_path, one_torch_thread, monkeypatch):
