@@ -9,9 +9,11 @@ quoted bandwidth, and assumes every link and the GPU overlap perfectly with no f
 
 Bytes are the optimistic reading of the routing statistics: an LRU cache of c slots removes at most
 cache_hit(s, c) - static_hit(s) of a layer's accesses, and the bound lets it remove the largest experts
-first and NVMe accesses first; on one GPU the pinned staging cache may serve NVMe accesses too (at most its
-slots' worth of the most read NVMe experts). A prefill chunk touches expert e with probability at least
-1 - exp(-C k p_e). The cost model must never predict more than this; tests hold it to that.
+first and NVMe accesses first; on one GPU the pinned staging cache may serve NVMe accesses too: at most its
+slots' worth of the most read NVMe experts, and, where a layer asks again for recent experts (temporal locality),
+what the statistics' LRU curve over the layer's NVMe accesses (RAM ranks counted static) keeps with every staging
+slot and the device LRU's NVMe share, priced at the layer's largest NVMe expert. A prefill chunk touches expert e
+with probability at least 1 - exp(-C k p_e). The cost model must never predict more than this; tests hold it to that.
 """
 from __future__ import annotations
 
@@ -123,6 +125,27 @@ def _staging_bytes(problem, placement) -> float:
     return float(sum(sorted(reads, reverse=True)[:S]))
 
 
+def _staged_floor(problem, placement, l: int) -> float:
+    """Layer l's fewest NVMe bytes a token with its device LRU and the pinned staging cache keeping what the
+    statistics' LRU curve over the layer's NVMe accesses keeps (RAM ranks counted static) with every staging slot
+    (at most the layer's NVMe experts) and the device LRU slots in the NVMe ranks' share, each kept access priced at
+    the layer's largest NVMe expert (one GPU; see the module docstring)."""
+    from strata_plan.core.lookahead import pinned_staging_slots
+    stats, k = problem.stats, problem.spec.top_k
+    layer, size = stats.layers[l], _expert_sizes(problem)[l]
+    order = list(layer.order)
+    s, m, c = placement.vram[l], placement.ram[l], placement.cache[l]
+    nvme = order[s + m:]
+    if not nvme:
+        return 0.0
+    base, rest = stats.static_hit(l, s + m), 1.0 - stats.static_hit(l, s)
+    near = c * (1.0 - base) / rest if rest > 1e-12 else 0.0         # device LRU slots holding NVMe experts
+    slots = min(pinned_staging_slots(k, placement.prefetch_depth, placement.staging), len(nvme))
+    kept = k * max(0.0, stats.cache_hit(l, s + m, slots + near) - base)
+    cold = k * sum(layer.popularity[e] * size[e] for e in nvme)
+    return max(0.0, cold - kept * max(size[e] for e in nvme))
+
+
 def physical_bound(problem, placement) -> Bound:
     if placement.several:
         return split_bound(problem, placement)
@@ -135,6 +158,7 @@ def physical_bound(problem, placement) -> Bound:
     pre = {"hbm": float(sum(units)), "pcie": float(streamed), "nvme": 0.0,
            "compute": float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head)}
     for l, layer_dec, layer_pre in _layer_bytes(problem, placement):
+        layer_dec["nvme"] = min(layer_dec["nvme"], _staged_floor(problem, placement, l))
         for key in ("hbm", "pcie", "nvme"):
             dec[key] += layer_dec[key]
             pre[key] += layer_pre[key]
@@ -462,9 +486,17 @@ def ranked_bound(problem, placement) -> tuple[float, float]:
            "pcie": streamed + 2 * spec.hidden + float(np.maximum(0.0, miss - removed * big).sum()),
            "nvme": float(np.maximum(0.0, cold - removed * big_nvme).sum())}
     if not placement.several:
-        from strata_plan.core.lookahead import pinned_staging_slots    # `_staging_bytes`, in rank space
-        reads = np.sort((k * pop * rb)[nvme])[::-1]
+        from strata_plan.core.lookahead import pinned_staging_slots    # `_staging_bytes`, `_staged_floor`: rank space
         S = pinned_staging_slots(k, placement.prefetch_depth, placement.staging)
+        st, idx = problem.stats, np.arange(L)
+        base, rest = cur.cum[idx, s + m], 1.0 - cur.cum[idx, s]
+        near = c * (1.0 - base) / np.where(rest > 1e-12, rest, 1.0) * (rest > 1e-12)
+        slots = np.minimum(S, E - s - m)
+        kept = k * np.maximum(0.0, np.array([st.cache_hit(l, int(s[l] + m[l]), float(slots[l] + near[l]))
+                                             for l in range(L)]) - base)
+        floor = np.where(slots > 0, np.maximum(0.0, cold - kept * big_nvme), 0.0)
+        dec["nvme"] = float(np.minimum(np.maximum(0.0, cold - removed * big_nvme), floor).sum())
+        reads = np.sort((k * pop * rb)[nvme])[::-1]
         dec["nvme"] = max(0.0, dec["nvme"] - float(reads[:S].sum()))
     pre = {"hbm": float(sum(units)) + float(touch.sum()), "pcie": streamed + float((touch * nonstatic).sum()),
            "nvme": float((touch * nvme).sum()),

@@ -35,9 +35,10 @@ else the pinned H2D curve there (an estimate); the PCIe busy time counts the war
 weights are read in place as their layer runs, bytes / R_zc(bytes), instead of over HBM.
 With an NVMe tier its misses are read by the GPU in place from a pinned staging cache of S slots (`stage_slots`), so
 their bytes count with the warm ones; those it does not hold (Che's approximation over every layer's NVMe misses,
-`staging_miss`) are read from NVMe (reads.py: a layer's expected misses of each format as one batch, T(n_f)), R of
-them when layer j-d ends (the guesses reach the stager through a pinned ring), the rest after the router, and the
-layer waits for what has not landed:
+the statistics' LRU curve where a layer's locality keeps more: `staging_miss`, planner/staging.py) are read from
+NVMe (reads.py: a layer's expected misses of each format as one batch, T(n_f)), R of them when layer j-d ends (the
+guesses reach the stager through a pinned ring), the rest after the router, and the layer waits for what has not
+landed:
     t += max(S(demand batch), done_{j-d} + S(lookahead batch) - t)      before the layer's MoE
     S(n) = wake + max(T(n), (n - 1) read + T(1))     the stager's host starts a batch's reads one after another
 (calibration `stager_wake_us`, `stager_read_us`); the demand batch shares the drive with the lookahead's reads still
@@ -364,27 +365,13 @@ class CostModel:
         return pinned_staging_slots(self.problem.spec.top_k, placement.prefetch_depth, placement.staging)
 
     def staging_miss(self, placement, cold_w: np.ndarray) -> np.ndarray:
-        """[L, E] the chance an NVMe miss of each rank is not in the pinned staging cache, so the stager reads it:
-        the cache is one LRU over every layer's NVMe experts (Che's approximation again: rank r of layer j, missed
-        cold_w[j, r] times a token, is still staged after a characteristic time T with probability
-        1 - exp(-cold_w T), T such that the staged experts fill the slots the reads in flight leave: the layer's
-        top_k and the lookahead's depth x top_k)."""
+        """[L, E] the chance an NVMe miss of each rank is not in the pinned staging cache, so the stager reads it
+        (`planner.staging`: one LRU over every layer's NVMe misses, Che's approximation for each layer's share of its
+        slots, the statistics' own LRU curve where a layer's locality keeps more); the slots the reads in flight
+        take: the layer's top_k and the lookahead's depth x top_k."""
+        from strata_plan.planner.staging import staging_miss
         k, d = self.problem.spec.top_k, placement.prefetch_depth
-        free = self.stage_slots(placement) - k * (1 + d)
-        lam = cold_w
-        nz = lam[lam > 0]
-        if free <= 0 or nz.size == 0:
-            return np.ones_like(lam)
-        if nz.size <= free:                                  # every NVMe expert ever missed fits: read once
-            return np.zeros_like(lam)
-        T = 0.0
-        for _ in range(100):          # f(T) = sum(1 - e^{-lam T}) - free: concave, rising; Newton from below
-            e = np.exp(-nz * T)
-            f = float(np.sum(1.0 - e)) - free
-            if f >= -1e-9 * free:
-                break
-            T -= f / float(np.sum(nz * e))
-        return np.exp(-lam * T)
+        return staging_miss(self.problem.stats, placement, cold_w, self.stage_slots(placement), k * (1 + d))
 
     def non_moe_seconds(self, placement) -> float:
         """GPU seconds of a decode token without its MoE calls and without the per-layer overhead (one GPU): each
