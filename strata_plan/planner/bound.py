@@ -125,14 +125,14 @@ def _staging_bytes(problem, placement) -> float:
     return float(sum(sorted(reads, reverse=True)[:S]))
 
 
-def _staged_floor(problem, placement, l: int) -> float:
+def _staged_floor(problem, placement, l: int, size: dict[int, int]) -> float:
     """Layer l's fewest NVMe bytes a token with its device LRU and the pinned staging cache keeping what the
     statistics' LRU curve over the layer's NVMe accesses keeps (RAM ranks counted static) with every staging slot
     (at most the layer's NVMe experts) and the device LRU slots in the NVMe ranks' share, each kept access priced at
-    the layer's largest NVMe expert (one GPU; see the module docstring)."""
+    the layer's largest NVMe expert (one GPU; see the module docstring). `size`: the layer's expert id -> bytes."""
     from strata_plan.core.lookahead import pinned_staging_slots
     stats, k = problem.stats, problem.spec.top_k
-    layer, size = stats.layers[l], _expert_sizes(problem)[l]
+    layer = stats.layers[l]
     order = list(layer.order)
     s, m, c = placement.vram[l], placement.ram[l], placement.cache[l]
     nvme = order[s + m:]
@@ -157,8 +157,9 @@ def physical_bound(problem, placement) -> Bound:
     head = 2 * (spec.lm_head_params + spec.hidden + (spec.embedding_params if spec.tied_embeddings else 0))  # logits: once per chunk
     pre = {"hbm": float(sum(units)), "pcie": float(streamed), "nvme": 0.0,
            "compute": float(C * (spec.flops_per_token(max(1, ctx // 2)) - head) + head)}
+    sizes = _expert_sizes(problem)
     for l, layer_dec, layer_pre in _layer_bytes(problem, placement):
-        layer_dec["nvme"] = min(layer_dec["nvme"], _staged_floor(problem, placement, l))
+        layer_dec["nvme"] = min(layer_dec["nvme"], _staged_floor(problem, placement, l, sizes[l]))
         for key in ("hbm", "pcie", "nvme"):
             dec[key] += layer_dec[key]
             pre[key] += layer_pre[key]
