@@ -398,16 +398,31 @@ def test_run_and_bench_commands(packed_bf16, plan_file, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["pick"] == "sample:0.8:0.9:2"
 
 
+def test_run_reads_the_nvme_tier_through_native_aio_when_asked(packed_bf16, plan_file, capsys):
+    """`run --stager-io aio` (the plan has an NVMe tier): the same tokens as the reader threads."""
+    from strata_plan.cli import main
+    from strata_plan.engine import aio
+    import json
+    if not aio.available():
+        pytest.skip("no Linux native AIO here")
+    got = {}
+    for io in ("threads", "aio"):
+        assert main(["run", "--packed", str(packed_bf16), "--plan", str(plan_file), "--prompt", "def main():",
+                     "--max-tokens", "5", "--device", "cpu", "--stager-io", io, "--json"]) == 0
+        got[io] = json.loads(capsys.readouterr().out)["ids"]
+    assert got["aio"] == got["threads"] and len(got["aio"]) == 5
+
+
 @pytest.mark.parametrize("extra,field", [(["--max-tokens", "0"], "--max-tokens"),
                                         (["--prompt", "x" * 400], "exceed the context"),
                                         (["--max-tokens", "100000"], "context of 64 tokens (the plan's context; "
                                                                      "the model has 1024 positions)"),
                                         (["--tokens-per-graph", "0"], "--tokens-per-graph"),
-                                        (["--mode", "fast"], "--mode")])
+                                        (["--mode", "fast"], "--mode"), (["--stager-io", "uring"], "--stager-io")])
 def test_run_mistakes_exit_2_in_one_line(packed_bf16, plan_file, capsys, extra, field):
     from strata_plan.cli import main
     args = ["run", "--packed", str(packed_bf16), "--plan", str(plan_file), "--prompt", "hi", "--device", "cpu"]
-    with pytest.raises(SystemExit) if extra[0] == "--mode" else contextlib.nullcontext():
+    with pytest.raises(SystemExit) if extra[0] in ("--mode", "--stager-io") else contextlib.nullcontext():
         assert main(args + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0]

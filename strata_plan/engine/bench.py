@@ -148,6 +148,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "context": {"prompt": prompt, "fed": fed, "counted_from": counted_from},
             "pick": getattr(pick, "key", "greedy"),
             "tokens_per_graph": k,              # decode tokens a launch ran (the host read them together)
+            "stager_io": opts.stager_io,        # how the NVMe stager read (a plan with an NVMe tier)
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": tokens / wall,
