@@ -5,9 +5,10 @@
     Predictor(plan).for_plan(executed, mode, stats=stats)       # the same row predicted on its own routing
 
 A plan's statistics come from held-out text (several files, teacher-forced). An engine row decodes one sampled
-continuation of one prompt, and one file's experts are not the average file's: the VRAM-resident experts served 3%
-to 26% of a row's routed uses across runs where the plan's statistics said 9% to 15%. Predicting a row a second
-time on its own routing tells the cost model's error (what remains) from the workload sample's (the difference).
+continuation of one prompt, and one file's experts are not the average file's: on an H100 the seed plan's VRAM
+experts served 0.108 of a row's routed uses where its statistics said 0.143 (engine-trained-20261206T061945Z.json;
+runs before `bench` decoded the prompt alone swung 0.02-0.26). Predicting a row a second time on its own routing
+tells the cost model's error (what remains) from the workload sample's (the difference).
 
 The row's text is the prompt, then the token each decode step was given. It is routed teacher-forced through
 the checkpoint exactly as the held-out trace was (`moe.trace.route_sequence`: float32, the reference experts,
