@@ -345,7 +345,9 @@ def layer_times(run: Run, a, ckpt: Path) -> None:
 
 
 def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], prompt: list[int]) -> None:
-    from strata_plan.engine.engine import baseline
+    from strata_plan.engine.aio import available as aio_available
+    from strata_plan.engine.directio import page_cache_residency, plain_read_gbps
+    from strata_plan.engine.engine import EngineOptions, baseline
     from strata_plan.core.plan import load_plan
     from strata_plan.planner.repredict import with_calibration_of
     for name, path in plans.items():
@@ -363,29 +365,27 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
             for kind in ("measured", "predicted"):
                 run.metrics[f"{name}.plan_over_{base}_{kind}"] = (got["plan"][f"decode_tok_s_{kind}"]
                                                                    / got[base][f"decode_tok_s_{kind}"])
-        if any(l.nvme for l in plan.layers) and plan.prefetch_depth >= 2:   # A/B: the deepest guesses read alone
-            from strata_plan.engine.engine import EngineOptions
+        if not any(l.nvme for l in plan.layers):
+            continue
+        # the NVMe tier's A/Bs: the deepest guesses read alone (depth >= 2); the stager's reads submitted together
+        if plan.prefetch_depth >= 2:
             deep = measure_one(run, a, f"{name}.plan_deepest", packed[name], plan, "plan", pred, prompt,
                                EngineOptions(stage_depths="deepest"))
             run.metrics[f"{name}.plan_deepest_over_plan_measured"] = (deep["decode_tok_s_measured"]
                                                                       / got["plan"]["decode_tok_s_measured"])
-        from strata_plan.engine.aio import available as aio_available
-        if any(l.nvme for l in plan.layers) and aio_available():   # A/B: the stager's reads submitted together
-            from strata_plan.engine.engine import EngineOptions
+        if aio_available():
             aio = measure_one(run, a, f"{name}.plan_aio", packed[name], plan, "plan", pred, prompt,
                               EngineOptions(stager_io="aio"))
             threads = (got["plan"]["decode_tok_s_measured"] + again["decode_tok_s_measured"]) / 2
             run.metrics[f"{name}.plan_aio_over_plan_measured"] = aio["decode_tok_s_measured"] / threads
-        if any(l.nvme for l in plan.layers):
-            from strata_plan.engine.directio import page_cache_residency, plain_read_gbps
-            files = sorted(packed[name].glob("experts-*.bin"))
-            block = -(-int(mean_blob_bytes(packed[name])) // 4096) * 4096
-            gbps = [plain_read_gbps(files, block, threads=4, nbytes=256 << 20, seed=s) for s in range(3)]
-            run.metrics[f"{name}.plain_odirect_gbps_measured"] = float(np.median(gbps))
-            run.metrics[f"{name}.plain_odirect_gbps_spread"] = [min(gbps), max(gbps)]
-            run.metrics[f"{name}.page_cache_after"] = max(page_cache_residency(f) for f in files)
-            nv = run.extra["runs"][f"{name}.plan"]["links"]["nvme_gbps_wall"]
-            run.metrics[f"{name}.plan.nvme_gbps_wall_measured"] = nv
+        files = sorted(packed[name].glob("experts-*.bin"))
+        block = -(-int(mean_blob_bytes(packed[name])) // 4096) * 4096
+        gbps = [plain_read_gbps(files, block, threads=4, nbytes=256 << 20, seed=s) for s in range(3)]
+        run.metrics[f"{name}.plain_odirect_gbps_measured"] = float(np.median(gbps))
+        run.metrics[f"{name}.plain_odirect_gbps_spread"] = [min(gbps), max(gbps)]
+        run.metrics[f"{name}.page_cache_after"] = max(page_cache_residency(f) for f in files)
+        nv = run.extra["runs"][f"{name}.plan"]["links"]["nvme_gbps_wall"]
+        run.metrics[f"{name}.plan.nvme_gbps_wall_measured"] = nv
 
 
 def mean_blob_bytes(folder: Path) -> float:
@@ -470,14 +470,15 @@ def run_routing_stage(run: Run, a, ckpt: Path) -> None:
     from trained.run_routing import row_stats, row_trace
     from strata_plan.core.routing import save_trace
     from strata_plan.core.spec import load_spec
+    rows = {k: v for k, v in run.executed.items() if f"{k}.decode_tok_s_predicted_run_routing" not in run.metrics}
+    if not rows:
+        return
     dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = hf.load(ckpt, torch.float32, dev, experts_implementation="eager")   # as the held-out trace was made
     spec = load_spec(str(ckpt))
     folder = Path(a.work) / "run-routing"
     folder.mkdir(parents=True, exist_ok=True)
-    for key, (executed, mode, pred) in run.executed.items():
-        if f"{key}.decode_tok_s_predicted_run_routing" in run.metrics:
-            continue
+    for key, (executed, mode, pred) in rows.items():
         r = run.extra["runs"][key]
         trace = row_trace(model, r["context"], spec, f"engine row {key}: its prompt and decode tokens, teacher-forced")
         save_trace(trace, folder / f"{key}.npz")

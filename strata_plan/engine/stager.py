@@ -126,20 +126,20 @@ class StagerCounters:
 
 @dataclass
 class _Read:
-    """io="aio": a blob being read into `slot` (its parts (start, bytes) in the blob, how many are still out)."""
+    """A blob read a reader (or the AIO poller) took: (layer j, expert e) into `slot`, its queue priority (0: demand),
+    its turn among its request's demand reads, when it was queued and taken. io="aio": its parts (start, bytes) in
+    the blob, how many are still out, the first error."""
     slot: int
     prio: int
     j: int
     e: int
+    split: int
     queued_at: float
     rank: int
     taken: float
-    parts: list
+    parts: list = field(default_factory=list)
     left: int = 0
     error: OSError | None = None
-
-    def __post_init__(self) -> None:
-        self.left = len(self.parts)
 
 
 def read_splits(plan) -> dict[str, tuple[int, ...]]:
@@ -407,10 +407,9 @@ class Stager:
         else:
             self._cv.notify_all()
 
-    def _claim(self):
-        """(lock held) The queue's best entry that is still to be read, with its slot taken and marked READING:
-        (slot, prio, target, j, e, split, queued_at, rank); None when the queue is empty, "retry" when a demand read
-        found no slot it may take (it is queued again)."""
+    def _claim(self) -> "_Read | str | None":
+        """(lock held) The queue's best entry that is still to be read, with its slot taken and marked READING; None
+        when the queue is empty, "retry" when a demand read found no slot it may take (it is queued again)."""
         while self._heap:
             prio, _, _, target, j, e, split, queued_at = heapq.heappop(self._heap)
             if self.queued.get((j, e)) == prio:
@@ -434,12 +433,12 @@ class Stager:
             if prio == 0:                          # its turn among the request's demand reads
                 rank = self._taken.get(target, 0)
                 self._taken[target] = rank + 1
-            return slot, prio, target, j, e, split, queued_at, rank
+            return _Read(slot, prio, j, e, split, queued_at, rank, time.perf_counter())
         return None
 
-    def _finish(self, slot: int, prio: int, j: int, e: int, queued_at: float, rank: int, taken: float,
-                ok: bool) -> None:
+    def _finish(self, r: _Read, ok: bool) -> None:
         """(lock held) A blob read ended: counted, and published (ok) or its slot freed and its ready word FAILED."""
+        slot, prio, j, e, queued_at, taken = r.slot, r.prio, r.j, r.e, r.queued_at, r.taken
         c = self.counts
         nb = int(self.store.nbytes[j, e])
         (c.reads_demand if prio == 0 else c.reads_guess)[j] += 1
@@ -453,8 +452,8 @@ class Stager:
                 lat = c.lat
                 lat["n"], lat["queue_s"] = lat["n"] + 1, lat["queue_s"] + taken - queued_at
                 lat["read_s"] += time.perf_counter() - taken
-                r = c.by_rank.setdefault(rank, [0, 0.0])
-                r[0], r[1] = r[0] + 1, r[1] + taken - queued_at
+                n = c.by_rank.setdefault(r.rank, [0, 0.0])
+                n[0], n[1] = n[0] + 1, n[1] + taken - queued_at
         else:
             self.state[slot], self.key[slot] = FREE, None
             del self.where[(j, e)]
@@ -467,52 +466,50 @@ class Stager:
                     self._cv.wait()
                 if self._stop:
                     return
-                got = self._claim()
-                if got == "retry":
+                r = self._claim()
+                if r == "retry":
                     self._cv.wait(0.0005)
-                if got is None or got == "retry":
+                if not isinstance(r, _Read):
                     continue
-            slot, prio, _, j, e, split, queued_at, rank = got
-            taken = time.perf_counter()
-            ok = self._read(slot, j, e, split)
+            r.taken = time.perf_counter()              # once out of the lock, as the queue time always counted
+            ok = self._read(r.slot, r.j, r.e, r.split)
             with self._cv:
-                self._finish(slot, prio, j, e, queued_at, rank, taken, ok)
+                self._finish(r, ok)
 
     # ---- io="aio": the poller submits, the reaper publishes --------------------------------------------------
     def _submit_next(self) -> None:
         """(lock held) Claim queued reads up to the readers' count of blobs in flight and submit all their parts in
         one call."""
-        batch, new = [], []
+        batch = []
         while len(self._reads) < self._max_blobs:
-            got = self._claim()
-            if got == "retry":
+            r = self._claim()
+            if r == "retry":
                 self._retry = True
-            if got is None or got == "retry":
+            if not isinstance(r, _Read):
                 break
-            slot, prio, _, j, e, split, queued_at, rank = got
-            ent = self.store.entries[j][e]
+            ent = self.store.entries[r.j][r.e]
             f = self.store.files[ent.file]
             rid = next(self._tags)
-            r = _Read(slot, prio, j, e, queued_at, rank, time.perf_counter(), split_parts(ent.nbytes, split))
-            addr = self.mem.data_ptr() + slot * self.slot_bytes
+            r.parts = split_parts(ent.nbytes, r.split)
+            r.left = len(r.parts)
+            addr = self.mem.data_ptr() + r.slot * self.slot_bytes
             for k, (a, n) in enumerate(r.parts):
                 if not f.direct:
                     os.posix_fadvise(f.fd, ent.offset + a, n, os.POSIX_FADV_DONTNEED)
                 batch.append((rid * PARTS + k, f.fd, addr + a, n, ent.offset + a))
             self._reads[rid] = r
-            new.append(rid)
         if not batch:
             return
         started, err = self._aio.submit(batch)
         if err is not None:                        # the kernel refused a read: it and those after it never start
-            self._fail(self._read_error(self._reads[batch[started][0] // PARTS].j,
-                                        self._reads[batch[started][0] // PARTS].e, err))
+            first = self._reads[batch[started][0] // PARTS]
+            self._fail(self._read_error(first.j, first.e, err))
             for tag, *_ in batch[started:]:
                 r = self._reads[tag // PARTS]
                 r.error, r.left = r.error or err, r.left - 1
                 if r.left == 0:                    # (a blob with parts started ends when the reaper has them)
                     del self._reads[tag // PARTS]
-                    self._finish(r.slot, r.prio, r.j, r.e, r.queued_at, r.rank, r.taken, False)
+                    self._finish(r, False)
 
     def _reap(self) -> None:
         """Completed parts: a blob whose parts are all in is checked (at its first read, outside the lock) and
@@ -541,7 +538,7 @@ class Stager:
                 ok.append(r.error is None and self._verify(r.slot, r.j, r.e))
             with self._cv:
                 for r, good in zip(done, ok):
-                    self._finish(r.slot, r.prio, r.j, r.e, r.queued_at, r.rank, r.taken, good)
+                    self._finish(r, good)
                     self.counts.busy_s[0] += time.perf_counter() - r.taken
                 self._retry = False
                 self._submit_next()
