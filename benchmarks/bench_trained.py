@@ -19,8 +19,9 @@ Stages (each one's failure is recorded and the later ones still run where they c
    rate, lookahead precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved;
    for the NVMe plan a plain O_DIRECT read of the same files, and at depth >= 2 the plan once more with the stager
    reading the deepest guesses alone (`plan_deepest`, EngineOptions.stage_depths: the cost model's count; A/B), and
-   with the stager's reads submitted together through Linux native AIO (`plan_aio`, EngineOptions.stager_io; over
-   the mean of `plan` and `plan_again`, the reader threads: `plan_aio_over_plan_measured`; A/B).
+   with the stager's reads submitted together through Linux native AIO (`plan_aio`, EngineOptions.stager_io; with
+   `--io-repeats N`, N aio runs interleaved with N - 1 more reader-thread runs `plan_threads_k`; the median over the
+   median of the threads runs, `plan` and `plan_again` among them: `plan_aio_over_plan_measured`; A/B).
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -373,11 +374,16 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
                                EngineOptions(stage_depths="deepest"))
             run.metrics[f"{name}.plan_deepest_over_plan_measured"] = (deep["decode_tok_s_measured"]
                                                                       / got["plan"]["decode_tok_s_measured"])
-        if aio_available():
-            aio = measure_one(run, a, f"{name}.plan_aio", packed[name], plan, "plan", pred, prompt,
-                              EngineOptions(stager_io="aio"))
-            threads = (got["plan"]["decode_tok_s_measured"] + again["decode_tok_s_measured"]) / 2
-            run.metrics[f"{name}.plan_aio_over_plan_measured"] = aio["decode_tok_s_measured"] / threads
+        if aio_available():            # interleaved: aio, then (threads, aio) x (io_repeats - 1); medians
+            tok = {"threads": [got["plan"]["decode_tok_s_measured"], again["decode_tok_s_measured"]], "aio": []}
+            for k in range(a.io_repeats):
+                for io in ("threads", "aio") if k else ("aio",):
+                    key = f"{name}.plan_{io}" + (f"_{k}" if k else "")
+                    tok[io].append(measure_one(run, a, key, packed[name], plan, "plan", pred, prompt,
+                                               EngineOptions(stager_io=io))["decode_tok_s_measured"])
+            run.metrics[f"{name}.plan_aio_over_plan_measured"] = (float(np.median(tok["aio"]))
+                                                                  / float(np.median(tok["threads"])))
+            run.metrics[f"{name}.plan_io_runs_measured"] = tok
         files = sorted(packed[name].glob("experts-*.bin"))
         block = -(-int(mean_blob_bytes(packed[name])) // 4096) * 4096
         gbps = [plain_read_gbps(files, block, threads=4, nbytes=256 << 20, seed=s) for s in range(3)]
@@ -670,6 +676,8 @@ def parse(argv=None):
     p.add_argument("--profile-predict", default=None, help="re-predict with this profile YAML (default: the plan's)")
     p.add_argument("--calibration", default=None, help="with --profile-predict: the calibration constants of this "
                    "profile YAML (measured by `strata-plan calibrate`, committed before the run) with its measured figures")
+    p.add_argument("--io-repeats", type=int, default=1,
+                   help="the stager's A/B on an NVMe plan: aio runs, interleaved with as many threads runs less one")
     p.add_argument("--budgets", default="ramrich,seed")
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--context", type=int, default=1024)

@@ -4,7 +4,7 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] [TRAIN_S=170] [SKIP=transformers,equivalence] \
-#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN="ramrich seed"]] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
+#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN="ramrich seed"]] [BUDGETS=seed] [BURST=1] [BENCH_ARGS=--io-repeats 3] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
 # Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -32,6 +32,9 @@ left() { echo $(( $1 - ($(date +%s) - t0) )); }
 CAL=${CALIBRATION-}   # constants of another profile YAML (default none: the quick profile's measured figures)
 timeout 90 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/run-profile.yaml" --force 2>&1 | tail -1
 PROFILE=$([ -f "$OUT/run-profile.yaml" ] && echo "$OUT/run-profile.yaml" || echo h200)   # the shipped one if it failed
+# BURST=1: bursts of O_DIRECT reads on the idle drive against the call's profile (tools/burst_read.py; burst.log)
+[ -n "${BURST-}" ] && timeout 150 python3 benchmarks/tools/burst_read.py --dir /root --profile "$PROFILE" \
+  ${BURST_ARGS-} >"$OUT/burst.log" 2>&1; [ -f "$OUT/burst.log" ] && cat "$OUT/burst.log"
 # GPU_TESTS=1: the slot protocol's and the stager's kernel tests and the engine's GPU-marked tests run beside the
 # training (after the profile, done before the engine rows start; gpu_tests.log). Correctness only, no timings.
 if [ -n "${GPU_TESTS-}" ]; then
@@ -41,7 +44,7 @@ fi
 END=585; [ -n "${STEP_KERNELS-}" ] && END=530     # STEP_KERNELS=1 leaves a minute for step_kernels after it
 END=${END_S:-$END}                                 # END_S: the benchmark's end, seconds into the call (a shorter call)
 timeout "$(left $END)" python3 benchmarks/bench_trained.py --work "$W" --out-dir "$OUT" --train-seconds "$TRAIN_S" \
-  --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} ${SKIP:+--skip "$SKIP"} \
+  --profile-predict "$PROFILE" ${CAL:+--calibration "$CAL"} ${SKIP:+--skip "$SKIP"} ${BUDGETS:+--budgets "$BUDGETS"} ${BENCH_ARGS-} \
   --deadline-s "$(left $((END - 25)))" 2>&1 | tee "$OUT/bench_trained.log" | grep -v -e '^Loading weights' -e 'deprecated'
 [ -n "${tests-}" ] && { wait "$tests"; cat "$OUT/gpu_tests.summary"; }
 # STEP_KERNELS=1: the decode token kernel by kernel (benchmarks/tools/step_kernels.py) of each trained plan in
@@ -63,7 +66,7 @@ tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.y
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
   bench-moe/tokenizer.json bench-moe/tokenizer_config.json run-routing 2>/dev/null
 # at most 8 files come back from $OUT: the logs, the call's profile and step_kernels' files go into the tar too
-for f in run-profile.yaml gpu_tests.log gpu_tests.summary step_kernels-*.json step_kernels-*.log; do
+for f in run-profile.yaml burst.log gpu_tests.log gpu_tests.summary step_kernels-*.json step_kernels-*.log; do
   [ -f "$OUT/$f" ] && tar -C "$OUT" -rf "$OUT/trained-artifacts.tar" "$f" && rm -f "$OUT/$f"
 done
 echo "run_trained_gpu: $(( $(date +%s) - t0 ))s"

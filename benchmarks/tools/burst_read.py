@@ -1,0 +1,127 @@
+"""Diagnostic (CPU and a drive, under a minute): how long a burst of i O_DIRECT reads issued together on an idle
+drive takes, against what the cost model's steady-state surface says.
+
+    python3 benchmarks/tools/burst_read.py [--dir /root] [--size-gib 2] [--blocks 131072,188416]
+        [--batches 1,2,4,6] [--repeats 150] [--gap-us 300] [--profile run-profile.yaml]
+
+At decode a MoE layer's misses are known only after its router, so the stager reads them as one burst on a drive
+that idled through the layer before: the GPU waits for the burst's last read. The planner prices that burst from the
+profile's `rand_read` surface, measured as a steady stream at a fixed queue depth (planner/reads.py:
+T(i) = i x block / R*(block, i)). This issues each burst of i reads of `block` bytes at random aligned offsets of a
+fresh test file (out of the page cache), two ways: one `io_submit` (engine/aio.py, the stager's `io="aio"`) and a
+pool of i threads each in `os.preadv` (the stager's reader threads, without its queue); then idles `--gap-us`.
+Prints per (block, i) the median and p90 of the burst's last completion and the mean completion, beside the
+surface's T(i) when `--profile` names a profile YAML. Not a benchmark: no results file."""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from strata_plan.engine.aio import AioContext
+from strata_plan.engine.directio import aligned_empty, aligned_view
+from strata_plan.profiler.nvme import TestFile, open_reader
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def bursts_aio(fd: int, addrs: list[int], offsets: list[list[int]], block: int, gap: float) -> np.ndarray:
+    """[repeats, i] seconds from submit to each read's completion (sorted), one io_submit a burst."""
+    ctx = AioContext(len(addrs) + 1)
+    out = []
+    try:
+        for offs in offsets:
+            t0 = time.perf_counter()
+            ctx.submit([(k, fd, addrs[k], block, o) for k, o in enumerate(offs)])
+            done = []
+            while len(done) < len(offs):
+                for _, res in ctx.wait(1, len(offs), 1.0):
+                    if res != block:
+                        raise OSError(f"read returned {res} of {block} bytes")
+                    done.append(time.perf_counter() - t0)
+            out.append(sorted(done))
+            spin(gap)
+    finally:
+        ctx.close()
+    return np.array(out)
+
+
+def bursts_threads(fd: int, views: list[memoryview], offsets: list[list[int]], gap: float) -> np.ndarray:
+    """[repeats, i] as `bursts_aio`, each read by its own thread of a pool (os.preadv)."""
+    import os
+    out = []
+    with ThreadPoolExecutor(len(views)) as pool:
+        for offs in offsets:
+            t0 = time.perf_counter()
+
+            def one(k: int) -> float:
+                os.preadv(fd, [views[k]], offs[k])
+                return time.perf_counter() - t0
+            out.append(sorted(pool.map(one, range(len(offs)))))
+            spin(gap)
+    return np.array(out)
+
+
+def surface_seconds(profile: str, block: int, i: int) -> float:
+    """The cost model's seconds for i reads of `block` together, split 1 (planner/reads.py)."""
+    from strata_plan.planner.reads import envelope_rates
+    from strata_plan.profiles.schema import load_profile
+    disk = load_profile(profile).nvme[0].rand_read
+    rates = envelope_rates(lambda b, q: disk.at(b, q) * 1e9, disk.queue_depths, block, i)
+    return i * block / rates[i]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="/root")
+    ap.add_argument("--size-gib", type=float, default=2.0)
+    ap.add_argument("--blocks", default="131072,188416")
+    ap.add_argument("--batches", default="1,2,4,6")
+    ap.add_argument("--repeats", type=int, default=150)
+    ap.add_argument("--gap-us", type=float, default=300.0)
+    ap.add_argument("--profile", default=None)
+    a = ap.parse_args()
+    blocks = [int(x) for x in a.blocks.split(",")]
+    batches = [int(x) for x in a.batches.split(",")]
+    rng = random.Random(0)
+    with TestFile(Path(a.dir), int(a.size_gib * 2**30) // 2**20 * 2**20) as tf:
+        fd, direct = open_reader(tf.path)
+        print(f"test file {tf.path} {a.size_gib:g} GiB, O_DIRECT {direct}; gap {a.gap_us:g} us; "
+              f"{a.repeats} bursts each (times in ms: median / p90 of the last read, mean of all)")
+        print(f"{'block':>8} {'i':>3} {'aio last':>16} {'aio mean':>9} {'threads last':>16} {'thr mean':>9} "
+              f"{'surface T(i)':>13}")
+        for block in blocks:
+            for i in batches:
+                bufs = [aligned_empty(block, pin=False) for _ in range(i)]
+                views = [aligned_view(v) for _, v in bufs]
+                addrs = [v.data_ptr() for _, v in bufs]
+                n = tf.size // block
+                res = {}
+                for way in ("aio", "threads", "aio", "threads"):     # interleaved, each twice
+                    offs = [[rng.randrange(n) * block for _ in range(i)] for _ in range(a.repeats)]
+                    t = (bursts_aio(fd, addrs, offs, block, a.gap_us / 1e6) if way == "aio"
+                         else bursts_threads(fd, views, offs, a.gap_us / 1e6))
+                    res.setdefault(way, []).append(t)
+                cells = []
+                for way in ("aio", "threads"):
+                    t = np.concatenate(res[way]) * 1e3
+                    last = t[:, -1]
+                    cells.append(f"{statistics.median(last):7.3f} / {np.percentile(last, 90):6.3f} "
+                                 f"{t.mean():9.3f}")
+                model = f"{surface_seconds(a.profile, block, i) * 1e3:13.3f}" if a.profile else ""
+                print(f"{block:>8} {i:>3} {cells[0]} {cells[1]} {model}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
