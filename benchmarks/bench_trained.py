@@ -377,10 +377,10 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
         if aio_available():            # interleaved: aio, then (threads, aio) x (io_repeats - 1); medians
             tok = {"threads": [got["plan"]["decode_tok_s_measured"], again["decode_tok_s_measured"]], "aio": []}
             for k in range(a.io_repeats):
-                for io in ("threads", "aio") if k else ("aio",):
-                    key = f"{name}.plan_{io}" + (f"_{k}" if k else "")
-                    tok[io].append(measure_one(run, a, key, packed[name], plan, "plan", pred, prompt,
-                                               EngineOptions(stager_io=io))["decode_tok_s_measured"])
+                for way in ("threads", "aio") if k else ("aio",):
+                    key = f"{name}.plan_{way}" + (f"_{k}" if k else "")
+                    tok[way].append(measure_one(run, a, key, packed[name], plan, "plan", pred, prompt,
+                                               EngineOptions(stager_io=way))["decode_tok_s_measured"])
             run.metrics[f"{name}.plan_aio_over_plan_measured"] = (float(np.median(tok["aio"]))
                                                                   / float(np.median(tok["threads"])))
             run.metrics[f"{name}.plan_io_runs_measured"] = tok
