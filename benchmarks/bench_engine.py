@@ -60,7 +60,7 @@ from strata_plan.engine.engine import EngineOptions  # noqa: E402
 from strata_plan.kernels.prefetch import copy_programs  # noqa: E402
 from strata_plan.engine.directio import page_cache_residency, plain_read_gbps  # noqa: E402
 from strata_plan.engine.replay import Replay  # noqa: E402
-from strata_plan.engine.store import plan_readers  # noqa: E402
+from strata_plan.engine.store import default_stager_io, plan_readers  # noqa: E402
 from strata_plan.engine.synthetic import pack_synthetic  # noqa: E402
 from strata_plan.profiler.gpu import ZeroCopyProbe  # noqa: E402
 from strata_plan.pinned import HostRegion  # noqa: E402
@@ -173,9 +173,9 @@ def main() -> int:
     ap.add_argument("--plans", default="ramrich,seed", help="names of the shipped plans, or NAME=PATH (a plan for "
                     "the packed folder in --dir: the CPU smoke test runs the fixture that way)")
     ap.add_argument("--modes", default="plan,lru,on-demand")
-    ap.add_argument("--stager-io", default="threads", choices=("threads", "aio"),
-                    help="the NVMe stager's reads: reader threads or Linux native AIO (EngineOptions.stager_io; an "
-                         "A/B between calls: compare each row's share of its drive bound)")
+    ap.add_argument("--stager-io", default=None, choices=("aio", "threads"),
+                    help="the NVMe stager's reads: Linux native AIO (default where the kernel has it) or reader threads "
+                         "(EngineOptions.stager_io; an A/B between calls: compare each row's share of its drive bound)")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=0, help="start no further run after this many seconds "
@@ -260,6 +260,7 @@ def main() -> int:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
         metrics["build_s"] = time.perf_counter() - t0
+        a.stager_io = a.stager_io or default_stager_io()
         metrics["stager_io"] = a.stager_io
         print(f"packed {sum(f.stat().st_size for f in files) / 1e9:.1f} GB in {metrics['build_s']:.0f} s", flush=True)
 

@@ -19,9 +19,9 @@ Stages (each one's failure is recorded and the later ones still run where they c
    rate, lookahead precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved;
    for the NVMe plan a plain O_DIRECT read of the same files, and at depth >= 2 the plan once more with the stager
    reading the deepest guesses alone (`plan_deepest`, EngineOptions.stage_depths: the cost model's count; A/B), and
-   with the stager's reads submitted together through Linux native AIO (`plan_aio`, EngineOptions.stager_io; with
-   `--io-repeats N`, N aio runs interleaved with N - 1 more reader-thread runs `plan_threads_k`; the median over the
-   median of the threads runs, `plan` and `plan_again` among them: `plan_aio_over_plan_measured`; A/B).
+   with the stager's reads the other way (EngineOptions.stager_io: `plan_threads`, reader threads, where the default
+   is Linux native AIO; with `--io-repeats N`, N such runs interleaved with N - 1 more of the default, `plan` and
+   `plan_again` among the default's; medians: `plan_aio_over_threads_measured`; A/B).
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -374,15 +374,17 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
                                EngineOptions(stage_depths="deepest"))
             run.metrics[f"{name}.plan_deepest_over_plan_measured"] = (deep["decode_tok_s_measured"]
                                                                       / got["plan"]["decode_tok_s_measured"])
-        if aio_available():            # interleaved: aio, then (threads, aio) x (io_repeats - 1); medians
-            tok = {"threads": [got["plan"]["decode_tok_s_measured"], again["decode_tok_s_measured"]], "aio": []}
+        if aio_available():     # the other way of reading, then (default, other) x (io_repeats - 1); medians
+            first = EngineOptions().stager_io
+            other = "threads" if first == "aio" else "aio"
+            tok = {first: [got["plan"]["decode_tok_s_measured"], again["decode_tok_s_measured"]], other: []}
             for k in range(a.io_repeats):
-                for way in ("threads", "aio") if k else ("aio",):
+                for way in (first, other) if k else (other,):
                     key = f"{name}.plan_{way}" + (f"_{k}" if k else "")
                     tok[way].append(measure_one(run, a, key, packed[name], plan, "plan", pred, prompt,
                                                EngineOptions(stager_io=way))["decode_tok_s_measured"])
-            run.metrics[f"{name}.plan_aio_over_plan_measured"] = (float(np.median(tok["aio"]))
-                                                                  / float(np.median(tok["threads"])))
+            run.metrics[f"{name}.plan_aio_over_threads_measured"] = (float(np.median(tok["aio"]))
+                                                                     / float(np.median(tok["threads"])))
             run.metrics[f"{name}.plan_io_runs_measured"] = tok
         files = sorted(packed[name].glob("experts-*.bin"))
         block = -(-int(mean_blob_bytes(packed[name])) // 4096) * 4096
@@ -429,11 +431,13 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
 
 def stager_stage(run: Run, plans: dict[str, Path]) -> None:
     """Per plan with an NVMe tier: the stager's host time measured by its rows' counters (`stager_wake_us`,
-    `stager_read_us`, as `strata-plan calibrate` measures them), and every row of the plan predicted again with
-    them in place of the profile's (defaults: estimates): `*.decode_tok_s_predicted_stager_measured`. Run again
-    (after the depth sweep), it predicts the new rows with the figures the first call measured."""
+    `stager_read_us`, as `strata-plan calibrate` measures them; the rows that read the engine's default way), and
+    every row of the plan predicted again with them in place of the profile's (defaults: estimates):
+    `*.decode_tok_s_predicted_stager_measured`. Run again (after the depth sweep), it predicts the new rows with the
+    figures the first call measured."""
     import dataclasses
 
+    from strata_plan.engine.engine import EngineOptions
     from strata_plan.planner.calibrate import stager_host_us
     from strata_plan.profiles.schema import Figure
     for name, path in plans.items():
@@ -443,7 +447,9 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
             for key, (executed, mode, _) in rows.items():
                 _stager_measured_row(run, key, run.stager_predictors[name].for_plan(executed, mode)["decode_tok_s"])
             continue
-        got = stager_host_us([run.extra["runs"][k].get("stager") for k in rows])
+        default = EngineOptions().stager_io                # the A/B's other way of reading is not the engine's
+        got = stager_host_us([run.extra["runs"][k].get("stager") for k in rows
+                              if run.extra["runs"][k].get("stager_io", default) == default])
         if got is None:
             continue
         wake, read, n = got
@@ -677,7 +683,8 @@ def parse(argv=None):
     p.add_argument("--calibration", default=None, help="with --profile-predict: the calibration constants of this "
                    "profile YAML (measured by `strata-plan calibrate`, committed before the run) with its measured figures")
     p.add_argument("--io-repeats", type=int, default=1,
-                   help="the stager's A/B on an NVMe plan: aio runs, interleaved with as many threads runs less one")
+                   help="the stager's A/B on an NVMe plan: runs of the other way of reading (reader threads where the "
+                        "default is aio), interleaved with as many of the default less one")
     p.add_argument("--budgets", default="ramrich,seed")
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--context", type=int, default=1024)

@@ -55,7 +55,7 @@ def main() -> int:
                 prof.calibration, stager_wake_us=fig("stager_wake_us"), stager_read_us=fig("stager_read_us")))
         pred, plan = Predictor(path, p), load_plan(path)
         rows = [(mode, baseline(plan, mode), mode) for mode in MODES]
-        rows += [(again, plan, "plan") for again in ("plan_again", "plan_deepest", "plan_aio")]
+        rows += [(again, plan, "plan") for again in ("plan_again", "plan_deepest", "plan_aio", "plan_threads")]
         rows += [(f"depth{d}", forced_depth(plan, d), "plan") for d in range(1, 9)]
         for key, executed, mode in rows:
             got = m.get(f"{name}.{key}.decode_tok_s_measured")

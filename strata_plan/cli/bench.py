@@ -91,7 +91,7 @@ def cmd_bench(args) -> int:
     if args.results:                    # before the work: a folder this user can write (or create), not a file
         check_out_folder(args.results, "--results", force=True)
     opts = EngineOptions(tokens_per_graph=args.tokens_per_graph,       # a value out of range: one line, before work
-                         stager_io=args.stager_io)
+                         **({"stager_io": args.stager_io} if args.stager_io else {}))
     from strata_plan.engine.generate import Sampling, device_pick
     pick = device_pick(Sampling(args.temperature, args.top_p, args.seed))     # a bad value: one line, before work
     plan = load_plan(args.plan)

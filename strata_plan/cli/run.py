@@ -20,9 +20,9 @@ def add_engine_args(p) -> None:
     p.add_argument("--tokens-per-graph", type=int, default=4, metavar="K",
                    help="decode tokens one CUDA graph launch runs (default 4; 1 to 64): the host's launch and wait are "
                         "shared by K tokens, which reach the host K at a time")
-    p.add_argument("--stager-io", default="threads", choices=("threads", "aio"),
-                   help="how the NVMe stager reads (a plan with an NVMe tier): a reader thread a read (default), or "
-                        "a layer's reads submitted together through Linux native AIO")
+    p.add_argument("--stager-io", default=None, choices=("aio", "threads"),
+                   help="how the NVMe stager reads (a plan with an NVMe tier): a layer's reads submitted together "
+                        "through Linux native AIO (default where the kernel has it), or a reader thread a read")
 
 
 def register(sub) -> None:
@@ -48,7 +48,7 @@ def cmd_run(args) -> int:
         raise UserError("--max-tokens", str(args.max_tokens), "must be at least 1", "ask for one token or more")
     sampling = Sampling(args.temperature, args.top_p, args.seed)
     opts = EngineOptions(mode=args.mode, device=args.device, tokens_per_graph=args.tokens_per_graph,
-                         stager_io=args.stager_io)
+                         **({"stager_io": args.stager_io} if args.stager_io else {}))
     resolve_device(args.device)                         # before any work: a device this torch lacks is one line
     plan = load_plan(args.plan)
     check_one_gpu(plan, args.plan)

@@ -23,7 +23,7 @@ static and RAM experts at start and each NVMe expert on its first read, and `ope
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,11 +39,11 @@ from .device_loop import DeviceDecode
 from .generate import Sampling, check_length, encode_prompt, generate, load_tokenizer
 from .model import MoEModel
 from .packed import verify_dense
-from .store import ExpertStore, StoreOptions
+from .store import ExpertStore, StoreOptions, default_stager_io
 from .store_experts import StoreExperts
 
 STAGE_DEPTHS = ("all", "deepest")     # EngineOptions.stage_depths
-STAGER_IO = ("threads", "aio")        # EngineOptions.stager_io
+STAGER_IO = ("aio", "threads")        # EngineOptions.stager_io (store.default_stager_io: aio where the kernel has it)
 
 
 def resolve_device(name: str = "", flag: str = "--device") -> torch.device:
@@ -107,8 +107,9 @@ class EngineOptions:
                                      # (StoreOptions.partial_landing); False: whole experts only (A/B)
     stage_depths: str = "all"        # NVMe lookahead: the stager reads every depth's guesses, or the "deepest" alone
                                      # (StoreOptions.stage_depths; A/B)
-    stager_io: str = "threads"       # the NVMe stager's reads: a thread each ("threads"), or submitted together
-                                     # through Linux native AIO ("aio", engine/aio.py; A/B)
+    stager_io: str = field(default_factory=default_stager_io)   # the NVMe stager's reads: submitted together through
+                                     # Linux native AIO ("aio", engine/aio.py) where the kernel gives it, else a
+                                     # reader thread each ("threads": the reference, and the A/B)
 
     def __post_init__(self):
         if self.mode not in MODES:

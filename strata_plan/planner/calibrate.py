@@ -14,7 +14,8 @@ Nothing is fitted; a constant is written only where the runs measure it:
 - `layer_overhead_us`: per run that timed its step without the MoE calls, (t_nonMoE - the cost model's non-MoE
   seconds, `CostModel.non_moe_seconds`) / decoder layers, at the profile's `hbm_efficiency`; their mean.
 - `stager_wake_us`, `stager_read_us` (runs whose NVMe stager read on demand): from its counters of a demand
-  read's queue time by its turn in its request (`stager_host_us`).
+  read's queue time by its turn in its request (`stager_host_us`), over the runs that read through AIO where any
+  did (the engine's default), else the reader threads' runs.
 - Left at the profile's values: `hbm_efficiency`, `prefetch_overlap`, `moe_round_trip_us`, `host_fetch_us` (the
   last three price the copy path of several-GPU placements, the round trip also prefill's), `compute_efficiency`
   (decode at batch 1 is never compute-bound), `copy_overlap` (the profiler measures it), `dense_stream_efficiency`.
@@ -50,6 +51,7 @@ class Run:
     nonmoe_s: float | None = None   # the device loop's step without its MoE calls, GPU seconds (`device_step`)
     gates: bool = True      # the run computed its lookahead gates (False: routing replayed, the replay's guesses)
     stager: dict | None = None   # the NVMe stager's counters (engine.stager.StagerCounters.to_data), if it ran
+    stager_io: str = "threads"   # how it read ("aio" or "threads"; files before the record: threads)
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,8 @@ def read_runs(paths, plans: dict[str, str] | None = None, find=()) -> tuple[list
                       if step.get("without_moe_s") is not None else None)
             out.append(Run(f"{p.name}:{name}" if name else p.name, str(path), mode, plan, plan_where, float(med),
                            int(n_moe), None if nonmoe is None else float(nonmoe), r.get("replay") is None,
-                           r.get("stager") if isinstance(r.get("stager"), dict) else None))
+                           r.get("stager") if isinstance(r.get("stager"), dict) else None,
+                           str(r.get("stager_io") or "threads")))
         if host:
             skipped.append(str(path))
             notes.append(f"{path}: skipped {len(host)} host-loop run{'s' if len(host) > 1 else ''} "
@@ -331,7 +334,9 @@ def calibrate(runs: list[Run], profile, sources: str) -> Fit:
            f"without its MoE calls, {min(overheads):.1f}-{max(overheads):.1f} us over {len(overheads)} runs")
     prof = _with_calibration(profile, layer_overhead_us=_figure(o, sources, how))
     left = "left alone: "
-    stager = stager_host_us([r.stager for r in runs])
+    # the stager's host time is its way of reading's: the AIO runs where any (the engine's default), else the threads'
+    io = "aio" if any(r.stager_io == "aio" and r.stager for r in runs) else "threads"
+    stager = stager_host_us([r.stager for r in runs if r.stager_io == io])
     if stager is None:
         stager_rows = tuple(Constant(name, v, v, left + "no run read from NVMe on demand (the stager's counters)",
                                      False) for name, v in (("stager_wake_us", cal.stager_wake.value),
@@ -339,8 +344,8 @@ def calibrate(runs: list[Run], profile, sources: str) -> Fit:
     else:
         wake, read, n = stager
         hw = (f"measured directly: a request's first demand read started after it, and the poller's half gap, over "
-              f"{n} demand reads")
-        hr = f"measured directly: the slope of a demand read's start over its turn in its request, {n} reads"
+              f"{n} demand reads (stager io {io})")
+        hr = f"measured directly: the slope of a demand read's start over its turn in its request, {n} reads ({io})"
         prof = _with_calibration(prof, stager_wake_us=_figure(wake, sources, hw),
                                  stager_read_us=_figure(read, sources, hr))
         stager_rows = (Constant("stager_wake_us", cal.stager_wake.value, wake, hw, True),

@@ -390,15 +390,17 @@ fetches of a MoE layer are issued one after another after its round trip, the hi
 under the same interpreter lock (planner/PLANNER.md, "Host time per fetch")."""
 
 
-DEFAULT_STAGER_WAKE = Figure(100.0, "estimate", "the 2-core CI machine, the fixture's NVMe-only plan "
-                             "(benchmarks/tools/split_ab.py, 2026-12-05): a request's first demand read started "
-                             "0.10 ms after the poller queued it; `strata-plan calibrate` measures it from device-loop "
-                             "runs")
+DEFAULT_STAGER_WAKE = Figure(56.0, "estimate", "the H100 machine, the trained model's seed plan read through AIO "
+                             "(the engine's default; benchmarks/results/engine-trained-20261206T080500Z.json, 3 runs, "
+                             "4510 demand reads): a request's first demand read started 0.047 ms after the poller "
+                             "queued it, plus half the poller's 0.067 ms gap; `strata-plan calibrate` measures it from "
+                             "device-loop runs")
 """Host seconds from a MoE layer's NVMe request (the routed ids in the pinned ring) to the stager's first read of it
 starting: the poller seeing the row, a reader waking and taking a slot (planner/PLANNER.md, "Cost model")."""
 
-DEFAULT_STAGER_READ = Figure(70.0, "estimate", "the same run: a request's 2nd / 3rd / 4th demand reads started 0.19 / "
-                             "0.25 / 0.31 ms after it was queued; `strata-plan calibrate` measures it")
+DEFAULT_STAGER_READ = Figure(19.0, "estimate", "the same runs: each further demand read of a request started 0.019 ms "
+                             "after the one before (reader threads: 0.081 ms in the same call); `strata-plan "
+                             "calibrate` measures it")
 """Host seconds between the starts of one request's demand reads: each reader's turn at the stager's lock and the
 interpreter lock (its slot, the read's issue, the publish), so a layer's reads start one after another."""
 
