@@ -2,6 +2,8 @@
 into benchmarks/results/ unless a script is given --out-dir."""
 from __future__ import annotations
 
+import faulthandler
+import sys
 import traceback
 from pathlib import Path
 
@@ -21,6 +23,13 @@ def write_result(benchmark: str, metrics: dict, command: str | None = None, note
     """`strata_plan.results.write_result` into `out_dir`, benchmarks/results/ when None (or `path`)."""
     return results.write_result(benchmark, metrics, out_dir or RESULTS, command=command, notes=notes, extra=extra,
                                 path=path)
+
+
+def on_timeout(signum, frame) -> None:
+    """SIGTERM (`timeout`): every thread's stack on stderr (where a run hung), then SystemExit(124), so the
+    benchmark's `finally` still writes what was measured."""
+    faulthandler.dump_traceback(all_threads=True)
+    sys.exit(124)
 
 
 def record_failure(errors: list[str], what: str, err: BaseException) -> None:

@@ -20,7 +20,6 @@ import gc
 import json
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from _plans import tiers_by_hand  # noqa: E402
-from _result import record_failure, result_path, write_result  # noqa: E402
+from _result import on_timeout, record_failure, result_path, write_result  # noqa: E402
 from bench_engine import zero_copy_gbps  # noqa: E402
 
 from strata_plan.cli import main as cli  # noqa: E402
@@ -78,7 +77,7 @@ def main() -> int:
     gpu = {m: [] for m in modes}
     errors: list[str] = []
     path = result_path("device-loop", a.out_dir)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
+    signal.signal(signal.SIGTERM, on_timeout)      # `timeout`: still write what was measured
     t_start = time.perf_counter()
 
     def save() -> None:                                 # after every run: a crash or a kill keeps the runs done

@@ -45,7 +45,6 @@ import os
 import shutil
 import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -53,7 +52,7 @@ import psutil
 import torch
 
 from _plans import forced_depth  # noqa: E402
-from _result import record_failure, result_path, stager_latency, write_result  # noqa: E402
+from _result import on_timeout, record_failure, result_path, stager_latency, write_result  # noqa: E402
 
 from strata_plan.engine.bench import measure  # noqa: E402
 from strata_plan.engine.engine import EngineOptions  # noqa: E402
@@ -229,7 +228,7 @@ def main() -> int:
     skipped: list[str] = []
     errors: list[str] = []
     path = result_path("engine", a.out_dir)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
+    signal.signal(signal.SIGTERM, on_timeout)                    # `timeout`: still write what was measured
 
     def save() -> None:                                 # after every run: a crash or a kill keeps the runs done
         write_result("engine", metrics, out_dir=a.out_dir, path=path,

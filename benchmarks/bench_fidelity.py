@@ -50,7 +50,6 @@ import argparse
 import re
 import shutil
 import signal
-import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -61,7 +60,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 
-from _result import write_result  # noqa: E402
+from _result import on_timeout, write_result  # noqa: E402
 
 from strata_plan.kernels import formats as F  # noqa: E402
 
@@ -454,7 +453,7 @@ def main(argv=None) -> int:
     a = parse(argv)
     if a.smoke:
         torch.set_num_threads(1)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
+    signal.signal(signal.SIGTERM, on_timeout)      # `timeout`: still write what was measured
     Path(a.work).mkdir(parents=True, exist_ok=True)
     run = Run(a)
     try:

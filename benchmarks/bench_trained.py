@@ -42,11 +42,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import faulthandler
 import io
 import json
 import shutil
 import signal
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -57,7 +57,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 from _plans import forced_depth  # noqa: E402
-from _result import stager_latency, write_result  # noqa: E402
+from _result import on_timeout, result_path, stager_latency, write_result  # noqa: E402
 
 from trained import hf  # noqa: E402
 from trained.budgets import SEED_RAM_SHARE, VRAM_SHARE, achieved, budgets  # noqa: E402
@@ -105,6 +105,16 @@ class Run:
                             "transformers": {}, "equivalence": {}, "depth_sweep": {}}
         self.executed: dict = {}        # engine row -> (the plan as executed, its mode, its Predictor)
         self.stager_predictors: dict = {}   # plan -> its Predictor with the stager's host time its rows measured
+        self.path = result_path("engine-trained", args.out_dir)   # rewritten after each stage and engine row
+
+    def save(self, complete: bool = False) -> Path:
+        """The results so far, atomically into one file (`complete`: False until the end), so a call cut short by
+        `timeout` or a hang still brings back every stage and row that finished."""
+        if complete:
+            self.metrics["total_seconds"] = round(self.elapsed(), 1)
+        return write_result("engine-trained", self.metrics, out_dir=self.args.out_dir, notes=NOTES, path=self.path,
+                            extra={**self.extra, "complete": complete, "elapsed_s": round(self.elapsed(), 1),
+                                   "settings": {k: v for k, v in vars(self.args).items()}})
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -131,6 +141,8 @@ class Run:
             self.extra["stages"][name] = {"seconds": round(time.perf_counter() - t, 1), "failed": True}
             log(f"stage {name} FAILED: {type(e).__name__}: {e}")
             return None
+        finally:
+            self.save()
 
     def ok(self, name: str) -> bool:
         s = self.extra["stages"].get(name, {})
@@ -286,6 +298,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     m = r["measured"]
     r.update(predicted=p, bound_from_moved_bytes=bound)
     run.extra["runs"][key] = r
+    run.save()
     run.executed[key] = (executed, mode, pred)
     out = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_mean_measured": m["decode_tok_s_mean"],
            "decode_tok_s_predicted": p["decode_tok_s"], "measured_over_predicted": m["decode_tok_s"] / p["decode_tok_s"],
@@ -723,11 +736,21 @@ def parse(argv=None):
 
 
 
+NOTES = ("bench-moe (or the fixture shape with --smoke) retrained in this run and planned from its own held-out trace; "
+         "routing from the model's own router (no replay). *_measured: measured here; *_predicted: the cost model on "
+         "the executed placement (see extra.runs.*.predicted.source); bound_from_moved_bytes: bytes moved per token "
+         "over the profile's best link rates. Decode text: extra.prompt continued by settings.sample (each row's "
+         "text: extra.runs.<row>.context); *_predicted_run_routing: the row predicted on its own text's routing, "
+         "teacher-forced. complete: false where the run was cut short (the stages and rows done are here).")
+
+
 def main(argv=None) -> int:
     a = parse(argv)
     if a.smoke:
         torch.set_num_threads(1)       # tiny experts on a shared 2-core machine: threads only add overhead (5x)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))      # `timeout`: still write what was measured
+    signal.signal(signal.SIGTERM, on_timeout)                     # `timeout`: still write what was measured
+    if a.deadline_s:       # still running well past the deadline: every thread's stack on stderr (a hang's place)
+        faulthandler.dump_traceback_later(a.deadline_s + 20, exit=False)
     Path(a.work).mkdir(parents=True, exist_ok=True)
     if a.out_dir:
         Path(a.out_dir).mkdir(parents=True, exist_ok=True)
@@ -770,15 +793,8 @@ def main(argv=None) -> int:
             run.do("stager.depth_sweep", lambda: stager_stage(run, plans))
             run.do("run_routing.depth_sweep", lambda: run_routing_stage(run, a, ckpt), need_s=15)
     finally:
-        run.metrics["total_seconds"] = round(run.elapsed(), 1)
-        notes = ("bench-moe (or the fixture shape with --smoke) retrained in this run and planned from its own held-out "
-                 "trace; routing from the model's own router (no replay). *_measured: measured here; *_predicted: "
-                 "the cost model on the executed placement (see extra.runs.*.predicted.source); bound_from_moved_bytes: "
-                 "bytes moved per token over the profile's best link rates. Decode text: extra.prompt continued by "
-                 "settings.sample (each row's text: extra.runs.<row>.context); *_predicted_run_routing: the row "
-                 "predicted on its own text's routing, teacher-forced.")
-        path = write_result("engine-trained", run.metrics, out_dir=a.out_dir, notes=notes,
-                            extra={**run.extra, "settings": {k: v for k, v in vars(a).items()}})
+        faulthandler.cancel_dump_traceback_later()
+        path = run.save(complete=True)
         print(table(run))
         print(path)
     return 0 if not run.extra["errors"] else 1

@@ -94,7 +94,8 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     path = tmp_path / "plan.yaml"
     plan = bf16_plan(4, 10, 0, 1, chunk=1)
     save_plan(plan, path)
-    a = types.SimpleNamespace(tokens=4, warmup=2, device="cpu", sample="1.0,0.95", seed=0, work=str(tmp_path))
+    a = types.SimpleNamespace(tokens=4, warmup=2, device="cpu", sample="1.0,0.95", seed=0, work=str(tmp_path),
+                              out_dir=str(tmp_path / "out"))
     run = Run(a)
     out = measure_one(run, a, "seed.plan", packed, plan, "plan", Predictor(path), PROMPT)
     for key in ("stage_wait_ms_per_token_measured", "nvme_wait_ms_per_token_predicted", "staging_hit_rate_measured",
