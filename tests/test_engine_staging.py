@@ -260,3 +260,26 @@ def test_the_stager_reads_a_blob_in_the_plans_split(packed_bf16, monkeypatch):
     blob = load_index(packed_bf16).entries[0].nbytes
     parts = requests.get("part", [])                         # the pool's requests: pieces of a blob, not whole blobs
     assert parts and max(parts) <= -(-blob // 2 // 4096) * 4096 and blob not in parts
+
+
+@pytest.mark.skipif(not aio.available(), reason="no Linux native AIO")
+def test_the_plain_reads_of_the_drive_bound_read_every_byte_asked(tmp_path, monkeypatch):
+    """The drive's bound (bench_engine): a plain read of regions, each `split` requests submitted together through
+    AIO with at most `in_flight` requests outstanding, reads every requested byte once, as the stager submits a
+    blob's parts; the thread-a-request read beside it."""
+    path = tmp_path / "blobs.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    batches = []
+    real = aio.AioContext.submit
+
+    def submit(self, reads):
+        batches.append(reads)
+        return real(self, reads)
+    monkeypatch.setattr(aio.AioContext, "submit", submit)
+    assert directio.plain_read_aio_gbps([path], 64 << 10, 4, 8, nbytes=2 << 20) > 0
+    sent = [r for b in batches for r in b]
+    assert len(sent) == 32 and len({off // (256 << 10) for *_, off in sent}) == 8   # 8 regions of 4 x 64 KB
+    assert all(n == 64 << 10 and off % (64 << 10) == 0 for _, _, _, n, off in sent)
+    assert len({off for *_, off in sent}) == 32                         # no byte read twice
+    assert len(batches[0]) == 8 and all(len(b) % 4 == 0 for b in batches)   # whole regions, 8 requests at most
+    assert directio.plain_read_gbps([path], 64 << 10, 4, nbytes=2 << 20) > 0

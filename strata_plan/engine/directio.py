@@ -160,3 +160,52 @@ def plain_read_gbps(paths, block: int, threads: int, nbytes: int, seed: int = 0)
     finally:
         for f in files:
             f.close()
+
+
+def plain_read_aio_gbps(paths, block: int, split: int, in_flight: int, nbytes: int, seed: int = 0) -> float:
+    """`plain_read_gbps` shaped as the AIO stager reads (engine/aio.py): random `block` x `split` regions of
+    `paths`, each as its `split` requests submitted in one call, new regions submitted as parts complete while at
+    most `in_flight` requests (at least one region's) are outstanding; no copies. GB/s (1e9 bytes). The kernel may
+    merge a region's adjacent requests, as it may the stager's."""
+    import random
+    import time
+
+    from .aio import AioContext
+    region = block * split
+    files = [BlobFile.open(p, warn=False) for p in paths]
+    in_flight = max(in_flight, split)
+    ctx = AioContext(in_flight)
+    try:
+        spots = [(f, o) for f in files for o in range(0, os.fstat(f.fd).st_size - region + 1, region)]
+        random.Random(seed).shuffle(spots)
+        spots = spots[:max(1, nbytes // region)]
+        slots = in_flight // split
+        backing, buf = aligned_empty(slots * region, pin=False)
+        free, left, todo, out = list(range(slots)), {}, list(reversed(spots)), 0
+        t0 = time.perf_counter()
+        while todo or left:
+            batch = []
+            while todo and free:
+                (f, off), b = todo.pop(), free.pop()
+                left[b] = split
+                batch += [(b * split + k, f.fd, buf.data_ptr() + b * region + k * block, block, off + k * block)
+                          for k in range(split)]
+            if batch:
+                started, err = ctx.submit(batch)
+                if err is not None:
+                    raise err
+            for tag, res in ctx.wait(1, in_flight, None):
+                if res != block:
+                    raise OSError(errno.EIO, f"plain read: {res} of {block} bytes")
+                b = tag // split
+                left[b] -= 1
+                if not left[b]:
+                    del left[b]
+                    free.append(b)
+                    out += region
+        return out / (time.perf_counter() - t0) / 1e9
+    finally:
+        ctx.close()
+        for f in files:
+            f.close()
+
