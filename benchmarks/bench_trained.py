@@ -355,7 +355,8 @@ def layer_times(run: Run, a, ckpt: Path) -> None:
     a.profile_predict = str(save_profile(with_layer_times(prof, [t]), Path(a.work) / "profile-predict.yaml"))
     a.calibration = None
     log(f"layer times (MEASURED, {ckpt.name}, context {a.context}): head {t.head_us:.1f} us, dense layer "
-        f"{t.dense_layer_us:.1f} us, MoE layer without routed experts {t.moe_layer_us:.1f} us")
+        f"{t.dense_layer_us:.1f} us, MoE layer without routed experts {t.moe_layer_us:.1f} us, "
+        f"the sampled draw beyond the argmax {t.pick_us:.1f} us")
 
 
 def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], prompt: list[int]) -> None:
@@ -365,7 +366,7 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
     from strata_plan.core.plan import load_plan
     from strata_plan.planner.repredict import with_calibration_of
     for name, path in plans.items():
-        pred = Predictor(path, with_calibration_of(a.profile_predict, a.calibration))
+        pred = Predictor(path, with_calibration_of(a.profile_predict, a.calibration), sampled=a.sample != "greedy")
         plan = load_plan(path)
         got = {mode: measure_one(run, a, f"{name}.{mode}", packed[name], baseline(plan, mode), mode, pred, prompt)
                for mode in MODES}
@@ -423,7 +424,7 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
     from strata_plan.planner.repredict import with_calibration_of
     for name, path in plans.items():
         plan = load_plan(path)
-        pred = Predictor(path, with_calibration_of(a.profile_predict, a.calibration))
+        pred = Predictor(path, with_calibration_of(a.profile_predict, a.calibration), sampled=a.sample != "greedy")
         table = {0: f"{name}.lru", plan.prefetch_depth: f"{name}.plan"}
         for d in [int(x) for x in a.depths.split(",") if x]:
             if d not in table:
@@ -473,7 +474,8 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
         cal = dataclasses.replace(prof.calibration,
                                   stager_wake_us=Figure(wake, "measured", src, time.strftime("%Y-%m-%d")),
                                   stager_read_us=Figure(read, "measured", src, time.strftime("%Y-%m-%d")))
-        again = run.stager_predictors[name] = Predictor(path, dataclasses.replace(prof, calibration=cal))
+        again = run.stager_predictors[name] = Predictor(path, dataclasses.replace(prof, calibration=cal),
+                                                        sampled=next(iter(rows.values()))[2].problem.sampled)
         for key, (executed, mode, _) in rows.items():
             _stager_measured_row(run, key, again.for_plan(executed, mode)["decode_tok_s"])
         log(f"{name}: the stager's host measured by its rows: wake {wake:.0f} us, {read:.0f} us a read ({n} demand "

@@ -38,17 +38,25 @@ def test_the_fixture_layers_time_on_a_cpu_and_round_trip_through_a_profile(tmp_p
         ran[0] += 1
         return real(self, *a, **k)
 
+    picked = [0]
+    real_pick = layer_times.GumbelPick.__call__
+
+    def pick(self, logits):
+        picked[0] += 1
+        return real_pick(self, logits)
+
     def clock(run, device):
-        before = ran[0]
+        before, drawn = ran[0], picked[0]
         run()
-        return 50.0 + 100.0 * (ran[0] - before)
+        return 50.0 + 100.0 * (ran[0] - before) + 30.0 * (picked[0] - drawn)
     monkeypatch.setattr(MoEModel, "_layer", layer)
+    monkeypatch.setattr(layer_times.GumbelPick, "__call__", pick)
     monkeypatch.setattr(layer_times, "_timed", clock)
     t = measure_layer_times(FIXTURE, context=64, reps=3, device="cpu")
     spec = load_spec(FIXTURE)
     assert t.geometry == spec.layer_geometry and t.model == "fixture-moe" and t.context == 64
     assert t.head_us > 0 and t.moe_layer_us > 0 and t.dense_layer_us > 0      # the fixture has one dense layer
-    assert (t.head_us, t.dense_layer_us, t.moe_layer_us) == (50.0, 100.0, 100.0)
+    assert (t.head_us, t.dense_layer_us, t.moe_layer_us, t.pick_us) == (50.0, 100.0, 100.0, 30.0)
     assert "wall clock on the CPU" in t.source
     prof = with_layer_times("rtx-4090", [t])
     path = save_profile(prof, tmp_path / "p.yaml")
@@ -109,6 +117,12 @@ def test_measured_layer_times_replace_the_calibrated_overhead():
     layers = sum(entry.dense_layer_us if k == "dense" else entry.moe_layer_us for k in spec.layer_kinds) * 1e-6
     routed = t0 - (base.non_moe_seconds(place) + spec.n_layers * base.overhead)      # the experts' own time
     assert t1 == pytest.approx(layers + entry.head_us * 1e-6 + routed, rel=1e-6)
+
+    # sampled decoding: the draw's measured time beyond the argmax joins each token (greedy: not charged)
+    drawn = dataclasses.replace(entry, pick_us=70.0)
+    both = [CostModel(p.replace(profile=with_layer_times(p.profile, [drawn]), sampled=s)) for s in (False, True)]
+    greedy, sampled = (1.0 / c.predict(place).decode_tok_s for c in both)
+    assert greedy == pytest.approx(t1, rel=1e-9) and sampled - greedy == pytest.approx(70e-6, rel=1e-6)
 
 
 def test_a_longer_context_than_measured_adds_its_kv_bytes():

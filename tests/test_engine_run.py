@@ -395,7 +395,9 @@ def test_run_and_bench_commands(packed_bf16, plan_file, tmp_path, capsys):
     assert bt["pcie"] == bt["ram"] + bt["staged"] > 0
     assert main(["bench", "--packed", str(packed_bf16), "--plan", str(plan_file), "--tokens", "3", "--warmup", "2",
                  "--device", "cpu", "--temperature", "0.8", "--top-p", "0.9", "--seed", "2", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["pick"] == "sample:0.8:0.9:2"
+    sampled = json.loads(capsys.readouterr().out)
+    assert sampled["pick"] == "sample:0.8:0.9:2"
+    assert sampled["predicted"]["source"].endswith(", sampled")    # the draw's GPU time counted (the profile's pick_us)
 
 
 def test_run_reads_the_nvme_tier_through_native_aio_when_asked(packed_bf16, plan_file, capsys):

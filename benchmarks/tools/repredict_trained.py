@@ -53,7 +53,8 @@ def main() -> int:
             fig = lambda k: Figure(m[f"{name}.{k}_measured"], "measured", a.results, "2026-12-05")  # noqa: E731
             p = dataclasses.replace(prof, calibration=dataclasses.replace(
                 prof.calibration, stager_wake_us=fig("stager_wake_us"), stager_read_us=fig("stager_read_us")))
-        pred, plan = Predictor(path, p), load_plan(path)
+        sampled = (result.get("settings") or {}).get("sample", "greedy") != "greedy"    # the rows drew their tokens
+        pred, plan = Predictor(path, p, sampled=sampled), load_plan(path)
         rows = [(mode, baseline(plan, mode), mode) for mode in MODES]
         rows += [(again, plan, "plan") for again in ("plan_again", "plan_deepest", "plan_aio", "plan_threads")]
         rows += [(f"depth{d}", forced_depth(plan, d), "plan") for d in range(1, 9)]

@@ -14,14 +14,15 @@ from pathlib import Path
 
 
 class Predictor:
-    def __init__(self, plan_path: str | Path, profile=None):
+    def __init__(self, plan_path: str | Path, profile=None, sampled: bool = False):
         from strata_plan.planner.cost import CostModel
         from strata_plan.core.plan import load_plan
         from strata_plan.planner.repredict import plan_problem
         self.path = str(plan_path)
         self.plan = load_plan(self.path)
         self.profile = profile or self.plan.sources.profile.name
-        self.problem = plan_problem(self.plan, self.profile, self.path)
+        # sampled: the rows draw their tokens (temperature / top-p), whose GPU time the profile measured (`pick_us`)
+        self.problem = plan_problem(self.plan, self.profile, self.path).replace(sampled=sampled)
         self.cost = CostModel(self.problem)
 
     def for_plan(self, executed, mode: str = "plan", stats=None) -> dict:

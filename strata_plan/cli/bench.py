@@ -44,20 +44,21 @@ def _replay(args, plan):
                              tokens=max(4096, 4 * (args.tokens + args.warmup)), seed=args.replay_seed)
 
 
-def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan", gates: bool = True) -> dict:
-    """The cost model's figures for this plan run as `mode`: the plan's own (as planned, mode "plan"), or
+def predicted(plan, plan_path: str, profile: str | None, mode: str = "plan", gates: bool = True,
+              sampled: bool = False) -> dict:
+    """The cost model's figures for this plan run as `mode`: the plan's own (as planned, mode "plan", greedy), or
     re-run on the placement the engine runs with `profile` (default: the one the plan was made with); gates False:
-    routing replayed (no lookahead gates run)."""
+    routing replayed (no lookahead gates run); sampled: the tokens drawn (the draw's measured GPU time counted)."""
     p = plan.predicted
-    if not profile and mode == "plan" and (gates or not plan.prefetch_depth):
+    if not profile and mode == "plan" and (gates or not plan.prefetch_depth) and not sampled:
         return {"source": f"the plan ({plan.sources.profile.name})", "decode_tok_s": p.decode_tok_s,
                 "prefill_tok_s": p.prefill_tok_s, "bytes_per_token": dict(p.bytes_per_token or {}),
                 "vram_hit_rate": p.vram_hit_rate, "decode_binding": p.decode_binding}
     from strata_plan.planner.repredict import predict_plan
     profile = profile or plan.sources.profile.name
-    pr = predict_plan(plan, profile, mode, where=plan_path, gates=gates)
-    return {"source": f"cost model with {profile}, {mode}", "decode_tok_s": pr.decode_tok_s,
-            "prefill_tok_s": pr.prefill_tok_s, "bytes_per_token": dict(pr.bytes_per_token),
+    pr = predict_plan(plan, profile, mode, where=plan_path, gates=gates, sampled=sampled)
+    return {"source": f"cost model with {profile}, {mode}" + (", sampled" if sampled else ""),
+            "decode_tok_s": pr.decode_tok_s, "prefill_tok_s": pr.prefill_tok_s, "bytes_per_token": dict(pr.bytes_per_token),
             "vram_hit_rate": min(pr.hit_rate, 1.0), "decode_binding": pr.decode_binding}
 
 
@@ -95,7 +96,7 @@ def cmd_bench(args) -> int:
     from strata_plan.engine.generate import Sampling, device_pick
     pick = device_pick(Sampling(args.temperature, args.top_p, args.seed))     # a bad value: one line, before work
     plan = load_plan(args.plan)
-    pred = predicted(plan, args.plan, args.profile, args.mode, gates=not args.replay)
+    pred = predicted(plan, args.plan, args.profile, args.mode, gates=not args.replay, sampled=args.temperature > 0)
     replay = _replay(args, plan)
     con = console(stderr=True)
     with con.status("measuring...") as status:

@@ -98,7 +98,7 @@ def _with_layer_times(result, models: tuple[str, ...], context: int, quiet: bool
         if not quiet:
             console(stderr=True).print(f"{t.model}: decode layers at context {context}: head {t.head_us:.1f} us, dense "
                                        f"layer {t.dense_layer_us:.1f} us, MoE layer without routed experts "
-                                       f"{t.moe_layer_us:.1f} us")
+                                       f"{t.moe_layer_us:.1f} us, a sampled draw {t.pick_us:.1f} us more")
     return dataclasses.replace(result, profile=with_layer_times(result.profile, times))
 
 

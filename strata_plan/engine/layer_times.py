@@ -34,6 +34,7 @@ from strata_plan.profiles.schema import LayerTime, load_profile
 
 from .config import ModelConfig
 from .model import MoEModel
+from .picks import GumbelPick
 from .synthetic import config_of, dense_tensor_specs, random_dense
 
 
@@ -102,10 +103,12 @@ def _cut_config(spec) -> dict:
 
 
 @torch.inference_mode()
-def _prefix_times(cfg, cut, context: int, reps: int, device: str, cold: bool = True) -> list[list[float]]:
+def _prefix_times(cfg, cut, context: int, reps: int, device: str, cold: bool = True,
+                  pick=None) -> list[list[float]]:
     """Microseconds of each prefix step (embedding, the first k layers, head and argmax), k = 0..n_layers, in each of
     `reps` interleaved repeats: [k][repeat]; `cold`: the L2 written over before each replay (False: back to back,
-    for benchmarks/tools/cut_probe.py's comparison)."""
+    for benchmarks/tools/cut_probe.py's comparison). `pick` (a GumbelPick): one more step last, the head with the
+    token drawn by it instead of the argmax."""
     m = MoEModel(cfg, RandomSource(cut, device), _NoExperts(), context, device)
     m.fused_router = m.rope.fused = device != "cpu"     # as Engine.open sets them where the kernels run
     tok = torch.zeros(1, dtype=torch.long, device=device)
@@ -120,6 +123,8 @@ def _prefix_times(cfg, cut, context: int, reps: int, device: str, cold: bool = T
         return run
 
     runs = [prefix(k) for k in range(cut.n_layers + 1)]
+    if pick is not None:
+        runs.append(lambda: pick(m.logits(m.embed_tokens(tok)[-1])))
     flush = None
     if device != "cpu":
         runs = [_graph(run) for run in runs]
@@ -151,9 +156,10 @@ def measure_layer_times(model: str, context: int = 1024, reps: int = 30, device:
     cfg_dict = _cut_config(spec)
     cut = spec_from_config(cfg_dict, spec.name, spec.source or spec.name)
     cfg = ModelConfig.from_dict(cfg_dict, spec.source or f"{spec.name}/config.json")
-    times = _prefix_times(cfg, cut, context, reps, device)
+    times = _prefix_times(cfg, cut, context, reps, device, pick=GumbelPick(1.0, 0.95, 0))
     layer = [max(0.0, statistics.median(b - a for a, b in zip(times[i], times[i + 1])))     # paired, per repeat
              for i in range(cut.n_layers)]
+    pick = max(0.0, statistics.median(b - a for a, b in zip(times[0], times[-1])))         # the draw over argmax
     dense = [t for t, kind in zip(layer, cut.layer_kinds) if kind == "dense"]
     moe = [t for t, kind in zip(layer, cut.layer_kinds) if kind == "moe"]
     name = "" if device == "cpu" else torch.cuda.get_device_name()
@@ -163,9 +169,10 @@ def measure_layer_times(model: str, context: int = 1024, reps: int = 30, device:
     return LayerTime(
         geometry=spec.layer_geometry, model=base, context=context, head_us=round(statistics.median(times[0]), 2),
         dense_layer_us=round(statistics.mean(dense), 2) if dense else 0.0, moe_layer_us=round(statistics.mean(moe), 2),
-        provenance="measured",
+        pick_us=round(pick, 2), provenance="measured",
         source=f"strata-plan profile: the engine's decoder layers of {base} cut after MoE layer "
-               f"{cut.n_moe_layers}, random BF16 weights, routed experts left out, context {context}; each prefix "
+               f"{cut.n_moe_layers}, random BF16 weights, routed experts left out, context {context}; the pick at "
+               f"temperature 1, top-p 0.95 against the argmax; each prefix "
                + (f"one CUDA graph, median of {reps} interleaved replays (CUDA events), {name}" if device != "cpu" else
                   f"run eagerly, median of {reps} interleaved runs, wall clock on the CPU"),
         date=datetime.date.today().isoformat())

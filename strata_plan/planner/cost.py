@@ -255,12 +255,14 @@ class CostModel:
 
     @cached_property
     def head_overhead(self) -> float:
-        """Seconds the head (embedding row, final norm, lm_head, pick) takes beyond the lm_head's bytes over HBM,
-        measured with the layers (`measured_layers`); 0 without (the calibrated per-layer overhead covers it)."""
+        """Seconds the head (embedding row, final norm, lm_head, argmax) takes beyond the lm_head's bytes over HBM,
+        measured with the layers (`measured_layers`), and where the decode samples (`Problem.sampled`) the draw's
+        measured time beyond the argmax (`pick_us`); 0 without (the calibrated per-layer overhead covers it)."""
         lt = self.measured_layers
         if lt is None:
             return 0.0
-        return max(0.0, lt.head_us * 1e-6 - self.problem.dense_units[-1] / self.hbm_rate)
+        pick = lt.pick_us * 1e-6 if self.problem.sampled else 0.0
+        return max(0.0, lt.head_us * 1e-6 - self.problem.dense_units[-1] / self.hbm_rate) + pick
 
     @cached_property
     def launch(self) -> float:

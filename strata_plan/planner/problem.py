@@ -35,6 +35,9 @@ class Problem:
     # benchmarks of synthetic models), no gate runs (cost.CostModel.lookahead_gpu_seconds)
     lookahead_gates: bool = True
     depth: int | None = None    # the lookahead depth held fixed (`strata-plan plan --depth`); None: searched
+    # decode draws its tokens by temperature / top-p: the draw's GPU time (the profile's measured `pick_us`) joins each
+    # token's head (cost.CostModel.head_overhead); False: the argmax (`strata-plan run`'s default, greedy)
+    sampled: bool = False
 
     def __post_init__(self) -> None:
         s, st = self.spec, self.stats

@@ -47,10 +47,12 @@ def plan_problem(plan, profile, where: str = "plan"):
     return problem_for_plan(plan, where, machine=machine_for_plan(plan, profile))
 
 
-def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem=None, gates: bool = True):
+def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem=None, gates: bool = True,
+                 sampled: bool | None = None):
     """The cost model's `Prediction` of `plan` run as `mode` on `profile`. `problem`: the plan's problem already
     built (`plan_problem`; its profile is replaced by `profile` when one is given). gates: False for a run replaying
-    routing (no lookahead gates run: the replay hands the guesses over)."""
+    routing (no lookahead gates run: the replay hands the guesses over). sampled: the run draws its tokens
+    (`Problem.sampled`; None: as `problem` has it, greedy for a new one)."""
     from strata_plan.planner.cost import CostModel
     from strata_plan.planner.placement import placement_of
     if problem is None:
@@ -59,4 +61,6 @@ def predict_plan(plan, profile, mode: str = "plan", where: str = "plan", problem
         problem = problem.replace(profile=machine_for_plan(plan, profile))
     if problem.lookahead_gates != gates:
         problem = problem.replace(lookahead_gates=gates)
+    if sampled is not None and problem.sampled != sampled:
+        problem = problem.replace(sampled=sampled)
     return CostModel(problem).predict(placement_of(baseline(plan, mode)))

@@ -208,8 +208,9 @@ class LayerTime:
     """GPU microseconds of one model geometry's batch-1 decode step pieces in a CUDA graph, measured by
     `engine.layer_times` (the engine's own layers on random weights): `head_us` the embedding row, final norm, lm_head
     and argmax; `dense_layer_us` a dense decoder layer (0: the model has none); `moe_layer_us` a MoE decoder layer
-    without its routed experts (attention over `context` cached positions, norms, router, shared expert).
-    `geometry` is `core.spec.ModelSpec.layer_geometry` of the specs it serves."""
+    without its routed experts (attention over `context` cached positions, norms, router, shared expert); `pick_us`
+    what drawing the token by temperature and top-p (`engine.picks.GumbelPick`, its sort included) takes beyond the
+    argmax (0: not measured). `geometry` is `core.spec.ModelSpec.layer_geometry` of the specs it serves."""
 
     geometry: str
     model: str
@@ -220,6 +221,7 @@ class LayerTime:
     provenance: Provenance = "estimate"
     source: str = ""
     date: str = ""
+    pick_us: float = bounded(0.0, 1e6, default=0.0)
 
     def __post_init__(self) -> None:
         _check_provenance(self, "layer_times entry")
