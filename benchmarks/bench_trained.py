@@ -15,9 +15,11 @@ Stages (each one's failure is recorded and the later ones still run where they c
    formats and as `bf16`.
 3. engine: `engine.bench.measure` for each plan in modes plan / lru / on-demand (routing from the model's own
    router), decode tok/s = 1 / median seconds per token after `--warmup` tokens; beside it the cost model's
-   prediction for the executed placement (trained/predict.py), bytes per tier per token, the seeds' hit
-   rate, lookahead precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved;
-   for the NVMe plan a plain O_DIRECT read of the same files, and at depth >= 2 the plan once more with the stager
+   prediction for the executed placement (trained/predict.py; the rows draw their tokens, `--sample`, and the
+   prediction counts the draw's measured GPU time), bytes per tier per token, the seeds' hit rate, lookahead
+   precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved; for a plan without NVMe
+   LRU-only once more with the argmax (`lru_greedy`: `draw_us_measured`, its step without the MoE calls against
+   LRU-only's, beside the profile's `pick_us`); for the NVMe plan a plain O_DIRECT read of the same files, and at depth >= 2 the plan once more with the stager
    reading the deepest guesses alone (`plan_deepest`, EngineOptions.stage_depths: the cost model's count; A/B), and
    with the stager's reads the other way (EngineOptions.stager_io: `plan_threads`, reader threads, where the default
    is Linux native AIO; with `--io-repeats N`, N such runs interleaved with N - 1 more of the default, `plan` and
@@ -285,11 +287,11 @@ def decode_pick(a):
 
 
 def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: Predictor, prompt: list[int],
-                options=None) -> dict:
+                options=None, greedy: bool = False) -> dict:
     from strata_plan.engine.bench import measure
     _peak_reset()
     r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
-                pick=decode_pick(a), options=options)
+                pick=None if greedy else decode_pick(a), options=options)
     r["vram_peak_gb_measured"] = _peak_gb()
     p = pred.for_plan(executed, mode)
     c = r["counters"]
@@ -381,6 +383,15 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
                 run.metrics[f"{name}.plan_over_{base}_{kind}"] = (got["plan"][f"decode_tok_s_{kind}"]
                                                                    / got[base][f"decode_tok_s_{kind}"])
         if not any(l.nvme for l in plan.layers):
+            if a.sample != "greedy":        # the draw's GPU time: LRU-only once more with the argmax (A/B)
+                greedy = measure_one(run, a, f"{name}.lru_greedy", packed[name], baseline(plan, "lru"), "lru",
+                                     Predictor(path, pred.profile), prompt, greedy=True)
+                step = {k: (run.extra["runs"][f"{name}.{k}"].get("device_step") or {}).get("without_moe_s")
+                        for k in ("lru", "lru_greedy")}
+                if None not in step.values():
+                    run.metrics[f"{name}.draw_us_measured"] = (step["lru"] - step["lru_greedy"]) * 1e6
+                run.metrics[f"{name}.lru_greedy_over_lru_measured"] = (greedy["decode_tok_s_measured"]
+                                                                       / got["lru"]["decode_tok_s_measured"])
             continue
         # the NVMe tier's A/Bs: the deepest guesses read alone (depth >= 2); the stager's reads submitted together
         if plan.prefetch_depth >= 2:
