@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 import torch
@@ -283,3 +284,27 @@ def test_the_plain_reads_of_the_drive_bound_read_every_byte_asked(tmp_path, monk
     assert len({off for *_, off in sent}) == 32                         # no byte read twice
     assert len(batches[0]) == 8 and all(len(b) % 4 == 0 for b in batches)   # whole regions, 8 requests at most
     assert directio.plain_read_gbps([path], 64 << 10, 4, nbytes=2 << 20) > 0
+
+
+def test_close_names_a_stager_thread_that_does_not_stop(packed_bf16, monkeypatch):
+    """A thread held past close (as by a read the drive never finishes) is named in one warning after one shared
+    deadline; the others stop."""
+    import threading
+    import warnings
+    from strata_plan.engine import stager as stager_mod
+    monkeypatch.setattr(stager_mod, "CLOSE_S", 0.2)
+    release = threading.Event()
+    with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 0, chunk=1), EngineOptions(device="cpu")) as eng:
+        st = eng.store.staging.stager
+        held = threading.Thread(target=release.wait, name="stager-read-held", daemon=True)
+        held.start()
+        st._threads.append(held)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            eng.close()
+            took = time.perf_counter() - t0
+    release.set()
+    msgs = [str(w.message) for w in got if "NVMe stager" in str(w.message)]
+    assert len(msgs) == 1 and "stager-read-held" in msgs[0] and "stager-poll" not in msgs[0]
+    assert took < 5

@@ -40,6 +40,7 @@ import itertools
 import os
 import threading
 import time
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from .directio import aligned_view, split_parts
 from .packed import verify_part
 
 FREE, READING, STAGED = 0, 1, 2
+CLOSE_S = 30.0             # close(): how long the stager's threads get to stop, all together
 PARTS = 64                 # io="aio": a read's tag is its blob read's id x PARTS + the part's index
 RING_ROWS = 64
 IDLE_SPIN_S = 0.005        # the poller yields and polls again while requests came this recently (a decode: every layer)
@@ -254,8 +256,13 @@ class Stager:
             with self._cv:
                 self._stop = True
                 self._cv.notify_all()
+        end = time.perf_counter() + CLOSE_S                 # one deadline for all the threads, not one each
         for t in self._threads:
-            t.join(timeout=30)
+            t.join(timeout=max(0.0, end - time.perf_counter()))
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        if stuck:       # a read the drive never finished holds its thread (daemon: it dies with the process)
+            warnings.warn(f"NVMe stager: {', '.join(stuck)} still running {CLOSE_S:.0f} s after close "
+                          "(a read the drive has not finished?)", stacklevel=2)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         if self.io == "aio":
