@@ -2,7 +2,7 @@
 drive takes, against what the cost model's steady-state surface says.
 
     python3 benchmarks/tools/burst_read.py [--dir /root] [--size-gib 2] [--blocks 131072,188416]
-        [--batches 1,2,4,6] [--repeats 150] [--gap-us 300] [--profile run-profile.yaml]
+        [--batches 1,2,4,6] [--repeats 150] [--gap-us 300] [--profile run-profile.yaml] [--split S --blobs B]
 
 At decode a MoE layer's misses are known only after its router, so the stager reads them as one burst on a drive
 that idled through the layer before: the GPU waits for the burst's last read. The planner prices that burst from the
@@ -11,7 +11,12 @@ T(i) = i x block / R*(block, i)). This issues each burst of i reads of `block` b
 fresh test file (out of the page cache), two ways: one `io_submit` (engine/aio.py, the stager's `io="aio"`) and a
 pool of i threads each in `os.preadv` (the stager's reader threads, without its queue); then idles `--gap-us`.
 Prints per (block, i) the median and p90 of the burst's last completion and the mean completion, beside the
-surface's T(i) when `--profile` names a profile YAML. Not a benchmark: no results file."""
+surface's T(i) when `--profile` names a profile YAML. `--split S [--blobs B]`: bursts of i blobs of B bytes read as S
+requests each through AIO, a blob's requests adjacent (as the stager reads it) against as many scattered: whether
+the kernel merges them (the kimi5 seed plan read faster through AIO than a thread-a-request plain read, 2026-12-06).
+Not a benchmark: no results file.
+
+    python3 benchmarks/tools/burst_read.py --dir /root --split 4 --blobs 27095040 --batches 1,4,8   # kimi5's slot"""
 from __future__ import annotations
 
 import argparse
@@ -90,6 +95,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=150)
     ap.add_argument("--gap-us", type=float, default=300.0)
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--split", type=int, default=0, help="also: bursts of i blobs of each --blobs size read as SPLIT "
+                    "requests through AIO, a blob's requests adjacent (as the stager reads it) against as many at "
+                    "random offsets: does the kernel merge a blob's requests?")
+    ap.add_argument("--blobs", default="27095040", help="blob bytes for --split (default: a kimi5 staging slot)")
     a = ap.parse_args()
     blocks = [int(x) for x in a.blocks.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
@@ -120,7 +129,35 @@ def main() -> int:
                                  f"{t.mean():9.3f}")
                 model = f"{surface_seconds(a.profile, block, i) * 1e3:13.3f}" if a.profile else ""
                 print(f"{block:>8} {i:>3} {cells[0]} {cells[1]} {model}", flush=True)
+        if a.split > 1:
+            split_table(tf, fd, a, batches, rng)
     return 0
+
+
+def split_table(tf, fd: int, a, batches: list[int], rng: random.Random) -> None:
+    """Per blob size and i: a burst of i blobs, each as `a.split` AIO requests, adjacent against scattered."""
+    print(f"\nblobs as {a.split} requests through AIO (ms: median / p90 of the last, repeats {max(a.repeats // 5, 10)})")
+    print(f"{'blob':>9} {'i':>3} {'adjacent':>16} {'scattered':>16} {'scattered / adjacent':>21}")
+    for blob in (int(x) for x in a.blobs.split(",")):
+        part = -(-blob // a.split // 4096) * 4096
+        for i in batches:
+            n_parts = i * a.split
+            backing, buf = aligned_empty(n_parts * part, pin=False)
+            addrs = [buf.data_ptr() + k * part for k in range(n_parts)]
+            res: dict[str, list] = {}
+            for way in ("adjacent", "scattered") * 2:
+                reps = max(a.repeats // 5, 10)
+                if way == "adjacent":
+                    starts = [[rng.randrange(tf.size // (part * a.split)) * part * a.split for _ in range(i)]
+                              for _ in range(reps)]
+                    offs = [[s + k * part for s in st for k in range(a.split)] for st in starts]
+                else:
+                    offs = [[rng.randrange(tf.size // part) * part for _ in range(n_parts)] for _ in range(reps)]
+                res.setdefault(way, []).append(bursts_aio(fd, addrs, offs, part, a.gap_us / 1e6))
+            last = {w: np.concatenate(v)[:, -1] * 1e3 for w, v in res.items()}
+            cell = {w: f"{statistics.median(x):7.3f} / {np.percentile(x, 90):6.3f}" for w, x in last.items()}
+            ratio = statistics.median(last["scattered"]) / statistics.median(last["adjacent"])
+            print(f"{blob:>9} {i:>3} {cell['adjacent']} {cell['scattered']} {ratio:21.3f}", flush=True)
 
 
 if __name__ == "__main__":
