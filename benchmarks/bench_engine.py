@@ -26,7 +26,8 @@ a token, the device LRU, lookahead copies on a side stream); each run's bound 1 
 the same run (`bound_rows`; with lookahead also the overlapped 1 / max(t_nonMoE, B / R_zc)), with whether the run gave
 the tokens of the same budget with every routed expert static in VRAM (`<plan>.resident`, run first: nothing moves
 bytes there, so its tokens are the reference; `.tokens_equal_resident`, and `.tokens_equal_resident_first` the
-tokens it shares with it before the first difference; `<plan>.resident_again`: the reference run once more, whether
+timed tokens it shares with it before the first difference, `.steps_equal_resident_first` the decode steps' inputs
+from the prefill's argmax on, warm-up included (0: the prefill's logits already chose another token); `<plan>.resident_again`: the reference run once more, whether
 its own tokens repeat). For a plan with an NVMe tier the bound is the drive's instead: a plain O_DIRECT read at
 the stager's reads in flight and request size (one blob), measured after each run, a thread a request and through
 native AIO with a blob's requests submitted together (`<plan>.plain_odirect_threads_gbps`, `_aio_gbps`: medians;
@@ -279,6 +280,7 @@ def main() -> int:
             return False
 
         refs: dict[str, list | None] = {}
+        ref_fed: dict[str, list] = {}       # the reference's every decode step's input, the prefill's argmax first
 
         def resident_tokens(name: str, plan) -> list | None:
             """The timed tokens of `plan`'s budget with every routed expert static in VRAM (no tier, cache, lookahead
@@ -294,6 +296,8 @@ def main() -> int:
                                                             warmup=a.warmup, replay=replay_for(plan),
                                                             options=EngineOptions()))
             refs[name] = r["tokens"] if r is not None else None
+            if r is not None:
+                ref_fed[name] = r["context"]["fed"]
             if r is not None:                           # twice: are the reference tokens themselves repeatable?
                 again = attempt(f"{name}/resident_again", lambda: measure(
                     folder, whole, mode="plan", tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
@@ -322,6 +326,10 @@ def main() -> int:
             if refs.get(name) is not None:              # the same routing with every expert in VRAM: the truth
                 metrics[f"{name}.{mode}.tokens_equal_resident"] = float(r["tokens"] == refs[name])
                 metrics[f"{name}.{mode}.tokens_equal_resident_first"] = first_difference(r["tokens"], refs[name])
+                # from the prefill's own argmax on, warm-up steps included: where the runs part (0: the prefill)
+                if name in ref_fed:
+                    metrics[f"{name}.{mode}.steps_equal_resident_first"] = first_difference(r["context"]["fed"],
+                                                                                            ref_fed[name])
             report(name, paths[name], plan, mode, r)
             return r
 
@@ -399,7 +407,8 @@ def main() -> int:
                   f"GPU waited {metrics[k + '.stage_wait_ms_per_token']:.2f} ms/tok; staging hits "
                   f"{metrics[k + '.staging_hit_rate']:.3f}; page cache {r['page_cache']['before']} -> "
                   f"{r['page_cache']['after']}; tokens equal to the resident run's: "
-                  f"{metrics.get(k + '.tokens_equal_resident')}", flush=True)
+                  f"{metrics.get(k + '.tokens_equal_resident')} (steps shared from the prefill on: "
+                  f"{metrics.get(k + '.steps_equal_resident_first')})", flush=True)
 
         def bound_rows(name: str, mode: str, r: dict, plain=None) -> None:
             """The run against its bound 1 / (t_nonMoE + B / R_zc): B the bytes read in place from pinned
@@ -445,7 +454,8 @@ def main() -> int:
             print(f"{name:8s} {mode:9s} {r['measured']['decode_tok_s']:.2f} tok/s = "
                   f"{metrics[k + '.over_bound']:.3f} of its bound {bound:.2f} (t_nonMoE {parts['without_moe_s'] * 1e3:.2f} ms, "
                   f"{B / 1e9:.3f} GB/tok in place at {rate:.1f} GB/s zero-copy; step alone {parts['step_s'] * 1e3:.2f} ms); "
-                  f"tokens equal to the resident run's: {metrics.get(k + '.tokens_equal_resident')}", flush=True)
+                  f"tokens equal to the resident run's: {metrics.get(k + '.tokens_equal_resident')} (steps shared "
+                  f"from the prefill on: {metrics.get(k + '.steps_equal_resident_first')})", flush=True)
 
         for name, plan in plans.items():
             nvme = any(l.nvme for l in plan.layers)
@@ -453,6 +463,8 @@ def main() -> int:
             by_way: dict[str, list[float]] = {}
             if name in forced:                                # the same budget as its plan: the same reference
                 refs[name] = refs.get(forced[name])
+                if forced[name] in ref_fed:
+                    ref_fed[name] = ref_fed[forced[name]]
             else:
                 resident_tokens(name, plan)
             for mode in (["plan"] if name in forced else a.modes.split(",")):

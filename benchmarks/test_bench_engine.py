@@ -46,6 +46,7 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
             assert m[f"{name}.{mode}.decode_tok_s"] > 0, (name, mode)
             assert m[f"{name}.{mode}.tokens_equal_resident"] == 1.0, (name, mode)   # the all-in-VRAM run's tokens
             assert m[f"{name}.{mode}.tokens_equal_resident_first"] == 3, (name, mode)
+            assert m[f"{name}.{mode}.steps_equal_resident_first"] > 3, (name, mode)     # warm-up steps too
     for name in ("ramrich", "seed"):                                   # the reference run repeats its tokens
         assert m[f"{name}.resident_again.tokens_equal_resident"] == 1.0
     assert m["seed_forced_d2.plan_over_lru"] == m["seed_forced_d2.plan.decode_tok_s"] / m["seed.lru.decode_tok_s"]
