@@ -394,7 +394,7 @@ under the same interpreter lock (planner/PLANNER.md, "Host time per fetch")."""
 
 DEFAULT_STAGER_WAKE = Figure(56.0, "estimate", "the H100 machine, the trained model's seed plan read through AIO "
                              "(the engine's default; benchmarks/results/engine-trained-20261206T080500Z.json, 3 runs, "
-                             "4510 demand reads): a request's first demand read started 0.047 ms after the poller "
+                             "4510 demand reads): a request's first demand read started 0.022 ms after the poller "
                              "queued it, plus half the poller's 0.067 ms gap; `strata-plan calibrate` measures it from "
                              "device-loop runs")
 """Host seconds from a MoE layer's NVMe request (the routed ids in the pinned ring) to the stager's first read of it
