@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -308,3 +309,26 @@ def test_close_names_a_stager_thread_that_does_not_stop(packed_bf16, monkeypatch
     msgs = [str(w.message) for w in got if "NVMe stager" in str(w.message)]
     assert len(msgs) == 1 and "stager-read-held" in msgs[0] and "stager-poll" not in msgs[0]
     assert took < 5
+
+
+@pytest.mark.parametrize("io", IO)
+def test_the_slot_heaps_hold_the_scans_candidates(packed_bf16, monkeypatch, io):
+    """`Stager._take` takes its slot from two heaps instead of scanning the slots: before every take the FREE heap
+    holds exactly the FREE slots, and the live `_lru` entries are exactly the STAGED slots in the order the scan
+    took them (stamp, then slot). Depth 2, every expert on NVMe: the staging cache fills and evicts."""
+    from strata_plan.engine import stager as stager_mod
+    real, checked = stager_mod.Stager._take, [0]
+
+    def take(self, demand, now):
+        assert sorted(self._free) == list(np.flatnonzero(self.state == stager_mod.FREE))
+        staged = np.flatnonzero(self.state == stager_mod.STAGED)
+        scan = [int(v) for v in staged[np.argsort(self.stamp[staged], kind="stable")]]
+        live = sorted((st, v) for st, v in set(self._lru) if self.state[v] == stager_mod.STAGED
+                      and self._pushed[v] == st == self.stamp[v])
+        assert [v for _, v in live] == scan
+        checked[0] += not self._free
+        return real(self, demand, now)
+    monkeypatch.setattr(stager_mod.Stager, "_take", take)
+    with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 2, chunk=1), EngineOptions(device="cpu", stager_io=io)) as eng:
+        eng.generate(PROMPT, max_new_tokens=10)
+    assert checked[0] > 10                     # takes that had to evict

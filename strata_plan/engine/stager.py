@@ -174,6 +174,11 @@ class Stager:
         self.key: list[tuple[int, int] | None] = [None] * n_slots
         self.used = np.zeros(n_slots, dtype=bool)
         self.stamp = np.zeros(n_slots, dtype=np.int64)
+        # `_take`'s candidates without a scan of the slots: the FREE ones (a min-heap: the lowest first), and the
+        # STAGED ones by (stamp, slot) (a min-heap; an entry whose slot left STAGED or was stamped again is stale)
+        self._free = list(range(n_slots))
+        self._lru: list[tuple[int, int]] = []
+        self._pushed = np.full(n_slots, -1, dtype=np.int64)   # the stamp of each slot's live `_lru` entry
         self.where: dict[tuple[int, int], int] = {}
         self.queued: dict[tuple[int, int], int] = {}       # queued reads: the best priority (0: demand)
         self._taken: dict[int, int] = {}                   # request -> its demand reads taken by readers so far
@@ -324,6 +329,7 @@ class Stager:
                 slot = self.where.get((j, e))
                 if slot is not None:
                     self.used[slot], self.stamp[slot] = True, s
+                    self._touch(slot)
                     self.counts.found_staged[j] += self.state[slot] == STAGED
                     self.counts.found_reading[j] += self.state[slot] == READING
                 elif self.queued.get((j, e), 1) != 0:     # not queued, or only as a guess: a demand read
@@ -352,6 +358,7 @@ class Stager:
                     slot = self.where.get((jj, e))
                     if slot is not None:
                         self.stamp[slot] = max(self.stamp[slot], s + d)
+                        self._touch(slot)
                     else:
                         reads.append(e)
                         score[e] = -float(sc)
@@ -378,34 +385,53 @@ class Stager:
         self.queued[(j, e)] = min(prio, self.queued.get((j, e), prio))
 
     # ---- the readers ---------------------------------------------------------------------------------------
+    def _touch(self, slot: int) -> None:
+        """(lock held) A STAGED slot's stamp set: its `_lru` entry (one live entry a slot)."""
+        st = int(self.stamp[slot])
+        if self.state[slot] == STAGED and self._pushed[slot] != st:
+            self._pushed[slot] = st
+            heapq.heappush(self._lru, (st, slot))
+            if len(self._lru) > 4 * self.n_slots + 64:          # stale entries: rebuilt from the live ones
+                self._lru = [(int(self._pushed[v]), int(v)) for v in np.flatnonzero(self.state == STAGED)]
+                heapq.heapify(self._lru)
+
     def _take(self, demand: bool, now: int) -> int | None:
-        """A slot for a new read (lock held): a free one, else the least recently used staged one the GPU cannot
-        be reading (guesses: only slots last used before request `now`)."""
-        free = np.flatnonzero(self.state == FREE)
-        if free.size:
-            return int(free[0])
-        staged = np.flatnonzero(self.state == STAGED)
-        for v in staged[np.argsort(self.stamp[staged], kind="stable")]:
-            v = int(v)
-            if not demand and self.stamp[v] >= now:
-                return None
-            j, e = self.key[v]
-            old = int(self.hv.ready[j, e])
-            self.hv.ready[j, e] = sw.NOT_STAGED
-            full_fence()
-            req, done = int(self.hv.words[sw.REQ]), int(self.hv.words[sw.DONE])
-            if req > done:
-                row = self.hv.ring[req % self.R]
-                if int(row[0]) == req and int(row[1]) == j and e in row[2:2 + self.K].tolist():
-                    self.hv.ready[j, e] = old              # the GPU may be reading it: keep it
+        """A slot for a new read (lock held): a free one (the lowest), else the least recently used staged one (by
+        stamp, then slot) the GPU cannot be reading (guesses: only slots last used before request `now`)."""
+        if self._free:
+            return heapq.heappop(self._free)
+        kept = []                                          # candidates the GPU may be reading: back in the heap
+        try:
+            while self._lru:
+                st, v = self._lru[0]
+                if self.state[v] != STAGED or self._pushed[v] != st or self.stamp[v] != st:
+                    heapq.heappop(self._lru)               # stale
                     continue
-            if not self.used[v]:
-                self.counts.wasted_reads[j] += 1
-                self.counts.wasted_bytes[j] += int(self.store.nbytes[j, e])
-            del self.where[(j, e)]
-            self.state[v], self.key[v] = FREE, None
-            return v
-        return None
+                if not demand and st >= now:
+                    return None
+                heapq.heappop(self._lru)
+                j, e = self.key[v]
+                old = int(self.hv.ready[j, e])
+                self.hv.ready[j, e] = sw.NOT_STAGED
+                full_fence()
+                req, done = int(self.hv.words[sw.REQ]), int(self.hv.words[sw.DONE])
+                if req > done:
+                    row = self.hv.ring[req % self.R]
+                    if int(row[0]) == req and int(row[1]) == j and e in row[2:2 + self.K].tolist():
+                        self.hv.ready[j, e] = old          # the GPU may be reading it: keep it
+                        kept.append((st, v))
+                        continue
+                if not self.used[v]:
+                    self.counts.wasted_reads[j] += 1
+                    self.counts.wasted_bytes[j] += int(self.store.nbytes[j, e])
+                del self.where[(j, e)]
+                self.state[v], self.key[v] = FREE, None
+                self._pushed[v] = -1
+                return v
+            return None
+        finally:
+            for item in kept:
+                heapq.heappush(self._lru, item)
 
     def _start_reads(self) -> None:
         """(lock held) The queue has new entries: wake the readers, or with `io="aio"` submit them."""
@@ -454,6 +480,7 @@ class Stager:
             c.guess_bytes[j] += nb
         if ok:
             self.state[slot] = STAGED
+            self._touch(slot)
             self.hv.ready[j, e] = self.base + slot * self.slot_bytes     # after the bytes: published
             if prio == 0:
                 lat = c.lat
@@ -463,6 +490,7 @@ class Stager:
                 n[0], n[1] = n[0] + 1, n[1] + taken - queued_at
         else:
             self.state[slot], self.key[slot] = FREE, None
+            heapq.heappush(self._free, slot)
             del self.where[(j, e)]
             self.hv.ready[j, e] = sw.FAILED
 
