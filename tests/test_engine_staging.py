@@ -332,3 +332,27 @@ def test_the_slot_heaps_hold_the_scans_candidates(packed_bf16, monkeypatch, io):
     with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 2, chunk=1), EngineOptions(device="cpu", stager_io=io)) as eng:
         eng.generate(PROMPT, max_new_tokens=10)
     assert checked[0] > 10                     # takes that had to evict
+
+
+@pytest.mark.skipif(not aio.available(), reason="no Linux native AIO")
+def test_a_refused_aio_context_falls_back_to_reader_threads(packed_bf16, monkeypatch):
+    """AIO is the default: where the kernel refuses a context when the stager starts (the system's AIO events used
+    up), asked for or by default, one warning says so and how to fix it, and the stager reads with threads: the same
+    logits."""
+    import errno
+    import warnings
+    from strata_plan.engine.store import default_stager_io
+    ref = run(packed_bf16, bf16_plan(0, 0, 0, 0, chunk=1), "plan", new=4, io="threads")
+    assert default_stager_io() == "aio"                     # (decided once a process, before the refusals)
+
+    def refuse(self, depth):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    monkeypatch.setattr(aio.AioContext, "__init__", refuse)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        with Engine.open(packed_bf16, bf16_plan(0, 0, 0, 0, chunk=1), EngineOptions(device="cpu")) as eng:
+            assert eng.store.staging.stager.io == "threads"
+        dev = run(packed_bf16, bf16_plan(0, 0, 0, 0, chunk=1), "plan", new=4, io="aio")
+    msgs = [str(w.message) for w in got if "native AIO refused" in str(w.message)]
+    assert msgs and "fs.aio-max-nr" in msgs[0] and "Resource temporarily unavailable" in msgs[0]
+    assert torch.equal(dev[0], ref[0]) and dev[1] == ref[1]

@@ -193,6 +193,16 @@ class Stager:
         blobs = max(4, staging.nvme_in_flight or self.K)                  # blobs read at once: the reader threads
         depth_q = max([r.queue_depth for r in (staging.nvme_reads or {}).values()] + [1])
         max_split = max((max(v) for v in self.splits.values()), default=1)
+        if io == "aio":
+            if max_split > PARTS:
+                raise ValueError(f"a blob split {max_split} ways: io='aio' takes at most {PARTS} parts")
+            from .aio import AioContext
+            try:
+                self._aio = AioContext(blobs * max_split + 8)
+            except OSError as err:          # the system's AIO events used up (fs.aio-max-nr), or refused here
+                warnings.warn(f"NVMe stager: native AIO refused ({err.strerror or err}); reading with a thread a "
+                              "read (raise fs.aio-max-nr, or pass --stager-io threads)", stacklevel=2)
+                io = "threads"
         self.io = io
         self._pool = ThreadPoolExecutor(depth_q, thread_name_prefix="stager-part") \
             if max_split > 1 and io == "threads" else None
@@ -201,10 +211,7 @@ class Stager:
         self.seen_req = self.seen_done = 0
         self._threads = [threading.Thread(target=self._poll, name="stager-poll", daemon=True)]
         if io == "aio":                     # the poller submits, one thread reaps (engine/aio.py)
-            from .aio import AioContext
-            self._aio, self._max_blobs = AioContext(blobs * max_split + 8), blobs
-            if max_split > PARTS:
-                raise ValueError(f"a blob split {max_split} ways: io='aio' takes at most {PARTS} parts")
+            self._max_blobs = blobs
             self._reads: dict[int, _Read] = {}      # blob read id -> its record (`_submit_next`), until published
             self._tags = itertools.count(1)
             self._retry = False             # a demand read found no slot it may take: try again soon
