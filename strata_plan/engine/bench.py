@@ -148,7 +148,8 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "context": {"prompt": prompt, "fed": fed, "counted_from": counted_from},
             "pick": getattr(pick, "key", "greedy"),
             "tokens_per_graph": k,              # decode tokens a launch ran (the host read them together)
-            "stager_io": opts.stager_io,        # how the NVMe stager read (a plan with an NVMe tier)
+            # how the NVMe stager read (a plan with an NVMe tier; threads where the kernel refused AIO)
+            "stager_io": store.staging.stager.io if store.staging is not None else opts.stager_io,
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": tokens / wall,
