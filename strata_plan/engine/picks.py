@@ -31,11 +31,15 @@ def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
     return (x >> k) & ((1 << (64 - k)) - 1)
 
 
+def _salt(seed: int) -> int:
+    """The seed's offset in `hash_uniform`, as a signed int64."""
+    return ((seed + 1) * _GOLDEN + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
 def hash_uniform(seed: int, counter: torch.Tensor, n: int) -> torch.Tensor:
     """float64 [n] uniform in (0, 1) from (seed, draw counter, index) by splitmix64: no generator state, so a CUDA
     graph replays it with a device counter (`GumbelPick`)."""
-    salt = ((seed + 1) * _GOLDEN + (1 << 63)) % (1 << 64) - (1 << 63)     # the seed's offset, as a signed int64
-    x = counter * n + torch.arange(n, device=counter.device) + salt + _GOLDEN
+    x = counter * n + torch.arange(n, device=counter.device) + _salt(seed) + _GOLDEN
     x = (x ^ _srl(x, 30)) * _MIX1
     x = (x ^ _srl(x, 27)) * _MIX2
     x = x ^ _srl(x, 31)
@@ -45,11 +49,13 @@ def hash_uniform(seed: int, counter: torch.Tensor, n: int) -> torch.Tensor:
 class GumbelPick:
     """Sampling (temperature, top-p) as a step's last operation, graph-safe: the Gumbel-max draw argmax(z + g) over
     z = logits / T (outside the nucleus -inf) with g = -log(-log(u)), u from `hash_uniform` at a device counter the
-    draw advances; a token with probability p is drawn with probability p (tested against `generate.sample`)."""
+    draw advances; a token with probability p is drawn with probability p (tested against `generate.sample`).
+    `fused`: the hash, the noise and the argmax in one kernel (`kernels.draw.gumbel_argmax`, the same bits; an A/B)."""
 
-    def __init__(self, temperature: float, top_p: float, seed: int):
-        self.temperature, self.top_p, self.seed = temperature, top_p, seed
-        self.key = f"sample:{temperature}:{top_p}:{seed}"
+    def __init__(self, temperature: float, top_p: float, seed: int, fused: bool = False):
+        self.temperature, self.top_p, self.seed, self.fused = temperature, top_p, seed, fused
+        self.key = f"sample:{temperature}:{top_p}:{seed}" + (":fused" if fused else "")
+        self.salt = _salt(seed)
         self.counter: torch.Tensor | None = None
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -60,6 +66,10 @@ class GumbelPick:
             p, order = torch.softmax(z, -1).sort(descending=True)
             drop = (p.cumsum(0) - p) >= self.top_p              # the mass before this token already reaches top_p
             z = z.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        if self.fused:
+            from strata_plan.kernels.draw import gumbel_argmax
+            return gumbel_argmax(z.contiguous(), self.salt, self.counter,
+                                 torch.empty(1, dtype=torch.int64, device=z.device))
         u = hash_uniform(self.seed, self.counter, z.numel())
         self.counter.add_(1)
         return (z.double() - torch.log(-torch.log(u))).argmax().reshape(1)
