@@ -4,7 +4,7 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] [TRAIN_S=170] [SKIP=transformers,equivalence] \
-#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN="ramrich seed"]] [BUDGETS=seed] [BURST=1] [BENCH_ARGS=--io-repeats 3] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
+#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN="ramrich seed"]] [BUDGETS=seed] [BURST=1] [DRAW=1] [BENCH_ARGS=--io-repeats 3] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
 # Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -32,6 +32,9 @@ left() { echo $(( $1 - ($(date +%s) - t0) )); }
 CAL=${CALIBRATION-}   # constants of another profile YAML (default none: the quick profile's measured figures)
 timeout 90 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/run-profile.yaml" --force 2>&1 | tail -1
 PROFILE=$([ -f "$OUT/run-profile.yaml" ] && echo "$OUT/run-profile.yaml" || echo h200)   # the shipped one if it failed
+# DRAW=1: the token pick's GPU time by way of picking, argmax / torch draw / fused draw (tools/draw_probe.py; draw.log)
+[ -n "${DRAW-}" ] && timeout 120 python3 benchmarks/tools/draw_probe.py >"$OUT/draw.log" 2>&1; \
+  [ -f "$OUT/draw.log" ] && cat "$OUT/draw.log"
 # BURST=1: bursts of O_DIRECT reads on the idle drive against the call's profile (tools/burst_read.py; burst.log)
 [ -n "${BURST-}" ] && timeout 150 python3 benchmarks/tools/burst_read.py --dir /root --profile "$PROFILE" \
   ${BURST_ARGS-} >"$OUT/burst.log" 2>&1; [ -f "$OUT/burst.log" ] && cat "$OUT/burst.log"
@@ -66,7 +69,7 @@ tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.y
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
   bench-moe/tokenizer.json bench-moe/tokenizer_config.json run-routing 2>/dev/null
 # at most 8 files come back from $OUT: the logs, the call's profile and step_kernels' files go into the tar too
-for f in run-profile.yaml burst.log gpu_tests.log gpu_tests.summary step_kernels-*.json step_kernels-*.log; do
+for f in run-profile.yaml burst.log draw.log gpu_tests.log gpu_tests.summary step_kernels-*.json step_kernels-*.log; do
   [ -f "$OUT/$f" ] && tar -C "$OUT" -rf "$OUT/trained-artifacts.tar" "$f" && rm -f "$OUT/$f"
 done
 echo "run_trained_gpu: $(( $(date +%s) - t0 ))s"
