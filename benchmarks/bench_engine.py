@@ -103,11 +103,15 @@ def zero_copy_gbps(nbytes: float, reps: int = 20) -> tuple[float, float | None]:
     return n / statistics.median(times[3:]) / 1e9, huge
 
 
+def stager_split(plan) -> int:
+    """The plan's largest full-batch split of a blob into requests."""
+    return max((r.split for r in (plan.staging.nvme_reads or {}).values()), default=1)
+
+
 def stager_request(plan) -> tuple[int, int]:
     """(request bytes, requests in flight) of the stager's reads: the plan's slot (a blob of the largest format) in the
     plan's largest full-batch split, at the plan's largest queue depth (at least 4)."""
-    split = max((r.split for r in (plan.staging.nvme_reads or {}).values()), default=1)
-    return -(-plan.cache.slot_bytes // split // 4096) * 4096, plan_readers(plan)
+    return -(-plan.cache.slot_bytes // stager_split(plan) // 4096) * 4096, plan_readers(plan)
 
 
 def plain_odirect(files, plan, r: dict) -> dict[str, float]:
@@ -117,8 +121,7 @@ def plain_odirect(files, plan, r: dict) -> dict[str, float]:
     block, readers = stager_request(plan)
     got = {"threads": plain_read_gbps(files, block, threads=readers, nbytes=1 << 30)}
     if aio_available():
-        split = max((x.split for x in (plan.staging.nvme_reads or {}).values()), default=1)
-        got["aio"] = plain_read_aio_gbps(files, block, split, readers, nbytes=1 << 30)
+        got["aio"] = plain_read_aio_gbps(files, block, stager_split(plan), readers, nbytes=1 << 30)
     return got
 
 

@@ -19,11 +19,12 @@ Stages (each one's failure is recorded and the later ones still run where they c
    prediction counts the draw's measured GPU time), bytes per tier per token, the seeds' hit rate, lookahead
    precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved; for a plan without NVMe
    LRU-only once more with the argmax (`lru_greedy`: `draw_us_measured`, its step without the MoE calls against
-   LRU-only's, beside the profile's `pick_us`); for the NVMe plan a plain O_DIRECT read of the same files, and at depth >= 2 the plan once more with the stager
-   reading the deepest guesses alone (`plan_deepest`, EngineOptions.stage_depths: the cost model's count; A/B), and
-   with the stager's reads the other way (EngineOptions.stager_io: `plan_threads`, reader threads, where the default
-   is Linux native AIO; with `--io-repeats N`, N such runs interleaved with N - 1 more of the default, `plan` and
-   `plan_again` among the default's; medians: `plan_aio_over_threads_measured`; A/B).
+   LRU-only's, beside the profile's `pick_us`); for the NVMe plan a plain O_DIRECT read of the same files, and at
+   depth >= 2 the plan once more with the stager reading the deepest guesses alone (`plan_deepest`,
+   EngineOptions.stage_depths: the cost model's count; A/B), and with the stager's reads the other way
+   (EngineOptions.stager_io: `plan_threads`, reader threads, where the default is Linux native AIO; with
+   `--io-repeats N`, N such runs interleaved with N - 1 more of the default, `plan` and `plan_again` among the
+   default's; medians: `plan_aio_over_threads_measured`; A/B).
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -365,6 +366,7 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
     from strata_plan.engine.aio import available as aio_available
     from strata_plan.engine.directio import page_cache_residency, plain_read_gbps
     from strata_plan.engine.engine import EngineOptions, baseline
+    from strata_plan.engine.store import default_stager_io
     from strata_plan.core.plan import load_plan
     from strata_plan.planner.repredict import with_calibration_of
     for name, path in plans.items():
@@ -400,7 +402,7 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
             run.metrics[f"{name}.plan_deepest_over_plan_measured"] = (deep["decode_tok_s_measured"]
                                                                       / got["plan"]["decode_tok_s_measured"])
         if aio_available():     # the other way of reading, then (default, other) x (io_repeats - 1); medians
-            first = EngineOptions().stager_io
+            first = default_stager_io()
             other = "threads" if first == "aio" else "aio"
             tok = {first: [got["plan"]["decode_tok_s_measured"], again["decode_tok_s_measured"]], other: []}
             for k in range(a.io_repeats):
@@ -462,7 +464,7 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
     figures the first call measured."""
     import dataclasses
 
-    from strata_plan.engine.engine import EngineOptions
+    from strata_plan.engine.store import default_stager_io
     from strata_plan.planner.calibrate import stager_host_us
     from strata_plan.profiles.schema import Figure
     for name, path in plans.items():
@@ -472,7 +474,7 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
             for key, (executed, mode, _) in rows.items():
                 _stager_measured_row(run, key, run.stager_predictors[name].for_plan(executed, mode)["decode_tok_s"])
             continue
-        default = EngineOptions().stager_io                # the A/B's other way of reading is not the engine's
+        default = default_stager_io()                      # the A/B's other way of reading is not the engine's
         got = stager_host_us([run.extra["runs"][k].get("stager") for k in rows
                               if run.extra["runs"][k].get("stager_io", default) == default])
         if got is None:

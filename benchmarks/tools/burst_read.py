@@ -20,6 +20,7 @@ Not a benchmark: no results file.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -63,7 +64,6 @@ def bursts_aio(fd: int, addrs: list[int], offsets: list[list[int]], block: int, 
 
 def bursts_threads(fd: int, views: list[memoryview], offsets: list[list[int]], gap: float) -> np.ndarray:
     """[repeats, i] as `bursts_aio`, each read by its own thread of a pool (os.preadv)."""
-    import os
     out = []
     with ThreadPoolExecutor(len(views)) as pool:
         for offs in offsets:

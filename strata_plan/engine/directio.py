@@ -140,17 +140,22 @@ def page_cache_residency(path: str | os.PathLike) -> float:
         os.close(fd)
 
 
+def _random_spots(files: list[BlobFile], block: int, nbytes: int, seed: int) -> list[tuple[BlobFile, int]]:
+    """(file, offset) of `nbytes` worth of distinct `block`-aligned pieces of `files`, in a random order."""
+    import random
+    spots = [(f, o) for f in files for o in range(0, os.fstat(f.fd).st_size - block + 1, block)]
+    random.Random(seed).shuffle(spots)
+    return spots[:max(1, nbytes // block)]
+
+
 def plain_read_gbps(paths, block: int, threads: int, nbytes: int, seed: int = 0) -> float:
     """The reference the NVMe tier is held to: `nbytes` read with O_DIRECT from random `block`-aligned
     offsets of `paths`, `threads` requests in flight, no copies. GB/s (1e9 bytes)."""
-    import random
     import time
     from concurrent.futures import ThreadPoolExecutor
     files = [BlobFile.open(p, warn=False) for p in paths]
     try:
-        spots = [(f, o) for f in files for o in range(0, os.fstat(f.fd).st_size - block + 1, block)]
-        random.Random(seed).shuffle(spots)
-        spots = spots[:max(1, nbytes // block)]
+        spots = _random_spots(files, block, nbytes, seed)
         bufs = [aligned_empty(block, pin=False) for _ in range(threads)]
         views = [aligned_view(v) for _, v in bufs]
         t0 = time.perf_counter()
@@ -167,7 +172,6 @@ def plain_read_aio_gbps(paths, block: int, split: int, in_flight: int, nbytes: i
     `paths`, each as its `split` requests submitted in one call, new regions submitted as parts complete while at
     most `in_flight` requests (at least one region's) are outstanding; no copies. GB/s (1e9 bytes). The kernel may
     merge a region's adjacent requests, as it may the stager's."""
-    import random
     import time
 
     from .aio import AioContext
@@ -176,9 +180,7 @@ def plain_read_aio_gbps(paths, block: int, split: int, in_flight: int, nbytes: i
     in_flight = max(in_flight, split)
     ctx = AioContext(in_flight)
     try:
-        spots = [(f, o) for f in files for o in range(0, os.fstat(f.fd).st_size - region + 1, region)]
-        random.Random(seed).shuffle(spots)
-        spots = spots[:max(1, nbytes // region)]
+        spots = _random_spots(files, region, nbytes, seed)
         slots = in_flight // split
         backing, buf = aligned_empty(slots * region, pin=False)
         free, left, todo, out = list(range(slots)), {}, list(reversed(spots)), 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from strata_plan.kernels.draw import GOLDEN, MIX1, MIX2, gumbel_argmax, wrap64
+
 
 class ArgmaxPick:
     """Greedy decoding as a step's last operation: logits float32 [V] -> their argmax, int64 [1]."""
@@ -22,8 +24,6 @@ class ArgmaxPick:
 
 
 GREEDY = ArgmaxPick()
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)                 # splitmix64's constants as signed int64
-_MIX1, _MIX2 = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64)
 
 
 def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -33,15 +33,15 @@ def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def _salt(seed: int) -> int:
     """The seed's offset in `hash_uniform`, as a signed int64."""
-    return ((seed + 1) * _GOLDEN + (1 << 63)) % (1 << 64) - (1 << 63)
+    return wrap64((seed + 1) * GOLDEN)
 
 
 def hash_uniform(seed: int, counter: torch.Tensor, n: int) -> torch.Tensor:
     """float64 [n] uniform in (0, 1) from (seed, draw counter, index) by splitmix64: no generator state, so a CUDA
     graph replays it with a device counter (`GumbelPick`)."""
-    x = counter * n + torch.arange(n, device=counter.device) + _salt(seed) + _GOLDEN
-    x = (x ^ _srl(x, 30)) * _MIX1
-    x = (x ^ _srl(x, 27)) * _MIX2
+    x = counter * n + torch.arange(n, device=counter.device) + _salt(seed) + GOLDEN
+    x = (x ^ _srl(x, 30)) * MIX1
+    x = (x ^ _srl(x, 27)) * MIX2
     x = x ^ _srl(x, 31)
     return (_srl(x, 11).double() + 0.5) / float(1 << 53)
 
@@ -67,7 +67,6 @@ class GumbelPick:
             drop = (p.cumsum(0) - p) >= self.top_p              # the mass before this token already reaches top_p
             z = z.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
         if self.fused:
-            from strata_plan.kernels.draw import gumbel_argmax
             return gumbel_argmax(z.contiguous(), self.salt, self.counter,
                                  torch.empty(1, dtype=torch.int64, device=z.device))
         u = hash_uniform(self.seed, self.counter, z.numel())

@@ -178,7 +178,6 @@ class Stager:
         # STAGED ones by (stamp, slot) (a min-heap; an entry whose slot left STAGED or was stamped again is stale)
         self._free = list(range(n_slots))
         self._lru: list[tuple[int, int]] = []
-        self._pushed = np.full(n_slots, -1, dtype=np.int64)   # the stamp of each slot's live `_lru` entry
         self.where: dict[tuple[int, int], int] = {}
         self.queued: dict[tuple[int, int], int] = {}       # queued reads: the best priority (0: demand)
         self._taken: dict[int, int] = {}                   # request -> its demand reads taken by readers so far
@@ -393,13 +392,11 @@ class Stager:
 
     # ---- the readers ---------------------------------------------------------------------------------------
     def _touch(self, slot: int) -> None:
-        """(lock held) A STAGED slot's stamp set: its `_lru` entry (one live entry a slot)."""
-        st = int(self.stamp[slot])
-        if self.state[slot] == STAGED and self._pushed[slot] != st:
-            self._pushed[slot] = st
-            heapq.heappush(self._lru, (st, slot))
+        """(lock held) A STAGED slot's stamp set: its `_lru` entry (live while the slot is STAGED with that stamp)."""
+        if self.state[slot] == STAGED:
+            heapq.heappush(self._lru, (int(self.stamp[slot]), slot))
             if len(self._lru) > 4 * self.n_slots + 64:          # stale entries: rebuilt from the live ones
-                self._lru = [(int(self._pushed[v]), int(v)) for v in np.flatnonzero(self.state == STAGED)]
+                self._lru = [(int(self.stamp[v]), int(v)) for v in np.flatnonzero(self.state == STAGED)]
                 heapq.heapify(self._lru)
 
     def _take(self, demand: bool, now: int) -> int | None:
@@ -411,7 +408,7 @@ class Stager:
         try:
             while self._lru:
                 st, v = self._lru[0]
-                if self.state[v] != STAGED or self._pushed[v] != st or self.stamp[v] != st:
+                if self.state[v] != STAGED or self.stamp[v] != st:
                     heapq.heappop(self._lru)               # stale
                     continue
                 if not demand and st >= now:
@@ -433,7 +430,6 @@ class Stager:
                     self.counts.wasted_bytes[j] += int(self.store.nbytes[j, e])
                 del self.where[(j, e)]
                 self.state[v], self.key[v] = FREE, None
-                self._pushed[v] = -1
                 return v
             return None
         finally:

@@ -15,11 +15,14 @@ import torch
 from .triton_common import tl, triton
 
 BLOCK = 2048                      # logits a step of the walk reads
-GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB     # splitmix64's constants
 
 
-def _signed(x: int) -> int:
-    return x - (1 << 64) if x >= 1 << 63 else x
+def wrap64(x: int) -> int:
+    """`x` as the signed int64 with the same low 64 bits (the wrap of int64 arithmetic)."""
+    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+GOLDEN, MIX1, MIX2 = (wrap64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))   # splitmix64
 
 
 @triton.jit
@@ -59,6 +62,5 @@ def gumbel_argmax(z: torch.Tensor, salt: int, counter: torch.Tensor, out: torch.
         raise ValueError(f"gumbel_argmax: z must be a contiguous float32 vector, got {z.dtype} {tuple(z.shape)}")
     if counter.dtype != torch.int64 or out.dtype != torch.int64 or counter.numel() != 1 or out.numel() != 1:
         raise ValueError("gumbel_argmax: counter and out must be int64 [1]")
-    start = _signed((salt + GOLDEN) % (1 << 64))
-    gumbel_argmax_kernel[(1,)](z, counter, out, z.numel(), start, _signed(MIX1), _signed(MIX2), BLOCK=BLOCK)
+    gumbel_argmax_kernel[(1,)](z, counter, out, z.numel(), wrap64(salt + GOLDEN), MIX1, MIX2, BLOCK=BLOCK)
     return out
