@@ -32,7 +32,7 @@ left() { echo $(( $1 - ($(date +%s) - t0) )); }
 CAL=${CALIBRATION-}   # constants of another profile YAML (default none: the quick profile's measured figures)
 timeout 90 python3 -m strata_plan.cli profile --quick --nvme-dir /root --out "$OUT/run-profile.yaml" --force 2>&1 | tail -1
 PROFILE=$([ -f "$OUT/run-profile.yaml" ] && echo "$OUT/run-profile.yaml" || echo h200)   # the shipped one if it failed
-# DRAW=1: the token pick's GPU time by way of picking, argmax / torch draw / fused draw (tools/draw_probe.py; draw.log)
+# DRAW=1: the token pick's GPU time by way of picking, argmax / sampled draw (tools/draw_probe.py; draw.log)
 [ -n "${DRAW-}" ] && timeout 120 python3 benchmarks/tools/draw_probe.py >"$OUT/draw.log" 2>&1; \
   [ -f "$OUT/draw.log" ] && cat "$OUT/draw.log"
 # BURST=1: bursts of O_DIRECT reads on the idle drive against the call's profile (tools/burst_read.py; burst.log)

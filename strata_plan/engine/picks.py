@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from strata_plan.kernels.draw import GOLDEN, MIX1, MIX2, gumbel_argmax, wrap64
-
 
 class ArgmaxPick:
     """Greedy decoding as a step's last operation: logits float32 [V] -> their argmax, int64 [1]."""
@@ -24,6 +22,14 @@ class ArgmaxPick:
 
 
 GREEDY = ArgmaxPick()
+
+
+def wrap64(x: int) -> int:
+    """A Python int as the signed int64 with the same low 64 bits."""
+    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+GOLDEN, MIX1, MIX2 = (wrap64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))   # splitmix64
 
 
 def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -49,13 +55,11 @@ def hash_uniform(seed: int, counter: torch.Tensor, n: int) -> torch.Tensor:
 class GumbelPick:
     """Sampling (temperature, top-p) as a step's last operation, graph-safe: the Gumbel-max draw argmax(z + g) over
     z = logits / T (outside the nucleus -inf) with g = -log(-log(u)), u from `hash_uniform` at a device counter the
-    draw advances; a token with probability p is drawn with probability p (tested against `generate.sample`).
-    `fused`: the hash, the noise and the argmax in one kernel (`kernels.draw.gumbel_argmax`, the same bits; an A/B)."""
+    draw advances; a token with probability p is drawn with probability p (tested against `generate.sample`)."""
 
-    def __init__(self, temperature: float, top_p: float, seed: int, fused: bool = False):
-        self.temperature, self.top_p, self.seed, self.fused = temperature, top_p, seed, fused
-        self.key = f"sample:{temperature}:{top_p}:{seed}" + (":fused" if fused else "")
-        self.salt = _salt(seed)
+    def __init__(self, temperature: float, top_p: float, seed: int):
+        self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.key = f"sample:{temperature}:{top_p}:{seed}"
         self.counter: torch.Tensor | None = None
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -66,9 +70,6 @@ class GumbelPick:
             p, order = torch.softmax(z, -1).sort(descending=True)
             drop = (p.cumsum(0) - p) >= self.top_p              # the mass before this token already reaches top_p
             z = z.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-        if self.fused:
-            return gumbel_argmax(z.contiguous(), self.salt, self.counter,
-                                 torch.empty(1, dtype=torch.int64, device=z.device))
         u = hash_uniform(self.seed, self.counter, z.numel())
         self.counter.add_(1)
         return (z.double() - torch.log(-torch.log(u))).argmax().reshape(1)
