@@ -14,7 +14,9 @@ Prints per (block, i) the median and p90 of the burst's last completion and the 
 surface's T(i) when `--profile` names a profile YAML. `--split S [--blobs B]`: bursts of i blobs of B bytes read as S
 requests each through AIO, a blob's requests adjacent (as the stager reads it) against as many scattered: whether
 the kernel merges them (the kimi5 seed plan read faster through AIO than a thread-a-request plain read, 2026-12-06).
-Not a benchmark: no results file.
+`--reread N`: a quarter of the file at random spots (`--blobs`' first size over `--split` a request, 16 in flight,
+`directio.plain_read_aio_gbps`) read once, then N rounds of the same spots again against fresh spots: whether
+anything beneath O_DIRECT (a virtual disk's host) caches what was just read. Not a benchmark: no results file.
 
     python3 benchmarks/tools/burst_read.py --dir /root --split 4 --blobs 27095040 --batches 1,4,8   # kimi5's slot"""
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from strata_plan.engine.aio import AioContext
-from strata_plan.engine.directio import aligned_empty, aligned_view
+from strata_plan.engine.directio import aligned_empty, aligned_view, plain_read_aio_gbps
 from strata_plan.profiler.nvme import TestFile, open_reader
 
 
@@ -99,6 +101,8 @@ def main() -> int:
                     "requests through AIO, a blob's requests adjacent (as the stager reads it) against as many at "
                     "random offsets: does the kernel merge a blob's requests?")
     ap.add_argument("--blobs", default="27095040", help="blob bytes for --split (default: a kimi5 staging slot)")
+    ap.add_argument("--reread", type=int, default=0, help="also: N rounds of the same spots read again against "
+                    "fresh spots (GB/s through AIO): is what was just read served faster?")
     a = ap.parse_args()
     blocks = [int(x) for x in a.blocks.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
@@ -131,6 +135,8 @@ def main() -> int:
                 print(f"{block:>8} {i:>3} {cells[0]} {cells[1]} {model}", flush=True)
         if a.split > 1:
             split_table(tf, fd, a, batches, rng)
+        if a.reread:
+            reread_table(tf, a)
     return 0
 
 
@@ -158,6 +164,22 @@ def split_table(tf, fd: int, a, batches: list[int], rng: random.Random) -> None:
             cell = {w: f"{statistics.median(x):7.3f} / {np.percentile(x, 90):6.3f}" for w, x in last.items()}
             ratio = statistics.median(last["scattered"]) / statistics.median(last["adjacent"])
             print(f"{blob:>9} {i:>3} {cell['adjacent']} {cell['scattered']} {ratio:21.3f}", flush=True)
+
+
+def reread_table(tf, a) -> None:
+    """GB/s of the same random spots read again, round by round against as many fresh spots."""
+    split = max(a.split, 1)
+    part = -(-int(a.blobs.split(",")[0]) // split // 4096) * 4096
+    once = lambda seed: plain_read_aio_gbps([tf.path], part, split, 16, tf.size // 4, seed=seed)  # noqa: E731
+    print(f"\nre-read: {tf.size // 4 / 1e9:.2f} GB at random spots of {part} B, {split} a blob, 16 in flight "
+          f"(GB/s); first read {once(1):.3f}")
+    again, fresh = [], []
+    for r in range(a.reread):
+        again.append(once(1))
+        fresh.append(once(100 + r))
+        print(f"  round {r}: again {again[-1]:.3f}  fresh {fresh[-1]:.3f}", flush=True)
+    print(f"  medians: again {statistics.median(again):.3f}, fresh {statistics.median(fresh):.3f}, "
+          f"again / fresh {statistics.median(again) / statistics.median(fresh):.3f}")
 
 
 if __name__ == "__main__":
