@@ -14,9 +14,10 @@ Prints per (block, i) the median and p90 of the burst's last completion and the 
 surface's T(i) when `--profile` names a profile YAML. `--split S [--blobs B]`: bursts of i blobs of B bytes read as S
 requests each through AIO, a blob's requests adjacent (as the stager reads it) against as many scattered: whether
 the kernel merges them (the kimi5 seed plan read faster through AIO than a thread-a-request plain read, 2026-12-06).
-`--reread N`: a quarter of the file at random spots (`--blobs`' first size over `--split` a request, 16 in flight,
-`directio.plain_read_aio_gbps`) read once, then N rounds of the same spots again against fresh spots: whether
-anything beneath O_DIRECT (a virtual disk's host) caches what was just read. Not a benchmark: no results file.
+`--reread N [--reread-mb 64,256,1024]`: per size, that many MB at random spots (`--blobs`' first size over `--split`
+a request, 16 in flight, `directio.plain_read_aio_gbps`) read once, then N rounds of the same spots again against as
+many fresh spots: whether anything beneath O_DIRECT (a virtual disk's host) caches what was just read, and how much
+(an LRU cache smaller than the set re-read cyclically never hits). Not a benchmark: no results file.
 
     python3 benchmarks/tools/burst_read.py --dir /root --split 4 --blobs 27095040 --batches 1,4,8   # kimi5's slot"""
 from __future__ import annotations
@@ -103,6 +104,7 @@ def main() -> int:
     ap.add_argument("--blobs", default="27095040", help="blob bytes for --split (default: a kimi5 staging slot)")
     ap.add_argument("--reread", type=int, default=0, help="also: N rounds of the same spots read again against "
                     "fresh spots (GB/s through AIO): is what was just read served faster?")
+    ap.add_argument("--reread-mb", default="64,256,1024", help="--reread's sizes, MB (at most the file)")
     a = ap.parse_args()
     blocks = [int(x) for x in a.blocks.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
@@ -167,20 +169,21 @@ def split_table(tf, fd: int, a, batches: list[int], rng: random.Random) -> None:
 
 
 def reread_table(tf, a) -> None:
-    """GB/s of the same random spots read again, round by round against as many fresh spots."""
+    """GB/s of the same random spots read again, round by round against as many fresh spots, per size."""
     split = max(a.split, 1)
     part = -(-int(a.blobs.split(",")[0]) // split // 4096) * 4096
-    once = lambda seed: plain_read_aio_gbps([tf.path], part, split, 16, tf.size // 4, seed=seed)  # noqa: E731
-    print(f"\nre-read: {tf.size // 4 / 1e9:.2f} GB at random spots of {part} B, {split} a blob, 16 in flight "
-          f"(GB/s); first read {once(1):.3f}")
-    again, fresh = [], []
-    for r in range(a.reread):
-        again.append(once(1))
-        fresh.append(once(100 + r))
-        print(f"  round {r}: again {again[-1]:.3f}  fresh {fresh[-1]:.3f}", flush=True)
-    print(f"  medians: again {statistics.median(again):.3f}, fresh {statistics.median(fresh):.3f}, "
-          f"again / fresh {statistics.median(again) / statistics.median(fresh):.3f}")
-
+    print(f"\nre-read: random spots of {part} B, {split} a blob, 16 in flight (GB/s through AIO)")
+    seeds = iter(range(100, 10**6))
+    for mb in (int(x) for x in a.reread_mb.split(",")):
+        nbytes = min(mb * 10**6, tf.size)
+        once = lambda seed: plain_read_aio_gbps([tf.path], part, split, 16, nbytes, seed=seed)  # noqa: E731
+        first, again, fresh = once(1), [], []
+        for _ in range(a.reread):
+            again.append(once(1))
+            fresh.append(once(next(seeds)))
+        print(f"  {mb:>6} MB: first {first:.3f}; again {' '.join(f'{x:.3f}' for x in again)}; fresh "
+              f"{' '.join(f'{x:.3f}' for x in fresh)}; medians again / fresh "
+              f"{statistics.median(again) / statistics.median(fresh):.3f}", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())
