@@ -24,7 +24,9 @@ Stages (each one's failure is recorded and the later ones still run where they c
    EngineOptions.stage_depths: the cost model's count; A/B), and with the stager's reads the other way
    (EngineOptions.stager_io: `plan_threads`, reader threads, where the default is Linux native AIO; with
    `--io-repeats N`, N such runs interleaved with N - 1 more of the default, `plan` and `plan_again` among the
-   default's; medians: `plan_aio_over_threads_measured`; A/B).
+   default's; medians: `plan_aio_over_threads_measured`; A/B); with `--lookahead-repeats N`, the lookahead (the
+   plan's depth, else `--lookahead-depth` forced) and on-demand N runs each, interleaved: medians
+   `lookahead_over_ondemand_measured` beside the cost model's `_predicted`.
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -413,6 +415,8 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
             run.metrics[f"{name}.plan_aio_over_threads_measured"] = (float(np.median(tok["aio"]))
                                                                      / float(np.median(tok["threads"])))
             run.metrics[f"{name}.plan_io_runs_measured"] = tok
+        if a.lookahead_repeats:
+            lookahead_margin(run, a, name, packed[name], plan, pred, prompt)
         files = sorted(packed[name].glob("experts-*.bin"))
         block = -(-int(mean_blob_bytes(packed[name])) // 4096) * 4096
         gbps = [plain_read_gbps(files, block, threads=4, nbytes=256 << 20, seed=s) for s in range(3)]
@@ -421,6 +425,33 @@ def engine_stage(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], p
         run.metrics[f"{name}.page_cache_after"] = max(page_cache_residency(f) for f in files)
         nv = run.extra["runs"][f"{name}.plan"]["links"]["nvme_gbps_wall"]
         run.metrics[f"{name}.plan.nvme_gbps_wall_measured"] = nv
+
+
+def lookahead_margin(run: Run, a, name: str, packed: Path, plan, pred: Predictor, prompt: list[int]) -> None:
+    """The NVMe plan's lookahead against on-demand, `--lookahead-repeats` runs of each interleaved (ABBA: the
+    drive's latency drifts between runs of one call): the plan where it has a lookahead depth, else the same budget
+    at `--lookahead-depth` (labelled forced). Medians: `<name>.lookahead_over_ondemand_measured`, beside the cost
+    model's ratio for the two placements run (`_predicted`)."""
+    from strata_plan.engine.engine import baseline
+    depth = plan.prefetch_depth or a.lookahead_depth
+    rows = {"lookahead": (plan if plan.prefetch_depth else forced_depth(plan, depth), "plan"),
+            "on-demand": (baseline(plan, "on-demand"), "on-demand")}
+    tok: dict[str, list[float]] = {k: [] for k in rows}
+    for k in range(a.lookahead_repeats):
+        for label in (("lookahead", "on-demand") if k % 2 == 0 else ("on-demand", "lookahead")):
+            executed, mode = rows[label]
+            tok[label].append(measure_one(run, a, f"{name}.{label}_r{k}", packed, executed, mode, pred,
+                                          prompt)["decode_tok_s_measured"])
+    predicted = {k: pred.for_plan(*rows[k])["decode_tok_s"] for k in rows}
+    m = run.metrics
+    m[f"{name}.lookahead_depth"], m[f"{name}.lookahead_forced"] = depth, not plan.prefetch_depth
+    m[f"{name}.lookahead_runs_measured"] = tok
+    med = {k: float(np.median(v)) for k, v in tok.items()}
+    m[f"{name}.lookahead_over_ondemand_measured"] = med["lookahead"] / med["on-demand"]
+    m[f"{name}.lookahead_over_ondemand_predicted"] = predicted["lookahead"] / predicted["on-demand"]
+    log(f"{name}: lookahead (depth {depth}{', forced' if not plan.prefetch_depth else ''}) / on-demand, medians of "
+        f"{a.lookahead_repeats} interleaved runs each: MEASURED {m[f'{name}.lookahead_over_ondemand_measured']:.3f}, "
+        f"PREDICTED {m[f'{name}.lookahead_over_ondemand_predicted']:.3f}")
 
 
 def mean_blob_bytes(folder: Path) -> float:
@@ -713,6 +744,10 @@ def parse(argv=None):
     p.add_argument("--io-repeats", type=int, default=1,
                    help="the stager's A/B on an NVMe plan: runs of the other way of reading (reader threads where the "
                         "default is aio), interleaved with as many of the default less one")
+    p.add_argument("--lookahead-repeats", type=int, default=0,
+                   help="an NVMe plan's lookahead (its depth, else --lookahead-depth, forced) against on-demand: this "
+                        "many runs of each, interleaved; medians (`lookahead_over_ondemand_measured`)")
+    p.add_argument("--lookahead-depth", type=int, default=1, help="--lookahead-repeats' depth where the plan has none")
     p.add_argument("--budgets", default="ramrich,seed")
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--context", type=int, default=1024)

@@ -76,26 +76,34 @@ def test_accelerate_offload_computes_what_the_resident_model_computes(tmp_path, 
     assert a.tokens == b.tokens and len(a.step_s) == 4
 
 
+def nvme_plan(tmp_path, depth: int, **args):
+    """The fixture packed in bf16, its plan with an NVMe tier at lookahead `depth` (saved), and the bench's arguments
+    for a CPU run: (packed folder, plan path, plan, args)."""
+    import sys
+    import types
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_engine_run import FIXTURE, bf16_plan
+    from strata_plan.cli import main as cli
+    from strata_plan.core.plan import save_plan
+    packed = tmp_path / "packed"
+    assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
+    path = tmp_path / "plan.yaml"
+    plan = bf16_plan(4, 10, 0, depth, chunk=1)
+    save_plan(plan, path)
+    a = types.SimpleNamespace(**{"tokens": 4, "warmup": 2, "device": "cpu", "sample": "1.0,0.95", "seed": 0,
+                                 "work": str(tmp_path), "out_dir": str(tmp_path / "out"), **args})
+    return packed, path, plan, a
+
+
 def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torch_thread):
     """A trained-model row of a plan with an NVMe tier (the device loop's stager): every figure the bench writes is
     there, labelled measured or predicted (the fixture model on the CPU), and the row is predicted again on the
     routing of its own text."""
     import dataclasses
-    import sys
-    import types
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_engine_run import FIXTURE, PROMPT, bf16_plan
-    from strata_plan.cli import main as cli
-    from strata_plan.core.plan import save_plan
+    packed, path, plan, a = nvme_plan(tmp_path, 1)
+    from test_engine_run import FIXTURE, PROMPT
     from bench_trained import Run, measure_one, run_routing_stage, stager_stage
     from trained.predict import Predictor
-    packed = tmp_path / "packed"
-    assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
-    path = tmp_path / "plan.yaml"
-    plan = bf16_plan(4, 10, 0, 1, chunk=1)
-    save_plan(plan, path)
-    a = types.SimpleNamespace(tokens=4, warmup=2, device="cpu", sample="1.0,0.95", seed=0, work=str(tmp_path),
-                              out_dir=str(tmp_path / "out"))
     run = Run(a)
     out = measure_one(run, a, "seed.plan", packed, plan, "plan", Predictor(path), PROMPT)
     for key in ("stage_wait_ms_per_token_measured", "nvme_wait_ms_per_token_predicted", "staging_hit_rate_measured",
@@ -147,3 +155,26 @@ def test_the_depth_sweep_predicts_the_depth_it_runs(tmp_path):
     p = Predictor(tmp_path / "plan.yaml")
     at0, at2 = p.for_plan(plan)["decode_tok_s"], p.for_plan(forced_depth(plan, 2))["decode_tok_s"]
     assert at0 > 0 and at2 > 0 and at0 != at2
+
+
+def test_the_lookahead_margin_interleaves_its_runs(tmp_path, one_torch_thread):
+    """`--lookahead-repeats`: an NVMe plan without lookahead runs forced at `--lookahead-depth` against on-demand,
+    the two interleaved ABBA, and the measured ratio is the medians' (the fixture model on the CPU)."""
+    import numpy as np
+    packed, path, plan, a = nvme_plan(tmp_path, 0, tokens=3, warmup=1, lookahead_repeats=2, lookahead_depth=2)
+    from test_engine_run import PROMPT
+    from bench_trained import Run, lookahead_margin
+    from trained.predict import Predictor
+    run = Run(a)
+    lookahead_margin(run, a, "seed", packed, plan, Predictor(path), PROMPT)
+    m, runs = run.metrics, run.extra["runs"]
+    assert list(runs) == ["seed.lookahead_r0", "seed.on-demand_r0", "seed.on-demand_r1", "seed.lookahead_r1"]
+    assert m["seed.lookahead_depth"] == 2 and m["seed.lookahead_forced"] is True
+    assert all(runs[k]["mode"] == "plan" for k in ("seed.lookahead_r0", "seed.lookahead_r1"))
+    assert m["seed.lookahead_r0.lookahead_d2.precision_measured"] >= 0      # the forced depth ran
+    tok = m["seed.lookahead_runs_measured"]
+    assert tok["lookahead"] == [m[f"seed.lookahead_r{k}.decode_tok_s_measured"] for k in (0, 1)]
+    assert m["seed.lookahead_over_ondemand_measured"] == pytest.approx(
+        float(np.median(tok["lookahead"])) / float(np.median(tok["on-demand"])))
+    assert m["seed.lookahead_over_ondemand_predicted"] == pytest.approx(
+        m["seed.lookahead_r0.decode_tok_s_predicted"] / m["seed.on-demand_r0.decode_tok_s_predicted"])
