@@ -43,13 +43,15 @@ def record_failure(errors: list[str], what: str, err: BaseException) -> None:
 def stager_latency(st: dict) -> dict:
     """The NVMe stager's host side of a demand read (a run's `stager` counters, `engine.stager`), as metrics: the
     demand reads a token, the mean time from the poller seeing a request to a reader taking it and from there to
-    the ready word (the queue time also by the read's rank within its request: first taken, second, ..), and the
-    poller's gap before each look that found a request (mean, longest). Beside the GPU's wait a
-    token (`stage_wait`), they say which side a wait is spent on. Where the lookahead's reads go, a token: queued,
+    the ready word, and of that until the host saw its last part in (`land`: the drive's part), the queue time also
+    by the read's rank within its request (first taken, second, ..), and the poller's gap before each look that
+    found a request (mean, longest). Beside the GPU's wait a token (`stage_wait`), they say which side a wait is
+    spent on. Where the lookahead's reads go, a token: queued,
     dropped as stale or for want of a slot, and routed uses that found their read still running."""
     return {"demand_reads_per_token_measured": st["demand_reads_per_token"],
             "stager_queue_ms_measured": st["demand_queue_ms_mean"],
             "stager_read_ms_measured": st["demand_read_ms_mean"],
+            "stager_land_ms_measured": st.get("demand_land_ms_mean", float("nan")),
             **{f"stager_queue_ms_rank{k}_measured": v for k, v in enumerate(st.get("demand_queue_ms_by_rank", []))},
             "stager_poll_gap_ms_mean_measured": st["poll_gap_ms_mean"],
             "stager_poll_gap_ms_max_measured": st["poll_gap_ms_max"],

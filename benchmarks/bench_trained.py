@@ -341,7 +341,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         + (f", GPU ceiling {out['gpu_ceiling_tok_s_measured']:.1f} tok/s" if "gpu_ceiling_tok_s_measured" in out else "")
         + (f"; GPU waited {out['stage_wait_ms_per_token_measured']:.2f} ms/tok for {out['demand_reads_per_token_measured']:.1f}"
            f" demand reads/tok (stager: queue {out['stager_queue_ms_measured']:.3f} ms, read "
-           f"{out['stager_read_ms_measured']:.3f} ms, poll gap mean {out['stager_poll_gap_ms_mean_measured']:.3f} max "
+           f"{out['stager_read_ms_measured']:.3f} ms (landed {out['stager_land_ms_measured']:.3f}), poll gap mean {out['stager_poll_gap_ms_mean_measured']:.3f} max "
            f"{out['stager_poll_gap_ms_max_measured']:.2f} ms)" if r["stager"] is not None else ""))
     return out
 

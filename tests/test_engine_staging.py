@@ -64,6 +64,7 @@ def test_the_lookahead_guesses_are_read_ahead_and_counted(packed_bf16, io):
     c2, s2 = got[2]
     assert s0["reads_guess"] == 0 and s0["reads_demand"] > 0 and c0["prefetch_bytes"] == 0
     assert s0["demand_read_ms_mean"] > 0 and s0["demand_queue_ms_mean"] >= 0     # the host's part of a demand read
+    assert 0 < s0["demand_land_ms_mean"] <= s0["demand_read_ms_mean"]            # ... the drive's, within it
     ranks = s0["demand_queue_ms_by_rank"]                  # ... by the read's turn within its request
     assert 1 <= len(ranks) <= 4 and all(q >= 0 for q in ranks)     # (top-4: at most 4 demand reads a request)
     assert s0["poll_gap_ms_max"] >= s0["poll_gap_ms_mean"] > 0

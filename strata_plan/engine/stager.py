@@ -98,7 +98,7 @@ class StagerCounters:
     right: np.ndarray              # [depth, L] of those, routed
     hinted_used: np.ndarray        # [depth, L] ids read from staging where a guess existed
     busy_s: list = field(default_factory=lambda: [0.0])
-    lat: dict = field(default_factory=lambda: {"n": 0, "queue_s": 0.0, "read_s": 0.0})
+    lat: dict = field(default_factory=lambda: {"n": 0, "queue_s": 0.0, "read_s": 0.0, "land_s": 0.0})
     by_rank: dict = field(default_factory=dict)    # k -> [reads, queue seconds]: the k-th demand read a request took
     poll: dict = field(default_factory=lambda: {"n": 0, "s": 0.0, "max_s": 0.0})
 
@@ -119,6 +119,8 @@ class StagerCounters:
                 "read_busy_s": self.busy_s[0],
                 "demand_queue_ms_mean": 1e3 * self.lat["queue_s"] / max(1, self.lat["n"]),
                 "demand_read_ms_mean": 1e3 * self.lat["read_s"] / max(1, self.lat["n"]),
+                # ... of which the drive's: taken until the host saw the last part in (the rest: check and publish)
+                "demand_land_ms_mean": 1e3 * self.lat["land_s"] / max(1, self.lat["n"]),
                 "demand_queue_ms_by_rank": [round(1e3 * self.by_rank[k][1] / self.by_rank[k][0], 4)
                                             for k in sorted(self.by_rank)],
                 "demand_reads_by_rank": [self.by_rank[k][0] for k in sorted(self.by_rank)],
@@ -139,6 +141,7 @@ class _Read:
     queued_at: float
     rank: int
     taken: float
+    landed: float = 0.0            # when the host saw its last part in (before the check and the ready word)
     parts: list = field(default_factory=list)
     left: int = 0
     error: OSError | None = None
@@ -489,6 +492,7 @@ class Stager:
                 lat = c.lat
                 lat["n"], lat["queue_s"] = lat["n"] + 1, lat["queue_s"] + taken - queued_at
                 lat["read_s"] += time.perf_counter() - taken
+                lat["land_s"] += (r.landed or time.perf_counter()) - taken
                 n = c.by_rank.setdefault(r.rank, [0, 0.0])
                 n[0], n[1] = n[0] + 1, n[1] + taken - queued_at
         else:
@@ -510,7 +514,7 @@ class Stager:
                 if not isinstance(r, _Read):
                     continue
             r.taken = time.perf_counter()              # once out of the lock, as the queue time always counted
-            ok = self._read(r.slot, r.j, r.e, r.split)
+            ok = self._read(r)
             with self._cv:
                 self._finish(r, ok)
 
@@ -554,6 +558,7 @@ class Stager:
         published, and the queue's next reads are submitted."""
         while True:
             events = self._aio.wait(1, self._aio.depth, 0.0005 if self._retry else 0.005)
+            landed = time.perf_counter()
             done = []
             with self._cv:
                 if self._stop:
@@ -568,6 +573,7 @@ class Stager:
                             errno.EIO, f"short read: {max(res, 0)} of {want} bytes at offset {off}")
                     r.left -= 1
                     if r.left == 0:
+                        r.landed = landed
                         done.append(self._reads.pop(rid))
             ok = []
             for r in done:
@@ -582,9 +588,10 @@ class Stager:
                 self._submit_next()
 
     # ---- reading and checking a blob ---------------------------------------------------------------------------
-    def _read(self, slot: int, j: int, e: int, split: int = 1) -> bool:
-        """Read (layer j, expert e) into `slot` as `split` requests in flight at once and check its parts (at its
-        first read in the run); False (and `error` set) on a failure."""
+    def _read(self, r: _Read) -> bool:
+        """Read r's blob (layer j, expert e) into its slot as its split's requests in flight at once and check its
+        parts (at its first read in the run); False (and `error` set) on a failure."""
+        slot, j, e, split = r.slot, r.j, r.e, r.split
         ent = self.store.entries[j][e]
         f = self.store.files[ent.file]
         a = slot * self.slot_bytes
@@ -595,7 +602,8 @@ class Stager:
             self._fail(self._read_error(j, e, err))
             return False
         finally:
-            self.counts.busy_s[0] += time.perf_counter() - t0
+            r.landed = time.perf_counter()
+            self.counts.busy_s[0] += r.landed - t0
         return self._verify(slot, j, e)
 
     def _verify(self, slot: int, j: int, e: int) -> bool:
