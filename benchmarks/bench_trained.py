@@ -489,8 +489,8 @@ def depth_sweep(run: Run, a, plans: dict[str, Path], packed: dict[str, Path], pr
 
 def stager_stage(run: Run, plans: dict[str, Path]) -> None:
     """Per plan with an NVMe tier: the stager's host time measured by its rows' counters (`stager_wake_us`,
-    `stager_read_us`, as `strata-plan calibrate` measures them; the rows that read the engine's default way), and
-    every row of the plan predicted again with them in place of the profile's (defaults: estimates):
+    `stager_read_us`, `stager_publish_us`, as `strata-plan calibrate` measures them; the rows that read the engine's
+    default way), and every row of the plan predicted again with them in place of the profile's (defaults: estimates):
     `*.decode_tok_s_predicted_stager_measured`. Run again (after the depth sweep), it predicts the new rows with the
     figures the first call measured."""
     import dataclasses
@@ -510,20 +510,23 @@ def stager_stage(run: Run, plans: dict[str, Path]) -> None:
                               if run.extra["runs"][k].get("stager_io", default) == default])
         if got is None:
             continue
-        wake, read, n = got
+        wake, read, publish, n = got
         run.metrics.update({f"{name}.stager_wake_us_measured": wake, f"{name}.stager_read_us_measured": read,
                             f"{name}.stager_demand_reads_counted": n})
         src = f"bench_trained: the {name} rows' stager counters, {n} demand reads"
+        fig = lambda v: Figure(v, "measured", src, time.strftime("%Y-%m-%d"))     # noqa: E731
         prof = next(iter(rows.values()))[2].problem.profile          # every row of a plan: the same profile
-        cal = dataclasses.replace(prof.calibration,
-                                  stager_wake_us=Figure(wake, "measured", src, time.strftime("%Y-%m-%d")),
-                                  stager_read_us=Figure(read, "measured", src, time.strftime("%Y-%m-%d")))
+        cal = dataclasses.replace(prof.calibration, stager_wake_us=fig(wake), stager_read_us=fig(read))
+        if publish is not None:
+            run.metrics[f"{name}.stager_publish_us_measured"] = publish
+            cal = dataclasses.replace(cal, stager_publish_us=fig(publish))
         again = run.stager_predictors[name] = Predictor(path, dataclasses.replace(prof, calibration=cal),
                                                         sampled=next(iter(rows.values()))[2].problem.sampled)
         for key, (executed, mode, _) in rows.items():
             _stager_measured_row(run, key, again.for_plan(executed, mode)["decode_tok_s"])
-        log(f"{name}: the stager's host measured by its rows: wake {wake:.0f} us, {read:.0f} us a read ({n} demand "
-            "reads); predicted again with them: " + ", ".join(
+        pub = f"{publish:.0f} us" if publish is not None else "not timed"
+        log(f"{name}: the stager's host measured by its rows: wake {wake:.0f} us, {read:.0f} us a read, publish "
+            f"{pub} ({n} demand reads); predicted again with them: " + ", ".join(
                 f"{k.split('.', 1)[1]} {run.metrics[f'{k}.decode_tok_s_predicted_stager_measured']:.0f}" for k in rows))
 
 

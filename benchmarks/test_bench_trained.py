@@ -114,6 +114,7 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     stager_stage(run, {"seed": path})          # the stager's host measured by the row, the row predicted again
     m = run.metrics
     assert m["seed.stager_wake_us_measured"] > 0 and m["seed.stager_read_us_measured"] >= 0
+    assert m["seed.stager_publish_us_measured"] >= 0          # the rows timed their reads' landing
     assert m["seed.plan.decode_tok_s_predicted_stager_measured"] > 0
     assert m["seed.plan.measured_over_predicted_stager_measured"] == pytest.approx(
         m["seed.plan.decode_tok_s_measured"] / m["seed.plan.decode_tok_s_predicted_stager_measured"])

@@ -362,17 +362,18 @@ def test_partial_landing_is_predicted_where_a_layer_has_a_cache_and_pays(tiny, m
     assert got.decode_tok_s >= CostModel(p).predict(place).decode_tok_s
 
 
-def with_stager(profile, wake_us: float, read_us: float):
+def with_stager(profile, wake_us: float, read_us: float, publish_us: float = 0.0):
     """The profile with the stager's host constants set (calibration)."""
     from strata_plan.profiles.schema import Figure
-    cal = dataclasses.replace(profile.calibration, stager_wake_us=Figure(wake_us, "measured", "test", "2026-12-05"),
-                              stager_read_us=Figure(read_us, "measured", "test", "2026-12-05"))
+    fig = lambda v: Figure(v, "measured", "test", "2026-12-05")    # noqa: E731
+    cal = dataclasses.replace(profile.calibration, stager_wake_us=fig(wake_us), stager_read_us=fig(read_us),
+                              stager_publish_us=fig(publish_us))
     return dataclasses.replace(profile, calibration=cal)
 
 
 def test_the_stager_starts_a_batchs_reads_one_after_another(tiny):
-    """S(n) = wake + max(T(n), (n - 1) read + T(1)) for n >= 1 reads, n (wake + T(1)) below one (a read with
-    probability n), the drive's T alone for its busy time; nothing for no read."""
+    """S(n) = wake + max(T(n), (n - 1) read + T(1)) + publish for n >= 1 reads, n (wake + T(1) + publish) below one
+    (a read with probability n), the drive's T alone for its busy time; nothing for no read."""
     p = tiny.replace(profile=with_stager(tiny.profile, 100.0, 70.0))
     cm = CostModel(p)
     F = len(p.mix.formats)
@@ -388,6 +389,10 @@ def test_the_stager_starts_a_batchs_reads_one_after_another(tiny):
     assert got[3] == pytest.approx(100e-6 + max(T[3], 3 * 70e-6 + one[3]))
     slow = CostModel(p.replace(profile=with_stager(tiny.profile, 100.0, 10_000.0))).staged_batch_seconds(counts)[0]
     assert slow[3] == pytest.approx(100e-6 + 3 * 10e-3 + one[3])        # the host, not the drive, sets the pace
+    pub, drive_pub = CostModel(p.replace(profile=with_stager(tiny.profile, 100.0, 70.0, 40.0))).staged_batch_seconds(
+        counts)
+    assert list(drive_pub) == list(T) and pub[0] == 0.0                  # published: the drive's time is the same
+    assert pub[1] == pytest.approx(0.5 * 140e-6 + T[1]) and pub[3] == pytest.approx(got[3] + 40e-6)
 
 
 def test_demand_reads_share_the_drive_with_the_lookaheads_reads_in_flight(tiny, monkeypatch):

@@ -225,10 +225,10 @@ def test_calibrate_measures_the_layer_overhead_and_leaves_the_rest(bench_files, 
     assert fig.value == pytest.approx(TRUE["layer_overhead_us"], rel=1e-9) != h200.layer_overhead_us.value
     assert fig.provenance == "measured" and "measured directly" in fig.source and files[0].name in fig.source
     for name in ("hbm_efficiency", "round_trip", "host_fetch", "overlap", "compute_efficiency", "copy_overlap",
-                 "dense_stream_efficiency", "stager_wake", "stager_read"):
+                 "dense_stream_efficiency", "stager_wake", "stager_read", "stager_publish"):
         assert getattr(cal, name) == getattr(h200, name), name                 # not fitted, not measured
     how = {c["name"]: c for c in res["constants"]}
-    assert how["layer_overhead_us"]["measured"] and len(how) == 10
+    assert how["layer_overhead_us"]["measured"] and len(how) == 11
     assert all(not c["measured"] and c["how"].startswith("left alone") for n, c in how.items() if n != "layer_overhead_us")
     assert "not fitted" in how["hbm_efficiency"]["how"] and "not fitted" in how["prefetch_overlap"]["how"]
     runs = res["runs"]
@@ -386,12 +386,15 @@ def test_frozen_calibration_keeps_the_machine_and_takes_the_constants(tmp_path):
 
 def test_the_stagers_host_time_is_measured_from_its_counters_by_turn(tmp_path, capsys):
     """Runs whose stager counted its demand reads by their turn in a request: wake = the first read's queue time
-    plus half the poller's mean gap, read = the slope over turns weighted by the reads of each (here exact)."""
+    plus half the poller's mean gap, read = the slope over turns weighted by the reads of each (here exact); publish
+    = a read's time to its ready word less its time to its last part in, weighted by the runs' reads."""
     runs = {}
-    for m, (gap, counts) in {"lru": (0.02, [100, 80, 50, 20]), "on-demand": (0.04, [60, 60, 30])}.items():
+    for m, (gap, counts, read, land) in {"lru": (0.02, [100, 80, 50, 20], 0.5, 0.45),
+                                          "on-demand": (0.04, [60, 60, 30], 0.6, 0.52)}.items():
         r = _run(FIXTURE_PLAN, m, load_profile("h200"), "path")
         r["stager"] = {"demand_queue_ms_by_rank": [0.1 + 0.07 * k for k in range(len(counts))],
-                       "demand_reads_by_rank": counts, "poll_gap_ms_mean": gap}
+                       "demand_reads_by_rank": counts, "poll_gap_ms_mean": gap,
+                       "demand_read_ms_mean": read, "demand_land_ms_mean": land}
         runs[m] = r
     f = tmp_path / "engine-nvme.json"
     f.write_text(json.dumps({"runs": runs}))
@@ -402,3 +405,5 @@ def test_the_stagers_host_time_is_measured_from_its_counters_by_turn(tmp_path, c
     assert cal.stager_wake_us.value == pytest.approx(100 + (100 * 10 + 60 * 20) / 160, rel=1e-9)
     assert cal.stager_read_us.value == pytest.approx(70.0, rel=1e-9)
     assert cal.stager_read_us.provenance == "measured" and how["stager_read_us"]["measured"]
+    assert cal.stager_publish_us.value == pytest.approx((250 * 50 + 150 * 80) / 400, rel=1e-9)
+    assert how["stager_publish_us"]["measured"]

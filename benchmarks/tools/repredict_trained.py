@@ -52,7 +52,9 @@ def main() -> int:
         if a.stager_measured and f"{name}.stager_wake_us_measured" in m:
             fig = lambda k: Figure(m[f"{name}.{k}_measured"], "measured", a.results, "2026-12-05")  # noqa: E731
             p = dataclasses.replace(prof, calibration=dataclasses.replace(
-                prof.calibration, stager_wake_us=fig("stager_wake_us"), stager_read_us=fig("stager_read_us")))
+                prof.calibration, stager_wake_us=fig("stager_wake_us"), stager_read_us=fig("stager_read_us"),
+                stager_publish_us=fig("stager_publish_us") if f"{name}.stager_publish_us_measured" in m
+                else prof.calibration.stager_publish_us))
         sampled = (result.get("settings") or {}).get("sample", "greedy") != "greedy"    # the rows drew their tokens
         pred, plan = Predictor(path, p, sampled=sampled), load_plan(path)
         rows = [(mode, baseline(plan, mode), mode) for mode in MODES]

@@ -15,7 +15,8 @@ Nothing is fitted; a constant is written only where the runs measure it:
   seconds, `CostModel.non_moe_seconds`) / decoder layers, at the profile's `hbm_efficiency`; their mean.
 - `stager_wake_us`, `stager_read_us` (runs whose NVMe stager read on demand): from its counters of a demand
   read's queue time by its turn in its request (`stager_host_us`), over the runs that read through AIO where any
-  did (the engine's default), else the reader threads' runs.
+  did (the engine's default), else the reader threads' runs; `stager_publish_us` from the same counters where they
+  time a read's landing (a demand read's time to its ready word less its time to its last part in).
 - Left at the profile's values: `hbm_efficiency`, `prefetch_overlap`, `moe_round_trip_us`, `host_fetch_us` (the
   last three price the copy path of several-GPU placements, the round trip also prefill's), `compute_efficiency`
   (decode at batch 1 is never compute-bound), `copy_overlap` (the profiler measures it), `dense_stream_efficiency`.
@@ -292,13 +293,14 @@ def _figure(value: float, sources: str, how: str):
                   _dt.date.today().isoformat())
 
 
-def stager_host_us(counters) -> tuple[float, float, int] | None:
-    """(wake, read, demand reads) in us, the NVMe stager's host time measured by runs' stager counters (each
+def stager_host_us(counters) -> tuple[float, float, float | None, int] | None:
+    """(wake, read, publish, demand reads) in us, the NVMe stager's host time measured by runs' stager counters (each
     `StagerCounters.to_data()`, or None), or None where none counted demand reads by their turn: a request's k-th
     demand read (k = 0, 1, ..) started q_k after the poller queued it; wake = q_0 plus half the poller's mean gap
     between looks (when the request came within it), read = the slope of q_k over k (least squares, weighted by the
-    reads of each turn, every run pooled)."""
-    k, q, w, wake, n0 = [], [], [], 0.0, 0
+    reads of each turn, every run pooled); publish = a demand read's mean time to its ready word less its time to
+    its last part in (weighted by the runs' demand reads; None where no run timed the landing)."""
+    k, q, w, wake, n0, pub, n_pub = [], [], [], 0.0, 0, 0.0, 0
     for st in counters:
         st = st or {}
         ranks, counts = st.get("demand_queue_ms_by_rank") or [], st.get("demand_reads_by_rank") or []
@@ -309,12 +311,15 @@ def stager_host_us(counters) -> tuple[float, float, int] | None:
         k += list(range(len(ranks)))
         q += [v * 1e3 for v in ranks]
         w += list(counts)
+        if st.get("demand_land_ms_mean") is not None:
+            pub += sum(counts) * (st["demand_read_ms_mean"] - st["demand_land_ms_mean"]) * 1e3
+            n_pub += sum(counts)
     if not n0 or len(set(k)) < 2:
         return None
     kk, qq, ww = (np.array(v, dtype=float) for v in (k, q, w))
     km = np.average(kk, weights=ww)
     slope = float(np.sum(ww * (kk - km) * (qq - np.average(qq, weights=ww))) / np.sum(ww * (kk - km) ** 2))
-    return wake / n0, max(0.0, slope), int(ww.sum())
+    return wake / n0, max(0.0, slope), max(0.0, pub / n_pub) if n_pub else None, int(ww.sum())
 
 
 def calibrate(runs: list[Run], profile, sources: str) -> Fit:
@@ -337,12 +342,13 @@ def calibrate(runs: list[Run], profile, sources: str) -> Fit:
     # the stager's host time is its way of reading's: the AIO runs where any (the engine's default), else the threads'
     io = "aio" if any(r.stager_io == "aio" and r.stager for r in runs) else "threads"
     stager = stager_host_us([r.stager for r in runs if r.stager_io == io])
+    none = left + "no run read from NVMe on demand (the stager's counters)"
     if stager is None:
-        stager_rows = tuple(Constant(name, v, v, left + "no run read from NVMe on demand (the stager's counters)",
-                                     False) for name, v in (("stager_wake_us", cal.stager_wake.value),
-                                                            ("stager_read_us", cal.stager_read.value)))
+        stager_rows = tuple(Constant(name, v, v, none, False) for name, v in (
+            ("stager_wake_us", cal.stager_wake.value), ("stager_read_us", cal.stager_read.value),
+            ("stager_publish_us", cal.stager_publish.value)))
     else:
-        wake, read, n = stager
+        wake, read, publish, n = stager
         hw = (f"measured directly: a request's first demand read started after it, and the poller's half gap, over "
               f"{n} demand reads (stager io {io})")
         hr = f"measured directly: the slope of a demand read's start over its turn in its request, {n} reads ({io})"
@@ -350,6 +356,13 @@ def calibrate(runs: list[Run], profile, sources: str) -> Fit:
                                  stager_read_us=_figure(read, sources, hr))
         stager_rows = (Constant("stager_wake_us", cal.stager_wake.value, wake, hw, True),
                        Constant("stager_read_us", cal.stager_read.value, read, hr, True))
+        if publish is None:
+            stager_rows += (Constant("stager_publish_us", cal.stager_publish.value, cal.stager_publish.value,
+                                     left + "no run timed its demand reads' landing", False),)
+        else:
+            hp = f"measured directly: a demand read's time to its ready word less its time to its last part in ({io})"
+            prof = _with_calibration(prof, stager_publish_us=_figure(publish, sources, hp))
+            stager_rows += (Constant("stager_publish_us", cal.stager_publish.value, publish, hp, True),)
     after = pred.seconds(prof)
     copy_path = "prices the copy path (several-GPU placements, predictions only)"
     constants = (

@@ -40,10 +40,11 @@ NVMe (reads.py: a layer's expected misses of each format as one batch, T(n_f)), 
 guesses reach the stager through a pinned ring), the rest after the router, and the layer waits for what has not
 landed:
     t += max(S(demand batch), done_{j-d} + S(lookahead batch) - t)      before the layer's MoE
-    S(n) = wake + max(T(n), (n - 1) read + T(1))     the stager's host starts a batch's reads one after another
-(calibration `stager_wake_us`, `stager_read_us`); the demand batch shares the drive with the lookahead's reads still
-on it (the part of the batches for layers j..j+d-1 not landed at t: T(n + m), T(1 + m)); the NVMe busy time counts
-every read's T, wrong guesses included.
+    S(n) = wake + max(T(n), (n - 1) read + T(1)) + publish    the stager's host starts a batch's reads one after
+                                                              another, and publishes them after the last is in
+(calibration `stager_wake_us`, `stager_read_us`, `stager_publish_us`); the demand batch shares the drive with the
+lookahead's reads still on it (the part of the batches for layers j..j+d-1 not landed at t: T(n + m), T(1 + m)); the
+NVMe busy time counts every read's T, wrong guesses included.
 
 The copy path is for several-GPU placements only (pipeline splits, `Placement.gpu_split`, `Placement.remote`: the
 engine does not run them, these are predictions). Misses are copied (b_r / H2D(b_r) on the pinned curve; while
@@ -323,10 +324,12 @@ class CostModel:
         return self._cal.host_fetch.value * 1e-6
 
     @cached_property
-    def stager_host(self) -> tuple[float, float]:
-        """Seconds of the device loop's NVMe stager on the host (calibration): (wake, read), from a layer's request
-        to its first read starting, and between the starts of its next reads (`staged_batch_seconds`)."""
-        return self._cal.stager_wake.value * 1e-6, self._cal.stager_read.value * 1e-6
+    def stager_host(self) -> tuple[float, float, float]:
+        """Seconds of the device loop's NVMe stager on the host (calibration): (wake, read, publish), from a layer's
+        request to its first read starting, between the starts of its next reads, and from its last read in to its
+        ready words (`staged_batch_seconds`)."""
+        cal = self._cal
+        return cal.stager_wake.value * 1e-6, cal.stager_read.value * 1e-6, cal.stager_publish.value * 1e-6
 
     @cached_property
     def prefetch_overlap(self) -> float:
@@ -494,18 +497,19 @@ class CostModel:
         """[L] seconds the device loop's stager takes to land batches of counts [F, L] expected NVMe reads, and [L]
         the drive's part. The stager's host starts a batch's reads one after another: the first `wake` after the
         request, each next `read` later, each read then taking the drive's time for one (T(1), the batch's mix of
-        formats); the drive reads the batch together in T(n). n reads (n >= 1) land after
-            wake + max(T(n), (n - 1) read + T(1))
-        and a fraction n < 1 (a read with probability n) after n (wake + T(1)). `beside` [F, L]: reads the drive
-        serves at the same time (the lookahead's still in flight): the drive's times are those of both together,
-        T(n + m) and T(1 + m)."""
+        formats); the drive reads the batch together in T(n); the host publishes them `publish` after the last is in.
+        n reads (n >= 1) are ready after
+            wake + max(T(n), (n - 1) read + T(1)) + publish
+        and a fraction n < 1 (a read with probability n) after n (wake + T(1) + publish). `beside` [F, L]: reads the
+        drive serves at the same time (the lookahead's still in flight): the drive's times are those of both
+        together, T(n + m) and T(1 + m)."""
         more = 0.0 if beside is None else beside
         drive = self._cold_batch(counts + more)
         n = counts.sum(axis=0)
         one = self._cold_batch(counts / np.maximum(n, 1e-30) + more)         # T(1) of the batch's mix
-        wake, read = self.stager_host
-        many = wake + np.maximum(drive, (n - 1.0) * read + one)
-        return np.where(n <= 1.0, n * wake + drive, many), drive
+        wake, read, publish = self.stager_host
+        many = wake + np.maximum(drive, (n - 1.0) * read + one) + publish
+        return np.where(n <= 1.0, n * (wake + publish) + drive, many), drive
 
     @staticmethod
     def _reads_in_flight(pre_counts: np.ndarray, pre_n: np.ndarray, moe_done: list[float], j: int, depth: int,

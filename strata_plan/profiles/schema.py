@@ -333,6 +333,7 @@ class Calibration:
     prefetch_overlap: Figure | None = None    # share of the lookahead's link time hidden behind other work; None: 1
     stager_wake_us: Figure | None = None      # device loop: a layer's NVMe request to its first read; None: the default
     stager_read_us: Figure | None = None      # device loop: the stager's host time between a request's reads
+    stager_publish_us: Figure | None = None   # device loop: a batch's last read in to its ready words
 
     @property
     def round_trip(self) -> Figure:
@@ -355,6 +356,11 @@ class Calibration:
     def stager_read(self) -> Figure:
         """`stager_read_us`, or the default estimate (`DEFAULT_STAGER_READ`) where the profile has none."""
         return self.stager_read_us if self.stager_read_us is not None else DEFAULT_STAGER_READ
+
+    @property
+    def stager_publish(self) -> Figure:
+        """`stager_publish_us`, or the default estimate (`DEFAULT_STAGER_PUBLISH`) where the profile has none."""
+        return self.stager_publish_us if self.stager_publish_us is not None else DEFAULT_STAGER_PUBLISH
 
     @property
     def overlap(self) -> Figure:
@@ -405,6 +411,13 @@ DEFAULT_STAGER_READ = Figure(19.0, "estimate", "the same runs: each further dema
                              "calibrate` measures it")
 """Host seconds between the starts of one request's demand reads: each reader's turn at the stager's lock and the
 interpreter lock (its slot, the read's issue, the publish), so a layer's reads start one after another."""
+
+DEFAULT_STAGER_PUBLISH = Figure(0.0, "estimate", "not measured on a GPU machine: the ideal, no host time from a "
+                                "batch's last read in to its ready words (on the 2-core CPU machine, the committed "
+                                "fixture read through AIO: 0.06 ms); `strata-plan calibrate` measures it from "
+                                "device-loop runs (the stager's demand_read_ms_mean less demand_land_ms_mean)")
+"""Host seconds from the drive's completion of a batch's last read to its ready words in pinned RAM: the reaper's (or
+reader's) wake, the stager's lock, the checksum at a blob's first read, the publish; the GPU's wait ends with it."""
 
 
 DEFAULT_PREFETCH_OVERLAP = Figure(1.0, "estimate", "the ideal: every prefetch copy runs while the GPU computes or the "
