@@ -17,7 +17,9 @@ the kernel merges them (the kimi5 seed plan read faster through AIO than a threa
 `--reread N [--reread-mb 64,256,1024]`: per size, that many MB at random spots (`--blobs`' first size over `--split`
 a request, 16 in flight, `directio.plain_read_aio_gbps`) read once, then N rounds of the same spots again against as
 many fresh spots: whether anything beneath O_DIRECT (a virtual disk's host) caches what was just read, and how much
-(an LRU cache smaller than the set re-read cyclically never hits). Not a benchmark: no results file.
+(an LRU cache smaller than the set re-read cyclically never hits). `--sustained S`: S seconds of back-to-back reads
+of 256 MB at fresh random spots (the same request size and depth), GB/s of each with its start: whether the drive's
+rate holds or falls after a burst (a virtual disk's credits). Not a benchmark: no results file.
 
     python3 benchmarks/tools/burst_read.py --dir /root --split 4 --blobs 27095040 --batches 1,4,8   # kimi5's slot"""
 from __future__ import annotations
@@ -105,6 +107,8 @@ def main() -> int:
     ap.add_argument("--reread", type=int, default=0, help="also: N rounds of the same spots read again against "
                     "fresh spots (GB/s through AIO): is what was just read served faster?")
     ap.add_argument("--reread-mb", default="64,256,1024", help="--reread's sizes, MB (at most the file)")
+    ap.add_argument("--sustained", type=float, default=0, help="also: this many seconds of back-to-back reads, GB/s "
+                    "of each 256 MB: does the rate hold?")
     a = ap.parse_args()
     blocks = [int(x) for x in a.blocks.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
@@ -139,6 +143,8 @@ def main() -> int:
             split_table(tf, fd, a, batches, rng)
         if a.reread:
             reread_table(tf, a)
+        if a.sustained:
+            sustained_table(tf, a)
     return 0
 
 
@@ -184,6 +190,24 @@ def reread_table(tf, a) -> None:
         print(f"  {mb:>6} MB: first {first:.3f}; again {' '.join(f'{x:.3f}' for x in again)}; fresh "
               f"{' '.join(f'{x:.3f}' for x in fresh)}; medians again / fresh "
               f"{statistics.median(again) / statistics.median(fresh):.3f}", flush=True)
+
+def sustained_table(tf, a) -> None:
+    """GB/s of back-to-back reads of 256 MB at fresh random spots for `a.sustained` seconds, with their start."""
+    split = max(a.split, 1)
+    part = -(-int(a.blobs.split(",")[0]) // split // 4096) * 4096
+    nbytes = min(256 * 10**6, tf.size)
+    print(f"\nsustained: {nbytes / 1e6:.0f} MB at a time, random spots of {part} B, {split} a blob, 16 in flight "
+          f"(s from the start: GB/s through AIO)")
+    t0, got, seed = time.perf_counter(), [], 1000
+    while time.perf_counter() - t0 < a.sustained:
+        start = time.perf_counter() - t0
+        got.append((start, plain_read_aio_gbps([tf.path], part, split, 16, nbytes, seed=seed)))
+        seed += 1
+    print("  " + "  ".join(f"{t:.1f}: {g:.2f}" for t, g in got))
+    third = max(1, len(got) // 3)
+    first, last = (statistics.median(g for _, g in got[s]) for s in (slice(0, third), slice(-third, None)))
+    print(f"  median of the first third {first:.3f}, of the last {last:.3f} GB/s (last / first {last / first:.3f})")
+
 
 if __name__ == "__main__":
     sys.exit(main())
