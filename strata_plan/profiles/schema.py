@@ -414,10 +414,12 @@ interpreter lock (its slot, the read's issue, the publish), so a layer's reads s
 
 DEFAULT_STAGER_PUBLISH = Figure(0.0, "estimate", "not measured on a GPU machine: the ideal, no host time from a "
                                 "batch's last read in to its ready words (on the 2-core CPU machine, the committed "
-                                "fixture read through AIO: 0.06 ms); `strata-plan calibrate` measures it from "
+                                "fixture read through AIO: 0.06-0.09 ms, most of it first reads' checksums); "
+                                "`strata-plan calibrate` measures it from "
                                 "device-loop runs (the stager's demand_read_ms_mean less demand_land_ms_mean)")
-"""Host seconds from the drive's completion of a batch's last read to its ready words in pinned RAM: the reaper's (or
-reader's) wake, the stager's lock, the checksum at a blob's first read, the publish; the GPU's wait ends with it."""
+"""Host seconds from the stager seeing a batch's last read in (the reaper, or a reader, running again after the
+drive's completion: its wake counts with the drive's time) to the batch's ready words in pinned RAM: the stager's
+lock, the checksum at a blob's first read, the publish; the GPU's wait ends with it."""
 
 
 DEFAULT_PREFETCH_OVERLAP = Figure(1.0, "estimate", "the ideal: every prefetch copy runs while the GPU computes or the "
