@@ -299,9 +299,8 @@ def main() -> int:
                                                             warmup=a.warmup, replay=replay_for(plan),
                                                             options=EngineOptions()))
             refs[name] = r["tokens"] if r is not None else None
-            if r is not None:
-                ref_fed[name] = r["context"]["fed"]
             if r is not None:                           # twice: are the reference tokens themselves repeatable?
+                ref_fed[name] = r["context"]["fed"]
                 again = attempt(f"{name}/resident_again", lambda: measure(
                     folder, whole, mode="plan", tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
                     options=EngineOptions()))

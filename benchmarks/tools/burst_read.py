@@ -174,10 +174,15 @@ def split_table(tf, fd: int, a, batches: list[int], rng: random.Random) -> None:
             print(f"{blob:>9} {i:>3} {cell['adjacent']} {cell['scattered']} {ratio:21.3f}", flush=True)
 
 
+def blob_request(a) -> tuple[int, int]:
+    """(request bytes, requests a blob) of `--reread` and `--sustained`: `--blobs`' first size over `--split`."""
+    split = max(a.split, 1)
+    return -(-int(a.blobs.split(",")[0]) // split // 4096) * 4096, split
+
+
 def reread_table(tf, a) -> None:
     """GB/s of the same random spots read again, round by round against as many fresh spots, per size."""
-    split = max(a.split, 1)
-    part = -(-int(a.blobs.split(",")[0]) // split // 4096) * 4096
+    part, split = blob_request(a)
     print(f"\nre-read: random spots of {part} B, {split} a blob, 16 in flight (GB/s through AIO)")
     seeds = iter(range(100, 10**6))
     for mb in (int(x) for x in a.reread_mb.split(",")):
@@ -191,10 +196,10 @@ def reread_table(tf, a) -> None:
               f"{' '.join(f'{x:.3f}' for x in fresh)}; medians again / fresh "
               f"{statistics.median(again) / statistics.median(fresh):.3f}", flush=True)
 
+
 def sustained_table(tf, a) -> None:
     """GB/s of back-to-back reads of 256 MB at fresh random spots for `a.sustained` seconds, with their start."""
-    split = max(a.split, 1)
-    part = -(-int(a.blobs.split(",")[0]) // split // 4096) * 4096
+    part, split = blob_request(a)
     nbytes = min(256 * 10**6, tf.size)
     print(f"\nsustained: {nbytes / 1e6:.0f} MB at a time, random spots of {part} B, {split} a blob, 16 in flight "
           f"(s from the start: GB/s through AIO)")

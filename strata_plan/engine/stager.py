@@ -492,7 +492,7 @@ class Stager:
                 lat = c.lat
                 lat["n"], lat["queue_s"] = lat["n"] + 1, lat["queue_s"] + taken - queued_at
                 lat["read_s"] += time.perf_counter() - taken
-                lat["land_s"] += (r.landed or time.perf_counter()) - taken
+                lat["land_s"] += r.landed - taken        # (set by `_read` or the reaper before any publish)
                 n = c.by_rank.setdefault(r.rank, [0, 0.0])
                 n[0], n[1] = n[0] + 1, n[1] + taken - queued_at
         else:
