@@ -193,6 +193,7 @@ def test_a_wait_that_timed_out_names_what_the_stager_knew(packed_bf16):
             st.check()
         msg = str(e.value)
         assert f"request {req}" in msg and f"REQ {req}" in msg and "ready" in msg and "threads alive" in msg
+        assert "(staged, stamp" in msg and "slots free" in msg    # the last request's experts: in their slots
         assert "\n" not in msg
 
 

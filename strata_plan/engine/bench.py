@@ -86,6 +86,7 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
         for i in range(warm):
             tok = m.decode_block(tok[-1:], k, pick=pick)
             fed += tok.tolist()                       # (a host read a warm-up launch: untimed)
+            ex.check()                                # a stager error (or a wait that timed out) stops here too
             if progress:
                 progress("warm-up", (i + 1) * k, warm * k)
         counted_from = len(fed) - 1                   # the steps counted below are given fed[counted_from:]

@@ -247,13 +247,21 @@ class Stager:
         j = int(row[1])
         with self._cv:
             ids = [int(e) for e in row[2:2 + self.K] if e >= 0] if int(row[0]) == s else []
-            per = [f"{e}: ready {int(self.hv.ready[j, e])}, slot {self.where.get((j, e))}, queued "
+            per = [f"{e}: ready {int(self.hv.ready[j, e])}, slot {self._slot_line(self.where.get((j, e)))}, queued "
                    f"{self.queued.get((j, e))}" for e in ids]
             alive = sum(t.is_alive() for t in self._threads)
+            states = np.bincount(self.state, minlength=3)
             return (f"layer {j}, row {'ours' if int(row[0]) == s else f'of request {int(row[0])}'}; REQ "
                     f"{int(self.hv.words[sw.REQ])} DONE {int(self.hv.words[sw.DONE])}, seen {self.seen_req}/"
-                    f"{self.seen_done}; {'; '.join(per) or 'no ids'}; {len(self._heap)} reads queued, "
+                    f"{self.seen_done}; {'; '.join(per) or 'no ids'}; {len(self._heap)} reads queued, slots free "
+                    f"{states[FREE]} reading {states[READING]} staged {states[STAGED]}, "
                     f"{alive}/{len(self._threads)} threads alive")
+
+    def _slot_line(self, slot: int | None) -> str:
+        """(lock held) A slot's state for `state_line`: None, or its number, state and stamp."""
+        if slot is None:
+            return "None"
+        return f"{slot} ({('free', 'reading', 'staged')[int(self.state[slot])]}, stamp {int(self.stamp[slot])})"
 
     def reset_counters(self) -> None:
         with self._cv:
