@@ -63,6 +63,7 @@ HERE = Path(__file__).resolve().parent
 
 from _plans import forced_depth  # noqa: E402
 from _result import on_timeout, result_path, stager_latency, write_result  # noqa: E402
+from _watch import StagerWatch  # noqa: E402
 
 from trained import hf  # noqa: E402
 from trained.budgets import SEED_RAM_SHARE, VRAM_SHARE, achieved, budgets  # noqa: E402
@@ -70,6 +71,7 @@ from trained.predict import Predictor  # noqa: E402
 from strata_plan.errors import UserError  # noqa: E402
 
 MODES = ("plan", "lru", "on-demand")
+WATCH: StagerWatch | None = None      # opened with the first engine row
 PROMPT = '''import os
 import sys
 from pathlib import Path
@@ -292,9 +294,12 @@ def decode_pick(a):
 def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: Predictor, prompt: list[int],
                 options=None, greedy: bool = False) -> dict:
     from strata_plan.engine.bench import measure
+    global WATCH
+    WATCH = WATCH or StagerWatch(log=log)       # a row past 30 s: what the stager knows, every 10 s
     _peak_reset()
-    r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
-                pick=None if greedy else decode_pick(a), options=options)
+    with WATCH.row(key):
+        r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
+                    pick=None if greedy else decode_pick(a), options=options)
     r["vram_peak_gb_measured"] = _peak_gb()
     p = pred.for_plan(executed, mode)
     c = r["counters"]
