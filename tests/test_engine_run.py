@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -507,6 +509,46 @@ def test_a_plan_streaming_dense_weights_without_buffers_is_one_line(packed_bf16,
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and field in err[0] and str(path) in err[0]
+
+
+def _closed_engine_refs(packed, plan, device: str) -> tuple[list, dict]:
+    """Whether an engine's parts (model, store, experts, dense stream, stager, step runner) are alive once it is
+    closed and dropped, with the garbage collector off; and its step runner's graphs (the dict, kept)."""
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with Engine.open(packed, plan, EngineOptions(device=device)) as eng:
+            eng.generate(PROMPT, max_new_tokens=3)
+            graphs = eng.model.step_runner._graphs
+            parts = [eng.model, eng.store, eng.experts, eng.dense, eng.store.staging.stager, eng.model.step_runner]
+            refs = [weakref.ref(o) for o in parts]
+            del parts
+        del eng
+        return [r() is not None for r in refs], graphs
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def test_a_closed_engine_is_freed_by_its_last_reference_not_by_the_collector(packed_bf16):
+    """Closing leaves no reference cycle (the dense stream's hooks on the model, the lookahead's on the experts, the
+    step runner): left to the garbage collector, an engine's finalizers (a CUDA graph's pool, a registered region)
+    would run in whichever thread set a collection off, maybe a later engine's stager while that engine's GPU waits
+    for it. Streamed dense weights, a RAM and an NVMe tier, cache slots, lookahead."""
+    alive, _ = _closed_engine_refs(packed_bf16, streaming(bf16_plan(2, 4, 2, 1, chunk=4), (0, 2), "ram"), "cpu")
+    assert alive == [False] * 6
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_closing_an_engine_releases_its_graphs_and_regions(packed_bf16):
+    """The same on CUDA, where the step's graphs are captured and the tiers are registered regions: after close the
+    graphs are released (in the closing thread) and nothing of the engine outlives its last reference."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    alive, graphs = _closed_engine_refs(packed_bf16, streaming(bf16_plan(2, 4, 2, 1, chunk=4), (0, 2), "ram"),
+                                        "cuda")
+    assert alive == [False] * 6 and graphs == {}
 
 
 @pytest.mark.gpu

@@ -305,6 +305,16 @@ class DenseStream:
             return r.device_ptr + (t.data_ptr() - r.host_ptr)
         return t.data_ptr()
 
+    def close(self) -> None:
+        """Unhook from the model (no reference cycle left) and unregister the pinned region of the dense weights now (a
+        `HostRegion`; torch's pinned memory needs nothing): the kernels no longer read it."""
+        for hook in ("embed_rows", "before_layer"):
+            if getattr(getattr(self.model, hook, None), "__self__", None) is self:
+                setattr(self.model, hook, None)
+        close = getattr(self._region_backing, "close", None)
+        if close is not None:
+            close()
+
     def step_bytes(self) -> dict[str, int]:
         """In place: the dense bytes a decode step reads from pinned RAM (the streamed layers', the lm_head's)."""
         out = {LAYERS: 0, LM_HEAD: 0}

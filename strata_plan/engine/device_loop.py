@@ -112,6 +112,14 @@ class DeviceDecode:
         self._split = self._zero()
         self.spent = False                   # `time_parts` ran: no more steps
 
+    def release(self) -> None:
+        """Free the captured graphs (and their memory pools) now, in the calling thread (`Engine.close`)."""
+        for g, _ in self._graphs.values():
+            g.reset()
+        self._graphs.clear()
+        self._pending.clear()
+        self._events.clear()
+
     @property
     def ahead(self) -> bool:
         return self.graphs and self.blocks

@@ -185,7 +185,17 @@ class Engine:
                         on_token=on_token)
 
     def close(self) -> None:
+        """Stop the store's threads and free its pinned memory, the dense weights' and the step's CUDA graphs now, in
+        this thread, and leave no reference cycle behind: what the garbage collector frees has its finalizers run in
+        whichever thread set the collection off, maybe a later engine's stager, where a graph's or a registered
+        region's release would synchronize the device while that engine's GPU waits for the stager."""
         self.store.close()
+        runner = self.model.step_runner
+        if runner is not None and hasattr(runner, "release"):
+            runner.release()
+        self.dense.close()
+        self.model.step_runner = self.model.after_moe = None
+        self.experts.model = None
 
     def __enter__(self) -> "Engine":
         return self
