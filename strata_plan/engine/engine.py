@@ -127,6 +127,7 @@ class Engine:
     def __init__(self, folder: Path, plan, store: ExpertStore, model: MoEModel, experts: StoreExperts,
                  options: EngineOptions):
         self.folder, self.plan, self.store, self.model, self.experts, self.opt = folder, plan, store, model, experts, options
+        self.dense = None                    # engine.dense.DenseStream (set by `open`)
 
     @classmethod
     def open(cls, packed: str | Path, plan, options: EngineOptions = EngineOptions(), replay=None,
@@ -187,13 +188,14 @@ class Engine:
     def close(self) -> None:
         """Stop the store's threads and free its pinned memory, the dense weights' and the step's CUDA graphs now, in
         this thread, and leave no reference cycle behind: what the garbage collector frees has its finalizers run in
-        whichever thread set the collection off, maybe a later engine's stager, where a graph's or a registered
-        region's release would synchronize the device while that engine's GPU waits for the stager."""
+        whichever thread set the collection off, maybe a later engine's stager while that engine's GPU waits for it
+        (a registered region's release synchronizes the device)."""
         self.store.close()
         runner = self.model.step_runner
         if runner is not None and hasattr(runner, "release"):
             runner.release()
-        self.dense.close()
+        if self.dense is not None:
+            self.dense.close()
         self.model.step_runner = self.model.after_moe = None
         self.experts.model = None
 
