@@ -119,8 +119,10 @@ def waits(pred, executed, trace, context: dict, predicted: dict, m: dict, key: s
     actual = np.mean([cm.staged_batch_seconds(c)[0].sum() for c in counts])
     at_mean = cm.staged_batch_seconds(counts.mean(axis=0))[0].sum()
     nb = np.array([cm.problem.spec.routed_expert_bytes(f) for f in fmts])
-    print(f"    waits: {counts.sum(axis=(1, 2)).mean():.1f} misses a token on its routing ({m.get(f'{key}.demand_reads_per_token_measured', float('nan')):.1f} "
-          f"measured), {(counts.sum(axis=2) @ nb).mean() / 1e6:.2f} MB (model {predicted['bytes_per_token']['nvme_read'] / 1e6:.2f}); "
+    reads = m.get(f"{key}.demand_reads_per_token_measured", float("nan"))
+    model_mb = predicted["bytes_per_token"]["nvme_read"] / 1e6
+    print(f"    waits: {counts.sum(axis=(1, 2)).mean():.1f} misses a token on its routing ({reads:.1f} measured), "
+          f"{(counts.sum(axis=2) @ nb).mean() / 1e6:.2f} MB (model {model_mb:.2f}); "
           f"batch time summed over each token's misses {actual * 1e3:.2f} ms, at their means {at_mean * 1e3:.2f}, "
           f"the model's {predicted['decode_seconds']['nvme'] * 1e3:.2f}; GPU waited "
           f"{m.get(f'{key}.stage_wait_ms_per_token_measured', float('nan')):.2f} ms a token (measured)")
