@@ -4,7 +4,7 @@
 # pack it, run the engine (plan / LRU-only / on-demand, real router lookahead), transformers + accelerate
 # offload beside it, `run` equivalence, hit rate by lookahead depth (benchmarks/bench_trained.py).
 #   STRATA_GIT_SHA=<sha> OUT=$OUT [CALIBRATION=P.yaml] [GPU_TESTS=1] [TRAIN_S=170] [SKIP=transformers,equivalence] \
-#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN="ramrich seed"]] [BUDGETS=seed] [BURST=1] [DRAW=1] [BENCH_ARGS=--io-repeats 3] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
+#     [STEP_KERNELS=1 [STEP_KERNELS_PLAN="ramrich seed"]] [BUDGETS=seed] [BURST=1] [DRAW=1] [LOOKAHEAD_POINT=1] [BENCH_ARGS=--io-repeats 3] [END_S=585] bash benchmarks/run_trained_gpu.sh   # device `carry`: [".whl"]; SKIP: bench_trained.py's --skip
 # Plans and predictions: the quick profile measured in the call (with the trained model's layer times), no fitted constant
 # (CALIBRATION=P.yaml: the calibration constants of P instead).
 # `strata-plan plan` needs Optuna, which the GPU machine lacks: carry its wheels (pure Python, in-memory
@@ -65,11 +65,17 @@ if [ -n "${STEP_KERNELS-}" ]; then
     grep -E "wall" "$OUT/step_kernels-$SKP.log"
   done
 fi
+# LOOKAHEAD_POINT=1: the trained model's lookahead precision from each layer's output and from its residual after
+# attention (tools/lookahead_point.py; lookahead_point.log)
+[ -n "${LOOKAHEAD_POINT-}" ] && [ -d "$W/bench-moe" ] && timeout 120 python3 benchmarks/tools/lookahead_point.py \
+  --model "$W/bench-moe" --depth 4 >"$OUT/lookahead_point.log" 2>&1; [ -f "$OUT/lookahead_point.log" ] && \
+  grep -v "Loading weights" "$OUT/lookahead_point.log"
 tar -C "$W" -cf "$OUT/trained-artifacts.tar" --ignore-failed-read plan-ramrich.yaml plan-seed.yaml plan-bf16.yaml profile-predict.yaml \
   bench-moe/config.json bench-moe/train_log.json bench-moe/bench-moe.trace.npz bench-moe/heldout_tokens.npz \
   bench-moe/tokenizer.json bench-moe/tokenizer_config.json run-routing 2>/dev/null
 # at most 8 files come back from $OUT: the logs, the call's profile and step_kernels' files go into the tar too
-for f in run-profile.yaml burst.log draw.log gpu_tests.log gpu_tests.summary step_kernels-*.json step_kernels-*.log; do
+for f in run-profile.yaml burst.log draw.log gpu_tests.log gpu_tests.summary step_kernels-*.json step_kernels-*.log \
+  lookahead_point.log; do
   [ -f "$OUT/$f" ] && tar -C "$OUT" -rf "$OUT/trained-artifacts.tar" "$f" && rm -f "$OUT/$f"
 done
 echo "run_trained_gpu: $(( $(date +%s) - t0 ))s"
