@@ -26,7 +26,8 @@ Stages (each one's failure is recorded and the later ones still run where they c
    `--io-repeats N`, N such runs interleaved with N - 1 more of the default, `plan` and `plan_again` among the
    default's; medians: `plan_aio_over_threads_measured`; A/B); with `--lookahead-repeats N`, the lookahead (the
    plan's depth, else `--lookahead-depth` forced) and on-demand N runs each, interleaved: medians
-   `lookahead_over_ondemand_measured` beside the cost model's `_predicted`.
+   `lookahead_over_ondemand_measured` beside the cost model's `_predicted` (`--lookahead-point-ab`: a third row with
+   the guesses taken at each layer's router, `lookahead_router_over_lookahead_measured`; A/B).
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -437,18 +438,23 @@ def lookahead_margin(run: Run, a, name: str, packed: Path, plan, pred: Predictor
     """The NVMe plan's lookahead against on-demand, `--lookahead-repeats` runs of each interleaved (ABBA: the
     drive's latency drifts between runs of one call): the plan where it has a lookahead depth, else the same budget
     at `--lookahead-depth` (labelled forced). Medians: `<name>.lookahead_over_ondemand_measured`, beside the cost
-    model's ratio for the two placements run (`_predicted`)."""
-    from strata_plan.engine.engine import baseline
+    model's ratio for the two placements run (`_predicted`). With `--lookahead-point-ab` a third row, the same
+    lookahead with its guesses taken at each layer's router (EngineOptions.lookahead_point="attention"; ABCCBA):
+    `<name>.lookahead_router_over_ondemand_measured` and `_over_lookahead_measured` (no prediction: the cost model
+    prices the guesses at the layer's end)."""
+    from strata_plan.engine.engine import EngineOptions, baseline
     depth = plan.prefetch_depth or a.lookahead_depth
-    rows = {"lookahead": (plan if plan.prefetch_depth else forced_depth(plan, depth), "plan"),
-            "on-demand": (baseline(plan, "on-demand"), "on-demand")}
+    ahead = plan if plan.prefetch_depth else forced_depth(plan, depth)
+    rows = {"lookahead": (ahead, "plan", None), "on-demand": (baseline(plan, "on-demand"), "on-demand", None)}
+    if getattr(a, "lookahead_point_ab", False):
+        rows["lookahead_router"] = (ahead, "plan", EngineOptions(lookahead_point="attention"))
     tok: dict[str, list[float]] = {k: [] for k in rows}
     for k in range(a.lookahead_repeats):
-        for label in (("lookahead", "on-demand") if k % 2 == 0 else ("on-demand", "lookahead")):
-            executed, mode = rows[label]
+        for label in (list(rows) if k % 2 == 0 else list(rows)[::-1]):
+            executed, mode, options = rows[label]
             tok[label].append(measure_one(run, a, f"{name}.{label}_r{k}", packed, executed, mode, pred,
-                                          prompt)["decode_tok_s_measured"])
-    predicted = {k: pred.for_plan(*rows[k])["decode_tok_s"] for k in rows}
+                                          prompt, options)["decode_tok_s_measured"])
+    predicted = {k: pred.for_plan(*rows[k][:2])["decode_tok_s"] for k in ("lookahead", "on-demand")}
     m = run.metrics
     m[f"{name}.lookahead_depth"], m[f"{name}.lookahead_forced"] = depth, not plan.prefetch_depth
     m[f"{name}.lookahead_runs_measured"] = tok
@@ -458,6 +464,12 @@ def lookahead_margin(run: Run, a, name: str, packed: Path, plan, pred: Predictor
     log(f"{name}: lookahead (depth {depth}{', forced' if not plan.prefetch_depth else ''}) / on-demand, medians of "
         f"{a.lookahead_repeats} interleaved runs each: MEASURED {m[f'{name}.lookahead_over_ondemand_measured']:.3f}, "
         f"PREDICTED {m[f'{name}.lookahead_over_ondemand_predicted']:.3f}")
+    if "lookahead_router" in med:
+        m[f"{name}.lookahead_router_over_ondemand_measured"] = med["lookahead_router"] / med["on-demand"]
+        m[f"{name}.lookahead_router_over_lookahead_measured"] = med["lookahead_router"] / med["lookahead"]
+        log(f"{name}: the guesses taken at the router / at the layer's end, medians: MEASURED "
+            f"{m[f'{name}.lookahead_router_over_lookahead_measured']:.3f} (over on-demand "
+            f"{m[f'{name}.lookahead_router_over_ondemand_measured']:.3f})")
 
 
 def mean_blob_bytes(folder: Path) -> float:
@@ -757,6 +769,9 @@ def parse(argv=None):
                    help="an NVMe plan's lookahead (its depth, else --lookahead-depth, forced) against on-demand: this "
                         "many runs of each, interleaved; medians (`lookahead_over_ondemand_measured`)")
     p.add_argument("--lookahead-depth", type=int, default=1, help="--lookahead-repeats' depth where the plan has none")
+    p.add_argument("--lookahead-point-ab", action="store_true",
+                   help="with --lookahead-repeats: a third interleaved row, the guesses taken at each layer's router "
+                        "(EngineOptions.lookahead_point='attention'; `lookahead_router_over_lookahead_measured`)")
     p.add_argument("--budgets", default="ramrich,seed")
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--context", type=int, default=1024)

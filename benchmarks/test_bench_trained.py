@@ -179,3 +179,25 @@ def test_the_lookahead_margin_interleaves_its_runs(tmp_path, one_torch_thread):
         float(np.median(tok["lookahead"])) / float(np.median(tok["on-demand"])))
     assert m["seed.lookahead_over_ondemand_predicted"] == pytest.approx(
         m["seed.lookahead_r0.decode_tok_s_predicted"] / m["seed.on-demand_r0.decode_tok_s_predicted"])
+
+
+def test_the_lookahead_point_ab_adds_the_router_row_interleaved(tmp_path, one_torch_thread):
+    """`--lookahead-point-ab`: the same lookahead with its guesses taken at each layer's router runs beside the two,
+    ABC then CBA, and its ratios are the medians'."""
+    import numpy as np
+    packed, path, plan, a = nvme_plan(tmp_path, 1, tokens=3, warmup=1, lookahead_repeats=2, lookahead_depth=1,
+                                      lookahead_point_ab=True)
+    from test_engine_run import PROMPT
+    from bench_trained import Run, lookahead_margin
+    from trained.predict import Predictor
+    run = Run(a)
+    lookahead_margin(run, a, "seed", packed, plan, Predictor(path), PROMPT)
+    m, runs = run.metrics, run.extra["runs"]
+    assert list(runs) == ["seed.lookahead_r0", "seed.on-demand_r0", "seed.lookahead_router_r0",
+                          "seed.lookahead_router_r1", "seed.on-demand_r1", "seed.lookahead_r1"]
+    tok = m["seed.lookahead_runs_measured"]
+    assert m["seed.lookahead_router_over_lookahead_measured"] == pytest.approx(
+        float(np.median(tok["lookahead_router"])) / float(np.median(tok["lookahead"])))
+    assert "seed.lookahead_router_over_lookahead_predicted" not in m
+    assert [runs[f"seed.{r}_r0"]["lookahead_point"] for r in ("lookahead", "lookahead_router")] == ["output",
+                                                                                                   "attention"]

@@ -74,6 +74,30 @@ def test_the_lookahead_guesses_are_read_ahead_and_counted(packed_bf16, io):
     assert s2["reads_guess"] + s2["guess_stale"] + s2["guess_no_slot"] <= s2["guess_queued"]
 
 
+@pytest.mark.parametrize("io,backend", [("threads", "auto"), ("threads", "triton")] +
+                         ([("aio", "auto")] if aio.available() else []))
+def test_guesses_taken_at_the_router_go_with_the_request_and_leave_the_tokens(packed_bf16, io, backend):
+    """`lookahead_point="attention"`: the gates run on each layer's residual after attention (`before_moe`), their
+    guesses ride in the layer's request (`stage_wait`, the kernel interpreted with backend "triton") and the stager
+    queues them with it. The tokens are those of the guesses taken at the layer's end: guesses move reads, never
+    results. Both count guesses and right ones; the guesses themselves differ (two hidden states)."""
+    got = {}
+    for point in ("output", "attention"):
+        opts = EngineOptions(device="cpu", stager_io=io, backend=backend, lookahead_point=point)
+        with Engine.open(packed_bf16, bf16_plan(2, 4, 0, 2, chunk=1), opts) as eng:
+            early = point == "attention"
+            assert eng.store.staging.early == eng.store.staging.stager.early == early
+            assert (eng.model.before_moe is not None) == early
+            tokens = eng.generate(PROMPT, max_new_tokens=8)
+            got[point] = (tokens, eng.store.counter_data(), eng.store.staging.last)
+    assert got["output"][0] == got["attention"][0]
+    for point, (_, c, st) in got.items():
+        la = c["lookahead"]["1"]
+        assert st["guess_queued"] > 0 and la["guesses"] > 0 and 0 < la["precision"] <= 1, point
+    with pytest.raises(UserError, match="lookahead_point"):
+        EngineOptions(lookahead_point="router")
+
+
 def test_the_deepest_guesses_alone_are_read_when_asked_and_the_tokens_stay(packed_bf16):
     """`stage_depths="deepest"` (an A/B): at depth 2 the stager reads only the depth-2 guesses, as the cost model
     counts them; the depth-1 ones are still counted for precision and recall. The tokens are the same."""
@@ -179,6 +203,24 @@ def test_on_a_gpu_the_graph_waits_for_the_stager_and_gives_the_eager_tokens(pack
     with Engine.open(packed_bf16, plan, EngineOptions(device="cuda", stager_io=io)) as eng:   # generate runs ahead
         assert eng.model.step_runner.ahead and eng.store.staging is not None
         assert eng.generate(PROMPT, max_new_tokens=8) == eager_tokens[:8]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_guesses_taken_at_the_router_ride_in_the_graph(packed_bf16):
+    """On a GPU, the token's CUDA graph with the gates at each router and their guesses in the request's row
+    (`lookahead_point="attention"`): the same tokens as the guesses taken at each layer's end, and the stager queued
+    them."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    got = {}
+    for point in ("output", "attention"):
+        opts = EngineOptions(device="cuda", lookahead_point=point)
+        with Engine.open(packed_bf16, bf16_plan(4, 10, 2, 2, chunk=1), opts) as eng:
+            assert eng.model.step_runner.ahead
+            got[point] = eng.generate(PROMPT, max_new_tokens=12)
+            eng.store.counter_data()
+            assert eng.store.staging.last["guess_queued"] > 0, point
+    assert got["output"] == got["attention"]
 
 
 def test_a_wait_that_timed_out_names_what_the_stager_knew(packed_bf16):

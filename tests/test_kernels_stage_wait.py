@@ -165,6 +165,39 @@ def test_done_writes_the_guesses_the_stager_must_read_then_publishes_done():
     assert int(hv.words[sw.DONE]) == 2 and (hv.ring[2] == -1).all()
 
 
+def test_guesses_taken_at_the_router_are_in_the_row_when_the_request_is_out():
+    """The lookahead taken at layer 0's router (`lookahead_point="attention"`): the wait writes the guesses into the
+    request's row before REQ, so a stager that reads the row the moment REQ shows it sees them; then done carries
+    none and leaves them."""
+    gids = torch.tensor([3, 9, 10, -1, 11, 12, -1, -1])       # 4 for layer 1, 4 for layer 2
+    gsc = torch.linspace(1, 0, G)
+    ids = torch.tensor([9, 2, 12, 5], device=DEV)
+    for kernel in (True, False):
+        buf, cb, hv = _setup(cached=[(2, 12, 1)])
+        hv.ready[0, 9] = STAGE + 9 * 4096
+        hv.ready[0, 12] = STAGE + 12 * 4096
+        seen = []
+
+        def watch():
+            t0 = time.time()
+            while hv.words[sw.REQ] == 0 and time.time() - t0 < 10:
+                pass
+            seen.append(hv.ring[1 % R].copy())
+        th = threading.Thread(target=watch)
+        th.start()
+        _wait(kernel, buf, ids, 0, cb, hv, gids=gids.to(DEV), gscores=gsc.to(DEV), per_layer=4)
+        th.join()
+        # 3: VRAM; 12 at layer 2: in a VRAM slot
+        assert seen[0][2 + K:].tolist() == [-1, 9, 10, -1, 11, -1, -1, -1], kernel
+        np.testing.assert_allclose(hv.scores[1 % R], gsc.numpy())
+        if kernel:
+            sw.stage_done(buf, 0, cb, K)
+            _sync()
+        else:
+            sw.reference_done(0, cb, hv, K)
+        assert int(hv.words[sw.DONE]) == 1 and hv.ring[1 % R, 2 + K:].tolist() == seen[0][2 + K:].tolist()
+
+
 def test_after_the_lru_step_an_admitted_nvme_expert_is_read_from_staging_into_src_only():
     """The device LRU admitted expert 9 (its entry is now a VRAM slot, filled from `src` after the wait): the wait
     asks the stager for it and sets `src`, leaving the table at the slot."""

@@ -151,6 +151,8 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "tokens_per_graph": k,              # decode tokens a launch ran (the host read them together)
             # how the NVMe stager read (a plan with an NVMe tier; threads where the kernel refused AIO)
             "stager_io": store.staging.stager.io if store.staging is not None else opts.stager_io,
+            # where the NVMe lookahead took its guesses ("attention": at each layer's router, with its request)
+            "lookahead_point": "attention" if store.staging is not None and store.staging.early else "output",
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": tokens / wall,

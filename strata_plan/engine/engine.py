@@ -44,6 +44,7 @@ from .store_experts import StoreExperts
 
 STAGE_DEPTHS = ("all", "deepest")     # EngineOptions.stage_depths
 STAGER_IO = ("aio", "threads")        # EngineOptions.stager_io (store.default_stager_io: aio where the kernel has it)
+LOOKAHEAD_POINTS = ("output", "attention")   # EngineOptions.lookahead_point
 
 
 def resolve_device(name: str = "", flag: str = "--device") -> torch.device:
@@ -110,6 +111,11 @@ class EngineOptions:
     stager_io: str = field(default_factory=default_stager_io)   # the NVMe stager's reads: submitted together through
                                      # Linux native AIO ("aio", engine/aio.py) where the kernel gives it, else a
                                      # reader thread each ("threads": the reference, and the A/B)
+    lookahead_point: str = "output"  # with an NVMe tier and lookahead, where the guesses for layers j+1.. are taken:
+                                     # layer j's output, known when it ends (the traces' definition and the cost
+                                     # model's), or its residual after attention ("attention": when its router runs,
+                                     # sent with its request, a whole MoE layer sooner; tools/lookahead_point.py
+                                     # measures the precision it costs). An A/B: the cost model prices "output"
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -120,6 +126,9 @@ class EngineOptions:
             raise UserError("stage_depths", self.stage_depths, "unknown", f"use one of {', '.join(STAGE_DEPTHS)}")
         if self.stager_io not in STAGER_IO:
             raise UserError("stager_io", self.stager_io, "unknown", f"use one of {', '.join(STAGER_IO)}")
+        if self.lookahead_point not in LOOKAHEAD_POINTS:
+            raise UserError("lookahead_point", self.lookahead_point, "unknown",
+                            f"use one of {', '.join(LOOKAHEAD_POINTS)}")
         # (where the kernel refuses an AIO context when the stager starts, it warns and reads with threads)
 
 
@@ -145,6 +154,7 @@ class Engine:
                                                                     partial_landing=options.partial_landing,
                                                                     stage_depths=options.stage_depths,
                                                                     stager_io=options.stager_io,
+                                                                    lookahead_point=options.lookahead_point,
                                                                     allow_buffered=options.allow_buffered,
                                                                     kernels=options.backend == "triton"), plan_path)
         if store.prefetch is not None and options.copy_programs:
@@ -164,6 +174,8 @@ class Engine:
         model.rope.fused = store.kernels         # the rotation's too
         if experts.depth:                    # lookahead: the gates' guesses, prefetched on the device
             model.after_moe = experts.after_moe
+            if store.staging is not None and store.staging.early:     # the NVMe guesses taken at the router
+                model.before_moe = experts.before_moe
         if options.graphs and model.before_layer is None:
             model.step_runner = DeviceDecode(model, experts, graphs=device.type == "cuda",
                                              tokens_per_graph=options.tokens_per_graph)
@@ -196,7 +208,7 @@ class Engine:
             runner.release()
         if self.dense is not None:
             self.dense.close()
-        self.model.step_runner = self.model.after_moe = None
+        self.model.step_runner = self.model.after_moe = self.model.before_moe = None
         self.experts.model = None
 
     def __enter__(self) -> "Engine":

@@ -16,7 +16,8 @@ only the non-routed tensors are read. A decoder layer is
 then `after_moe(i, out)` if set: the hook for router lookahead. The lookahead of depth d at MoE layer i
 is `route(i + d, out)` = the router of MoE layer i+d applied to the post_attention_layernorm (of the
 decoder layer holding MoE layer i+d) of `out`, exactly as `benchmarks/moe/trace.py` computes the traces'
-`lookahead_experts` (core/routing/TRACE.md).
+`lookahead_experts` (core/routing/TRACE.md). `before_moe(i, h)`, if set, runs after MoE layer i's router and before
+its experts: the same gates on `h` instead (the engine's `lookahead_point="attention"`).
 
 Dense weights the plan keeps in pinned RAM (`host`: decoder layer indices, "embed", "lm_head") are
 built in host memory ("embed", "lm_head") or with shapes only (layers, on the meta device);
@@ -89,6 +90,7 @@ class MoEModel:
         self.pos = 0                                  # tokens in the cache
         self.at = torch.zeros(1, dtype=torch.long, device=device)    # the position of a static decode step
         self.after_moe: Callable[[int, torch.Tensor], None] | None = None
+        self.before_moe: Callable[[int, torch.Tensor], None] | None = None   # (MoE index, residual after attention)
         self.step_runner: Callable[[torch.Tensor], torch.Tensor] | None = None   # a faster static step (device_loop.py)
         self.before_layer: Callable[[int], None] | None = None                 # engine.dense
         self.embed_rows: Callable[[torch.Tensor], torch.Tensor] | None = None  # engine.dense
@@ -138,6 +140,8 @@ class MoEModel:
         if layer.moe_index is None:
             return h + layer.mlp(y)
         ids, w = self.route_layer(layer, h, y)
+        if self.before_moe is not None:
+            self.before_moe(layer.moe_index, h)
         out = self.moe_output(layer, h, y, self.experts(layer.moe_index, y, ids, w))
         if self.after_moe is not None:
             self.after_moe(layer.moe_index, out)

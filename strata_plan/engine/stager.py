@@ -11,7 +11,9 @@ The GPU and the stager share a pinned block (`kernels.stage_wait`: words, ready 
   after 0.2 s without one. A request row (REQ advanced) holds the NVMe ids the layer reads from staging: each one
   not staged or being read is queued as a demand read (also when it was queued as a guess). A finished layer (DONE
   advanced) carries the lookahead guesses of the next `depth` layers, queued behind every demand by depth, then by
-  score; a guess whose layer the GPU has already asked for is dropped. Lookahead precision and recall by depth are
+  score; a guess whose layer the GPU has already asked for is dropped. With `early` (the engine's
+  `lookahead_point="attention"`) the guesses were taken at the layer's router and come in the request's own row:
+  they are queued with it, a whole MoE layer sooner. Lookahead precision and recall by depth are
   counted here, over the ids read from staging: the guesses of request s - d against request s's ids.
 - *The readers* (`io="threads"`, the reference: `staging.nvme_in_flight` threads, at least 4) take the queue's best
   entry, pick a slot, read the blob (O_DIRECT into
@@ -155,10 +157,12 @@ def read_splits(plan) -> dict[str, tuple[int, ...]]:
 
 class Stager:
     def __init__(self, store, mem: torch.Tensor, base: int, n_slots: int, depth: int,
-                 guesses_per_layer: int, read_depths: str = "all", io: str = "threads"):
+                 guesses_per_layer: int, read_depths: str = "all", io: str = "threads", early: bool = False):
         L, E = store.nbytes.shape
         self.store, self.L, self.E, self.K = store, L, E, store.top_k
         self.depth, self.W = depth, guesses_per_layer
+        # early: the guesses come with the request (taken at its layer's router), not with the layer's end
+        self.early = early and depth > 0
         # the guesses read ahead: "all" of depths 1..depth, or the "deepest" alone (the cost model's count; an A/B)
         self.first_read_depth = depth if read_depths == "deepest" else 1
         self.G = depth * guesses_per_layer
@@ -299,14 +303,17 @@ class Stager:
         return row
 
     def _poll(self) -> None:
-        """Follow the ring in request order: request s's routed ids (REQ >= s), then its guesses (DONE >= s), so a
-        layer's guesses are known before the request they are for."""
+        """Follow the ring in request order: request s's routed ids (REQ >= s), then its guesses (DONE >= s; `early`:
+        with the request), so a layer's guesses are known before the request they are for."""
         hv = self.hv
+        at_done = self.depth and not self.early          # guesses known when DONE advances
         last = look = time.perf_counter()
         while not self._stop:
             req, done = int(hv.words[sw.REQ]), int(hv.words[sw.DONE])
+            if not at_done:
+                done = req                               # (no news in DONE: the guesses, if any, are in the request)
             now = time.perf_counter()
-            if req == self.seen_req and (not self.depth or done == self.seen_done):
+            if req == self.seen_req and (not at_done or done == self.seen_done):
                 idle, look = now - last, now               # decoding: poll at once; idle (prefill, between runs):
                 time.sleep(0 if idle < IDLE_SPIN_S else (POLL_S if idle < IDLE_S else IDLE_POLL_S))    # back off
                 continue
@@ -321,7 +328,7 @@ class Stager:
                     if row is not None:
                         self._routed(s, row)
                     self.seen_req = s
-                if s <= done and s > self.seen_done:
+                if s <= done and s > self.seen_done:     # (early: at once, the request's own guesses)
                     if row is not None and self.depth:
                         self._guessed(s, row)
                     self.seen_done = s

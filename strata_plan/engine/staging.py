@@ -43,12 +43,13 @@ def staging_bytes(plan, slot_bytes: int, n_layers: int) -> int:
 
 class Staging:
     def __init__(self, store, mem: torch.Tensor, base: int, depth: int, lru_src: torch.Tensor | None,
-                 read_depths: str = "all", io: str = "threads"):
+                 read_depths: str = "all", io: str = "threads", early: bool = False):
         plan, dev = store.plan, store.device
         L = store.n_layers
         self.store, self.K, self.depth = store, store.top_k, depth
         self.W = guesses_per_layer(self.K)
-        self.stager = Stager(store, mem, base, stage_slots(plan), depth, self.W, read_depths, io)
+        self.early = early and depth > 0      # the guesses go with the request (`wait`), not with the layer's end
+        self.stager = Stager(store, mem, base, stage_slots(plan), depth, self.W, read_depths, io, early=self.early)
         at = self.stager.offsets()
         self.cb = sw.ControlBlock(seq=torch.zeros(1, dtype=torch.int64, device=dev), tier=store.tier_codes,
                                   table=store.inplace_offsets, src=lru_src,
@@ -61,12 +62,15 @@ class Staging:
         self.kernels = store.kernels           # else the plain references (a CPU)
         self.last: dict | None = None          # the stager's counters at the last `fold`
 
-    def wait(self, j: int, ids: torch.Tensor) -> None:
-        """After layer j's router (one token): every routed NVMe id staged and in the table."""
+    def wait(self, j: int, ids: torch.Tensor, gids: torch.Tensor | None = None,
+             gscores: torch.Tensor | None = None) -> None:
+        """After layer j's router (one token): every routed NVMe id staged and in the table. `gids` / `gscores`
+        (`early`): the guesses for layers j+1.. taken at this router, published with the request."""
+        g = dict(gids=gids, gscores=gscores, per_layer=self.W) if gids is not None else {}
         if self.kernels:
-            sw.stage_wait(self.store.arena, ids, j, self.cb)
+            sw.stage_wait(self.store.arena, ids, j, self.cb, **g)
         else:
-            sw.reference_wait(ids, j, self.cb, self.stager.hv)
+            sw.reference_wait(ids, j, self.cb, self.stager.hv, **g)
         if self.store.device.type != "cuda":
             self.stager.check()                 # a CPU stops before the MoE reads a bad blob
 

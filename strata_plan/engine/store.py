@@ -96,6 +96,8 @@ class StoreOptions:
     stage_depths: str = "all"      # NVMe lookahead: the stager reads the guesses of every depth 1..d ("all"), or of d
     #                                alone ("deepest", as the cost model counts them): an A/B
     stager_io: str = field(default_factory=default_stager_io)   # Linux native AIO, or reader threads
+    lookahead_point: str = "output"   # the NVMe guesses taken when a layer ends ("output"), or at its router
+    #                                   ("attention": sent with its request, a whole MoE layer sooner): an A/B
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,7 @@ class ExpertStore:
             if stage:
                 self.staging = Staging(self, stage_mem, stage_base, plan.prefetch_depth if options.prefetch else 0,
                                        self.lru.ram_offset if self.lru is not None else None, options.stage_depths,
-                                       options.stager_io)
+                                       options.stager_io, early=options.lookahead_point == "attention")
             if options.prefetch and plan.prefetch_depth:
                 self.prefetch = DevicePrefetch(self, plan.prefetch_depth,
                                                self._enable_partial_landing() if options.partial_landing else None)

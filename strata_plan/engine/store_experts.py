@@ -54,6 +54,7 @@ class StoreExperts:
             self._gsc = torch.zeros((L, depth, 2 * store.top_k), dtype=torch.float32, device=store.device)
             self._gate_logits = torch.empty(store.E, dtype=torch.float32, device=store.device)
         self._stepping = False                # inside a step reading the device replay
+        self._early = None                    # (gids, gscores) `before_moe` took for the layer running now
 
     # ---- the Experts interface -------------------------------------------------------------------
     def __call__(self, j: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -83,7 +84,7 @@ class StoreExperts:
         else:
             store.count_uses(j, topk_ids)
         if staging is not None:               # NVMe experts (admitted ones too): wait only for what is not staged
-            staging.wait(j, topk_ids)
+            staging.wait(j, topk_ids, *(self._early if staging.early and self._early is not None else ()))
         if store.lru is not None:             # admitted experts copied into their slots
             store.cache_fill(j, topk_ids)
         out = self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
@@ -91,14 +92,25 @@ class StoreExperts:
             staging.done(j)                   # its staged experts may be evicted once this layer's kernels ran
         return out
 
+    def before_moe(self, j: int, h: torch.Tensor) -> None:
+        """With lookahead taken at the router (`Staging.early`, one token): the gates of layers j+1..j+depth on layer
+        j's residual after attention, into the guess buffers layer j's request carries to the stager
+        (`read_in_place`), and that the VRAM prefetch takes after the layer (graph-safe)."""
+        self._early = self._guesses(j, h) if h.shape[0] == 1 and not self.skip_moe else None
+
     def after_moe(self, j: int, out: torch.Tensor) -> None:
         """With lookahead (one token): the gates of layers j+1..j+depth on layer j's output (or the replay's
-        guesses, on the device) go to the stager with layer j's end (an NVMe tier), and the guesses for layer j+depth
-        to the VRAM prefetch (graph-safe)."""
+        guesses, on the device) go to the stager with layer j's end (an NVMe tier; `early`: those `before_moe` took
+        went with the request), and the guesses for layer j+depth to the VRAM prefetch (graph-safe)."""
         if out.shape[0] != 1 or self.skip_moe:        # (timing the step without MoE: without its lookahead too)
             return
         pf, k, L = self.store.prefetch, self.store.top_k, self.store.n_layers
-        if self.store.staging is not None:            # the stager takes every depth's guesses with the layer's end
+        if self.store.staging is not None and self.store.staging.early:
+            gids = self._early[0]                     # taken at the router (`before_moe`), sent with the request
+            self.store.staging.done(j)
+            if pf is not None and j + self.depth < L:
+                pf.issue(j + self.depth, gids[self.depth - 1, :k], after=j)
+        elif self.store.staging is not None:          # the stager takes every depth's guesses with the layer's end
             gids, gsc = self._guesses(j, out)
             self.store.staging.done(j, gids, gsc)
             if pf is not None and j + self.depth < L:

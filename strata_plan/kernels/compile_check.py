@@ -88,11 +88,13 @@ def _device_loop_kernels(arch: int) -> list:
         ("stream read", _compile(stream_read.stream_read_kernel, {"arena_p": P["u8"], "offset": "i64",
                                                                   "n_pairs": "i64", "out_p": i64},
                                  dict(BLOCK=stream_read.BLOCK), arch, num_warps=stream_read.NUM_WARPS)),
-        ("stage wait", _compile(stage_wait.stage_wait_kernel, {
-            "arena_p": P["u8"], "ids_p": i64, "j": "i32", "E": "i32", "seq_p": i64, "tier_p": P["i8"], "table_p": i64,
-            "src_p": i64, "admit_p": i64, "nbytes_p": i64, "counts_p": i64, "words_at": "i64", "ready_at": "i64", "ring_at": "i64",
-            "R": "i32", "cached_hi": "i64", "poison": "i64", "timeout_ns": "i64", "max_spins": "i64"},
-            dict(K=8, KB=8, G=16, HAS_SRC=True, HAS_ADMIT=True, GPU=True), arch, num_warps=1)),
+        *[(f"stage wait{', guesses at the router' if guess else ''}", _compile(stage_wait.stage_wait_kernel, {
+            "arena_p": P["u8"], "ids_p": i64, "j": "i32", "L": "i32", "E": "i32", "seq_p": i64, "tier_p": P["i8"],
+            "table_p": i64, "src_p": i64, "admit_p": i64, "nbytes_p": i64, "counts_p": i64, "words_at": "i64",
+            "ready_at": "i64", "ring_at": "i64", "scores_at": "i64", "R": "i32", "cached_hi": "i64", "poison": "i64",
+            "timeout_ns": "i64", "max_spins": "i64", "gids_p": i64, "gscores_p": P["f32"]},
+            dict(K=8, KB=8, G=16, W=16, GB=16, HAS_SRC=True, HAS_ADMIT=True, HAS_GUESS=guess, GPU=True), arch,
+            num_warps=1)) for guess in (False, True)],
         ("stage done", _compile(stage_wait.stage_done_kernel, {
             "arena_p": P["u8"], "seq_p": i64, "gids_p": i64, "gscores_p": P["f32"], "j": "i32", "L": "i32",
             "E": "i32", "tier_p": P["i8"], "table_p": i64, "words_at": "i64", "ring_at": "i64", "scores_at": "i64",

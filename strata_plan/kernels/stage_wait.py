@@ -3,6 +3,7 @@ what is not staged, publish the layer's end.
 
     stage_wait(ids, j, cb)           # after layer j's router: the request row, then every routed NVMe id resident
     stage_done(j, cb, gids, gscores) # after layer j's MoE (and its lookahead gates): guesses, then "done"
+    stage_wait(ids, j, cb, gids, gscores); stage_done(j, cb)   # guesses taken at the router, with the request
 
 Stores of a program's other threads reach the release through a CTA barrier (`debug_barrier`: bar.sync, and
 release is cumulative). Everything the GPU and the stager share lives in pinned host memory, reached from the arena's base pointer by byte
@@ -123,10 +124,29 @@ def _now_ns(v, GPU: tl.constexpr):
 
 
 @triton.jit
-def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, admit_p, nbytes_p, counts_p, words_at,
-                      ready_at, ring_at, R, cached_hi, poison, timeout_ns, max_spins,
-                      K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, HAS_SRC: tl.constexpr,
-                      HAS_ADMIT: tl.constexpr, GPU: tl.constexpr):
+def _write_guesses(arena_p, s, gids_p, gscores_p, j, L, E, tier_p, table_p, ring_at, scores_at, R, cached_hi,
+                   K: tl.constexpr, G: tl.constexpr, W: tl.constexpr, GB: tl.constexpr):
+    # request s's guesses into its ring row: gids_p int64 [G] for layers j+1..j+G/W, W each (-1 padded), and their
+    # scores float32 [G]; a guess the stager need not read (not NVMe, in a VRAM slot now, past the last layer) is -1
+    g = tl.arange(0, GB)
+    m = g < G
+    jj = j + 1 + g // W
+    gid = tl.load(gids_p + g, mask=m, other=-1)
+    ok = m & (gid >= 0) & (jj < L)
+    at = tl.where(ok, jj * E + gid, 0)
+    cur = tl.load(table_p + at, mask=ok, other=0)
+    ok = ok & (tl.load(tier_p + at, mask=ok, other=0) == 2) & ((cur < 0) | (cur >= cached_hi))
+    row = (arena_p + ring_at).to(tl.pointer_type(tl.int64)) + (s % R) * (2 + K + G)
+    tl.store(row + 2 + K + g, tl.where(ok, gid, -1), mask=m)
+    sc = (arena_p + scores_at).to(tl.pointer_type(tl.float32)) + (s % R) * G
+    tl.store(sc + g, tl.load(gscores_p + g, mask=m, other=0.0), mask=m)
+
+
+@triton.jit
+def stage_wait_kernel(arena_p, ids_p, j, L, E, seq_p, tier_p, table_p, src_p, admit_p, nbytes_p, counts_p, words_at,
+                      ready_at, ring_at, scores_at, R, cached_hi, poison, timeout_ns, max_spins, gids_p, gscores_p,
+                      K: tl.constexpr, KB: tl.constexpr, G: tl.constexpr, W: tl.constexpr, GB: tl.constexpr,
+                      HAS_SRC: tl.constexpr, HAS_ADMIT: tl.constexpr, HAS_GUESS: tl.constexpr, GPU: tl.constexpr):
     # ids_p: int64 [K] layer j's routed ids; one program, KB >= K lanes. With the device LRU (HAS_ADMIT) this runs
     # after its step: an id is read from staging when its table entry is not VRAM, or when the step admitted it
     # (admit_p [L, K] >= 0: the fill copies it from src)
@@ -149,6 +169,9 @@ def stage_wait_kernel(arena_p, ids_p, j, E, seq_p, tier_p, table_p, src_p, admit
     tl.store(row, s)
     tl.store(row + 1, s * 0 + j)
     tl.store(row + 2 + kk, tl.where(need, ids, -1), mask=m)                     # the ids read from staging
+    if HAS_GUESS:                                          # guesses taken at this layer's router go with its request
+        _write_guesses(arena_p, s, gids_p, gscores_p, j, L, E, tier_p, table_p, ring_at, scores_at, R, cached_hi,
+                       K, G, W, GB)
     tl.debug_barrier()                                                          # every thread's row stores first
     _st_release_sys(words + 0, s, GPU)                                          # REQ = s: the request is out
     s = _fence_sc_sys(s, GPU)
@@ -193,33 +216,30 @@ def stage_done_kernel(arena_p, seq_p, gids_p, gscores_p, j, L, E, tier_p, table_
     s = tl.load(seq_p)
     words = (arena_p + words_at).to(tl.pointer_type(tl.int64))
     if HAS_GUESS:
-        g = tl.arange(0, GB)
-        m = g < G
-        jj = j + 1 + g // W
-        gid = tl.load(gids_p + g, mask=m, other=-1)
-        ok = m & (gid >= 0) & (jj < L)
-        at = tl.where(ok, jj * E + gid, 0)
-        cur = tl.load(table_p + at, mask=ok, other=0)
-        ok = ok & (tl.load(tier_p + at, mask=ok, other=0) == 2) & ((cur < 0) | (cur >= cached_hi))
-        row = (arena_p + ring_at).to(tl.pointer_type(tl.int64)) + (s % R) * (2 + K + G)
-        tl.store(row + 2 + K + g, tl.where(ok, gid, -1), mask=m)
-        sc = (arena_p + scores_at).to(tl.pointer_type(tl.float32)) + (s % R) * G
-        tl.store(sc + g, tl.load(gscores_p + g, mask=m, other=0.0), mask=m)
+        _write_guesses(arena_p, s, gids_p, gscores_p, j, L, E, tier_p, table_p, ring_at, scores_at, R, cached_hi,
+                       K, G, W, GB)
     tl.debug_barrier()                                      # the guesses (and the MoE kernels before) come first
     _st_release_sys(words + 1, s, GPU)                                          # DONE = s
 
 
-def stage_wait(arena: torch.Tensor, ids: torch.Tensor, j: int, cb: ControlBlock, max_spins: int = 1 << 62) -> None:
-    """Layer j's request and wait (graph-safe: one launch). ids int64 [1, K] or [K]."""
+def stage_wait(arena: torch.Tensor, ids: torch.Tensor, j: int, cb: ControlBlock, max_spins: int = 1 << 62,
+               gids: torch.Tensor | None = None, gscores: torch.Tensor | None = None, per_layer: int = 1) -> None:
+    """Layer j's request and wait (graph-safe: one launch). ids int64 [1, K] or [K]. `gids` / `gscores` (int64 /
+    float32 [G], `per_layer` for each of layers j+1, j+2, ...): guesses taken at this layer's router, written into the
+    request's row before it is published (then `stage_done` carries none)."""
     L, E = cb.table.shape
     K = ids.numel()
     src = cb.src if cb.src is not None else cb.table
     admit = cb.admit if cb.admit is not None else cb.table
-    stage_wait_kernel[(1,)](arena, ids.reshape(-1), j, E, cb.seq, cb.tier, cb.table, src, admit, cb.nbytes, cb.counts,
-                            cb.words_at, cb.ready_at, cb.ring_at, cb.rows, cb.cached_hi, cb.poison, TIMEOUT_NS,
-                            min(max_spins, INTERPRETED_SPINS) if INTERPRET else max_spins, K=K, KB=triton.next_power_of_2(K), G=cb.guesses,
-                            HAS_SRC=cb.src is not None, HAS_ADMIT=cb.admit is not None, GPU=not INTERPRET,
-                            num_warps=1)
+    has = gids is not None and cb.guesses > 0
+    G = cb.guesses                                     # the row's width: the block's layout (0 without lookahead)
+    stage_wait_kernel[(1,)](arena, ids.reshape(-1), j, L, E, cb.seq, cb.tier, cb.table, src, admit, cb.nbytes,
+                            cb.counts, cb.words_at, cb.ready_at, cb.ring_at, cb.scores_at, cb.rows, cb.cached_hi,
+                            cb.poison, TIMEOUT_NS, min(max_spins, INTERPRETED_SPINS) if INTERPRET else max_spins,
+                            gids.reshape(-1) if has else cb.seq, gscores.reshape(-1) if has else cb.seq,
+                            K=K, KB=triton.next_power_of_2(K), G=G, W=per_layer, GB=triton.next_power_of_2(max(G, 1)),
+                            HAS_SRC=cb.src is not None, HAS_ADMIT=cb.admit is not None, HAS_GUESS=has,
+                            GPU=not INTERPRET, num_warps=1)
 
 
 def stage_done(arena: torch.Tensor, j: int, cb: ControlBlock, K: int, gids: torch.Tensor | None = None,
@@ -276,7 +296,8 @@ def host_views(block: torch.Tensor, L: int, E: int, K: int, G: int, R: int) -> H
 # ---- the plain reference (the CPU engine's path; the kernels are held to it) -------------------------------
 
 def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, timeout_s: float = 60.0,
-                   max_spins: int = 1 << 62) -> None:
+                   max_spins: int = 1 << 62, gids: torch.Tensor | None = None, gscores: torch.Tensor | None = None,
+                   per_layer: int = 1) -> None:
     ids = [int(e) for e in ids.reshape(-1).tolist()]
     K = len(ids)
     admitted = [cb.admit is not None and int(cb.admit[j, i]) >= 0 for i in range(len(ids))]
@@ -286,6 +307,8 @@ def reference_wait(ids: torch.Tensor, j: int, cb: ControlBlock, hv: HostViews, t
     row = hv.ring[s % cb.rows]
     row[0], row[1] = s, j
     row[2:2 + K] = [e if e in need else -1 for e in ids]
+    if gids is not None and cb.guesses > 0:
+        _reference_guesses(s, j, cb, hv, K, gids, gscores, per_layer)
     hv.words[REQ] = s
     t0 = time.perf_counter_ns()
     waited, spins, got = 0, 0, {}
@@ -328,14 +351,20 @@ def _staged_tier(cb: ControlBlock, j: int, e: int) -> bool:
 def reference_done(j: int, cb: ControlBlock, hv: HostViews, K: int, gids: torch.Tensor | None = None,
                    gscores: torch.Tensor | None = None, per_layer: int = 1) -> None:
     s = int(cb.seq[0])
-    L = cb.table.shape[0]
     if gids is not None and cb.guesses > 0:
-        g = [int(e) for e in gids.reshape(-1).tolist()]
-        keep = [e if e >= 0 and j + 1 + i // per_layer < L and _staged_tier(cb, j + 1 + i // per_layer, e) else -1
-                for i, e in enumerate(g)]
-        hv.ring[s % cb.rows, 2 + K:2 + K + cb.guesses] = keep
-        hv.scores[s % cb.rows] = gscores.reshape(-1).float().cpu().numpy()
+        _reference_guesses(s, j, cb, hv, K, gids, gscores, per_layer)
     hv.words[DONE] = s
+
+
+def _reference_guesses(s: int, j: int, cb: ControlBlock, hv: HostViews, K: int, gids: torch.Tensor,
+                       gscores: torch.Tensor, per_layer: int) -> None:
+    """Request s's guesses into its ring row (`_write_guesses`)."""
+    L = cb.table.shape[0]
+    g = [int(e) for e in gids.reshape(-1).tolist()]
+    keep = [e if e >= 0 and j + 1 + i // per_layer < L and _staged_tier(cb, j + 1 + i // per_layer, e) else -1
+            for i, e in enumerate(g)]
+    hv.ring[s % cb.rows, 2 + K:2 + K + cb.guesses] = keep
+    hv.scores[s % cb.rows] = gscores.reshape(-1).float().cpu().numpy()
 
 
 # ---- a block to time the handshake on (profiler.gpu.stage_layer_us) ----------------------------------------
