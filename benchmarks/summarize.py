@@ -158,6 +158,7 @@ HEADLINES = (
     ("engine-trained", ("seed.plan_aio_over_threads_measured", "seed.plan_aio_over_plan_measured"), "same plan, the NVMe stager through native AIO / with a reader thread a read: MEASURED (medians of interleaved runs)", None),
     ("engine-trained", "seed.lookahead_over_ondemand_measured", "same budget, lookahead (the plan's depth, else forced: `seed.lookahead_forced`) / on-demand: MEASURED (medians of interleaved runs; issue 42: >= the PREDICTED)", None),
     ("engine-trained", "seed.lookahead_over_ondemand_predicted", "same: PREDICTED", None),
+    ("engine-trained", "seed.lookahead_router_over_lookahead_measured", "same lookahead, its guesses taken at each layer's router / at its end: MEASURED (medians of interleaved runs; `--lookahead-point-ab`, no prediction)", None),
     ("engine-trained", "seed.accelerate.decode_tok_s_measured", "transformers + accelerate offload (+ disk), seed proportions: MEASURED", None),
     ("engine-trained", "equivalence.cpu_float32.tokens_equal", "`run` (bf16 packed) greedy tokens = transformers', float32 CPU", None),
     ("engine-trained", "equivalence.cuda_bf16.tokens_equal", "same in bf16 on the GPU (first divergence: in the file)", None),
