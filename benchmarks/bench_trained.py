@@ -310,7 +310,9 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     r.update(predicted=p, bound_from_moved_bytes=bound)
     run.extra["runs"][key] = r
     run.save()
-    run.executed[key] = (executed, mode, pred)
+    unpriced = options is not None and options.lookahead_point != "output"
+    if not unpriced:                # (rows predicted again later: on the stager's measured host, on their own routing)
+        run.executed[key] = (executed, mode, pred)
     out = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_mean_measured": m["decode_tok_s_mean"],
            "decode_tok_s_predicted": p["decode_tok_s"], "measured_over_predicted": m["decode_tok_s"] / p["decode_tok_s"],
            "hit_rate_measured": r["hit_rate"], "resident_hit_rate_measured": r["resident_hit_rate"],
@@ -340,8 +342,12 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     for d, la in c["lookahead"].items():
         out[f"lookahead_d{d}.precision_measured"] = la["precision"]
         out[f"lookahead_d{d}.recall_measured"] = la["recall"]
+    if unpriced:                    # an engine option the cost model does not price: no prediction for this row
+        out = {k: v for k, v in out.items() if "predicted" not in k}
+        out["unpriced"] = f"lookahead_point={options.lookahead_point} (the cost model prices 'output')"
     run.metrics.update({f"{key}.{k}": v for k, v in out.items()})
-    log(f"{key:22s} MEASURED {m['decode_tok_s']:8.2f} tok/s  PREDICTED {p['decode_tok_s']:8.2f}  hit {r['hit_rate']:.3f} "
+    said = "(unpriced)" if unpriced else f"{p['decode_tok_s']:8.2f}"
+    log(f"{key:22s} MEASURED {m['decode_tok_s']:8.2f} tok/s  PREDICTED {said}  hit {r['hit_rate']:.3f} "
         f"(resident {r['resident_hit_rate']:.3f})  PCIe {bt['pcie'] / 1e6:.3f} MB/tok  NVMe {bt['nvme'] / 1e6:.3f} MB/tok  "
         f"wasted {bt['wasted'] / 1e6:.3f} MB/tok  bound {bound['decode_tok_s']:.1f} ({bound['binding']})"
         + (f", GPU ceiling {out['gpu_ceiling_tok_s_measured']:.1f} tok/s" if "gpu_ceiling_tok_s_measured" in out else "")

@@ -199,5 +199,8 @@ def test_the_lookahead_point_ab_adds_the_router_row_interleaved(tmp_path, one_to
     assert m["seed.lookahead_router_over_lookahead_measured"] == pytest.approx(
         float(np.median(tok["lookahead_router"])) / float(np.median(tok["lookahead"])))
     assert "seed.lookahead_router_over_lookahead_predicted" not in m
+    assert "seed.lookahead_router_r0.decode_tok_s_predicted" not in m and "seed.lookahead_router_r0.unpriced" in m
+    assert "seed.lookahead_r0.decode_tok_s_predicted" in m
+    assert "seed.lookahead_router_r0" not in run.executed and "seed.lookahead_r0" in run.executed   # not re-predicted
     assert [runs[f"seed.{r}_r0"]["lookahead_point"] for r in ("lookahead", "lookahead_router")] == ["output",
                                                                                                    "attention"]
