@@ -27,7 +27,7 @@ Stages (each one's failure is recorded and the later ones still run where they c
    default's; medians: `plan_aio_over_threads_measured`; A/B); with `--lookahead-repeats N`, the lookahead (the
    plan's depth, else `--lookahead-depth` forced) and on-demand N runs each, interleaved: medians
    `lookahead_over_ondemand_measured` beside the cost model's `_predicted` (`--lookahead-point-ab`: a third row with
-   the guesses taken at each layer's router, `lookahead_router_over_lookahead_measured`; A/B).
+   the guesses taken at each layer's router, `lookahead_router_over_lookahead_measured` and `_predicted`; A/B).
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -302,7 +302,8 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
                     pick=None if greedy else decode_pick(a), options=options)
     r["vram_peak_gb_measured"] = _peak_gb()
-    p = pred.for_plan(executed, mode)
+    point = options.lookahead_point if options is not None else "output"
+    p = pred.for_plan(executed, mode, point=point)
     c = r["counters"]
     bt = r["bytes_per_token"]
     bound = pred.bound_from_bytes(executed, bt["pcie"], bt["nvme"])   # the bytes that crossed PCIe and left the drive
@@ -310,8 +311,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     r.update(predicted=p, bound_from_moved_bytes=bound)
     run.extra["runs"][key] = r
     run.save()
-    unpriced = options is not None and options.lookahead_point != "output"
-    if not unpriced:                # (rows predicted again later: on the stager's measured host, on their own routing)
+    if point == "output":           # (rows predicted again later: on the stager's measured host, on their own routing)
         run.executed[key] = (executed, mode, pred)
     out = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_mean_measured": m["decode_tok_s_mean"],
            "decode_tok_s_predicted": p["decode_tok_s"], "measured_over_predicted": m["decode_tok_s"] / p["decode_tok_s"],
@@ -342,12 +342,10 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     for d, la in c["lookahead"].items():
         out[f"lookahead_d{d}.precision_measured"] = la["precision"]
         out[f"lookahead_d{d}.recall_measured"] = la["recall"]
-    if unpriced:                    # an engine option the cost model does not price: no prediction for this row
-        out = {k: v for k, v in out.items() if "predicted" not in k}
-        out["unpriced"] = f"lookahead_point={options.lookahead_point} (the cost model prices 'output')"
+    if point != "output":           # the statistics' precision is the layer's end's: an estimate for this point
+        out["prediction_note"] = f"lookahead_point={point}, predicted with the layer's end's precision and recall"
     run.metrics.update({f"{key}.{k}": v for k, v in out.items()})
-    said = "(unpriced)" if unpriced else f"{p['decode_tok_s']:8.2f}"
-    log(f"{key:22s} MEASURED {m['decode_tok_s']:8.2f} tok/s  PREDICTED {said}  hit {r['hit_rate']:.3f} "
+    log(f"{key:22s} MEASURED {m['decode_tok_s']:8.2f} tok/s  PREDICTED {p['decode_tok_s']:8.2f}  hit {r['hit_rate']:.3f} "
         f"(resident {r['resident_hit_rate']:.3f})  PCIe {bt['pcie'] / 1e6:.3f} MB/tok  NVMe {bt['nvme'] / 1e6:.3f} MB/tok  "
         f"wasted {bt['wasted'] / 1e6:.3f} MB/tok  bound {bound['decode_tok_s']:.1f} ({bound['binding']})"
         + (f", GPU ceiling {out['gpu_ceiling_tok_s_measured']:.1f} tok/s" if "gpu_ceiling_tok_s_measured" in out else "")
@@ -446,8 +444,8 @@ def lookahead_margin(run: Run, a, name: str, packed: Path, plan, pred: Predictor
     at `--lookahead-depth` (labelled forced). Medians: `<name>.lookahead_over_ondemand_measured`, beside the cost
     model's ratio for the two placements run (`_predicted`). With `--lookahead-point-ab` a third row, the same
     lookahead with its guesses taken at each layer's router (EngineOptions.lookahead_point="attention"; ABCCBA):
-    `<name>.lookahead_router_over_ondemand_measured` and `_over_lookahead_measured` (no prediction: the cost model
-    prices the guesses at the layer's end)."""
+    `<name>.lookahead_router_over_ondemand_measured` and `_over_lookahead_measured`, beside `_predicted` (the cost
+    model with the guesses issued at the router, their precision the layer's end's: an estimate)."""
     from strata_plan.engine.engine import EngineOptions, baseline
     depth = plan.prefetch_depth or a.lookahead_depth
     ahead = plan if plan.prefetch_depth else forced_depth(plan, depth)
@@ -460,7 +458,8 @@ def lookahead_margin(run: Run, a, name: str, packed: Path, plan, pred: Predictor
             executed, mode, options = rows[label]
             tok[label].append(measure_one(run, a, f"{name}.{label}_r{k}", packed, executed, mode, pred,
                                           prompt, options)["decode_tok_s_measured"])
-    predicted = {k: pred.for_plan(*rows[k][:2])["decode_tok_s"] for k in ("lookahead", "on-demand")}
+    predicted = {k: pred.for_plan(*rows[k][:2], point=rows[k][2].lookahead_point if rows[k][2] else "output")
+                 ["decode_tok_s"] for k in rows}
     m = run.metrics
     m[f"{name}.lookahead_depth"], m[f"{name}.lookahead_forced"] = depth, not plan.prefetch_depth
     m[f"{name}.lookahead_runs_measured"] = tok
@@ -471,11 +470,15 @@ def lookahead_margin(run: Run, a, name: str, packed: Path, plan, pred: Predictor
         f"{a.lookahead_repeats} interleaved runs each: MEASURED {m[f'{name}.lookahead_over_ondemand_measured']:.3f}, "
         f"PREDICTED {m[f'{name}.lookahead_over_ondemand_predicted']:.3f}")
     if "lookahead_router" in med:
-        m[f"{name}.lookahead_router_over_ondemand_measured"] = med["lookahead_router"] / med["on-demand"]
-        m[f"{name}.lookahead_router_over_lookahead_measured"] = med["lookahead_router"] / med["lookahead"]
+        for base in ("on-demand", "lookahead"):
+            b = base.replace("-", "")
+            m[f"{name}.lookahead_router_over_{b}_measured"] = med["lookahead_router"] / med[base]
+            m[f"{name}.lookahead_router_over_{b}_predicted"] = predicted["lookahead_router"] / predicted[base]
         log(f"{name}: the guesses taken at the router / at the layer's end, medians: MEASURED "
-            f"{m[f'{name}.lookahead_router_over_lookahead_measured']:.3f} (over on-demand "
-            f"{m[f'{name}.lookahead_router_over_ondemand_measured']:.3f})")
+            f"{m[f'{name}.lookahead_router_over_lookahead_measured']:.3f}, PREDICTED "
+            f"{m[f'{name}.lookahead_router_over_lookahead_predicted']:.3f} (over on-demand "
+            f"{m[f'{name}.lookahead_router_over_ondemand_measured']:.3f} / "
+            f"{m[f'{name}.lookahead_router_over_ondemand_predicted']:.3f})")
 
 
 def mean_blob_bytes(folder: Path) -> float:
@@ -777,7 +780,8 @@ def parse(argv=None):
     p.add_argument("--lookahead-depth", type=int, default=1, help="--lookahead-repeats' depth where the plan has none")
     p.add_argument("--lookahead-point-ab", action="store_true",
                    help="with --lookahead-repeats: a third interleaved row, the guesses taken at each layer's router "
-                        "(EngineOptions.lookahead_point='attention'; `lookahead_router_over_lookahead_measured`)")
+                        "(EngineOptions.lookahead_point='attention'; `lookahead_router_over_lookahead_measured`, "
+                        "`_predicted`)")
     p.add_argument("--budgets", default="ramrich,seed")
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--context", type=int, default=1024)

@@ -183,7 +183,8 @@ def test_the_lookahead_margin_interleaves_its_runs(tmp_path, one_torch_thread):
 
 def test_the_lookahead_point_ab_adds_the_router_row_interleaved(tmp_path, one_torch_thread):
     """`--lookahead-point-ab`: the same lookahead with its guesses taken at each layer's router runs beside the two,
-    ABC then CBA, and its ratios are the medians'."""
+    ABC then CBA; its ratios are the medians', beside the cost model's for that point (labelled: the layer's end's
+    precision)."""
     import numpy as np
     packed, path, plan, a = nvme_plan(tmp_path, 1, tokens=3, warmup=1, lookahead_repeats=2, lookahead_depth=1,
                                       lookahead_point_ab=True)
@@ -198,9 +199,9 @@ def test_the_lookahead_point_ab_adds_the_router_row_interleaved(tmp_path, one_to
     tok = m["seed.lookahead_runs_measured"]
     assert m["seed.lookahead_router_over_lookahead_measured"] == pytest.approx(
         float(np.median(tok["lookahead_router"])) / float(np.median(tok["lookahead"])))
-    assert "seed.lookahead_router_over_lookahead_predicted" not in m
-    assert "seed.lookahead_router_r0.decode_tok_s_predicted" not in m and "seed.lookahead_router_r0.unpriced" in m
-    assert "seed.lookahead_r0.decode_tok_s_predicted" in m
+    assert m["seed.lookahead_router_over_lookahead_predicted"] == pytest.approx(
+        m["seed.lookahead_router_r0.decode_tok_s_predicted"] / m["seed.lookahead_r0.decode_tok_s_predicted"])
+    assert "seed.lookahead_router_r0.prediction_note" in m and "seed.lookahead_r0.prediction_note" not in m
     assert "seed.lookahead_router_r0" not in run.executed and "seed.lookahead_r0" in run.executed   # not re-predicted
     assert [runs[f"seed.{r}_r0"]["lookahead_point"] for r in ("lookahead", "lookahead_router")] == ["output",
                                                                                                    "attention"]

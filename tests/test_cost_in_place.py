@@ -416,11 +416,18 @@ def test_demand_reads_share_the_drive_with_the_lookaheads_reads_in_flight(tiny, 
     # layer 3's when layer 1 ended (t = 2, lands at 4: half of it left)
     out = cm._reads_in_flight(pre, pre_n, [1.0, 2.0], 2, 2, 3.0)
     assert out[0] == pytest.approx(0.5 * 8.0) and not out[1:].any()
+    # guesses taken at the router (upto 1): layer 1's batch for layer 3 left with its request (t = 2, half left), and
+    # the batch for layer 4 leaves now with layer 2's: past the last layer here, so the same
+    assert cm._reads_in_flight(pre, pre_n, [1.0, 2.0, 3.0], 2, 2, 3.0, upto=1)[0] == pytest.approx(4.0)
+    # at layer 1's router (t = 2), depth 2, at the router: layer 2's batch (left at t = 1, half of it on the drive)
+    # and layer 3's, which leaves now with layer 1's request (all of it)
+    assert cm._reads_in_flight(pre, pre_n, [1.0, 2.0], 1, 2, 2.0, upto=1)[0] == pytest.approx(0.5 * 4.0 + 8.0)
+    assert cm._reads_in_flight(pre, pre_n, [1.0, 2.0], 1, 2, 2.0)[0] == pytest.approx(0.5 * 4.0)   # at the end
     E = tiny.curves.n_experts
     place = Placement((1, 1, 1), (3, 3, 3), (0, 0, 0), (True,) * len(p.dense_units), 2)       # ranks 4.. on NVMe
     assert E > 4 and cm.in_place(place)
     with_m = cm.predict(place)
-    monkeypatch.setattr(CostModel, "_reads_in_flight", staticmethod(lambda *a: np.zeros(F)))   # the demand reads alone
+    monkeypatch.setattr(CostModel, "_reads_in_flight", staticmethod(lambda *a, **k: np.zeros(F)))   # the demand reads alone
     without = CostModel(p).predict(place)
     assert with_m.decode_seconds["nvme"] > without.decode_seconds["nvme"] and with_m.decode_tok_s < without.decode_tok_s
     assert with_m.decode_seconds["nvme_link"] == pytest.approx(without.decode_seconds["nvme_link"])
@@ -433,3 +440,18 @@ def test_the_stagers_host_time_slows_a_token_but_not_the_drives_busy_time(tiny):
     slow = CostModel(tiny.replace(profile=with_stager(tiny.profile, 200.0, 150.0))).predict(place)
     assert slow.decode_seconds["nvme"] > fast.decode_seconds["nvme"] and slow.decode_tok_s < fast.decode_tok_s
     assert slow.decode_seconds["nvme_link"] == pytest.approx(fast.decode_seconds["nvme_link"])
+
+
+def test_nvme_guesses_taken_at_the_router_are_priced_apart_only_with_an_nvme_tier():
+    """`Problem.lookahead_point="attention"` (the engine's A/B): the NVMe lookahead's batch for layer j+d leaves with
+    layer j's request, beside its demand batch on the drive, instead of when layer j ends. The kimi5 seed plan at
+    depth 2 is priced apart; the RAM-rich plan (no NVMe tier: its lookahead copies RAM experts) the same."""
+    data = Path(__file__).resolve().parent / "data"
+    got = {}
+    for name in ("plan-kimi5-h200-seed-depth2.yaml", "plan-kimi5-h200-ramrich.yaml"):
+        plan = load_plan(data / name)
+        prob = plan_problem(plan, "h200", str(data / name))
+        got[name] = [predict_plan(plan, None, "plan", problem=prob.replace(lookahead_point=point)).decode_tok_s
+                     for point in ("output", "attention")]
+    seed, ramrich = got["plan-kimi5-h200-seed-depth2.yaml"], got["plan-kimi5-h200-ramrich.yaml"]
+    assert seed[0] != pytest.approx(seed[1], rel=1e-6) and ramrich[0] == ramrich[1]

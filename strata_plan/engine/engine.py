@@ -115,7 +115,8 @@ class EngineOptions:
                                      # layer j's output, known when it ends (the traces' definition and the cost
                                      # model's), or its residual after attention ("attention": when its router runs,
                                      # sent with its request, a whole MoE layer sooner; tools/lookahead_point.py
-                                     # measures the precision it costs). An A/B: the cost model prices "output"
+                                     # measures the precision it costs). An A/B: the cost model prices both
+                                     # (Problem.lookahead_point) with the statistics of the layer's end
 
     def __post_init__(self):
         if self.mode not in MODES:

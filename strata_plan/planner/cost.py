@@ -37,7 +37,8 @@ With an NVMe tier its misses are read by the GPU in place from a pinned staging 
 their bytes count with the warm ones; those it does not hold (Che's approximation over every layer's NVMe misses,
 the statistics' LRU curve where a layer's locality keeps more: `staging_miss`, planner/staging.py) are read from
 NVMe (reads.py: a layer's expected misses of each format as one batch, T(n_f)), R of them when layer j-d ends (the
-guesses reach the stager through a pinned ring), the rest after the router, and the layer waits for what has not
+guesses reach the stager through a pinned ring; with `Problem.lookahead_point` "attention" when layer j-d's router
+runs, beside that layer's demand batch on the drive), the rest after the router, and the layer waits for what has not
 landed:
     t += max(S(demand batch), done_{j-d} + S(lookahead batch) - t)      before the layer's MoE
     S(n) = wake + max(T(n), (n - 1) read + T(1)) + publish    the stager's host starts a batch's reads one after
@@ -512,16 +513,17 @@ class CostModel:
         return np.where(n <= 1.0, n * (wake + publish) + drive, many), drive
 
     @staticmethod
-    def _reads_in_flight(pre_counts: np.ndarray, pre_n: np.ndarray, moe_done: list[float], j: int, depth: int,
-                         t: float) -> np.ndarray:
+    def _reads_in_flight(pre_counts: np.ndarray, pre_n: np.ndarray, issued: list[float], j: int, depth: int,
+                         t: float, upto: int = 0) -> np.ndarray:
         """[F] the lookahead's NVMe reads still on the drive at time t (MoE layer j's router): the batches for
-        layers j .. j+d-1, each issued when layer jj-d ended and landing pre_n[jj] later, the part of each not yet
+        layers j .. j+d-1 (.. j+d with `upto` 1: the guesses taken at the router, whose batch for layer j+d leaves
+        with layer j's request), each issued at issued[jj-d] and landing pre_n[jj] later, the part of each not yet
         landed (its reads progressing together)."""
         out = np.zeros(pre_counts.shape[0])
-        for jj in range(j, min(j + depth, len(pre_n))):
+        for jj in range(j, min(j + depth + upto, len(pre_n))):
             src = jj - depth
-            if 0 <= src < len(moe_done) and pre_n[jj] > 0:
-                left = (moe_done[src] + pre_n[jj] - t) / pre_n[jj]
+            if 0 <= src < len(issued) and pre_n[jj] > 0:
+                left = (issued[src] + pre_n[jj] - t) / pre_n[jj]
                 if left > 0:
                     out += min(1.0, left) * pre_counts[:, jj]
         return out
@@ -842,6 +844,8 @@ class CostModel:
         link_free = [0.0] * self.problem.n_gpus
         finish: list[list[float]] = [[] for _ in range(self.problem.n_gpus)]   # per GPU, its decoder layers'
         moe_done: list[float] = []        # per MoE layer: when its output (the lookahead source) exists
+        moe_start: list[float] = []       # per MoE layer: when its router ran (the source at lookahead_point "attention")
+        at_router = self.problem.lookahead_point == "attention"
         moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
         hop = 2 * spec.hidden
 
@@ -879,14 +883,17 @@ class CostModel:
             j = moe_index.get(i)
             if j is not None and inplace is not None:    # in place: RAM and VRAM experts read side by side
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
+                moe_start.append(t)
+                nvme_issued = moe_start if at_router else moe_done
                 wait = dem_n[j]                          # NVMe: the reads the router's ids ask for
                 if depth and "pre_counts" in inplace:    # ... beside the lookahead's reads still in flight
-                    out = self._reads_in_flight(inplace["pre_counts"], pre_n, moe_done, j, depth, t)
+                    out = self._reads_in_flight(inplace["pre_counts"], pre_n, nvme_issued, j, depth, t,
+                                                upto=int(at_router))
                     if out.any():
                         wait = float(self.staged_batch_seconds(inplace["dem_counts"][:, j:j + 1],
                                                                out[:, None])[0][0])
-                if depth and j >= depth:                 # ... and the lookahead's, issued when layer j-d ended
-                    wait = max(wait, moe_done[j - depth] + pre_n[j] - t)
+                if depth and j >= depth:                 # ... and the lookahead's, issued when layer j-d ended (at
+                    wait = max(wait, nvme_issued[j - depth] + pre_n[j] - t)      # its router: "attention")
                 if wait > 0:
                     sec["nvme"] += wait
                     t += wait
