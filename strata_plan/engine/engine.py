@@ -204,9 +204,8 @@ class Engine:
         whichever thread set the collection off, maybe a later engine's stager while that engine's GPU waits for it
         (a registered region's release synchronizes the device)."""
         self.store.close()
-        runner = self.model.step_runner
-        if runner is not None and hasattr(runner, "release"):
-            runner.release()
+        if self.model.step_runner is not None:
+            self.model.step_runner.release()
         if self.dense is not None:
             self.dense.close()
         self.model.step_runner = self.model.after_moe = self.model.before_moe = None

@@ -22,14 +22,8 @@ class ArgmaxPick:
 
 
 GREEDY = ArgmaxPick()
-
-
-def wrap64(x: int) -> int:
-    """A Python int as the signed int64 with the same low 64 bits."""
-    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
-
-
-GOLDEN, MIX1, MIX2 = (wrap64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))   # splitmix64
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)                 # splitmix64's constants as signed int64
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64)
 
 
 def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -37,17 +31,13 @@ def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
     return (x >> k) & ((1 << (64 - k)) - 1)
 
 
-def _salt(seed: int) -> int:
-    """The seed's offset in `hash_uniform`, as a signed int64."""
-    return wrap64((seed + 1) * GOLDEN)
-
-
 def hash_uniform(seed: int, counter: torch.Tensor, n: int) -> torch.Tensor:
     """float64 [n] uniform in (0, 1) from (seed, draw counter, index) by splitmix64: no generator state, so a CUDA
     graph replays it with a device counter (`GumbelPick`)."""
-    x = counter * n + torch.arange(n, device=counter.device) + _salt(seed) + GOLDEN
-    x = (x ^ _srl(x, 30)) * MIX1
-    x = (x ^ _srl(x, 27)) * MIX2
+    salt = ((seed + 1) * _GOLDEN + (1 << 63)) % (1 << 64) - (1 << 63)     # the seed's offset, as a signed int64
+    x = counter * n + torch.arange(n, device=counter.device) + salt + _GOLDEN
+    x = (x ^ _srl(x, 30)) * _MIX1
+    x = (x ^ _srl(x, 27)) * _MIX2
     x = x ^ _srl(x, 31)
     return (_srl(x, 11).double() + 0.5) / float(1 << 53)
 

@@ -48,8 +48,8 @@ class Staging:
         L = store.n_layers
         self.store, self.K, self.depth = store, store.top_k, depth
         self.W = guesses_per_layer(self.K)
-        self.early = early and depth > 0      # the guesses go with the request (`wait`), not with the layer's end
-        self.stager = Stager(store, mem, base, stage_slots(plan), depth, self.W, read_depths, io, early=self.early)
+        self.stager = Stager(store, mem, base, stage_slots(plan), depth, self.W, read_depths, io, early=early)
+        self.early = self.stager.early        # the guesses go with the request (`wait`), not with the layer's end
         at = self.stager.offsets()
         self.cb = sw.ControlBlock(seq=torch.zeros(1, dtype=torch.int64, device=dev), tier=store.tier_codes,
                                   table=store.inplace_offsets, src=lru_src,

@@ -84,7 +84,7 @@ class StoreExperts:
         else:
             store.count_uses(j, topk_ids)
         if staging is not None:               # NVMe experts (admitted ones too): wait only for what is not staged
-            staging.wait(j, topk_ids, *(self._early if staging.early and self._early is not None else ()))
+            staging.wait(j, topk_ids, *(self._early or ()))      # (`early`: the guesses taken at the router)
         if store.lru is not None:             # admitted experts copied into their slots
             store.cache_fill(j, topk_ids)
         out = self.moe(j, x, topk_ids, topk_weights, self.store.inplace_offsets[j])
@@ -105,14 +105,14 @@ class StoreExperts:
         if out.shape[0] != 1 or self.skip_moe:        # (timing the step without MoE: without its lookahead too)
             return
         pf, k, L = self.store.prefetch, self.store.top_k, self.store.n_layers
-        if self.store.staging is not None and self.store.staging.early:
-            gids = self._early[0]                     # taken at the router (`before_moe`), sent with the request
-            self.store.staging.done(j)
-            if pf is not None and j + self.depth < L:
-                pf.issue(j + self.depth, gids[self.depth - 1, :k], after=j)
-        elif self.store.staging is not None:          # the stager takes every depth's guesses with the layer's end
-            gids, gsc = self._guesses(j, out)
-            self.store.staging.done(j, gids, gsc)
+        staging = self.store.staging
+        if staging is not None:
+            if staging.early:                         # taken at the router (`before_moe`), sent with the request
+                gids = self._early[0]
+                staging.done(j)
+            else:                                     # the stager takes every depth's guesses with the layer's end
+                gids, gsc = self._guesses(j, out)
+                staging.done(j, gids, gsc)
             if pf is not None and j + self.depth < L:
                 pf.issue(j + self.depth, gids[self.depth - 1, :k], after=j)
         elif pf is not None and j + self.depth < L:   # VRAM lookahead alone: its gate runs on the side stream too
