@@ -412,11 +412,11 @@ DEFAULT_STAGER_READ = Figure(19.0, "estimate", "the same runs: each further dema
 """Host seconds between the starts of one request's demand reads: each reader's turn at the stager's lock and the
 interpreter lock (its slot, the read's issue, the publish), so a layer's reads start one after another."""
 
-DEFAULT_STAGER_PUBLISH = Figure(0.0, "estimate", "not measured on a GPU machine: the ideal, no host time from a "
-                                "batch's last read in to its ready words (on the 2-core CPU machine, the committed "
-                                "fixture read through AIO: 0.06-0.09 ms, most of it first reads' checksums); "
-                                "`strata-plan calibrate` measures it from "
-                                "device-loop runs (the stager's demand_read_ms_mean less demand_land_ms_mean)")
+DEFAULT_STAGER_PUBLISH = Figure(31.0, "estimate", "the H100 machine, the trained model's seed plan read through AIO "
+                                "(benchmarks/results/engine-trained-20261206T113306Z.json, 26191 demand reads): a "
+                                "demand read's 0.031 ms from its last part in to its ready word; `strata-plan "
+                                "calibrate` measures it from device-loop runs (the stager's demand_read_ms_mean less "
+                                "demand_land_ms_mean)")
 """Host seconds from the stager seeing a batch's last read in (the reaper, or a reader, running again after the
 drive's completion: its wake counts with the drive's time) to the batch's ready words in pinned RAM: the stager's
 lock, the checksum at a blob's first read, the publish; the GPU's wait ends with it."""
