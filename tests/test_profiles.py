@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from strata_plan.errors import UserError
-from strata_plan.profiles.schema import (Curve, HardwareProfile, load_profile, save_profile, shipped_profiles)
+from strata_plan.profiles.schema import (Curve, HardwareProfile, Surface, load_profile, save_profile, shipped_profiles)
 from strata_plan.schema import to_data
 
 SEED_ROWS = {"rtx-4090": 24, "rtx-5090": 32, "a100-80g": 80, "rtx-pro-6000": 96, "h100-80g": 80}
@@ -36,6 +36,17 @@ def test_curve_interpolates_in_log_size_and_clamps():
     c = Curve(((1 << 20, 10.0), (1 << 22, 20.0)), "estimate", "test")
     assert c.at(1 << 21) == pytest.approx(15.0)
     assert c.at(1 << 30) == 20.0
+
+
+def test_a_surface_names_its_nearest_measured_point_and_scales():
+    """The drive probe beside an engine row repeats the profile's measured point nearest the blobs (log block size,
+    then the deepest queue not above the one asked for), and the row is predicted with every rate scaled."""
+    s = Surface(((131072, 1, 1.3), (131072, 8, 2.05), (1048576, 1, 1.9), (1048576, 8, 2.2)), "measured", "t", "d")
+    assert s.nearest_point(188416, 8) == (131072, 8, 2.05)       # 184 KB: nearer 128 KiB than 1 MiB in log size
+    assert s.nearest_point(600000, 4) == (1048576, 1, 1.9)
+    assert s.nearest_point(4096, 0) == (131072, 1, 1.3)          # every queue above: the shallowest
+    half = s.scaled(0.5)
+    assert half.at(300000, 8) == pytest.approx(s.at(300000, 8) / 2) and half.source == s.source
 
 
 def test_below_the_first_point_a_transfer_takes_latency_plus_size_over_bandwidth():
