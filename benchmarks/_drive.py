@@ -8,7 +8,7 @@ rate over the profile's figure at the same point.
 
 A virtual disk's rate moves between the rows of one call (the H100 machine: demand reads landing in 0.28 to 0.38 ms
 across four runs of one configuration, its GPU wait per token moving with them); predicting a row with the profile's
-NVMe surfaces times this factor (`planner.repredict.with_drive_rate`) separates the drive's moves from the engine's
+NVMe surfaces times this factor (`planner.estimated.scale_links`) separates the drive's moves from the engine's
 own misses. A measurement, not a fit: nothing of the row's own timings enters it.
 """
 from __future__ import annotations

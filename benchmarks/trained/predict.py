@@ -40,9 +40,8 @@ class Predictor:
         if point != "output":
             problem = problem.replace(lookahead_point=point)
         if drive is not None:
-            from strata_plan.planner.repredict import with_drive_rate
-            problem = problem.replace(profile=with_drive_rate(problem.profile, drive,
-                                                              "the drive probed beside the row"))
+            from strata_plan.planner.estimated import scale_links
+            problem = problem.replace(profile=scale_links(problem.profile, nvme=drive))
         pred = predict_plan(executed, None, mode, self.path, problem=problem)
         bound = physical_bound(problem, place)
         routing = "the plan's statistics" if stats is None else f"statistics of {stats.source}"

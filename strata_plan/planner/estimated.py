@@ -105,15 +105,14 @@ def scale_links(profile, pcie: float = 1.0, nvme: float = 1.0, hbm: float = 1.0,
     """The same machine with faster (or slower) links: every curve and figure of a link times its factor (on
     every GPU; PCIe also scales the host side's concurrent H2D and the peer link)."""
     fig = lambda f, x: dataclasses.replace(f, value=f.value * x)  # noqa: E731
-    surf = lambda s, x: None if s is None else dataclasses.replace(s, points=tuple((b, q, v * x) for b, q, v in s.points))  # noqa: E731
     gpus = tuple(dataclasses.replace(
         g, h2d_pinned=g.h2d_pinned.scaled(pcie),
         h2d_during_kernel=g.h2d_during_kernel.scaled(pcie) if g.h2d_during_kernel else None,
         zero_copy=g.zero_copy.scaled(pcie) if g.zero_copy else None,
         hbm_gbps=fig(g.hbm_gbps, hbm), bf16_tflops=fig(g.bf16_tflops, compute),
         kernel_gbps={k: fig(v, hbm) for k, v in g.kernel_gbps.items()}) for g in profile.gpus)
-    drives = tuple(dataclasses.replace(d, rand_read=surf(d.rand_read, nvme), seq_read=surf(d.seq_read, nvme))
-                   for d in profile.nvme)
+    drives = tuple(dataclasses.replace(d, rand_read=d.rand_read.scaled(nvme),
+                                       seq_read=d.seq_read.scaled(nvme) if d.seq_read else None) for d in profile.nvme)
     topo = profile.topology
     if topo is not None:
         peer = topo.peer if topo.peer.gbps is None else dataclasses.replace(topo.peer, gbps=fig(topo.peer.gbps, pcie))

@@ -41,19 +41,6 @@ def with_calibration_of(profile, frozen: str | None):
     return dataclasses.replace(prof, calibration=load_profile(frozen).calibration)
 
 
-def with_drive_rate(profile, factor: float, why: str):
-    """`profile` (a HardwareProfile) with every NVMe read surface's rates times `factor`: the drive as a plain read
-    measured it at another moment (`why` says which; it joins each surface's source). The drive of a virtual disk
-    moves between runs of one call (up to 49% between a quick profile's repeats on the H100 machine); a row
-    predicted with the drive probed beside it separates that from the engine's own misses."""
-    import dataclasses
-    nvme = tuple(dataclasses.replace(
-        nv, rand_read=dataclasses.replace(nv.rand_read.scaled(factor),
-                                          source=f"{nv.rand_read.source}; x {factor:.3f}: {why}"),
-        seq_read=nv.seq_read.scaled(factor) if nv.seq_read is not None else None) for nv in profile.nvme)
-    return dataclasses.replace(profile, nvme=nvme)
-
-
 def plan_problem(plan, profile, where: str = "plan"):
     """The plan's planning problem (`where`: the plan file, for messages) on `profile`."""
     from strata_plan.planner.make import problem_for_plan
