@@ -363,26 +363,19 @@ def main() -> int:
             metrics[f"{name}.{mode}.pcie_gb_per_token"] = r["bytes_per_token"]["pcie"] / 1e9
             metrics[f"{name}.{mode}.nvme_read_gb_per_token"] = r["bytes_per_token"]["nvme"] / 1e9   # from the drive
             metrics[f"{name}.{mode}.hit_rate_replayed"] = r["hit_rate"]
-        def drive_measured_rows(name: str, plan, gbps: float, beside: dict[str, float]) -> None:
+        def drive_measured_rows(name: str, plan, gbps: float) -> None:
             """Each measured row of a plan with an NVMe tier predicted again with the profile's drive scaled to this
-            run's plain O_DIRECT rate (`drive_as_measured`): `predicted_drive_measured_decode_tok_s` (the median of
-            the call's plain reads) and `predicted_drive_beside_decode_tok_s` (`beside`: the plain read right after
-            that row), beside the prediction with the profile as measured before the runs."""
+            run's plain O_DIRECT rate (`drive_as_measured`): `predicted_drive_measured_decode_tok_s`, beside the
+            prediction with the profile as measured before the runs."""
+            prof = drive_as_measured(predict_with, plan, gbps)
             for mode in ("plan", "lru", "on-demand"):
                 k = f"{name}.{mode}"
-                if f"{k}.decode_tok_s" not in metrics:
-                    continue
-                for label, rate, when in (("measured", gbps, "the call's median"),
-                                          ("beside", beside.get(mode), "right after the row")):
-                    if rate is None:
-                        continue
-                    pr = predict_plan(plan, drive_as_measured(predict_with, plan, rate), mode, where=str(paths[name]),
-                                      gates=False).decode_tok_s
-                    metrics[f"{k}.predicted_drive_{label}_decode_tok_s"] = pr
-                    metrics[f"{k}.measured_over_predicted_drive_{label}"] = metrics[f"{k}.decode_tok_s"] / pr
-                    print(f"{name:8s} {mode:9s} predicted with the drive at {rate:.2f} GB/s (plain read, {when}): "
-                          f"{pr:.2f} tok/s, "
-                          f"measured / predicted {metrics[f'{k}.decode_tok_s'] / pr:.3f}", flush=True)
+                if f"{k}.decode_tok_s" in metrics:
+                    pr = predict_plan(plan, prof, mode, where=str(paths[name]), gates=False).decode_tok_s
+                    metrics[f"{k}.predicted_drive_measured_decode_tok_s"] = pr
+                    metrics[f"{k}.measured_over_predicted_drive_measured"] = metrics[f"{k}.decode_tok_s"] / pr
+                    print(f"{name:8s} {mode:9s} predicted with the drive at this run's {gbps:.2f} GB/s plain read: "
+                          f"{pr:.2f} tok/s, measured / predicted {metrics[f'{k}.decode_tok_s'] / pr:.3f}", flush=True)
 
         def nvme_bound_rows(name: str, mode: str, r: dict, plain: list[float]) -> None:
             """A run with an NVMe tier against the drive: the plain O_DIRECT rate (median of the repeats so
@@ -469,7 +462,6 @@ def main() -> int:
         for name, plan in plans.items():
             nvme = any(l.nvme for l in plan.layers)
             plain: list[float] = []
-            after: dict[str, float] = {}                          # mode -> the plain read right after its row
             by_way: dict[str, list[float]] = {}
             if name in forced:                                # the same budget as its plan: the same reference
                 refs[name] = refs.get(forced[name])
@@ -484,13 +476,12 @@ def main() -> int:
                 if nvme:
                     ways = plain_odirect(files, plan, r)               # interleaved with the runs
                     plain.append(max(ways.values()))                   # the faster way: the drive's best
-                    after[mode] = plain[-1]
                     for way, v in ways.items():
                         by_way.setdefault(way, []).append(v)
                         metrics[f"{name}.plain_odirect_{way}_gbps"] = statistics.median(by_way[way])
                 attempt(f"{name}/{mode}/bound", lambda: (nvme_bound_rows if nvme else bound_rows)(name, mode, r, plain))
             if nvme and plain and a.profile:      # predicted again with the drive as this run's plain reads found it
-                attempt(f"{name}/drive", lambda: drive_measured_rows(name, plan, statistics.median(plain), after))
+                attempt(f"{name}/drive", lambda: drive_measured_rows(name, plan, statistics.median(plain)))
             metrics[f"{name}.predicted_decode_tok_s"] = plan.predicted.decode_tok_s     # the plan file's (its profile)
             if f"{name}.plan.decode_tok_s" in metrics:      # (`.plan.measured_over_predicted`: this call's profile)
                 metrics[f"{name}.plan.measured_over_plan_file_predicted"] = (metrics[f"{name}.plan.decode_tok_s"]

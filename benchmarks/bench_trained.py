@@ -19,9 +19,7 @@ Stages (each one's failure is recorded and the later ones still run where they c
    prediction counts the draw's measured GPU time), bytes per tier per token, the seeds' hit rate, lookahead
    precision and recall by depth, wasted prefetch bytes, the bound of the bytes moved; for a plan without NVMe
    LRU-only once more with the argmax (`lru_greedy`: `draw_us_measured`, its step without the MoE calls against
-   LRU-only's, beside the profile's `pick_us`); each NVMe row between two plain O_DIRECT reads of its files at the
-   profile's nearest measured point (`drive_over_profile_measured`; the row predicted with the drive so found,
-   `*_drive_probed`); for the NVMe plan a plain O_DIRECT read of the same files, and at
+   LRU-only's, beside the profile's `pick_us`); for the NVMe plan a plain O_DIRECT read of the same files, and at
    depth >= 2 the plan once more with the stager reading the deepest guesses alone (`plan_deepest`,
    EngineOptions.stage_depths: the cost model's count; A/B), and with the stager's reads the other way
    (EngineOptions.stager_io: `plan_threads`, reader threads, where the default is Linux native AIO; with
@@ -65,7 +63,6 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 from _plans import forced_depth  # noqa: E402
-from _drive import DriveProbe  # noqa: E402
 from _result import on_timeout, result_path, stager_latency, write_result  # noqa: E402
 from _watch import StagerWatch  # noqa: E402
 
@@ -76,7 +73,6 @@ from strata_plan.errors import UserError  # noqa: E402
 
 MODES = ("plan", "lru", "on-demand")
 WATCH: StagerWatch | None = None      # opened with the first engine row
-PROBES: dict[str, DriveProbe] = {}    # packed folder -> the drive probe beside its NVMe rows
 PROMPT = '''import os
 import sys
 from pathlib import Path
@@ -302,19 +298,9 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     global WATCH
     WATCH = WATCH or StagerWatch(log=log)       # a row past 30 s: what the stager knows, every 10 s
     _peak_reset()
-    probe = None                            # an NVMe tier: the drive read plainly just before and after the row
-    mib = getattr(a, "drive_probe_mib", 128)
-    if mib > 0 and any(l.nvme for l in executed.layers):
-        probe = PROBES.setdefault(str(packed), DriveProbe(packed, mean_blob_bytes(packed), pred.problem.profile,
-                                                          nbytes=mib << 20))
-    before = probe.read() if probe is not None else None
     with WATCH.row(key):
         r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
                     pick=None if greedy else decode_pick(a), options=options)
-    after = probe.read(seed=1) if probe is not None else None
-    drive = probe.factor(before, after) if probe is not None else None
-    if drive is not None:
-        r["drive_probe"] = {"point": list(probe.point), "gbps": [before, after], "factor": drive}
     r["vram_peak_gb_measured"] = _peak_gb()
     point = options.lookahead_point if options is not None else "output"
     p = pred.for_plan(executed, mode, point=point)
@@ -350,12 +336,6 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         out["nvme_read_gb_per_token_predicted"] = p["bytes_per_token"].get("nvme_read", 0.0) / 1e9
         out["page_cache_before"], out["page_cache_after"] = r["page_cache"]["before"], r["page_cache"]["after"]
         out["staging_huge_page_share"] = r["pinned"]["staging_huge_page_share"]     # the GPU reads staged blobs there
-    if drive is not None:                   # the row predicted with the drive as the probe found it beside it
-        out["drive_probe_gbps_measured"] = r["drive_probe"]["gbps"]
-        out["drive_over_profile_measured"] = drive
-        now = pred.for_plan(executed, mode, point=point, drive=drive)["decode_tok_s"]
-        out["decode_tok_s_predicted_drive_probed"] = now
-        out["measured_over_predicted_drive_probed"] = m["decode_tok_s"] / now
     if r["device_step"]:                    # graphs: the step's GPU time alone, its ceiling 1 / step_s
         out["gpu_ms_per_token_measured"] = r["device_step"]["step_s"] * 1e3
         out["gpu_ceiling_tok_s_measured"] = 1.0 / r["device_step"]["step_s"]
@@ -372,9 +352,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         + (f"; GPU waited {out['stage_wait_ms_per_token_measured']:.2f} ms/tok for {out['demand_reads_per_token_measured']:.1f}"
            f" demand reads/tok (stager: queue {out['stager_queue_ms_measured']:.3f} ms, read "
            f"{out['stager_read_ms_measured']:.3f} ms (landed {out['stager_land_ms_measured']:.3f}), poll gap mean {out['stager_poll_gap_ms_mean_measured']:.3f} max "
-           f"{out['stager_poll_gap_ms_max_measured']:.2f} ms)" if r["stager"] is not None else "")
-        + (f"; drive probed {drive:.2f}x the profile's, PREDICTED with it "
-           f"{out['decode_tok_s_predicted_drive_probed']:.2f}" if drive is not None else ""))
+           f"{out['stager_poll_gap_ms_max_measured']:.2f} ms)" if r["stager"] is not None else ""))
     return out
 
 
@@ -588,8 +566,7 @@ def run_routing_stage(run: Run, a, ckpt: Path) -> None:
     """Every engine row predicted again on the routing it decoded on (`trained.run_routing`: its text teacher-forced
     through the checkpoint, as the plans' held-out trace was made): `*.decode_tok_s_predicted_run_routing`, its VRAM
     hit rate and NVMe bytes beside the row's measured ones; with the stager's measured host time too where its plan
-    has an NVMe tier (`*_run_routing_stager_measured`), and with the drive probed beside the row too
-    (`*_run_routing_stager_drive_probed`, benchmarks/_drive.py). The traces: <work>/run-routing/<row>.npz. Run again, it
+    has an NVMe tier (`*_run_routing_stager_measured`). The traces: <work>/run-routing/<row>.npz. Run again, it
     predicts the rows that came since."""
     from trained.run_routing import row_stats, row_trace
     from strata_plan.core.routing import save_trace
@@ -609,13 +586,10 @@ def run_routing_stage(run: Run, a, ckpt: Path) -> None:
         stats = row_stats(trace, r["context"], executed)
         m = r["measured"]["decode_tok_s"]
         name = key.split(".")[0]
-        drive = (r.get("drive_probe") or {}).get("factor")
-        stager = run.stager_predictors.get(name)
-        for suffix, p, d in (("run_routing", pred, None), ("run_routing_stager_measured", stager, None),
-                             ("run_routing_stager_drive_probed", stager if drive is not None else None, drive)):
+        for suffix, p in (("run_routing", pred), ("run_routing_stager_measured", run.stager_predictors.get(name))):
             if p is None:
                 continue
-            got = p.for_plan(executed, mode, stats=stats, drive=d)
+            got = p.for_plan(executed, mode, stats=stats)
             bt = got["bytes_per_token"]
             run.metrics.update({f"{key}.decode_tok_s_predicted_{suffix}": got["decode_tok_s"],
                                 f"{key}.measured_over_predicted_{suffix}": m / got["decode_tok_s"],
@@ -625,10 +599,7 @@ def run_routing_stage(run: Run, a, ckpt: Path) -> None:
         own = {k: run.metrics[f"{key}.{k}_predicted_run_routing"] for k in ("decode_tok_s", "vram_hit_rate")}
         log(f"{key:22s} predicted on its own routing {own['decode_tok_s']:8.2f} tok/s (measured / predicted "
             f"{m / own['decode_tok_s']:.3f}; VRAM hit rate predicted {own['vram_hit_rate']:.3f}, measured "
-            f"{r['resident_hit_rate']:.3f})" + (
-                f"; with the stager's host and the drive probed beside it: measured / predicted "
-                f"{run.metrics[f'{key}.measured_over_predicted_run_routing_stager_drive_probed']:.3f}"
-                if f"{key}.measured_over_predicted_run_routing_stager_drive_probed" in run.metrics else ""))
+            f"{r['resident_hit_rate']:.3f})")
     del model
     _empty()
 
@@ -811,10 +782,6 @@ def parse(argv=None):
                    help="with --lookahead-repeats: a third interleaved row, the guesses taken at each layer's router "
                         "(EngineOptions.lookahead_point='attention'; `lookahead_router_over_lookahead_measured`, "
                         "`_predicted`)")
-    p.add_argument("--drive-probe-mib", type=int, default=128,
-                   help="each NVMe row: a plain O_DIRECT read of this many MiB of its blobs just before and after it "
-                        "(benchmarks/_drive.py), the row predicted again with the drive so found "
-                        "(`*_drive_probed`); 0: none")
     p.add_argument("--budgets", default="ramrich,seed")
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--context", type=int, default=1024)

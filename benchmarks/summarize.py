@@ -152,8 +152,6 @@ HEADLINES = (
     ("engine-trained", "seed.plan.decode_tok_s_measured", "engine, trained bench-moe, seed proportions: MEASURED decode tok/s", None),
     ("engine-trained", "seed.plan.decode_tok_s_predicted", "same plan: PREDICTED decode tok/s", None),
     ("engine-trained", "seed.plan.decode_tok_s_predicted_run_routing_stager_measured", "same plan: PREDICTED on the routing of the row's own text (teacher-forced) with the stager's host time its rows measured", None),
-    ("engine-trained", "seed.plan.measured_over_predicted_run_routing_stager_drive_probed", "same plan: MEASURED / PREDICTED on its own routing, the stager's measured host time and the drive as a plain read found it just before and after the row (benchmarks/_drive.py; issue 41: within 10%)", None),
-    ("engine-trained", "seed.plan.drive_over_profile_measured", "same row: the drive's plain read beside it / the call's profile at the same point, MEASURED", None),
     ("engine-trained", "seed.plan.resident_hit_rate_measured", "same plan: VRAM-resident experts' share of routed uses, MEASURED", None),
     ("engine-trained", "seed.plan.vram_hit_rate_predicted", "same: PREDICTED from the plan's statistics (held-out text)", None),
     ("engine-trained", "seed.plan.vram_hit_rate_predicted_run_routing", "same: PREDICTED on the row's own text's routing", None),

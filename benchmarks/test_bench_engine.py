@@ -34,8 +34,7 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--dir", str(packed), "--plans", ",".join(paths),
                                       "--tokens", "3", "--warmup", "2", "--out-dir", str(out), "--keep",
-                                      "--copy-programs", "0,2", "--whole-landing", "--stager-io", io,
-                                      "--profile", "h200"])
+                                      "--copy-programs", "0,2", "--whole-landing", "--stager-io", io])
     assert bench_engine.main() == 0
     (result,) = out.glob("engine-*.json")
     m = json.loads(result.read_text())["metrics"]
@@ -60,11 +59,6 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
             k = f"{name}.{mode}"
             assert m[f"{k}.nvme_gb_per_token"] > 0 and m[f"{k}.bound_tok_s"] > 0
             assert m[f"{k}.page_cache_after"] is not None
-    for mode in modes["seed"]:      # each row predicted again with the drive as the plain read right after it found it
-        k = f"seed.{mode}"
-        assert m[f"{k}.measured_over_predicted_drive_beside"] == pytest.approx(
-            m[f"{k}.decode_tok_s"] / m[f"{k}.predicted_drive_beside_decode_tok_s"])
-        assert m[f"{k}.predicted_drive_measured_decode_tok_s"] > 0
     assert m["seed_forced_d2.plan.nvme_wasted_gb_per_token"] >= 0
     assert "seed_forced_d2.plan.lookahead_d2.precision" in m
     assert (out / "plan-kimi5-h200-seed_forced_d2.yaml").exists()

@@ -100,7 +100,7 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     there, labelled measured or predicted (the fixture model on the CPU), and the row is predicted again on the
     routing of its own text."""
     import dataclasses
-    packed, path, plan, a = nvme_plan(tmp_path, 1, drive_probe_mib=1)
+    packed, path, plan, a = nvme_plan(tmp_path, 1)
     from test_engine_run import FIXTURE, PROMPT
     from bench_trained import Run, measure_one, run_routing_stage, stager_stage
     from trained.predict import Predictor
@@ -111,14 +111,6 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
         assert key in out and f"seed.plan.{key}" in run.metrics
     assert out["nvme_gb_per_token_measured"] > 0
     assert out["stager_queue_ms_rank0_measured"] >= 0 and "stager_queue_ms_measured" in out
-    # the drive read plainly beside the row, at the profile's measured point nearest the blobs; the row predicted
-    # again with the profile's NVMe rates times what it found
-    dp = run.extra["runs"]["seed.plan"]["drive_probe"]
-    assert len(dp["gbps"]) == 2 and min(dp["gbps"]) > 0
-    assert dp["point"] in [list(p) for p in Predictor(path).problem.profile.nvme[0].rand_read.points]
-    assert out["drive_over_profile_measured"] == pytest.approx(sum(dp["gbps"]) / 2 / dp["point"][2])
-    assert out["measured_over_predicted_drive_probed"] == pytest.approx(
-        out["decode_tok_s_measured"] / out["decode_tok_s_predicted_drive_probed"])
     stager_stage(run, {"seed": path})          # the stager's host measured by the row, the row predicted again
     m = run.metrics
     assert m["seed.stager_wake_us_measured"] > 0 and m["seed.stager_read_us_measured"] >= 0
@@ -131,7 +123,7 @@ def test_measure_one_reports_the_stager_beside_the_cost_model(tmp_path, one_torc
     trace = load_trace(tmp_path / "run-routing" / "seed.plan.npz")
     ctx = run.extra["runs"]["seed.plan"]["context"]
     assert trace.n_tokens == len(ctx["fed"]) and trace.depth == 4
-    for suffix in ("run_routing", "run_routing_stager_measured", "run_routing_stager_drive_probed"):
+    for suffix in ("run_routing", "run_routing_stager_measured"):
         assert m[f"seed.plan.measured_over_predicted_{suffix}"] == pytest.approx(
             m["seed.plan.decode_tok_s_measured"] / m[f"seed.plan.decode_tok_s_predicted_{suffix}"])
     # no cache slots: the VRAM hits are the plan's static experts on the row's own text, which the engine counted
@@ -164,24 +156,6 @@ def test_the_depth_sweep_predicts_the_depth_it_runs(tmp_path):
     p = Predictor(tmp_path / "plan.yaml")
     at0, at2 = p.for_plan(plan)["decode_tok_s"], p.for_plan(forced_depth(plan, 2))["decode_tok_s"]
     assert at0 > 0 and at2 > 0 and at0 != at2
-
-
-def test_a_row_predicted_with_the_drive_probed_beside_it_moves_with_the_drive(tmp_path):
-    """Predictor.for_plan(drive=f): the profile's NVMe rates times f, so a plan with an NVMe tier predicts slower on
-    a slower drive and faster on a faster one; a plan without one does not move."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_engine_run import bf16_plan
-    from strata_plan.core.plan import save_plan
-    from trained.predict import Predictor
-    for nvme, path in ((True, tmp_path / "nvme.yaml"), (False, tmp_path / "ram.yaml")):
-        plan = bf16_plan(4, 10, 0, 1, chunk=1) if nvme else bf16_plan(4, 1000, 2, 0, chunk=1)
-        assert any(l.nvme for l in plan.layers) == nvme
-        save_plan(plan, path)
-        p = Predictor(path)
-        tok = [p.for_plan(plan, drive=f)["decode_tok_s"] for f in (0.5, None, 2.0)]
-        assert (tok[0] < tok[1] < tok[2]) if nvme else (tok[0] == tok[1] == tok[2])
-        assert "x 0.500" in p.for_plan(plan, drive=0.5)["source"]
 
 
 def test_the_lookahead_margin_interleaves_its_runs(tmp_path, one_torch_thread):

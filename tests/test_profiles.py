@@ -38,13 +38,8 @@ def test_curve_interpolates_in_log_size_and_clamps():
     assert c.at(1 << 30) == 20.0
 
 
-def test_a_surface_names_its_nearest_measured_point_and_scales():
-    """The drive probe beside an engine row repeats the profile's measured point nearest the blobs (log block size,
-    then the deepest queue not above the one asked for), and the row is predicted with every rate scaled."""
+def test_a_scaled_surface_reads_every_rate_times_the_factor():
     s = Surface(((131072, 1, 1.3), (131072, 8, 2.05), (1048576, 1, 1.9), (1048576, 8, 2.2)), "measured", "t", "d")
-    assert s.nearest_point(188416, 8) == (131072, 8, 2.05)       # 184 KB: nearer 128 KiB than 1 MiB in log size
-    assert s.nearest_point(600000, 4) == (1048576, 1, 1.9)
-    assert s.nearest_point(4096, 0) == (131072, 1, 1.3)          # every queue above: the shallowest
     half = s.scaled(0.5)
     assert half.at(300000, 8) == pytest.approx(s.at(300000, 8) / 2) and half.source == s.source
 

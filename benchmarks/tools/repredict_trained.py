@@ -3,7 +3,7 @@ own profile and plans (the call's trained-artifacts.tar), beside what the run me
 
     tar -C DIR -xf <files_at>/trained-artifacts.tar
     python benchmarks/tools/repredict_trained.py benchmarks/results/engine-trained-<time>.json DIR [--stager-measured]
-        [--own-routing] [--waits] [--drive-probed]
+        [--own-routing] [--waits]
 
 DIR holds plan-<budget>.yaml, profile-predict.yaml (the profile the run predicted with: its quick profile and the
 model's layer times) and bench-moe/ (the routing trace the plans name). `--stager-measured`: the stager's host time
@@ -15,8 +15,6 @@ checkout's, measured / this checkout's. `--waits` (with `--own-routing`; rows wi
 counted on its own routing through an LRU staging cache of the plan's slots (the stager's policy at depth 0), each
 (token, layer)'s batch priced by the cost model's `staged_batch_seconds`, summed a token, beside the model's own
 expected-miss figure and the row's measured GPU wait: which of the miss count and the batch time the model has wrong.
-`--drive-probed`: each row with the profile's NVMe rates times the drive's plain read beside it over the profile's
-figure at that point (runs.<row>.drive_probe, benchmarks/_drive.py; rows of runs before it: as without).
 Not a benchmark: no results file."""
 from __future__ import annotations
 
@@ -40,7 +38,6 @@ def main() -> int:
     ap.add_argument("--stager-measured", action="store_true")
     ap.add_argument("--own-routing", action="store_true")
     ap.add_argument("--waits", action="store_true")
-    ap.add_argument("--drive-probed", action="store_true")
     a = ap.parse_args()
     from strata_plan.core.modes import MODES, baseline
     from strata_plan.core.plan import load_plan
@@ -79,8 +76,7 @@ def main() -> int:
             stats = None
             if a.own_routing and trace.is_file():
                 stats = row_stats(load_trace(trace), result["runs"][f"{name}.{key}"]["context"], executed)
-            drive = (result["runs"][f"{name}.{key}"].get("drive_probe") or {}).get("factor") if a.drive_probed else None
-            p_now = pred.for_plan(executed, mode, stats=stats, drive=drive)
+            p_now = pred.for_plan(executed, mode, stats=stats)
             now = p_now["decode_tok_s"]
             print(f"{name + '.' + key:22s} {got:9.1f} {m[f'{name}.{key}.decode_tok_s_predicted']:9.1f} {now:9.1f} "
                   f"{got / now:9.3f}")

@@ -25,13 +25,11 @@ class Predictor:
         self.problem = plan_problem(self.plan, self.profile, self.path).replace(sampled=sampled)
         self.cost = CostModel(self.problem)
 
-    def for_plan(self, executed, mode: str = "plan", stats=None, point: str = "output",
-                 drive: float | None = None) -> dict:
+    def for_plan(self, executed, mode: str = "plan", stats=None, point: str = "output") -> dict:
         """Predicted decode figures of `executed` (the plan as the engine ran it: another lookahead depth in the
         depth sweep) run as `mode`, and its physical bound (`planner.bound.physical_bound`, the optimistic bytes of the
         placement). `stats`: other routing statistics than the plan's (a row's own routing: `trained.run_routing`).
-        `point`: where the NVMe lookahead took its guesses (EngineOptions.lookahead_point). `drive`: the profile's
-        NVMe rates times this factor (the drive probed beside the row: benchmarks/_drive.py)."""
+        `point`: where the NVMe lookahead took its guesses (EngineOptions.lookahead_point)."""
         from strata_plan.planner.bound import physical_bound
         from strata_plan.planner.repredict import predict_plan
         from strata_plan.planner.placement import placement_of
@@ -39,16 +37,11 @@ class Predictor:
         problem = self.problem if stats is None else self.problem.replace(stats=stats)
         if point != "output":
             problem = problem.replace(lookahead_point=point)
-        if drive is not None:
-            from strata_plan.planner.estimated import scale_links
-            problem = problem.replace(profile=scale_links(problem.profile, nvme=drive))
         pred = predict_plan(executed, None, mode, self.path, problem=problem)
         bound = physical_bound(problem, place)
         routing = "the plan's statistics" if stats is None else f"statistics of {stats.source}"
         if point != "output":       # the statistics' precision and recall are the layer's end's (no trace has others)
             routing += f", the NVMe guesses taken at lookahead point {point} with the layer's end's precision"
-        if drive is not None:
-            routing += f", the profile's NVMe rates x {drive:.3f} (the drive probed beside the row)"
         return {"label": "predicted", "source": f"planner.repredict.predict_plan, profile {self.problem.profile.name}, "
                                                 f"{routing}",
                 "decode_tok_s": pred.decode_tok_s, "decode_binding": pred.decode_binding,

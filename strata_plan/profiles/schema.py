@@ -135,15 +135,6 @@ class Surface:
     def scaled(self, factor: float) -> "Surface":
         return dataclasses.replace(self, points=tuple((b, q, v * factor) for b, q, v in self.points))
 
-    def nearest_point(self, block: int, queue_depth: int) -> tuple[int, int, float]:
-        """The measured point nearest to (block, queue_depth): the block nearest in log size, then the deepest
-        measured queue not above `queue_depth` (the shallowest if all are)."""
-        blocks = sorted({b for b, _, _ in self.points})
-        b = min(blocks, key=lambda x: abs(math.log(x / max(block, 1))))
-        qs = sorted(q for bb, q, _ in self.points if bb == b)
-        q = max([x for x in qs if x <= queue_depth] or qs[:1])
-        return next(p for p in self.points if p[0] == b and p[1] == q)
-
 
 @dataclass(frozen=True)
 class MoEDecodeRate:
