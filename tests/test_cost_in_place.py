@@ -411,18 +411,14 @@ def test_demand_reads_share_the_drive_with_the_lookaheads_reads_in_flight(tiny, 
     assert got[0] == pytest.approx(100e-6 + max(T[0], 70e-6 + one[0]))
     pre = np.zeros((F, 4))
     pre[0] = (1.0, 2.0, 4.0, 8.0)
-    pre_n = np.array([1.0, 1.0, 2.0, 2.0])
-    # at layer 2's router (t = 3), depth 2: layer 2's batch issued when layer 0 ended (t = 1, lands at 3: none left),
-    # layer 3's when layer 1 ended (t = 2, lands at 4: half of it left)
-    out = cm._reads_in_flight(pre, pre_n, [1.0, 2.0], 2, 2, 3.0)
+    # at layer 2's router (t = 3), depth 2: layer 2's batch submitted when layer 0 ended (t = 1, landed at 3: none
+    # left), layer 3's when layer 1 ended (t = 2, lands at 4: half of it left)
+    spans = {2: (1.0, 3.0), 3: (2.0, 4.0)}
+    out = cm._reads_in_flight(pre, spans, 2, 2, 3.0)
     assert out[0] == pytest.approx(0.5 * 8.0) and not out[1:].any()
-    # guesses taken at the router (upto 1): layer 1's batch for layer 3 left with its request (t = 2, half left), and
-    # the batch for layer 4 leaves now with layer 2's: past the last layer here, so the same
-    assert cm._reads_in_flight(pre, pre_n, [1.0, 2.0, 3.0], 2, 2, 3.0, upto=1)[0] == pytest.approx(4.0)
-    # at layer 1's router (t = 2), depth 2, at the router: layer 2's batch (left at t = 1, half of it on the drive)
-    # and layer 3's, which leaves now with layer 1's request (all of it)
-    assert cm._reads_in_flight(pre, pre_n, [1.0, 2.0], 1, 2, 2.0, upto=1)[0] == pytest.approx(0.5 * 4.0 + 8.0)
-    assert cm._reads_in_flight(pre, pre_n, [1.0, 2.0], 1, 2, 2.0)[0] == pytest.approx(0.5 * 4.0)   # at the end
+    # at layer 1's router (t = 2): layer 2's batch (t = 1 to 3, half of it on the drive); layer 3's is not
+    # submitted yet (at the router it goes behind layer 1's demand reads, which it does not delay)
+    assert cm._reads_in_flight(pre, {2: (1.0, 3.0)}, 1, 2, 2.0)[0] == pytest.approx(0.5 * 4.0)
     E = tiny.curves.n_experts
     place = Placement((1, 1, 1), (3, 3, 3), (0, 0, 0), (True,) * len(p.dense_units), 2)       # ranks 4.. on NVMe
     assert E > 4 and cm.in_place(place)
@@ -431,6 +427,29 @@ def test_demand_reads_share_the_drive_with_the_lookaheads_reads_in_flight(tiny, 
     without = CostModel(p).predict(place)
     assert with_m.decode_seconds["nvme"] > without.decode_seconds["nvme"] and with_m.decode_tok_s < without.decode_tok_s
     assert with_m.decode_seconds["nvme_link"] == pytest.approx(without.decode_seconds["nvme_link"])
+
+
+def test_guesses_taken_at_the_router_queue_behind_the_layers_demand_reads(tiny, monkeypatch):
+    """The drive serves reads in the order the stager submits them. Taken at layer j's router, the guesses for
+    layer j+1 go behind j's demand reads: j's demand batch is priced with only the batches submitted before it
+    (not j+1's), and those guesses land with the whole queue, later than alone (at the layer's end)."""
+    p = tiny.replace(profile=with_stager(tiny.profile, 100.0, 70.0))
+    place = Placement((1, 1, 1), (3, 3, 3), (0, 0, 0), (True,) * len(p.dense_units), 1)     # ranks 4.. on NVMe
+    seen = {}
+    real = CostModel._reads_in_flight
+    for point in ("output", "attention"):
+        got = seen[point] = []
+        monkeypatch.setattr(CostModel, "_reads_in_flight", staticmethod(
+            lambda pre, spans, j, depth, t: got.append((j, dict(spans))) or real(pre, spans, j, depth, t)))
+        CostModel(p.replace(lookahead_point=point)).predict(place)
+        monkeypatch.undo()
+    for point, calls in seen.items():
+        assert [j for j, _ in calls] == [0, 1, 2]
+        for j, spans in calls:             # at layer j's request: submitted so far, the guesses for layers .. j
+            assert max(spans, default=j) <= j and (j == 0 or j in spans), (point, j, spans)
+    end, router = seen["output"][2][1], seen["attention"][2][1]
+    for jj in (1, 2):                      # the guesses for layer jj: alone at the layer's end, behind the demand at
+        assert router[jj][1] - router[jj][0] > end[jj][1] - end[jj][0] > 0      # the router
 
 
 def test_the_stagers_host_time_slows_a_token_but_not_the_drives_busy_time(tiny):

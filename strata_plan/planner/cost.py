@@ -38,14 +38,17 @@ their bytes count with the warm ones; those it does not hold (Che's approximatio
 the statistics' LRU curve where a layer's locality keeps more: `staging_miss`, planner/staging.py) are read from
 NVMe (reads.py: a layer's expected misses of each format as one batch, T(n_f)), R of them when layer j-d ends (the
 guesses reach the stager through a pinned ring; with `Problem.lookahead_point` "attention" when layer j-d's router
-runs, beside that layer's demand batch on the drive), the rest after the router, and the layer waits for what has not
+runs, submitted behind that layer's demand batch), the rest after the router, and the layer waits for what has not
 landed:
-    t += max(S(demand batch), done_{j-d} + S(lookahead batch) - t)      before the layer's MoE
+    t += max(S(demand batch), landed_j - t)      before the layer's MoE; landed_j = done_{j-d} + S(lookahead batch),
+                                                 at the router start_{j-d} + S(the queue up to and with it)
     S(n) = wake + max(T(n), (n - 1) read + T(1)) + publish    the stager's host starts a batch's reads one after
                                                               another, and publishes them after the last is in
-(calibration `stager_wake_us`, `stager_read_us`, `stager_publish_us`); the demand batch shares the drive with the
-lookahead's reads still on it (the part of the batches for layers j..j+d-1 not landed at t: T(n + m), T(1 + m)); the
-NVMe busy time counts every read's T, wrong guesses included.
+(calibration `stager_wake_us`, `stager_read_us`, `stager_publish_us`). The drive serves reads in the order the
+stager submits them: a batch lands after the reads submitted before it and still on the drive (the part of the
+lookahead's batches issued earlier not landed at t: T(n + m), T(1 + m)), and reads submitted behind it do not delay
+it (measured: the demand reads of rows with the router's guesses behind them landed no later, engine/ENGINE.md);
+the NVMe busy time counts every read's T, wrong guesses included.
 
 The copy path is for several-GPU placements only (pipeline splits, `Placement.gpu_split`, `Placement.remote`: the
 engine does not run them, these are predictions). Misses are copied (b_r / H2D(b_r) on the pinned curve; while
@@ -513,19 +516,16 @@ class CostModel:
         return np.where(n <= 1.0, n * (wake + publish) + drive, many), drive
 
     @staticmethod
-    def _reads_in_flight(pre_counts: np.ndarray, pre_n: np.ndarray, issued: list[float], j: int, depth: int,
-                         t: float, upto: int = 0) -> np.ndarray:
-        """[F] the lookahead's NVMe reads still on the drive at time t (MoE layer j's router): the batches for
-        layers j .. j+d-1 (.. j+d with `upto` 1: the guesses taken at the router, whose batch for layer j+d leaves
-        with layer j's request), each issued at issued[jj-d] and landing pre_n[jj] later, the part of each not yet
-        landed (its reads progressing together)."""
+    def _reads_in_flight(pre_counts: np.ndarray, spans: dict[int, tuple[float, float]], j: int, depth: int,
+                         t: float) -> np.ndarray:
+        """[F] the lookahead's NVMe reads still on the drive at time t (MoE layer j's router), submitted before
+        layer j's demand reads: the batches for layers j .. j+d issued so far (`spans`: layer -> (submitted, landed)
+        seconds), the part of each not yet landed (its reads progressing together)."""
         out = np.zeros(pre_counts.shape[0])
-        for jj in range(j, min(j + depth + upto, len(pre_n))):
-            src = jj - depth
-            if 0 <= src < len(issued) and pre_n[jj] > 0:
-                left = (issued[src] + pre_n[jj] - t) / pre_n[jj]
-                if left > 0:
-                    out += min(1.0, left) * pre_counts[:, jj]
+        for jj in range(j, j + depth + 1):
+            start, end = spans.get(jj, (0.0, 0.0))
+            if end > start and end > t:
+                out += min(1.0, (end - t) / (end - start)) * pre_counts[:, jj]
         return out
 
     def prefill_in_flight(self, depth: int) -> int:
@@ -844,7 +844,7 @@ class CostModel:
         link_free = [0.0] * self.problem.n_gpus
         finish: list[list[float]] = [[] for _ in range(self.problem.n_gpus)]   # per GPU, its decoder layers'
         moe_done: list[float] = []        # per MoE layer: when its output (the lookahead source) exists
-        moe_start: list[float] = []       # per MoE layer: when its router ran (the source at lookahead_point "attention")
+        spans: dict[int, tuple[float, float]] = {}    # MoE layer -> its NVMe lookahead batch (submitted, landed)
         at_router = self.problem.lookahead_point == "attention"
         moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
         hop = 2 * spec.hidden
@@ -883,17 +883,20 @@ class CostModel:
             j = moe_index.get(i)
             if j is not None and inplace is not None:    # in place: RAM and VRAM experts read side by side
                 t_fl_exp = 2.0 * spec.top_k * spec.expert_params / models[i].flop_rate
-                moe_start.append(t)
-                nvme_issued = moe_start if at_router else moe_done
-                wait = dem_n[j]                          # NVMe: the reads the router's ids ask for
-                if depth and "pre_counts" in inplace:    # ... beside the lookahead's reads still in flight
-                    out = self._reads_in_flight(inplace["pre_counts"], pre_n, nvme_issued, j, depth, t,
-                                                upto=int(at_router))
+                wait, out = dem_n[j], None               # NVMe: the reads the router's ids ask for
+                if depth and "pre_counts" in inplace:    # ... behind the lookahead's reads still on the drive
+                    out = self._reads_in_flight(inplace["pre_counts"], spans, j, depth, t)
                     if out.any():
                         wait = float(self.staged_batch_seconds(inplace["dem_counts"][:, j:j + 1],
                                                                out[:, None])[0][0])
-                if depth and j >= depth:                 # ... and the lookahead's, issued when layer j-d ended (at
-                    wait = max(wait, nvme_issued[j - depth] + pre_n[j] - t)      # its router: "attention")
+                if j in spans:                           # ... and the lookahead's for this layer
+                    wait = max(wait, spans[j][1] - t)
+                if depth and at_router and j + depth < len(pre_n):   # layer j+d's guesses, behind this request's
+                    behind = pre_n[j + depth]            # demand reads and those still on the drive
+                    if out is not None:
+                        queue = inplace["dem_counts"][:, j] + out + inplace["pre_counts"][:, j + depth]
+                        behind = float(self.staged_batch_seconds(queue[:, None])[0][0])
+                    spans[j + depth] = (t, t + behind)
                 if wait > 0:
                     sec["nvme"] += wait
                     t += wait
@@ -910,6 +913,8 @@ class CostModel:
                 sec["lookahead_gpu"] += inplace["lookahead"][j]
                 sec["residency_gpu"] += inplace["residency"][j]
                 moe_done.append(t)
+                if depth and not at_router and j + depth < len(pre_n):   # layer j+d's guesses, when this layer ends
+                    spans[j + depth] = (t, t + pre_n[j + depth])
                 if depth and j + depth < len(inplace["copy"]) and inplace["copy"][j + depth] > 0:
                     copies.add(t, j + depth, inplace["copy"][j + depth],      # layer j+d's guesses, side stream,
                                start=t + inplace["side_start"])              # after the kernels before the copy
