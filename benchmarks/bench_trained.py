@@ -302,7 +302,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
                     pick=None if greedy else decode_pick(a), options=options)
     r["vram_peak_gb_measured"] = _peak_gb()
-    point = options.lookahead_point if options is not None else "output"
+    point = (options.lookahead_point if options is not None else None) or executed.staging.lookahead_point
     p = pred.for_plan(executed, mode, point=point)
     c = r["counters"]
     bt = r["bytes_per_token"]
@@ -311,7 +311,8 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     r.update(predicted=p, bound_from_moved_bytes=bound)
     run.extra["runs"][key] = r
     run.save()
-    if point == "output":           # (rows predicted again later: on the stager's measured host, on their own routing)
+    if point == executed.staging.lookahead_point:    # (rows predicted again later, at their plan's point: on the
+        # stager's measured host, on their own routing)
         run.executed[key] = (executed, mode, pred)
     out = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_mean_measured": m["decode_tok_s_mean"],
            "decode_tok_s_predicted": p["decode_tok_s"], "measured_over_predicted": m["decode_tok_s"] / p["decode_tok_s"],
@@ -449,8 +450,10 @@ def lookahead_margin(run: Run, a, name: str, packed: Path, plan, pred: Predictor
     from strata_plan.engine.engine import EngineOptions, baseline
     depth = plan.prefetch_depth or a.lookahead_depth
     ahead = plan if plan.prefetch_depth else forced_depth(plan, depth)
-    rows = {"lookahead": (ahead, "plan", None), "on-demand": (baseline(plan, "on-demand"), "on-demand", None)}
-    if getattr(a, "lookahead_point_ab", False):
+    ab = getattr(a, "lookahead_point_ab", False)
+    rows = {"lookahead": (ahead, "plan", EngineOptions(lookahead_point="output") if ab else None),
+            "on-demand": (baseline(plan, "on-demand"), "on-demand", None)}
+    if ab:
         rows["lookahead_router"] = (ahead, "plan", EngineOptions(lookahead_point="attention"))
     tok: dict[str, list[float]] = {k: [] for k in rows}
     for k in range(a.lookahead_repeats):
@@ -458,7 +461,7 @@ def lookahead_margin(run: Run, a, name: str, packed: Path, plan, pred: Predictor
             executed, mode, options = rows[label]
             tok[label].append(measure_one(run, a, f"{name}.{label}_r{k}", packed, executed, mode, pred,
                                           prompt, options)["decode_tok_s_measured"])
-    predicted = {k: pred.for_plan(*rows[k][:2], point=rows[k][2].lookahead_point if rows[k][2] else "output")
+    predicted = {k: pred.for_plan(*rows[k][:2], point=rows[k][2].lookahead_point if rows[k][2] else None)
                  ["decode_tok_s"] for k in rows}
     m = run.metrics
     m[f"{name}.lookahead_depth"], m[f"{name}.lookahead_forced"] = depth, not plan.prefetch_depth

@@ -98,6 +98,17 @@ def test_guesses_taken_at_the_router_go_with_the_request_and_leave_the_tokens(pa
         EngineOptions(lookahead_point="router")
 
 
+def test_the_engine_takes_the_lookahead_point_the_plan_records(packed_bf16):
+    """A plan made with `strata-plan plan --lookahead-point attention` records it (`staging.lookahead_point`), and
+    the engine follows it unless its options name a point."""
+    import dataclasses
+    plan = bf16_plan(2, 4, 0, 1, chunk=1)
+    router = dataclasses.replace(plan, staging=dataclasses.replace(plan.staging, lookahead_point="attention"))
+    for p, point, early in ((plan, None, False), (router, None, True), (router, "output", False)):
+        with Engine.open(packed_bf16, p, EngineOptions(device="cpu", lookahead_point=point)) as eng:
+            assert eng.store.staging.early == early and (eng.model.before_moe is not None) == early
+
+
 def test_the_deepest_guesses_alone_are_read_when_asked_and_the_tokens_stay(packed_bf16):
     """`stage_depths="deepest"` (an A/B): at depth 2 the stager reads only the depth-2 guesses, as the cost model
     counts them; the depth-1 ones are still counted for precision and recall. The tokens are the same."""

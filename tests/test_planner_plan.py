@@ -92,12 +92,37 @@ def _mutated(tmp_path, plan, edit):
     (lambda d: d.update(prefetch_depth=9), "prefetch_depth"),
     (lambda d: d["cache"].update(total_slots=d["cache"]["total_slots"] + 1), "(top level)"),
     (lambda d: d.pop("dense"), "(top level)"),
+    (lambda d: d["staging"].update(lookahead_point="router"), "staging.lookahead_point"),
 ])
 def test_plan_loading_is_strict(tiny_plan, tmp_path, edit, field):
     with pytest.raises(UserError) as e:
         load_plan(_mutated(tmp_path, tiny_plan, edit))
     assert e.value.field == field
     assert "\n" not in e.value.line()
+
+
+def test_the_lookahead_point_is_recorded_and_predicted_again(tiny_files, tmp_path):
+    """`strata-plan plan --lookahead-point attention`: the plan records where the NVMe guesses are taken
+    (`staging.lookahead_point`), the plan's problem rebuilt from the file carries it, and a plan with an NVMe tier and
+    lookahead is predicted at that point (the kimi5 seed plan at depth 2)."""
+    import dataclasses
+    from pathlib import Path
+    from strata_plan.planner.repredict import plan_problem, predict_plan
+    plan = make_plan("rtx-4090", str(tiny_files / "config.json"), stats=str(tiny_files / "trace.npz"), trials=6,
+                     seed=1, lookahead_point="attention", **TINY)
+    again = load_plan(save_plan(plan, tmp_path / "tiny.yaml"))
+    assert plan.staging.lookahead_point == again.staging.lookahead_point == "attention"
+    assert plan_problem(again, "rtx-4090", "tiny.yaml").lookahead_point == "attention"
+    data = Path(__file__).resolve().parent / "data"
+    seed = load_plan(data / "plan-kimi5-h200-seed-depth2.yaml")
+    assert seed.staging.lookahead_point == "output" and seed.prefetch_depth == 2      # a file without the field
+    router = dataclasses.replace(seed, staging=dataclasses.replace(seed.staging, lookahead_point="attention"))
+    saved = load_plan(save_plan(router, tmp_path / "seed.yaml"))
+    prob = plan_problem(seed, "h200", str(data / "plan-kimi5-h200-seed-depth2.yaml"))
+    got = predict_plan(saved, "h200", "plan", where=str(tmp_path / "seed.yaml")).decode_tok_s
+    assert got == pytest.approx(predict_plan(seed, None, "plan", problem=prob.replace(lookahead_point="attention"))
+                                .decode_tok_s)
+    assert got != pytest.approx(predict_plan(seed, None, "plan", problem=prob).decode_tok_s, rel=1e-6)
 
 
 def test_plan_for_another_model_is_refused(tiny_plan, tmp_path):

@@ -25,17 +25,19 @@ class Predictor:
         self.problem = plan_problem(self.plan, self.profile, self.path).replace(sampled=sampled)
         self.cost = CostModel(self.problem)
 
-    def for_plan(self, executed, mode: str = "plan", stats=None, point: str = "output") -> dict:
+    def for_plan(self, executed, mode: str = "plan", stats=None, point: str | None = None) -> dict:
         """Predicted decode figures of `executed` (the plan as the engine ran it: another lookahead depth in the
         depth sweep) run as `mode`, and its physical bound (`planner.bound.physical_bound`, the optimistic bytes of the
         placement). `stats`: other routing statistics than the plan's (a row's own routing: `trained.run_routing`).
-        `point`: where the NVMe lookahead took its guesses (EngineOptions.lookahead_point)."""
+        `point`: where the NVMe lookahead took its guesses (EngineOptions.lookahead_point; None: the executed
+        plan's, `staging.lookahead_point`)."""
         from strata_plan.planner.bound import physical_bound
         from strata_plan.planner.repredict import predict_plan
         from strata_plan.planner.placement import placement_of
         place = placement_of(executed)
         problem = self.problem if stats is None else self.problem.replace(stats=stats)
-        if point != "output":
+        point = point or executed.staging.lookahead_point
+        if point != problem.lookahead_point:
             problem = problem.replace(lookahead_point=point)
         pred = predict_plan(executed, None, mode, self.path, problem=problem)
         bound = physical_bound(problem, place)

@@ -31,6 +31,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same plan)")
     p.add_argument("--depth", type=int, help="hold the router lookahead depth at this value (default: searched; 0: "
                    "no lookahead); the rest of the plan is searched for it within the same budgets")
+    p.add_argument("--lookahead-point", choices=("output", "attention"), default="output",
+                   help="with an NVMe tier: take the lookahead's guesses for layers j+1.. when layer j ends "
+                        "(output, the default) or when its router runs (attention: queued behind its demand reads, a "
+                        "MoE layer sooner); priced by the search, recorded in the plan, followed by the engine")
     add_out(p, "plan YAML to write", required=True)
     add_json(p, "machine-readable summary")
     p.set_defaults(func=cmd_plan)
@@ -61,7 +65,8 @@ def cmd_plan(args) -> int:
     kw = dict(stats=args.stats, prior=args.prior, gpu_preset=args.gpu_preset, context=args.context, chunk=args.chunk,
               trials=args.trials, objective=args.objective, mix_weight=0.5 if args.mix_weight is None else args.mix_weight,
               vram_gb=args.vram_gb, ram_gb=args.ram_gb, nvme_gb=args.nvme_gb,
-              study_db=args.study_db, seed=args.seed, gpus=args.gpus, depth=args.depth)
+              study_db=args.study_db, seed=args.seed, gpus=args.gpus, depth=args.depth,
+              lookahead_point=args.lookahead_point)
     model = args.model if args.moe_layers is None else f"{args.model}@{args.moe_layers}moe"
     plan = _with_progress(args.trials, lambda on_trial: make_plan(args.profile, model, on_trial=on_trial, **kw))
     path = save_plan(plan, out)

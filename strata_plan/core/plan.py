@@ -167,6 +167,9 @@ class StagingPlan:
     nvme_reads_prefill: dict[str, NvmeRead] | None = None   # prefill: every staging slot in flight
     nvme_in_flight: int = bounded(0, 4096, default=0)           # decode: experts read at once (0: a plan before
     nvme_in_flight_prefill: int = bounded(0, 4096, default=0)   # issue 26, which modelled one at decode)
+    # with an NVMe tier and lookahead, where the guesses for layers j+1.. are taken: layer j's output ("output", when
+    # it ends) or its router ("attention", submitted behind its demand reads); the engine's EngineOptions default
+    lookahead_point: Literal["output", "attention"] = "output"
 
 
 @dataclass(frozen=True)

@@ -111,12 +111,12 @@ class EngineOptions:
     stager_io: str = field(default_factory=default_stager_io)   # the NVMe stager's reads: submitted together through
                                      # Linux native AIO ("aio", engine/aio.py) where the kernel gives it, else a
                                      # reader thread each ("threads": the reference, and the A/B)
-    lookahead_point: str = "output"  # with an NVMe tier and lookahead, where the guesses for layers j+1.. are taken:
-                                     # layer j's output, known when it ends (the traces' definition and the cost
-                                     # model's), or its residual after attention ("attention": when its router runs,
-                                     # sent with its request, a whole MoE layer sooner; tools/lookahead_point.py
-                                     # measures the precision it costs). An A/B: the cost model prices both
-                                     # (Problem.lookahead_point) with the statistics of the layer's end
+    lookahead_point: str | None = None   # with an NVMe tier and lookahead, where the guesses for layers j+1.. are
+                                     # taken: layer j's output, known when it ends (the traces' definition), or its
+                                     # residual after attention ("attention": when its router runs, sent with its
+                                     # request, a whole MoE layer sooner; tools/lookahead_point.py measures the
+                                     # precision it costs). None: the plan's (`staging.lookahead_point`, which the
+                                     # planner priced: Problem.lookahead_point)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -127,7 +127,7 @@ class EngineOptions:
             raise UserError("stage_depths", self.stage_depths, "unknown", f"use one of {', '.join(STAGE_DEPTHS)}")
         if self.stager_io not in STAGER_IO:
             raise UserError("stager_io", self.stager_io, "unknown", f"use one of {', '.join(STAGER_IO)}")
-        if self.lookahead_point not in LOOKAHEAD_POINTS:
+        if self.lookahead_point is not None and self.lookahead_point not in LOOKAHEAD_POINTS:
             raise UserError("lookahead_point", self.lookahead_point, "unknown",
                             f"use one of {', '.join(LOOKAHEAD_POINTS)}")
         # (where the kernel refuses an AIO context when the stager starts, it warns and reads with threads)
@@ -155,7 +155,8 @@ class Engine:
                                                                     partial_landing=options.partial_landing,
                                                                     stage_depths=options.stage_depths,
                                                                     stager_io=options.stager_io,
-                                                                    lookahead_point=options.lookahead_point,
+                                                                    lookahead_point=options.lookahead_point
+                                                                    or plan.staging.lookahead_point,
                                                                     allow_buffered=options.allow_buffered,
                                                                     kernels=options.backend == "triton"), plan_path)
         if store.prefetch is not None and options.copy_programs:

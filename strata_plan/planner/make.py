@@ -59,10 +59,10 @@ def make_problem(profile: str, model: str, stats: str | None = None, prior: str 
                  gpu_preset: str | None = None, context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
                  vram_gb: float | tuple | None = None, ram_gb: float | None = None, nvme_gb: float | None = None,
                  prior_seed: int = 0, prior_tokens: int | None = None, gpus: int | None = None,
-                 depth: int | None = None) -> Problem:
+                 depth: int | None = None, lookahead_point: str = "output") -> Problem:
     """The planning problem from names and paths. `vram_gb`: one budget, or one per GPU (`--vram-gb 24,24`);
     `gpus`: how many of the profile's GPUs to plan over (default: as many as `vram_gb` lists, else all); `depth`: the
-    lookahead depth held fixed (None: searched)."""
+    lookahead depth held fixed (None: searched); `lookahead_point`: where the NVMe guesses are taken (`Problem`)."""
     from strata_plan.core.spec import load_spec
     spec = load_spec(model)
     prof = load_machine(profile, gpu_preset)
@@ -70,7 +70,7 @@ def make_problem(profile: str, model: str, stats: str | None = None, prior: str 
     if gpus is None and not isinstance(vram_gb, (tuple, list)):
         gpus = max(1, prof.n_gpus)
     return Problem(spec, prof, routing_stats, Budget.from_profile(prof, vram_gb, ram_gb, nvme_gb, gpus=gpus), context,
-                   chunk, depth=depth)
+                   chunk, depth=depth, lookahead_point=lookahead_point)
 
 
 def plan_from_result(problem: Problem, result: SearchResult, sources: Sources, cost: CostModel) -> Plan:
@@ -83,11 +83,12 @@ def make_plan(profile: str, model: str, stats: str | None = None, prior: str | N
               gpu_preset: str | None = None, context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
               trials: int = DEFAULT_TRIALS, objective: str = "decode", mix_weight: float = 0.5, vram_gb: float | tuple | None = None,
               ram_gb: float | None = None, nvme_gb: float | None = None, study_db: str | None = None, seed: int = 0,
-              on_trial=None, gpus: int | None = None, depth: int | None = None) -> Plan:
+              on_trial=None, gpus: int | None = None, depth: int | None = None,
+              lookahead_point: str = "output") -> Plan:
     """Search the best placement and return it as a Plan (see module docstring); `depth`: the lookahead depth held
-    fixed (None: searched)."""
+    fixed (None: searched); `lookahead_point`: where the NVMe guesses are taken (recorded in `staging`)."""
     problem = make_problem(profile, model, stats, prior, gpu_preset, context, chunk, vram_gb, ram_gb, nvme_gb,
-                           gpus=gpus, depth=depth)
+                           gpus=gpus, depth=depth, lookahead_point=lookahead_point)
     cost = CostModel(problem)
     result = search_ladder(problem, trials=trials, seed=seed, objective=objective, mix_weight=mix_weight,
                            study_db=study_db, cost=cost, on_trial=on_trial)
@@ -158,7 +159,8 @@ def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | 
     try:
         gpus = tuple(g.vram_budget_bytes for g in plan.gpus) if plan.gpus else ()
         return Problem(spec, prof, routing_stats, Budget(b.vram_bytes, b.ram_bytes, b.nvme_bytes, b.vram_reserve_bytes,
-                                                         gpus), plan.context, plan.prefill_chunk)
+                                                         gpus), plan.context, plan.prefill_chunk,
+                       lookahead_point=plan.staging.lookahead_point)
     except UserError as e:
         raise UserError(where, "memory.budgets", f"{e.where} {e.field}: {e.problem}", "plan again") from None
 
