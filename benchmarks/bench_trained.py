@@ -302,7 +302,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
         r = measure(packed, executed, mode=mode, tokens=a.tokens, warmup=a.warmup, prompt=prompt, device=a.device,
                     pick=None if greedy else decode_pick(a), options=options)
     r["vram_peak_gb_measured"] = _peak_gb()
-    point = (options.lookahead_point if options is not None else None) or executed.staging.lookahead_point
+    point = (options.lookahead_point if options is not None else None) or executed.staging.point
     p = pred.for_plan(executed, mode, point=point)
     c = r["counters"]
     bt = r["bytes_per_token"]
@@ -311,7 +311,7 @@ def measure_one(run: Run, a, key: str, packed: Path, executed, mode: str, pred: 
     r.update(predicted=p, bound_from_moved_bytes=bound)
     run.extra["runs"][key] = r
     run.save()
-    if point == executed.staging.lookahead_point:    # (rows predicted again later, at their plan's point: on the
+    if point == executed.staging.point:    # (rows predicted again later, at their plan's point: on the
         # stager's measured host, on their own routing)
         run.executed[key] = (executed, mode, pred)
     out = {"decode_tok_s_measured": m["decode_tok_s"], "decode_tok_s_mean_measured": m["decode_tok_s_mean"],

@@ -111,11 +111,15 @@ def test_the_lookahead_point_is_recorded_and_predicted_again(tiny_files, tmp_pat
     plan = make_plan("rtx-4090", str(tiny_files / "config.json"), stats=str(tiny_files / "trace.npz"), trials=6,
                      seed=1, lookahead_point="attention", **TINY)
     again = load_plan(save_plan(plan, tmp_path / "tiny.yaml"))
-    assert plan.staging.lookahead_point == again.staging.lookahead_point == "attention"
+    assert plan.staging.point == again.staging.point == "attention"
     assert plan_problem(again, "rtx-4090", "tiny.yaml").lookahead_point == "attention"
     data = Path(__file__).resolve().parent / "data"
     seed = load_plan(data / "plan-kimi5-h200-seed-depth2.yaml")
-    assert seed.staging.lookahead_point == "output" and seed.prefetch_depth == 2      # a file without the field
+    assert seed.staging.point == "output" and seed.prefetch_depth == 2      # a file without the field
+    data_out = yaml.safe_load((data / "plan-kimi5-h200-seed-depth2.yaml").read_text())
+    data_out["staging"]["lookahead_point"] = "output"                  # written out: the same as absent
+    (tmp_path / "named.yaml").write_text(yaml.safe_dump(data_out))
+    assert load_plan(tmp_path / "named.yaml").staging.point == "output"
     router = dataclasses.replace(seed, staging=dataclasses.replace(seed.staging, lookahead_point="attention"))
     saved = load_plan(save_plan(router, tmp_path / "seed.yaml"))
     prob = plan_problem(seed, "h200", str(data / "plan-kimi5-h200-seed-depth2.yaml"))

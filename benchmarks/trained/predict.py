@@ -36,7 +36,7 @@ class Predictor:
         from strata_plan.planner.placement import placement_of
         place = placement_of(executed)
         problem = self.problem if stats is None else self.problem.replace(stats=stats)
-        point = point or executed.staging.lookahead_point
+        point = point or executed.staging.point
         if point != problem.lookahead_point:
             problem = problem.replace(lookahead_point=point)
         pred = predict_plan(executed, None, mode, self.path, problem=problem)

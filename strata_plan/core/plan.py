@@ -167,9 +167,14 @@ class StagingPlan:
     nvme_reads_prefill: dict[str, NvmeRead] | None = None   # prefill: every staging slot in flight
     nvme_in_flight: int = bounded(0, 4096, default=0)           # decode: experts read at once (0: a plan before
     nvme_in_flight_prefill: int = bounded(0, 4096, default=0)   # issue 26, which modelled one at decode)
-    # with an NVMe tier and lookahead, where the guesses for layers j+1.. are taken: layer j's output ("output", when
-    # it ends) or its router ("attention", submitted behind its demand reads); the engine's EngineOptions default
-    lookahead_point: Literal["output", "attention"] = "output"
+    # with an NVMe tier and lookahead, where the guesses for layers j+1.. are taken: layer j's output (absent: when it
+    # ends) or its router ("attention", submitted behind its demand reads); the engine's EngineOptions default
+    lookahead_point: Literal["output", "attention"] | None = None
+
+    @property
+    def point(self) -> str:
+        """Where the NVMe lookahead's guesses are taken: "output" (the layer's end) or "attention" (its router)."""
+        return self.lookahead_point or "output"
 
 
 @dataclass(frozen=True)

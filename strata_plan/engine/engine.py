@@ -156,7 +156,7 @@ class Engine:
                                                                     stage_depths=options.stage_depths,
                                                                     stager_io=options.stager_io,
                                                                     lookahead_point=options.lookahead_point
-                                                                    or plan.staging.lookahead_point,
+                                                                    or plan.staging.point,
                                                                     allow_buffered=options.allow_buffered,
                                                                     kernels=options.backend == "triton"), plan_path)
         if store.prefetch is not None and options.copy_programs:

@@ -36,7 +36,7 @@ def build_plan(problem, result, bound, sources: Sources, cost, machine=None) -> 
     if fp.host_staging:
         host = pinned_staging_slots(spec.top_k, p.prefetch_depth, p.staging) if staged(problem, p.gpu_split) else slots
     staging = StagingPlan(vram_slots=slots, host_slots=host, slot_bytes=problem.slot_bytes,
-                          lookahead_point=problem.lookahead_point,
+                          lookahead_point=None if problem.lookahead_point == "output" else problem.lookahead_point,
                           dense_buffers=2 if fp.dense_buffers else 0, dense_buffer_bytes=fp.dense_buffers // 2,
                           nvme_reads=reads(cost.decode_in_flight),
                           nvme_reads_prefill=reads(cost.prefill_in_flight(p.prefetch_depth)),

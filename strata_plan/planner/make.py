@@ -160,7 +160,7 @@ def problem_for_plan(plan, where: str, profile: str | None = None, stats: str | 
         gpus = tuple(g.vram_budget_bytes for g in plan.gpus) if plan.gpus else ()
         return Problem(spec, prof, routing_stats, Budget(b.vram_bytes, b.ram_bytes, b.nvme_bytes, b.vram_reserve_bytes,
                                                          gpus), plan.context, plan.prefill_chunk,
-                       lookahead_point=plan.staging.lookahead_point)
+                       lookahead_point=plan.staging.point)
     except UserError as e:
         raise UserError(where, "memory.budgets", f"{e.where} {e.field}: {e.problem}", "plan again") from None
 
