@@ -53,6 +53,21 @@ def test_a_plan_under_the_budget_holds_its_shares(name, tmp_path):
         assert got["ram_share"] <= SEED_RAM_SHARE + 1e-9 and got["nvme_share"] >= 1 - VRAM_SHARE - SEED_RAM_SHARE
 
 
+def test_the_plans_can_take_the_guesses_at_the_router(tmp_path):
+    """`--lookahead-point attention`: the budget's plan is searched with the NVMe guesses taken at each layer's
+    router and records it (the engine rows follow the plan)."""
+    pytest.importorskip("optuna")
+    import types
+    from bench_trained import Run, plan_budget
+    from strata_plan.core.plan import load_plan
+    a = types.SimpleNamespace(work=str(tmp_path), out_dir=str(tmp_path / "out"), profile="h200", context=256,
+                              chunk=32, trials=8, lookahead_point="attention")
+    run = Run(a)
+    path = plan_budget(run, a, "seed", FIXTURE, TRACE)
+    assert load_plan(path).staging.point == "attention" and run.metrics["seed.plan.lookahead_point"] == "attention"
+    assert "--lookahead-point attention --out" in run.extra["commands"][-1]
+
+
 @pytest.fixture
 def one_torch_thread():
     """A tiny model on a busy 2-core runner: a second torch thread only spins."""
