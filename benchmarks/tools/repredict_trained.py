@@ -62,19 +62,18 @@ def main() -> int:
                 else prof.calibration.stager_publish_us))
         sampled = (result.get("settings") or {}).get("sample", "greedy") != "greedy"    # the rows drew their tokens
         pred, plan = Predictor(path, p, sampled=sampled), load_plan(path)
-        rows = [(mode, baseline(plan, mode), mode, "output") for mode in MODES]
-        rows += [(again, plan, "plan", "output")
-                 for again in ("plan_again", "plan_deepest", "plan_aio", "plan_threads")]
-        rows += [(f"depth{d}", forced_depth(plan, d), "plan", "output") for d in range(1, 9)]
+        rows = [(mode, baseline(plan, mode), mode) for mode in MODES]
+        rows += [(again, plan, "plan") for again in ("plan_again", "plan_deepest", "plan_aio", "plan_threads")]
+        rows += [(f"depth{d}", forced_depth(plan, d), "plan") for d in range(1, 9)]
         ahead = plan if plan.prefetch_depth else forced_depth(plan, int(m.get(f"{name}.lookahead_depth", 1)))
         for k in range(16):          # --lookahead-repeats' interleaved rows (--lookahead-point-ab: the router's too)
-            rows += [(f"lookahead_r{k}", ahead, "plan", "output"),
-                     (f"on-demand_r{k}", baseline(plan, "on-demand"), "on-demand", "output"),
-                     (f"lookahead_router_r{k}", ahead, "plan", "attention")]
-        for key, executed, mode, point in rows:
+            rows += [(f"lookahead_r{k}", ahead, "plan"), (f"on-demand_r{k}", baseline(plan, "on-demand"), "on-demand"),
+                     (f"lookahead_router_r{k}", ahead, "plan")]
+        for key, executed, mode in rows:
             got = m.get(f"{name}.{key}.decode_tok_s_measured")
             if got is None:
                 continue
+            point = result["runs"][f"{name}.{key}"].get("lookahead_point")     # as the row ran (None: the plan's)
             trace = folder / "run-routing" / f"{name}.{key}.npz"
             stats = None
             if a.own_routing and trace.is_file():

@@ -38,9 +38,9 @@ class Problem:
     # decode draws its tokens by temperature / top-p: the draw's GPU time (the profile's measured `pick_us`) joins each
     # token's head (cost.CostModel.head_overhead); False: the argmax (`strata-plan run`'s default, greedy)
     sampled: bool = False
-    # with an NVMe tier and lookahead, where the engine takes the guesses for layers j+1.. (EngineOptions.lookahead_point):
-    # "output", when layer j ends; "attention", when its router runs, sent with its request. The statistics' precision
-    # and recall are the layer's end's either way (the traces record no other)
+    # with an NVMe tier and lookahead, where the engine takes the guesses for layers j+1.. (the plan's
+    # staging.lookahead_point): "output", when layer j ends; "attention", when its router runs, queued behind its
+    # demand reads. The statistics' precision and recall are the layer's end's either way (the traces record no other)
     lookahead_point: str = "output"
 
     def __post_init__(self) -> None:
