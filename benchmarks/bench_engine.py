@@ -14,6 +14,8 @@ planned for the engine, whose NVMe experts are staged in pinned RAM: 49% of rout
 (--forced-depth-ramrich, --forced-depth; labelled forced: the planner did not choose it): the plan made by the same
 command with `--depth D` where PLANS_DIR has it (`plan-kimi5-h200-seed-depth2.yaml`: within the budgets), else the
 plan with its staging slots grown on top of them (`_plans.forced_depth`); in its mode `plan` only,
+with the NVMe guesses taken at the layer's end (`--forced-points output`, the default) and/or at its router
+(`attention`: `<forced>_router`, its plan file's staging.lookahead_point, predicted there too),
 against its plan's LRU-only row (`<forced>.plan_over_lru`); --copy-programs adds the same with the lookahead's copy kernel
 at other block counts (`<forced>_p<N>`); --whole-landing runs every lookahead row (planned or forced) again with whole
 experts only (`<name>_whole`: no partial landing, kernels.prefetch), mode `plan`, against its plan's LRU-only row. The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
@@ -199,6 +201,9 @@ def main() -> int:
                     "when the planner chose none (labelled forced; 0: not)")
     ap.add_argument("--forced-depth-ramrich", type=int, default=1, help="the same for the RAM-rich plan (its mode "
                     "`plan` only, against the RAM-rich plan's LRU-only row)")
+    ap.add_argument("--forced-points", default="output", help="comma-separated points where a forced row's NVMe "
+                    "guesses are taken (output: the layer's end; attention: its router, row `<forced>_router`), each "
+                    "a row of its own, in this order (its plan file's staging.lookahead_point)")
     ap.add_argument("--copy-programs", default="0", help="comma-separated thread blocks of the lookahead's copy "
                     "kernel, a forced row each (`_p<N>`; 0: the engine's default, no suffix)")
     ap.add_argument("--whole-landing", action="store_true", help="also run each lookahead row with the lookahead's "
@@ -216,15 +221,20 @@ def main() -> int:
     for base, depth in (("ramrich", a.forced_depth_ramrich), ("seed", a.forced_depth)):
         if base in plans and depth and not plans[base].prefetch_depth:
             stem = f"{base}_forced_d{depth}"              # the same budget with a lookahead depth the planner did not pick
-            path = Path(a.out_dir or ".") / f"plan-kimi5-h200-{stem}.yaml"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            saved = Path(a.out_dir or ".")                # its plan file a point (`_router`: at the router)
+            saved.mkdir(parents=True, exist_ok=True)
             planned = PLANS_DIR / f"plan-kimi5-h200-{base}-depth{depth}.yaml"     # `strata-plan plan --depth`
             shipped = paths[base] == PLANS.get(base) and planned.exists()        # (only beside the shipped plan)
             plan = load_plan(planned) if shipped else forced_depth(plans[base], depth)
-            save_plan(plan, path)
-            for p in (int(x) for x in a.copy_programs.split(",")):
-                name = stem + (f"_p{p}" if p else "")
-                plans[name], forced[name], paths[name], programs[name] = plan, base, path, p
+            for point in a.forced_points.split(","):
+                at = stem + ("_router" if point == "attention" else "")
+                at_plan = plan if plan.staging is None else dataclasses.replace(plan, staging=dataclasses.replace(
+                    plan.staging, lookahead_point=None if point == "output" else point))
+                at_path = saved / f"plan-kimi5-h200-{at}.yaml"
+                save_plan(at_plan, at_path)
+                for p in (int(x) for x in a.copy_programs.split(",")):
+                    name = at + (f"_p{p}" if p else "")
+                    plans[name], forced[name], paths[name], programs[name] = at_plan, base, at_path, p
     if a.whole_landing:                                    # every lookahead row again with whole landing only
         for name in [n for n, p in plans.items() if p.prefetch_depth and programs.get(n, 0) == 0]:
             whole = f"{name}_whole"

@@ -22,7 +22,7 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     sys.path.insert(0, str(ROOT / "tests"))
     from test_engine_run import FIXTURE, bf16_plan
     from strata_plan.cli import main as cli
-    from strata_plan.core.plan import save_plan
+    from strata_plan.core.plan import load_plan, save_plan
     import bench_engine
     packed = tmp_path / "packed"
     assert cli(["pack", str(FIXTURE), "--out", str(packed), "--format", "bf16", "--json"]) == 0
@@ -34,13 +34,15 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--dir", str(packed), "--plans", ",".join(paths),
                                       "--tokens", "3", "--warmup", "2", "--out-dir", str(out), "--keep",
-                                      "--copy-programs", "0,2", "--whole-landing", "--stager-io", io])
+                                      "--copy-programs", "0,2", "--whole-landing", "--stager-io", io,
+                                      "--forced-points", "output,attention"])
     assert bench_engine.main() == 0
     (result,) = out.glob("engine-*.json")
     m = json.loads(result.read_text())["metrics"]
     modes = {"ramrich": ("plan", "lru", "on-demand"), "seed": ("plan", "lru", "on-demand"),
              "seed_forced_d2": ("plan",), "seed_forced_d2_p2": ("plan",),   # a forced depth: mode `plan` only
-             "ramrich_whole": ("plan",), "seed_forced_d2_whole": ("plan",)}  # lookahead rows without partial landing
+             "ramrich_whole": ("plan",), "seed_forced_d2_whole": ("plan",),  # lookahead rows without partial landing
+             "seed_forced_d2_router": ("plan",)}                  # the guesses taken at each layer's router
     for name, ms in modes.items():
         for mode in ms:
             assert m[f"{name}.{mode}.decode_tok_s"] > 0, (name, mode)
@@ -62,6 +64,10 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     assert m["seed_forced_d2.plan.nvme_wasted_gb_per_token"] >= 0
     assert "seed_forced_d2.plan.lookahead_d2.precision" in m
     assert (out / "plan-kimi5-h200-seed_forced_d2.yaml").exists()
+    points = {n: load_plan(out / f"plan-kimi5-h200-{n}.yaml").staging.point for n in ("seed_forced_d2", "seed_forced_d2_router")}
+    assert points == {"seed_forced_d2": "output", "seed_forced_d2_router": "attention"}
+    runs = json.loads(result.read_text())["runs"]                     # and the engine took its guesses there
+    assert [runs[f"{n}/plan"]["lookahead_point"] for n in points] == ["output", "attention"]
     assert m["stager_io"] == io
 
 
