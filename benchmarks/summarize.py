@@ -140,6 +140,10 @@ HEADLINES = (
     ("engine", "seed.plan_over_ondemand_predicted", "same, PREDICTED", None),
     ("engine", "seed_forced_d2.plan.decode_tok_s", "seed budget, lookahead depth 2 forced (the planner picks 0; `plan --depth 2` within the budget from 3c19318 on, before it the slots on top): MEASURED decode tok/s (its own run)", None),
     ("engine", "seed_forced_d2.plan.over_bound", "same / the drive's bound in that run", None),
+    ("engine", "seed_forced_d2_router.plan.decode_tok_s", "same with the NVMe guesses taken at each layer's router "
+     "(`--forced-points output,attention`): MEASURED decode tok/s", None),
+    ("engine", "seed_forced_d2_router.plan.predicted_decode_tok_s", "same, PREDICTED (the layer's end's row beside: "
+     "`seed_forced_d2.plan.predicted_decode_tok_s`)", None),
     ("engine-trained", "ramrich.plan.decode_tok_s_measured", "engine, trained bench-moe (own router), RAM-rich plan: MEASURED decode tok/s", None),
     ("engine-trained", "ramrich.plan.decode_tok_s_predicted", "same plan: PREDICTED decode tok/s", None),
     ("engine-trained", "ramrich.plan_over_on-demand_measured", "same budgets, plan / on-demand: MEASURED", None),
