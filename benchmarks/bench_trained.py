@@ -27,9 +27,10 @@ Stages (each one's failure is recorded and the later ones still run where they c
    default's; medians: `plan_aio_over_threads_measured`; A/B); with `--lookahead-repeats N`, the lookahead (the
    plan's depth, else `--lookahead-depth` forced) and on-demand N runs each, interleaved: medians
    `lookahead_over_ondemand_measured` beside the cost model's `_predicted` (`--lookahead-point-ab`: a third row with
-   the guesses taken at each layer's router, `lookahead_router_over_lookahead_measured` and `_predicted`; A/B).
-   `--lookahead-point attention` plans every budget with the NVMe guesses taken at the router (`strata-plan plan
-   --lookahead-point`), which its rows then follow (`<budget>.plan.lookahead_point`).
+   the guesses taken at each layer's router, the `lookahead` row at its end, `lookahead_router_over_lookahead_measured`
+   and `_predicted`; A/B). `--lookahead-point` (default attention: at each layer's router; output: at its end) is
+   where the budgets' plans take the NVMe guesses (`strata-plan plan --lookahead-point`), which their rows then follow
+   (`<budget>.plan.lookahead_point`).
 4. transformers: the checkpoint all on the device, and with accelerate offloading the routed experts
    (`device_map`: experts to "cpu", and for the seed budget the NVMe share to "disk" in an `offload_folder`),
    greedy decode of the same prompt, tok/s timed the same way.
@@ -216,9 +217,8 @@ def plan_budget(run: Run, a, name: str, ckpt: Path, trace: Path) -> Path:
     b = budgets(str(ckpt), str(trace), a.profile, a.context, a.chunk)[name]
     argv = ["plan", "--model", str(ckpt), "--stats", str(trace), "--profile", a.profile, "--context", str(a.context),
             "--chunk", str(a.chunk), "--trials", str(a.trials), *b.flags(), "--out", str(path), "--force", "--json"]
-    point = getattr(a, "lookahead_point", "output")
-    if point != "output":           # the NVMe guesses taken at each layer's router, priced by the search
-        argv[-4:-4] = ["--lookahead-point", point]
+    point = getattr(a, "lookahead_point", "attention")     # where the NVMe guesses are taken, priced by the search
+    argv[-4:-4] = ["--lookahead-point", point]
     summary = json.loads(cli(argv))
     run.extra["commands"].append("strata-plan " + " ".join(argv))
     from strata_plan.core.plan import load_plan
@@ -791,7 +791,7 @@ def parse(argv=None):
                    help="with --lookahead-repeats: a third interleaved row, the guesses taken at each layer's router "
                         "(EngineOptions.lookahead_point='attention'; `lookahead_router_over_lookahead_measured`, "
                         "`_predicted`)")
-    p.add_argument("--lookahead-point", choices=("output", "attention"), default="output",
+    p.add_argument("--lookahead-point", choices=("output", "attention"), default="attention",
                    help="the plans' `strata-plan plan --lookahead-point`: where the engine takes the NVMe guesses (the "
                         "rows follow the plan; --lookahead-point-ab's rows name theirs)")
     p.add_argument("--budgets", default="ramrich,seed")

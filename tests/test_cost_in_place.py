@@ -399,8 +399,9 @@ def test_demand_reads_share_the_drive_with_the_lookaheads_reads_in_flight(tiny, 
     """A layer's demand reads land after the drive read them beside the lookahead's reads still on it: its times are
     T(n + m) and T(1 + m) (the stager's host starts only the n); the reads still on it at a layer's router are the
     batches for layers j .. j+d-1 issued when layer jj-d ended, each the part of it not yet landed. The drive's
-    busy time is the same; the token is slower than with the drive to the demand reads alone."""
-    p = tiny.replace(profile=with_stager(tiny.profile, 100.0, 70.0))
+    busy time is the same; the token is slower than with the drive to the demand reads alone (the guesses taken at
+    the layer's end: at the router they go behind its demand reads, the next test)."""
+    p = tiny.replace(profile=with_stager(tiny.profile, 100.0, 70.0), lookahead_point="output")
     cm = CostModel(p)
     F = len(p.mix.formats)
     counts, beside = np.zeros((F, 1)), np.zeros((F, 1))

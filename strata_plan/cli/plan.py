@@ -31,10 +31,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same plan)")
     p.add_argument("--depth", type=int, help="hold the router lookahead depth at this value (default: searched; 0: "
                    "no lookahead); the rest of the plan is searched for it within the same budgets")
-    p.add_argument("--lookahead-point", choices=("output", "attention"), default="output",
-                   help="with an NVMe tier: take the lookahead's guesses for layers j+1.. when layer j ends "
-                        "(output, the default) or when its router runs (attention: queued behind its demand reads, a "
-                        "MoE layer sooner); priced by the search, recorded in the plan, followed by the engine")
+    p.add_argument("--lookahead-point", choices=("output", "attention"), default="attention",
+                   help="with an NVMe tier: take the lookahead's guesses for layers j+1.. when layer j's router runs "
+                        "(attention, the default: queued behind its demand reads, a MoE layer sooner) or when it ends "
+                        "(output); priced by the search, recorded in the plan, followed by the engine")
     add_out(p, "plan YAML to write", required=True)
     add_json(p, "machine-readable summary")
     p.set_defaults(func=cmd_plan)
