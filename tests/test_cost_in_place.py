@@ -203,6 +203,9 @@ def test_an_nvme_tier_in_the_device_loop_reads_staged_experts_in_place(tiny):
     assert small.decode_tok_s < pb.decode_tok_s and small.decode_seconds["nvme"] > 0
     ahead = cm.predict(dataclasses.replace(place, prefetch_depth=1))
     assert ahead.bytes_per_token["wasted"] > 0
+    # the drive reads the wrong guesses too, as the engine's measured nvme_read counts them (part of `wasted`)
+    b = ahead.bytes_per_token
+    assert 0 < b["nvme_wasted"] <= b["wasted"] and 0 < b["nvme_read"] - b["nvme_wasted"] <= b["nvme"]
 
 
 def test_the_device_loops_lookahead_reads_landed_guesses_from_vram_and_never_waits(tiny):

@@ -122,7 +122,8 @@ def waits(pred, executed, trace, context: dict, predicted: dict, m: dict, key: s
     at_mean = cm.staged_batch_seconds(counts.mean(axis=0))[0].sum()
     nb = np.array([cm.problem.spec.routed_expert_bytes(f) for f in fmts])
     reads = m.get(f"{key}.demand_reads_per_token_measured", float("nan"))
-    model_mb = predicted["bytes_per_token"]["nvme_read"] / 1e6
+    bpt = predicted["bytes_per_token"]
+    model_mb = (bpt["nvme_read"] - bpt.get("nvme_wasted", 0.0)) / 1e6      # the misses read (not the wrong guesses)
     print(f"    waits: {counts.sum(axis=(1, 2)).mean():.1f} misses a token on its routing ({reads:.1f} measured), "
           f"{(counts.sum(axis=2) @ nb).mean() / 1e6:.2f} MB (model {model_mb:.2f}); "
           f"batch time summed over each token's misses {actual * 1e3:.2f} ms, at their means {at_mean * 1e3:.2f}, "

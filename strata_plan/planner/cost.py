@@ -712,9 +712,11 @@ class CostModel:
 
         ram = warm + sum(streamed) + row
         dense_res = sum(u for u, res in zip(p.dense_units, placement.dense_resident) if res)
+        nvme_wasted = float(np.sum(R * waste * cold_read))     # the drive's wrong guesses (part of `wasted`)
         bpt = {"vram": float(k * tb["bytes"].sum()) - warm - cold + dense_res + float(self._layers["kv"].sum()),
                "ram": ram, "nvme": cold, "wasted": wasted, "pcie": ram + cold + wasted,
-               "nvme_read": float(np.sum(cold_read))}     # read from the drive (device loop: not staged already)
+               # read from the drive: the misses (device loop: those not staged already) and the wrong guesses
+               "nvme_read": float(np.sum(cold_read)) + nvme_wasted, "nvme_wasted": nvme_wasted}
         if inplace is not None:             # staged experts cross PCIe in place; the stager's wrong guesses do not
             bpt["pcie"] = ram + cold + float(np.sum(wrong))
         if split:
