@@ -15,7 +15,9 @@ planned for the engine, whose NVMe experts are staged in pinned RAM: 49% of rout
 command with `--depth D` where PLANS_DIR has it (`plan-kimi5-h200-seed-depth2.yaml`: within the budgets), else the
 plan with its staging slots grown on top of them (`_plans.forced_depth`); in its mode `plan` only,
 with the NVMe guesses taken at the layer's end (`--forced-points output`, the default) and/or at its router
-(`attention`: `<forced>_router`, its plan file's staging.lookahead_point, predicted there too),
+(`attention`: `<forced>_router`, its plan file's staging.lookahead_point, predicted there too), and with --deepest
+each such NVMe row again with the stager reading the plan's depth's guesses alone (`<forced>_deepest`, as the cost
+model counts them; by default it reads every depth's),
 against its plan's LRU-only row (`<forced>.plan_over_lru`); --copy-programs adds the same with the lookahead's copy kernel
 at other block counts (`<forced>_p<N>`); --whole-landing runs every lookahead row (planned or forced) again with whole
 experts only (`<name>_whole`: no partial landing, kernels.prefetch), mode `plan`, against its plan's LRU-only row. The packed folder is built each run (strata_plan/engine/synthetic.py, random weights in the
@@ -204,6 +206,9 @@ def main() -> int:
     ap.add_argument("--forced-points", default="output", help="comma-separated points where a forced row's NVMe "
                     "guesses are taken (output: the layer's end; attention: its router, row `<forced>_router`), each "
                     "a row of its own, in this order (its plan file's staging.lookahead_point)")
+    ap.add_argument("--deepest", action="store_true", help="also run each forced NVMe row with the stager reading "
+                    "the plan's depth's guesses alone (`<forced>_deepest`, EngineOptions.stage_depths='deepest': what "
+                    "the cost model counts; by default it reads every depth's)")
     ap.add_argument("--copy-programs", default="0", help="comma-separated thread blocks of the lookahead's copy "
                     "kernel, a forced row each (`_p<N>`; 0: the engine's default, no suffix)")
     ap.add_argument("--whole-landing", action="store_true", help="also run each lookahead row with the lookahead's "
@@ -218,6 +223,7 @@ def main() -> int:
     forced: dict[str, str] = {}                            # a forced plan's name -> its plan's (its mode: plan only)
     programs: dict[str, int] = {}                          # a forced row's copy kernel blocks (0: the default)
     whole_only: set[str] = set()                           # forced rows without partial landing
+    deepest: set[str] = set()                              # forced rows whose stager reads the deepest guesses alone
     for base, depth in (("ramrich", a.forced_depth_ramrich), ("seed", a.forced_depth)):
         if base in plans and depth and not plans[base].prefetch_depth:
             stem = f"{base}_forced_d{depth}"              # the same budget with a lookahead depth the planner did not pick
@@ -235,8 +241,13 @@ def main() -> int:
                 for p in (int(x) for x in a.copy_programs.split(",")):
                     name = at + (f"_p{p}" if p else "")
                     plans[name], forced[name], paths[name], programs[name] = at_plan, base, at_path, p
+                if a.deepest and any(l.nvme for l in plan.layers):
+                    name = at + "_deepest"
+                    plans[name], forced[name], paths[name], programs[name] = at_plan, base, at_path, 0
+                    deepest.add(name)
     if a.whole_landing:                                    # every lookahead row again with whole landing only
-        for name in [n for n, p in plans.items() if p.prefetch_depth and programs.get(n, 0) == 0]:
+        for name in [n for n, p in plans.items()
+                     if p.prefetch_depth and programs.get(n, 0) == 0 and n not in deepest]:
             whole = f"{name}_whole"
             plans[whole], forced[whole], paths[whole], programs[whole] = plans[name], forced.get(name, name), \
                 paths[name], 0
@@ -329,7 +340,7 @@ def main() -> int:
             r = attempt(f"{name}/{mode}", lambda: measure(
                 folder, paths[name], mode=mode, tokens=a.tokens, warmup=a.warmup, replay=replay_for(plan),
                 options=EngineOptions(copy_programs=programs.get(name, 0), partial_landing=name not in whole_only,
-                                      stager_io=a.stager_io)))
+                                      stager_io=a.stager_io, stage_depths="deepest" if name in deepest else "all")))
             if r is None:
                 return None
             out[f"{name}/{mode}"] = r

@@ -35,14 +35,15 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--dir", str(packed), "--plans", ",".join(paths),
                                       "--tokens", "3", "--warmup", "2", "--out-dir", str(out), "--keep",
                                       "--copy-programs", "0,2", "--whole-landing", "--stager-io", io,
-                                      "--forced-points", "output,attention"])
+                                      "--forced-points", "output,attention", "--deepest"])
     assert bench_engine.main() == 0
     (result,) = out.glob("engine-*.json")
     m = json.loads(result.read_text())["metrics"]
     modes = {"ramrich": ("plan", "lru", "on-demand"), "seed": ("plan", "lru", "on-demand"),
              "seed_forced_d2": ("plan",), "seed_forced_d2_p2": ("plan",),   # a forced depth: mode `plan` only
              "ramrich_whole": ("plan",), "seed_forced_d2_whole": ("plan",),  # lookahead rows without partial landing
-             "seed_forced_d2_router": ("plan",)}                  # the guesses taken at each layer's router
+             "seed_forced_d2_router": ("plan",),                  # the guesses taken at each layer's router
+             "seed_forced_d2_deepest": ("plan",), "seed_forced_d2_router_deepest": ("plan",)}   # depth 2's alone
     for name, ms in modes.items():
         for mode in ms:
             assert m[f"{name}.{mode}.decode_tok_s"] > 0, (name, mode)
@@ -55,6 +56,7 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     assert "ramrich_forced_d1.plan.decode_tok_s" not in m             # the RAM-rich plan has lookahead already
     assert m["ramrich_whole.plan_over_lru"] == m["ramrich_whole.plan.decode_tok_s"] / m["ramrich.lru.decode_tok_s"]
     assert "seed_forced_d2_p2_whole.plan.decode_tok_s" not in m       # one whole-landing row a lookahead row
+    assert "seed_forced_d2_deepest_whole.plan.decode_tok_s" not in m   # (not for the deepest-only rows)
     for name in ("seed", "seed_forced_d2", "seed_forced_d2_p2", "seed_forced_d2_whole"):   # the drive's bound, the stager
         assert m[f"{name}.plain_odirect_repeats"] == len(modes[name]) and m[f"{name}.plain_odirect_gbps"] > 0
         for mode in modes[name]:
@@ -68,6 +70,8 @@ def test_the_engine_bench_writes_every_row_on_the_fixture(tmp_path, one_torch_th
     assert points == {"seed_forced_d2": "output", "seed_forced_d2_router": "attention"}
     runs = json.loads(result.read_text())["runs"]                     # and the engine took its guesses there
     assert [runs[f"{n}/plan"]["lookahead_point"] for n in points] == ["output", "attention"]
+    assert [runs[f"seed_forced_d2{x}/plan"]["stage_depths"] for x in ("", "_deepest", "_router_deepest")] == [
+        "all", "deepest", "deepest"]
     assert m["stager_io"] == io
 
 

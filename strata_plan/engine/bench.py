@@ -153,6 +153,8 @@ def measure(packed, plan, mode: str = "plan", tokens: int = 64, warmup: int = 32
             "stager_io": store.staging.stager.io if store.staging is not None else opts.stager_io,
             # where the NVMe lookahead took its guesses ("attention": at each layer's router, with its request)
             "lookahead_point": "attention" if store.staging is not None and store.staging.early else "output",
+            # which depths' NVMe guesses the stager read ("all", or "deepest": the plan's depth alone)
+            "stage_depths": opts.stage_depths,
             "device": str(dev),                 # where the experts were computed (the engine's device)
             "measured": {
                 "decode_tok_s": 1.0 / med, "decode_tok_s_mean": tokens / wall,
