@@ -165,6 +165,8 @@ HEADLINES = (
     ("engine-trained", "seed.lookahead_router_over_lookahead_measured", "same lookahead, its guesses taken at each layer's router / at its end: MEASURED (medians of interleaved runs; `--lookahead-point-ab`)", None),
     ("engine-trained", "seed.lookahead_router_over_lookahead_predicted", "same: PREDICTED by the run's checkout (with the layer end's precision; to 7a2f9be the router's guesses shared the drive with the layer's demand reads, from the next commit on they queue behind them)", None),
     ("engine-trained", "seed.lookahead_router_over_ondemand_measured", "same lookahead at the router / on-demand: MEASURED", None),
+    ("engine-trained", "seed.lookahead_router_over_ondemand_predicted", "same: PREDICTED (issue 42: MEASURED >= it)",
+     None),
     ("engine-trained", "seed.accelerate.decode_tok_s_measured", "transformers + accelerate offload (+ disk), seed proportions: MEASURED", None),
     ("engine-trained", "equivalence.cpu_float32.tokens_equal", "`run` (bf16 packed) greedy tokens = transformers', float32 CPU", None),
     ("engine-trained", "equivalence.cuda_bf16.tokens_equal", "same in bf16 on the GPU (first divergence: in the file)", None),
