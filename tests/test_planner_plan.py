@@ -219,3 +219,20 @@ def test_statistics_of_another_geometry_are_refused():
         with pytest.raises(UserError) as e:
             Problem(kimi, prof, stats, Budget.from_profile(prof))
         assert e.value.field == field
+
+
+def test_the_plan_takes_the_guesses_at_the_router_by_default_and_says_where(capsys, tmp_path):
+    """`strata-plan plan` prices and records the NVMe guesses at each layer's router unless told `--lookahead-point
+    output`, and its summary names the point of a plan whose lookahead reads NVMe experts (kimi5's seed budget)."""
+    from strata_plan.cli import main as cli
+    argv = ["plan", "--model", "kimi-k3.1-pro", "--moe-layers", "5", "--profile", "h200", "--prior", "olmoe-like",
+            "--trials", "4", "--context", "1024", "--vram-gb", "11", "--ram-gb", "11.5", "--nvme-gb", "60",
+            "--depth", "2", "--force"]
+    said = {}
+    for point, extra in (("attention", []), ("output", ["--lookahead-point", "output"])):
+        out = tmp_path / f"{point}.yaml"
+        assert cli(argv + extra + ["--out", str(out)]) == 0
+        assert load_plan(out).staging.point == point
+        said[point] = " ".join(capsys.readouterr().out.split())
+    assert "depth 2 (NVMe guesses at each layer's router)" in said["attention"]
+    assert "depth 2 (NVMe guesses at each layer's end)" in said["output"]

@@ -146,8 +146,11 @@ def _print_plan(plan, path: str) -> None:
     for part in (t, b, h, m):
         con.print(part)
     s = plan.search
+    nvme_guesses = plan.prefetch_depth and plan.staging is not None and any(l.nvme for l in plan.layers)
+    where = {"attention": " (NVMe guesses at each layer's router)", "output": " (NVMe guesses at each layer's end)"}
     con.print(f"search: {s.trials} trials ({s.sampler}, seed {s.seed}), greedy plan {s.greedy_decode_tok_s:.3g} tok/s "
-              f"decode; prefetch depth {plan.prefetch_depth}, {plan.cache.total_slots} LRU cache slots, "
+              f"decode; prefetch depth {plan.prefetch_depth}"
+              f"{where[plan.staging.point] if nvme_guesses else ''}, {plan.cache.total_slots} LRU cache slots, "
               f"{len(plan.dense.resident_layers)}/{len(plan.dense.resident_layers) + len(plan.dense.streamed_layers)} "
               f"dense layers resident, lm_head in {plan.dense.lm_head}")
     con.print(f"wrote {path}")
