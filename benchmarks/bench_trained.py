@@ -72,6 +72,8 @@ from _watch import StagerWatch  # noqa: E402
 from trained import hf  # noqa: E402
 from trained.budgets import SEED_RAM_SHARE, VRAM_SHARE, achieved, budgets  # noqa: E402
 from trained.predict import Predictor  # noqa: E402
+from strata_plan.core.plan import LOOKAHEAD_POINTS  # noqa: E402
+from strata_plan.planner.problem import DEFAULT_LOOKAHEAD_POINT  # noqa: E402
 from strata_plan.errors import UserError  # noqa: E402
 
 MODES = ("plan", "lru", "on-demand")
@@ -217,7 +219,7 @@ def plan_budget(run: Run, a, name: str, ckpt: Path, trace: Path) -> Path:
     b = budgets(str(ckpt), str(trace), a.profile, a.context, a.chunk)[name]
     argv = ["plan", "--model", str(ckpt), "--stats", str(trace), "--profile", a.profile, "--context", str(a.context),
             "--chunk", str(a.chunk), "--trials", str(a.trials), *b.flags(), "--out", str(path), "--force", "--json"]
-    point = getattr(a, "lookahead_point", "attention")     # where the NVMe guesses are taken, priced by the search
+    point = getattr(a, "lookahead_point", DEFAULT_LOOKAHEAD_POINT)   # where the NVMe guesses are taken, priced
     argv[-4:-4] = ["--lookahead-point", point]
     summary = json.loads(cli(argv))
     run.extra["commands"].append("strata-plan " + " ".join(argv))
@@ -791,7 +793,7 @@ def parse(argv=None):
                    help="with --lookahead-repeats: a third interleaved row, the guesses taken at each layer's router "
                         "(EngineOptions.lookahead_point='attention'; `lookahead_router_over_lookahead_measured`, "
                         "`_predicted`)")
-    p.add_argument("--lookahead-point", choices=("output", "attention"), default="attention",
+    p.add_argument("--lookahead-point", choices=LOOKAHEAD_POINTS, default=DEFAULT_LOOKAHEAD_POINT,
                    help="the plans' `strata-plan plan --lookahead-point`: where the engine takes the NVMe guesses (the "
                         "rows follow the plan; --lookahead-point-ab's rows name theirs)")
     p.add_argument("--budgets", default="ramrich,seed")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from strata_plan.cli._common import add_json, add_out, console, gb_figures, print_json, table
 from strata_plan.errors import UserError
-from strata_plan.planner.problem import DEFAULT_TRIALS
+from strata_plan.core.plan import LOOKAHEAD_POINTS
+from strata_plan.planner.problem import DEFAULT_LOOKAHEAD_POINT, DEFAULT_TRIALS
 
 
 def register(sub) -> None:
@@ -31,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampler seed (same seed, same plan)")
     p.add_argument("--depth", type=int, help="hold the router lookahead depth at this value (default: searched; 0: "
                    "no lookahead); the rest of the plan is searched for it within the same budgets")
-    p.add_argument("--lookahead-point", choices=("output", "attention"), default="attention",
+    p.add_argument("--lookahead-point", choices=LOOKAHEAD_POINTS, default=DEFAULT_LOOKAHEAD_POINT,
                    help="with an NVMe tier: take the lookahead's guesses for layers j+1.. when layer j's router runs "
                         "(attention, the default: queued behind its demand reads, a MoE layer sooner) or when it ends "
                         "(output); priced by the search, recorded in the plan, followed by the engine")

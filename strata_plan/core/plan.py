@@ -23,6 +23,7 @@ from strata_plan.kernels.formats import FORMATS
 from strata_plan.schema import bounded, check_schema, parse, to_data
 from strata_plan.yamlio import atomic_write_yaml, read_yaml
 
+LOOKAHEAD_POINTS = ("output", "attention")   # staging.lookahead_point (EngineOptions.lookahead_point)
 SCHEMA_NAME = "strata-plan/plan"
 SCHEMA_VERSION = 1
 Resource = Literal["pcie", "nvme", "hbm", "compute", "overhead", "peer"]     # peer: a split plan's hidden-state hops

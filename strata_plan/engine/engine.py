@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import torch
 
 from strata_plan.errors import UserError
-from strata_plan.core.plan import load_plan
+from strata_plan.core.plan import LOOKAHEAD_POINTS, load_plan
 from strata_plan.core.modes import MODES, baseline
 
 from .config import ModelConfig
@@ -44,7 +44,6 @@ from .store_experts import StoreExperts
 
 STAGE_DEPTHS = ("all", "deepest")     # EngineOptions.stage_depths
 STAGER_IO = ("aio", "threads")        # EngineOptions.stager_io (store.default_stager_io: aio where the kernel has it)
-LOOKAHEAD_POINTS = ("output", "attention")   # EngineOptions.lookahead_point
 
 
 def resolve_device(name: str = "", flag: str = "--device") -> torch.device:

@@ -845,7 +845,7 @@ class CostModel:
         t = 0.0
         link_free = [0.0] * self.problem.n_gpus
         finish: list[list[float]] = [[] for _ in range(self.problem.n_gpus)]   # per GPU, its decoder layers'
-        moe_done: list[float] = []        # per MoE layer: when its output (the lookahead source) exists
+        moe_done: list[float] = []        # copy path, per MoE layer: when its output (the lookahead source) exists
         spans: dict[int, tuple[float, float]] = {}    # MoE layer -> its NVMe lookahead batch (submitted, landed)
         at_router = self.problem.lookahead_point == "attention"
         moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
@@ -914,7 +914,6 @@ class CostModel:
                 sec["overhead"] += inplace["lookahead"][j] + inplace["residency"][j]
                 sec["lookahead_gpu"] += inplace["lookahead"][j]
                 sec["residency_gpu"] += inplace["residency"][j]
-                moe_done.append(t)
                 if depth and not at_router and j + depth < len(pre_n):   # layer j+d's guesses, when this layer ends
                     spans[j + depth] = (t, t + pre_n[j + depth])
                 if depth and j + depth < len(inplace["copy"]) and inplace["copy"][j + depth] > 0:

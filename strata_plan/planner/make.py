@@ -16,7 +16,8 @@ from strata_plan.planner.cost import CostModel
 from strata_plan.core.plan import Plan, SourceRef, Sources, sha256_of
 from strata_plan.core.routing.sources import DEFAULT_PRIOR, load_routing
 from strata_plan.planner.build import build_plan
-from strata_plan.planner.problem import DEFAULT_CHUNK, DEFAULT_CONTEXT, DEFAULT_TRIALS, Problem
+from strata_plan.planner.problem import (DEFAULT_CHUNK, DEFAULT_CONTEXT, DEFAULT_LOOKAHEAD_POINT, DEFAULT_TRIALS,
+                                         Problem)
 from strata_plan.planner.search import SearchResult, search_ladder
 from strata_plan.schema import to_data
 
@@ -59,7 +60,7 @@ def make_problem(profile: str, model: str, stats: str | None = None, prior: str 
                  gpu_preset: str | None = None, context: int = DEFAULT_CONTEXT, chunk: int = DEFAULT_CHUNK,
                  vram_gb: float | tuple | None = None, ram_gb: float | None = None, nvme_gb: float | None = None,
                  prior_seed: int = 0, prior_tokens: int | None = None, gpus: int | None = None,
-                 depth: int | None = None, lookahead_point: str = "attention") -> Problem:
+                 depth: int | None = None, lookahead_point: str = DEFAULT_LOOKAHEAD_POINT) -> Problem:
     """The planning problem from names and paths. `vram_gb`: one budget, or one per GPU (`--vram-gb 24,24`);
     `gpus`: how many of the profile's GPUs to plan over (default: as many as `vram_gb` lists, else all); `depth`: the
     lookahead depth held fixed (None: searched); `lookahead_point`: where the NVMe guesses are taken (`Problem`)."""
@@ -84,7 +85,7 @@ def make_plan(profile: str, model: str, stats: str | None = None, prior: str | N
               trials: int = DEFAULT_TRIALS, objective: str = "decode", mix_weight: float = 0.5, vram_gb: float | tuple | None = None,
               ram_gb: float | None = None, nvme_gb: float | None = None, study_db: str | None = None, seed: int = 0,
               on_trial=None, gpus: int | None = None, depth: int | None = None,
-              lookahead_point: str = "attention") -> Plan:
+              lookahead_point: str = DEFAULT_LOOKAHEAD_POINT) -> Plan:
     """Search the best placement and return it as a Plan (see module docstring); `depth`: the lookahead depth held
     fixed (None: searched); `lookahead_point`: where the NVMe guesses are taken (recorded in `staging`)."""
     problem = make_problem(profile, model, stats, prior, gpu_preset, context, chunk, vram_gb, ram_gb, nvme_gb,

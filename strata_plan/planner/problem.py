@@ -19,6 +19,7 @@ from strata_plan.planner.curves import RankCurves
 
 DEFAULT_CONTEXT = 8192
 DEFAULT_CHUNK = 2048
+DEFAULT_LOOKAHEAD_POINT = "attention"   # where the NVMe guesses are taken (`Problem.lookahead_point`)
 DEFAULT_TRIALS = 200        # Optuna trials of a search (`strata-plan plan --trials`, the wizard)
 
 
@@ -42,7 +43,7 @@ class Problem:
     # staging.lookahead_point): "attention", when layer j's router runs, queued behind its demand reads (the default:
     # a MoE layer sooner; measured faster on the trained seed, ENGINE.md); "output", when layer j ends. The statistics'
     # precision and recall are the layer's end's either way (the traces record no other)
-    lookahead_point: str = "attention"
+    lookahead_point: str = DEFAULT_LOOKAHEAD_POINT
 
     def __post_init__(self) -> None:
         s, st = self.spec, self.stats
